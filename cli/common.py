@@ -1,0 +1,34 @@
+"""Shared CLI plumbing: the console, JSON output, and turning ``MeshplanError`` into one line + exit code."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+from planner.errors import MeshplanError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def print_json(obj: Any) -> None:
+    """Machine-readable output on stdout (no rich markup, no wrapping)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Decorator for every command: a ``MeshplanError`` becomes ``error: <message>`` on stderr and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MeshplanError as exc:
+            err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper

@@ -1,0 +1,38 @@
+"""The ``meshplan`` console script: one typer app, one sub-app per command group (joined with ``add_typer``)."""
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="meshplan",
+    help="Plan, predict and verify distributed training jobs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _register() -> None:
+    # Each module registers its own commands; imported here so `meshplan --help` lists them all.
+    import importlib
+
+    for mod in ("cli.models", "cli.devices", "cli.plan", "cli.export", "cli.profile", "cli.replay",
+                "cli.costmodel", "cli.check"):
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:  # command group not built yet
+                continue
+            raise
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

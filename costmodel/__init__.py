@@ -1,0 +1,2 @@
+"""meshplan cost model: device catalogue, operator specs, learned and roofline latency prediction."""
+from costmodel.api import predict  # noqa: F401

@@ -1,0 +1,111 @@
+"""``OpSpec``: one operator instance (kind, shape, dtype) — the unit the cost model prices and the graph holds.
+
+Shape conventions per kind (all sizes in elements):
+    matmul:      (m, n, k)                 C[m,n] = A[m,k] @ B[k,n]
+    bmm:         (b, m, n, k)
+    attention:   (b, heads, s_q, s_kv, d_head)   SDPA / flash, causal unless ``causal=False``
+    layernorm, rmsnorm, softmax:  (rows, cols)
+    elementwise, activation, copy, cast, optimizer:  (numel,)
+    embedding:   (tokens, hidden)
+    allreduce, allgather, reducescatter, alltoall, sendrecv:  (bytes,) with ``group_size`` participants
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPUTE_KINDS = (
+    "matmul", "bmm", "attention", "layernorm", "rmsnorm", "softmax",
+    "elementwise", "activation", "embedding", "optimizer", "copy", "cast",
+)
+COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
+OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operator instance.
+
+    Attributes:
+        kind: One of ``OP_KINDS``.
+        shape: Kind-specific tuple (see module docstring).
+        dtype: Element type of the math (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``).
+        group_size: Participants of a collective (1 for compute ops).
+        causal: Attention only: causal mask halves the score FLOPs.
+        backward: True for the backward of the op (priced as the forward's FLOP multiple by the model).
+    """
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str = "bf16"
+    group_size: int = 1
+    causal: bool = True
+    backward: bool = False
+
+    @property
+    def is_collective(self) -> bool:
+        return self.kind in COLLECTIVE_KINDS
+
+    @property
+    def flops(self) -> float:
+        """Floating-point operations of the forward op (multiply-add = 2 FLOPs)."""
+        return op_flops(self)
+
+    @property
+    def bytes(self) -> float:
+        """Bytes read + written from device memory (compute) or payload bytes (collectives)."""
+        return op_bytes(self)
+
+
+def op_flops(op: OpSpec) -> float:
+    s = op.shape
+    k = op.kind
+    mult = 2.0 if op.backward and k in ("matmul", "bmm") else 1.0  # dX and dW: 2x the forward GEMM
+    if k == "matmul":
+        return mult * 2.0 * s[0] * s[1] * s[2]
+    if k == "bmm":
+        return mult * 2.0 * s[0] * s[1] * s[2] * s[3]
+    if k == "attention":
+        b, heads, sq, skv, d = s
+        f = 4.0 * b * heads * sq * skv * d  # QK^T and AV
+        if op.causal:
+            f /= 2.0
+        return f * (2.5 if op.backward else 1.0)  # flash backward: 5 GEMMs vs 2 forward (FA2 paper)
+    if k in ("layernorm", "rmsnorm", "softmax"):
+        return 5.0 * s[0] * s[1]
+    if k in ("elementwise", "activation", "cast", "copy"):
+        return float(s[0])
+    if k == "optimizer":
+        return 12.0 * s[0]  # Adam: ~12 flops / element
+    if k == "embedding":
+        return 0.0
+    return 0.0
+
+
+def op_bytes(op: OpSpec) -> float:
+    s = op.shape
+    k = op.kind
+    e = DTYPE_BYTES.get(op.dtype, 2)
+    if op.is_collective:
+        return float(s[0])
+    if k == "matmul":
+        m, n, kk = s
+        return e * (m * kk + kk * n + m * n) * (2.0 if op.backward else 1.0)
+    if k == "bmm":
+        b, m, n, kk = s
+        return e * b * (m * kk + kk * n + m * n) * (2.0 if op.backward else 1.0)
+    if k == "attention":
+        b, heads, sq, skv, d = s
+        return e * b * heads * d * (2 * sq + 2 * skv) * (2.0 if op.backward else 1.0)
+    if k in ("layernorm", "rmsnorm", "softmax"):
+        return e * 2.0 * s[0] * s[1] * (2.0 if op.backward else 1.0)
+    if k in ("elementwise", "activation"):
+        return e * 3.0 * s[0]  # two inputs, one output (binary ops dominate)
+    if k in ("copy", "cast"):
+        return e * 2.0 * s[0]
+    if k == "optimizer":
+        return 16.0 * s[0] + 2.0 * s[0]  # fp32 master, m, v, grad read+write, bf16 param write
+    if k == "embedding":
+        return e * 2.0 * s[0] * s[1]
+    return 0.0

@@ -1,0 +1,20 @@
+"""The one exception type that the CLI turns into a single clear line and an exit code.
+
+Library code raises :class:`MeshplanError` for anything caused by the user's input (a malformed file,
+an unknown device, degrees that do not divide). The CLI prints ``error: <message>`` and exits with
+``exit_code`` (2 = usage error). Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class MeshplanError(Exception):
+    """A user-facing error: one line, naming the file or value and the problem.
+
+    Args:
+        message: The line shown to the user. Name the file, the value and what was expected.
+        exit_code: Process exit status (2 for bad input/usage, 1 for a failed check).
+    """
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,181 @@
+"""The ``Plan``: every decision meshplan makes for one job, plus the prediction and the versions that made it.
+
+A plan is a value (pydantic model, frozen). It is saved as YAML under ``plans/`` and is the only input of the
+exporters (``planner.export``) and of ``meshplan check``. Degrees follow torchtitan's ``ParallelDims`` naming:
+world = dp_replicate * dp_shard * cp * tp * pp; ep borrows from dp_shard * cp (expert layers only).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.atomic import write_atomic
+from planner.errors import MeshplanError
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved", "gpipe"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Degrees(_Frozen):
+    """Parallel degrees. ``vpp`` = virtual pipeline chunks per rank (1 = plain 1F1B)."""
+
+    dp_replicate: int = Field(1, ge=1)
+    dp_shard: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    vpp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+
+    @property
+    def dp(self) -> int:
+        """Total data-parallel degree (replicate x shard)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+
+class ModelRef(_Frozen):
+    """What exporters need to know of the model, copied from ``ModelSpec`` when the plan is made."""
+
+    name: str
+    source: str  # preset name or path of the config.json it came from
+    model_type: str
+    num_params: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+
+class DeviceGroupRef(_Frozen):
+    nodes: int
+    devices_per_node: int
+    device: str
+
+
+class ClusterRef(_Frozen):
+    spec: str  # what the user passed: shorthand ("16x8xH100", "local:2") or a file path
+    groups: tuple[DeviceGroupRef, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.nodes * g.devices_per_node for g in self.groups)
+
+    @property
+    def nodes(self) -> int:
+        return sum(g.nodes for g in self.groups)
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices per node (the largest group's value when groups differ)."""
+        return max(g.devices_per_node for g in self.groups)
+
+
+class Stage(_Frozen):
+    """One pipeline stage: a contiguous run of layers on one device group."""
+
+    first_layer: int
+    num_layers: int
+    device_group: int = 0
+
+
+class BucketCompression(_Frozen):
+    """Gradient compression of one bucket (ByteComp-style)."""
+
+    bucket: int
+    size_bytes: int
+    method: Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"] = "none"
+    param: float = 0.0  # top-k ratio or PowerSGD rank
+    two_level: bool = False
+    where: Literal["gpu", "cpu"] = "gpu"
+
+
+class Breakdown(_Frozen):
+    """Per-step time split, seconds. ``compute_s + exposed_comm_s + bubble_s + other_s == step_time_s``."""
+
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    other_s: float = 0.0
+
+
+class Prediction(_Frozen):
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_device: float  # model FLOPs (no recompute) / step / device, in TFLOP/s
+    hw_tflops_per_device: float  # incl. recompute (Narayanan et al. 2021 count), TFLOP/s
+    mfu: float
+    peak_memory_bytes: int
+    breakdown: Breakdown
+    memory_bytes: dict[str, int] = Field(default_factory=dict)  # weights, grads, optimizer, activations, ...
+    costmodel: str = "roofline"
+
+
+class Plan(_Frozen):
+    name: str
+    model: ModelRef
+    cluster: ClusterRef
+    global_batch: int = Field(ge=1)
+    micro_batch: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    degrees: Degrees
+    sequence_parallel: bool = False
+    zero_stage: int = Field(0, ge=0, le=3)
+    recompute: Recompute = "none"
+    schedule: Schedule = "1f1b"
+    dtype: str = "bf16"
+    layer_precision: Optional[tuple[str, ...]] = None
+    stages: Optional[tuple[Stage, ...]] = None
+    compression: Optional[tuple[BucketCompression, ...]] = None
+    prediction: Optional[Prediction] = None
+    meshplan_version: str = "0+unknown"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per step per pipeline (global / (micro * dp))."""
+        return self.global_batch // (self.micro_batch * self.degrees.dp)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the plan as YAML atomically."""
+        return write_atomic(path, self.to_yaml())
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan YAML file.
+
+    Raises:
+        MeshplanError: the file is missing, not YAML, or not a plan (names the first bad field).
+    """
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MeshplanError(f"{p}: plan file not found") from None
+    except yaml.YAMLError as exc:
+        raise MeshplanError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise MeshplanError(f"{p}: not a meshplan plan (expected a mapping at the top level)")
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise MeshplanError(f"{p}: not a valid plan: {loc}: {err['msg']}") from None

@@ -1,0 +1,7 @@
+import pytest
+from typer.testing import CliRunner
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
