@@ -1,0 +1,134 @@
+"""Per-device memory model: model states under mixed precision and ZeRO, activations, pipeline in-flight.
+
+Sources:
+  * Model states: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+    Models", §3.1 and Figure 1: mixed-precision Adam keeps 2 (fp16/bf16 params) + 2 (grads) + K=12 (fp32 master,
+    momentum, variance) bytes per parameter; ZeRO-1 shards the 12, ZeRO-2 also the grads, ZeRO-3 everything.
+  * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+    (arXiv:2205.05198), §4, Table 2: per layer s*b*h*(34 + 5*a*s/h) bytes without parallelism, with the TP,
+    SP, selective- and full-recompute variants; 1F1B keeps L layers' worth on the first stage, interleaving
+    multiplies by (1 + (p-1)/(p*v)). Modern-LLM terms (no dropout, FlashAttention, GQA, SwiGLU, MoE) follow the
+    same per-tensor accounting (see ../shared/notes/models.md §5).
+Units: bytes. ``s`` is the local sequence length (seq_len / cp), ``b`` the micro-batch.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.layout import Layout
+
+GiB = 1024**3
+PARAM_BYTES = 2  # bf16/fp16 weights
+GRAD_BYTES = 2  # gradients in the param dtype (ZeRO paper; FSDP2/DDP default reduce dtype)
+OPTIMIZER_BYTES = 12  # Adam: fp32 master + m + v (ZeRO paper K = 12)
+RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspace (measured 0.5-1.5 GiB on A100/H100)
+USABLE_FRACTION = 0.95  # allocator fragmentation headroom: a plan must fit in 95% of device memory
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak bytes on the most loaded device, by category."""
+
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.overhead_bytes)
+
+    def as_dict(self) -> dict[str, int]:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def model_state_bytes(dense_params: float, expert_params: float, layout: Layout) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes on one rank.
+
+    Args:
+        dense_params: parameters held by this rank outside routed experts (already divided by tp and pp).
+        expert_params: routed-expert parameters held by this rank (already divided by ep, tp and pp).
+        layout: ZeRO stage applies over dp_shard*cp for dense parameters and dp_shard*cp/ep for experts.
+    """
+    z = layout.zero_stage
+    shard = layout.dp_shard * layout.cp if z > 0 else 1
+    eshard = max(1, shard // layout.ep) if z > 0 else 1
+    w = g = o = 0.0
+    for n, d in ((dense_params, shard), (expert_params, eshard)):
+        w += n * PARAM_BYTES / (d if z >= 3 else 1)
+        g += n * GRAD_BYTES / (d if z >= 2 else 1)
+        o += n * OPTIMIZER_BYTES / (d if z >= 1 else 1)
+    return w, g, o
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the activation formula needs of one decoder layer (sizes in elements)."""
+
+    hidden: int
+    heads: int
+    q_dim: int  # heads * head_dim
+    kv_dim: int  # kv_heads * head_dim (K) — V uses v_dim
+    v_dim: int
+    ffn: int  # dense FFN width, or per-expert width for MoE layers
+    gated: bool
+    dropout: bool
+    experts_per_token: int = 0  # 0 = dense layer
+    shared_ffn: int = 0  # total width of shared experts
+
+
+def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout) -> float:
+    """Activation bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022, §4.1).
+
+    With the GPT layer of the paper (q=kv=v=h, ffn=4h, dropout, unfused attention) this reduces exactly to
+    sbh(34 + 5as/h) for t=1, sbh(10 + 24/t + 5as/(ht)) under TP and sbh/t(34 + 5as/h) under TP+SP.
+    """
+    t = layout.tp
+    sp = layout.sequence_parallel
+    h = ls.hidden
+    sbh = s * b * h
+    rep = t if sp else 1  # tensors outside the TP region: sharded only under sequence parallelism
+    if layout.recompute == "full":
+        return 2.0 * sbh / rep  # only the layer input is kept
+    drop = 1.0 if ls.dropout else 0.0
+    out = 4.0 * sbh / rep  # two norm inputs
+    # attention
+    out += 2.0 * sbh / rep  # QKV input
+    out += 2.0 * s * b * (ls.q_dim + ls.kv_dim) / t  # Q, K
+    out += 2.0 * s * b * ls.v_dim / t  # V
+    if layout.attention == "unfused" and layout.recompute != "selective":
+        a_sq = ls.heads * s * s * b / t
+        out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
+    elif layout.attention == "flash":
+        out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
+    out += 2.0 * s * b * ls.q_dim / t  # projection input (attention output)
+    out += drop * sbh / rep  # attention dropout mask
+    # MLP
+    out += 2.0 * sbh / rep  # MLP input
+    per_ffn = 8.0 if ls.gated else 4.0  # SwiGLU: gate, up, act, product; GeLU: input, output (2 bytes each)
+    if ls.experts_per_token:
+        k = ls.experts_per_token
+        out += 2.0 * k * sbh / t  # dispatched token copies
+        out += per_ffn * k * s * b * ls.ffn / t
+        out += per_ffn * s * b * ls.shared_ffn / t
+    else:
+        out += per_ffn * s * b * ls.ffn / t
+    out += drop * sbh / rep  # MLP dropout mask
+    return out
+
+
+def inflight_factor(layout: Layout, num_microbatches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at once, in units of the stage's layers.
+
+    1F1B: stage i holds min(pp - i, m) micro-batches (Narayanan et al. 2021 §2.2.1). Interleaved adds
+    (1 + (p-1)/(p*v)) on the first stage (Korthikanti et al. 2022 §4.2.3).
+    """
+    p = layout.pp
+    held = min(p - stage, num_microbatches)
+    if layout.vpp > 1 and stage == 0:
+        return held * (1.0 + (p - 1) / (p * layout.vpp))
+    return float(held)

@@ -1,0 +1,144 @@
+"""The operators of one decoder layer (and of the embedding / LM head) for a given layout, as ``OpSpec`` lists.
+
+One place knows which GEMMs, attention and memory-bound ops a transformer layer runs under tensor, context,
+sequence and expert parallelism, and which collectives go with them. The estimator prices these lists with
+``costmodel.predict``; nothing else builds op lists for plans.
+
+Shapes follow Megatron-LM's layer (Shoeybi et al. 2019, Fig. 3; Narayanan et al. 2021 §3.2): column-parallel
+QKV / FC1, row-parallel output / FC2, one all-reduce (or all-gather + reduce-scatter with sequence
+parallelism, Korthikanti et al. 2022 §4.2.2) after attention and after the MLP, in forward and again in backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.ops import OpSpec
+from planner.layout import Layout
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """Forward compute ops, and the collectives of one layer, for one micro-batch on one rank.
+
+    Attributes:
+        compute: forward compute ops.
+        core_attention: the subset recomputed by selective recompute.
+        tp_comm: (kind, bytes) collectives over the TP group in forward (backward mirrors them).
+        ep_comm: (kind, bytes) all-to-alls over the EP group in forward (backward mirrors them).
+        cp_comm: (kind, bytes) KV exchange over the CP group in forward (backward: reduce-scatter of dKV).
+    """
+
+    compute: tuple[OpSpec, ...]
+    core_attention: tuple[OpSpec, ...]
+    tp_comm: tuple[tuple[str, float], ...]
+    ep_comm: tuple[tuple[str, float], ...]
+    cp_comm: tuple[tuple[str, float], ...]
+
+
+def _dropout(model) -> bool:
+    # GPT-2 style configs (incl. the Megatron GPT presets) train with dropout 0.1; Llama/Qwen/Mistral/DeepSeek
+    # and GPT-NeoX (hidden_dropout 0) train without.
+    return model.model_type == "gpt2"
+
+
+def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
+    """Ops of decoder layer ``layer`` for one micro-batch on one rank."""
+    t, cp, b = layout.tp, layout.cp, layout.micro_batch
+    s = seq_len // cp
+    T = b * s  # tokens on this rank
+    h = model.hidden_size
+    a = model.num_heads
+    a_t = max(1, a // t)
+    d = model.head_dim
+    norm = "rmsnorm" if model.norm == "rmsnorm" else "layernorm"
+    Tn = T // t if layout.sequence_parallel else T  # rows of the ops outside the TP region
+    ops: list[OpSpec] = []
+    attn_core: list[OpSpec] = []
+    ew = lambda n: OpSpec("elementwise", (int(n),), dtype)  # noqa: E731
+    drop = _dropout(model)
+
+    # --- attention block ---
+    ops.append(OpSpec(norm, (Tn, h), dtype))
+    if model.q_lora_rank or model.kv_lora_rank:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
+        qk = model.head_dim
+        rope = model.qk_rope_head_dim
+        nope = qk - rope
+        if model.q_lora_rank:
+            ops.append(OpSpec("matmul", (T, model.q_lora_rank, h), dtype))
+            ops.append(OpSpec("matmul", (T, a_t * qk, model.q_lora_rank), dtype))
+        else:
+            ops.append(OpSpec("matmul", (T, a_t * qk, h), dtype))
+        ops.append(OpSpec("matmul", (T, model.kv_lora_rank + rope, h), dtype))
+        ops.append(OpSpec("matmul", (T, a_t * (nope + model.v_head_dim), model.kv_lora_rank), dtype))
+        v_out = a_t * model.v_head_dim
+        kv_bytes = 2.0 * T * (model.kv_lora_rank + rope)
+    else:
+        kv = max(1, model.num_kv_heads // t) * d
+        ops.append(OpSpec("matmul", (T, a_t * d + 2 * kv, h), dtype))
+        v_out = a_t * d
+        kv_bytes = 2.0 * T * 2 * kv
+    if layout.attention == "flash":
+        attn_core.append(OpSpec("attention", (b, a_t, s, seq_len, d), dtype, causal=True))
+    else:  # materialised scores: full s x s (the causal mask is applied, not skipped), Megatron 2021
+        bh = b * a_t
+        attn_core.append(OpSpec("bmm", (bh, s, seq_len, d), dtype))
+        attn_core.append(OpSpec("softmax", (bh * s, seq_len), dtype))
+        if drop:
+            attn_core.append(ew(bh * s * seq_len))
+        attn_core.append(OpSpec("bmm", (bh, s, d, seq_len), dtype))
+    ops.extend(attn_core)
+    ops.append(OpSpec("matmul", (T, h, v_out), dtype))
+    ops.append(ew(Tn * h * (2 if drop else 1)))  # (dropout +) residual add
+
+    # --- MLP / MoE block ---
+    ops.append(OpSpec(norm, (Tn, h), dtype))
+    gate = 2 if model.gated_mlp else 1
+    ep_comm: list[tuple[str, float]] = []
+    if model.is_moe_layer(layer):
+        k = model.experts_per_token
+        fe = model.moe_ffn_hidden_size
+        ops.append(OpSpec("matmul", (T, model.num_experts, h), dtype))  # router
+        Tk = T * k  # token-expert pairs processed on this rank (balanced routing)
+        ops.append(OpSpec("matmul", (Tk, gate * fe // t, h), dtype))
+        ops.append(ew(Tk * fe // t * gate))
+        ops.append(OpSpec("matmul", (Tk, h, fe // t), dtype))
+        if model.shared_expert_ffn_hidden_size:
+            fs = model.shared_expert_ffn_hidden_size
+            ops.append(OpSpec("matmul", (T, gate * fs // t, h), dtype))
+            ops.append(ew(T * fs // t * gate))
+            ops.append(OpSpec("matmul", (T, h, fs // t), dtype))
+        if layout.ep > 1:
+            ep_comm = [("alltoall", 2.0 * Tk * h), ("alltoall", 2.0 * Tk * h)]  # dispatch + combine, bf16
+    else:
+        f = model.ffn_hidden_size
+        ops.append(OpSpec("matmul", (T, gate * f // t, h), dtype))
+        ops.append(ew(T * f // t * gate))  # activation (and gate product)
+        ops.append(OpSpec("matmul", (T, h, f // t), dtype))
+    ops.append(ew(Tn * h * (2 if drop else 1)))
+
+    tp_comm: list[tuple[str, float]] = []
+    if t > 1:
+        full = 2.0 * T * h  # bf16 activations of the full sequence shard
+        if layout.sequence_parallel:
+            tp_comm = [("allgather", full), ("reducescatter", full)] * 2
+        else:
+            tp_comm = [("allreduce", full)] * 2
+    cp_comm = [("allgather", kv_bytes * cp)] if cp > 1 else []
+    return LayerOps(tuple(ops), tuple(attn_core), tuple(tp_comm), tuple(ep_comm), tuple(cp_comm))
+
+
+def head_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[OpSpec, ...]:
+    """LM head (vocab-parallel logits) and cross-entropy for one micro-batch, forward."""
+    t = layout.tp
+    T = layout.micro_batch * seq_len // layout.cp
+    v_t = model.vocab_size // t
+    return (
+        OpSpec("layernorm" if model.norm == "layernorm" else "rmsnorm", (T, model.hidden_size), dtype),
+        OpSpec("matmul", (T, v_t, model.hidden_size), dtype),
+        OpSpec("softmax", (T, v_t), "fp32"),  # cross-entropy in fp32 (Megatron vocab-parallel CE)
+    )
+
+
+def embedding_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[OpSpec, ...]:
+    T = layout.micro_batch * seq_len // layout.cp
+    return (OpSpec("embedding", (T, model.hidden_size), dtype),)

@@ -1,0 +1,152 @@
+"""Search: evaluate every candidate layout, keep those that fit, rank by predicted step time, build ``Plan``s."""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from planner.errors import MeshplanError
+from planner.estimate import Estimate, Workload, estimate
+from planner.layout import Layout
+from planner.memory import GiB
+from planner.plan import Breakdown, Degrees, ModelRef, Plan, Prediction
+from planner.space import enumerate_layouts
+from planner.version import meshplan_version
+
+
+@dataclass
+class SearchResult:
+    """Ranked feasible candidates (best first) and the search's own figures."""
+
+    ranked: list[tuple[Layout, Estimate]]
+    evaluated: int
+    feasible: int
+    wall_s: float
+    closest_miss: Optional[tuple[Layout, Estimate]] = None
+    invalid_reasons: list[str] = field(default_factory=list)
+
+
+def search(work: Workload, fix: dict, top: int = 10,
+           progress: Callable[[int], None] | None = None) -> SearchResult:
+    """Evaluate every layout in the space; keep the ``top`` fastest that fit in memory.
+
+    Raises:
+        MeshplanError: a pinned value breaks a rule (the rule and numbers), or nothing fits (the closest
+            candidate and by how many GiB it misses).
+    """
+    t0 = time.perf_counter()
+    model, cluster = work.model, work.cluster
+    if cluster.is_heterogeneous:
+        raise MeshplanError(f"cluster {cluster.spec} is heterogeneous; use the partition solver "
+                            "(meshplan plan picks it automatically for mixed clusters)")
+    heap: list = []
+    evaluated = feasible = 0
+    closest = None
+    invalid: list[str] = []
+    seq = 0
+    for layout in enumerate_layouts(model, cluster.world_size, cluster.devices_per_node, work.global_batch,
+                                    work.seq_len, fix):
+        try:
+            layout.validate(world_size=cluster.world_size, num_layers=model.num_layers,
+                            num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                            seq_len=work.seq_len, global_batch=work.global_batch, num_experts=model.num_experts)
+        except MeshplanError as exc:
+            if len(invalid) < 5:
+                invalid.append(str(exc))
+            continue
+        evaluated += 1
+        if progress and evaluated % 512 == 0:
+            progress(evaluated)
+        est = estimate(work, layout)
+        if not est.fits:
+            miss = est.memory.total_bytes - est.memory_limit_bytes
+            if closest is None or miss < closest[1].memory.total_bytes - closest[1].memory_limit_bytes:
+                closest = (layout, est)
+            continue
+        feasible += 1
+        seq += 1
+        item = (-est.step_time_s, -est.memory.total_bytes, seq, layout, est)
+        if len(heap) < top:
+            heapq.heappush(heap, item)
+        elif item[0] > heap[0][0]:
+            heapq.heapreplace(heap, item)
+    if progress:
+        progress(evaluated)
+    wall = time.perf_counter() - t0
+    if evaluated == 0:
+        why = invalid[0] if invalid else "no degrees divide the cluster, model and batch evenly"
+        raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
+    if not heap:
+        lay, est = closest
+        raise MeshplanError(
+            f"{model.name} fits nowhere on {cluster.spec} ({evaluated} layouts tried): closest is "
+            f"{describe(lay)} needing {est.memory.total_bytes / GiB:.1f} GiB of "
+            f"{est.memory_limit_bytes / GiB:.1f} GiB usable — misses by "
+            f"{(est.memory.total_bytes - est.memory_limit_bytes) / GiB:.1f} GiB")
+    ranked = [(lay, est) for _, _, _, lay, est in sorted(heap, key=lambda x: (-x[0], -x[1], x[2]))]
+    return SearchResult(ranked, evaluated, feasible, wall, closest, invalid)
+
+
+def describe(layout: Layout) -> str:
+    """Short human form: ``dp=4(2x2) tp=8 pp=4 vpp=2 cp=1 ep=1 mbs=1 zero=1 recompute=full sp``."""
+    parts = [f"dp={layout.dp}" + (f"({layout.dp_replicate}x{layout.dp_shard})" if layout.dp_shard > 1 else ""),
+             f"tp={layout.tp}", f"pp={layout.pp}"]
+    if layout.vpp > 1:
+        parts.append(f"vpp={layout.vpp}")
+    if layout.cp > 1:
+        parts.append(f"cp={layout.cp}")
+    if layout.ep > 1:
+        parts.append(f"ep={layout.ep}")
+    parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"]
+    if layout.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts)
+
+
+def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str) -> Plan:
+    """The ``Plan`` value for one evaluated layout."""
+    m = work.model
+    return Plan(
+        name=name,
+        model=ModelRef(name=m.name, source=model_source, model_type=m.model_type, num_params=m.num_params,
+                       hidden_size=m.hidden_size, num_layers=m.num_layers, num_attention_heads=m.num_heads,
+                       num_kv_heads=m.num_kv_heads, ffn_hidden_size=m.ffn_hidden_size or m.moe_ffn_hidden_size,
+                       vocab_size=m.vocab_size, num_experts=m.num_experts,
+                       experts_per_token=m.experts_per_token),
+        cluster=work.cluster.to_ref(),
+        global_batch=work.global_batch, micro_batch=layout.micro_batch, seq_len=work.seq_len,
+        degrees=Degrees(dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, pp=layout.pp,
+                        vpp=layout.vpp, cp=layout.cp, ep=layout.ep),
+        sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage, recompute=layout.recompute,
+        schedule=layout.schedule, dtype=work.dtype,
+        prediction=prediction_of(est),
+        meshplan_version=meshplan_version(),
+        notes=(f"attention={layout.attention}",),
+    )
+
+
+def prediction_of(est: Estimate) -> Prediction:
+    from costmodel.api import predictor_name
+
+    return Prediction(
+        step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_device=est.tflops_per_device,
+        hw_tflops_per_device=est.hw_tflops_per_device, mfu=est.mfu, peak_memory_bytes=est.memory.total_bytes,
+        breakdown=Breakdown(compute_s=est.compute_s, exposed_comm_s=est.exposed_comm_s, bubble_s=est.bubble_s,
+                            other_s=est.other_s),
+        memory_bytes=est.memory.as_dict(), costmodel=predictor_name(),
+    )
+
+
+def layout_row(layout: Layout, est: Estimate) -> dict:
+    """JSON row for ``meshplan plan --json``: every degree plus the headline predictions."""
+    return {
+        "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "dp": layout.dp, "tp": layout.tp,
+        "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "sp": layout.sequence_parallel,
+        "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,
+        "attention": layout.attention,
+        "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
+        "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
+        "mfu": est.mfu, "peak_memory_bytes": est.memory.total_bytes,
+        "compute_s": est.compute_s, "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s,
+    }
