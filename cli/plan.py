@@ -26,6 +26,7 @@ def plan(
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from planner.planning import plan_job
+    from planner.search import describe
 
     if top < 1:
         raise typer.BadParameter("--top must be >= 1")
@@ -42,15 +43,13 @@ def plan(
     res = outcome.result
     table = Table(title=f"{outcome.work.model.name} on {outcome.work.cluster.spec}: global batch {global_batch}, "
                         f"seq {seq_len} — {res.feasible} of {res.evaluated} layouts fit ({res.wall_s:.2f} s)")
-    for col in ("#", "dp", "tp", "pp", "vpp", "cp", "ep", "mbs", "zero", "recompute", "step s", "tokens/s",
-                "TFLOP/s/dev", "MFU", "peak GiB"):
-        table.add_column(col, justify="right")
-    for i, r in enumerate(outcome.rows, 1):
-        dp = f"{r['dp']}" + (f" ({r['dp_replicate']}x{r['dp_shard']})" if r["dp_shard"] > 1 else "")
-        table.add_row(str(i), dp, str(r["tp"]) + ("+sp" if r["sp"] else ""), str(r["pp"]), str(r["vpp"]),
-                      str(r["cp"]), str(r["ep"]), str(r["mbs"]), str(r["zero"]), r["recompute"],
-                      f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['tflops_per_device']:.1f}",
-                      f"{100 * r['mfu']:.1f}%", f"{r['peak_memory_bytes'] / GiB:.1f}")
+    for col in ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB"):
+        table.add_column(col, justify="left" if col == "layout" else "right")
+    for i, (lay, _est) in enumerate(outcome.result.ranked, 1):
+        r = outcome.rows[i - 1]
+        table.add_row(str(i), describe(lay), f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['tflops_per_device']:.1f}", f"{100 * r['mfu']:.1f}%",
+                      f"{r['peak_memory_bytes'] / GiB:.1f}")
     console.print(table)
     console.print(f"best plan written to [bold]{outcome.path}[/bold]")
 

@@ -22,6 +22,7 @@ from functools import lru_cache
 from costmodel.api import predict
 from costmodel.collectives import collective_time_s
 from costmodel.ops import OpSpec
+from planner.flops import recompute_flops_per_token
 from planner.layout import Layout
 from planner.memory import (
     GRAD_BYTES, PARAM_BYTES, RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION, LayerShape, MemoryBreakdown,
@@ -75,13 +76,9 @@ class _Tables:
             expert.append(expert[-1] + e)
             moe.append(moe[-1] + (1 if model.is_moe_layer(i) else 0))
         self.dense, self.expert, self.moe = dense, expert, moe
-        first_moe = model.moe_layers[0] if model.moe_layers else None
-        self.rep = {False: 0 if first_moe != 0 else next(i for i in range(model.num_layers)
-                                                          if not model.is_moe_layer(i))}
-        if first_moe is not None:
-            self.rep[True] = first_moe
-        if all(model.is_moe_layer(i) for i in range(model.num_layers)):
-            del self.rep[False]
+        self.rep: dict[bool, int] = {}  # one representative layer per kind (dense / MoE)
+        for i in range(model.num_layers):
+            self.rep.setdefault(model.is_moe_layer(i), i)
         self.shape = {k: layer_shape(model, i) for k, i in self.rep.items()}
 
 
@@ -278,11 +275,7 @@ def estimate(work: Workload, layout: Layout) -> Estimate:
 
     tokens = work.global_batch * work.seq_len
     model_flops = model.model_flops_per_token(work.seq_len) * tokens
-    re_frac = {"none": 0.0, "full": 1.0 / 3.0}.get(layout.recompute)
-    if re_frac is None:  # selective: core attention forward again (causal, Megatron counter)
-        extra = 2 * 2 * model.num_heads * model.head_dim * work.seq_len / 2 * model.num_layers * tokens
-    else:
-        extra = re_frac * model_flops
+    extra = recompute_flops_per_token(model, work.seq_len, layout.recompute) * tokens
     world = layout.world_size
     peak = dev.peak(work.dtype)
     return Estimate(

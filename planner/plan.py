@@ -59,6 +59,17 @@ class ModelRef(_Frozen):
     vocab_size: int
     num_experts: int = 0
     experts_per_token: int = 0
+    # Shape details the launch-config exporters need (planner.export); 0 / None / () = not recorded, and the
+    # exporter then leaves the target's default and says so. Names follow planner.model_spec.ModelSpec.
+    head_dim: int = 0  # q/k head dim; 0 = hidden_size / num_attention_heads
+    moe_ffn_hidden_size: int = 0
+    num_shared_experts: int = 0
+    moe_layers: tuple[int, ...] = ()  # indices of MoE layers; () with num_experts > 0 = every layer
+    tied_embeddings: Optional[bool] = None
+    q_lora_rank: int = 0  # MLA (DeepSeek-V2/V3); 0 = not MLA
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
 
 class DeviceGroupRef(_Frozen):

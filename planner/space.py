@@ -96,6 +96,8 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                     else:
                         shards = _choices(fix, "dp_shard", [d for d in divisors(dp) if d > 1] or [1])
                     for dp_shard in shards:
+                        if zero > 0 and dp_shard == 1 and cp == 1 and "zero" not in fix:
+                            continue  # nothing to shard over: same as zero=0
                         dp_rep = _choices(fix, "dp_replicate", [dp // dp_shard if dp % dp_shard == 0 else 0])[0]
                         if dp_rep < 1:
                             continue
@@ -113,3 +115,30 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                                                              pp=pp, vpp=vpp, cp=cp, ep=ep, micro_batch=mbs,
                                                              zero_stage=zero, recompute=rc,
                                                              sequence_parallel=sp, attention=att)
+
+
+def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: dict[str, object]) -> str:
+    """Why no layout survived: the first rule a layout built from the pinned values breaks, with its numbers."""
+    pinned = [k for k in ("tp", "pp", "cp", "dp") if k in fix]
+    prod = 1
+    for k in pinned:
+        prod *= int(fix[k])
+        if world_size % prod:
+            names = "*".join(f"{p}({fix[p]})" for p in pinned[:pinned.index(k) + 1])
+            return f"{names} = {prod} does not divide the world size {world_size}"
+    tp, pp, cp = (int(fix.get(k, 1)) for k in ("tp", "pp", "cp"))
+    dp = int(fix.get("dp", world_size // (tp * pp * cp)))
+    dp_shard = int(fix.get("dp_shard", 1))
+    zero = int(fix.get("zero", 1 if dp_shard > 1 else 0))
+    lay = Layout(dp_replicate=max(1, dp // dp_shard), dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
+                 vpp=int(fix.get("vpp", 1)), ep=int(fix.get("ep", 1)), micro_batch=int(fix.get("mbs", 1)),
+                 zero_stage=zero, recompute=str(fix.get("recompute", "none")),
+                 sequence_parallel=bool(fix.get("sp", False)), attention=str(fix.get("attention", "flash")))
+    try:
+        lay.validate(world_size=world_size, num_layers=model.num_layers, num_heads=model.num_heads,
+                     num_kv_heads=model.num_kv_heads, seq_len=seq_len, global_batch=global_batch,
+                     num_experts=model.num_experts)
+    except MeshplanError as exc:
+        return str(exc)
+    return (f"global batch {global_batch} cannot be split evenly: no micro-batch x data-parallel degree "
+            f"of a {world_size}-device layout divides it")

@@ -1,0 +1,1 @@
+"""Packaged preset data (models, clusters); data files only."""
