@@ -64,27 +64,100 @@ class DeviceSpec:
             ) from None
 
 
-def _from_dict(d: dict) -> DeviceSpec:
+VENDORS = ("nvidia", "amd", "cpu")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
+_REQUIRED = ("name", "vendor", "peak_flops", "memory_bytes", "mem_bw_bytes_per_s", "sm_count", "l2_bytes", "clock_hz")
+_OPTIONAL = ("family", "aliases", "sources")
+
+
+def _positive(origin: str, name: str, key: str, value, cast):
+    try:
+        v = cast(float(value))
+    except (TypeError, ValueError):
+        raise MeshplanError(f"{origin}: device {name}: {key} must be a number, got {value!r}") from None
+    if not v > 0:
+        raise MeshplanError(f"{origin}: device {name}: {key} must be positive, got {value!r}")
+    return v
+
+
+def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
+    """Build a validated ``DeviceSpec`` from a catalogue entry (or a cached calibration of this host's CPU).
+
+    Args:
+        d: Mapping with the ``DeviceSpec`` fields; units as in the class docstring.
+        origin: File or source named in error messages.
+
+    Raises:
+        MeshplanError: missing/unknown key, unknown vendor or dtype, a non-positive figure.
+    """
+    if not isinstance(d, dict):
+        raise MeshplanError(f"{origin}: a device entry must be a mapping, got {type(d).__name__}")
+    name = str(d.get("name", "?"))
+    missing = [k for k in _REQUIRED if k not in d]
+    if missing:
+        raise MeshplanError(f"{origin}: device {name}: missing {', '.join(missing)}")
+    unknown = sorted(set(d) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise MeshplanError(f"{origin}: device {name}: unknown key(s) {', '.join(unknown)}")
+    if d["vendor"] not in VENDORS:
+        raise MeshplanError(f"{origin}: device {name}: vendor must be one of {', '.join(VENDORS)}, got {d['vendor']!r}")
+    flops = d["peak_flops"]
+    if not isinstance(flops, dict) or not flops:
+        raise MeshplanError(f"{origin}: device {name}: peak_flops must map dtype -> FLOP/s")
+    bad = sorted(set(flops) - set(DTYPES))
+    if bad:
+        raise MeshplanError(f"{origin}: device {name}: unknown dtype(s) {', '.join(bad)} (known: {', '.join(DTYPES)})")
     return DeviceSpec(
-        name=d["name"],
+        name=name,
         vendor=d["vendor"],
-        peak_flops={k: float(v) for k, v in d["peak_flops"].items()},
-        memory_bytes=int(float(d["memory_bytes"])),
-        mem_bw_bytes_per_s=float(d["mem_bw_bytes_per_s"]),
-        sm_count=int(d["sm_count"]),
-        l2_bytes=int(float(d["l2_bytes"])),
-        clock_hz=float(d["clock_hz"]),
-        family=d.get("family", "pcie"),
-        aliases=tuple(d.get("aliases", ())),
-        sources=dict(d.get("sources", {})),
+        peak_flops={k: _positive(origin, name, f"peak_flops.{k}", v, float) for k, v in flops.items()},
+        memory_bytes=_positive(origin, name, "memory_bytes", d["memory_bytes"], int),
+        mem_bw_bytes_per_s=_positive(origin, name, "mem_bw_bytes_per_s", d["mem_bw_bytes_per_s"], float),
+        sm_count=_positive(origin, name, "sm_count", d["sm_count"], int),
+        l2_bytes=_positive(origin, name, "l2_bytes", d["l2_bytes"], int),
+        clock_hz=_positive(origin, name, "clock_hz", d["clock_hz"], float),
+        family=str(d.get("family", "pcie")),
+        aliases=tuple(str(a) for a in d.get("aliases", ()) or ()),
+        sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
     )
+
+
+def device_to_dict(dev: DeviceSpec) -> dict:
+    """Plain-data form of a device (YAML/JSON friendly; inverse of :func:`device_from_dict`)."""
+    return {
+        "name": dev.name,
+        "vendor": dev.vendor,
+        "family": dev.family,
+        "aliases": list(dev.aliases),
+        "peak_flops": dict(dev.peak_flops),
+        "memory_bytes": dev.memory_bytes,
+        "mem_bw_bytes_per_s": dev.mem_bw_bytes_per_s,
+        "sm_count": dev.sm_count,
+        "l2_bytes": dev.l2_bytes,
+        "clock_hz": dev.clock_hz,
+        "sources": dict(dev.sources),
+    }
 
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, DeviceSpec]:
-    """All devices keyed by canonical name."""
+    """All devices keyed by canonical name (the packaged catalogue plus devices registered at run time).
+
+    Raises:
+        MeshplanError: the packaged file is malformed or two devices share a name or alias.
+    """
+    origin = "costmodel/data/devices.yaml"
     text = resources.files("costmodel").joinpath("data/devices.yaml").read_text(encoding="utf-8")
-    return {d["name"]: _from_dict(d) for d in yaml.safe_load(text)["devices"]}
+    out: dict[str, DeviceSpec] = {}
+    seen: dict[str, str] = {}
+    for d in yaml.safe_load(text)["devices"]:
+        dev = device_from_dict(d, origin)
+        for key in (dev.name, *dev.aliases):
+            owner = seen.setdefault(_norm(key), dev.name)
+            if owner != dev.name:
+                raise MeshplanError(f"{origin}: name/alias '{key}' of {dev.name} is already used by {owner}")
+        out[dev.name] = dev
+    return out
 
 
 def _norm(s: str) -> str:
@@ -92,16 +165,21 @@ def _norm(s: str) -> str:
 
 
 def get_device(name: str) -> DeviceSpec:
-    """Look a device up by canonical name or alias (case-insensitive).
+    """Look a device up by canonical name or alias (case-insensitive; ``_``, ``-`` and spaces are equivalent).
 
     Raises:
-        MeshplanError: unknown device; the message lists the known names.
+        MeshplanError: unknown device; the message suggests the closest name and lists the known ones.
     """
     key = _norm(name)
     for dev in catalogue().values():
         if key == _norm(dev.name) or key in (_norm(a) for a in dev.aliases):
             return dev
-    raise MeshplanError(f"unknown device '{name}' (known: {', '.join(catalogue())})")
+    import difflib
+
+    names = list(catalogue())
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise MeshplanError(f"unknown device '{name}' ({hint}known: {', '.join(names)})")
 
 
 def register_device(dev: DeviceSpec) -> None:

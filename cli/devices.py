@@ -1,0 +1,154 @@
+"""``meshplan devices``: the device catalogue, one device's figures, cluster specs, and local CPU calibration."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.common import console, handle_errors, print_json
+from costmodel.devices import DTYPES, catalogue, device_to_dict, get_device
+from planner.calibrate import cached_calibration, load_calibration
+from planner.cluster import load_cluster, preset_names
+
+devices_app = typer.Typer(help="Device catalogue, cluster specs and local calibration.", invoke_without_command=True,
+                          no_args_is_help=False)
+
+_SHOWN_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+def _tflops(dev, dtype: str) -> str:
+    if dtype not in dev.peak_flops:
+        return "-"
+    t = dev.peak_flops[dtype] / 1e12
+    return f"{t:.0f}" if t >= 100 else f"{t:.1f}" if t >= 10 else f"{t:.2f}"
+
+
+@devices_app.callback()
+@handle_errors
+def devices(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON.")] = False,
+) -> None:
+    """List the device catalogue (dense peak TFLOP/s per dtype, memory, bandwidth)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    cached_calibration()  # registers cpu-local when this host was calibrated; never measures here
+    devs = list(catalogue().values())
+    if json_out:
+        print_json([device_to_dict(d) for d in devs])
+        return
+    table = Table(title="Device catalogue: dense peak TFLOP/s ('-' = unsupported), memory, bandwidth",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table.add_column("name", no_wrap=True)
+    for dt in _SHOWN_DTYPES:
+        table.add_column(dt, justify="right", no_wrap=True)
+    table.add_column("GiB", justify="right", no_wrap=True)
+    table.add_column("GB/s", justify="right", no_wrap=True)
+    table.add_column("SMs", justify="right", no_wrap=True)
+    for d in devs:
+        table.add_row(d.name, *(_tflops(d, dt) for dt in _SHOWN_DTYPES),
+                      f"{d.memory_bytes / 2**30:,.0f}", f"{d.mem_bw_bytes_per_s / 1e9:,.0f}", str(d.sm_count))
+    console.print(table)
+    console.print("Aliases are accepted everywhere: `meshplan devices show 'NVIDIA H100 80GB HBM3'`.")
+
+
+@devices_app.command("show")
+@handle_errors
+def show(
+    name: Annotated[str, typer.Argument(help="Device name or alias (e.g. H100, a100, Tesla_T4, cpu-local).")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the device as JSON.")] = False,
+) -> None:
+    """Show one device: every figure with its source."""
+    cached_calibration()
+    dev = get_device(name)
+    data = device_to_dict(dev)
+    if json_out:
+        print_json(data)
+        return
+    table = Table(title=f"{dev.name} ({dev.vendor}, family {dev.family})")
+    table.add_column("figure", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold")
+    for dt in DTYPES:
+        if dt in dev.peak_flops:
+            table.add_row(f"peak {dt}", f"{dev.peak_flops[dt] / 1e12:,.2f} TFLOP/s", dev.sources.get("peak_flops", ""))
+    table.add_row("memory", f"{dev.memory_bytes / 2**30:,.1f} GiB", dev.sources.get("memory_bytes", ""))
+    table.add_row("memory bandwidth", f"{dev.mem_bw_bytes_per_s / 1e9:,.1f} GB/s", dev.sources.get("mem_bw", ""))
+    table.add_row("SMs / CUs / cores", str(dev.sm_count), dev.sources.get("sm_count", ""))
+    table.add_row("L2 / LLC", f"{dev.l2_bytes / 2**20:,.1f} MiB", dev.sources.get("l2_bytes", ""))
+    table.add_row("clock", f"{dev.clock_hz / 1e6:,.0f} MHz", dev.sources.get("clock_hz", ""))
+    console.print(table)
+    if dev.aliases:
+        console.print(f"aliases: {', '.join(dev.aliases)}")
+
+
+@devices_app.command("cluster")
+@handle_errors
+def cluster(
+    spec: Annotated[str, typer.Argument(help="16x8xH100, 8xA100, 4xT4+1xA100, local:2, a preset or a YAML file.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the cluster as JSON.")] = False,
+) -> None:
+    """Show how a cluster spec is read: groups, devices and the links the cost model will use."""
+    data = load_cluster(spec).to_dict()
+    if json_out:
+        print_json(data)
+        return
+    table = Table(title=f"{data['spec']}: {data['world_size']} devices on {data['num_nodes']} node(s)"
+                        + (" (heterogeneous)" if data["heterogeneous"] else ""),
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col in ("group", "nodes", "dev/node", "device", "intra link", "GB/s", "us", "net GB/s/GPU"):
+        table.add_column(col, justify="left" if col in ("device", "intra link") else "right", no_wrap=True)
+    for i, g in enumerate(data["groups"]):
+        il = g["intra_link"]
+        table.add_row(str(i), str(g["nodes"]), str(g["devices_per_node"]), g["device"], il["name"],
+                      f"{il['bandwidth_bytes_per_s'] / 1e9:,.1f}", f"{il['latency_s'] * 1e6:,.1f}",
+                      f"{g['nic_link']['bandwidth_bytes_per_s'] / 1e9:,.2f}")
+    console.print(table)
+    inter = data["inter_link"]
+    console.print(f"inter-node link: {inter['name']}, {inter['bandwidth_bytes_per_s'] / 1e9:,.2f} GB/s per GPU, "
+                  f"{inter['latency_s'] * 1e6:,.1f} us; presets: {', '.join(preset_names())}")
+
+
+@devices_app.command("calibrate")
+@handle_errors
+def calibrate(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the calibration as JSON.")] = False,
+) -> None:
+    """Measure this host for local:N clusters (GEMM, memory bandwidth, gloo all-reduce) and cache it."""
+    steps = ["gemm fp32", "gemm bf16", "memory bandwidth", "gloo all-reduce (2 processes)"]
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=json_out) as bar:
+        task = bar.add_task("calibrating", total=len(steps))
+
+        def progress(step: str) -> None:
+            bar.update(task, description=step, completed=steps.index(step) if step in steps else 0)
+
+        cal = load_calibration(force=True, progress=progress)
+        bar.update(task, completed=len(steps))
+    data = {"cache": str(cal.path), "device": device_to_dict(cal.device),
+            "link": {"name": cal.link.name, "bandwidth_bytes_per_s": cal.link.bandwidth_bytes_per_s,
+                     "latency_s": cal.link.latency_s},
+            "measured": cal.measured}
+    if json_out:
+        print_json(data)
+        return
+    d = cal.device
+    table = Table(title=f"{d.name}: this host, 1 thread per process (cached at {cal.path})")
+    table.add_column("figure", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_row("GEMM fp32", f"{d.peak_flops['fp32'] / 1e9:,.1f} GFLOP/s")
+    table.add_row("GEMM bf16", f"{d.peak_flops['bf16'] / 1e9:,.1f} GFLOP/s")
+    table.add_row("memory bandwidth (copy)", f"{d.mem_bw_bytes_per_s / 1e9:,.2f} GB/s")
+    table.add_row("gloo all-reduce bandwidth", f"{cal.link.bandwidth_bytes_per_s / 1e9:,.3f} GB/s")
+    table.add_row("gloo latency (alpha)", f"{cal.link.latency_s * 1e6:,.1f} us")
+    table.add_row("fit check at 8 MiB (predicted/measured)", f"{cal.measured.get('check_ratio', float('nan')):.2f}")
+    table.add_row("memory (host RAM)", f"{d.memory_bytes / 2**30:,.1f} GiB")
+    table.add_row("logical CPUs", str(d.sm_count))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(devices_app, name="devices")

@@ -1,0 +1,348 @@
+"""Calibration of this host for ``local:N`` clusters (N CPU processes on one machine, gloo over loopback).
+
+Measures, in about 10-20 s, and caches as JSON under ``~/.cache/meshplan/`` (``MESHPLAN_CACHE`` overrides):
+
+- GEMM throughput, fp32 and bf16, FLOP/s: ``torch.mm`` of square matrices timed with ``torch.utils.benchmark``
+  on **one thread**, because ``torchrun`` starts every worker with ``OMP_NUM_THREADS=1`` when nproc > 1
+  (torch.distributed.run docs), so that is what each rank of a local run gets.
+- Memory bandwidth, bytes/s: a copy of a 64 MiB fp32 tensor (read + write = 2 x 64 MiB moved per copy),
+  also on one thread.
+- gloo all-reduce over loopback with a real 2-process ``torch.distributed`` run (``torch.multiprocessing.spawn``):
+  for p = 2 the ring model gives T(n) = 2 alpha + n / B (costmodel/collectives.py), so alpha = T(4 bytes) / 2
+  and B is the least-squares fit of n / (T(n) - 2 alpha) over n = 4 and 16 MiB (gradient-bucket sizes: DDP's
+  default bucket is 25 MiB); T(8 MiB) is measured too and kept to check the fit. Messages that fit in the CPU
+  caches (<= 1 MiB) run faster per byte than this B, so the model is conservative for them.
+
+The measured figures are achieved (not datasheet) rates; they stand in for the "peak" of the ``cpu-local`` device.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from costmodel.collectives import Link
+from costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, register_device
+from planner.atomic import write_atomic
+from planner.errors import MeshplanError
+
+CACHE_VERSION = 1
+DEVICE_NAME = "cpu-local"
+GEMM_N = 768  # 2*768^3 = 0.9 GFLOP per call: long enough to time, short enough for a loaded 2-core box
+COPY_BYTES = 64 * 2**20  # larger than any LLC, so the copy streams from DRAM
+SMALL_BYTES = 4
+FIT_BYTES = (4 * 2**20, 16 * 2**20)
+CHECK_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One host calibration.
+
+    Attributes:
+        device: The ``cpu-local`` device (peak_flops = measured 1-thread GEMM FLOP/s; memory = host RAM, bytes).
+        link: gloo loopback all-reduce link (bytes/s per rank, latency s).
+        measured: Raw measurements (seconds, bytes) and the 8 MiB check of the alpha-beta fit.
+        path: Cache file it was read from or written to.
+        cached: True when read from the cache, False when just measured.
+    """
+
+    device: DeviceSpec
+    link: Link
+    measured: dict
+    path: Path
+    cached: bool
+
+
+def cache_dir() -> Path:
+    """Folder for cached calibrations: ``$MESHPLAN_CACHE`` or ``~/.cache/meshplan``."""
+    env = os.environ.get("MESHPLAN_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "meshplan"
+
+
+def _fingerprint() -> dict:
+    import torch
+
+    return {"host": platform.node(), "machine": platform.machine(), "cpu_count": os.cpu_count() or 1,
+            "torch": torch.__version__.split("+")[0]}
+
+
+def cache_path() -> Path:
+    return cache_dir() / "calibration-cpu.json"
+
+
+# ---------------------------------------------------------------- host facts (OS-reported)
+
+def _ram_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        raise MeshplanError("calibration: cannot read this host's RAM size (os.sysconf)") from None
+
+
+def _llc_bytes() -> tuple[int, str]:
+    """Largest CPU cache reported by Linux sysfs (bytes, source)."""
+    best = 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in base.glob("index*"):
+        try:
+            txt = (idx / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(txt[-1:], 1)
+        digits = txt.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, int(digits) * mult)
+    if best:
+        return best, "sysfs /sys/devices/system/cpu/cpu0/cache (largest level)"
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            v = os.sysconf(name)
+        except (ValueError, OSError):
+            continue
+        if v and v > 0:
+            return int(v), f"os.sysconf({name})"
+    return 2**20, "not reported by the OS; 1 MiB assumed"
+
+
+def _clock_hz() -> tuple[float, str]:
+    try:
+        khz = float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text())
+        return khz * 1e3, "sysfs cpufreq cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("cpu mhz"):
+                return float(line.split(":")[1]) * 1e6, "/proc/cpuinfo cpu MHz"
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1e9, "not reported by the OS; 1 GHz assumed"
+
+
+# ---------------------------------------------------------------- measurements
+
+def _one_thread(fn: Callable[[], float]) -> float:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_gemm_flops(dtype: str, n: int = GEMM_N, min_run_time_s: float = 0.4) -> float:
+    """Achieved ``torch.mm`` FLOP/s on one thread for ``n x n`` matrices of ``dtype`` (``fp32``/``bf16``)."""
+    import torch
+    import torch.utils.benchmark as benchmark
+
+    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+
+    def run() -> float:
+        a = torch.randn(n, n).to(tdt)
+        b = torch.randn(n, n).to(tdt)
+        torch.mm(a, b)  # warm-up: first call allocates and picks the kernel
+        m = benchmark.Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b},
+                            num_threads=1).blocked_autorange(min_run_time=min_run_time_s)
+        return 2.0 * n**3 / m.median
+
+    return _one_thread(run)
+
+
+def measure_copy_bandwidth(nbytes: int = COPY_BYTES, min_run_time_s: float = 0.3) -> float:
+    """Achieved memory bandwidth of a large tensor copy on one thread, bytes/s (read + write counted)."""
+    import torch
+    import torch.utils.benchmark as benchmark
+
+    def run() -> float:
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        m = benchmark.Timer("dst.copy_(src)", globals={"src": src, "dst": dst},
+                            num_threads=1).blocked_autorange(min_run_time=min_run_time_s)
+        return 2.0 * nbytes / m.median
+
+    return _one_thread(run)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _time_allreduces(dist, torch, sizes: list[int], reps: int) -> list[float]:
+    """Fastest time (s) of each all-reduce size; sizes are interleaved round by round, so a burst of load from
+    other processes on a shared host slows every size alike instead of one."""
+    bufs = [torch.ones(max(1, n // 4)) for n in sizes]
+    for t in bufs:
+        dist.all_reduce(t)  # warm-up (connection set-up, buffers)
+    best = [math.inf] * len(sizes)
+    for _ in range(reps):
+        for i, t in enumerate(bufs):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            # the fastest repetition: on a shared host the slower ones measure other people's work, not the
+            # link (NeuSight's kernel timings make the same choice, see shared/kernels/neusight/PROVENANCE.md)
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def _gloo_worker(rank: int, port: int, out_file: str) -> None:
+    """One rank of the 2-process gloo measurement (module-level so ``spawn`` can import it)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=_dt.timedelta(seconds=60))
+    try:
+        small = _time_allreduces(dist, torch, [SMALL_BYTES], 200)[0]
+        big = _time_allreduces(dist, torch, [*FIT_BYTES, CHECK_BYTES], 12)
+        res = {"small_s": small, "fit_s": big[:len(FIT_BYTES)], "check_s": big[-1]}
+        if rank == 0:
+            Path(out_file).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_gloo_allreduce() -> dict:
+    """Fastest all-reduce times (s) of 4 B, 4/16 MiB (fit) and 8 MiB (check) over 2 gloo processes on loopback."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "gloo.json"
+        try:
+            mp.spawn(_gloo_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+        except Exception as exc:  # a child failure arrives as ProcessRaisedException/ProcessExitedException
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise MeshplanError(f"calibration: 2-process gloo all-reduce on 127.0.0.1 failed: {first}") from None
+        return json.loads(out.read_text())
+
+
+def fit_link(times: dict) -> tuple[Link, dict]:
+    """Alpha-beta fit for p = 2 (T = 2 alpha + n / B): alpha from 4 B, B by least squares over the fit sizes.
+
+    Returns:
+        The link and a check of the fit at 8 MiB (predicted / measured time).
+    """
+    alpha = times["small_s"] / 2
+    transfer = [t - 2 * alpha for t in times["fit_s"]]
+    if min(transfer) <= 0:
+        raise MeshplanError(f"calibration: large all-reduces ({times['fit_s']} s) were not slower than 4 B "
+                            f"({times['small_s']:.3g} s); the host is too loaded to measure, retry")
+    # minimise sum (n_i / B - x_i)^2 over 1/B: 1/B = sum n_i x_i / sum n_i^2
+    inv_bw = sum(n * x for n, x in zip(FIT_BYTES, transfer)) / sum(n * n for n in FIT_BYTES)
+    bw = 1.0 / inv_bw
+    predicted = 2 * alpha + CHECK_BYTES / bw
+    check = {"check_bytes": CHECK_BYTES, "check_measured_s": times["check_s"], "check_predicted_s": predicted,
+             "check_ratio": predicted / times["check_s"]}
+    return Link("gloo-loopback", bw, alpha), check
+
+
+# ---------------------------------------------------------------- calibrate / load
+
+def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
+    """Measure this host now and write the cache atomically. ``progress`` is called before each step."""
+    import torch
+
+    step = progress or (lambda _s: None)
+    t0 = time.perf_counter()
+    step("gemm fp32")
+    fp32 = measure_gemm_flops("fp32")
+    step("gemm bf16")
+    bf16 = measure_gemm_flops("bf16")
+    step("memory bandwidth")
+    mem_bw = measure_copy_bandwidth()
+    step("gloo all-reduce (2 processes)")
+    times = measure_gloo_allreduce()
+    link, check = fit_link(times)
+    llc, llc_src = _llc_bytes()
+    clock, clock_src = _clock_hz()
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    measured = f"measured by meshplan devices calibrate on {when}"
+    dev = DeviceSpec(
+        name=DEVICE_NAME, vendor="cpu",
+        peak_flops={"fp32": fp32, "bf16": bf16},
+        memory_bytes=_ram_bytes(), mem_bw_bytes_per_s=mem_bw, sm_count=os.cpu_count() or 1,
+        l2_bytes=llc, clock_hz=clock, family="local", aliases=("local", "cpu"),
+        sources={"peak_flops": f"{measured}: torch.mm {GEMM_N}x{GEMM_N}, 1 thread, torch.utils.benchmark median",
+                 "memory_bytes": "os.sysconf SC_PHYS_PAGES x SC_PAGE_SIZE (host RAM)",
+                 "mem_bw": f"{measured}: 1-thread copy of {COPY_BYTES >> 20} MiB (2x bytes moved)",
+                 "sm_count": "os.cpu_count() (logical CPUs)", "l2_bytes": llc_src, "clock_hz": clock_src},
+    )
+    record = {"version": CACHE_VERSION, "fingerprint": _fingerprint(), "created": when,
+              "wall_s": time.perf_counter() - t0, "torch_threads_used": 1,
+              "device": device_to_dict(dev),
+              "link": {"name": link.name, "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+                       "latency_s": link.latency_s},
+              "measured": {**times, **check, "torch": torch.__version__}}
+    path = write_atomic(cache_path(), json.dumps(record, indent=2) + "\n")
+    register_device(dev)
+    return Calibration(dev, link, record["measured"], path, cached=False)
+
+
+def _read_cache() -> Optional[Calibration]:
+    path = cache_path()
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # absent or unreadable: measure again
+    if record.get("version") != CACHE_VERSION or record.get("fingerprint") != _fingerprint():
+        return None  # another host, CPU count or torch: stale
+    try:
+        dev = device_from_dict(record["device"], str(path))
+        ld = record["link"]
+        link = Link(str(ld["name"]), float(ld["bandwidth_bytes_per_s"]), float(ld["latency_s"]))
+    except (KeyError, TypeError, ValueError, MeshplanError):
+        return None
+    if not (link.bandwidth_bytes_per_s > 0 and link.latency_s > 0 and math.isfinite(link.bandwidth_bytes_per_s)):
+        return None
+    register_device(dev)
+    return Calibration(dev, link, dict(record.get("measured", {})), path, cached=True)
+
+
+def load_calibration(force: bool = False, progress: Optional[Callable[[str], None]] = None) -> Calibration:
+    """The cached calibration of this host, measuring it first when absent, stale or ``force``."""
+    if not force:
+        cal = _read_cache()
+        if cal is not None:
+            return cal
+    return calibrate(progress)
+
+
+def cached_calibration() -> Optional[Calibration]:
+    """The cached calibration if there is a valid one; never measures."""
+    return _read_cache()
+
+
+def local_cluster(n: int):
+    """``local:N``: one node with ``n`` CPU processes joined by the calibrated gloo loopback link.
+
+    Each process gets ``RAM / n`` bytes; when ``n`` exceeds the logical CPUs, each process's FLOP/s and memory
+    bandwidth are scaled by ``cpus / n`` (the 1-thread figures assume a core per process).
+    """
+    from planner.cluster import ClusterSpec, NodeGroup
+
+    if n < 1:
+        raise MeshplanError(f"cluster 'local:{n}': local:N needs a process count N >= 1")
+    cal = load_calibration()
+    share = min(1.0, (os.cpu_count() or 1) / n)
+    dev = dataclasses.replace(
+        cal.device, memory_bytes=cal.device.memory_bytes // n,
+        peak_flops={k: v * share for k, v in cal.device.peak_flops.items()},
+        mem_bw_bytes_per_s=cal.device.mem_bw_bytes_per_s * share)
+    group = NodeGroup(1, n, dev, cal.link, nic_link=cal.link)
+    return ClusterSpec(f"local:{n}", (group,), cal.link)

@@ -1,0 +1,444 @@
+"""Clusters: groups of nodes x devices with their intra-node and inter-node links.
+
+A cluster comes from a shorthand (``16x8xH100``, ``8xA100``, ``4xT4+1xA100``, ``2x8xA100+4x4xL4``, ``local:2``),
+a YAML file, or a bundled preset name (``dgx-h100-16``, see ``planner/presets/clusters/``). Link figures come from
+``planner/presets/clusters/links.yaml`` (families of nodes, with sources and the efficiency factors applied).
+
+Ranks are numbered node-major inside each group: rank ``r`` lives on node ``r // devices_per_node``.
+Bandwidths are bytes/s per rank and per direction (the "bus bandwidth" of nccl-tests), latencies seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from costmodel.collectives import Link
+from costmodel.devices import DeviceSpec, get_device
+from planner.errors import MeshplanError
+from planner.plan import ClusterRef, DeviceGroupRef
+
+PRESET_DIR = "presets/clusters"
+
+
+# ---------------------------------------------------------------- bandwidth strings
+
+_BW_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kmgt]?)(i?)(b|bit|byte)(?:ps|/s|its/s|it/s|ytes/s)?\s*$",
+                    re.IGNORECASE)
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BIN_PREFIX = {"": 1.0, "k": 2.0**10, "m": 2.0**20, "g": 2.0**30, "t": 2.0**40}
+
+
+def parse_bandwidth(text: str) -> float:
+    """Parse a bandwidth such as ``25Gbps``, ``400Gb/s``, ``50GB/s``, ``1.5TB/s`` or ``10GiB/s`` into bytes/s.
+
+    Lower-case ``b``/``bit`` is bits, upper-case ``B``/``byte`` is bytes; prefixes are decimal (network
+    convention) unless written ``Ki``/``Mi``/``Gi``/``Ti``.
+
+    Raises:
+        MeshplanError: not a positive number with a unit.
+    """
+    raw = str(text)
+    m = _BW_RE.match(raw.replace("bits", "bit"))
+    if not m:
+        raise MeshplanError(f"bandwidth '{raw}': expected a number and a unit, e.g. 25Gbps, 400Gb/s, 50GB/s")
+    value, prefix, binary, unit = float(m.group(1)), m.group(2).lower(), m.group(3), m.group(4)
+    if unit == "b" or unit.lower() == "bit":
+        per_unit = 1 / 8  # bits
+    elif unit == "B" or unit.lower() == "byte":
+        per_unit = 1.0
+    else:  # pragma: no cover - the regex admits only the forms above
+        raise MeshplanError(f"bandwidth '{raw}': unknown unit {unit!r}")
+    scale = (_BIN_PREFIX if binary else _PREFIX)[prefix]
+    bw = value * scale * per_unit
+    if not bw > 0:
+        raise MeshplanError(f"bandwidth '{raw}': must be positive")
+    return bw
+
+
+# ---------------------------------------------------------------- link families
+
+@dataclass(frozen=True)
+class LinkFamily:
+    """One node type's links (see ``links.yaml``).
+
+    Attributes:
+        name: Family key, e.g. ``dgx-h100``.
+        intra: Achievable GPU-to-GPU link inside a node (bytes/s per direction, latency s).
+        nic_line_bytes_per_s: Line rate of one NIC, bytes/s.
+        nic_efficiency: Fraction of the line rate a large NCCL transfer reaches (see links.yaml).
+        nics_per_node: NICs per node.
+        inter_name: Name of the network link.
+        inter_latency_s: Network alpha, seconds.
+    """
+
+    name: str
+    intra: Link
+    nic_line_bytes_per_s: float
+    nic_efficiency: float
+    nics_per_node: int
+    inter_name: str
+    inter_latency_s: float
+
+    def inter_link(self, devices_per_node: int) -> Link:
+        """Per-GPU share of the node's network (a GPU uses at most one NIC)."""
+        return Link(self.inter_name, nic_share_bytes_per_s(self.nic_line_bytes_per_s, self.nic_efficiency,
+                                                          self.nics_per_node, devices_per_node),
+                    self.inter_latency_s)
+
+
+def nic_share_bytes_per_s(line_bytes_per_s: float, efficiency: float, nics_per_node: int,
+                          devices_per_node: int) -> float:
+    """Achievable network bandwidth per GPU: line rate x efficiency x min(1, NICs / GPUs per node), bytes/s."""
+    return line_bytes_per_s * efficiency * min(1.0, nics_per_node / devices_per_node)
+
+
+@lru_cache(maxsize=1)
+def link_families() -> dict[str, LinkFamily]:
+    """All link families from the packaged ``links.yaml``, keyed by family name."""
+    text = resources.files("planner").joinpath(PRESET_DIR, "links.yaml").read_text(encoding="utf-8")
+    out = {}
+    for key, fam in yaml.safe_load(text)["families"].items():
+        intra, inter = fam["intra"], fam["inter"]
+        out[key] = LinkFamily(
+            name=key,
+            intra=Link(intra["name"], float(intra["nominal_gbytes_per_s"]) * 1e9 * float(intra["efficiency"]),
+                       float(intra["latency_us"]) / 1e6),
+            nic_line_bytes_per_s=float(inter["nic_gbits_per_s"]) * 1e9 / 8,
+            nic_efficiency=float(inter["efficiency"]),
+            nics_per_node=int(inter["nics_per_node"]),
+            inter_name=inter["name"],
+            inter_latency_s=float(inter["latency_us"]) / 1e6,
+        )
+    return out
+
+
+def get_family(name: str, where: str = "link family") -> LinkFamily:
+    """The link family ``name`` from ``links.yaml``.
+
+    Raises:
+        MeshplanError: unknown family; names ``where`` it was asked for and the closest known family.
+    """
+    fams = link_families()
+    if name not in fams:
+        close = difflib.get_close_matches(name, list(fams), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise MeshplanError(f"{where}: unknown link family '{name}'{hint}; known: {', '.join(fams)}")
+    return fams[name]
+
+
+# ---------------------------------------------------------------- the cluster
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """``nodes`` identical nodes with ``devices_per_node`` devices each, joined inside a node by ``intra_link``.
+
+    ``nic_link`` is this group's own per-GPU share of its nodes' network (None: the cluster's ``inter_link``).
+    """
+
+    nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_link: Link
+    nic_link: Link | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A (possibly heterogeneous) cluster.
+
+    Attributes:
+        spec: What the user passed (shorthand, preset name or file path).
+        groups: Node groups; ranks are numbered group by group, node-major inside a group.
+        inter_link: Per-GPU share of the network between nodes (the slowest group's), bytes/s and seconds.
+    """
+
+    spec: str
+    groups: tuple[NodeGroup, ...]
+    inter_link: Link
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.world_size for g in self.groups)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(g.nodes for g in self.groups)
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        """True when the groups differ in device, devices per node or intra-node link."""
+        return len({(g.device.name, g.devices_per_node, g.intra_link) for g in self.groups}) > 1
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices per node (all groups agree).
+
+        Raises:
+            MeshplanError: the groups have different numbers of devices per node.
+        """
+        values = sorted({g.devices_per_node for g in self.groups})
+        if len(values) > 1:
+            raise MeshplanError(f"cluster {self.spec} is heterogeneous (devices per node {values}); "
+                                f"ask a group (cluster.groups[i]) instead")
+        return values[0]
+
+    @property
+    def device(self) -> DeviceSpec:
+        """The device (all groups agree).
+
+        Raises:
+            MeshplanError: the groups have different devices.
+        """
+        names = sorted({g.device.name for g in self.groups})
+        if len(names) > 1:
+            raise MeshplanError(f"cluster {self.spec} is heterogeneous (devices {', '.join(names)}); "
+                                f"ask a group (cluster.groups[i]) instead")
+        return self.groups[0].device
+
+    def collective_link(self, group_size: int, stride: int, group_index: int = 0) -> Link:
+        """The slowest link a collective over ranks ``r, r+stride, ..., r+(group_size-1)*stride`` crosses.
+
+        Inside one node (``stride * group_size <= devices_per_node`` or ``group_size == 1``) that is the group's
+        intra-node link. Otherwise it is the network: each member's per-GPU NIC share, times the number of
+        members that share a node (``k``), because NCCL runs one ring channel per NIC and the node boundary is
+        crossed by ``k`` channels in parallel; never faster than the intra-node link the ring also uses.
+        Vidur's DGX A100 all-reduce over 2 nodes (shared/kernels/vidur/network) scales this way: bus bandwidth
+        5.9, 11.9, 22.4 GB/s for 1, 2, 4 GPUs per node.
+
+        Args:
+            group_size: Members of the collective.
+            stride: Rank distance between consecutive members.
+            group_index: Which node group's layout to use.
+
+        Raises:
+            MeshplanError: non-positive size/stride or an unknown group index.
+        """
+        if group_size < 1 or stride < 1:
+            raise MeshplanError(f"collective group size {group_size} and stride {stride} must be >= 1")
+        if not 0 <= group_index < len(self.groups):
+            raise MeshplanError(f"cluster {self.spec} has {len(self.groups)} group(s); no group {group_index}")
+        g = self.groups[group_index]
+        if group_size == 1 or stride * group_size <= g.devices_per_node:
+            return g.intra_link
+        nic = g.nic_link or self.inter_link
+        per_node = max(1, min(group_size, g.devices_per_node // stride))
+        bw = min(g.intra_link.bandwidth_bytes_per_s, per_node * nic.bandwidth_bytes_per_s)
+        name = nic.name if per_node == 1 else f"{nic.name}x{per_node}"
+        return Link(name, bw, max(nic.latency_s, g.intra_link.latency_s))
+
+    def with_inter_bandwidth(self, bytes_per_s: float) -> "ClusterSpec":
+        """The same cluster with the per-GPU inter-node bandwidth set to ``bytes_per_s`` (``--net 25Gbps``)."""
+        if not bytes_per_s > 0 or not math.isfinite(bytes_per_s):
+            raise MeshplanError(f"network bandwidth {bytes_per_s} bytes/s must be positive")
+        link = dataclasses.replace(self.inter_link, bandwidth_bytes_per_s=float(bytes_per_s),
+                                   name=f"{self.inter_link.name}@{bytes_per_s * 8 / 1e9:g}Gbps")
+        groups = tuple(dataclasses.replace(g, nic_link=None) for g in self.groups)
+        return dataclasses.replace(self, groups=groups, inter_link=link)
+
+    def to_dict(self) -> dict:
+        """Plain-data summary (JSON friendly): groups, links in bytes/s and seconds, world size."""
+        def link(lk: Link) -> dict:
+            return {"name": lk.name, "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s, "latency_s": lk.latency_s}
+
+        return {"spec": self.spec, "world_size": self.world_size, "num_nodes": self.num_nodes,
+                "heterogeneous": self.is_heterogeneous, "inter_link": link(self.inter_link),
+                "groups": [{"nodes": g.nodes, "devices_per_node": g.devices_per_node, "device": g.device.name,
+                            "intra_link": link(g.intra_link), "nic_link": link(g.nic_link or self.inter_link)}
+                           for g in self.groups]}
+
+    def to_ref(self) -> ClusterRef:
+        """The plan-file form (``planner.plan.ClusterRef``): the spec string and each group's counts and device."""
+        return ClusterRef(spec=self.spec, groups=tuple(
+            DeviceGroupRef(nodes=g.nodes, devices_per_node=g.devices_per_node, device=g.device.name)
+            for g in self.groups))
+
+
+def _make(spec: str, groups: list[NodeGroup], inter: list[Link]) -> ClusterSpec:
+    groups = [dataclasses.replace(g, nic_link=link) for g, link in zip(groups, inter)]
+    slowest = min(inter, key=lambda link: (link.bandwidth_bytes_per_s, -link.latency_s))
+    latency = max(link.latency_s for link in inter)
+    return ClusterSpec(spec, tuple(groups), Link(slowest.name, slowest.bandwidth_bytes_per_s, latency))
+
+
+# ---------------------------------------------------------------- shorthand
+
+_PART_RE = re.compile(r"^(?:(\d+)[xX])?(\d+)[xX]([A-Za-z].*)$")  # device names start with a letter
+
+
+def _count(value: str, what: str, spec: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise MeshplanError(f"cluster '{spec}': {what} must be >= 1, got {n}")
+    return n
+
+
+def parse_shorthand(spec: str) -> ClusterSpec:
+    """``NODESxDEVICESxDEVICE`` or ``DEVICESxDEVICE`` parts joined by ``+``; links from each device's family."""
+    groups, inter = [], []
+    for part in spec.split("+"):
+        m = _PART_RE.match(part.strip())
+        if not m:
+            raise MeshplanError(
+                f"cluster '{spec}': cannot read '{part}' (expected NODESxDEVICESxDEVICE such as 16x8xH100, "
+                f"DEVICESxDEVICE such as 8xA100, parts joined by '+', local:N, a preset or a YAML file; "
+                f"presets: {', '.join(preset_names())})")
+        nodes = _count(m.group(1), "nodes", spec) if m.group(1) else 1
+        dpn = _count(m.group(2), "devices per node", spec)
+        dev = get_device(m.group(3))
+        fam = get_family(dev.family, f"device {dev.name}")
+        groups.append(NodeGroup(nodes, dpn, dev, fam.intra))
+        inter.append(fam.inter_link(dpn))
+    return _make(spec, groups, inter)
+
+
+# ---------------------------------------------------------------- YAML files
+
+_TOP_KEYS = ("name", "description", "groups", "inter_link")
+_GROUP_KEYS = ("nodes", "devices_per_node", "device", "intra_link")
+_INTRA_KEYS = ("family", "name", "bandwidth", "latency_us")
+_INTER_KEYS = ("family", "name", "bandwidth", "nic", "nics_per_node", "efficiency", "latency_us")
+
+
+def _check_keys(where: str, d, allowed: tuple[str, ...]) -> dict:
+    if not isinstance(d, dict):
+        raise MeshplanError(f"{where}: expected a mapping, got {type(d).__name__}")
+    for key in d:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
+            raise MeshplanError(f"{where}: unknown key '{key}' ({hint})")
+    return d
+
+
+def _number(where: str, key: str, value, positive_int: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise MeshplanError(f"{where}: {key} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(v):
+        raise MeshplanError(f"{where}: {key} must be a finite number, got {value!r}")
+    if positive_int and (v != int(v) or v < 1):
+        raise MeshplanError(f"{where}: {key} must be a whole number >= 1, got {value!r}")
+    if not v > 0:
+        raise MeshplanError(f"{where}: {key} must be positive, got {value!r}")
+    return v
+
+
+def _bandwidth(where: str, value) -> float:
+    if isinstance(value, (int, float)):
+        return _number(where, "bandwidth", value)  # a bare number is bytes/s
+    try:
+        return parse_bandwidth(value)
+    except MeshplanError as exc:
+        raise MeshplanError(f"{where}: {exc}") from None
+
+
+def _intra_from(where: str, d: dict, default: Link) -> Link:
+    d = _check_keys(where, d, _INTRA_KEYS)
+    base = get_family(d["family"], where).intra if "family" in d else default
+    bw = _bandwidth(where, d["bandwidth"]) if "bandwidth" in d else base.bandwidth_bytes_per_s
+    lat = _number(where, "latency_us", d["latency_us"]) / 1e6 if "latency_us" in d else base.latency_s
+    return Link(str(d.get("name", base.name)), bw, lat)
+
+
+def _inter_from(where: str, d: dict, default: LinkFamily, dpn: int) -> Link:
+    d = _check_keys(where, d, _INTER_KEYS)
+    fam = get_family(d["family"], where) if "family" in d else default
+    base = fam.inter_link(dpn)
+    lat = _number(where, "latency_us", d["latency_us"]) / 1e6 if "latency_us" in d else base.latency_s
+    name = str(d.get("name", base.name))
+    if "bandwidth" in d:  # the per-GPU achievable share, used as given
+        return Link(name, _bandwidth(where, d["bandwidth"]), lat)
+    nic = _bandwidth(where, d["nic"]) if "nic" in d else fam.nic_line_bytes_per_s
+    nics = int(_number(where, "nics_per_node", d.get("nics_per_node", fam.nics_per_node), positive_int=True))
+    eff = _number(where, "efficiency", d.get("efficiency", fam.nic_efficiency))
+    if eff > 1:
+        raise MeshplanError(f"{where}: efficiency must be in (0, 1], got {eff}")
+    return Link(name, nic_share_bytes_per_s(nic, eff, nics, dpn), lat)
+
+
+def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
+    """Read a cluster YAML file (schema: ``planner/presets/clusters/README.md``).
+
+    Raises:
+        MeshplanError: unreadable file, unknown key (with the closest valid one), bad counts, unknown device.
+    """
+    p = Path(path)
+    where = str(spec or p)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise MeshplanError(f"{where}: cannot read ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise MeshplanError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = _check_keys(where, data, _TOP_KEYS)
+    groups_in = data.get("groups")
+    if not isinstance(groups_in, list) or not groups_in:
+        raise MeshplanError(f"{where}: 'groups' must be a non-empty list of node groups")
+    groups, inter = [], []
+    for i, gd in enumerate(groups_in):
+        gw = f"{where}: groups[{i}]"
+        gd = _check_keys(gw, gd, _GROUP_KEYS)
+        for key in ("nodes", "devices_per_node", "device"):
+            if key not in gd:
+                raise MeshplanError(f"{gw}: missing '{key}'")
+        nodes = int(_number(gw, "nodes", gd["nodes"], positive_int=True))
+        dpn = int(_number(gw, "devices_per_node", gd["devices_per_node"], positive_int=True))
+        try:
+            dev = get_device(str(gd["device"]))
+        except MeshplanError as exc:
+            raise MeshplanError(f"{gw}: {exc}") from None
+        fam = get_family(dev.family, gw)
+        intra = _intra_from(f"{gw}.intra_link", gd["intra_link"], fam.intra) if "intra_link" in gd else fam.intra
+        groups.append(NodeGroup(nodes, dpn, dev, intra))
+        if "inter_link" in data:
+            inter.append(_inter_from(f"{where}: inter_link", data["inter_link"], fam, dpn))
+        else:
+            inter.append(fam.inter_link(dpn))
+    return _make(spec or str(path), groups, inter)
+
+
+# ---------------------------------------------------------------- entry point
+
+def preset_names() -> list[str]:
+    """Bundled cluster presets (file stems under ``planner/presets/clusters``)."""
+    folder = resources.files("planner").joinpath(PRESET_DIR)
+    return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml") and f.name != "links.yaml")
+
+
+def load_cluster(text: str) -> ClusterSpec:
+    """A cluster from a shorthand, ``local:N``, a YAML file path or a preset name.
+
+    Raises:
+        MeshplanError: malformed shorthand, zero counts, unknown device or preset, bad file.
+    """
+    spec = str(text).strip()
+    if not spec:
+        raise MeshplanError("cluster: empty specification (e.g. 16x8xH100, 8xA100, local:2, dgx-h100-16)")
+    if spec.lower().startswith("local:"):
+        from planner.calibrate import local_cluster
+
+        n = spec.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise MeshplanError(f"cluster '{spec}': local:N needs a process count N >= 1")
+        return local_cluster(int(n))
+    if spec in preset_names():
+        path = resources.files("planner").joinpath(PRESET_DIR, f"{spec}.yaml")
+        return load_cluster_file(Path(str(path)), spec=spec)
+    if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
+        if not Path(spec).is_file():
+            raise MeshplanError(f"{spec}: cluster file not found")
+        return load_cluster_file(spec)
+    return parse_shorthand(spec)
