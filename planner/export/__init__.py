@@ -1,0 +1,85 @@
+"""Launch configs for existing launchers, rendered from a :class:`planner.plan.Plan`.
+
+Every target module has three pure functions:
+
+* ``check(plan) -> None`` raises :class:`MeshplanError` for the target's own constraints (divisibility, batch
+  arithmetic, option conflicts), naming the numbers;
+* ``unsupported(plan) -> list[str]`` names plan decisions the target cannot express (one line each);
+* ``render(plan) -> str`` the config text.
+
+Option names and the checks come from the upstream snapshots listed in ``shared/notes/exports.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from planner.errors import MeshplanError
+from planner.atomic import write_atomic
+from planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
+from planner.plan import Plan, load_plan
+
+TARGETS: dict[str, ModuleType] = {
+    "torchrun": torchrun,
+    "megatron": megatron,
+    "deepspeed": deepspeed,
+    "torchtitan": torchtitan,
+    "accelerate": accelerate,
+    "slurm": slurm,
+    "kubeflow": kubeflow,
+}
+
+# File extension of each target's output (for golden files and default output names).
+EXTENSIONS: dict[str, str] = {name: mod.EXTENSION for name, mod in TARGETS.items()}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """A rendered config and the plan decisions the target could not express.
+
+    Attributes:
+        target: Target name (a key of ``TARGETS``).
+        text: The config file / script text.
+        warnings: One line per unsupported decision.
+    """
+
+    target: str
+    text: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def get_target(target: str) -> ModuleType:
+    """The target module, or ``MeshplanError`` naming the known targets."""
+    mod = TARGETS.get(target)
+    if mod is None:
+        raise MeshplanError(f"unknown export target {target!r}; known: {', '.join(TARGETS)}")
+    return mod
+
+
+def render(plan: Plan, target: str) -> ExportResult:
+    """Check the plan against ``target`` and render it.
+
+    Raises:
+        MeshplanError: unknown target, or the plan breaks one of the target's constraints.
+    """
+    mod = get_target(target)
+    mod.check(plan)
+    return ExportResult(target=target, text=mod.render(plan), warnings=list(mod.unsupported(plan)))
+
+
+def export_file(plan_path: str | Path, target: str, out: str | Path | None = None) -> ExportResult:
+    """Load a plan file, render it for ``target`` and, if ``out`` is given, write the text there atomically.
+
+    Raises:
+        MeshplanError: unknown target, unreadable plan, or a failed target check (prefixed with the plan file).
+    """
+    get_target(target)
+    plan = load_plan(plan_path)
+    try:
+        result = render(plan, target)
+    except MeshplanError as exc:
+        raise MeshplanError(f"{plan_path}: {exc}", exc.exit_code) from None
+    if out is not None:
+        write_atomic(out, result.text)
+    return result

@@ -1,0 +1,208 @@
+"""Checks and helpers every exporter shares.
+
+Conventions of the plan (``planner/plan.py``, ``planner/memory.py``) that all targets rely on:
+
+* world = dp_replicate * dp_shard * cp * tp * pp, and it must equal the cluster's device count;
+* ZeRO (``zero_stage`` 1..3) shards over the ``dp_shard`` (x cp) group; ``dp_replicate`` replicates (HSDP), so
+  ``dp_shard > 1`` with ``zero_stage == 0`` is contradictory;
+* grad accumulation = global_batch / (micro_batch * dp), dp = dp_replicate * dp_shard (Megatron, DeepSpeed and
+  TorchTitan all use this identity; exports.md sections (b), (c), (d));
+* ep borrows ranks from dp_shard * cp (experts stay tensor-parallel over tp, i.e. expert-TP = tp).
+
+Messages never name the plan file: the caller (CLI) prefixes it.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+
+from planner.errors import MeshplanError
+from planner.plan import Plan
+
+# Plan.dtype values the exporters understand, mapped to a canonical name.
+DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",
+          "float32": "fp32", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8-hybrid": "fp8", "fp8_hybrid": "fp8"}
+
+# Families whose HF layout is pre-norm RMSNorm + SwiGLU + RoPE without linear biases (models.md section 1).
+ROPE_SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3")
+
+# HF decoder-layer class per model_type (transformers 5 ``modeling_*.py``): what FSDP wraps.
+HF_LAYER_CLASS = {
+    "llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer", "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer", "gpt2": "GPT2Block",
+    "gpt_neox": "GPTNeoXLayer",
+}
+
+
+def fail(message: str) -> None:
+    """Raise the one-line user error."""
+    raise MeshplanError(message)
+
+
+def dtype_of(plan: Plan) -> str:
+    """Canonical training dtype of the plan (``bf16``/``fp16``/``fp32``/``fp8``)."""
+    d = DTYPES.get(plan.dtype.lower())
+    if d is None:
+        fail(f"dtype={plan.dtype!r} is not one of {sorted(set(DTYPES))}")
+    return d
+
+
+def check_plan(plan: Plan) -> None:
+    """Target-independent consistency of a plan; every exporter's ``check`` calls this first.
+
+    Raises:
+        MeshplanError: naming the numbers that disagree.
+    """
+    d = plan.degrees
+    world = plan.cluster.world_size
+    if d.world_size != world:
+        fail(f"dp_replicate*dp_shard*cp*tp*pp = {d.dp_replicate}*{d.dp_shard}*{d.cp}*{d.tp}*{d.pp} = "
+             f"{d.world_size}, but cluster {plan.cluster.spec!r} has {world} devices")
+    if plan.global_batch % (plan.micro_batch * d.dp):
+        fail(f"global_batch={plan.global_batch} is not a multiple of micro_batch*dp = "
+             f"{plan.micro_batch}*{d.dp} = {plan.micro_batch * d.dp}")
+    if d.dp_shard > 1 and plan.zero_stage == 0:
+        fail(f"dp_shard={d.dp_shard} but zero_stage=0: a sharded data-parallel group needs zero_stage 1, 2 or 3")
+    if plan.sequence_parallel and d.tp == 1:
+        fail("sequence_parallel=true needs tp > 1 (tp=1)")
+    if d.vpp > 1 and d.pp == 1:
+        fail(f"vpp={d.vpp} needs pp > 1 (pp=1)")
+    if plan.schedule == "interleaved" and d.vpp < 2:
+        fail(f"schedule='interleaved' needs vpp >= 2 virtual stages per rank (vpp={d.vpp})")
+    m = plan.model
+    if d.ep > 1:
+        if m.num_experts == 0:
+            fail(f"ep={d.ep} but model {m.name!r} has no experts")
+        if m.num_experts % d.ep:
+            fail(f"num_experts={m.num_experts} is not divisible by ep={d.ep}")
+        if (d.dp_shard * d.cp) % d.ep:
+            fail(f"ep={d.ep} must divide dp_shard*cp = {d.dp_shard}*{d.cp} = {d.dp_shard * d.cp}")
+    if plan.stages is not None:
+        total = sum(s.num_layers for s in plan.stages)
+        if total != m.num_layers:
+            fail(f"stages hold {total} layers but the model has num_layers={m.num_layers}")
+        if len(plan.stages) != d.pp * d.vpp:
+            fail(f"{len(plan.stages)} stages given but pp*vpp = {d.pp}*{d.vpp} = {d.pp * d.vpp}")
+        n_groups = len(plan.cluster.groups)
+        for i, s in enumerate(plan.stages):
+            if s.device_group >= n_groups:
+                fail(f"stage {i} is on device_group {s.device_group}, but the cluster has {n_groups} group(s)")
+    if plan.layer_precision is not None and len(plan.layer_precision) != m.num_layers:
+        fail(f"layer_precision has {len(plan.layer_precision)} entries but num_layers={m.num_layers}")
+    dtype_of(plan)
+
+
+def layers_evenly_split(plan: Plan) -> bool:
+    """True when the plan's stages (if any) all hold num_layers / (pp * vpp) layers."""
+    if plan.stages is None:
+        return True
+    return len({s.num_layers for s in plan.stages}) == 1
+
+
+def stage_groups(plan: Plan) -> set[int]:
+    """Device groups used by the plan's stages ({0} without explicit stages)."""
+    return {s.device_group for s in plan.stages} if plan.stages else {0}
+
+
+def mixed_layer_precision(plan: Plan) -> set[str]:
+    """The distinct per-layer precisions when they differ from one layer to another, else an empty set."""
+    if not plan.layer_precision:
+        return set()
+    kinds = {p.lower() for p in plan.layer_precision}
+    return kinds if len(kinds) > 1 or DTYPES.get(next(iter(kinds))) != dtype_of(plan) else set()
+
+
+def compression_methods(plan: Plan) -> set[str]:
+    """Gradient-compression methods used by any bucket (``none`` left out)."""
+    return {b.method for b in plan.compression or () if b.method != "none"}
+
+
+def heterogeneous_cluster_notes(plan: Plan, target: str) -> list[str]:
+    """Warnings for a cluster whose groups differ (device type or devices per node)."""
+    groups = plan.cluster.groups
+    out = []
+    if len({g.devices_per_node for g in groups}) > 1:
+        per = ", ".join(f"{g.nodes}x{g.devices_per_node}x{g.device}" for g in groups)
+        out.append(f"{target}: one processes-per-node count for every node, but the cluster groups differ ({per}); "
+                   f"rendered {plan.cluster.devices_per_node} per node")
+    if len({g.device for g in groups}) > 1:
+        out.append(f"{target}: the cluster mixes device types ({', '.join(sorted({g.device for g in groups}))}); "
+                   "the launcher cannot pin ranks to a device type")
+    return out
+
+
+def size_tag(plan: Plan) -> str:
+    """Size tag of the model name, e.g. ``70B`` from ``Llama-3.1-70B`` ('' when the name has none)."""
+    found = re.findall(r"(\d+(?:\.\d+)?[BbMm])(?![a-zA-Z0-9])", plan.model.name)
+    return found[-1].upper() if found else ""
+
+
+def slug(text: str) -> str:
+    """Lower-case name usable as a Slurm job name or Kubernetes object name (RFC 1123 label)."""
+    s = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return s[:63].rstrip("-") or "meshplan"
+
+
+def plan_env(plan: Plan) -> list[tuple[str, str]]:
+    """The plan's decisions as ``MESHPLAN_*`` environment variables (read by examples/train_gpt.py)."""
+    d = plan.degrees
+    return [
+        ("MESHPLAN_DP_REPLICATE", str(d.dp_replicate)), ("MESHPLAN_DP_SHARD", str(d.dp_shard)),
+        ("MESHPLAN_TP", str(d.tp)), ("MESHPLAN_PP", str(d.pp)), ("MESHPLAN_VPP", str(d.vpp)),
+        ("MESHPLAN_CP", str(d.cp)), ("MESHPLAN_EP", str(d.ep)),
+        ("MESHPLAN_MICRO_BATCH", str(plan.micro_batch)), ("MESHPLAN_GLOBAL_BATCH", str(plan.global_batch)),
+        ("MESHPLAN_GRAD_ACCUM", str(plan.grad_accum)), ("MESHPLAN_SEQ_LEN", str(plan.seq_len)),
+        ("MESHPLAN_ZERO_STAGE", str(plan.zero_stage)), ("MESHPLAN_RECOMPUTE", plan.recompute),
+        ("MESHPLAN_SCHEDULE", plan.schedule), ("MESHPLAN_DTYPE", plan.dtype),
+    ]
+
+
+def default_plan_path(plan: Plan) -> str:
+    """Where ``meshplan plan`` saves a plan of this name (relative to the repository)."""
+    return f"plans/{plan.name}.yaml"
+
+
+def torchrun_args(plan: Plan, endpoint: str, rdzv_id: str) -> list[str]:
+    """torchrun launcher options (torch 2.13 ``torch/distributed/run.py``), already shell-quoted where static.
+
+    Single node: ``--standalone``. Several nodes: c10d rendezvous, the same line on every node (exports.md (a)).
+    """
+    nodes = plan.cluster.nodes
+    per_node = plan.cluster.devices_per_node
+    if nodes == 1:
+        return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(per_node)]
+    return ["--nnodes", str(nodes), "--nproc-per-node", str(per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
+
+
+def header(plan: Plan, target: str, source: str) -> list[str]:
+    """Comment lines (without the comment marker) describing what was rendered and from which upstream version."""
+    d = plan.degrees
+    return [
+        f"meshplan export of plan {plan.name!r} -> {target} ({source})",
+        f"model {plan.model.name} ({plan.model.model_type}) on {plan.cluster.spec}: {d.world_size} ranks = "
+        f"dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x cp {d.cp} x tp {d.tp} x pp {d.pp}"
+        + (f", vpp {d.vpp}" if d.vpp > 1 else "") + (f", ep {d.ep}" if d.ep > 1 else ""),
+        f"batch: global {plan.global_batch} = micro {plan.micro_batch} x dp {d.dp} x grad-accum {plan.grad_accum}; "
+        f"seq_len {plan.seq_len}; zero {plan.zero_stage}; recompute {plan.recompute}; dtype {plan.dtype}",
+    ]
+
+
+def bash_lines(words: list[str], indent: str = "  ") -> str:
+    """Join shell words, breaking lines before every ``--option`` and ``"${...}"`` word for readability."""
+    out: list[str] = []
+    line: list[str] = []
+    for w in words:
+        if (w.startswith("--") or w.startswith('"${')) and line:
+            out.append(" ".join(line))
+            line = []
+        line.append(w)
+    if line:
+        out.append(" ".join(line))
+    return (" \\\n" + indent).join(out)
+
+
+def quote(word: str) -> str:
+    """Shell-quote a static word (variables are written by the caller in double quotes)."""
+    return shlex.quote(word)

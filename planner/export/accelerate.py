@@ -1,0 +1,157 @@
+"""Hugging Face Accelerate config YAML (``accelerate launch --config_file``).
+
+Keys: huggingface/accelerate @ 16cb6eb80dd9 / PyPI accelerate 1.15.0 (``commands/config/config_args.py``
+``ClusterConfig``, ``commands/launch.py`` ``launch_command_parser`` / ``_validate_launch_command``,
+``parallelism_config.py``), as recorded in shared/notes/exports.md (e).
+
+Which ``distributed_type`` a plan becomes:
+
+* pp > 1, vpp > 1 or ep > 1 -> ``MEGATRON_LM`` (the only Accelerate backend with pipeline / expert parallelism);
+* tp > 1 or cp > 1, or FSDP (zero 3) -> ``FSDP`` v2 + ``parallelism_config`` (``--use_parallelism_config`` is only
+  accepted with FSDP2);
+* ZeRO-1/2 over plain data parallelism -> ``DEEPSPEED`` with an inline ``deepspeed_config``;
+* otherwise ``MULTI_GPU`` (DDP), or ``NO`` on one device.
+"""
+from __future__ import annotations
+
+import yaml
+
+from planner.export import _common as c
+from planner.plan import Plan
+
+EXTENSION = "yaml"
+MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}
+
+
+def distributed_type(plan: Plan) -> str:
+    """The Accelerate backend the plan needs (see module docstring)."""
+    d = plan.degrees
+    if d.pp > 1 or d.vpp > 1 or d.ep > 1:
+        return "MEGATRON_LM"
+    if d.tp > 1 or d.cp > 1 or plan.zero_stage == 3:
+        return "FSDP"
+    if plan.zero_stage in (1, 2) and d.dp > 1:
+        return "DEEPSPEED"
+    return "MULTI_GPU" if d.world_size > 1 else "NO"
+
+
+def check(plan: Plan) -> None:
+    """Accelerate's constraints (exports.md, "What meshplan should check", item 4)."""
+    c.check_plan(plan)
+    d = plan.degrees
+    kind = distributed_type(plan)
+    if kind == "FSDP":
+        prod = d.dp_replicate * d.dp_shard * d.tp * d.cp
+        if prod != plan.cluster.world_size:
+            c.fail(f"accelerate: parallelism_config dp_replicate*dp_shard*tp*cp = {prod} != num_processes "
+                   f"{plan.cluster.world_size}")
+    if kind == "MEGATRON_LM":
+        if plan.model.num_layers % d.pp:
+            c.fail(f"accelerate: Megatron-LM needs num_layers={plan.model.num_layers} divisible by pp={d.pp}")
+        if plan.zero_stage == 3:
+            c.fail("accelerate: the Megatron-LM plugin has no ZeRO-3/FSDP option; use zero_stage <= 2 with pp/ep")
+
+
+def unsupported(plan: Plan) -> list[str]:
+    """Plan decisions the Accelerate YAML cannot carry."""
+    d = plan.degrees
+    kind = distributed_type(plan)
+    out = c.heterogeneous_cluster_notes(plan, "accelerate")
+    if kind in ("FSDP", "MULTI_GPU", "NO"):
+        out.append(f"accelerate: micro_batch={plan.micro_batch} and grad_accum={plan.grad_accum} are set in the "
+                   f"script (DataLoader batch size, Accelerator(gradient_accumulation_steps={plan.grad_accum}))")
+    if kind == "FSDP" and plan.zero_stage in (1, 2):
+        out.append(f"accelerate: FSDP2 has no ZeRO-{plan.zero_stage}; rendered fsdp_reshard_after_forward: false "
+                   "(ZeRO-2-like)")
+    if kind == "FSDP" and plan.recompute == "selective":
+        out.append("accelerate: FSDP activation checkpointing is whole-layer only; selective recompute not applied")
+    if kind == "FSDP" and d.tp > 1 and not plan.sequence_parallel:
+        out.append("accelerate: parallelism_config TP follows the model's own tp_plan; sequence_parallel=false "
+                   "cannot be forced")
+    if kind == "MEGATRON_LM":
+        if d.vpp > 1:
+            out.append(f"accelerate: megatron_lm_config has no virtual pipeline option (vpp={d.vpp})")
+        if plan.zero_stage == 2:
+            out.append("accelerate: Megatron-LM plugin offers the distributed optimizer (ZeRO-1-like) only; "
+                       "zero_stage 2 rendered as megatron_lm_use_distributed_optimizer")
+        if d.dp_replicate > 1 and d.dp_shard > 1:
+            out.append(f"accelerate: the distributed optimizer shards over all of dp={d.dp}; "
+                       f"{d.dp_replicate} replicas x {d.dp_shard} shards cannot be expressed")
+    if kind == "DEEPSPEED" and d.dp_replicate > 1:
+        out.append(f"accelerate: DeepSpeed ZeRO shards over all of dp={d.dp}; {d.dp_replicate} replicas x "
+                   f"{d.dp_shard} shards cannot be expressed")
+    if not c.layers_evenly_split(plan) or len(c.stage_groups(plan)) > 1:
+        out.append("accelerate: no per-stage layer counts or device groups; stages are split evenly")
+    kinds = c.mixed_layer_precision(plan)
+    if kinds:
+        out.append(f"accelerate: no per-layer precision ({', '.join(sorted(kinds))}); mixed_precision applies to "
+                   "the whole model")
+    if c.compression_methods(plan):
+        out.append("accelerate: no gradient compression option; plan uses "
+                   + ", ".join(sorted(c.compression_methods(plan))))
+    return out
+
+
+def config(plan: Plan) -> dict:
+    """The config as a dict (key order = output order)."""
+    d, m = plan.degrees, plan.model
+    kind = distributed_type(plan)
+    dt = c.dtype_of(plan)
+    cfg: dict = {"compute_environment": "LOCAL_MACHINE", "distributed_type": kind,
+                 "mixed_precision": MIXED_PRECISION[dt], "num_machines": plan.cluster.nodes,
+                 "num_processes": plan.cluster.world_size, "machine_rank": 0, "rdzv_backend": "static",
+                 "same_network": True, "use_cpu": False}
+    if dt == "fp8":
+        cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
+    if kind == "FSDP":
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": plan.zero_stage == 3,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": c.HF_LAYER_CLASS.get(m.model_type, "DecoderLayer"),
+            "fsdp_activation_checkpointing": plan.recompute == "full",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_offload_params": False,
+        }
+        if d.dp_replicate > 1 or d.tp > 1 or d.cp > 1:
+            cfg["parallelism_config"] = {
+                "parallelism_config_dp_replicate_size": d.dp_replicate,
+                "parallelism_config_dp_shard_size": d.dp_shard,
+                "parallelism_config_tp_size": d.tp,
+                "parallelism_config_cp_size": d.cp,
+            }
+    elif kind == "DEEPSPEED":
+        cfg["deepspeed_config"] = {
+            "zero_stage": plan.zero_stage,
+            "gradient_accumulation_steps": plan.grad_accum,
+            "offload_optimizer_device": "none",
+            "offload_param_device": "none",
+            "zero3_init_flag": False,
+            "deepspeed_multinode_launcher": "standard",
+        }
+    elif kind == "MEGATRON_LM":
+        mc: dict = {"megatron_lm_tp_degree": d.tp, "megatron_lm_pp_degree": d.pp,
+                    "megatron_lm_num_micro_batches": plan.grad_accum,
+                    "megatron_lm_sequence_parallelism": plan.sequence_parallel,
+                    "megatron_lm_recompute_activations": plan.recompute == "selective",
+                    "megatron_lm_use_distributed_optimizer": plan.zero_stage >= 1}
+        if plan.recompute == "full":
+            mc.update({"megatron_lm_recompute_granularity": "full", "megatron_lm_recompute_method": "uniform",
+                       "megatron_lm_recompute_num_layers": 1})
+        if d.cp > 1:
+            mc["megatron_lm_context_parallel_size"] = d.cp
+        if d.ep > 1:
+            mc["megatron_lm_expert_model_parallel_size"] = d.ep
+            mc["megatron_lm_expert_tensor_parallel_size"] = d.tp
+        cfg["megatron_lm_config"] = mc
+    return cfg
+
+
+def render(plan: Plan) -> str:
+    """The YAML text, with a comment saying what each node must add on the command line."""
+    lines = [f"# {h}" for h in c.header(plan, "Accelerate config", "accelerate 1.15.0")]
+    if plan.cluster.nodes > 1:
+        lines.append("# Per node: accelerate launch --config_file this.yaml --machine_rank $NODE_RANK "
+                     "--main_process_ip $HEAD_NODE --main_process_port 29500 train.py")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(config(plan), sort_keys=False)

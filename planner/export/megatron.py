@@ -1,0 +1,231 @@
+"""Megatron-LM ``pretrain_gpt.py`` launch script (torchrun + argument arrays).
+
+Flag names and the cross-field rules of ``validate_args`` are from NVIDIA/Megatron-LM @ d98e8a64ddf3
+(``megatron/training/arguments.py``), as recorded in shared/notes/exports.md (b). ``--add-qkv-bias`` and
+``--qk-layernorm`` are plain ``add_argument`` flags of the same file. DP is not a flag: Megatron derives
+dp = world / (tp * pp * cp). Data, tokenizer, optimizer and schedule arguments are the user's: the script appends
+its own command-line arguments ("$@") after the rendered ones.
+"""
+from __future__ import annotations
+
+from planner.export import _common as c
+from planner.export import torchrun
+from planner.plan import Plan
+
+EXTENSION = "sh"
+ENTRY = "pretrain_gpt.py"
+
+
+def check(plan: Plan) -> None:
+    """Megatron's own constraints (exports.md, "What meshplan should check", item 1)."""
+    c.check_plan(plan)
+    d, m = plan.degrees, plan.model
+    world = plan.cluster.world_size
+    if world % (d.tp * d.pp * d.cp):
+        c.fail(f"megatron: world {world} is not divisible by tp*pp*cp = {d.tp}*{d.pp}*{d.cp}")
+    if m.num_attention_heads % d.tp:
+        c.fail(f"megatron: num_attention_heads={m.num_attention_heads} is not divisible by tp={d.tp}")
+    if m.num_kv_heads % d.tp and d.tp % m.num_kv_heads:
+        c.fail(f"megatron: num_query_groups={m.num_kv_heads} and tp={d.tp}: one must divide the other")
+    if c.layers_evenly_split(plan):
+        if m.num_layers % d.pp:
+            c.fail(f"megatron: num_layers={m.num_layers} is not divisible by pp={d.pp}")
+        if d.vpp > 1 and m.num_layers % (d.pp * d.vpp):
+            c.fail(f"megatron: num_layers={m.num_layers} is not divisible by pp*vpp = {d.pp}*{d.vpp} = "
+                   f"{d.pp * d.vpp} (--num-layers-per-virtual-pipeline-stage must be whole)")
+    if d.vpp > 1 and plan.grad_accum < d.pp:
+        # Interleaved schedule: microbatch group size (default pp) <= number of microbatches (schedules.py).
+        c.fail(f"megatron: interleaved pipeline needs microbatches >= pp, got global/(micro*dp) = "
+               f"{plan.global_batch}/({plan.micro_batch}*{d.dp}) = {plan.grad_accum} < pp={d.pp}")
+    if m.num_experts and d.tp > 1 and not plan.sequence_parallel:
+        # validate_args: "When using MoE and tensor parallelism, sequence parallelism must be used."
+        c.fail(f"megatron: MoE with tp={d.tp} needs sequence_parallel=true")
+    if d.ep > 1 and world % (d.tp * d.ep * d.pp):
+        c.fail(f"megatron: world {world} is not divisible by expert_tp*ep*pp = {d.tp}*{d.ep}*{d.pp}")
+    if d.cp > 1 and plan.seq_len % (2 * d.cp):
+        # Load-balanced CP splits the sequence into 2*cp chunks (megatron/core/utils.get_batch_on_this_cp_rank).
+        c.fail(f"megatron: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp}")
+
+
+def _uses_fsdp(plan: Plan) -> bool:
+    return plan.zero_stage >= 2 and plan.degrees.dp_shard > 1
+
+
+def unsupported(plan: Plan) -> list[str]:
+    """Plan decisions Megatron-LM's arguments cannot carry."""
+    out = c.heterogeneous_cluster_notes(plan, "megatron")
+    if len(c.stage_groups(plan)) > 1:
+        out.append("megatron: stages sit on different device groups "
+                   f"({sorted(c.stage_groups(plan))}); Megatron places ranks uniformly, only layer counts are kept")
+    if plan.schedule == "gpipe" and plan.degrees.pp > 1:
+        out.append("megatron: no GPipe schedule; Megatron runs 1F1B (interleaved when vpp > 1)")
+    kinds = c.mixed_layer_precision(plan)
+    if kinds:
+        out.append(f"megatron: no per-layer precision ({', '.join(sorted(kinds))} in the plan); "
+                   f"every layer runs in {plan.dtype}")
+    methods = c.compression_methods(plan)
+    lossy = methods - {"bf16"}
+    if lossy:
+        out.append(f"megatron: no gradient compression option for {', '.join(sorted(lossy))}; "
+                   "gradients are reduced uncompressed")
+    if plan.compression and any(b.where == "cpu" for b in plan.compression):
+        out.append("megatron: no CPU-side gradient compression")
+    m = plan.model
+    if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type == "gpt_neox":
+        out.append("megatron: the plan does not record rope_theta or rope scaling; add --rotary-base "
+                   "<config.json rope_theta> (Megatron's default is 10000) and the model's rope-scaling flags")
+    if m.model_type == "deepseek_v3":
+        out.append("megatron: DeepSeek-V3 router details (sigmoid scores, expert bias, group-limited top-k, "
+                   "routed scaling factor) are not in the plan; add Megatron's --moe-router-* flags")
+    if m.num_experts and not m.moe_ffn_hidden_size:
+        out.append("megatron: the plan does not record the expert FFN width; Megatron uses --ffn-hidden-size "
+                   "for experts unless --moe-ffn-hidden-size is given")
+    if plan.zero_stage >= 2 and plan.degrees.dp_shard > 1 and plan.degrees.pp > 1:
+        out.append(f"megatron: Megatron-FSDP (zero_stage={plan.zero_stage}) with pp={plan.degrees.pp} is not "
+                   "validated upstream; prefer zero_stage 1 (--use-distributed-optimizer) with pipelining")
+    return out
+
+
+def _layout(plan: Plan) -> str:
+    """``--pipeline-model-parallel-layout`` for uneven stages: E = embedding, t = decoder layer, L = loss head,
+    stages separated by ``|`` in model order (virtual stage v of rank r is stage v*pp + r); ``t*n`` repeats
+    (``PipelineParallelLayerLayout.parse_str_to_list``, megatron/core/transformer/pipeline_parallel_layer_layout.py).
+    """
+    parts = [f"t*{s.num_layers}" for s in plan.stages]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    return "|".join(parts)
+
+
+def parallel_args(plan: Plan) -> list[str]:
+    """Parallelism, batch, recompute, optimizer-sharding and precision flags."""
+    d = plan.degrees
+    a = ["--tensor-model-parallel-size", str(d.tp), "--pipeline-model-parallel-size", str(d.pp),
+         "--context-parallel-size", str(d.cp)]
+    if not c.layers_evenly_split(plan):
+        a += ["--pipeline-model-parallel-layout", c.quote(_layout(plan))]
+    elif d.vpp > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", str(plan.model.num_layers // (d.pp * d.vpp))]
+    if d.ep > 1:
+        # The plan keeps experts tensor-parallel over tp (ep borrows from dp_shard*cp), so expert-TP = tp.
+        a += ["--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(d.tp)]
+    if plan.sequence_parallel:
+        a.append("--sequence-parallel")
+    a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
+    if plan.recompute == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif plan.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    if plan.zero_stage >= 1 and d.dp > 1:
+        if _uses_fsdp(plan):
+            strategy = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"
+            a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format",
+                  "fsdp_dtensor"]
+        else:
+            a += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+        if d.dp_replicate > 1 and d.dp_shard > 1:
+            # Shard over dp_shard, replicate over dp_replicate (HSDP-like distributed optimizer).
+            a += ["--num-distributed-optimizer-instances", str(d.dp_replicate)]
+    dt = c.dtype_of(plan)
+    if dt == "bf16":
+        a.append("--bf16")
+    elif dt == "fp16":
+        a.append("--fp16")
+    elif dt == "fp8":
+        a += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+    if c.compression_methods(plan) & {"bf16"}:
+        a.append("--grad-reduce-in-bf16")
+    return a
+
+
+def model_args(plan: Plan) -> list[str]:
+    """Model-shape flags derived from the plan's ModelRef and the family's HF layout (models.md section 1)."""
+    m = plan.model
+    a = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+         "--ffn-hidden-size", str(m.ffn_hidden_size), "--num-attention-heads", str(m.num_attention_heads)]
+    if m.q_lora_rank or m.kv_lora_rank:
+        a += ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank)]
+        if m.q_lora_rank:
+            a += ["--q-lora-rank", str(m.q_lora_rank)]
+        if m.head_dim:
+            a += ["--qk-head-dim", str(m.head_dim - m.qk_rope_head_dim)]
+        a += ["--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)]
+        if m.v_head_dim:
+            a += ["--v-head-dim", str(m.v_head_dim)]
+    else:
+        if m.num_kv_heads != m.num_attention_heads:
+            a += ["--group-query-attention", "--num-query-groups", str(m.num_kv_heads)]
+        if m.head_dim:
+            a += ["--kv-channels", str(m.head_dim)]
+    a += ["--seq-length", str(plan.seq_len), "--max-position-embeddings", str(plan.seq_len)]
+    fam = m.model_type
+    if fam in c.ROPE_SWIGLU_FAMILIES:
+        a += ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
+              "--disable-bias-linear"]
+        if fam == "qwen2":
+            a.append("--add-qkv-bias")  # Qwen2 hard-codes q/k/v biases (models.md section 2, trap 5)
+        if fam in ("qwen3", "qwen3_moe"):
+            a.append("--qk-layernorm")
+    elif fam == "gpt_neox":
+        a += ["--position-embedding-type", "rope"]
+    elif fam == "gpt2":
+        a += ["--position-embedding-type", "learned_absolute"]
+    tied = m.tied_embeddings if m.tied_embeddings is not None else fam == "gpt2"
+    if not tied:
+        a.append("--untie-embeddings-and-output-weights")
+    if m.num_experts:
+        a += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.experts_per_token)]
+        if m.moe_ffn_hidden_size:
+            a += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+        if m.num_shared_experts and m.moe_ffn_hidden_size:
+            a += ["--moe-shared-expert-intermediate-size", str(m.num_shared_experts * m.moe_ffn_hidden_size)]
+        if m.moe_layers and len(m.moe_layers) != m.num_layers:
+            pattern = _run_length([1 if i in set(m.moe_layers) else 0 for i in range(m.num_layers)])
+            a += ["--moe-layer-freq", c.quote(pattern)]
+        a += ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    return a
+
+
+def _run_length(flags: list[int]) -> str:
+    """Megatron's list-expression form of --moe-layer-freq, e.g. ``[0]*3+[1]*58`` (exports.md (b))."""
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "+".join(f"[{f}]*{n}" for f, n in runs)
+
+
+def data_args(plan: Plan) -> list[str]:
+    """Synthetic data with the model's vocabulary; replace with your dataset and tokenizer."""
+    return ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(plan.model.vocab_size), "--mock-data"]
+
+
+def _array(name: str, words: list[str]) -> str:
+    return f"{name}=(\n  " + c.bash_lines(words, indent="  ").replace(" \\\n", "\n") + "\n)"
+
+
+def render(plan: Plan) -> str:
+    """A bash script: env, three argument arrays, and the torchrun line."""
+    d = plan.degrees
+    lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "Megatron-LM", "NVIDIA/Megatron-LM @ d98e8a64ddf3")]
+    lines.append("# Extra arguments (data, optimizer, --train-iters, --lr, --rotary-base ...) are passed through: "
+                 "./this.sh --train-iters 1000 --lr 3e-4")
+    if plan.cluster.nodes > 1:
+        lines.append("# Run this same script on every node; HEAD_NODE = host name of the first node.")
+    lines.append("set -euo pipefail")
+    if plan.cluster.nodes > 1:
+        lines.append(': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"')
+        lines.append(f'MESHPLAN_JOB_ID="${{MESHPLAN_JOB_ID:-{c.slug(plan.name)}}}"')
+    if (d.tp > 1 or d.cp > 1) and not _uses_fsdp(plan):
+        # validate_args asserts this on pre-Blackwell GPUs when TP or CP > 1 (exports.md (b), runtime env gotcha).
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    lines.append(_array("PARALLEL_ARGS", parallel_args(plan)))
+    lines.append(_array("MODEL_ARGS", model_args(plan)))
+    lines.append(_array("DATA_ARGS", data_args(plan)))
+    launch = (["torchrun"] + c.torchrun_args(plan, f'"$HEAD_NODE:{torchrun.RDZV_PORT}"', '"$MESHPLAN_JOB_ID"')
+              + [f'"${{MEGATRON_ENTRY:-{ENTRY}}}"', '"${PARALLEL_ARGS[@]}"', '"${MODEL_ARGS[@]}"',
+                 '"${DATA_ARGS[@]}"', '"$@"'])
+    lines.append(c.bash_lines(launch))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,66 @@
+"""torchrun launch script for the repository's ``examples/train_gpt.py`` (or any script that reads the plan).
+
+Option names: torch 2.13.0 ``torch/distributed/run.py`` (``get_args_parser``), exports.md (a). The script is
+the same on every node: multi-node jobs use the c10d rendezvous, so no per-node rank is needed. The plan reaches
+the training script through one thing only, its path (``--plan`` and ``MESHPLAN_PLAN``); the ``MESHPLAN_*``
+variables repeat the decisions for logs and for scripts that do not parse YAML.
+"""
+from __future__ import annotations
+
+from planner.export import _common as c
+from planner.plan import Plan
+
+EXTENSION = "sh"
+ENTRY = "examples/train_gpt.py"
+RDZV_PORT = 29500
+
+
+def check(plan: Plan) -> None:
+    """Plan consistency (torchrun itself only needs nodes x processes-per-node = world)."""
+    c.check_plan(plan)
+
+
+def unsupported(plan: Plan) -> list[str]:
+    """Decisions that neither torchrun nor examples/train_gpt.py's flags express."""
+    d = plan.degrees
+    out = c.heterogeneous_cluster_notes(plan, "torchrun")
+    # examples/train_gpt.py implements dp (DDP / FSDP2), tp, pp with 1f1b|gpipe; the rest needs another framework.
+    for name, value in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)):
+        if value > 1:
+            out.append(f"torchrun: {ENTRY} has no {name} (plan {name}={value}); use the megatron or torchtitan target")
+    if plan.compression and c.compression_methods(plan):
+        out.append(f"torchrun: {ENTRY} has no gradient compression "
+                   f"(plan uses {', '.join(sorted(c.compression_methods(plan)))})")
+    if c.dtype_of(plan) == "fp8":
+        out.append(f"torchrun: {ENTRY} trains in fp32/bf16/fp16; the plan's fp8 is not applied")
+    if c.mixed_layer_precision(plan):
+        out.append(f"torchrun: {ENTRY} trains every layer in {plan.dtype}; per-layer precision is not applied")
+    return out
+
+
+def launch_words(plan: Plan) -> list[str]:
+    """``torchrun <options> <entry> --plan "$MESHPLAN_PLAN" "$@"`` as shell words (variables left for bash; the
+    script's own arguments, e.g. ``--steps 100``, pass through to the entry script)."""
+    return (["torchrun"] + c.torchrun_args(plan, f'"$HEAD_NODE:{RDZV_PORT}"', '"$MESHPLAN_JOB_ID"')
+            + [f'"${{MESHPLAN_ENTRY:-{ENTRY}}}"', "--plan", '"$MESHPLAN_PLAN"', '"$@"'])
+
+
+def env_lines(plan: Plan) -> list[str]:
+    """``MESHPLAN_PLAN`` (overridable) and the exported decision variables."""
+    lines = [f'export MESHPLAN_PLAN="${{MESHPLAN_PLAN:-{c.default_plan_path(plan)}}}"']
+    lines += [f"export {k}={c.quote(v)}" for k, v in c.plan_env(plan)]
+    return lines
+
+
+def render(plan: Plan) -> str:
+    """A bash script that launches the plan with torchrun."""
+    lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "torchrun", "torch 2.13 torch/distributed/run.py")]
+    if plan.cluster.nodes > 1:
+        lines.append("# Run this same script on every node; HEAD_NODE = host name of the first node.")
+    lines.append("set -euo pipefail")
+    if plan.cluster.nodes > 1:
+        lines.append(': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"')
+        lines.append(f'MESHPLAN_JOB_ID="${{MESHPLAN_JOB_ID:-{c.slug(plan.name)}}}"')
+    lines += env_lines(plan)
+    lines.append(c.bash_lines(launch_words(plan)))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""TorchTitan job config (TOML), for torchtitan v0.2.2.
+
+Format and option names: torchtitan v0.2.2 (tag 73a0e6979dd1, 2026-02-20, PyPI ``torchtitan==0.2.2``; the last
+release that reads TOML), ``torchtitan/config/job_config.py`` and ``torchtitan/config/manager.py``; the checks are
+those of ``torchtitan/distributed/parallel_dims.py`` and ``torchtitan/distributed/pipeline_parallel.py`` and of
+``torch/distributed/pipelining/schedules.py`` (torch 2.13). shared/notes/exports.md (d) explains why v0.2.x:
+0.3.0 replaced TOML by Python config functions. Launch with
+``torchrun ... -m torchtitan.train --job.config_file plan.toml``.
+
+Batch mapping: torchtitan's ``local_batch_size`` is per DP rank per optimizer micro-step and is split into
+pipeline microbatches of ``pipeline_parallel_microbatch_size``; grad-accum = global / (local * dp). Without PP the
+plan's micro-batch is the local batch and accumulation covers the rest; with PP the pipeline itself runs the
+plan's grad_accum microbatches, so local = micro * grad_accum and no accumulation steps remain.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from planner.export import _common as c
+from planner.plan import Plan
+
+EXTENSION = "toml"
+
+# torchtitan v0.2.2 model registry (torchtitan/models/<name>/__init__.py) and its flavors.
+MODEL_NAME = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+FLAVORS = {
+    "llama3": ("8B", "70B", "405B"),
+    "deepseek_v3": ("16B", "236B", "671B"),
+    "qwen3": ("0.6B", "1.7B", "4B", "8B", "14B", "32B", "30B-A3B", "235B-A22B"),
+}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# Multi-stage (looped) counterparts used when vpp > 1.
+MULTI_STAGE = {"1f1b": "Interleaved1F1B", "interleaved": "Interleaved1F1B", "gpipe": "LoopedBFS"}
+
+
+def _flavor(plan: Plan, name: str) -> str | None:
+    """The flavor named in the model's name, else the one nearest in parameter count."""
+    flavors = FLAVORS.get(name)
+    if not flavors:
+        return None
+    for f in sorted(flavors, key=len, reverse=True):
+        if re.search(rf"(?<![0-9.]){re.escape(f)}(?![0-9A-Za-z])", plan.model.name, re.IGNORECASE):
+            return f
+    size = plan.model.num_params / 1e9
+    return min(flavors, key=lambda f: abs(math.log(float(f.split("B")[0]) / size)) if size > 0 else 0)
+
+
+def _batches(plan: Plan) -> tuple[int, int]:
+    """(local_batch_size, pipeline_parallel_microbatch_size)."""
+    if plan.degrees.pp > 1:
+        return plan.micro_batch * plan.grad_accum, plan.micro_batch
+    return plan.micro_batch, plan.micro_batch
+
+
+def _schedule(plan: Plan) -> str:
+    return (MULTI_STAGE if plan.degrees.vpp > 1 else SCHEDULES)[plan.schedule]
+
+
+def check(plan: Plan) -> None:
+    """TorchTitan's constraints (exports.md, "What meshplan should check", item 3)."""
+    c.check_plan(plan)
+    d, m = plan.degrees, plan.model
+    dt = c.dtype_of(plan)
+    if dt == "fp16":
+        c.fail("torchtitan: training.mixed_precision_param accepts bfloat16 or float32, not fp16")
+    local, pp_mbs = _batches(plan)
+    if plan.global_batch % (local * d.dp):
+        c.fail(f"torchtitan: global_batch_size {plan.global_batch} is not a multiple of local_batch_size*dp = "
+               f"{local}*{d.dp}")
+    if local % pp_mbs:
+        c.fail(f"torchtitan: local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size {pp_mbs}")
+    if d.tp > 1 and m.num_attention_heads % d.tp:
+        c.fail(f"torchtitan: num_attention_heads={m.num_attention_heads} is not divisible by tp={d.tp}")
+    if d.pp > 1:
+        stages = d.pp * d.vpp
+        if c.layers_evenly_split(plan) and m.num_layers % stages:
+            # num_virtual_stages = ceil(n_layers / layers_per_stage) must be divisible by pp (pipeline_parallel.py)
+            c.fail(f"torchtitan: num_layers={m.num_layers} is not divisible by pp*vpp = {d.pp}*{d.vpp} = {stages}, "
+                   "so no pipeline_parallel_layers_per_stage gives pp*vpp stages")
+        n_mb = local // pp_mbs
+        if d.vpp == 1 and n_mb < d.pp:
+            # Schedule1F1B / ScheduleGPipe: "Number of microbatches must be >= the number of stages".
+            c.fail(f"torchtitan: {n_mb} pipeline microbatches < pp={d.pp} (torch pipelining requires >=)")
+        if d.vpp > 1:
+            rounds = max(1, n_mb // d.pp)
+            if n_mb % rounds:
+                c.fail(f"torchtitan: Interleaved1F1B needs microbatches ({n_mb}) to be a multiple of "
+                       f"rounds = max(1, {n_mb}//pp{d.pp}) = {rounds}")
+    if d.dp_replicate > 1 and d.dp_shard == 1 and d.cp == 1 and d.dp_replicate != d.world_size:
+        # models/llama3/infra/parallelize.py: without FSDP, dp_replicate means DDP, which must be the only dimension.
+        c.fail(f"torchtitan: dp_replicate={d.dp_replicate} without dp_shard/cp is DDP, which v0.2.2 cannot combine "
+               f"with tp={d.tp}/pp={d.pp} (\"DDP has not supported > 1D parallelism\"); shard instead (zero_stage>=1)")
+    if d.ep > 1 and (d.dp_shard * d.cp * d.tp) % (d.tp * d.ep):
+        c.fail(f"torchtitan: dp_shard*cp*tp = {d.dp_shard * d.cp * d.tp} is not divisible by etp*ep = {d.tp}*{d.ep}")
+    if d.cp > 1 and plan.seq_len % (2 * d.cp):
+        c.fail(f"torchtitan: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp} (head-tail load balancer)")
+
+
+def unsupported(plan: Plan) -> list[str]:
+    """Plan decisions the v0.2.2 TOML cannot carry."""
+    d, m = plan.degrees, plan.model
+    out = c.heterogeneous_cluster_notes(plan, "torchtitan")
+    name = MODEL_NAME.get(m.model_type)
+    if name is None:
+        out.append(f"torchtitan: v0.2.2 ships no model for model_type {m.model_type!r} "
+                   f"(has {', '.join(sorted(FLAVORS))}); register a TrainSpec and set [model] name")
+    if d.tp > 1 and not plan.sequence_parallel:
+        out.append("torchtitan: tensor parallelism always shards norms/dropout along the sequence "
+                   "(sequence_parallel=false cannot be expressed in v0.2.2)")
+    if plan.zero_stage in (1, 2) and d.dp_shard > 1:
+        out.append(f"torchtitan: no ZeRO-{plan.zero_stage}; rendered as FSDP2 over dp_shard={d.dp_shard} with "
+                   "fsdp_reshard_after_forward = \"never\" (ZeRO-2-like: parameters stay gathered)")
+    if len(c.stage_groups(plan)) > 1:
+        out.append("torchtitan: stages on different device groups cannot be pinned")
+    if not c.layers_evenly_split(plan):
+        out.append(f"torchtitan: uneven stages {[s.num_layers for s in plan.stages]} rendered via "
+                   "module_fqns_per_model_part with llama-style module names (tok_embeddings, layers.N, norm, output)")
+    kinds = c.mixed_layer_precision(plan)
+    if kinds:
+        out.append(f"torchtitan: no per-layer precision ({', '.join(sorted(kinds))}); every layer trains in "
+                   f"{plan.dtype} (float8 converters, when on, cover every Linear except filter_fqns)")
+    if c.compression_methods(plan):
+        out.append("torchtitan: no gradient compression (mixed_precision_reduce only allows float32); plan uses "
+                   + ", ".join(sorted(c.compression_methods(plan))))
+    return out
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(type(v))
+
+
+def sections(plan: Plan) -> dict[str, dict]:
+    """The job config as ``{section: {key: value}}`` (dotted section names, output order)."""
+    d, m = plan.degrees, plan.model
+    dt = c.dtype_of(plan)
+    name = MODEL_NAME.get(m.model_type, m.model_type)
+    model: dict = {"name": name}
+    flavor = _flavor(plan, name)
+    if flavor:
+        model["flavor"] = flavor
+    if dt == "fp8":
+        model["converters"] = ["quantize.linear.float8"]
+    local, pp_mbs = _batches(plan)
+    training = {"local_batch_size": local, "global_batch_size": plan.global_batch, "seq_len": plan.seq_len,
+                "mixed_precision_param": "float32" if dt == "fp32" else "bfloat16",
+                "mixed_precision_reduce": "float32"}
+    par: dict = {"data_parallel_replicate_degree": d.dp_replicate, "data_parallel_shard_degree": d.dp_shard}
+    if d.dp_shard > 1:
+        par["fsdp_reshard_after_forward"] = "default" if plan.zero_stage == 3 else "never"
+    par["tensor_parallel_degree"] = d.tp
+    par["pipeline_parallel_degree"] = d.pp
+    if d.pp > 1:
+        par["pipeline_parallel_schedule"] = _schedule(plan)
+        if c.layers_evenly_split(plan):
+            # Embedding and output are not counted as layers, so ceil(L / lps) = pp * vpp exactly.
+            par["pipeline_parallel_first_stage_less_layers"] = 0
+            par["pipeline_parallel_last_stage_less_layers"] = 0
+            par["pipeline_parallel_layers_per_stage"] = m.num_layers // (d.pp * d.vpp)
+        else:
+            parts, first = [], 0
+            for i, s in enumerate(plan.stages):
+                fqns = ["tok_embeddings"] if i == 0 else []
+                fqns += [f"layers.{j}" for j in range(first, first + s.num_layers)]
+                if i == len(plan.stages) - 1:
+                    fqns += ["norm", "output"]
+                parts.append(fqns)
+                first += s.num_layers
+            par["module_fqns_per_model_part"] = parts
+        par["pipeline_parallel_microbatch_size"] = pp_mbs
+    par["context_parallel_degree"] = d.cp
+    par["expert_parallel_degree"] = d.ep
+    if d.ep > 1:
+        par["expert_tensor_parallel_degree"] = d.tp  # experts stay tensor-parallel over tp (plan convention)
+    ac: dict = {"mode": plan.recompute}
+    if plan.recompute == "selective":
+        ac["selective_ac_option"] = "op"
+    out = {"model": model, "training": training, "parallelism": par, "activation_checkpoint": ac}
+    if dt == "fp8":
+        out["quantize.linear.float8"] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+    return out
+
+
+def render(plan: Plan) -> str:
+    """The TOML text."""
+    lines = [f"# {h}" for h in c.header(plan, "TorchTitan job config", "torchtitan v0.2.2 TOML")]
+    lines.append("# torchrun ... -m torchtitan.train --job.config_file this.toml")
+    for sec, kv in sections(plan).items():
+        lines.append("")
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,143 @@
+"""Each target's ``check`` rejects plans its launcher would reject, naming the numbers; ``unsupported`` names the
+plan decisions a target cannot carry. The rules come from upstream validation code (shared/notes/exports.md,
+"What meshplan should check")."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.errors import MeshplanError
+from planner.export import TARGETS, get_target, render
+from planner.plan import BucketCompression, Plan, Stage
+from tests.test_export_golden import plan_dsv3, plan_fsdp8b, plan_hetero, plan_llama70b
+
+
+def with_(plan: Plan, degrees: dict | None = None, **fields) -> Plan:
+    if degrees:
+        fields["degrees"] = plan.degrees.model_copy(update=degrees)
+    return plan.model_copy(update=fields)
+
+
+# (plan, targets that must reject it, text the message must contain)
+BAD = [
+    (with_(plan_llama70b(), degrees={"dp_shard": 2}), list(TARGETS),
+     "= 64, but cluster '16x8xH100' has 128 devices"),
+    (with_(plan_llama70b(), global_batch=510), list(TARGETS),
+     "global_batch=510 is not a multiple of micro_batch*dp = 1*4 = 4"),
+    (with_(plan_fsdp8b(), zero_stage=0), list(TARGETS), "dp_shard=8 but zero_stage=0"),
+    (with_(plan_fsdp8b(), sequence_parallel=True), list(TARGETS), "sequence_parallel=true needs tp > 1 (tp=1)"),
+    (with_(plan_dsv3(), degrees={"ep": 3}), list(TARGETS), "num_experts=256 is not divisible by ep=3"),
+    (with_(plan_hetero(), stages=(Stage(first_layer=0, num_layers=20), Stage(first_layer=20, num_layers=10))),
+     list(TARGETS), "stages hold 30 layers but the model has num_layers=32"),
+    (with_(plan_fsdp8b(), dtype="int4"), list(TARGETS), "dtype='int4' is not one of"),
+    # Megatron: (layers/PP) must split into whole virtual stages; interleaving needs microbatches >= PP.
+    (with_(plan_llama70b(), degrees={"vpp": 3}), ["megatron", "torchtitan"],
+     "num_layers=80 is not divisible by pp*vpp = 4*3 = 12"),
+    (with_(plan_llama70b(), global_batch=8), ["megatron"], "= 2 < pp=4"),
+    (with_(plan_llama70b(), degrees={"tp": 16, "dp_shard": 2},
+           model=plan_llama70b().model.model_copy(update={"num_attention_heads": 40})), ["megatron", "torchtitan"],
+     "num_attention_heads=40 is not divisible by tp=16"),
+    (with_(plan_dsv3(), sequence_parallel=False), ["megatron"], "MoE with tp=2 needs sequence_parallel=true"),
+    # DeepSpeed: PipelineModule allows ZeRO <= 1; no fp8 key.
+    (with_(plan_llama70b(), zero_stage=2), ["deepspeed"],
+     "pipeline parallelism (pp=4) is incompatible with ZeRO stage 2"),
+    (with_(plan_fsdp8b(), dtype="fp8"), ["deepspeed"], "the config has no fp8 key"),
+    # TorchTitan: torch pipelining needs microbatches >= stages (1F1B) and a whole number of rounds (interleaved).
+    (with_(plan_llama70b(), degrees={"vpp": 1}, schedule="1f1b", global_batch=8), ["torchtitan"],
+     "2 pipeline microbatches < pp=4"),
+    (with_(plan_llama70b(), global_batch=36), ["torchtitan"],
+     "microbatches (9) to be a multiple of rounds = max(1, 9//pp4) = 2"),
+    (with_(plan_llama70b(), degrees={"vpp": 1}), list(TARGETS), "schedule='interleaved' needs vpp >= 2"),
+    (with_(plan_llama70b(), degrees={"dp_shard": 1, "dp_replicate": 4}, zero_stage=0), ["torchtitan"],
+     "dp_replicate=4 without dp_shard/cp is DDP, which v0.2.2 cannot combine with tp=8/pp=4"),
+    (with_(plan_fsdp8b(), dtype="fp16"), ["torchtitan"], "accepts bfloat16 or float32, not fp16"),
+    # Accelerate's Megatron plugin has no ZeRO-3 with pipelining.
+    (with_(plan_hetero(), zero_stage=3), ["accelerate"],
+     "no ZeRO-3/FSDP option"),
+]
+
+
+@pytest.mark.parametrize("plan,targets,needle", BAD, ids=[b[2][:40] for b in BAD])
+def test_check_rejects(plan: Plan, targets: list[str], needle: str) -> None:
+    for t in targets:
+        with pytest.raises(MeshplanError) as exc:
+            render(plan, t)
+        assert needle in str(exc.value), (t, str(exc.value))
+        assert "\n" not in str(exc.value)
+
+
+def test_checks_pass_on_reference_plans() -> None:
+    for make in (plan_llama70b, plan_dsv3, plan_fsdp8b, plan_hetero):
+        for t in TARGETS:
+            get_target(t).check(make())
+
+
+def test_unknown_target() -> None:
+    with pytest.raises(MeshplanError, match="unknown export target 'ray'; known: torchrun, megatron"):
+        render(plan_fsdp8b(), "ray")
+
+
+def test_unsupported_names_what_is_dropped() -> None:
+    hetero = plan_hetero()
+    for t in ("megatron", "deepspeed", "torchtitan", "accelerate"):
+        warns = get_target(t).unsupported(hetero)
+        assert any("per-layer precision" in w for w in warns), (t, warns)
+        assert any("powersgd" in w for w in warns), (t, warns)
+        assert all(w.startswith(f"{t}: ") for w in warns)
+    assert any("different device groups" in w for w in get_target("megatron").unsupported(hetero))
+    assert any("uneven stage sizes" in w for w in get_target("deepspeed").unsupported(hetero))
+    # A plain FSDP plan is fully expressible by DeepSpeed, TorchTitan and torchrun.
+    for t in ("deepspeed", "torchtitan", "torchrun", "slurm", "kubeflow"):
+        assert get_target(t).unsupported(plan_fsdp8b()) == [], t
+
+
+def test_compression_mapping() -> None:
+    """bf16 buckets -> Megatron --grad-reduce-in-bf16 / DeepSpeed communication_data_type; int8 under ZeRO-3 ->
+    ZeRO++ zero_quantized_gradients (deepspeed/runtime/zero/config.py)."""
+    bf16 = (BucketCompression(bucket=0, size_bytes=1 << 26, method="bf16"),)
+    p = with_(plan_fsdp8b(), compression=bf16)
+    assert "--grad-reduce-in-bf16" in render(p, "megatron").text
+    assert json.loads(render(p, "deepspeed").text)["communication_data_type"] == "bf16"
+    assert not any("compression" in w for w in render(p, "deepspeed").warnings)
+    int8 = (BucketCompression(bucket=0, size_bytes=1 << 26, method="int8"),)
+    ds = json.loads(render(with_(plan_fsdp8b(), compression=int8), "deepspeed").text)
+    assert ds["zero_optimization"]["zero_quantized_gradients"] is True
+
+
+def test_fp8_spellings() -> None:
+    p = with_(plan_fsdp8b(), dtype="fp8")
+    meg = render(p, "megatron").text
+    assert "--fp8-format hybrid" in meg and "--fp8-recipe tensorwise" in meg and "--bf16" in meg
+    tt = render(p, "torchtitan").text
+    assert 'converters = ["quantize.linear.float8"]' in tt and "[quantize.linear.float8]" in tt
+    assert "mixed_precision: fp8" in render(p, "accelerate").text
+
+
+def test_hsdp_spellings() -> None:
+    """dp_replicate x dp_shard: Megatron distributed-optimizer instances, TorchTitan both degrees, Accelerate
+    parallelism_config sizes."""
+    p = with_(plan_fsdp8b(), cluster=plan_fsdp8b().cluster.model_copy(update={"spec": "2x8xH100", "groups": (
+        plan_fsdp8b().cluster.groups[0].model_copy(update={"nodes": 2}),)}), degrees={"dp_replicate": 2},
+        global_batch=128)
+    assert "--num-distributed-optimizer-instances 2" in render(p, "megatron").text
+    tt = render(p, "torchtitan").text
+    assert "data_parallel_replicate_degree = 2" in tt and "data_parallel_shard_degree = 8" in tt
+    acc = render(p, "accelerate").text
+    assert "parallelism_config_dp_replicate_size: 2" in acc and "parallelism_config_dp_shard_size: 8" in acc
+    assert any("HSDP" in w for w in render(p, "deepspeed").warnings)
+
+
+def test_cp_spellings() -> None:
+    """Context parallelism: Megatron --context-parallel-size, DeepSpeed Ulysses sequence_parallel_size +
+    data_parallel_size, TorchTitan context_parallel_degree, Accelerate parallelism_config_cp_size (exports.md
+    section 0)."""
+    base = plan_fsdp8b()
+    p = with_(base, degrees={"dp_shard": 4, "cp": 2}, global_batch=32)
+    assert "--context-parallel-size 2" in render(p, "megatron").text
+    ds = json.loads(render(p, "deepspeed").text)
+    assert (ds["sequence_parallel_size"], ds["data_parallel_size"]) == (2, 4)
+    assert "context_parallel_degree = 2" in render(p, "torchtitan").text
+    assert "parallelism_config_cp_size: 2" in render(p, "accelerate").text
+    with pytest.raises(MeshplanError, match="seq_len=8191 is not divisible by 2\\*cp = 4"):
+        render(with_(p, seq_len=8191), "megatron")

@@ -1,0 +1,99 @@
+"""Golden-file tests for planner.export: every reference plan x every target is rendered and compared byte for byte
+with tests/golden/export/<plan>.<target>.<ext>. ``MESHPLAN_UPDATE_GOLDEN=1`` rewrites them; each golden file was
+reviewed by hand against shared/notes/exports.md.
+
+The reference plans are built here directly from the Plan schema. Model shapes are copied from the HF config.json
+files in shared/model_configs (Llama-3.1-70B/8B-Instruct, DeepSeek-V3); parameter counts are the golden counts of
+shared/model_configs/PROVENANCE.md.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from planner.export import EXTENSIONS, TARGETS, render
+from planner.plan import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
+from tests.helpers import REPO
+
+GOLDEN = REPO / "tests" / "golden" / "export"
+
+LLAMA_70B = ModelRef(name="Llama-3.1-70B", source="llama-3.1-70b-instruct", model_type="llama",
+                     num_params=70_553_706_496, hidden_size=8192, num_layers=80, num_attention_heads=64,
+                     num_kv_heads=8, ffn_hidden_size=28672, vocab_size=128256, head_dim=128, tied_embeddings=False)
+LLAMA_8B = ModelRef(name="Llama-3.1-8B", source="llama-3.1-8b-instruct", model_type="llama",
+                    num_params=8_030_261_248, hidden_size=4096, num_layers=32, num_attention_heads=32,
+                    num_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256, head_dim=128, tied_embeddings=False)
+# DeepSeek-V3 main model (MTP off): MLA, 256 routed + 1 shared expert of width 2048, first 3 layers dense.
+DSV3 = ModelRef(name="DeepSeek-V3", source="deepseek-v3", model_type="deepseek_v3", num_params=671_026_419_200,
+                hidden_size=7168, num_layers=61, num_attention_heads=128, num_kv_heads=128, ffn_hidden_size=18432,
+                vocab_size=129280, num_experts=256, experts_per_token=8, head_dim=192, moe_ffn_hidden_size=2048,
+                num_shared_experts=1, moe_layers=tuple(range(3, 61)), tied_embeddings=False, q_lora_rank=1536,
+                kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128)
+
+
+def cluster(spec: str, *groups: tuple[int, int, str]) -> ClusterRef:
+    return ClusterRef(spec=spec, groups=tuple(DeviceGroupRef(nodes=n, devices_per_node=g, device=d)
+                                              for n, g, d in groups))
+
+
+def plan_llama70b() -> Plan:
+    """Llama-3.1-70B on 16x8 H100: TP8 PP4 vpp2, dp 4 with ZeRO-1, SP, full recompute; 128 microbatches."""
+    return Plan(name="llama70b-tp8pp4", model=LLAMA_70B, cluster=cluster("16x8xH100", (16, 8, "H100")),
+                global_batch=512, micro_batch=1, seq_len=8192,
+                degrees=Degrees(dp_shard=4, tp=8, pp=4, vpp=2), sequence_parallel=True, zero_stage=1,
+                recompute="full", schedule="interleaved", dtype="bf16")
+
+
+def plan_dsv3() -> Plan:
+    """DeepSeek-V3 on 32x8 H100: TP2 (SP), dp 128 with ZeRO-1, EP64 borrowed from dp, selective recompute."""
+    return Plan(name="dsv3-ep64", model=DSV3, cluster=cluster("32x8xH100", (32, 8, "H100")),
+                global_batch=2048, micro_batch=1, seq_len=4096,
+                degrees=Degrees(dp_shard=128, tp=2, ep=64), sequence_parallel=True, zero_stage=1,
+                recompute="selective", dtype="bf16")
+
+
+def plan_fsdp8b() -> Plan:
+    """Llama-3.1-8B, FSDP (ZeRO-3) over the 8 GPUs of one node, micro 2, 4 accumulation steps."""
+    return Plan(name="llama8b-fsdp8", model=LLAMA_8B, cluster=cluster("1x8xH100", (1, 8, "H100")),
+                global_batch=64, micro_batch=2, seq_len=8192, degrees=Degrees(dp_shard=8), zero_stage=3,
+                recompute="full", dtype="bf16")
+
+
+def plan_hetero() -> Plan:
+    """Llama-3.1-8B on one H100 node + one A100 node: TP4 PP2, dp 2 with ZeRO-1, uneven stages (20 + 12 layers)
+    on different device groups, fp8 in the first 16 layers, int8 and PowerSGD gradient buckets."""
+    return Plan(name="llama8b-hetero", model=LLAMA_8B,
+                cluster=cluster("1x8xH100+1x8xA100", (1, 8, "H100"), (1, 8, "A100")),
+                global_batch=32, micro_batch=1, seq_len=4096, degrees=Degrees(dp_shard=2, tp=4, pp=2),
+                sequence_parallel=True, zero_stage=1, recompute="selective", dtype="bf16",
+                layer_precision=("fp8",) * 16 + ("bf16",) * 16,
+                stages=(Stage(first_layer=0, num_layers=20, device_group=0),
+                        Stage(first_layer=20, num_layers=12, device_group=1)),
+                compression=(BucketCompression(bucket=0, size_bytes=100_000_000, method="int8"),
+                             BucketCompression(bucket=1, size_bytes=100_000_000, method="powersgd", param=4)))
+
+
+PLANS = {"llama70b": plan_llama70b, "dsv3": plan_dsv3, "fsdp8b": plan_fsdp8b, "hetero": plan_hetero}
+
+@pytest.mark.parametrize("plan_name,target", [(p, t) for p in PLANS for t in TARGETS])
+def test_golden(plan_name: str, target: str) -> None:
+    result = render(PLANS[plan_name](), target)
+    path = GOLDEN / f"{plan_name}.{target}.{EXTENSIONS[target]}"
+    text = result.text
+    if os.environ.get("MESHPLAN_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        warn_path = path.with_name(path.name + ".warnings")
+        warn_path.write_text("".join(w + "\n" for w in result.warnings), encoding="utf-8")
+    assert path.exists(), f"golden file missing: {path} (run with MESHPLAN_UPDATE_GOLDEN=1, then review it)"
+    assert text == path.read_text(encoding="utf-8")
+    warn_path = path.with_name(path.name + ".warnings")
+    assert "".join(w + "\n" for w in result.warnings) == warn_path.read_text(encoding="utf-8")
+
+
+def test_render_is_pure() -> None:
+    """Rendering twice gives the same text, and does not touch the plan (frozen value)."""
+    p = plan_llama70b()
+    assert render(p, "megatron").text == render(p, "megatron").text
+    assert p == plan_llama70b()
