@@ -9,24 +9,30 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from cli.common import console, err_console, handle_errors, print_json
-from planner.memory import GiB
+
+GiB = 1024**3
 
 
 def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to a HF config.json")],
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="16x8xH100, 4xT4+1xA100, local:2 or a YAML file")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step")],
-    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence")],
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin decisions: tp=8,pp=4,mbs=1,zero=1,recompute=full")] = None,
     top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
     dtype: Annotated[str, typer.Option("--dtype", help="Math dtype of the training step")] = "bf16",
+    workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
+    quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", help="Bound on summed per-layer quantization sensitivity")] = None,
+    compress: Annotated[bool, typer.Option("--compress", help="Choose gradient compression per bucket (ByteComp)")] = False,
+    error_budget: Annotated[Optional[float], typer.Option("--error-budget", help="Bound on gradient compression error")] = None,
+    net: Annotated[Optional[str], typer.Option("--net", help="Inter-node bandwidth per GPU, e.g. 25Gbps")] = None,
+    gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens generated per request (serve)")] = 128,
     name: Annotated[Optional[str], typer.Option("--name", help="Plan name (default: the model's)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write the best plan")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of plans, best first")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from planner.planning import plan_job
-    from planner.search import describe
 
     if top < 1:
         raise typer.BadParameter("--top must be >= 1")
@@ -36,21 +42,29 @@ def plan(
                   transient=True, disable=not show) as bar:
         task = bar.add_task("searching layouts", total=None)
         outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
-                           out=out, progress=lambda n: bar.update(task, completed=n))
+                           out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
+                           quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
+                           error_budget=error_budget)
     if json_out:
         print_json(outcome.rows)
         return
-    res = outcome.result
-    table = Table(title=f"{outcome.work.model.name} on {outcome.work.cluster.spec}: global batch {global_batch}, "
-                        f"seq {seq_len} — {res.feasible} of {res.evaluated} layouts fit ({res.wall_s:.2f} s)")
-    for col in ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB"):
+    table = Table(title=outcome.title)
+    cols = ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB")
+    has_quality = any("quality" in r for r in outcome.rows)
+    for col in cols + (("quality",) if has_quality else ()):
         table.add_column(col, justify="left" if col == "layout" else "right")
-    for i, (lay, _est) in enumerate(outcome.result.ranked, 1):
-        r = outcome.rows[i - 1]
-        table.add_row(str(i), describe(lay), f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['tflops_per_device']:.1f}", f"{100 * r['mfu']:.1f}%",
-                      f"{r['peak_memory_bytes'] / GiB:.1f}")
+    fmt = {"step_time_s": "{:.3f}", "tokens_per_s": "{:,.0f}", "tflops_per_device": "{:.1f}"}
+    for i, r in enumerate(outcome.rows, 1):
+        cells = [str(i), r["layout"]]
+        cells += [fmt[k].format(r[k]) if k in r else "" for k in ("step_time_s", "tokens_per_s", "tflops_per_device")]
+        cells.append(f"{100 * r['mfu']:.1f}%" if "mfu" in r else "")
+        cells.append(f"{r['peak_memory_bytes'] / GiB:.1f}" if "peak_memory_bytes" in r else "")
+        if has_quality:
+            cells.append(f"{r['quality']:.3g}" if "quality" in r else "")
+        table.add_row(*cells)
     console.print(table)
+    for note in outcome.notes:
+        console.print(note, highlight=False)
     console.print(f"best plan written to [bold]{outcome.path}[/bold]")
 
 

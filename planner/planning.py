@@ -1,4 +1,11 @@
-"""The ``meshplan plan`` job as a library call: load inputs, search, write the best plan atomically."""
+"""The ``meshplan plan`` job as a library call: load inputs, pick the search or the solver, write the best plan.
+
+* Homogeneous cluster, training: exhaustive layout search (``planner.search``), ranked by predicted step time.
+* Heterogeneous cluster, a quality budget, or ``--workload serve``: the CP-SAT solvers of ``planner.solve``
+  (heterogeneous partition + per-layer precision, LLM-PQ / QSync style).
+* ``--compress``: pure data parallelism with a per-bucket gradient compression choice (ByteComp style); the
+  saving in exposed communication that the solver's backward timeline predicts is applied to the estimate.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,16 +14,23 @@ from typing import Callable, Optional
 
 from planner.errors import MeshplanError
 from planner.estimate import Workload
-from planner.search import SearchResult, layout_row, search, to_plan
+from planner.plan import Breakdown, Degrees, Plan, Prediction
+from planner.search import layout_row, model_ref, search, to_plan
 from planner.space import parse_fix
+from planner.version import meshplan_version
+
+WORKLOADS = ("train", "serve")
 
 
 @dataclass
 class PlanOutcome:
-    work: Workload
-    result: SearchResult
+    """What the CLI renders: a title, ranked rows (dicts with a ``layout`` string), the written plan."""
+
+    title: str
     rows: list[dict]
+    plan: Plan
     path: Path
+    notes: tuple[str, ...] = ()
 
 
 def plan_name(model_arg: str) -> str:
@@ -31,24 +45,132 @@ def plan_name(model_arg: str) -> str:
 
 def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | None = None,
              top: int = 10, dtype: str = "bf16", name: str | None = None, out: Path | None = None,
-             progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans")) -> PlanOutcome:
-    """Search layouts and write the best plan to ``out`` (default ``plans/<name>.yaml``)."""
-    from planner.cluster import load_cluster
+             progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans"),
+             workload: str = "train", quality_budget: float | None = None, compress: bool = False,
+             net: str | None = None, gen_len: int = 128, error_budget: float | None = None) -> PlanOutcome:
+    """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``)."""
+    from planner.cluster import load_cluster, parse_bandwidth
     from planner.model_spec import load_model
 
     if global_batch < 1:
         raise MeshplanError(f"--global-batch {global_batch} must be >= 1")
     if seq_len < 1:
         raise MeshplanError(f"--seq-len {seq_len} must be >= 1")
+    if workload not in WORKLOADS:
+        raise MeshplanError(f"--workload {workload}: expected one of {', '.join(WORKLOADS)}")
     fixes = parse_fix(fix)
     spec = load_model(model)
     clus = load_cluster(cluster)
-    spec_dtype = dtype
-    clus.device.peak(spec_dtype)  # refuses a dtype the device lacks, naming the device
-    work = Workload(spec, clus, global_batch, seq_len, dtype)
-    result = search(work, fixes, top=top, progress=progress)
+    if net:
+        clus = clus.with_inter_bandwidth(parse_bandwidth(net))
     nm = name or plan_name(model)
+    path = Path(out) if out else plans_dir / f"{nm}.yaml"
+    if workload == "serve" or clus.is_heterogeneous or quality_budget is not None:
+        if fixes:
+            raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
+                                "solver chooses stages and precisions itself")
+        return _solver_plan(spec, clus, model, nm, path, global_batch, seq_len, workload, quality_budget,
+                            gen_len, dtype)
+    clus.device.peak(dtype)  # refuses a dtype the device lacks, naming the device
+    work = Workload(spec, clus, global_batch, seq_len, dtype)
+    if compress:
+        for k in ("tp", "pp", "cp", "ep"):
+            if fixes.get(k, 1) != 1:
+                raise MeshplanError(f"--compress plans pure data parallelism; --fix {k}={fixes[k]} conflicts")
+        fixes.update(tp=1, pp=1, cp=1, ep=1)
+    result = search(work, fixes, top=top, progress=progress)
     best_layout, best_est = result.ranked[0]
     plan = to_plan(work, best_layout, best_est, nm, model)
-    path = plan.save(out or plans_dir / f"{nm}.yaml")
-    return PlanOutcome(work, result, [layout_row(lay, est) for lay, est in result.ranked], path)
+    rows = [layout_row(lay, est) for lay, est in result.ranked]
+    notes: tuple[str, ...] = ()
+    if compress:
+        plan, notes = _with_compression(plan, work, best_est, error_budget)
+        rows[0] = {**rows[0], "step_time_s": plan.prediction.step_time_s,
+                   "tokens_per_s": plan.prediction.tokens_per_s, "mfu": plan.prediction.mfu,
+                   "tflops_per_device": plan.prediction.tflops_per_device, "compressed": True}
+    plan.save(path)
+    title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
+             f"{result.evaluated} layouts fit ({result.wall_s:.2f} s)")
+    return PlanOutcome(title, rows, plan, path, notes)
+
+
+def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Plan, tuple[str, ...]]:
+    from planner.solve.compression import solve_compression
+
+    res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len, error_budget=error_budget)
+    saving = max(0.0, res.baseline_step_s - res.step_s)
+    saving = min(saving, est.exposed_comm_s)  # never more than the exposed communication there is
+    step = est.step_time_s - saving
+    p = plan.prediction
+    scale = est.step_time_s / step
+    pred = p.model_copy(update={
+        "step_time_s": step, "tokens_per_s": p.tokens_per_s * scale, "mfu": p.mfu * scale,
+        "tflops_per_device": p.tflops_per_device * scale, "hw_tflops_per_device": p.hw_tflops_per_device * scale,
+        "breakdown": p.breakdown.model_copy(update={"exposed_comm_s": p.breakdown.exposed_comm_s - saving}),
+    })
+    sol = res.solution
+    note = (f"compression: {sum(b.method != 'none' for b in sol.buckets)} of {len(sol.buckets)} buckets "
+            f"compressed, predicted step {step:.4g} s vs {est.step_time_s:.4g} s uncompressed "
+            f"(solver {sol.status.status}, gradient error {sol.error:.3g})")
+    return plan.model_copy(update={"compression": tuple(sol.buckets), "prediction": pred,
+                                   "notes": plan.notes + (note,)}), (note,)
+
+
+def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
+                 dtype) -> PlanOutcome:
+    from planner.memory import GiB
+    from planner.solve.precision import solve_hetero_train, solve_serve
+
+    if workload == "serve":
+        res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget)
+    else:
+        res = solve_hetero_train(spec, clus, global_batch, seq_len, quality_budget=quality_budget)
+    fields = res.plan_fields()
+    world = clus.world_size
+    if res.stages:
+        pp, tp, dp = len(res.stages), 1, 1
+        notes = fields["notes"] + ("tensor parallel inside each stage's node: tp = that node's devices",)
+    else:
+        pp, tp, dp = 1, 1, world
+        notes = fields["notes"]
+    mem = res.detail.get("stage_memory_bytes") or (0,)
+    tokens = global_batch * (gen_len if workload == "serve" else seq_len)
+    flops = spec.model_flops_per_token(seq_len) * tokens / (3.0 if workload == "serve" else 1.0)
+    peak_sum = sum(g.nodes * g.devices_per_node * g.device.peak_flops.get(dtype, g.device.peak_flops.get(
+        "fp16", max(g.device.peak_flops.values()))) for g in clus.groups)
+    pred = Prediction(step_time_s=res.time_s, tokens_per_s=res.tokens_per_s,
+                      tflops_per_device=flops / res.time_s / world / 1e12,
+                      hw_tflops_per_device=flops / res.time_s / world / 1e12, mfu=flops / res.time_s / peak_sum,
+                      peak_memory_bytes=int(max(mem)),
+                      breakdown=Breakdown(compute_s=res.time_s, exposed_comm_s=0.0, bubble_s=0.0),
+                      costmodel=_predictor())
+    plan = Plan(name=name, model=model_ref(spec, model_arg), cluster=clus.to_ref(), global_batch=global_batch,
+                micro_batch=max(1, fields["micro_batch"]), seq_len=seq_len,
+                degrees=Degrees(dp_replicate=dp, tp=tp, pp=pp), dtype=dtype,
+                layer_precision=fields["layer_precision"], stages=fields["stages"], prediction=pred,
+                meshplan_version=meshplan_version(), notes=notes + (f"workload={res.workload}",))
+    plan.save(path)
+    row = {"layout": _solver_layout(res), "workload": res.workload, "step_time_s": res.time_s,
+           "tokens_per_s": res.tokens_per_s, "tflops_per_device": pred.tflops_per_device, "mfu": pred.mfu,
+           "peak_memory_bytes": pred.peak_memory_bytes, "quality": res.quality, "dp_replicate": dp, "dp_shard": 1,
+           "dp": dp, "tp": tp, "pp": pp, "vpp": 1, "cp": 1, "ep": 1, "solver_status": res.status.status,
+           "hit_time_limit": res.status.hit_time_limit, "best_bound_s": res.status.best_bound}
+    rows = [row] + [{"layout": f"baseline: {k}", "tokens_per_s": v[0], "quality": v[1]}
+                    for k, v in res.baselines.items()]
+    title = (f"{spec.name} on {clus.spec} ({res.workload}): batch {global_batch}, seq {seq_len} — CP-SAT "
+             f"{res.status.status}" + (" (time limit hit)" if res.status.hit_time_limit else ""))
+    return PlanOutcome(title, rows, plan, path, notes)
+
+
+def _predictor() -> str:
+    from costmodel.api import predictor_name
+
+    return predictor_name()
+
+
+def _solver_layout(res) -> str:
+    if res.stages:
+        return " | ".join(f"L{s.first_layer}-{s.first_layer + s.num_layers - 1}@g{s.device_group}"
+                          for s in res.stages)
+    return "data parallel (QSync): " + ", ".join(f"{k}:{v}" for k, v in res.detail.get("group_precision",
+                                                                                         {}).items())

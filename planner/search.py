@@ -107,20 +107,23 @@ def describe(layout: Layout) -> str:
     return " ".join(parts)
 
 
+def model_ref(m, model_source: str) -> ModelRef:
+    """The plan's copy of what exporters need of the model."""
+    return ModelRef(name=m.name, source=model_source, model_type=m.model_type, num_params=m.num_params,
+                    hidden_size=m.hidden_size, num_layers=m.num_layers, num_attention_heads=m.num_heads,
+                    num_kv_heads=m.num_kv_heads, ffn_hidden_size=m.ffn_hidden_size or m.moe_ffn_hidden_size,
+                    vocab_size=m.vocab_size, num_experts=m.num_experts, experts_per_token=m.experts_per_token,
+                    head_dim=m.head_dim, moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+                    num_shared_experts=m.num_shared_experts, moe_layers=tuple(m.moe_layers),
+                    tied_embeddings=m.tied_embeddings, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
+                    qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
+
+
 def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str) -> Plan:
     """The ``Plan`` value for one evaluated layout."""
-    m = work.model
     return Plan(
         name=name,
-        model=ModelRef(name=m.name, source=model_source, model_type=m.model_type, num_params=m.num_params,
-                       hidden_size=m.hidden_size, num_layers=m.num_layers, num_attention_heads=m.num_heads,
-                       num_kv_heads=m.num_kv_heads, ffn_hidden_size=m.ffn_hidden_size or m.moe_ffn_hidden_size,
-                       vocab_size=m.vocab_size, num_experts=m.num_experts,
-                       experts_per_token=m.experts_per_token, head_dim=m.head_dim,
-                       moe_ffn_hidden_size=m.moe_ffn_hidden_size, num_shared_experts=m.num_shared_experts,
-                       moe_layers=tuple(m.moe_layers), tied_embeddings=m.tied_embeddings,
-                       q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
-                       qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim),
+        model=model_ref(work.model, model_source),
         cluster=work.cluster.to_ref(),
         global_batch=work.global_batch, micro_batch=layout.micro_batch, seq_len=work.seq_len,
         degrees=Degrees(dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, pp=layout.pp,
@@ -148,6 +151,7 @@ def prediction_of(est: Estimate) -> Prediction:
 def layout_row(layout: Layout, est: Estimate) -> dict:
     """JSON row for ``meshplan plan --json``: every degree plus the headline predictions."""
     return {
+        "layout": describe(layout),
         "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "dp": layout.dp, "tp": layout.tp,
         "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "sp": layout.sequence_parallel,
         "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,

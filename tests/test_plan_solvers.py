@@ -1,0 +1,49 @@
+"""`meshplan plan` routes heterogeneous clusters, serving and --compress to the CP-SAT solvers (issue 5 examples)."""
+import json
+
+from cli.main import app
+from planner.plan import load_plan
+
+
+def _run(runner, tmp_path, *args):
+    return runner.invoke(app, ["plan", *args, "--out", str(tmp_path / "p.yaml"), "--json"])
+
+
+def test_heterogeneous_training_partition(runner, tmp_path):
+    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "mixed-a100-l4", "--global-batch", "512",
+               "--seq-len", "4096")
+    assert res.exit_code == 0, res.output
+    plan = load_plan(tmp_path / "p.yaml")
+    assert plan.stages, "a pipeline partition over the device groups"
+    covered = sorted(i for s in plan.stages for i in range(s.first_layer, s.first_layer + s.num_layers))
+    assert covered == list(range(80))  # contiguous runs covering every layer exactly once
+    assert {s.device_group for s in plan.stages} == {0, 1}
+    rows = json.loads(res.stdout)
+    best = rows[0]["tokens_per_s"]
+    assert all(best >= r["tokens_per_s"] * (1 - 1e-6) for r in rows[1:])  # never worse than its baselines
+
+
+def test_serving_with_quality_budget(runner, tmp_path):
+    res = _run(runner, tmp_path, "--model", "qwen2.5-7b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+               "--quality-budget", "0.5", "--global-batch", "8", "--seq-len", "512")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert rows[0]["quality"] <= 0.5 + 1e-9
+    plan = load_plan(tmp_path / "p.yaml")
+    assert plan.layer_precision and len(plan.layer_precision) == 28
+
+
+def test_impossible_quality_budget_exits_2(runner, tmp_path):
+    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+               "--quality-budget", "0", "--global-batch", "8", "--seq-len", "512")
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and "error:" in res.stderr
+
+
+def test_compress_attaches_bucket_choices(runner, tmp_path):
+    res = _run(runner, tmp_path, "--model", "gpt2-large", "--cluster", "4x8xA100", "--net", "10Gbps",
+               "--compress", "--global-batch", "256", "--seq-len", "1024", "--top", "1")
+    assert res.exit_code == 0, res.output
+    plan = load_plan(tmp_path / "p.yaml")
+    assert plan.compression and plan.degrees.tp == plan.degrees.pp == 1
+    assert sum(b.size_bytes for b in plan.compression) > 0
