@@ -1,0 +1,78 @@
+"""``meshplan profile``: run an unmodified training script under torchrun with the profiler attached."""
+from __future__ import annotations
+
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.common import console, err_console, handle_errors, print_json
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``profile`` command to the root app."""
+    # Everything after SCRIPT belongs to the script (even ``--steps``): stop option parsing at SCRIPT.
+    app.command(
+        "profile",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                          "allow_interspersed_args": False},
+    )(profile)
+
+
+@handle_errors
+def profile(
+    ctx: typer.Context,
+    script: Annotated[Path, typer.Argument(metavar="SCRIPT [SCRIPT_ARGS]...",
+                                           help="Training script, run unmodified; its arguments follow it.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run folder to write (traces + run.json).")],
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks per node (default: plan's, else 1).")] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node needs --rdzv-endpoint).")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank.")] = 0,
+    rdzv_backend: Annotated[str, typer.Option("--rdzv-backend", help="torchrun rendezvous backend.")] = "c10d",
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT.")] = None,
+    rdzv_id: Annotated[str, typer.Option("--rdzv-id", help="Rendezvous job id.")] = "meshplan",
+    warmup: Annotated[int, typer.Option("--warmup", help="Steps skipped before measuring.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Steps measured (traced).")] = 8,
+    pin: Annotated[Optional[bool], typer.Option("--pin/--no-pin",
+                                                help="One core per rank (default: when ranks <= cores).")] = None,
+    from_plan: Annotated[Optional[Path], typer.Option("--from-plan", help="Plan: world size + --plan for the "
+                                                      "script (and $MESHPLAN_PLAN).")] = None,
+    keep_running: Annotated[bool, typer.Option("--keep-running", help="Let the script finish its own loop "
+                                               "after the measured steps.")] = False,
+    show_output: Annotated[bool, typer.Option("--show-output", help="Stream the ranks' output "
+                                              "(default: OUT/launch.log).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print run.json instead of a table.")] = False,
+) -> None:
+    """Profile SCRIPT on every rank and write a run folder for `meshplan replay` / `meshplan check`."""
+    from profiler.capture_launch import LaunchConfig, launch
+
+    cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
+                       node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                       rdzv_id=rdzv_id, warmup=warmup, steps=steps, pin=pin, plan=from_plan,
+                       stop_when_done=not keep_running, show_output=show_output)
+    command = shlex.join(["meshplan", *sys.argv[1:]]) if sys.argv and "meshplan" in sys.argv[0] else None
+    with Progress(TextColumn("[bold]profiling[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as bar:
+        task = bar.add_task(script.name, total=warmup + steps)
+        result = launch(cfg, on_progress=lambda done, total: bar.update(task, completed=done, total=total),
+                        meshplan_command=command)
+    for w in result.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+    run = result.run
+    if json_out:
+        print_json(run)
+        return
+    table = Table(title=f"{out}  ({run['world_size']} ranks, {run['backend']}, "
+                        f"{run['warmup_steps_skipped']} warm-up steps skipped)")
+    for col in ("rank", "device", "core", "steps", "median step (ms)", "min (ms)", "max (ms)"):
+        table.add_column(col, justify="right" if col not in ("device",) else "left")
+    for rank, times in sorted(run["step_times_s"].items(), key=lambda kv: int(kv[0])):
+        med = statistics.median(times) if times else 0.0
+        table.add_row(rank, str(run["devices"].get(rank)), str(run["pinned_cores"].get(rank)), str(len(times)),
+                      f"{med * 1e3:.1f}", f"{min(times, default=0) * 1e3:.1f}", f"{max(times, default=0) * 1e3:.1f}")
+    console.print(table)
