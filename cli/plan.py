@@ -27,6 +27,7 @@ def plan(
     error_budget: Annotated[Optional[float], typer.Option("--error-budget", help="Bound on gradient compression error")] = None,
     net: Annotated[Optional[str], typer.Option("--net", help="Inter-node bandwidth per GPU, e.g. 25Gbps")] = None,
     gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens generated per request (serve)")] = 128,
+    sensitivity: Annotated[Optional[Path], typer.Option("--sensitivity", help="Measured indicators from `meshplan profile --sensitivity`")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Plan name (default: the model's)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write the best plan")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of plans, best first")] = False,
@@ -44,7 +45,7 @@ def plan(
         outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
                            out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
                            quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
-                           error_budget=error_budget)
+                           error_budget=error_budget, sensitivity=sensitivity)
     if json_out:
         print_json(outcome.rows)
         return

@@ -27,8 +27,6 @@ def register(app: typer.Typer) -> None:
 @handle_errors
 def profile(
     ctx: typer.Context,
-    script: Annotated[Path, typer.Argument(metavar="SCRIPT [SCRIPT_ARGS]...",
-                                           help="Training script, run unmodified; its arguments follow it.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder to write (traces + run.json).")],
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks per node (default: plan's, else 1).")] = None,
     nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node needs --rdzv-endpoint).")] = 1,
@@ -47,8 +45,17 @@ def profile(
     show_output: Annotated[bool, typer.Option("--show-output", help="Stream the ranks' output "
                                               "(default: OUT/launch.log).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print run.json instead of a table.")] = False,
+    sensitivity: Annotated[bool, typer.Option("--sensitivity", help="Measure per-layer quantization sensitivity "
+                                              "on a small real model (QSync) into OUT/sensitivity.json.")] = False,
+    script: Annotated[Optional[Path], typer.Argument(metavar="SCRIPT [SCRIPT_ARGS]...",
+                                           help="Training script, run unmodified; its arguments follow it.")] = None,
 ) -> None:
     """Profile SCRIPT on every rank and write a run folder for `meshplan replay` / `meshplan check`."""
+    if sensitivity:
+        _sensitivity(out, json_out)
+        return
+    if script is None:
+        raise typer.BadParameter("missing SCRIPT (or use --sensitivity)")
     from profiler.capture_launch import LaunchConfig, launch
 
     cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
@@ -75,4 +82,25 @@ def profile(
         med = statistics.median(times) if times else 0.0
         table.add_row(rank, str(run["devices"].get(rank)), str(run["pinned_cores"].get(rank)), str(len(times)),
                       f"{med * 1e3:.1f}", f"{min(times, default=0) * 1e3:.1f}", f"{max(times, default=0) * 1e3:.1f}")
+    console.print(table)
+
+
+def _sensitivity(out: Path, json_out: bool) -> None:
+    """Measured indicators for ``meshplan plan --sensitivity OUT/sensitivity.json``."""
+    from planner.solve.sensitivity import measure_layer_sensitivity, write_sensitivity
+
+    precisions = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+    with err_console.status("measuring quantization sensitivity on a small real model"):
+        rows = measure_layer_sensitivity(precisions)
+    path = out / "sensitivity.json"
+    write_sensitivity(path, precisions, rows, source="meshplan profile --sensitivity (tiny GPT, real gradients)")
+    if json_out:
+        print_json({"path": str(path), "precisions": list(precisions), "layers": rows})
+        return
+    table = Table(title=f"relative gradient error per block ({path})")
+    table.add_column("block")
+    for p in precisions:
+        table.add_column(p, justify="right")
+    for i, r in enumerate(rows):
+        table.add_row(str(i), *(f"{x:.2e}" for x in r))
     console.print(table)

@@ -47,7 +47,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
              top: int = 10, dtype: str = "bf16", name: str | None = None, out: Path | None = None,
              progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans"),
              workload: str = "train", quality_budget: float | None = None, compress: bool = False,
-             net: str | None = None, gen_len: int = 128, error_budget: float | None = None) -> PlanOutcome:
+             net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
+             sensitivity: Path | None = None) -> PlanOutcome:
     """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``)."""
     from planner.cluster import load_cluster, parse_bandwidth
     from planner.model_spec import load_model
@@ -65,12 +66,12 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
         clus = clus.with_inter_bandwidth(parse_bandwidth(net))
     nm = name or plan_name(model)
     path = Path(out) if out else plans_dir / f"{nm}.yaml"
-    if workload == "serve" or clus.is_heterogeneous or quality_budget is not None:
+    if workload == "serve" or clus.is_heterogeneous or quality_budget is not None or sensitivity:
         if fixes:
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
         return _solver_plan(spec, clus, model, nm, path, global_batch, seq_len, workload, quality_budget,
-                            gen_len, dtype)
+                            gen_len, dtype, sensitivity)
     clus.device.peak(dtype)  # refuses a dtype the device lacks, naming the device
     work = Workload(spec, clus, global_batch, seq_len, dtype)
     if compress:
@@ -117,14 +118,16 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Pl
 
 
 def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
-                 dtype) -> PlanOutcome:
+                 dtype, sensitivity=None) -> PlanOutcome:
     from planner.memory import GiB
     from planner.solve.precision import solve_hetero_train, solve_serve
 
     if workload == "serve":
-        res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget)
+        res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget,
+                          sensitivity=sensitivity)
     else:
-        res = solve_hetero_train(spec, clus, global_batch, seq_len, quality_budget=quality_budget)
+        res = solve_hetero_train(spec, clus, global_batch, seq_len, quality_budget=quality_budget,
+                                 sensitivity=sensitivity)
     fields = res.plan_fields()
     world = clus.world_size
     if res.stages:

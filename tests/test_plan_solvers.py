@@ -47,3 +47,18 @@ def test_compress_attaches_bucket_choices(runner, tmp_path):
     plan = load_plan(tmp_path / "p.yaml")
     assert plan.compression and plan.degrees.tp == plan.degrees.pp == 1
     assert sum(b.size_bytes for b in plan.compression) > 0
+
+
+def test_measured_sensitivity_feeds_the_solver(runner, tmp_path):
+    res = runner.invoke(app, ["profile", "--sensitivity", "--out", str(tmp_path / "s"), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    cols = data["precisions"]
+    for row in data["layers"]:  # fewer mantissa / integer bits inject more gradient noise
+        r = dict(zip(cols, row))
+        assert r["fp32"] == 0.0 < r["fp16"] < r["bf16"] < r["fp8"] and r["int8"] < r["int4"]
+    res = _run(runner, tmp_path, "--model", "qwen2.5-7b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+               "--quality-budget", "0.5", "--global-batch", "8", "--seq-len", "512",
+               "--sensitivity", str(tmp_path / "s" / "sensitivity.json"))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["quality"] <= 0.5 + 1e-9

@@ -376,7 +376,7 @@ def qsync_problem(model, cluster, global_batch: int, seq_len: int, precisions=No
             continue
         cast = pbs._op_time(OpSpec("cast", (b * seq_len * model.hidden_size,), "fp32"), grp.device)
         slow.append(QSyncGroup(grp.device.name, times[gi], [cast] * L, grp.world_size / world))
-    sens = sensitivity or pbs.layer_sensitivity(model, cols, "fp32", operands=2)
+    sens = pbs._resolve_sensitivity(sensitivity, model, cols, "fp32", operands=2)
     grad_bytes = model.num_params * 4.0
     sync = collective_time_s("allreduce", grad_bytes, world, cluster.inter_link if cluster.num_nodes > 1
                              else cluster.groups[0].intra_link)

@@ -17,6 +17,8 @@ for serving a stage is one device. Usable memory per device follows ``planner.me
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import replace
 from typing import Optional, Sequence
 
@@ -261,7 +263,7 @@ def train_partition_problem(model, cluster, global_batch: int, seq_len: int,
         raise MeshplanError(f"global batch {global_batch}: no candidate micro-batch size in {list(micro_batches)} "
                             f"divides it")
     groups = tuple(GroupSlot(g.device.name, g.nodes, usable_bytes(g.device)) for g in cluster.groups)
-    sens = sensitivity or layer_sensitivity(model, cols, base, operands=2)
+    sens = _resolve_sensitivity(sensitivity, model, cols, base, operands=2)
     _check_sens(sens, L, cols)
     return PartitionProblem(cols, groups, tuple(options), sens, quality_budget)
 
@@ -332,7 +334,7 @@ def serve_partition_problem(model, cluster, batch: int, prompt_len: int, gen_len
             options.append(PipelineOption(f"prefill {cp} x {batch // cp}, decode {cd} x {batch // cd}", phases,
                                           static, zero, inflight_cap=1, micro_batch=batch // cd))
     groups = tuple(GroupSlot(g.device.name, g.world_size, usable_bytes(g.device)) for g in cluster.groups)
-    sens = sensitivity or layer_sensitivity(model, cols, base, operands=1)
+    sens = _resolve_sensitivity(sensitivity, model, cols, base, operands=1)
     _check_sens(sens, L, cols)
     return PartitionProblem(cols, groups, tuple(options), sens, quality_budget)
 
@@ -340,6 +342,18 @@ def serve_partition_problem(model, cluster, batch: int, prompt_len: int, gen_len
 def _weight_bytes(p: str) -> float:
     return {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
             "int4": 0.5 + INT4_SCALE_BYTES_PER_WEIGHT}[p]
+
+
+def _resolve_sensitivity(sensitivity, model, cols, base: str, operands: int):
+    """Measured indicators: a table ``[layer][precision]``, a file from ``meshplan profile --sensitivity``
+    (resampled to the model's depth, columns picked by name), or ``None`` for the documented defaults."""
+    if sensitivity is None:
+        return layer_sensitivity(model, cols, base, operands=operands)
+    if isinstance(sensitivity, (str, os.PathLike)):
+        from planner.solve.sensitivity import read_sensitivity
+
+        return read_sensitivity(sensitivity, cols, model.num_layers)
+    return sensitivity
 
 
 def _check_sens(sens, L: int, cols) -> None:
