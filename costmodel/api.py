@@ -7,6 +7,8 @@ the ideal roofline (peak, full bandwidth).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from costmodel.collectives import Link, collective_time_s
 from costmodel.devices import DeviceSpec
 from costmodel.ops import OpSpec
@@ -49,11 +51,20 @@ def roofline_s(op: OpSpec, device: DeviceSpec, ideal: bool = False) -> float:
 def predict(op: OpSpec, device: DeviceSpec, link: Link | None = None) -> float:
     """Predicted latency of ``op`` on ``device``, seconds.
 
+    Uses the learned model (``active_model()``: the one loaded with ``load_model``, else the shipped default)
+    when there is one; the calibrated roofline otherwise, and for ops outside the model's trained range
+    (``predict_with_source`` says which was used).
+
     Args:
         op: The operator instance.
         device: Where it runs.
         link: For collectives, the slowest link the group crosses (required for collectives).
     """
+    return predict_with_source(op, device, link)[0]
+
+
+def roofline_predict(op: OpSpec, device: DeviceSpec, link: Link | None = None) -> float:
+    """The calibrated roofline / alpha-beta price alone, seconds (no learned model)."""
     if op.is_collective:
         if link is None:
             raise ValueError(f"collective {op.kind} needs a link to be priced")
@@ -62,6 +73,99 @@ def predict(op: OpSpec, device: DeviceSpec, link: Link | None = None) -> float:
     return t + (KERNEL_LAUNCH_S if device.vendor != "cpu" else 0.0)
 
 
+# --- learned model (additive: costmodel.learned / costmodel.collective_model) -------------------------------
+_UNSET = object()
+_model = _UNSET  # LearnedModel, None (roofline only) or _UNSET (load the shipped default on first use)
+
+
+def shipped_model_dir():
+    """Folder of the default model shipped in the package (``costmodel/data/model``)."""
+    from importlib import resources
+
+    return resources.files("costmodel").joinpath("data/model")
+
+
+def load_model(directory=None):
+    """Load a model folder (``None``: the shipped default) and make it the active one. Returns it.
+
+    Raises:
+        MeshplanError: corrupt or missing model (checksum verified).
+    """
+    global _model
+    from costmodel.learned import LearnedModel
+
+    _model = LearnedModel.load(directory if directory is not None else shipped_model_dir())
+    _cached.cache_clear()
+    return _model
+
+
+def set_roofline_only() -> None:
+    """Disable the learned model: every price comes from the calibrated roofline / alpha-beta."""
+    global _model
+    _model = None
+    _cached.cache_clear()
+
+
+def active_model():
+    """The active ``LearnedModel``; loads the shipped default on first use (``None`` if none is shipped)."""
+    global _model
+    if _model is _UNSET:
+        from pathlib import Path
+
+        d = Path(str(shipped_model_dir()))
+        _model = load_model(d) if (d / "metadata.json").is_file() else None
+    return _model
+
+
+def collective_model():
+    """The active model's fitted collective model, or ``None``."""
+    m = active_model()
+    return m.collective_model() if m is not None else None
+
+
+@lru_cache(maxsize=200_000)
+def _cached(op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
+    sec, src = active_model().predict_ops([op], device)
+    return float(sec[0]), str(src[0])
+
+
+def predict_with_source(op: OpSpec, device: DeviceSpec, link: Link | None = None) -> tuple[float, str]:
+    """``(seconds, source)``: source is ``learned``, ``roofline (...)`` or ``alpha-beta``/``learned collective``."""
+    if op.is_collective:
+        if link is None:
+            raise ValueError(f"collective {op.kind} needs a link to be priced")
+        if collective_model() is None:
+            return collective_time_s(op.kind, op.bytes, op.group_size, link), "alpha-beta"
+        from costmodel.collective_model import predict_collective
+
+        return predict_collective(op.kind, op.bytes, op.group_size, link), "learned collective"
+    if active_model() is None:
+        return roofline_predict(op, device), "roofline (no learned model)"
+    return _cached(op, device)
+
+
+def predict_batch(ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]):
+    """Latency (s) of many compute ops at once (numpy array); the fast path for the planner.
+
+    Falls back to the roofline per op when no model is active.
+    """
+    import numpy as np
+
+    m = active_model()
+    if m is None:
+        devs = device if isinstance(device, list) else [device] * len(ops)
+        return np.array([roofline_predict(o, d) for o, d in zip(ops, devs)])
+    return m.predict_ops(ops, device)[0]
+
+
 def predictor_name() -> str:
     """Which model priced the ops: ``roofline`` until a learned model is loaded."""
     return "roofline"
+
+
+def predictor_name() -> str:
+    """What prices compute ops now, for plan provenance: ``learned:<model id>`` or ``roofline``."""
+    m = active_model()
+    if m is None:
+        return "roofline"
+    return f"learned:{m.model_id}"

@@ -1,0 +1,153 @@
+"""Feature vectors for the learned latency model: op shape, dtype, FLOPs, bytes, arithmetic intensity,
+wave/tile counts and the device vector (peak FLOP/s for the dtype, memory bandwidth, SMs, L2, clock).
+
+Everything is vectorised over rows (numpy) so that the planner can price millions of ops in batch.
+The roofline bound used as the model's normaliser is the *ideal* one, time = max(flops / peak, bytes / bw),
+so ``latency / roofline >= 1`` for every physical measurement and the model predicts ``log`` of that ratio
+(notes/costmodel.md sec. 5.1; Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.devices import DeviceSpec
+from costmodel.ops import DTYPE_BYTES
+
+# Shape fields of the table per kind (see costmodel.datasets.table): which (b, m, n, k) an OpSpec maps to.
+GEMM_KINDS = ("matmul", "bmm", "attention")
+ROW_KINDS = ("layernorm", "rmsnorm", "softmax", "embedding")
+NUMEL_KINDS = ("elementwise", "activation", "copy", "cast", "optimizer")
+
+# Output-tile edge lengths of cuBLAS/CUTLASS GEMM kernels (NeuSight's ``*_sgemm_128x64`` etc. kernel names):
+# the number of tiles and waves (tiles / SMs, rounded up) drives the quantisation effect on efficiency
+# (Habitat, ATC'21, sec. 4; NeuSight, ASPLOS'25, sec. 4.2).
+TILES = (64, 128)
+ROOF_FLOOR_S = 1e-9  # 1 ns: keeps the log ratio finite for FLOP-free ops whose bytes sit in a CPU cache
+
+# Model inputs. The device enters through peak FLOP/s (for the dtype), bandwidth, L2/LLC, the ridge point and the
+# SM count inside the wave features. Clock and raw SM count are computed (``DEVICE_EXTRA``) but not fed to the
+# trees: no training GPU clocks as high as an H100 except the power-capped T4, so a split on clock sent H100
+# queries to T4-like leaves (NeuSight split, H100 bmm 51% -> 21% MAPE without them; BENCHMARKS.md).
+DEVICE_EXTRA = ("sm_count", "clock_ghz")
+FEATURES = (
+    "log2_b", "log2_m", "log2_n", "log2_k", "dtype_bytes",
+    "log2_flops", "log2_bytes", "log2_intensity",
+    "log2_peak_flops", "log2_bw", "log2_l2", "is_cpu",
+    "log2_ridge", "log2_intensity_over_ridge", "log2_t_flops", "log2_t_bytes", "log2_roofline_s",
+    "log2_bytes_over_l2",
+    "waves_64", "wave_eff_64", "waves_128", "wave_eff_128", "log2_rows_per_sm",
+    "align_m64", "align_n64", "align_k64", "align_m8", "align_n8", "align_k8",
+)
+
+
+def dtype_bytes(dtype: np.ndarray) -> np.ndarray:
+    return np.array([DTYPE_BYTES.get(d, 2) for d in dtype], dtype=np.float64)
+
+
+def flops_bytes(op, b, m, n, k, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """FLOPs and compulsory bytes per row: ``costmodel.ops`` formulas (forward ops), except unary activations
+    (2 accesses per element, not 3).
+
+    Args:
+        op: kinds (array of str); b, m, n, k: shape fields in table convention; dtype: array of str.
+
+    Returns:
+        ``(flops, bytes)`` float arrays.
+    """
+    op = np.asarray(op, dtype=object)
+    b, m, n, k = (np.asarray(x, dtype=np.float64) for x in (b, m, n, k))
+    e = dtype_bytes(dtype)
+    flops = np.zeros(len(op))
+    nbytes = np.zeros(len(op))
+    sel = lambda *kinds: np.isin(op, kinds)  # noqa: E731
+    g = sel("matmul", "bmm")
+    flops[g] = 2.0 * b[g] * m[g] * n[g] * k[g]
+    nbytes[g] = e[g] * b[g] * (m[g] * k[g] + k[g] * n[g] + m[g] * n[g])
+    a = sel("attention")  # b = batch*heads, m = s_q, n = s_kv, k = d_head; causal halves the score FLOPs
+    flops[a] = 4.0 * b[a] * m[a] * n[a] * k[a] / 2.0
+    nbytes[a] = e[a] * b[a] * k[a] * (2 * m[a] + 2 * n[a])
+    r = sel("layernorm", "rmsnorm", "softmax")
+    flops[r] = 5.0 * m[r] * n[r]
+    nbytes[r] = e[r] * 2.0 * m[r] * n[r]
+    el = sel("elementwise")  # binary: two inputs, one output
+    flops[el] = m[el]
+    nbytes[el] = e[el] * 3.0 * m[el]
+    # Unary activations read one tensor and write one. (costmodel.ops charges 3 accesses for both kinds;
+    # measured unary ops on NeuSight run at 1.1x of the 2-access bound, i.e. below a 3-access "bound".)
+    ac = sel("activation")
+    flops[ac] = m[ac]
+    nbytes[ac] = e[ac] * 2.0 * m[ac]
+    c = sel("copy", "cast")
+    flops[c] = m[c]
+    nbytes[c] = e[c] * 2.0 * m[c]
+    o = sel("optimizer")
+    flops[o] = 12.0 * m[o]
+    nbytes[o] = 18.0 * m[o]
+    em = sel("embedding")
+    nbytes[em] = e[em] * 2.0 * m[em] * n[em]
+    return flops, nbytes
+
+
+def peak_for(dev: DeviceSpec, dtype: str) -> float:
+    """Peak FLOP/s of the math unit ``dtype`` runs on; bf16/fp16 and tf32/fp32 stand in for each other."""
+    for d in (dtype, {"bf16": "fp16", "fp16": "bf16", "tf32": "fp32"}.get(dtype, "fp32"), "fp32"):
+        if d in dev.peak_flops:
+            return dev.peak_flops[d]
+    return max(dev.peak_flops.values())
+
+
+def device_columns(devices: np.ndarray, dtype: np.ndarray, specs: dict[str, DeviceSpec]) -> dict[str, np.ndarray]:
+    """Per-row device vector: peak FLOP/s for the row's dtype, bandwidth, SMs, L2, clock, cpu flag."""
+    n = len(devices)
+    out = {k: np.empty(n) for k in ("peak", "bw", "sm", "l2", "clock", "is_cpu")}
+    keys = np.char.add(devices.astype(str), np.char.add("|", dtype.astype(str))) if n else np.array([])
+    for key in np.unique(keys):
+        dev_name, dt = key.split("|")
+        dev = specs[dev_name]
+        idx = keys == key
+        out["peak"][idx] = peak_for(dev, dt)
+        out["bw"][idx] = dev.mem_bw_bytes_per_s
+        out["sm"][idx] = dev.sm_count
+        out["l2"][idx] = dev.l2_bytes
+        out["clock"][idx] = dev.clock_hz
+        out["is_cpu"][idx] = 1.0 if dev.vendor == "cpu" else 0.0
+    return out
+
+
+def feature_matrix(op, b, m, n, k, dtype, flops, nbytes, dev: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Build the feature matrix (rows x ``FEATURES``) and the ideal roofline time per row (seconds)."""
+    op = np.asarray(op, dtype=object)
+    b, m, n, k = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in (b, m, n, k))
+    lg = lambda x: np.log2(np.maximum(x, 1e-30))  # noqa: E731
+    e = dtype_bytes(dtype)
+    t_f = flops / dev["peak"]
+    # On a CPU, a working set that fits in the last-level cache has no compulsory DRAM traffic in a warm loop,
+    # so only the FLOP bound holds there (measured: 1 in 4 such ops beat bytes / DRAM-bandwidth by > 2x).
+    in_llc = (dev["is_cpu"] > 0) & (nbytes <= dev["l2"])
+    t_b = np.where(in_llc, 0.0, nbytes / dev["bw"])
+    roof = np.maximum(np.maximum(t_f, t_b), ROOF_FLOOR_S)
+    ridge = dev["peak"] / dev["bw"]
+    intensity = np.maximum(flops, 1.0) / np.maximum(nbytes, 1.0)
+    sm = dev["sm"]
+    cols = {
+        "log2_b": lg(b), "log2_m": lg(m), "log2_n": lg(n), "log2_k": lg(k), "dtype_bytes": e,
+        "log2_flops": lg(flops + 1.0), "log2_bytes": lg(nbytes + 1.0), "log2_intensity": lg(intensity),
+        "log2_peak_flops": lg(dev["peak"]), "log2_bw": lg(dev["bw"]), "sm_count": sm, "log2_l2": lg(dev["l2"]),
+        "clock_ghz": dev["clock"] / 1e9, "is_cpu": dev["is_cpu"],
+        "log2_ridge": lg(ridge), "log2_intensity_over_ridge": lg(intensity / ridge),
+        "log2_t_flops": lg(t_f + 1e-12), "log2_t_bytes": lg(t_b + 1e-12), "log2_roofline_s": lg(roof),
+        "log2_bytes_over_l2": lg(nbytes / dev["l2"]),
+    }
+    gemm = np.isin(op, GEMM_KINDS)
+    for t in TILES:
+        # GEMM: output tiles of t x t; row-wise / numel ops: one CTA per row or per 1024-element chunk.
+        tiles = np.where(gemm, b * np.ceil(m / t) * np.ceil(n / t), np.ceil(b * m / (t * 8)))
+        waves = np.ceil(tiles / sm)
+        cols[f"waves_{t}"] = lg(waves)
+        cols[f"wave_eff_{t}"] = tiles / (waves * sm)
+    cols["log2_rows_per_sm"] = lg(b * m / sm)
+    for name, x in (("m", m), ("n", n), ("k", k)):
+        cols[f"align_{name}64"] = (np.mod(x, 64) == 0).astype(np.float64)
+        cols[f"align_{name}8"] = (np.mod(x, 8) == 0).astype(np.float64)
+    X = np.column_stack([cols[f] for f in FEATURES]) if len(op) else np.zeros((0, len(FEATURES)))
+    return X.astype(np.float32), roof

@@ -1,0 +1,215 @@
+"""Load a trained model folder (``metadata.json`` + ``<kind>.ubj``) and predict op latencies in batch.
+
+Every model file's sha256 is checked against the metadata before xgboost sees it, so a corrupt or edited
+file is a ``MeshplanError`` naming the file, never a crash inside xgboost. Queries outside the trained
+range (a kind without a model, a device class never trained on, sizes far outside the training rows) are
+priced by the calibrated roofline (``costmodel.api.ROOFLINE_EFFICIENCY``) and flagged as such.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import xgboost as xgb
+
+from costmodel.datasets.table import file_sha256
+from costmodel.devices import DeviceSpec
+from costmodel.features import FEATURES, device_columns, feature_matrix, flops_bytes
+from costmodel.ops import COMPUTE_KINDS, OpSpec
+from costmodel.train import FORMAT
+from planner.errors import MeshplanError
+
+SOURCE_LEARNED = "learned"
+SOURCE_NO_MODEL = "roofline (no model for this op class)"
+SOURCE_RANGE = "roofline (outside the trained range)"
+SOURCE_DEVICE = "roofline (device class not trained on)"
+SOURCE_CALIBRATED = "calibrated (costmodel fit)"
+
+
+def op_fields(op: OpSpec) -> tuple[float, float, float, float]:
+    """``(b, m, n, k)`` table fields of an OpSpec (see ``costmodel.datasets.table``)."""
+    s = op.shape
+    if op.kind == "matmul":
+        return 1.0, s[0], s[1], s[2]
+    if op.kind == "bmm":
+        return s[0], s[1], s[2], s[3]
+    if op.kind == "attention":
+        return s[0] * s[1], s[2], s[3], s[4]
+    if op.kind in ("layernorm", "rmsnorm", "softmax", "embedding"):
+        return 1.0, s[0], s[1], 1.0
+    return 1.0, s[0], 1.0, 1.0
+
+
+def ideal_roofline_s(op: OpSpec, device: DeviceSpec) -> float:
+    """The bound the learned model never goes below, seconds (``costmodel.features`` roofline for ``op``)."""
+    b, m, n, k = op_fields(op)
+    kinds = np.array([op.kind], dtype=object)
+    dt = np.array([op.dtype], dtype=object)
+    f, by = flops_bytes(kinds, [b], [m], [n], [k], dt)
+    dev = device_columns(np.array([device.name], dtype=object), dt, {device.name: device})
+    _, roof = feature_matrix(kinds, [b], [m], [n], [k], dt, f, by, dev)
+    mult = (op.flops / OpSpec(op.kind, op.shape, op.dtype).flops) if op.backward and op.flops else 1.0
+    return float(roof[0]) * mult
+
+
+class LearnedModel:
+    """A loaded model folder.
+
+    Attributes:
+        directory: Where it was loaded from.
+        meta: The metadata dict.
+        boosters: ``{kind: xgboost.Booster}``.
+    """
+
+    def __init__(self, directory: Path, meta: dict, boosters: dict[str, xgb.Booster]):
+        self.directory = directory
+        self.meta = meta
+        self.boosters = boosters
+        self._coll = None
+        self._nthread: dict[str, int] = {}
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "LearnedModel":
+        """Load and verify a model folder.
+
+        Raises:
+            MeshplanError: missing/unreadable metadata, wrong format, a checksum mismatch or an unloadable file.
+        """
+        d = Path(directory)
+        mpath = d / "metadata.json"
+        if not mpath.is_file():
+            raise MeshplanError(f"{mpath}: model metadata not found (train one with `meshplan costmodel train`)")
+        try:
+            meta = json.loads(mpath.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise MeshplanError(f"{mpath}: corrupt metadata ({exc})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise MeshplanError(f"{mpath}: not a meshplan cost model (format {meta.get('format') if isinstance(meta, dict) else '?'}, expected {FORMAT})")
+        if meta.get("features") != list(FEATURES):
+            raise MeshplanError(f"{mpath}: model features differ from this meshplan version's; retrain the model")
+        boosters = {}
+        for kind, info in meta.get("kinds", {}).items():
+            f = d / info["file"]
+            if not f.is_file():
+                raise MeshplanError(f"{f}: model file missing")
+            got = file_sha256(f)
+            if got != info["sha256"]:
+                raise MeshplanError(f"{f}: checksum mismatch (sha256 {got[:12]}..., metadata says "
+                                    f"{info['sha256'][:12]}...): the model file is corrupt")
+            b = xgb.Booster()
+            try:
+                b.load_model(bytearray(f.read_bytes()))
+            except xgb.core.XGBoostError as exc:
+                raise MeshplanError(f"{f}: cannot load xgboost model ({str(exc).splitlines()[0]})") from None
+            boosters[kind] = b
+        return cls(d, meta, boosters)
+
+    def _threads(self, kind: str, rows: int) -> None:
+        """One thread for small batches (xgboost's thread start-up costs ~4 ms a call), two for large ones."""
+        want = 1 if rows < 4096 else 2
+        if self._nthread.get(kind) != want:
+            self.boosters[kind].set_param({"nthread": want})
+            self._nthread[kind] = want
+
+    @property
+    def model_id(self) -> str:
+        """12 hex digits identifying the trees and calibrations (sha256 over the model files' checksums)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for kind in sorted(self.meta.get("kinds", {})):
+            h.update(str(self.meta["kinds"][kind].get("sha256", kind)).encode())
+        h.update(json.dumps(self.meta.get("calibration", {}), sort_keys=True).encode())
+        return h.hexdigest()[:12]
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.boosters)
+
+    def collective_model(self):
+        """The fitted collective model stored in the metadata, or ``None``."""
+        if self._coll is None and self.meta.get("collectives"):
+            from costmodel.collective_model import CollectiveModel
+
+            self._coll = CollectiveModel(self.meta["collectives"])
+        return self._coll
+
+    def predict_arrays(self, op, b, m, n, k, dtype, devices: np.ndarray, specs: dict[str, DeviceSpec],
+                       use_fallback: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised prediction for table-form rows.
+
+        Args:
+            op, b, m, n, k, dtype: Row arrays (table convention).
+            devices: Device name per row; ``specs`` maps each name to its ``DeviceSpec``.
+            use_fallback: Price out-of-range rows by the roofline (``False``: always use the tree, for eval).
+
+        Returns:
+            ``(seconds, source)``: latency per row and a string array saying where each number came from.
+
+        Raises:
+            MeshplanError: an op class that is not a compute kind.
+        """
+        from costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
+
+        op = np.asarray(op, dtype=object)
+        unknown = sorted(set(op) - set(COMPUTE_KINDS))
+        if unknown:
+            raise MeshplanError(f"unknown op class '{unknown[0]}' (known: {', '.join(COMPUTE_KINDS)})")
+        dtype = np.asarray(dtype, dtype=object)
+        devices = np.asarray(devices, dtype=object)
+        flops, nbytes = flops_bytes(op, b, m, n, k, dtype)
+        dev = device_columns(devices, dtype, specs)
+        X, roof = feature_matrix(op, b, m, n, k, dtype, flops, nbytes, dev)
+        # Calibrated roofline: max(F / (eff_f peak), B / (eff_b bw)) + a launch floor on GPUs.
+        eff = np.array([ROOFLINE_EFFICIENCY[o] for o in op]).reshape(-1, 2) if len(op) else np.zeros((0, 2))
+        out = np.maximum(flops / (dev["peak"] * eff[:, 0]), nbytes / (dev["bw"] * eff[:, 1]))
+        out = out + np.where(dev["is_cpu"] > 0, 0.0, KERNEL_LAUNCH_S)
+        source = np.full(len(op), SOURCE_NO_MODEL, dtype=object)
+        lo_m, hi_m = self.meta.get("range_margin_log2", [1.0, 4.0])
+        for kind in np.unique(op):
+            if kind not in self.boosters:
+                continue
+            info = self.meta["kinds"][kind]
+            idx = np.flatnonzero(op == kind)
+            ok = np.ones(len(idx), dtype=bool)
+            dev_ok = np.isin(dev["is_cpu"][idx].astype(int), info["is_cpu"])
+            if use_fallback:
+                for f, (lo, hi) in info["ranges"].items():
+                    v = X[idx, FEATURES.index(f)]
+                    ok &= (v >= lo - lo_m) & (v <= hi + hi_m)
+                ok &= dev_ok
+            source[idx[~ok]] = SOURCE_RANGE
+            source[idx[~dev_ok]] = SOURCE_DEVICE
+            use = idx[ok]
+            if len(use):
+                self._threads(kind, len(use))
+                ratio = np.exp(np.maximum(self.boosters[kind].inplace_predict(X[use]), 0.0))
+                out[use] = roof[use] * ratio  # clipped at ratio 1: never below the ideal roofline
+                source[use] = SOURCE_LEARNED
+        # Calibrations fitted on profiled runs of a device (costmodel.fit) take precedence for that device.
+        for dev_name, kinds in self.meta.get("calibration", {}).items():
+            for kind, c in kinds.items():
+                sel = (devices == dev_name) & (op == kind)
+                if sel.any():
+                    out[sel] = c["overhead_s"] + max(1.0, c["roofline_multiple"]) * roof[sel]
+                    source[sel] = SOURCE_CALIBRATED
+        return out, source
+
+    def predict_ops(self, ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]) -> tuple[np.ndarray, np.ndarray]:
+        """Latency (s) and source of each compute op on ``device`` (one device, or one per op).
+
+        Backward ops are priced as their forward shape times the FLOP (or byte) multiple that
+        ``costmodel.ops`` assigns to the backward (2x for GEMMs, 2.5x for flash attention).
+        """
+        devs = device if isinstance(device, list) else [device] * len(ops)
+        specs = {d.name: d for d in devs}
+        fields = np.array([op_fields(o) for o in ops], dtype=np.float64).reshape(-1, 4)
+        sec, src = self.predict_arrays([o.kind for o in ops], fields[:, 0], fields[:, 1], fields[:, 2], fields[:, 3],
+                                       [o.dtype for o in ops], np.array([d.name for d in devs], dtype=object), specs)
+        for i, o in enumerate(ops):
+            if o.backward:
+                fwd = OpSpec(o.kind, o.shape, o.dtype, o.group_size, o.causal, False)
+                base = fwd.flops if fwd.flops > 0 else fwd.bytes
+                sec[i] *= (o.flops if fwd.flops > 0 else o.bytes) / base if base else 1.0
+        return sec, src

@@ -1,0 +1,183 @@
+"""Train the learned latency model: one xgboost regressor per op kind predicting log(latency / roofline).
+
+The target is the log of the ratio between the measured time and the *ideal* roofline time
+max(flops / peak, bytes / bw) (notes/costmodel.md sec. 5.1). Predictions are clipped at ratio 1, so the model
+never predicts below the roofline bound. Saved as xgboost UBJSON (one file per kind) plus ``metadata.json``
+(features, data files and their sha256, per-kind training ranges and metrics, sha256 of every model file).
+No pickle anywhere. The shipped default is rebuilt by
+``meshplan costmodel train --data ../shared/kernels --out costmodel/data/model``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xgboost as xgb
+
+from costmodel.datasets.devices import resolve_many
+from costmodel.datasets.table import KernelTable, file_sha256
+from costmodel.features import FEATURES, device_columns, feature_matrix
+from costmodel.ops import COMPUTE_KINDS
+from planner.atomic import write_atomic
+from planner.errors import MeshplanError
+
+FORMAT = "meshplan-costmodel/1"
+MIN_ROWS = 30  # fewer training rows than this for a kind: no model, the roofline fallback prices it
+# Features whose training range defines "in distribution" (sec. 5.1 item 5 of the notes): a query more than
+# 2x below or 16x above the trained sizes falls back to the calibrated roofline.
+RANGE_FEATURES = ("log2_flops", "log2_bytes")
+RANGE_MARGIN_LO, RANGE_MARGIN_HI = 1.0, 4.0
+# Measurements faster than 0.8x the ideal roofline are not physical for DRAM-resident data; they come from
+# L2-resident working sets (small NeuSight shapes). They are kept, but the clip below the roofline is the
+# model's promise, so such rows cannot be predicted exactly; see ``ratio_floor`` in the metadata.
+
+PARAMS = dict(max_depth=8, eta=0.08, subsample=0.8, colsample_bytree=0.8, min_child_weight=2.0,
+              tree_method="hist", max_bin=256, nthread=2, seed=0, objective="reg:squarederror")
+N_ROUNDS = 300
+SMALL_CLASS_ROWS = 20000
+# Rows per op class for the default model: keeps training under 3 minutes on 2 shared cores (bmm has 101k).
+DEFAULT_MAX_ROWS = 60000
+
+
+@dataclass
+class Prepared:
+    """Features, targets and bookkeeping for one table."""
+
+    X: np.ndarray
+    roof_s: np.ndarray
+    y: np.ndarray
+    table: KernelTable
+    skipped_devices: list[str] = field(default_factory=list)
+
+
+def prepare(table: KernelTable) -> Prepared:
+    """Featurise the compute rows of ``table`` whose device is known; drop (and list) the others."""
+    comp = table.select(np.isin(table.op, COMPUTE_KINDS))
+    specs, missing = resolve_many(comp.device)
+    if missing:
+        comp = comp.select(~np.isin(comp.device, missing))
+    dev = device_columns(comp.device, comp.dtype, specs)
+    X, roof = feature_matrix(comp.op, comp.b, comp.m, comp.n, comp.k, comp.dtype, comp.flops, comp.bytes, dev)
+    y = np.log(comp.latency_s / roof)
+    return Prepared(X=X, roof_s=roof, y=y, table=comp, skipped_devices=missing)
+
+
+def fit_kind(X: np.ndarray, y: np.ndarray, n_estimators: int | None = None) -> xgb.Booster:
+    """One booster on (features, log ratio); squared error on the log target ~ relative error.
+
+    Classes with fewer than ``SMALL_CLASS_ROWS`` rows get depth-6 trees: same accuracy, a quarter of the file.
+    """
+    dtrain = xgb.QuantileDMatrix(X, label=y, max_bin=PARAMS["max_bin"], feature_names=list(FEATURES))
+    params = PARAMS if len(y) >= SMALL_CLASS_ROWS else dict(PARAMS, max_depth=6)
+    return xgb.train(params, dtrain, num_boost_round=n_estimators or N_ROUNDS)
+
+
+def predict_ratio(model: xgb.Booster, X: np.ndarray) -> np.ndarray:
+    """Predicted latency / ideal roofline, clipped at 1 (never below the roofline bound)."""
+    return np.exp(np.maximum(model.inplace_predict(X), 0.0))
+
+
+def ape(pred_s: np.ndarray, true_s: np.ndarray) -> np.ndarray:
+    """Absolute percentage error, %."""
+    return 100.0 * np.abs(pred_s - true_s) / true_s
+
+
+def train_models(prep: Prepared, progress=None, n_estimators: int | None = None,
+                 max_rows_per_kind: int | None = None, kinds: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """Fit one model per op kind present in ``prep``.
+
+    Returns:
+        ``{kind: {"model": Booster, "ranges": ..., "devices": [...], "dtypes": [...], "n_train": int,
+        "train_mape": float}}``.
+    """
+    out = {}
+    for kind in [k for k in COMPUTE_KINDS if (prep.table.op == k).sum() >= MIN_ROWS]:
+        if kinds is not None and kind not in kinds:
+            continue
+        idx = np.flatnonzero(prep.table.op == kind)
+        if max_rows_per_kind and len(idx) > max_rows_per_kind:
+            rng = np.random.default_rng(0)  # per kind, so retraining one kind reproduces its subsample
+            idx = np.sort(rng.choice(idx, max_rows_per_kind, replace=False))
+        X, y = prep.X[idx], prep.y[idx]
+        model = fit_kind(X, y, n_estimators)
+        pred = prep.roof_s[idx] * predict_ratio(model, X)
+        cols = [FEATURES.index(f) for f in RANGE_FEATURES]
+        out[kind] = {
+            "model": model,
+            "ranges": {f: [float(X[:, c].min()), float(X[:, c].max())] for f, c in zip(RANGE_FEATURES, cols)},
+            "is_cpu": sorted({int(v) for v in X[:, FEATURES.index("is_cpu")]}),
+            "devices": sorted(set(prep.table.device[idx])),
+            "dtypes": sorted(set(prep.table.dtype[idx])),
+            "n_train": int(len(idx)),
+            "train_mape": float(np.mean(ape(pred, prep.table.latency_s[idx]))),
+        }
+        if progress:
+            progress(kind)
+    return out
+
+
+def save(models: dict[str, dict], out_dir: Path, data_files: list[tuple[str, str]], extra: dict | None = None) -> Path:
+    """Write ``<kind>.ubj`` per kind and ``metadata.json`` (atomically; sha256 of each model file inside).
+
+    Args:
+        models: From :func:`train_models`.
+        out_dir: Destination folder.
+        data_files: ``(name relative to the data root, sha256)`` of every training file.
+        extra: More metadata (collective model, timings).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "features": list(FEATURES), "target": "log(latency_s / ideal_roofline_s), clipped >= 0",
+            "params": PARAMS | {"rounds": N_ROUNDS}, "range_margin_log2": [RANGE_MARGIN_LO, RANGE_MARGIN_HI],
+            "data": [{"file": f, "sha256": h} for f, h in data_files], "kinds": {}}
+    for kind, m in models.items():
+        raw = m["model"].save_raw(raw_format="ubj")
+        fname = f"{kind}.ubj"
+        write_atomic(out_dir / fname, bytes(raw))
+        meta["kinds"][kind] = {k: v for k, v in m.items() if k != "model"} | {
+            "file": fname, "sha256": file_sha256(out_dir / fname)}
+    meta.update(extra or {})
+    write_atomic(out_dir / "metadata.json", json.dumps(meta, indent=1, sort_keys=True))
+    return out_dir
+
+
+def data_hashes(files: list[str], roots: list[str | Path]) -> list[tuple[str, str]]:
+    """``(path relative to its data root's parent, sha256)`` for each file: no absolute paths in metadata."""
+    out = []
+    for f in files:
+        fp = Path(f).resolve()
+        rel = fp.name
+        for r in roots:
+            rp = Path(r).resolve()
+            if rp in fp.parents:
+                rel = str(fp.relative_to(rp.parent))
+                break
+        out.append((rel, file_sha256(fp)))
+    return out
+
+
+def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimators: int | None = None,
+          max_rows_per_kind: int | None = None) -> dict:
+    """Load ``data``, fit the per-kind models and the collective model, save them to ``out_dir``.
+
+    Returns:
+        The metadata dict that was written (plus ``seconds``).
+    """
+    from costmodel import collective_model
+    from costmodel.datasets import load
+
+    t0 = time.perf_counter()
+    table, files = load([Path(p) for p in data])
+    prep = prepare(table)
+    if len(prep.table) == 0:
+        raise MeshplanError(f"{', '.join(map(str, data))}: no compute rows with a known device to train on")
+    models = train_models(prep, progress=progress, n_estimators=n_estimators,
+                          max_rows_per_kind=max_rows_per_kind or DEFAULT_MAX_ROWS)
+    coll = collective_model.fit(table)
+    extra = {"collectives": coll, "skipped_devices": prep.skipped_devices,
+             "train_seconds": round(time.perf_counter() - t0, 2)}
+    save(models, Path(out_dir), data_hashes(files, data), extra)
+    return json.loads((Path(out_dir) / "metadata.json").read_text(encoding="utf-8"))

@@ -1,0 +1,117 @@
+"""Calibration from real profiled runs, local micro-benchmarks, and the collective model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodel.learned import LearnedModel
+from tests.helpers import REPO, shared_path
+
+SHIPPED = REPO / "costmodel" / "data" / "model"
+
+
+def _profiled_run(out_dir, configs: list[tuple[int, int]]) -> None:
+    """A real single-process run under torch.profiler (record_shapes=True): one MLP block per (hidden, batch)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    blocks = [(torch.nn.Sequential(torch.nn.Linear(h, 4 * h), torch.nn.GELU(), torch.nn.Linear(4 * h, h),
+                                   torch.nn.LayerNorm(h)), torch.randn(b, h)) for h, b in configs]
+    with torch.no_grad():
+        for block, x in blocks:
+            block(x)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(6):
+                for block, x in blocks:
+                    block(x)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out_dir / "rank0.trace.json"))
+
+
+def _mape(model: LearnedModel, rows, dev) -> float:
+    sec, _ = model.predict_arrays(rows.op, rows.b, rows.m, rows.n, rows.k, rows.dtype, rows.device,
+                                  {dev.name: dev})
+    return float(np.mean(np.abs(sec - rows.latency_s) / rows.latency_s))
+
+
+def test_fit_on_one_run_reduces_error_on_another(tmp_path):
+    from costmodel.collect import measure_device
+    from costmodel.datasets.local import load_device
+    from costmodel.fit import fit_runs, rows_from_run
+
+    _profiled_run(tmp_path / "run1", [(256, 32), (256, 128), (512, 32), (512, 128)])
+    _profiled_run(tmp_path / "run2", [(384, 64), (320, 96)])  # shapes the first run never had
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "device.json").write_text(json.dumps(measure_device("cpu", threads=1, quick=True)))
+    dev = load_device(tmp_path / "dev" / "device.json")
+    summary = fit_runs([tmp_path / "run1"], SHIPPED, tmp_path / "cal", device_dir=tmp_path / "dev")
+    assert summary["ops"] == {"activation": 4, "layernorm": 4, "matmul": 8}
+    run2 = rows_from_run(tmp_path / "run2", dev.name)
+    assert set(run2.op) == {"activation", "layernorm", "matmul"}
+    before = _mape(LearnedModel.load(SHIPPED), run2, dev)
+    after = _mape(LearnedModel.load(tmp_path / "cal"), run2, dev)
+    assert after < 0.7 * before, (before, after)
+
+
+def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
+    from cli.main import app
+    from costmodel.datasets import load
+
+    r = runner.invoke(app, ["costmodel", "collect", "--out", str(tmp_path / "cpu"), "--quick", "--repeats", "2",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    t, files = load([tmp_path / "cpu"])
+    assert len(t) == json.loads(r.output)["rows"] >= 20
+    assert np.all(t.latency_s > 0) and np.all(np.isfinite(t.noise)) and np.all(t.noise >= 0)
+    # Physical check of units and device vector: ops do not run faster than the measured peak / bandwidth allow
+    # (a 4x margin: the quick peak is measured in 0.1 s on a shared machine; a unit slip would be 1000x).
+    from costmodel.train import prepare
+
+    p = prepare(t)
+    assert np.mean(p.y > np.log(0.25)) > 0.9
+
+
+def test_collectives_heldout_sizes_and_two_node():
+    from costmodel.eval import evaluate
+
+    rows = evaluate("vidur-network", [shared_path("kernels", "vidur")])
+    held = [r for r in rows if "held-out sizes" in r["op"]]
+    assert {r["device"] for r in held} == {"a100_dgx", "h100_dgx"}
+    for r in held:
+        assert r["mape"] <= 10.0, r  # issue 4 target: held-out sizes <= 10% MAPE (measured 1.8-5.0%)
+    two = [r for r in rows if "2-node" in r["op"]]
+    assert two and two[0]["n"] > 1000  # reported; the 1-node -> 2-node target is missed (see BENCHMARKS.md)
+
+
+def test_predict_collective_uses_fitted_link():
+    from costmodel.collective_model import predict_collective
+    from costmodel.collectives import collective_time_s
+
+    m = LearnedModel.load(SHIPPED).collective_model()
+    link = m.link("h100_dgx/intra")
+    t = predict_collective("allreduce", 64 << 20, 8, link, model=m)
+    # Vidur PROVENANCE.md: a 64 MiB all-reduce over 8xH100 takes a median of about 0.32-0.35 ms.
+    assert 0.29e-3 < t < 0.38e-3
+    ag = predict_collective("allgather", 64 << 20, 8, link, model=m)
+    assert ag < t and ag > collective_time_s("allgather", 64 << 20, 8, link) * 0.5
+    with pytest.raises(Exception, match="unknown collective"):
+        predict_collective("broadcastx", 1, 2, link, model=m)
+
+
+def test_gpu_run_rows_from_real_trace():
+    """Op records of a real 8-rank V100 DLRM run (Kineto, record_shapes on): kernel time per op via correlation."""
+    from costmodel.datasets.devices import resolve
+    from costmodel.fit import rows_from_run
+    from costmodel.train import prepare
+
+    t = rows_from_run(shared_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"), "V100-SXM2-32GB")
+    assert {"matmul", "bmm"} <= set(t.op)
+    assert resolve("V100-SXM2-32GB").sm_count == 80
+    # Kernel times are physical: none beats the V100's ideal roofline, all pay at least a ~2 us kernel floor.
+    p = prepare(t)
+    assert np.all(p.y >= 0.0)
+    assert np.all(t.latency_s >= 2e-6)

@@ -1,0 +1,150 @@
+"""Learned model: roofline bound, fallback, shipped model reproducibility and checksum, CLI predict."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from costmodel import api
+from costmodel.devices import get_device
+from costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel
+from costmodel.ops import OpSpec
+from costmodel.train import ape, prepare, train_models
+from planner.errors import MeshplanError
+from tests.helpers import REPO, shared_path
+
+SHIPPED = REPO / "costmodel" / "data" / "model"
+
+
+@pytest.fixture(scope="module")
+def ln_softmax():
+    """NeuSight LayerNorm + softmax rows (train and test splits): small enough to train in a second."""
+    root = shared_path("kernels", "neusight")
+    from costmodel.datasets.neusight import load_file
+    from costmodel.datasets.table import KernelTable
+
+    return KernelTable.concat([load_file(root / s / f, f"neusight/{s}") for s in ("train", "test")
+                               for f in ("ln.csv", "softmax.csv")])
+
+
+def _model(models):
+    from costmodel.eval import _as_model
+
+    return _as_model(models)
+
+
+def test_never_below_roofline_and_fallback_says_so(ln_softmax):
+    train = ln_softmax.select(ln_softmax.source == "neusight/train")
+    model = _model(train_models(prepare(train), n_estimators=60))
+    dev = get_device("H100")
+    rng = np.random.default_rng(1)
+    ops = [OpSpec("layernorm", (int(r), int(c)), "fp32") for r, c in
+           zip(2 ** rng.uniform(11, 15, 200), 2 ** rng.uniform(8, 13, 200))]
+    ops.append(OpSpec("layernorm", (1 << 26, 1 << 16), "fp32"))  # 4 Ti elements: far outside the training sizes
+    sec, src = model.predict_ops(ops, dev)
+    ideal = np.array([api.roofline_s(o, dev, ideal=True) for o in ops])
+    assert np.all(sec >= ideal * (1 - 1e-9))
+    assert src[-1] == SOURCE_RANGE
+    assert (src[:-1] == SOURCE_LEARNED).mean() > 0.5
+    # The fallback is the calibrated roofline (costmodel.api) for that op.
+    assert sec[-1] == pytest.approx(api.roofline_predict(ops[-1], dev), rel=1e-6)
+    with pytest.raises(MeshplanError, match="unknown op class 'conv'"):
+        model.predict_arrays(["conv"], [1], [1], [1], [1], ["fp32"], np.array(["H100-SXM"], dtype=object),
+                             {"H100-SXM": dev})
+
+
+def test_heldout_shapes_beat_roofline(ln_softmax):
+    """NeuSight's own split for LN + softmax on the unseen A100-80GB PCIe: learned model vs plain roofline."""
+    from costmodel.eval import _fit_eval
+
+    rows = _fit_eval(ln_softmax.select(ln_softmax.source == "neusight/train"),
+                     ln_softmax.select(ln_softmax.source == "neusight/test"), n_estimators=150)
+    by = {(r["device"], r["op"]): r for r in rows}
+    for op in ("layernorm", "softmax"):
+        r = by[("A100-PCIe-80GB", op)]
+        assert r["n"] > 50
+        assert r["mape"] < r["roofline_mape"]
+        assert r["mape"] < 25.0  # measured 10-19% (BENCHMARKS.md); NeuSight's own roofline baseline is 25-56%
+
+
+def test_shipped_model_loads_and_matches_the_train_command():
+    m = LearnedModel.load(SHIPPED)
+    meta = m.meta
+    assert {"matmul", "bmm", "layernorm", "softmax", "elementwise", "activation", "rmsnorm", "embedding"} <= set(m.kinds)
+    # The training data named in the metadata is the data in ../shared today (sha256 per file).
+    from costmodel.datasets.table import file_sha256
+
+    kernels = shared_path("kernels")
+    for d in meta["data"]:
+        assert file_sha256(kernels.parent / d["file"]) == d["sha256"], d["file"]
+    # Retrain the small classes with the same code path and compare predictions with the shipped trees. The
+    # LayerNorm and softmax rows of the full load are exactly NeuSight's train then test ln/softmax files.
+    from costmodel.datasets.neusight import load_file
+    from costmodel.datasets.table import KernelTable
+
+    table = KernelTable.concat([load_file(kernels / "neusight" / s / f, f"neusight/{s}")
+                                for f in ("ln.csv", "softmax.csv") for s in ("train", "test")])
+    prep = prepare(table)
+    fresh = train_models(prep, kinds=("layernorm", "softmax"))
+    for kind in ("layernorm", "softmax"):
+        idx = prep.table.op == kind
+        a = fresh[kind]["model"].inplace_predict(prep.X[idx])
+        b = m.boosters[kind].inplace_predict(prep.X[idx])
+        assert np.max(np.abs(np.exp(a) / np.exp(b) - 1)) < 0.02, kind
+        assert fresh[kind]["train_mape"] == pytest.approx(meta["kinds"][kind]["train_mape"], rel=0.02)
+
+
+def test_corrupt_model_is_a_checksum_error(tmp_path, runner):
+    from cli.main import app
+
+    bad = tmp_path / "model"
+    shutil.copytree(SHIPPED, bad)
+    f = bad / "matmul.ubj"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(MeshplanError, match="checksum mismatch"):
+        LearnedModel.load(bad)
+    r = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", "64x64x64", "--device", "H100",
+                            "--model", str(bad)])
+    assert r.exit_code == 2 and "checksum mismatch" in r.output and "Traceback" not in r.output
+    (bad / "metadata.json").write_text("{not json")
+    with pytest.raises(MeshplanError, match="corrupt metadata"):
+        LearnedModel.load(bad)
+
+
+def test_cli_predict_h100_gemm(runner):
+    from cli.main import app
+
+    r = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", "8192x8192x8192", "--dtype", "bf16",
+                            "--device", "H100", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    tflops = 2 * 8192 ** 3 / out["latency_s"] / 1e12
+    # Never above the 989 TFLOP/s dense bf16 peak (H100 SXM datasheet); Vidur measured 679-748 TFLOP/s for the
+    # largest fp16 Llama GEMMs on H100 (../shared/notes/costmodel.md sec. 4), so a sane model lands near there.
+    assert out["latency_s"] >= out["ideal_roofline_s"]
+    assert 450 < tflops <= 989.4, tflops
+    for args, msg in ((["--device", "H900"], "unknown device 'H900'"), (["--op", "conv"], "unknown op class"),
+                      (["--shape", "8x8"], "matmul takes 3 sizes")):
+        base = {"--op": "matmul", "--shape": "64x64x64", "--device": "H100"}
+        base.update(dict(zip(args[::2], args[1::2])))
+        r = runner.invoke(app, ["costmodel", "predict", *[x for kv in base.items() for x in kv]])
+        assert r.exit_code == 2 and msg in r.output, r.output
+
+
+def test_batch_prediction_is_fast():
+    import time
+
+    m = LearnedModel.load(SHIPPED)
+    dev = get_device("A100")
+    rng = np.random.default_rng(0)
+    ops = [OpSpec("matmul", (int(a), int(b), int(c))) for a, b, c in 2 ** rng.uniform(6, 14, (20000, 3)).astype(int)]
+    m.predict_ops(ops[:100], dev)
+    t0 = time.perf_counter()
+    sec, _ = m.predict_ops(ops, dev)
+    per_op = (time.perf_counter() - t0) / len(ops)
+    assert np.all(sec > 0)
+    assert per_op < 50e-6, per_op  # issue 4 item 7: under 50 us amortised (measured ~5-10 us, BENCHMARKS.md)
