@@ -231,6 +231,7 @@ def apply_plan(a: argparse.Namespace) -> None:
     if plan.sequence_parallel:
         print(f"train_gpt.py: {a.plan}: sequence parallelism is not implemented; running plain TP", file=sys.stderr)
     a.stages = [(s.first_layer, s.num_layers) for s in plan.stages] if plan.stages else None
+    a.loaded_plan = plan  # its gradient compression becomes a DDP communication hook (planner.comm_hook)
 
 
 def init_distributed() -> tuple[str, torch.device]:
@@ -320,6 +321,11 @@ def build(a: argparse.Namespace, mesh, device: torch.device):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(stage, process_group=mesh["dp_replicate"].get_group())
+        plan = getattr(a, "loaded_plan", None)
+        if plan is not None and plan.compression:
+            from planner.comm_hook import register_plan_hook
+
+            register_plan_hook(model, plan, mesh["dp_replicate"].get_group())
     schedule = None
     if a.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

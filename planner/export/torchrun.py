@@ -28,9 +28,12 @@ def unsupported(plan: Plan) -> list[str]:
     for name, value in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)):
         if value > 1:
             out.append(f"torchrun: {ENTRY} has no {name} (plan {name}={value}); use the megatron or torchtitan target")
-    if plan.compression and c.compression_methods(plan):
-        out.append(f"torchrun: {ENTRY} has no gradient compression "
-                   f"(plan uses {', '.join(sorted(c.compression_methods(plan)))})")
+    if plan.compression and c.compression_methods(plan) and (d.dp_shard > 1 or d.tp > 1 or d.pp > 1):
+        out.append(f"torchrun: {ENTRY} applies gradient compression as a DDP communication hook "
+                   "(planner.comm_hook), i.e. only to pure DDP layouts; this plan's compression is not applied")
+    if any(b.two_level or b.where == "cpu" for b in plan.compression or ()):
+        out.append("torchrun: the DDP hook compresses whole buckets on the device; the plan's two-level / CPU "
+                   "placement of compression is not applied")
     if c.dtype_of(plan) == "fp8":
         out.append(f"torchrun: {ENTRY} trains in fp32/bf16/fp16; the plan's fp8 is not applied")
     if c.mixed_layer_precision(plan):
