@@ -205,6 +205,10 @@ def estimate(work: Workload, layout: Layout) -> Estimate:
     """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
     model, cluster = work.model, work.cluster
     dev = cluster.device
+    if dev.vendor == "cpu":  # local:N CPU ranks: measured-op model (planner/estimate_cpu.py)
+        from planner.estimate_cpu import estimate_cpu
+
+        return estimate_cpu(work, layout)
     m = layout.num_microbatches(work.global_batch)
     pp, vpp = layout.pp, layout.vpp
     tp_link = cluster.collective_link(layout.tp, 1)

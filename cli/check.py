@@ -1,0 +1,85 @@
+"""``meshplan check PLAN RUN``: predicted vs measured step time and memory; exit 0 within tolerance, 1 outside."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.common import console, err_console, handle_errors, print_json
+
+
+@handle_errors
+def check(
+    plan: Annotated[Path, typer.Argument(help="Plan YAML (with its prediction).")],
+    run: Annotated[Path, typer.Argument(help="Run folder written by `meshplan profile`.")],
+    tolerance: Annotated[str, typer.Option("--tolerance", "-t", help="Allowed step-time error, e.g. 15%.")] = "15%",
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML report here.")] = None,
+    summary: Annotated[Optional[Path], typer.Option("--summary", help="Write a Markdown summary here.")] = None,
+    no_breakdown: Annotated[bool, typer.Option("--no-breakdown", help="Skip the per-phase split (faster: "
+                                                                      "does not load the traces).")] = False,
+    contention: Annotated[bool, typer.Option("--contention", help="Scale the prediction by the host contention "
+                                             "measured from the run's own operator timings (shared runners).")] = False,
+    learn: Annotated[bool, typer.Option("--learn", help="Fit this host's wait per synchronisation point and "
+                                        "overhead per layer and micro-batch from RUN; later local:N plans use them.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""
+    from planner.atomic import write_atomic
+    from planner.check import check as run_check, junit_xml, markdown, parse_tolerance, verdict_line
+
+    tol = parse_tolerance(tolerance)
+    factor = None
+    if contention:
+        from planner.contention import run_contention
+
+        factor = run_contention(run)[0]
+        if factor is None:
+            err_console.print("[yellow]warning:[/yellow] --contention: the run's traces hold too few repeated "
+                              "operators; prediction not scaled", highlight=False, soft_wrap=True)
+    with Progress(SpinnerColumn(), TextColumn("checking {task.description}"), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=json_out or not err_console.is_terminal) as bar:
+        bar.add_task(str(run), total=None)
+        res = run_check(plan, run, tol, breakdown=not no_breakdown, contention=factor)
+    if learn:
+        from planner.local_fit import fit_file, fit_run
+
+        fitted = fit_run(plan, run)
+        err_console.print(f"learned: {1e3 * fitted['sync_wait_s']:.2f} ms wait per synchronisation point "
+                          f"({fitted['sync_points']:.0f} per step in {run}) and "
+                          f"{1e3 * fitted['layer_overhead_s']:.2f} ms overhead per layer and micro-batch, written to "
+                          f"{fit_file()}",
+                          highlight=False, soft_wrap=True)
+    if junit is not None:
+        write_atomic(junit, junit_xml(res))
+    if summary is not None:
+        write_atomic(summary, markdown(res))
+    if json_out:
+        print_json(res.as_dict())
+    else:
+        for w in res.warnings:
+            err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
+        table = Table(title=f"{plan} vs {run}")
+        for col in ("", "predicted", "measured", "difference"):
+            table.add_column(col, justify="left" if not col else "right")
+        table.add_row("step time (ms)", f"{1e3 * res.predicted_s:.1f}", f"{1e3 * res.measured_s:.1f}",
+                      f"{100 * res.error:+.1f}%")
+        mp = res.measured_peak_bytes
+        table.add_row("peak memory (MiB)", f"{res.predicted_peak_bytes / 2**20:.1f}",
+                      f"{mp / 2**20:.1f}" if mp is not None else "not recorded",
+                      f"{100 * (mp - res.predicted_peak_bytes) / res.predicted_peak_bytes:+.1f}%" if mp else "")
+        for ph in res.phases:
+            mark = " <" if ph["phase"] == res.moved_phase else ""
+            table.add_row(f"{ph['phase']} (ms){mark}", f"{1e3 * ph['predicted_s']:.1f}",
+                          f"{1e3 * ph['measured_s']:.1f}", f"{1e3 * ph['delta_s']:+.1f} ms")
+        console.print(table)
+        style = "green" if res.passed else "red"
+        console.print(f"[{style}]{'PASS' if res.passed else 'FAIL'}[/{style}] {verdict_line(res)}", highlight=False)
+    raise typer.Exit(res.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``check`` command to the root app."""
+    app.command("check")(check)
