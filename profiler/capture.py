@@ -212,6 +212,7 @@ class Capture:
             "warmup_steps_skipped": self.warmup, "steps_requested": self.steps,
             "step_times_s": self.step_times_s, "all_step_times_s": self.all_step_times_s,
             "trace": trace_name(self.rank) if (self.out_dir / trace_name(self.rank)).is_file() else None,
+            "peak_memory_bytes": _peak_memory_bytes(),
         }
 
     # -- internals ----------------------------------------------------------------------------------------
@@ -280,6 +281,20 @@ class Capture:
         if len(records) == self.world_size and all(r.get("world_size") == self.world_size
                                                    for r in records.values()):
             write_run_json(self.out_dir, records)
+
+
+def _peak_memory_bytes() -> int | None:
+    """Peak device memory of this rank: CUDA's max allocated bytes on GPUs, the process's max RSS on CPUs."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated())
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    except Exception:  # informative only; never break the user's run for it
+        return None
 
 
 class _Passive:
@@ -355,6 +370,8 @@ def write_run_json(out_dir: str | os.PathLike, records: dict[int, dict[str, Any]
         "warmup_steps_skipped": first.get("warmup_steps_skipped"),
         "steps_requested": first.get("steps_requested"),
         "step_times_s": {str(k): records[k].get("step_times_s", []) for k in ranks},
+        "peak_memory_bytes": {str(k): records[k].get("peak_memory_bytes") for k in ranks
+                              if records[k].get("peak_memory_bytes") is not None},
         "traces": {str(k): records[k]["trace"] for k in ranks if records[k].get("trace")},
         "ranks_missing": [r for r in range(world) if r not in records],
         "command": None, "argv": None, "plan": os.environ.get(ENV_PLAN) or None,
