@@ -20,7 +20,7 @@ def plan(
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin decisions: tp=8,pp=4,mbs=1,zero=1,recompute=full")] = None,
     top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
-    dtype: Annotated[str, typer.Option("--dtype", help="Math dtype of the training step")] = "bf16",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
     quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", help="Bound on summed per-layer quantization sensitivity")] = None,
     compress: Annotated[bool, typer.Option("--compress", help="Choose gradient compression per bucket (ByteComp)")] = False,

@@ -44,7 +44,7 @@ def plan_name(model_arg: str) -> str:
 
 
 def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | None = None,
-             top: int = 10, dtype: str = "bf16", name: str | None = None, out: Path | None = None,
+             top: int = 10, dtype: str | None = None, name: str | None = None, out: Path | None = None,
              progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans"),
              workload: str = "train", quality_budget: float | None = None, compress: bool = False,
              net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
@@ -64,6 +64,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     clus = load_cluster(cluster)
     if net:
         clus = clus.with_inter_bandwidth(parse_bandwidth(net))
+    if dtype is None:  # bf16 mixed precision on accelerators; fp32 on CPU ranks (local:N), as PyTorch trains there
+        dtype = "fp32" if all(g.device.vendor == "cpu" for g in clus.groups) else "bf16"
     nm = name or plan_name(model)
     path = Path(out) if out else plans_dir / f"{nm}.yaml"
     if workload == "serve" or clus.is_heterogeneous or quality_budget is not None or sensitivity:
