@@ -273,19 +273,26 @@ def estimate(work: Workload, layout: Layout) -> Estimate:
     optimizer = predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
 
     step = m * t_max + bubble + dp_exposed + optimizer
-    mems = [stage_memory(work, layout, st, m) for st in {0, pp - 1}]
+    return finish_estimate(work, layout, m, step=step, compute_s=compute, exposed_comm_s=comm_exposed + dp_exposed,
+                           bubble_s=bubble, other_s=optimizer)
+
+
+def finish_estimate(work: Workload, layout: Layout, m: int, *, step: float, compute_s: float,
+                    exposed_comm_s: float, bubble_s: float, other_s: float) -> Estimate:
+    """The parts of an ``Estimate`` every estimator derives the same way: memory, FLOPs, rates, MFU."""
+    model, dev = work.model, work.cluster.device
+    mems = [stage_memory(work, layout, st, m) for st in {0, layout.pp - 1}]
     mem = max(mems, key=lambda x: x.total_bytes)
     limit = int(dev.memory_bytes * USABLE_FRACTION)
-
     tokens = work.global_batch * work.seq_len
     model_flops = model.model_flops_per_token(work.seq_len) * tokens
     extra = recompute_flops_per_token(model, work.seq_len, layout.recompute) * tokens
     world = layout.world_size
-    peak = dev.peak(work.dtype)
     return Estimate(
-        step_time_s=step, compute_s=compute, exposed_comm_s=comm_exposed + dp_exposed, bubble_s=bubble,
-        other_s=optimizer, memory=mem, model_flops=model_flops, hw_flops=model_flops + extra,
+        step_time_s=step, compute_s=compute_s, exposed_comm_s=exposed_comm_s, bubble_s=bubble_s,
+        other_s=other_s, memory=mem, model_flops=model_flops, hw_flops=model_flops + extra,
         tokens_per_s=tokens / step, tflops_per_device=model_flops / step / world / 1e12,
         hw_tflops_per_device=(model_flops + extra) / step / world / 1e12,
-        mfu=model_flops / step / world / peak, fits=mem.total_bytes <= limit, memory_limit_bytes=limit,
+        mfu=model_flops / step / world / dev.peak(work.dtype), fits=mem.total_bytes <= limit,
+        memory_limit_bytes=limit,
     )

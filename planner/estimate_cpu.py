@@ -127,10 +127,8 @@ def world_cores(device) -> int:
 
 def estimate_cpu(work, layout: Layout):
     """``Estimate`` of ``layout`` on a CPU cluster (see the module docstring for the model)."""
-    from planner.estimate import Estimate, _time_key, stage_layers, stage_memory, stage_params, tables
+    from planner.estimate import _time_key, finish_estimate, stage_layers, stage_params, tables
     from planner.cpu_bench import flush, measure_optimizer_s
-    from planner.memory import USABLE_FRACTION
-    from planner.flops import recompute_flops_per_token
 
     model, cluster = work.model, work.cluster
     dev = cluster.device
@@ -205,18 +203,5 @@ def estimate_cpu(work, layout: Layout):
         compute, comm, bubble, optimizer = (x * stretch for x in (compute, comm, bubble, optimizer))
         step *= stretch
 
-    mems = [stage_memory(work, layout, st, m) for st in {0, pp - 1}]
-    mem = max(mems, key=lambda x: x.total_bytes)
-    limit = int(dev.memory_bytes * USABLE_FRACTION)
-    tokens = work.global_batch * work.seq_len
-    model_flops = model.model_flops_per_token(work.seq_len) * tokens
-    extra = recompute_flops_per_token(model, work.seq_len, layout.recompute) * tokens
-    world = layout.world_size
-    return Estimate(
-        step_time_s=step, compute_s=compute, exposed_comm_s=comm, bubble_s=bubble, other_s=optimizer,
-        memory=mem, model_flops=model_flops, hw_flops=model_flops + extra, tokens_per_s=tokens / step,
-        tflops_per_device=model_flops / step / world / 1e12,
-        hw_tflops_per_device=(model_flops + extra) / step / world / 1e12,
-        mfu=model_flops / step / world / dev.peak(work.dtype), fits=mem.total_bytes <= limit,
-        memory_limit_bytes=limit,
-    )
+    return finish_estimate(work, layout, m, step=step, compute_s=compute, exposed_comm_s=comm, bubble_s=bubble,
+                           other_s=optimizer)

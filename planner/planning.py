@@ -121,7 +121,6 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Pl
 
 def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
                  dtype, sensitivity=None) -> PlanOutcome:
-    from planner.memory import GiB
     from planner.solve.precision import solve_hetero_train, solve_serve
 
     if workload == "serve":
