@@ -1,7 +1,7 @@
 """Cost-model benchmark: training time, load time, per-prediction time, and the held-out eval tables.
 
 Usage (from the repository root, ``../shared`` beside it):
-    python bench/costmodel_bench.py [--train] [--splits neusight,vidur-h100,vidur-network] [--json OUT]
+    python bench/costmodel_bench.py [--train] [--splits neusight,vidur-h100,vidur-network] [--json OUT] [--no-blend]
 
 ``--train`` retrains the default model into a temporary folder and reports wall and CPU seconds (the shipped
 model is rebuilt by ``meshplan costmodel train --data ../shared/kernels --out costmodel/data/model``).
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--splits", default="", help="comma-separated eval splits to run")
     ap.add_argument("--local", default="", help="collect output folder for the 'local' split")
     ap.add_argument("--json", default="", help="write all results to this JSON file")
+    ap.add_argument("--no-blend", action="store_true",
+                    help="price unseen devices by the trees alone (the model before the unseen-device blend)")
     args = ap.parse_args()
     out: dict = {"predict": bench_predict()}
     print(json.dumps(out["predict"]), flush=True)
@@ -91,7 +93,7 @@ def main() -> None:
     for split in [s for s in args.splits.split(",") if s]:
         data = [Path(args.local)] if split == "local" else [Path(args.data)]
         t0 = time.perf_counter()
-        rows = evaluate(split, data)
+        rows = evaluate(split, data, blend_unseen=not args.no_blend)
         out[split] = rows
         print(f"## {split} ({time.perf_counter() - t0:.0f} s)")
         print("| device | op | n | MAPE % | median APE % | p90 APE % | roofline MAPE % | fallback |")

@@ -100,6 +100,8 @@ def eval_cmd(
     model: Annotated[Optional[Path], typer.Option("--model", help="Model folder whose recipe is evaluated.")] = None,
     data: Annotated[Optional[list[Path]], typer.Option("--data", help="Dataset folder (repeatable).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer trees and rows (fast, less accurate).")] = False,
+    no_blend: Annotated[bool, typer.Option("--no-blend", help="Price unseen devices by the trees alone "
+                                                              "(no shrinkage toward the calibrated roofline).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
 ) -> None:
     """Held-out accuracy per device and op class: the split's training rows only are used to fit."""
@@ -111,7 +113,7 @@ def eval_cmd(
     paths = list(data or []) or [Path("../shared/kernels")]
     with _progress() as prog:
         task = prog.add_task(f"split {split}", total=None)
-        rows = evaluate(split, paths, progress=lambda: prog.advance(task), quick=quick)
+        rows = evaluate(split, paths, progress=lambda: prog.advance(task), quick=quick, blend_unseen=not no_blend)
     if json_out:
         print_json(rows)
         return

@@ -159,11 +159,6 @@ def predict_batch(ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]):
 
 
 def predictor_name() -> str:
-    """Which model priced the ops: ``roofline`` until a learned model is loaded."""
-    return "roofline"
-
-
-def predictor_name() -> str:
     """What prices compute ops now, for plan provenance: ``learned:<model id>`` or ``roofline``."""
     m = active_model()
     if m is None:

@@ -46,10 +46,12 @@ def _as_model(models: dict) -> LearnedModel:
     return LearnedModel(Path("."), meta, {k: v["model"] for k, v in models.items()})
 
 
-def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows=None, progress=None) -> list[dict]:
-    """Train on ``train``, report per (device, op) on ``test``."""
+def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows=None, progress=None,
+              blend_unseen: bool = True) -> list[dict]:
+    """Train on ``train``, report per (device, op) on ``test`` (``blend_unseen=False``: trees alone, for A/B)."""
     prep = prepare(train)
-    model = _as_model(train_models(prep, n_estimators=n_estimators, max_rows_per_kind=max_rows))
+    model = _as_model(train_models(prep, n_estimators=n_estimators, max_rows_per_kind=max_rows,
+                                   blend_unseen=blend_unseen))
     specs, missing = resolve_many(test.device)
     test = test.select(~np.isin(test.device, missing))
     from costmodel.ops import COMPUTE_KINDS
@@ -97,7 +99,7 @@ def _network(table: KernelTable) -> list[dict]:
     return rows
 
 
-def _local(table: KernelTable, progress=None) -> list[dict]:
+def _local(table: KernelTable, progress=None, blend_unseen: bool = True) -> list[dict]:
     loc = table.select(table.source == "local")
     if len(loc) == 0:
         raise MeshplanError("local: no local measurements in the data (run `meshplan costmodel collect --out DIR`)")
@@ -105,14 +107,15 @@ def _local(table: KernelTable, progress=None) -> list[dict]:
     uniq = np.unique(keys)
     held = np.random.default_rng(0).choice(uniq, max(1, len(uniq) // 4), replace=False)
     te = np.isin(keys, held)
-    rows = _fit_eval(loc.select(~te), loc.select(te), progress=progress)
+    rows = _fit_eval(loc.select(~te), loc.select(te), progress=progress, blend_unseen=blend_unseen)
     for r in rows:
         s = (loc.device == r["device"]) & (loc.op == r["op"])
         r["noise_floor_pct"] = round(float(100 * np.nanmedian(loc.noise[s])), 2)
     return rows
 
 
-def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = False) -> list[dict]:
+def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = False,
+             blend_unseen: bool = True) -> list[dict]:
     """Run one split; returns rows ``{"device","op","n","mape","median_ape","p90_ape", ...}``.
 
     Args:
@@ -120,6 +123,7 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
         data: Dataset folders (``../shared/kernels``, a ``collect`` output).
         progress: Called once per trained fold.
         quick: Fewer trees and rows (for tests); the figures in BENCHMARKS.md use ``quick=False``.
+        blend_unseen: ``False`` prices unseen devices by the trees alone (the pre-blend model, for before/after).
 
     Raises:
         MeshplanError: unknown split or the data it needs is absent.
@@ -134,18 +138,18 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
         if len(ns) == 0:
             raise MeshplanError("neusight: no NeuSight rows in the data (expected neusight/train and neusight/test)")
         return _fit_eval(ns.select(ns.source == "neusight/train"), ns.select(ns.source == "neusight/test"),
-                         n_est, max_rows, progress)
+                         n_est, max_rows, progress, blend_unseen)
     if name == "vidur-h100":
         vd = table.select(np.char.startswith(table.source.astype(str), "vidur/") & (table.op != "allreduce")
                           & (table.op != "sendrecv"))
         if len(vd) == 0:
             raise MeshplanError("vidur-h100: no Vidur compute rows in the data (expected vidur/compute/*/*/mlp.csv)")
         return _fit_eval(vd.select(np.isin(vd.device, ("A100-80GB", "A40"))), vd.select(vd.device == "H100-SXM"),
-                         n_est, max_rows, progress)
+                         n_est, max_rows, progress, blend_unseen)
     if name == "vidur-network":
         return _network(table)
     if name == "local":
-        return _local(table, progress)
+        return _local(table, progress, blend_unseen)
     gpus = table.select(table.source != "local")
     if name == "unseen-device":
         target = split.split(":", 1)[1] if ":" in split else ""
@@ -158,12 +162,12 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
         if dev_name not in set(gpus.device):
             raise MeshplanError(f"unseen-device:{target}: no measurements of {dev_name} in the data")
         s = gpus.device == dev_name
-        return _fit_eval(gpus.select(~s), gpus.select(s), n_est, max_rows, progress)
+        return _fit_eval(gpus.select(~s), gpus.select(s), n_est, max_rows, progress, blend_unseen)
     rows = []  # leave-one-device-out
     n_est, max_rows = (n_est or 200), (max_rows or 20000)
     for dev in sorted(set(gpus.device)):
         s = gpus.device == dev
         if s.sum() < 50:
             continue
-        rows += _fit_eval(gpus.select(~s), gpus.select(s), n_est, max_rows, progress)
+        rows += _fit_eval(gpus.select(~s), gpus.select(s), n_est, max_rows, progress, blend_unseen)
     return rows

@@ -151,3 +151,33 @@ def feature_matrix(op, b, m, n, k, dtype, flops, nbytes, dev: dict[str, np.ndarr
         cols[f"align_{name}8"] = (np.mod(x, 8) == 0).astype(np.float64)
     X = np.column_stack([cols[f] for f in FEATURES]) if len(op) else np.zeros((0, len(FEATURES)))
     return X.astype(np.float32), roof
+
+
+def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[str, np.ndarray]) -> np.ndarray:
+    """Roofline with the per-class efficiencies of ``costmodel.api.ROOFLINE_EFFICIENCY`` plus the GPU launch
+    floor, seconds per row: max(F / (eff_f peak), B / (eff_b bw)) + launch (notes/costmodel.md sec. 5.7 item 3).
+    """
+    from costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
+
+    op = np.asarray(op, dtype=object)
+    eff = np.array([ROOFLINE_EFFICIENCY[o] for o in op]).reshape(-1, 2) if len(op) else np.zeros((0, 2))
+    t = np.maximum(flops / (dev["peak"] * eff[:, 0]), nbytes / (dev["bw"] * eff[:, 1]))
+    return t + np.where(dev["is_cpu"] > 0, 0.0, KERNEL_LAUNCH_S)
+
+
+def device_signature(op, dev: dict[str, np.ndarray]) -> np.ndarray:
+    """The two spec figures a class's roofline rests on, per row: ``(SMs, peak FLOP/s)`` for GEMM-like classes,
+    ``(bandwidth, L2 bytes)`` for the memory-bound ones. Two devices with the same signature are the same chip
+    configuration as far as that class is concerned (A100-PCIe-40GB and -80GB share the GEMM signature but not the
+    memory one), so a signature the model trained on is "seen" and any other is an unseen device.
+    """
+    gemm = np.isin(np.asarray(op, dtype=object), GEMM_KINDS)
+    return np.column_stack([np.where(gemm, dev["sm"], dev["bw"]), np.where(gemm, dev["peak"], dev["l2"])])
+
+
+def signature_seen(sig: np.ndarray, trained: list[list[float]], rtol: float = 0.01) -> np.ndarray:
+    """True for rows whose signature matches one in ``trained`` within ``rtol`` (relative, both figures)."""
+    seen = np.zeros(len(sig), dtype=bool)
+    for a, b in trained:
+        seen |= (np.abs(sig[:, 0] / a - 1) <= rtol) & (np.abs(sig[:, 1] / b - 1) <= rtol)
+    return seen

@@ -3,7 +3,10 @@
 Every model file's sha256 is checked against the metadata before xgboost sees it, so a corrupt or edited
 file is a ``MeshplanError`` naming the file, never a crash inside xgboost. Queries outside the trained
 range (a kind without a model, a device class never trained on, sizes far outside the training rows) are
-priced by the calibrated roofline (``costmodel.api.ROOFLINE_EFFICIENCY``) and flagged as such.
+priced by the calibrated roofline (``costmodel.api.ROOFLINE_EFFICIENCY``) and flagged as such. On a GPU whose
+class signature (``costmodel.features.device_signature``) the class never trained on, the trees' prediction is
+blended geometrically with the calibrated roofline by the per-class weight stored in the metadata
+(``costmodel.train.unseen_device_weight``; costmodel/data/model/README.md).
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ import xgboost as xgb
 
 from costmodel.datasets.table import file_sha256
 from costmodel.devices import DeviceSpec
-from costmodel.features import FEATURES, device_columns, feature_matrix, flops_bytes
+from costmodel.features import (FEATURES, calibrated_roofline_s, device_columns, device_signature, feature_matrix,
+                                flops_bytes, signature_seen)
 from costmodel.ops import COMPUTE_KINDS, OpSpec
-from costmodel.train import FORMAT
+from costmodel.train import FORMAT, blend
 from planner.errors import MeshplanError
 
 SOURCE_LEARNED = "learned"
@@ -150,8 +154,6 @@ class LearnedModel:
         Raises:
             MeshplanError: an op class that is not a compute kind.
         """
-        from costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
-
         op = np.asarray(op, dtype=object)
         unknown = sorted(set(op) - set(COMPUTE_KINDS))
         if unknown:
@@ -162,9 +164,9 @@ class LearnedModel:
         dev = device_columns(devices, dtype, specs)
         X, roof = feature_matrix(op, b, m, n, k, dtype, flops, nbytes, dev)
         # Calibrated roofline: max(F / (eff_f peak), B / (eff_b bw)) + a launch floor on GPUs.
-        eff = np.array([ROOFLINE_EFFICIENCY[o] for o in op]).reshape(-1, 2) if len(op) else np.zeros((0, 2))
-        out = np.maximum(flops / (dev["peak"] * eff[:, 0]), nbytes / (dev["bw"] * eff[:, 1]))
-        out = out + np.where(dev["is_cpu"] > 0, 0.0, KERNEL_LAUNCH_S)
+        cal = calibrated_roofline_s(op, flops, nbytes, dev)
+        out = cal.copy()
+        sig = device_signature(op, dev)
         source = np.full(len(op), SOURCE_NO_MODEL, dtype=object)
         lo_m, hi_m = self.meta.get("range_margin_log2", [1.0, 4.0])
         for kind in np.unique(op):
@@ -184,9 +186,17 @@ class LearnedModel:
             use = idx[ok]
             if len(use):
                 self._threads(kind, len(use))
-                ratio = np.exp(np.maximum(self.boosters[kind].inplace_predict(X[use]), 0.0))
-                out[use] = roof[use] * ratio  # clipped at ratio 1: never below the ideal roofline
+                log_ratio = self.boosters[kind].inplace_predict(X[use])
+                out[use] = roof[use] * np.exp(np.maximum(log_ratio, 0.0))  # never below the ideal roofline
                 source[use] = SOURCE_LEARNED
+                # A GPU whose class signature the trees never saw: shrink toward the calibrated roofline with the
+                # weight chosen by leave-one-signature-out at training time (costmodel.train.unseen_device_weight).
+                w = info.get("unseen_device", {}).get("weight", 1.0)
+                if w < 1.0 and "signatures" in info:
+                    new = ~signature_seen(sig[use], info["signatures"]) & (dev["is_cpu"][use] == 0)
+                    if new.any():
+                        u = use[new]
+                        out[u] = blend(roof[u], log_ratio[new], cal[u], w)
         # Calibrations fitted on profiled runs of a device (costmodel.fit) take precedence for that device.
         for dev_name, kinds in self.meta.get("calibration", {}).items():
             for kind, c in kinds.items():

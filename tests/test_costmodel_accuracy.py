@@ -1,0 +1,117 @@
+"""Held-out accuracy of the learned model on NeuSight's own split, pinned (issue 4 item 4).
+
+Truth is NeuSight's measured kernel latencies (sitar-lab/NeuSight, ../shared/kernels/neusight/test); the model
+trains only on ``neusight/train`` (P4, P100, T4, V100, A100-40GB). The unseen-device blend weight is chosen by
+leave-one-signature-out over those five training GPUs, so no row of a test device is used to fit anything.
+Figures were measured with ``python bench/costmodel_bench.py --splits neusight`` (model README, before/after).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.eval import _fit_eval
+from costmodel.train import prepare, train_models
+from tests.helpers import shared_path
+
+
+def _neusight(files: tuple[str, ...], gemm: bool = False):
+    from costmodel.datasets.neusight import load_file
+    from costmodel.datasets.table import KernelTable
+
+    root = shared_path("kernels", "neusight")
+    parts = []
+    for split in ("train", "test"):
+        # GEMM training files are per GPU under train/<op>/; everything else is one CSV per split.
+        paths = [root / split / f for f in files] if not (gemm and split == "train") else [
+            p for f in files for p in sorted((root / split / f.removesuffix(".csv")).glob("*.csv"))]
+        parts += [load_file(p, f"neusight/{split}") for p in paths if p.is_file()]
+    table = KernelTable.concat(parts)
+    return table.select(table.source == "neusight/train"), table.select(table.source == "neusight/test")
+
+
+@pytest.fixture(scope="module")
+def ln_softmax():
+    return _neusight(("ln.csv", "softmax.csv"))
+
+
+def _by(rows):
+    return {(r["device"], r["op"]): r for r in rows}
+
+
+def test_blend_weight_comes_from_training_gpus_only(ln_softmax):
+    train, _ = ln_softmax
+    models = train_models(prepare(train))
+    for kind in ("layernorm", "softmax"):
+        info = models[kind]
+        assert info["unseen_device"]["folds"] == 5  # one fold per training GPU's memory signature
+        # Shrinking toward the calibrated roofline helped on the held-out training GPUs, so w < 1 was chosen.
+        assert info["unseen_device"]["weight"] < 1.0
+        assert info["unseen_device"]["lodo_mape_blend"] < info["unseen_device"]["lodo_mape_learned"]
+        # The test GPUs' memory signatures (A100-80GB PCIe 1935 GB/s, L4 300 GB/s) are not among the trained ones.
+        bws = {round(a / 1e9) for a, _ in info["signatures"]}
+        assert bws == {192, 320, 732, 900, 1555}
+
+
+def test_neusight_layernorm_softmax_pinned(ln_softmax):
+    """A100-80GB PCIe (unseen) LN / softmax, measured 10.7 / 12.4% MAPE after; 10.6 / 15.8% with trees alone."""
+    train, test = ln_softmax
+    after = _by(_fit_eval(train, test))
+    before = _by(_fit_eval(train, test, blend_unseen=False))
+    a100, l4 = "A100-PCIe-80GB", "L4"
+    assert after[(a100, "layernorm")]["mape"] <= 11.5
+    assert after[(a100, "softmax")]["mape"] <= 13.5
+    assert after[(a100, "softmax")]["mape"] < before[(a100, "softmax")]["mape"] - 2.0
+    # L4 (power-limited, unseen): trees alone 36 / 26%; the blend roughly halves both.
+    for op in ("layernorm", "softmax"):
+        assert after[(l4, op)]["mape"] < 0.75 * before[(l4, op)]["mape"]
+    # Seen GPUs (their signatures were trained on) are priced by the trees alone: identical either way.
+    for dev in ("P100", "T4", "V100-PCIe-32GB", "A100-PCIe-40GB"):
+        assert after[(dev, "layernorm")]["mape"] == before[(dev, "layernorm")]["mape"]
+
+
+def test_neusight_gemm_unseen_h100_quick():
+    """Reduced GEMM split (linear only, 15k rows, 120 trees): the blend lowers H100 error, A100-80GB untouched."""
+    train, test = _neusight(("linear.csv",), gemm=True)
+    after = _by(_fit_eval(train, test, n_estimators=120, max_rows=15000))
+    before = _by(_fit_eval(train, test, n_estimators=120, max_rows=15000, blend_unseen=False))
+    h100 = ("H100-SXM", "matmul")
+    assert after[h100]["mape"] < before[h100]["mape"]
+    assert after[h100]["mape"] <= 14.5  # measured 14.1 (15.2 with trees alone)
+    # A100-80GB PCIe shares the A100-40GB's GEMM signature (108 SMs, 19.5 TFLOP/s fp32): trees alone.
+    a = ("A100-PCIe-80GB", "matmul")
+    assert after[a]["mape"] == before[a]["mape"] and after[a]["mape"] <= 12.0
+
+
+def test_neusight_gemm_full_split_pinned():
+    """Full NeuSight GEMM split (13 s on 2 cores): H100 bmm 21.5 -> 17.0, linear 14.1 -> 13.4; A100-80GB kept."""
+    train, test = _neusight(("bmm.csv", "linear.csv"), gemm=True)
+    by = _by(_fit_eval(train, test))
+    assert by[("H100-SXM", "bmm")]["mape"] <= 18.0
+    assert by[("H100-SXM", "matmul")]["mape"] <= 14.0
+    assert by[("A100-PCIe-80GB", "bmm")]["mape"] <= 12.0
+    assert by[("A100-PCIe-80GB", "matmul")]["mape"] <= 12.0
+    assert np.isfinite([r["mape"] for r in by.values()]).all()
+
+
+def test_cli_eval_no_blend_flag(tmp_path, runner):
+    """``meshplan costmodel eval --split neusight [--no-blend] --json`` on NeuSight's LN + softmax files only."""
+    import json
+    import shutil
+
+    from cli.main import app
+
+    root = shared_path("kernels", "neusight")
+    for split in ("train", "test"):
+        (tmp_path / "neusight" / split).mkdir(parents=True)
+        for f in ("ln.csv", "softmax.csv"):
+            shutil.copy(root / split / f, tmp_path / "neusight" / split / f)
+    out = {}
+    for flag in ([], ["--no-blend"]):
+        res = runner.invoke(app, ["costmodel", "eval", "--split", "neusight", "--data", str(tmp_path), "--json", *flag])
+        assert res.exit_code == 0, res.output
+        rows = json.loads(res.output[res.output.index("["):])
+        out[bool(flag)] = _by(rows)
+    key = ("A100-PCIe-80GB", "softmax")
+    assert set(out[False][key]) >= {"device", "op", "n", "mape", "median_ape", "p90_ape"}
+    assert out[False][key]["mape"] < out[True][key]["mape"] - 2.0  # 12.4 blended vs 15.8 trees alone
