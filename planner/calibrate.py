@@ -12,6 +12,14 @@ Measures, in about 10-20 s, and caches as JSON under ``~/.cache/meshplan/`` (``M
   and B is the least-squares fit of n / (T(n) - 2 alpha) over n = 4 and 16 MiB (gradient-bucket sizes: DDP's
   default bucket is 25 MiB); T(8 MiB) is measured too and kept to check the fit. Messages that fit in the CPU
   caches (<= 1 MiB) run faster per byte than this B, so the model is conservative for them.
+- gloo collectives **as a training step issues them** (``measure_gloo_in_step``): with p = 2 and p = 4 processes
+  placed as ``meshplan profile`` places ranks (one pinned core each when there are enough cores, else unpinned,
+  sharing them), every all-reduce / all-gather follows about a millisecond of single-thread compute, and the
+  mean wall time per call on the issuing thread is kept for sizes from 4 B to 4 MiB. That is what a rank pays:
+  the gloo worker thread runs on the rank's own core and must be woken after compute, the peer's worker too, and
+  with more ranks than cores a peer may be descheduled (time-slicing). Measured here (2 cores): a 512 KiB
+  all-reduce takes 0.18 ms back to back but 2-3 ms after compute; with 4 ranks on 2 cores a 64 KiB one takes
+  2-6 ms. The mean, not the fastest call, because a step pays every call.
 
 The measured figures are achieved (not datasheet) rates; they stand in for the "peak" of the ``cpu-local`` device.
 """
@@ -35,13 +43,19 @@ from costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, regi
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
-CACHE_VERSION = 2  # 2: peak figures from the fastest block, not the median
+CACHE_VERSION = 3  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step
 DEVICE_NAME = "cpu-local"
 GEMM_N = 768  # 2*768^3 = 0.9 GFLOP per call: long enough to time, short enough for a loaded 2-core box
 COPY_BYTES = 64 * 2**20  # larger than any LLC, so the copy streams from DRAM
 SMALL_BYTES = 4
 FIT_BYTES = (4 * 2**20, 16 * 2**20)
 CHECK_BYTES = 8 * 2**20
+STEP_SIZES = (4, 64 * 2**10, 512 * 2**10, 4 * 2**20)  # bytes: DDP/FSDP/TP messages of small models lie here
+STEP_GROUPS = (2, 4)  # process counts measured in-step (2 ranks, and 4 ranks: oversubscribed on 2 cores)
+STEP_REPS = 30  # calls per (kind, size): the mean of 30 calls after compute (12 varied 2x between calibrations)
+SHARE_N = 512  # square fp32 matmul of the time-slicing measurement: 8 x 2*512^3 = 2.1 GFLOP, ~20 ms per chunk
+SHARE_REPS = 8  # chunks per rank (the first is dropped as warm-up)
+STEP_COMPUTE_N = 256  # square fp32 matmul between calls: 2*256^3*8 = 268 MFLOP, about 2.5 ms on one core
 
 
 @dataclass(frozen=True)
@@ -224,6 +238,133 @@ def _gloo_worker(rank: int, port: int, out_file: str) -> None:
         dist.destroy_process_group()
 
 
+def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str) -> None:
+    """One rank of the in-step gloo measurement: compute, then a collective, mean seconds per call per size."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's rename notice, once per call
+    if pin and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=_dt.timedelta(seconds=60))
+    try:
+        a = torch.randn(STEP_COMPUTE_N, STEP_COMPUTE_N)
+        res: dict = {"allreduce": {}, "allgather": {}}
+        for n in STEP_SIZES:
+            t = torch.ones(max(1, n // 4))
+            out = torch.empty(world * t.numel())
+            dist.all_reduce(t)
+            dist.all_gather_into_tensor(out, t)  # warm-up: connection and buffers
+            for kind in ("allreduce", "allgather"):
+                dist.barrier()
+                total = 0.0
+                for _ in range(STEP_REPS):
+                    for _ in range(8):
+                        a @ a  # the step's compute between collectives (the worker threads go idle)
+                    t0 = time.perf_counter()
+                    if kind == "allreduce":
+                        dist.all_reduce(t)
+                    else:
+                        dist.all_gather_into_tensor(out, t)  # what FSDP2 issues
+                    total += time.perf_counter() - t0
+                res[kind][str(n)] = total / STEP_REPS
+        if rank == 0:
+            Path(out_file).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def _share_worker(rank: int, world: int, port: int, out_file: str) -> None:
+    """One of ``world`` unpinned ranks on fewer cores: compute a chunk, all-reduce 4 B, repeat; wall per chunk."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=_dt.timedelta(seconds=60))
+    try:
+        a, t = torch.randn(SHARE_N, SHARE_N), torch.ones(1)
+        dist.all_reduce(t)
+        walls = []
+        for _ in range(SHARE_REPS):
+            t0 = time.perf_counter()
+            for _ in range(8):
+                a @ a
+            dist.all_reduce(t)  # the step's synchronisation: every rank waits for the slowest
+            walls.append(time.perf_counter() - t0)
+        if rank == 0:
+            Path(out_file).write_text(json.dumps(walls[1:]))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_time_slicing(world: int) -> Optional[dict]:
+    """How well ``world`` ranks sharing fewer cores use them between synchronisations (None: enough cores).
+
+    Each rank computes the same chunk (8 one-thread ``SHARE_N`` matmuls) and then all-reduces 4 B, repeatedly.
+    Perfect sharing would take ``chunk_s x world / cores`` per chunk (work conservation); the measured wall per
+    chunk is longer because a core idles once both of its ranks wait in the collective for ranks that the other
+    core's scheduler has not finished, and every switch costs caches. ``efficiency`` = ideal / measured.
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if world <= cores:
+        return None
+
+    def chunk() -> float:
+        a = torch.randn(SHARE_N, SHARE_N)
+        best = math.inf
+        for _ in range(4):
+            t0 = time.perf_counter()
+            for _ in range(8):
+                a @ a
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    chunk_s = _one_thread(chunk)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "share.json"
+        try:
+            mp.spawn(_share_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise MeshplanError(f"calibration: {world}-process time-slicing run failed: {first}") from None
+        walls = json.loads(out.read_text())
+    wall_s = sum(walls) / len(walls)
+    ideal_s = chunk_s * world / cores
+    return {"world": world, "cores": cores, "chunk_s": chunk_s, "wall_per_chunk_s": wall_s,
+            "efficiency": min(1.0, ideal_s / wall_s)}
+
+
+def measure_gloo_in_step() -> dict:
+    """Mean gloo all-reduce / all-gather time per call after compute, {p: {kind: {bytes: s}}} for ``STEP_GROUPS``.
+
+    Ranks are pinned one per core when there are enough cores, as ``meshplan profile`` pins them; otherwise they
+    share the cores unpinned, as a ``local:N`` run with N > cores does.
+    """
+    import torch.multiprocessing as mp
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in STEP_GROUPS:
+            out = Path(tmp) / f"step{p}.json"
+            try:
+                mp.spawn(_step_worker, args=(p, _free_port(), p <= cores, str(out)), nprocs=p, join=True)
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                raise MeshplanError(f"calibration: {p}-process gloo collectives on 127.0.0.1 failed: {first}") from None
+            res[str(p)] = json.loads(out.read_text())
+    return res
+
+
 def measure_gloo_allreduce() -> dict:
     """Fastest all-reduce times (s) of 4 B, 4/16 MiB (fit) and 8 MiB (check) over 2 gloo processes on loopback."""
     import torch.multiprocessing as mp
@@ -275,6 +416,10 @@ def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
     step("gloo all-reduce (2 processes)")
     times = measure_gloo_allreduce()
     link, check = fit_link(times)
+    step("gloo collectives in a step (2 and 4 processes)")
+    in_step = measure_gloo_in_step()
+    step("time-slicing (4 processes)")
+    slicing = measure_time_slicing(max(STEP_GROUPS))
     llc, llc_src = _llc_bytes()
     clock, clock_src = _clock_hz()
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -294,7 +439,7 @@ def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
               "device": device_to_dict(dev),
               "link": {"name": link.name, "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
                        "latency_s": link.latency_s},
-              "measured": {**times, **check, "torch": torch.__version__}}
+              "measured": {**times, **check, "in_step_s": in_step, "time_slicing": slicing, "torch": torch.__version__}}
     path = write_atomic(cache_path(), json.dumps(record, indent=2) + "\n")
     register_device(dev)
     return Calibration(dev, link, record["measured"], path, cached=False)
@@ -316,6 +461,8 @@ def _read_cache() -> Optional[Calibration]:
         return None
     if not (link.bandwidth_bytes_per_s > 0 and link.latency_s > 0 and math.isfinite(link.bandwidth_bytes_per_s)):
         return None
+    if "in_step_s" not in record.get("measured", {}):
+        return None
     register_device(dev)
     return Calibration(dev, link, dict(record.get("measured", {})), path, cached=True)
 
@@ -332,6 +479,38 @@ def load_calibration(force: bool = False, progress: Optional[Callable[[str], Non
 def cached_calibration() -> Optional[Calibration]:
     """The cached calibration if there is a valid one; never measures."""
     return _read_cache()
+
+
+def in_step_collective_s(measured: dict, kind: str, nbytes: float, p: int) -> Optional[float]:
+    """Mean time (s) of one gloo ``kind`` over ``p`` ranks issued inside a step, from the calibration.
+
+    ``nbytes`` is the all-reduced tensor, or each rank's all-gather input (its shard).
+
+    Linear interpolation between the measured sizes; above the largest, the largest size's time plus the extra
+    bytes at the ring rate of the alpha-beta link (``measured['fit_s']``); below the smallest, the smallest
+    size's time (a fixed cost). None when ``p`` or ``kind`` was not measured (callers use alpha-beta).
+    ``reducescatter`` is priced as an all-reduce (gloo has none: torch issues an all-reduce).
+    """
+    table = measured.get("in_step_s", {}).get(str(p), {})
+    row = table.get("allgather" if kind == "allgather" else "allreduce" if kind in ("allreduce", "reducescatter")
+                    else "", {})
+    if not row:
+        return None
+    pts = sorted((int(k), float(v)) for k, v in row.items())
+    for i in range(1, len(pts)):  # a larger message never costs less: noise in a mean of a dozen calls, clipped
+        pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
+        if nbytes <= n1:
+            return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
+    n_max, t_max = pts[-1]
+    fit = measured.get("fit_s", [])
+    bw = ((FIT_BYTES[-1] - FIT_BYTES[0]) / (fit[-1] - fit[0])) if len(fit) == 2 and fit[-1] > fit[0] else None
+    if not bw:
+        return t_max * nbytes / n_max
+    ring = (p - 1.0) if kind == "allgather" else 2.0 * (p - 1) / p  # ring bytes per rank / nbytes (p=2 AR: 1)
+    return t_max + ring * (nbytes - n_max) / bw
 
 
 def local_cluster(n: int):

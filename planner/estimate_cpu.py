@@ -10,15 +10,23 @@ module prices a CPU step from what it really costs, measured on this host:
   activation checkpointing applied for real. That folds the per-op dispatcher/autograd overhead, the glue
   between ops (views, bias adds, ``AccumulateGrad``) and the GEMM efficiency at small shapes into the price;
   summing isolated ``OpSpec`` timings instead came out a third low. The embedding is priced per ``OpSpec``.
-* **Collectives**: gloo alpha-beta from the host calibration (``planner.calibrate``), on fp32/bf16 payloads.
-  Not overlapped: a rank is pinned to one core and the gloo transport (loopback TCP copies) runs on that core,
-  so comm in flight delays compute (the measured breakdown of a 2-rank DDP run shows the same, see
-  planner/run_breakdown.py). DDP: one all-reduce of the gradients per step (25 MiB buckets). FSDP2 (ZeRO-3):
-  per micro-batch an all-gather of every unit's parameters in forward and again in backward (the root unit is
-  kept after forward), and per step one gradient reduction per unit, which FSDP2 issues on gloo as an
-  all-reduce (torch 2.13 trace: ``gloo:all_reduce`` per unit). TP (Megatron split): two all-reduces of the
-  activations per layer in forward and two in backward. PP: one activation send/recv per micro-batch and stage
-  boundary in forward and one gradient send/recv in backward.
+* **Collectives**: priced from the calibration's in-step gloo measurement (``planner.calibrate``,
+  ``measured['in_step_s']``): the mean time of an all-reduce / all-gather of that size issued right after
+  compute by ranks placed as ``meshplan profile`` places them. A rank is pinned to one core and gloo's worker
+  thread runs on that core, so comm in flight delays compute and nothing overlaps; a small message costs far
+  more than alpha-beta says (the worker threads sleep during compute and must be woken on both ranks: a
+  512 KiB all-reduce measured 0.18 ms back to back, 2-3 ms after compute); the table of the group's size is
+  used (p = 4 was measured as 4 ranks share this host's cores, so it holds the wait for a descheduled peer).
+  Without that table: gloo alpha-beta. Counts per step (torch 2.13 traces
+  of ``examples/train_gpt.py``):
+  DDP: one all-reduce per gradient bucket (DDP's first bucket is capped at 1 MiB, the rest at 25 MiB); with a
+  pipeline the trainer averages gradients itself, one all-reduce per parameter tensor of the stage. FSDP2
+  (ZeRO-3): per micro-batch an all-gather of every unit (blocks + root) in forward and again in backward
+  (2 x (layers + 1) gathers: the traced count), and per step one gradient reduction per unit, which FSDP2 issues
+  on gloo as an all-reduce. TP (``ColwiseParallel`` q, k, v, fc1; ``RowwiseParallel`` o, fc2): per layer and
+  micro-batch the two row-wise outputs are all-reduced in forward and the four column-wise input gradients in
+  backward (6, the traced count; Shoeybi et al. 2019 fuse q/k/v and count 4). PP: one activation send/recv per
+  micro-batch and stage boundary in forward and one gradient send/recv in backward (alpha-beta).
 * **Framework work per parallel wrapper**: FSDP2's per-unit pre/post hooks (copy-in/out, views) and DTensor
   dispatch for every TP-sharded linear, as counts of host ops (from torch 2.13 CPU traces of
   ``examples/train_gpt.py``) priced at the per-op overhead.
@@ -28,8 +36,11 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Pipeline bubble**: (pp - 1) micro-batch slots of the average stage, for GPipe and 1F1B alike
   (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
 * **Optimizer**: an AdamW step timed on the rank's real list of parameter shapes (per-tensor overhead).
-* **Oversubscription**: with more ranks than cores the step lasts at least the ranks' total busy time
-  (bubble excluded: a stage waiting in recv sleeps) divided by the cores.
+* **Oversubscription**: with more ranks than cores the step's compute lasts at least the ranks' total compute
+  time (bubble excluded: a stage waiting in recv sleeps) divided by the cores, and longer by the calibration's
+  time-slicing efficiency (``measured['time_slicing']``: ranks sharing cores that synchronise after each chunk
+  of compute leave a core idle while both its ranks wait for the other core's; measured, not assumed).
+  Collectives are priced from the in-step tables and are not stretched.
 """
 from __future__ import annotations
 
@@ -41,8 +52,44 @@ from costmodel.ops import DTYPE_BYTES, OpSpec
 from planner.layout import Layout
 
 FSDP_OPS_PER_UNIT_PASS = 110  # host ops per FSDP2 unit per all-gather/reduce pass ((9423-6912)/23, trace count)
+TP_ALLREDUCES_PER_LAYER = 6  # 2 forward (o, fc2 outputs) + 4 backward (q, k, v, fc1 input grads): trace count
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch DDP first_bucket_bytes_cap default
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP bucket_cap_mb default
 DTENSOR_OPS_PER_LINEAR = 32  # extra host ops per TP-sharded nn.Linear per micro-batch, fwd+bwd (trace count)
 LINEARS_PER_LAYER = 6  # q, k, v, o, fc1, fc2
+
+
+_cal_memo: dict = {}
+
+
+def _measured() -> dict:
+    """The host calibration's raw measurements (re-read when the cache file changes); {} without one."""
+    from planner.calibrate import cache_path, cached_calibration
+
+    try:
+        key = cache_path().stat().st_mtime_ns
+    except OSError:
+        return {}
+    if key not in _cal_memo:
+        cal = cached_calibration()
+        _cal_memo.clear()
+        _cal_memo[key] = cal.measured if cal is not None else {}
+    return _cal_memo[key]
+
+
+def coll_s(kind: str, nbytes: float, group: int, link, world: int, cores: int) -> float:
+    """One collective of ``nbytes`` (the full tensor, as ``collective_time_s``) over ``group`` ranks, seconds.
+
+    See the module docstring; ``world`` ranks share ``cores`` cores.
+    """
+    from planner.calibrate import in_step_collective_s
+
+    if group <= 1:
+        return 0.0
+    table_p = group
+    per_rank = nbytes / group if kind == "allgather" else nbytes  # the table keys an all-gather by its shard
+    t = in_step_collective_s(_measured(), kind, per_rank, table_p)
+    return t if t is not None else collective_time_s(kind, nbytes, group, link)
 
 
 def _tiny_op_s() -> float:
@@ -110,9 +157,9 @@ def sync_points(model, layout: Layout, m: int, n_layers: int) -> int:
     """Collectives a rank of the slowest stage waits on per step (as counted above; send/recv excluded)."""
     n = 0
     if layout.tp > 1:
-        n += 4 * n_layers * m
+        n += TP_ALLREDUCES_PER_LAYER * n_layers * m
     if layout.dp_shard > 1:
-        n += m * (2 * n_layers + 1) + n_layers + 1
+        n += m * 2 * (n_layers + 1) + n_layers + 1
     if layout.dp_replicate > 1:
         n += 1
     return n
@@ -139,12 +186,17 @@ def estimate_cpu(work, layout: Layout):
     tiny = _tiny_op_s()
     e = DTYPE_BYTES.get(work.dtype, 4)
     tokens_mb = layout.micro_batch * work.seq_len // layout.cp
+    cores = world_cores(dev)
+    world = layout.world_size
 
-    # TP: 2 all-reduces of the activations forward, 2 backward, per layer (Shoeybi et al. 2019, Fig. 3)
+    def coll(kind: str, nbytes: float, group: int, link) -> float:
+        return coll_s(kind, nbytes, group, link, world, cores)
+
+    # TP: per layer 2 all-reduces of the activations forward, 4 backward (see TP_ALLREDUCES_PER_LAYER)
     tp_comm = tp_host = 0.0
     if layout.tp > 1:
         link = cluster.collective_link(layout.tp, 1)
-        tp_comm = 4 * collective_time_s("allreduce", e * tokens_mb * model.hidden_size, layout.tp, link)
+        tp_comm = TP_ALLREDUCES_PER_LAYER * coll("allreduce", e * tokens_mb * model.hidden_size, layout.tp, link)
         tp_host = DTENSOR_OPS_PER_LINEAR * LINEARS_PER_LAYER * tiny
     # PP: activation forward + gradient backward per boundary and micro-batch
     p2p = 0.0
@@ -172,14 +224,26 @@ def estimate_cpu(work, layout: Layout):
         shard_link = cluster.collective_link(layout.dp_shard, layout.tp)
         units = n_layers + 1  # one fully_shard per block + the root
         unit_bytes = grad_bytes / units
-        ag = collective_time_s("allgather", unit_bytes, layout.dp_shard, shard_link)
-        comm += m * (2 * n_layers + 1) * ag
-        comm += units * collective_time_s("allreduce", unit_bytes, layout.dp_shard, shard_link)
-        compute += (m * (2 * n_layers + 1) + units) * FSDP_OPS_PER_UNIT_PASS * tiny
+        ag = coll("allgather", unit_bytes, layout.dp_shard, shard_link)
+        comm += m * 2 * units * ag
+        comm += units * coll("allreduce", unit_bytes, layout.dp_shard, shard_link)
+        compute += (m * 2 * units + units) * FSDP_OPS_PER_UNIT_PASS * tiny
         grad_bytes /= layout.dp_shard
     if layout.dp_replicate > 1:
         rep_link = cluster.collective_link(layout.dp_replicate, layout.tp * layout.dp_shard)
-        comm += collective_time_s("allreduce", grad_bytes, layout.dp_replicate, rep_link)
+        if pp > 1:  # the trainer's own gradient averaging: one all-reduce per parameter tensor
+            for shape in _param_shapes(model, layout, slow, stage_layers(model, layout, slow)):
+                numel = 1
+                for d in shape:
+                    numel *= d
+                comm += coll("allreduce", 4.0 * numel, layout.dp_replicate, rep_link)
+        else:  # DDP buckets: the first capped at 1 MiB, then full 25 MiB ones and a remainder
+            first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+            full, last = divmod(grad_bytes - first, DDP_BUCKET_BYTES)
+            comm += coll("allreduce", first, layout.dp_replicate, rep_link)
+            comm += full * coll("allreduce", DDP_BUCKET_BYTES, layout.dp_replicate, rep_link)
+            if last > 0:
+                comm += coll("allreduce", last, layout.dp_replicate, rep_link)
 
     # learned wait per synchronisation point and overhead per micro-batch (planner.local_fit; 0 before a fit)
     from planner.local_fit import learned
@@ -194,14 +258,17 @@ def estimate_cpu(work, layout: Layout):
     step = compute + comm + bubble + optimizer
     # More ranks than cores: the ranks' busy time (everything but the bubble, when a stage sleeps in recv)
     # shares the cores, so the step lasts at least sum(busy) / cores (work conservation); stretched evenly.
-    cores = world_cores(dev)
-    if layout.world_size > cores:
-        per_rank_busy = [m * (stage_mb[st] + stage_comm_mb[st]) + (comm - m * stage_comm_mb[slow]) + optimizer
-                         for st in range(pp)]
-        total_busy = sum(per_rank_busy) * (layout.world_size // pp)
-        stretch = max(1.0, total_busy / cores / step)
-        compute, comm, bubble, optimizer = (x * stretch for x in (compute, comm, bubble, optimizer))
-        step *= stretch
+    if world > cores:
+        # CPU work only: the collectives' wall time was measured under the same oversubscription
+        fsdp_host = compute - m * stage_mb[slow]
+        per_rank_busy = [m * stage_mb[st] + fsdp_host + optimizer for st in range(pp)]
+        total_busy = sum(per_rank_busy) * (world // pp)
+        busy_slow = compute + optimizer
+        sl = _measured().get("time_slicing") or {}
+        eff = float(sl["efficiency"]) if sl.get("world") == world and sl.get("cores") == cores else 1.0
+        stretch = max(1.0, total_busy / cores / busy_slow / max(eff, 0.1))
+        compute, bubble, optimizer = (x * stretch for x in (compute, bubble, optimizer))
+        step = compute + comm + bubble + optimizer
 
     return finish_estimate(work, layout, m, step=step, compute_s=compute, exposed_comm_s=comm, bubble_s=bubble,
                            other_s=optimizer)

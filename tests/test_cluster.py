@@ -313,3 +313,42 @@ def test_corrupt_cache_is_measured_again_not_trusted(calibrated, monkeypatch):
     (cache / "other").mkdir()
     (cache / "other" / "calibration-cpu.json").write_text("{not json")
     assert calmod.cached_calibration() is None  # never trusted; load_calibration would re-measure
+
+
+def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
+    """The calibration times gloo collectives issued after compute (what a training step pays), p = 2 and 4."""
+    _, data = calibrated
+    m = data["measured"]
+    for p in ("2", "4"):
+        for kind in ("allreduce", "allgather"):
+            row = m["in_step_s"][p][kind]
+            assert len(row) == 4 and all(0 < v < 1 and math.isfinite(v) for v in row.values()), (p, kind, row)
+    # a mean over calls after compute cannot beat the fastest back-to-back call of the same size by much
+    # (fit_s[0] is the fastest of 12 back-to-back 4 MiB all-reduces; both measured on this host minutes apart)
+    assert m["in_step_s"]["2"]["allreduce"][str(4 * 2**20)] > 0.5 * m["fit_s"][0]
+    assert m["in_step_s"]["2"]["allreduce"]["4"] > 0.5 * m["small_s"]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    sl = m["time_slicing"]
+    if cores >= 4:
+        assert sl is None  # no oversubscription to measure
+    else:
+        # 4 ranks on fewer cores cannot beat work conservation (chunk x 4 / cores per chunk); efficiency <= 1
+        assert sl["world"] == 4 and sl["cores"] == cores and 0.2 < sl["efficiency"] <= 1.0
+        assert sl["wall_per_chunk_s"] >= 0.8 * sl["chunk_s"] * 4 / cores
+
+
+def test_in_step_collective_interpolation_golden():
+    """Hand-computed values of the in-step price: interpolation, clipping, extrapolation, missing group."""
+    from planner.calibrate import FIT_BYTES, in_step_collective_s
+
+    fit = [0.002, 0.008]  # s at FIT_BYTES (4 and 16 MiB): 12 MiB per 6 ms = 2 MiB/ms
+    m = {"fit_s": fit, "in_step_s": {"2": {"allreduce": {"4": 1e-4, "1000004": 1.1e-3, "2000004": 0.5e-3}}}}
+    assert in_step_collective_s(m, "allreduce", 1, 2) == pytest.approx(1e-4)  # below the smallest: fixed cost
+    assert in_step_collective_s(m, "allreduce", 500004, 2) == pytest.approx(6e-4)  # midpoint
+    # the 2000004 B entry (0.5 ms, below the 1 MB one) is noise: clipped to 1.1 ms
+    assert in_step_collective_s(m, "allreduce", 1500004, 2) == pytest.approx(1.1e-3)
+    bw = (FIT_BYTES[1] - FIT_BYTES[0]) / (fit[1] - fit[0])
+    assert in_step_collective_s(m, "allreduce", 3000004, 2) == pytest.approx(1.1e-3 + 1e6 / bw)  # p=2 ring: 1x
+    assert in_step_collective_s(m, "reducescatter", 500004, 2) == pytest.approx(6e-4)  # gloo: an all-reduce
+    assert in_step_collective_s(m, "allgather", 500004, 2) is None  # not measured: the caller uses alpha-beta
+    assert in_step_collective_s(m, "allreduce", 500004, 4) is None
