@@ -109,10 +109,10 @@ def test_ddp_plan_matches_its_real_run(ddp):
 def test_pipeline_plan_matches_its_real_run(runner, tmp_path):
     plan = _plan(runner, tmp_path, "pp", "pp=2,vpp=1,mbs=4")
     _profile(runner, plan, tmp_path / "run")
-    code, d = _check_remeasured(runner, plan, tmp_path / "run", 0.30)
-    # 2-stage 1F1B on this shared host measured -15% to +26% off its prediction over four runs (report), so
-    # the bound here is 30%: it still fails a pipeline model that is off by a whole bubble or stage.
-    _assert_within(code, d, bound=0.30)
+    code, d = _check_remeasured(runner, plan, tmp_path / "run", 0.15)
+    # With collectives priced from the in-step calibration, 2-stage 1F1B measured -0.1% to -3.5% off its
+    # prediction over three sets of runs (BENCHMARKS.md), so the 15% applies here too.
+    _assert_within(code, d, bound=0.15)
     bubble = next(p for p in d["phases"] if p["phase"] == "bubble")
     assert bubble["measured_s"] > 0 and bubble["predicted_s"] > 0  # a 2-stage pipeline idles
 
