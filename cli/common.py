@@ -11,8 +11,10 @@ from rich.console import Console
 
 from planner.errors import MeshplanError
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a message line (often holding a long file path) stays one line however narrow the terminal, so
+# users can copy the path and CI logs can be grepped; tables still fit the terminal width.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:
