@@ -203,26 +203,48 @@ def predict_cmd(
 @handle_errors
 def fit_cmd(
     runs: Annotated[list[Path], typer.Option("--runs", help="Profiled run folder or trace (repeatable).")],
-    out: Annotated[Path, typer.Option("--out", help="Where the calibrated model is written.")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the op model calibrated on the runs' op "
+                                                "records here (use it with `meshplan plan --costmodel DIR`).")] = None,
     model: Annotated[Optional[Path], typer.Option("--model", help="Base model (default: the shipped one).")] = None,
     device_dir: Annotated[Optional[Path], typer.Option("--device-json", help="collect folder with device.json.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="Device the runs ran on (default: the GPU "
+                                                  "their traces name, else this host's CPU).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
-    """Calibrate the model on the op records (name, input shapes, durations) of profiled runs."""
+    """Calibrate on profiled runs: this host's step-time figures from runs of local:N plans, and with --out an op
+    model fitted on the runs' op records (name, input shapes, durations)."""
     from costmodel.fit import fit_runs
+    from planner.local_fit import fit_runs_local
 
     with _progress() as prog:
         prog.add_task("fitting", total=None)
-        summary = fit_runs(runs, model, out, device_dir=device_dir)
+        local = fit_runs_local(runs)
+        if out is None and not local["runs"]:
+            raise MeshplanError(f"{runs[0]}: not a run of a local:N plan (made by `meshplan profile --from-plan`), "
+                                "so there is no host figure to fit; pass --out DIR to write an op model calibrated "
+                                "on its op records")
+        if device is not None:
+            from costmodel.devices import get_device
+
+            device = get_device(device).name  # unknown: one line naming the known devices
+        summary = fit_runs(runs, model, out, device_dir=device_dir, device=device) if out is not None else None
     if json_out:
-        print_json(summary)
+        print_json({"local": local, "ops": summary})
         return
-    t = Table(title=f"calibrated on {summary['rows']} op records of {summary['device']} -> {out}", box=box.SIMPLE_HEAD)
-    t.add_column("op")
-    t.add_column("distinct shapes", justify="right")
-    for k, v in summary["ops"].items():
-        t.add_row(k, str(v))
-    console.print(t)
+    if local["runs"]:
+        console.print(f"this host (local:N plans, from {len(local['runs'])} run(s)): "
+                      f"{1e3 * local['sync_wait_s']:.2f} ms wait per synchronisation point, "
+                      f"{1e3 * local['layer_overhead_s']:.2f} ms per layer and micro-batch beyond the timed blocks; "
+                      "later `meshplan plan --cluster local:N` use them", highlight=False)
+    if summary is not None:
+        t = Table(title=f"calibrated on {summary['rows']} op records of {summary['device']} -> {out}",
+                  box=box.SIMPLE_HEAD)
+        t.add_column("op")
+        t.add_column("distinct shapes", justify="right")
+        t.add_column("calibrated")
+        for k, v in summary["ops"].items():
+            t.add_row(k, str(v), "yes" if k in summary["calibrated"] else "no (one shape: learned model kept)")
+        console.print(t)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,9 @@ def plan(
     sensitivity: Annotated[Optional[Path], typer.Option("--sensitivity", help="Measured indicators from `meshplan profile --sensitivity`")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Plan name (default: the model's)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write the best plan")] = None,
+    costmodel: Annotated[Optional[Path], typer.Option("--costmodel", help="Cost model folder to price ops with "
+                                                      "(from `meshplan costmodel train` or `fit --out`; default: the "
+                                                      "shipped one)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of plans, best first")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
@@ -37,6 +40,10 @@ def plan(
 
     if top < 1:
         raise typer.BadParameter("--top must be >= 1")
+    if costmodel is not None:
+        from costmodel.api import load_model
+
+        load_model(costmodel)  # a missing or corrupt folder is one line, exit 2 (checksums verified)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,

@@ -25,6 +25,8 @@ from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
 
+MIN_SHAPES = 2  # distinct shapes of a class a run must hold for that class to be calibrated
+
 
 def _dims(shapes, i):
     try:
@@ -98,6 +100,34 @@ def _traces(p: Path):
     return list(load_run(p).ranks.values())
 
 
+def trace_device(runs: list[str | Path]) -> str | None:
+    """Catalogue name of the GPU the runs' traces recorded (``deviceProperties``), or None for CPU-only traces.
+
+    Raises:
+        MeshplanError: a GPU the catalogue does not know (pass ``--device``), or runs on different GPUs.
+    """
+    from costmodel.devices import get_device
+
+    names = set()
+    for r in runs:
+        p = Path(r)
+        if not p.exists():
+            raise MeshplanError(f"{p}: run folder not found")
+        for tr in _traces(p):
+            if tr.has_gpu:
+                names.update(tr.devices)
+    if not names:
+        return None
+    try:
+        found = {get_device(n).name for n in names}
+    except MeshplanError as exc:
+        raise MeshplanError(f"{runs[0]}: the traces' GPU is not in the catalogue; pass --device NAME ({exc})") from None
+    if len(found) > 1:
+        raise MeshplanError(f"{runs[0]}: the runs' traces recorded different GPUs ({', '.join(sorted(found))}); "
+                            "fit one device at a time")
+    return found.pop()
+
+
 def rows_from_run(run_dir: str | Path, device: str) -> KernelTable:
     """Training rows (median duration per distinct op and shape) from every trace of a run.
 
@@ -165,7 +195,8 @@ def affine_fit(roof_s: np.ndarray, lat_s: np.ndarray) -> tuple[float, float]:
 def refit(base: LearnedModel, rows: KernelTable) -> LearnedModel:
     """A new model: ``base`` plus a per-(device, op class) calibration fitted on ``rows``.
 
-    For each op class in the run, ``t = overhead + multiple * roofline`` is fitted on that device's rows
+    For each op class with at least ``MIN_SHAPES`` distinct shapes in the run, ``t = overhead + multiple *
+    roofline`` is fitted on that device's rows
     (``affine_fit``); queries for that device and class use it ("calibrated"), others keep the base model.
     """
     prep = prepare(rows)
@@ -176,7 +207,7 @@ def refit(base: LearnedModel, rows: KernelTable) -> LearnedModel:
     for dev in np.unique(prep.table.device):
         for kind in np.unique(prep.table.op):
             idx = (prep.table.op == kind) & (prep.table.device == dev)
-            if not idx.any():
+            if idx.sum() < MIN_SHAPES:  # one shape cannot tell a per-op overhead from a multiple of the roofline
                 continue
             a, c = affine_fit(prep.roof_s[idx], prep.table.latency_s[idx])
             cal.setdefault(str(dev), {})[str(kind)] = {"overhead_s": a, "roofline_multiple": c, "rows": int(idx.sum())}
@@ -206,7 +237,7 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
         base_dir: Model to start from (``None``: the shipped default).
         out_dir: Where the calibrated model goes.
         device_dir: A ``collect`` output whose ``device.json`` describes the run's CPU (else measured now).
-        device: Device name for GPU runs (else from the trace's deviceProperties).
+        device: Device name (else the GPU in the traces' ``deviceProperties``, else this host's CPU).
     """
     from costmodel import api
     from costmodel.collect import measure_device
@@ -215,6 +246,8 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
     base = LearnedModel.load(base_dir) if base_dir else (api.active_model() or None)
     if base is None:
         raise MeshplanError("no base model: pass --model DIR (none is shipped)")
+    if device is None:
+        device = trace_device(runs)
     if device is None:
         if device_dir is not None:
             device = load_device(Path(device_dir) / "device.json").name
@@ -226,5 +259,6 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
     table = KernelTable.concat([rows_from_run(r, device) for r in runs])
     model = refit(base, table)
     save_model(model, out_dir)
-    return {"device": device, "rows": int(len(table)),
-            "ops": {k: int((table.op == k).sum()) for k in sorted(set(table.op))}, "out": str(out_dir)}
+    ops = {k: int((table.op == k).sum()) for k in sorted(set(table.op))}
+    return {"device": device, "rows": int(len(table)), "ops": ops, "out": str(out_dir),
+            "calibrated": sorted(k for k, n in ops.items() if n >= MIN_SHAPES)}

@@ -117,6 +117,32 @@ def _plan_facts(plan: Plan) -> dict:
             "dp_replicate": d.dp_replicate}
 
 
+def launched_plan_path(run: MeasuredRun) -> tuple[Path, str] | None:
+    """(readable file, the name the run records) of the plan a run was launched with, or None.
+
+    Looked up in the order: the run folder's own copy (``meshplan profile --from-plan`` writes ``plan.yaml``
+    there), the path ``run.json`` records (as given, then relative to the run folder), the trainer's ``--plan``.
+    """
+    rec = run.record
+    argv = rec.get("argv") or []
+    if isinstance(argv, str):
+        argv = shlex.split(argv)
+    named = rec.get("plan")
+    if "--plan" in argv[:-1]:
+        named = argv[argv.index("--plan") + 1]
+    candidates = []
+    if rec.get("plan_copy"):
+        candidates.append(run.path / rec["plan_copy"])
+    if named:
+        candidates.append(Path(named))
+        if not Path(named).is_absolute():
+            candidates.append(run.path / named)
+    for c in candidates:
+        if c.is_file():
+            return c, str(named or c)
+    return None
+
+
 def run_facts(run: MeasuredRun) -> tuple[dict, str]:
     """What the run says about its job: from the plan it was launched with, then explicit trainer flags.
 
@@ -129,19 +155,11 @@ def run_facts(run: MeasuredRun) -> tuple[dict, str]:
         argv = shlex.split(argv)
     facts: dict = {"world_size": run.world_size}
     source = "run.json world_size"
-    plan_path = rec.get("plan")
-    if "--plan" in argv[:-1]:
-        plan_path = argv[argv.index("--plan") + 1]
-    if plan_path:
-        candidates = [Path(plan_path)]
-        if not Path(plan_path).is_absolute():
-            candidates.append(run.path / plan_path)
-        for c in candidates:
-            if c.is_file():
-                launched = load_plan(c)
-                facts.update({k: v for k, v in _plan_facts(launched).items() if k != "world_size"})
-                source = f"the plan the run was launched with ({plan_path})"
-                break
+    found = launched_plan_path(run)
+    if found is not None:
+        launched = load_plan(found[0])
+        facts.update({k: v for k, v in _plan_facts(launched).items() if k != "world_size"})
+        source = f"the plan the run was launched with ({found[1]})"
     for i, a in enumerate(argv[:-1]):  # explicit trainer flags override the plan's values, as in train_gpt.py
         key = _FLAGS.get(a)
         if key is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from costmodel.api import predict
+from costmodel.api import active_model, predict
 from costmodel.collectives import collective_time_s
 from costmodel.ops import OpSpec
 from planner.flops import recompute_flops_per_token
@@ -107,8 +107,12 @@ def _bwd_s(op: OpSpec, device) -> float:
 
 @lru_cache(maxsize=100_000)
 def _layer_times(model_id: int, device, key: Layout, moe: bool, seq_len: int, dtype: str,
-                 tp_link, ep_link, cp_link) -> tuple[float, float, float, float]:
-    """(fwd compute, bwd compute, recompute, exposed comm fwd+bwd) of one layer for one micro-batch, seconds."""
+                 tp_link, ep_link, cp_link, pricer=None) -> tuple[float, float, float, float]:
+    """(fwd compute, bwd compute, recompute, exposed comm fwd+bwd) of one layer for one micro-batch, seconds.
+
+    ``pricer`` (the active cost model, ``costmodel.api.active_model()``) is only part of the cache key: a model
+    loaded later in the same process (``meshplan plan --costmodel``, library use) must not get these prices.
+    """
     tb = _TABLES[model_id]
     lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
     fwd = sum(predict(op, device) for op in lo.compute)
@@ -134,8 +138,8 @@ def _layer_times(model_id: int, device, key: Layout, moe: bool, seq_len: int, dt
 
 
 @lru_cache(maxsize=100_000)
-def _edge_times(model_id: int, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
-    """(embedding fwd+bwd, LM head + loss fwd+bwd) for one micro-batch, seconds."""
+def _edge_times(model_id: int, device, key: Layout, seq_len: int, dtype: str, pricer=None) -> tuple[float, float]:
+    """(embedding fwd+bwd, LM head + loss fwd+bwd) for one micro-batch, seconds (``pricer``: as ``_layer_times``)."""
     model = _TABLES[model_id].model
     emb = embedding_ops(model, key, seq_len, dtype)
     head = head_ops(model, key, seq_len, dtype)
@@ -218,11 +222,12 @@ def estimate(work: Workload, layout: Layout) -> Estimate:
 
     tb = tables(model)
     key = _time_key(layout)
-    kinds = {k: sum(_layer_times(id(model), dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link)[:3])
+    pricer = active_model()
+    kinds = {k: sum(_layer_times(id(model), dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link, pricer)[:3])
              for k in tb.rep}
-    kcomm = {k: _layer_times(id(model), dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link)[3]
+    kcomm = {k: _layer_times(id(model), dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link, pricer)[3]
              for k in tb.rep}
-    emb, head = _edge_times(id(model), dev, key, work.seq_len, work.dtype)
+    emb, head = _edge_times(id(model), dev, key, work.seq_len, work.dtype, pricer)
 
     # p2p activations per micro-batch boundary (Megatron scatter/gather: 1/t of the tensor crosses nodes)
     act_bytes = 2.0 * layout.micro_batch * work.seq_len / layout.cp * model.hidden_size / layout.tp

@@ -79,6 +79,23 @@ def _sync_points_per_step(run_dir, rank: int) -> float:
     return statistics.median(counts.values()) if counts else 0.0
 
 
+def _unfitted_estimate(plan):
+    """``Estimate`` of the plan's layout on this host with no learned figures (``MESHPLAN_NO_LOCAL_FIT``)."""
+    import os
+
+    from planner.search import estimate_plan
+
+    was = os.environ.get("MESHPLAN_NO_LOCAL_FIT")
+    os.environ["MESHPLAN_NO_LOCAL_FIT"] = "1"
+    try:
+        return estimate_plan(plan)
+    finally:
+        if was is None:
+            os.environ.pop("MESHPLAN_NO_LOCAL_FIT", None)
+        else:
+            os.environ["MESHPLAN_NO_LOCAL_FIT"] = was
+
+
 def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> dict:
     """Fit ``sync_wait_s`` from one measured run of a ``local:N`` plan (and store it unless ``save`` is False).
 
@@ -103,14 +120,13 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
                             f"run's contention is unknown")
     res = check(plan_path, run_dir, 1.0, breakdown=True, contention=None)
     meas = {p["phase"]: p["measured_s"] for p in res.phases}
-    b = plan.prediction.breakdown
+    b = _unfitted_estimate(plan)  # the plan re-priced without what any earlier fit added
     n = _sync_points_per_step(run_dir, res.breakdown_rank)
     old = learned()
     m = plan.grad_accum
     layers = plan.model.num_layers // plan.degrees.pp  # layers of a stage (train_gpt splits them evenly)
-    # the plan's own figures without what an earlier fit added
-    predicted_wait = b.exposed_comm_s + b.bubble_s - n * old["sync_wait_s"]
-    predicted_compute = b.compute_s + b.other_s - m * layers * old["layer_overhead_s"]
+    predicted_wait = b.exposed_comm_s + b.bubble_s
+    predicted_compute = b.compute_s + b.other_s
     measured_wait = (meas["exposed comm"] + meas["bubble"]) / f
     measured_compute = meas["compute"] / f
     out = {"sync_wait_s": max(0.0, (measured_wait - predicted_wait) / n) if n > 0 else old["sync_wait_s"],
@@ -122,3 +138,43 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
         write_atomic(fit_file(), json.dumps({"version": FIT_VERSION, "fingerprint": _fingerprint(),
                                              "fitted_from": str(run_dir), **out}, indent=2) + "\n")
     return out
+
+
+def local_plan_of_run(run_dir: str | Path):
+    """The ``local:N`` plan file a profiled run was launched with (``meshplan profile --from-plan``), or None."""
+    from planner.check import launched_plan_path, load_measured
+    from planner.plan import load_plan
+
+    try:
+        run = load_measured(run_dir)
+    except MeshplanError:
+        return None  # a bare trace or folder of traces: no run.json, so no plan
+    found = launched_plan_path(run)
+    if found is None or not load_plan(found[0]).cluster.spec.lower().startswith("local:"):
+        return None
+    return found[0]
+
+
+def fit_runs_local(runs: list[str | Path], save: bool = True) -> dict:
+    """Fit the host's figures on every run launched from a ``local:N`` plan; the median over runs is stored.
+
+    Returns:
+        ``{"sync_wait_s", "layer_overhead_s", "runs": [per-run fit_run() dicts with "run" and "plan"]}``;
+        ``runs`` is empty when none of them is a local plan's run (nothing is stored then).
+    """
+    per = []
+    for r in runs:
+        if not Path(r).exists():
+            raise MeshplanError(f"{r}: run folder not found")
+        plan = local_plan_of_run(r)
+        if plan is not None:
+            per.append({"run": str(r), "plan": str(plan), **fit_run(plan, r, save=False)})
+    if not per:
+        return {"runs": []}
+    from planner.calibrate import _fingerprint
+
+    out = {k: statistics.median(p[k] for p in per) for k in ("sync_wait_s", "layer_overhead_s")}
+    if save:
+        write_atomic(fit_file(), json.dumps({"version": FIT_VERSION, "fingerprint": _fingerprint(),
+                                             "fitted_from": [p["run"] for p in per], **out}, indent=2) + "\n")
+    return {**out, "runs": per}

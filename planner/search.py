@@ -161,3 +161,26 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "mfu": est.mfu, "peak_memory_bytes": est.memory.total_bytes,
         "compute_s": est.compute_s, "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s,
     }
+
+
+def estimate_plan(plan: Plan) -> Estimate:
+    """Re-price a saved plan's layout with the models as they stand now (for a plan of the layout search).
+
+    Raises:
+        MeshplanError: a solver plan (per-stage layers or per-layer precision), or a model / cluster the plan
+            names that cannot be loaded from here.
+    """
+    from planner.cluster import load_cluster
+    from planner.model_spec import load_model
+
+    if plan.stages or plan.layer_precision:
+        raise MeshplanError(f"plan {plan.name}: a solver plan (stages / per-layer precision) cannot be re-priced "
+                            "by the layout estimator")
+    attention = next((n.split("=", 1)[1] for n in plan.notes if n.startswith("attention=")), "flash")
+    d = plan.degrees
+    layout = Layout(dp_replicate=d.dp_replicate, dp_shard=d.dp_shard, tp=d.tp, pp=d.pp, vpp=d.vpp, cp=d.cp, ep=d.ep,
+                    micro_batch=plan.micro_batch, zero_stage=plan.zero_stage, recompute=plan.recompute,
+                    sequence_parallel=plan.sequence_parallel, attention=attention)
+    work = Workload(load_model(plan.model.source), load_cluster(plan.cluster.spec), plan.global_batch, plan.seq_len,
+                    plan.dtype)
+    return estimate(work, layout)

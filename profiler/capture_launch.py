@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 from profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_WARMUP, RECORD_DIR, RUN_JSON,
                               load_run_json, read_rank_records, write_run_json)
 
 LOG_NAME = "launch.log"
+PLAN_COPY = "plan.yaml"  # the --from-plan file, copied into the run folder
 
 
 @dataclass
@@ -159,7 +161,7 @@ def torchrun_command(cfg: LaunchConfig) -> list[str]:
 def _clear_old_outputs(out: Path) -> None:
     # A re-run into the same folder must not leave another run's traces beside the new ones.
     out.mkdir(parents=True, exist_ok=True)
-    for p in [out / RUN_JSON, *out.glob("rank*.trace.json.gz")]:
+    for p in [out / RUN_JSON, out / PLAN_COPY, *out.glob("rank*.trace.json.gz")]:
         p.unlink(missing_ok=True)
     shutil.rmtree(out / RECORD_DIR, ignore_errors=True)
 
@@ -243,6 +245,9 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
     extra = {"command": meshplan_command or shlex.join(cmd), "torchrun": cmd, "script": str(cfg.script),
              "argv": cfg.script_args, "nproc_per_node": cfg.nproc, "nnodes": cfg.nnodes,
              "plan": str(cfg.plan) if cfg.plan else None, "pinned": bool(cores)}
+    if cfg.plan is not None:  # the run folder keeps the plan it ran, so check/fit work after the folder moves
+        write_atomic(out / PLAN_COPY, Path(cfg.plan).read_bytes())
+        extra["plan_copy"] = PLAN_COPY
     write_run_json(out, records, extra)
     shutil.rmtree(out / RECORD_DIR, ignore_errors=True)
     if on_progress:

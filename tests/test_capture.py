@@ -108,6 +108,9 @@ def test_unmodified_script_is_profiled(profiled):
             assert seen["affinity"] == [sorted(os.sched_getaffinity(0))[r]]  # really pinned, one core each
             assert run["pinned_cores"][str(r)] == seen["affinity"][0]
     assert run["plan"] == str(profiled["plan"])
+    # the run folder keeps its own copy of the plan, so check / costmodel fit still find it after the folder moves
+    assert run["plan_copy"] == "plan.yaml"
+    assert (out / "plan.yaml").read_bytes() == profiled["plan"].read_bytes()
     assert json.loads(profiled["output"])["step_times_s"] == run["step_times_s"]  # --json prints run.json
 
 

@@ -124,3 +124,57 @@ def test_gpu_run_rows_from_real_trace():
     p = prepare(t)
     assert np.all(p.y >= 0.0)
     assert np.all(t.latency_s >= 2e-6)
+
+
+A100_TRACE = ("traces", "hta_testdata", "negative_queue_length_values_check", "rank0.json.gz")
+
+
+def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
+    """`costmodel fit --runs` on a real A100 trace: the device comes from the trace header, the calibrated model
+    moves toward the trace's measured kernel times, and `plan --costmodel` prices with it."""
+    from cli.main import app
+    from costmodel.devices import get_device
+    from costmodel.fit import rows_from_run
+
+    trace = shared_path(*A100_TRACE)
+    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(trace), "--out", str(tmp_path / "cal"), "--json"])
+    assert r.exit_code == 0, r.output
+    ops = json.loads(r.stdout)["ops"]
+    assert ops["device"] == "A100-80GB"  # deviceProperties: "NVIDIA A100-SXM4-80GB"
+    assert "matmul" in ops["calibrated"] and "activation" not in ops["calibrated"]  # one activation shape only
+    rows = rows_from_run(trace, "A100-80GB")
+    dev = get_device("A100-80GB")
+    sel = rows.op == "matmul"
+    shipped, fitted = LearnedModel.load(SHIPPED), LearnedModel.load(tmp_path / "cal")
+
+    def err(model):
+        sec, _ = model.predict_arrays(rows.op[sel], rows.b[sel], rows.m[sel], rows.n[sel], rows.k[sel],
+                                      rows.dtype[sel], rows.device[sel], {dev.name: dev})
+        return float(np.mean(np.abs(sec - rows.latency_s[sel]) / rows.latency_s[sel]))
+
+    assert err(fitted) < err(shipped)
+    common = ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xA100", "--global-batch", "64", "--seq-len",
+              "4096", "--fix", "tp=2,pp=1,mbs=1", "--top", "1", "--json"]
+    a = runner.invoke(app, [*common, "--out", str(tmp_path / "a.yaml")])
+    b = runner.invoke(app, [*common, "--out", str(tmp_path / "b.yaml"), "--costmodel", str(tmp_path / "cal")])
+    assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
+    from planner.plan import load_plan
+
+    pa, pb = load_plan(tmp_path / "a.yaml").prediction, load_plan(tmp_path / "b.yaml").prediction
+    assert pb.costmodel == f"learned:{fitted.model_id}" != pa.costmodel
+    assert pb.step_time_s != pa.step_time_s
+
+
+def test_fit_usage_errors_are_one_line(tmp_path, runner):
+    from cli.main import app
+    from tests.helpers import REPO as repo
+
+    bare = repo / "tests" / "data" / "profiler" / "gloo_ddp_2rank"  # traces without run.json: no plan to fit
+    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(bare)])
+    assert r.exit_code == 2 and "not a run of a local:N plan" in r.output and "--out" in r.output
+    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "run folder not found" in r.output
+    v100_16 = shared_path("traces", "hta_testdata", "trace_diff", "test", "test.json.gz")  # V100-SXM2-16GB
+    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(v100_16), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "pass --device" in r.output and "Tesla V100-SXM2-16GB" in r.output
+    assert len(r.output.strip().splitlines()) == 1
