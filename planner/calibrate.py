@@ -19,7 +19,9 @@ Measures, in about 10-20 s, and caches as JSON under ``~/.cache/meshplan/`` (``M
   the gloo worker thread runs on the rank's own core and must be woken after compute, the peer's worker too, and
   with more ranks than cores a peer may be descheduled (time-slicing). Measured here (2 cores): a 512 KiB
   all-reduce takes 0.18 ms back to back but 2-3 ms after compute; with 4 ranks on 2 cores a 64 KiB one takes
-  2-6 ms. The mean, not the fastest call, because a step pays every call.
+  2-6 ms. The mean, not the fastest call, because a step pays every call. When 4 ranks outnumber the cores, groups
+  of 2 among the 4 (all groups at once, ``in_world_key``: "2of4") are measured too: the data-parallel groups of a
+  DP2 x PP2 run, whose peer may be descheduled by the other group's ranks.
 
 The measured figures are achieved (not datasheet) rates; they stand in for the "peak" of the ``cpu-local`` device.
 """
@@ -43,7 +45,8 @@ from costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, regi
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
-CACHE_VERSION = 3  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step
+CACHE_VERSION = 4  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
+# 4: groups inside an oversubscribed world (``in_world_key``)
 DEVICE_NAME = "cpu-local"
 GEMM_N = 768  # 2*768^3 = 0.9 GFLOP per call: long enough to time, short enough for a loaded 2-core box
 COPY_BYTES = 64 * 2**20  # larger than any LLC, so the copy streams from DRAM
@@ -238,8 +241,12 @@ def _gloo_worker(rank: int, port: int, out_file: str) -> None:
         dist.destroy_process_group()
 
 
-def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str) -> None:
-    """One rank of the in-step gloo measurement: compute, then a collective, mean seconds per call per size."""
+def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, group: int = 0) -> None:
+    """One rank of the in-step gloo measurement: compute, then a collective, mean seconds per call per size.
+
+    ``group`` > 0: the collectives run in groups of that many consecutive ranks, all groups at once (the data-
+    parallel groups of a pipeline-outer mesh, e.g. {0, 1} and {2, 3} of DP2 x PP2); 0: over the whole world.
+    """
     import warnings
 
     import torch
@@ -253,13 +260,17 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str) -> 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=60))
     try:
+        pg, size = None, world
+        if group:
+            groups = [dist.new_group(list(range(g, g + group))) for g in range(0, world, group)]  # all ranks call
+            pg, size = groups[rank // group], group
         a = torch.randn(STEP_COMPUTE_N, STEP_COMPUTE_N)
         res: dict = {"allreduce": {}, "allgather": {}}
         for n in STEP_SIZES:
             t = torch.ones(max(1, n // 4))
-            out = torch.empty(world * t.numel())
-            dist.all_reduce(t)
-            dist.all_gather_into_tensor(out, t)  # warm-up: connection and buffers
+            out = torch.empty(size * t.numel())
+            dist.all_reduce(t, group=pg)
+            dist.all_gather_into_tensor(out, t, group=pg)  # warm-up: connection and buffers
             for kind in ("allreduce", "allgather"):
                 dist.barrier()
                 total = 0.0
@@ -268,9 +279,9 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str) -> 
                         a @ a  # the step's compute between collectives (the worker threads go idle)
                     t0 = time.perf_counter()
                     if kind == "allreduce":
-                        dist.all_reduce(t)
+                        dist.all_reduce(t, group=pg)
                     else:
-                        dist.all_gather_into_tensor(out, t)  # what FSDP2 issues
+                        dist.all_gather_into_tensor(out, t, group=pg)  # what FSDP2 issues
                     total += time.perf_counter() - t0
                 res[kind][str(n)] = total / STEP_REPS
         if rank == 0:
@@ -352,17 +363,25 @@ def measure_gloo_in_step() -> dict:
     import torch.multiprocessing as mp
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    runs = [(str(p), p, 0) for p in STEP_GROUPS]
+    # groups inside an oversubscribed world: a group's peer may be descheduled by the other groups' ranks
+    runs += [(in_world_key(g, w), w, g) for w in STEP_GROUPS if w > cores for g in STEP_GROUPS if g < w]
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for p in STEP_GROUPS:
-            out = Path(tmp) / f"step{p}.json"
+        for key, p, group in runs:
+            out = Path(tmp) / f"step{key}.json"
             try:
-                mp.spawn(_step_worker, args=(p, _free_port(), p <= cores, str(out)), nprocs=p, join=True)
+                mp.spawn(_step_worker, args=(p, _free_port(), p <= cores, str(out), group), nprocs=p, join=True)
             except Exception as exc:
                 first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
                 raise MeshplanError(f"calibration: {p}-process gloo collectives on 127.0.0.1 failed: {first}") from None
-            res[str(p)] = json.loads(out.read_text())
+            res[key] = json.loads(out.read_text())
     return res
+
+
+def in_world_key(group: int, world: int) -> str:
+    """Key of the in-step table of ``group``-rank collectives measured inside a ``world``-rank oversubscribed run."""
+    return f"{group}of{world}"
 
 
 def measure_gloo_allreduce() -> dict:
@@ -416,7 +435,7 @@ def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
     step("gloo all-reduce (2 processes)")
     times = measure_gloo_allreduce()
     link, check = fit_link(times)
-    step("gloo collectives in a step (2 and 4 processes)")
+    step("gloo collectives in a step (2 and 4 processes, groups of 2 among 4)")
     in_step = measure_gloo_in_step()
     step("time-slicing (4 processes)")
     slicing = measure_time_slicing(max(STEP_GROUPS))
@@ -481,17 +500,20 @@ def cached_calibration() -> Optional[Calibration]:
     return _read_cache()
 
 
-def in_step_collective_s(measured: dict, kind: str, nbytes: float, p: int) -> Optional[float]:
+def in_step_collective_s(measured: dict, kind: str, nbytes: float, p: int, world: int = 0) -> Optional[float]:
     """Mean time (s) of one gloo ``kind`` over ``p`` ranks issued inside a step, from the calibration.
 
-    ``nbytes`` is the all-reduced tensor, or each rank's all-gather input (its shard).
+    ``nbytes`` is the all-reduced tensor, or each rank's all-gather input (its shard). ``world`` > ``p``: the
+    group runs inside a larger run; where that run was measured oversubscribed (``in_world_key``), its table
+    is used, else the ``p``-rank one.
 
     Linear interpolation between the measured sizes; above the largest, the largest size's time plus the extra
     bytes at the ring rate of the alpha-beta link (``measured['fit_s']``); below the smallest, the smallest
     size's time (a fixed cost). None when ``p`` or ``kind`` was not measured (callers use alpha-beta).
     ``reducescatter`` is priced as an all-reduce (gloo has none: torch issues an all-reduce).
     """
-    table = measured.get("in_step_s", {}).get(str(p), {})
+    tables = measured.get("in_step_s", {})
+    table = tables.get(in_world_key(p, world)) or tables.get(str(p), {}) if world > p else tables.get(str(p), {})
     row = table.get("allgather" if kind == "allgather" else "allreduce" if kind in ("allreduce", "reducescatter")
                     else "", {})
     if not row:

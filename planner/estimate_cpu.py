@@ -16,14 +16,17 @@ module prices a CPU step from what it really costs, measured on this host:
   thread runs on that core, so comm in flight delays compute and nothing overlaps; a small message costs far
   more than alpha-beta says (the worker threads sleep during compute and must be woken on both ranks: a
   512 KiB all-reduce measured 0.18 ms back to back, 2-3 ms after compute); the table of the group's size is
-  used (p = 4 was measured as 4 ranks share this host's cores, so it holds the wait for a descheduled peer).
+  used (p = 4 was measured as 4 ranks share this host's cores, so it holds the wait for a descheduled peer; a
+  group smaller than an oversubscribed world uses the table of such groups measured inside it, "2of4").
   Without that table: gloo alpha-beta. Counts per step (torch 2.13 traces
   of ``examples/train_gpt.py``):
   DDP: one all-reduce per gradient bucket (DDP's first bucket is capped at 1 MiB, the rest at 25 MiB); with a
-  pipeline the trainer averages gradients itself, one all-reduce per parameter tensor of the stage. FSDP2
+  pipeline or tensor parallelism the trainer averages gradients itself, one all-reduce per parameter tensor of
+  the rank (its stage, its TP shard). FSDP2
   (ZeRO-3): per micro-batch an all-gather of every unit (blocks + root) in forward and again in backward
   (2 x (layers + 1) gathers: the traced count), and per step one gradient reduction per unit, which FSDP2 issues
-  on gloo as an all-reduce. TP (``ColwiseParallel`` q, k, v, fc1; ``RowwiseParallel`` o, fc2): per layer and
+  on gloo as an all-reduce; with HSDP (dp_replicate > 1 too) each unit's reduced shard is then all-reduced across
+  the replicas (one more all-reduce per unit). TP (``ColwiseParallel`` q, k, v, fc1; ``RowwiseParallel`` o, fc2): per layer and
   micro-batch the two row-wise outputs are all-reduced in forward and the four column-wise input gradients in
   backward (6, the traced count; Shoeybi et al. 2019 fuse q/k/v and count 4). PP: one activation send/recv per
   micro-batch and stage boundary in forward and one gradient send/recv in backward (alpha-beta).
@@ -86,9 +89,9 @@ def coll_s(kind: str, nbytes: float, group: int, link, world: int, cores: int) -
 
     if group <= 1:
         return 0.0
-    table_p = group
     per_rank = nbytes / group if kind == "allgather" else nbytes  # the table keys an all-gather by its shard
-    t = in_step_collective_s(_measured(), kind, per_rank, table_p)
+    # a group inside a run with more ranks than cores: its table measured under that oversubscription
+    t = in_step_collective_s(_measured(), kind, per_rank, group, world if world > cores else 0)
     return t if t is not None else collective_time_s(kind, nbytes, group, link)
 
 
@@ -161,8 +164,8 @@ def sync_points(model, layout: Layout, m: int, n_layers: int) -> int:
     if layout.dp_shard > 1:
         n += m * 2 * (n_layers + 1) + n_layers + 1
     if layout.dp_replicate > 1:
-        n += 1
-    return n
+        n += n_layers + 1 if layout.dp_shard > 1 else 1  # HSDP: one replica all-reduce per FSDP unit
+    return n  # (the per-tensor averaging of DP with TP or PP runs back to back after backward: one wait, counted 1)
 
 
 def world_cores(device) -> int:
@@ -231,7 +234,9 @@ def estimate_cpu(work, layout: Layout):
         grad_bytes /= layout.dp_shard
     if layout.dp_replicate > 1:
         rep_link = cluster.collective_link(layout.dp_replicate, layout.tp * layout.dp_shard)
-        if pp > 1:  # the trainer's own gradient averaging: one all-reduce per parameter tensor
+        if layout.dp_shard > 1:  # HSDP (FSDP2 on a 2-D mesh): per unit, its reduced shard all-reduced across replicas
+            comm += units * coll("allreduce", grad_bytes / units, layout.dp_replicate, rep_link)
+        elif pp > 1 or layout.tp > 1:  # the trainer's own averaging (no DDP on stages / DTensors): per tensor
             for shape in _param_shapes(model, layout, slow, stage_layers(model, layout, slow)):
                 numel = 1
                 for d in shape:

@@ -331,7 +331,14 @@ def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
     sl = m["time_slicing"]
     if cores >= 4:
         assert sl is None  # no oversubscription to measure
+        assert "2of4" not in m["in_step_s"]
     else:
+        # groups of 2 among 4 ranks on fewer cores: a peer may be descheduled, so a call costs at least what the
+        # same call costs between 2 ranks pinned to their own cores (the 4-byte one: a pure synchronisation)
+        for kind in ("allreduce", "allgather"):
+            row = m["in_step_s"]["2of4"][kind]
+            assert len(row) == 4 and all(0 < v < 1 for v in row.values()), (kind, row)
+        assert m["in_step_s"]["2of4"]["allreduce"]["4"] > m["in_step_s"]["2"]["allreduce"]["4"]
         # 4 ranks on fewer cores cannot beat work conservation (chunk x 4 / cores per chunk); efficiency <= 1
         assert sl["world"] == 4 and sl["cores"] == cores and 0.2 < sl["efficiency"] <= 1.0
         assert sl["wall_per_chunk_s"] >= 0.8 * sl["chunk_s"] * 4 / cores
@@ -352,3 +359,8 @@ def test_in_step_collective_interpolation_golden():
     assert in_step_collective_s(m, "reducescatter", 500004, 2) == pytest.approx(6e-4)  # gloo: an all-reduce
     assert in_step_collective_s(m, "allgather", 500004, 2) is None  # not measured: the caller uses alpha-beta
     assert in_step_collective_s(m, "allreduce", 500004, 4) is None
+    # a group of 2 inside an oversubscribed world of 4: its own table when measured, else the 2-rank one
+    assert in_step_collective_s(m, "allreduce", 500004, 2, world=4) == pytest.approx(6e-4)
+    m["in_step_s"]["2of4"] = {"allreduce": {"4": 3e-3, "1000004": 5e-3}}
+    assert in_step_collective_s(m, "allreduce", 500004, 2, world=4) == pytest.approx(4e-3)
+    assert in_step_collective_s(m, "allreduce", 500004, 2) == pytest.approx(6e-4)  # world not oversubscribed
