@@ -7,6 +7,7 @@ the ideal roofline (peak, full bandwidth).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
 
 from costmodel.collectives import Link, collective_time_s
@@ -97,6 +98,23 @@ def load_model(directory=None):
     _model = LearnedModel.load(directory if directory is not None else shipped_model_dir())
     _cached.cache_clear()
     return _model
+
+
+@contextmanager
+def using_model(directory):
+    """Price with the model in ``directory`` inside the block, then restore the model active before.
+
+    Raises:
+        MeshplanError: corrupt or missing model (checksum verified).
+    """
+    global _model
+    before = _model
+    load_model(directory)
+    try:
+        yield _model
+    finally:
+        _model = before
+        _cached.cache_clear()
 
 
 def set_roofline_only() -> None:

@@ -45,8 +45,7 @@ def dtype_bytes(dtype: np.ndarray) -> np.ndarray:
 
 
 def flops_bytes(op, b, m, n, k, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """FLOPs and compulsory bytes per row: ``costmodel.ops`` formulas (forward ops), except unary activations
-    (2 accesses per element, not 3).
+    """FLOPs and compulsory bytes per row: the ``costmodel.ops`` formulas (forward ops), vectorised.
 
     Args:
         op: kinds (array of str); b, m, n, k: shape fields in table convention; dtype: array of str.
@@ -72,8 +71,7 @@ def flops_bytes(op, b, m, n, k, dtype) -> tuple[np.ndarray, np.ndarray]:
     el = sel("elementwise")  # binary: two inputs, one output
     flops[el] = m[el]
     nbytes[el] = e[el] * 3.0 * m[el]
-    # Unary activations read one tensor and write one. (costmodel.ops charges 3 accesses for both kinds;
-    # measured unary ops on NeuSight run at 1.1x of the 2-access bound, i.e. below a 3-access "bound".)
+    # Unary activations read one tensor and write one (measured unary ops on NeuSight run at 1.1x of this bound).
     ac = sel("activation")
     flops[ac] = m[ac]
     nbytes[ac] = e[ac] * 2.0 * m[ac]
@@ -153,15 +151,47 @@ def feature_matrix(op, b, m, n, k, dtype, flops, nbytes, dev: dict[str, np.ndarr
     return X.astype(np.float32), roof
 
 
-def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[str, np.ndarray]) -> np.ndarray:
+def wave_quantisation(b, m, n, sm: np.ndarray, tile: tuple[int, int]) -> np.ndarray:
+    """Work a GEMM's output tiles really occupy over its ideal work, per row (>= 1).
+
+    The ``b * ceil(m / tm) * ceil(n / tn)`` output tiles of ``tm x tn`` run in ``ceil(tiles / SMs)`` waves and
+    every wave costs a full tile per SM, so the FLOP term of the roofline grows by
+    ``waves * SMs * tm * tn / (b * m * n)``: padding of partial tiles plus the idle SMs of the last wave
+    (Habitat, ATC'21, sec. 4; NeuSight, ASPLOS'25, sec. 4.2: GEMM latency = waves x per-wave time).
+    """
+    b, m, n = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in (b, m, n))
+    tm, tn = tile
+    tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
+    waves = np.ceil(tiles / sm)
+    return waves * sm * tm * tn / (b * m * n)
+
+
+def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[str, np.ndarray],
+                          shape: tuple | None = None, tile: tuple[int, int] | None = None,
+                          wave_s: float = 0.0) -> np.ndarray:
     """Roofline with the per-class efficiencies of ``costmodel.api.ROOFLINE_EFFICIENCY`` plus the GPU launch
-    floor, seconds per row: max(F / (eff_f peak), B / (eff_b bw)) + launch (notes/costmodel.md sec. 5.7 item 3).
+    floor, seconds per row: max(q F / (eff_f peak), B / (eff_b bw)) + launch (notes/costmodel.md sec. 5.7 item 3).
+
+    ``q`` is 1, or with ``tile`` and ``shape = (b, m, n)`` (table convention) the wave quantisation of the GEMM
+    rows on the row's own device (:func:`wave_quantisation`). ``wave_s`` > 0 (with ``shape``) adds a fixed cost per
+    wave of output tiles on GEMM rows (``ceil(tiles / SMs)`` waves of ``tile``, 128x128 when no tile is given):
+    each tile's prologue (first operand loads) and epilogue (C write) do not shrink with a faster SM. Both are the
+    unseen-device blend partner of the GEMM classes, chosen by leave-one-signature-out
+    (``costmodel.train.unseen_device_weight``).
     """
     from costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
 
     op = np.asarray(op, dtype=object)
     eff = np.array([ROOFLINE_EFFICIENCY[o] for o in op]).reshape(-1, 2) if len(op) else np.zeros((0, 2))
-    t = np.maximum(flops / (dev["peak"] * eff[:, 0]), nbytes / (dev["bw"] * eff[:, 1]))
+    q = 1.0
+    if tile is not None and shape is not None:
+        q = np.where(np.isin(op, GEMM_KINDS), wave_quantisation(*shape, dev["sm"], tuple(tile)), 1.0)
+    t = np.maximum(q * flops / (dev["peak"] * eff[:, 0]), nbytes / (dev["bw"] * eff[:, 1]))
+    if wave_s > 0.0 and shape is not None:
+        b, m, n = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in shape)
+        tm, tn = tuple(tile) if tile is not None else (128, 128)
+        waves = np.ceil(b * np.ceil(m / tm) * np.ceil(n / tn) / dev["sm"])
+        t = t + np.where(np.isin(op, GEMM_KINDS), wave_s * waves, 0.0)
     return t + np.where(dev["is_cpu"] > 0, 0.0, KERNEL_LAUNCH_S)
 
 

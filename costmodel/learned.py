@@ -5,8 +5,9 @@ file is a ``MeshplanError`` naming the file, never a crash inside xgboost. Queri
 range (a kind without a model, a device class never trained on, sizes far outside the training rows) are
 priced by the calibrated roofline (``costmodel.api.ROOFLINE_EFFICIENCY``) and flagged as such. On a GPU whose
 class signature (``costmodel.features.device_signature``) the class never trained on, the trees' prediction is
-blended geometrically with the calibrated roofline by the per-class weight stored in the metadata
-(``costmodel.train.unseen_device_weight``; costmodel/data/model/README.md).
+blended geometrically with the calibrated roofline (for GEMM classes wave-quantised on that GPU, with separate
+weights for small and large GEMMs) as stored in the metadata (``costmodel.train.unseen_device_weight``;
+costmodel/data/model/README.md).
 """
 from __future__ import annotations
 
@@ -118,12 +119,14 @@ class LearnedModel:
 
     @property
     def model_id(self) -> str:
-        """12 hex digits identifying the trees and calibrations (sha256 over the model files' checksums)."""
+        """12 hex digits identifying what prices an op: the trees (the model files' checksums), the unseen-device
+        fallback settings chosen at training, and the calibrations fitted on runs."""
         import hashlib
 
         h = hashlib.sha256()
         for kind in sorted(self.meta.get("kinds", {})):
             h.update(str(self.meta["kinds"][kind].get("sha256", kind)).encode())
+            h.update(json.dumps(self.meta["kinds"][kind].get("unseen_device", {}), sort_keys=True).encode())
         h.update(json.dumps(self.meta.get("calibration", {}), sort_keys=True).encode())
         return h.hexdigest()[:12]
 
@@ -189,14 +192,22 @@ class LearnedModel:
                 log_ratio = self.boosters[kind].inplace_predict(X[use])
                 out[use] = roof[use] * np.exp(np.maximum(log_ratio, 0.0))  # never below the ideal roofline
                 source[use] = SOURCE_LEARNED
-                # A GPU whose class signature the trees never saw: shrink toward the calibrated roofline with the
-                # weight chosen by leave-one-signature-out at training time (costmodel.train.unseen_device_weight).
-                w = info.get("unseen_device", {}).get("weight", 1.0)
-                if w < 1.0 and "signatures" in info:
+                # A GPU whose class signature the trees never saw: shrink toward the (wave-quantised) calibrated
+                # roofline with the weights chosen by leave-one-signature-out at training time
+                # (costmodel.train.unseen_device_weight).
+                ud = info.get("unseen_device", {})
+                if min(ud.get("weight", 1.0), ud.get("weight_small", 1.0)) < 1.0 and "signatures" in info:
                     new = ~signature_seen(sig[use], info["signatures"]) & (dev["is_cpu"][use] == 0)
                     if new.any():
                         u = use[new]
-                        out[u] = blend(roof[u], log_ratio[new], cal[u], w)
+                        tile, wave_s = ud.get("tile"), ud.get("wave_s", 0.0)
+                        partner = cal[u] if not (tile or wave_s) else calibrated_roofline_s(
+                            op[u], flops[u], nbytes[u], {c: v[u] for c, v in dev.items()},
+                            (np.asarray(b, dtype=np.float64)[u], np.asarray(m, dtype=np.float64)[u],
+                             np.asarray(n, dtype=np.float64)[u]), tuple(tile) if tile else None, wave_s)
+                        w = ud.get("weight", 1.0)
+                        w_rows = np.where(roof[u] < ud.get("split_roofline_s", 0.0), ud.get("weight_small", w), w)
+                        out[u] = blend(roof[u], log_ratio[new], partner, w_rows)
         # Calibrations fitted on profiled runs of a device (costmodel.fit) take precedence for that device.
         for dev_name, kinds in self.meta.get("calibration", {}).items():
             for kind, c in kinds.items():

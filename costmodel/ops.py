@@ -100,8 +100,10 @@ def op_bytes(op: OpSpec) -> float:
         return e * b * heads * d * (2 * sq + 2 * skv) * (2.0 if op.backward else 1.0)
     if k in ("layernorm", "rmsnorm", "softmax"):
         return e * 2.0 * s[0] * s[1] * (2.0 if op.backward else 1.0)
-    if k in ("elementwise", "activation"):
-        return e * 3.0 * s[0]  # two inputs, one output (binary ops dominate)
+    if k == "elementwise":
+        return e * 3.0 * s[0]  # binary: two inputs, one output
+    if k == "activation":
+        return e * 2.0 * s[0]  # unary: read one tensor, write one
     if k in ("copy", "cast"):
         return e * 2.0 * s[0]
     if k == "optimizer":

@@ -19,7 +19,8 @@ import xgboost as xgb
 
 from costmodel.datasets.devices import resolve_many
 from costmodel.datasets.table import KernelTable, file_sha256
-from costmodel.features import (FEATURES, calibrated_roofline_s, device_columns, device_signature, feature_matrix)
+from costmodel.features import (FEATURES, GEMM_KINDS, calibrated_roofline_s, device_columns, device_signature,
+                                feature_matrix)
 from costmodel.ops import COMPUTE_KINDS
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
@@ -49,6 +50,24 @@ DEFAULT_MAX_ROWS = 60000
 BLEND_GRID = tuple(np.round(np.arange(0.0, 1.0001, 0.05), 2))
 BLEND_MIN_GROUPS, BLEND_MAX_FOLDS, BLEND_MIN_ROWS = 3, 6, 50
 BLEND_TRAIN_ROWS, BLEND_TEST_ROWS, BLEND_ROUNDS = 6000, 3000, 100
+# Blend partner of the GEMM classes: the calibrated roofline as is (None) or with its FLOP term raised by the wave
+# quantisation of ``tm x tn`` output tiles on the device being priced (``features.wave_quantisation``), so the
+# partner knows the target GPU's SM count. The tile is chosen with ``w`` by the same leave-one-signature-out folds
+# (cuBLAS SIMT SGEMM kernels use 32x32 to 128x128 tiles, e.g. NeuSight's ``ampere_sgemm_64x64`` / ``_128x64``).
+# NeuSight split (train GPUs only choose it, together with the split below): bmm picks 64x64, linear the plain
+# roofline; H100 bmm 17.0 -> 14.0%, linear 13.4 -> 12.4% (costmodel/data/model/README.md).
+PARTNER_TILES = (None, (32, 32), (64, 32), (64, 64), (128, 64), (128, 128))
+# ... plus a fixed cost per wave of those tiles (seconds; ``features.calibrated_roofline_s``), also chosen by the
+# folds: tile prologue/epilogue latency does not shrink on a GPU with faster SMs, so a new GPU with fast SMs runs
+# small and mid-sized GEMMs further from its roofline (NeuSight split: bmm 64x64 tiles + 0.5 us, linear 4 us per
+# 128x128 wave; H100 bmm 14.0 -> 11.8%, linear 12.4 -> 11.7%).
+PARTNER_WAVE_S = (0.0, 0.5e-6, 1e-6, 2e-6, 4e-6, 8e-6)
+# GEMM classes: rows faster than the split (ideal roofline, seconds) get their own weight. Small GEMMs are latency-
+# and occupancy-bound, which the trees learned on every GPU; large ones are throughput-bound, where the partner's
+# figures of the new device carry more (NeuSight split, chosen on the train GPUs: bmm splits at 30 us, weights
+# 0.85 / 0.35, linear at 0.3 ms, 0.85 / 0.5). Not offered to the memory-bound classes: there LOSO picks a split too, but
+# held-out A100-80GB softmax gets worse (12.4 -> 13.4%; costmodel/data/model/README.md).
+BLEND_SPLITS_S = (0.0, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 
 
 @dataclass
@@ -61,6 +80,7 @@ class Prepared:
     table: KernelTable
     cal_s: np.ndarray  # calibrated roofline (seconds), the blend partner on unseen devices
     sig: np.ndarray  # per-row class signature (rows x 2), see ``features.device_signature``
+    dev: dict = field(default_factory=dict)  # per-row device columns (``features.device_columns``)
     skipped_devices: list[str] = field(default_factory=list)
 
 
@@ -75,7 +95,7 @@ def prepare(table: KernelTable) -> Prepared:
     y = np.log(comp.latency_s / roof)
     cal = calibrated_roofline_s(comp.op, comp.flops, comp.bytes, dev)
     return Prepared(X=X, roof_s=roof, y=y, table=comp, cal_s=cal, sig=device_signature(comp.op, dev),
-                    skipped_devices=missing)
+                    skipped_devices=missing, dev=dev)
 
 
 def fit_kind(X: np.ndarray, y: np.ndarray, n_estimators: int | None = None) -> xgb.Booster:
@@ -93,8 +113,9 @@ def predict_ratio(model: xgb.Booster, X: np.ndarray) -> np.ndarray:
     return np.exp(np.maximum(model.inplace_predict(X), 0.0))
 
 
-def blend(roof_s: np.ndarray, log_ratio: np.ndarray, cal_s: np.ndarray, w: float) -> np.ndarray:
-    """Unseen-device prediction, seconds: ``cal^(1-w) * learned^w``, never below the ideal roofline."""
+def blend(roof_s: np.ndarray, log_ratio: np.ndarray, cal_s: np.ndarray, w) -> np.ndarray:
+    """Unseen-device prediction, seconds: ``cal^(1-w) * learned^w`` (``w`` a number or one per row), never below
+    the ideal roofline."""
     log_learned = np.log(roof_s) + np.maximum(log_ratio, 0.0)
     return np.maximum(np.exp(w * log_learned + (1.0 - w) * np.log(cal_s)), roof_s)
 
@@ -105,16 +126,31 @@ def _signature_groups(sig: np.ndarray) -> np.ndarray:
     return np.unique(keys, return_inverse=True)[1]
 
 
+def partner_s(prep: Prepared, rows: np.ndarray, tile, wave_s: float = 0.0) -> np.ndarray:
+    """The blend partner of ``rows``, seconds: the calibrated roofline, wave-quantised with ``tile`` when given,
+    plus ``wave_s`` per wave of output tiles (``features.calibrated_roofline_s``)."""
+    if tile is None and not wave_s:
+        return prep.cal_s[rows]
+    t = prep.table
+    return calibrated_roofline_s(t.op[rows], t.flops[rows], t.bytes[rows], {k: v[rows] for k, v in prep.dev.items()},
+                                 (t.b[rows], t.m[rows], t.n[rows]), tile, wave_s)
+
+
 def unseen_device_weight(prep: Prepared, idx: np.ndarray) -> dict:
-    """Choose the blend weight ``w`` for one class by leave-one-signature-out over its GPU training rows.
+    """Choose the unseen-device blend of one class by leave-one-signature-out over its GPU training rows: the
+    weight ``w`` of rows whose ideal roofline is at least ``split_roofline_s`` (``weight``), the weight of the
+    faster rows (``weight_small``), the split itself from ``BLEND_SPLITS_S`` (0: one weight for all rows) and, for
+    GEMM classes, the partner's tile from ``PARTNER_TILES`` and its cost per wave from ``PARTNER_WAVE_S``.
 
     Each fold holds out every row of one signature group (the largest ``BLEND_MAX_FOLDS`` groups with at least
-    ``BLEND_MIN_ROWS`` rows), trains a small model of the same recipe on the rest and scores every ``w`` in
-    ``BLEND_GRID`` on the held-out group; ``w`` minimises the mean of the per-fold MAPEs.
+    ``BLEND_MIN_ROWS`` rows), trains a small model of the same recipe on the rest and scores every choice on the
+    held-out group; the choice minimises the mean of the per-fold MAPEs. A fold's MAPE is a sum over its rows, so
+    for a given tile and split the two weights are chosen independently.
 
     Returns:
-        ``{"weight": w, "folds": n, "lodo_mape_learned": %, "lodo_mape_blend": %}``; weight 1 (no blending) when
-        fewer than ``BLEND_MIN_GROUPS`` GPU groups exist.
+        ``{"weight": w, "weight_small": w, "split_roofline_s": s, "tile": [tm, tn] or None, "wave_s": s,
+        "folds": n, "lodo_mape_learned": %, "lodo_mape_blend": %}``; weight 1 (no blending) when fewer than
+        ``BLEND_MIN_GROUPS`` GPU groups exist.
     """
     gpu = idx[prep.X[idx, FEATURES.index("is_cpu")] == 0]
     groups = _signature_groups(prep.sig[gpu])
@@ -123,7 +159,11 @@ def unseen_device_weight(prep: Prepared, idx: np.ndarray) -> dict:
     if len(big) < BLEND_MIN_GROUPS:
         return {"weight": 1.0, "folds": len(big)}
     rng = np.random.default_rng(0)
-    fold_mape = []
+    gemm = prep.table.op[idx[0]] in GEMM_KINDS
+    tiles, splits = (PARTNER_TILES, BLEND_SPLITS_S) if gemm else ((None,), (0.0,))
+    partners = [(t, c) for t in tiles for c in (PARTNER_WAVE_S if gemm else (0.0,))]
+    # per fold: mean APE contribution of small / large rows, shape (tiles, splits, weights)
+    small_part, large_part, learned = [], [], []
     for g in big:
         held = gpu[groups == g]
         rest = np.setdiff1d(idx, held)
@@ -132,11 +172,26 @@ def unseen_device_weight(prep: Prepared, idx: np.ndarray) -> dict:
         model = fit_kind(prep.X[tr], prep.y[tr], BLEND_ROUNDS)
         lr = model.inplace_predict(prep.X[te])
         true = prep.table.latency_s[te]
-        fold_mape.append([ape(blend(prep.roof_s[te], lr, prep.cal_s[te], w), true).mean() for w in BLEND_GRID])
-    mean = np.mean(fold_mape, axis=0)
-    best = int(np.argmin(mean))
-    return {"weight": float(BLEND_GRID[best]), "folds": len(big), "lodo_mape_learned": round(float(mean[-1]), 2),
-            "lodo_mape_blend": round(float(mean[best]), 2)}
+        small = prep.roof_s[te][None, :] < np.array(splits)[:, None]  # (splits, rows)
+        s_t, l_t = [], []
+        for tile, wave_s in partners:
+            part = partner_s(prep, te, tile, wave_s)
+            e = np.array([ape(blend(prep.roof_s[te], lr, part, w), true) for w in BLEND_GRID])
+            s_t.append((small[:, None, :] * e[None]).sum(axis=2) / len(te))
+            l_t.append((~small[:, None, :] * e[None]).sum(axis=2) / len(te))
+        small_part.append(s_t)
+        large_part.append(l_t)
+        learned.append(e[-1].mean())
+    S, L = np.mean(small_part, axis=0), np.mean(large_part, axis=0)  # (partners, splits, weights)
+    total = S.min(axis=2) + L.min(axis=2)
+    ti, si = np.unravel_index(int(np.argmin(total)), total.shape)
+    (tile, wave_s), split = partners[ti], splits[si]
+    w_small, w_large = BLEND_GRID[int(np.argmin(S[ti, si]))], BLEND_GRID[int(np.argmin(L[ti, si]))]
+    if split == 0.0:
+        w_small = w_large
+    return {"weight": float(w_large), "weight_small": float(w_small), "split_roofline_s": float(split),
+            "tile": list(tile) if tile else None, "wave_s": float(wave_s), "folds": len(big),
+            "lodo_mape_learned": round(float(np.mean(learned)), 2), "lodo_mape_blend": round(float(total[ti, si]), 2)}
 
 
 def ape(pred_s: np.ndarray, true_s: np.ndarray) -> np.ndarray:

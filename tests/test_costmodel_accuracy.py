@@ -2,7 +2,8 @@
 
 Truth is NeuSight's measured kernel latencies (sitar-lab/NeuSight, ../shared/kernels/neusight/test); the model
 trains only on ``neusight/train`` (P4, P100, T4, V100, A100-40GB). The unseen-device blend weight is chosen by
-leave-one-signature-out over those five training GPUs, so no row of a test device is used to fit anything.
+leave-one-signature-out over those five training GPUs (for GEMMs also the partner's tile and cost per wave of output
+tiles, and a separate weight for small GEMMs), so no row of a test device is used to fit anything.
 Figures were measured with ``python bench/costmodel_bench.py --splits neusight`` (model README, before/after).
 """
 from __future__ import annotations
@@ -70,25 +71,42 @@ def test_neusight_layernorm_softmax_pinned(ln_softmax):
         assert after[(dev, "layernorm")]["mape"] == before[(dev, "layernorm")]["mape"]
 
 
-def test_neusight_gemm_unseen_h100_quick():
-    """Reduced GEMM split (linear only, 15k rows, 120 trees): the blend lowers H100 error, A100-80GB untouched."""
+def test_neusight_gemm_unseen_h100_quick(monkeypatch):
+    """Reduced GEMM split (linear only, 15k rows, 120 trees): the blend lowers H100 error, and its wave-quantised
+    partner with a separate weight for small GEMMs lowers it further; A100-80GB untouched."""
+    import costmodel.train as T
+
     train, test = _neusight(("linear.csv",), gemm=True)
     after = _by(_fit_eval(train, test, n_estimators=120, max_rows=15000))
     before = _by(_fit_eval(train, test, n_estimators=120, max_rows=15000, blend_unseen=False))
+    # The blend of the previous model: the plain calibrated roofline as partner, one weight for every row.
+    monkeypatch.setattr(T, "PARTNER_TILES", (None,))
+    monkeypatch.setattr(T, "PARTNER_WAVE_S", (0.0,))
+    monkeypatch.setattr(T, "BLEND_SPLITS_S", (0.0,))
+    plain = _by(_fit_eval(train, test, n_estimators=120, max_rows=15000))
     h100 = ("H100-SXM", "matmul")
-    assert after[h100]["mape"] < before[h100]["mape"]
-    assert after[h100]["mape"] <= 14.5  # measured 14.1 (15.2 with trees alone)
+    assert after[h100]["mape"] < plain[h100]["mape"] - 1.0 < before[h100]["mape"] - 1.0
+    assert after[h100]["mape"] <= 12.8  # measured 12.2 (14.1 plain blend, 15.2 with trees alone)
     # A100-80GB PCIe shares the A100-40GB's GEMM signature (108 SMs, 19.5 TFLOP/s fp32): trees alone.
     a = ("A100-PCIe-80GB", "matmul")
     assert after[a]["mape"] == before[a]["mape"] and after[a]["mape"] <= 12.0
 
 
 def test_neusight_gemm_full_split_pinned():
-    """Full NeuSight GEMM split (13 s on 2 cores): H100 bmm 21.5 -> 17.0, linear 14.1 -> 13.4; A100-80GB kept."""
+    """Full NeuSight GEMM split (13 s on 2 cores): H100 bmm 21.5 (trees alone) -> 17.0 (plain blend) -> 11.8,
+    linear 14.1 -> 13.4 -> 11.7 (issue 4's <= 12 met, thinly); A100-80GB kept (costmodel/data/model/README.md)."""
     train, test = _neusight(("bmm.csv", "linear.csv"), gemm=True)
+    models = train_models(prepare(train))
+    for kind in ("bmm", "matmul"):
+        ud = models[kind]["unseen_device"]
+        # chosen on the five training GPUs: a partner with a cost per wave of output tiles, a split between small
+        # and large GEMMs with the small ones trusting the trees more, and a blend that beats the trees there
+        assert ud["folds"] == 5 and ud["split_roofline_s"] > 0 and ud["weight_small"] > ud["weight"]
+        assert ud["wave_s"] > 0 and ud["lodo_mape_blend"] < ud["lodo_mape_learned"] - 5.0
+    assert models["bmm"]["unseen_device"]["tile"] is not None
     by = _by(_fit_eval(train, test))
-    assert by[("H100-SXM", "bmm")]["mape"] <= 18.0
-    assert by[("H100-SXM", "matmul")]["mape"] <= 14.0
+    assert by[("H100-SXM", "bmm")]["mape"] <= 12.0
+    assert by[("H100-SXM", "matmul")]["mape"] <= 12.0
     assert by[("A100-PCIe-80GB", "bmm")]["mape"] <= 12.0
     assert by[("A100-PCIe-80GB", "matmul")]["mape"] <= 12.0
     assert np.isfinite([r["mape"] for r in by.values()]).all()

@@ -90,10 +90,10 @@ def test_flops_bytes_agree_with_opspec():
         b, m, n, k = op_fields(op)
         f, by = flops_bytes(np.array([kind], dtype=object), [b], [m], [n], [k], np.array(["bf16"], dtype=object))
         assert f[0] == pytest.approx(op.flops), kind
-        if kind == "activation":  # unary: 2 accesses per element, costmodel.ops charges 3
-            assert by[0] == pytest.approx(op.bytes * 2 / 3)
-        else:
-            assert by[0] == pytest.approx(op.bytes), kind
+        assert by[0] == pytest.approx(op.bytes), kind
+    # Unary activations read one tensor and write one (2 accesses per element); binary elementwise ops read two.
+    assert OpSpec("activation", (4096,), "bf16").bytes == 2 * 2 * 4096
+    assert OpSpec("elementwise", (4096,), "bf16").bytes == 3 * 2 * 4096
 
 
 def test_cli_bad_dataset_is_one_line(runner, tmp_path):

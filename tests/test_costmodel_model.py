@@ -148,3 +148,39 @@ def test_batch_prediction_is_fast():
     per_op = (time.perf_counter() - t0) / len(ops)
     assert np.all(sec > 0)
     assert per_op < 50e-6, per_op  # issue 4 item 7: under 50 us amortised (measured ~5-10 us, BENCHMARKS.md)
+
+
+def test_wave_quantisation_and_unseen_gemm_blend():
+    """The GEMM blend partner: wave quantisation golden figures, and the shipped model applies the partner tile and
+    the small/large weights chosen at training time on a GPU whose GEMM signature it never trained on."""
+    from costmodel.features import (calibrated_roofline_s, device_columns, flops_bytes, feature_matrix,
+                                    wave_quantisation)
+    from costmodel.train import blend
+
+    sm = np.array([108.0, 108.0, 132.0])
+    # 768 x 768 in 64 x 64 tiles: 144 tiles on 108 SMs = 2 waves of 108 tiles = 1.5x the ideal work;
+    # 108 batches of one tile: one full wave, no loss; 100 x 100 on 132 SMs: 4 padded tiles in one wave.
+    q = wave_quantisation([1, 108, 1], [768, 64, 100], [768, 64, 100], sm, (64, 64))
+    assert q == pytest.approx([1.5, 1.0, 132 * 64 * 64 / 100 ** 2])
+    m = LearnedModel.load(SHIPPED)
+    ud = m.meta["kinds"]["bmm"]["unseen_device"]
+    assert ud["tile"] and ud["split_roofline_s"] > 0 and ud["weight"] < 1.0
+    dev = get_device("MI300X")  # (304 CUs, 1307 TFLOP/s bf16): no bmm training row has that signature
+    ops = [OpSpec("bmm", (int(b), int(s), int(s), 128), "bf16") for b, s in ((8, 256), (64, 1024), (256, 2048))]
+    sec, src = m.predict_ops(ops, dev)
+    assert (src == SOURCE_LEARNED).all()
+    b, mm, n, k = (np.array([o.shape[i] for o in ops], dtype=float) for i in range(4))
+    kinds, dt = np.array(["bmm"] * 3, dtype=object), np.array(["bf16"] * 3, dtype=object)
+    f, by = flops_bytes(kinds, b, mm, n, k, dt)
+    cols = device_columns(np.array([dev.name] * 3, dtype=object), dt, {dev.name: dev})
+    X, roof = feature_matrix(kinds, b, mm, n, k, dt, f, by, cols)
+    partner = calibrated_roofline_s(kinds, f, by, cols, (b, mm, n), tuple(ud["tile"]), ud["wave_s"])
+    w = np.where(roof < ud["split_roofline_s"], ud["weight_small"], ud["weight"])
+    want = blend(roof, m.boosters["bmm"].inplace_predict(X), partner, w)
+    assert sec == pytest.approx(want, rel=1e-5)
+    assert np.all(partner >= calibrated_roofline_s(kinds, f, by, cols) * (1 - 1e-9))  # quantisation only adds work
+    # the cost per wave: 8 x 2 x 2 = 32 tiles of 128 x 128 fit one wave on 304 CUs
+    one = calibrated_roofline_s(kinds[:1], f[:1], by[:1], {c: v[:1] for c, v in cols.items()}, (b[:1], mm[:1], n[:1]),
+                                None, 1e-6)
+    assert one[0] == pytest.approx(calibrated_roofline_s(kinds[:1], f[:1], by[:1],
+                                                         {c: v[:1] for c, v in cols.items()})[0] + 1e-6)
