@@ -36,23 +36,25 @@ def plan(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of plans, best first")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
+    from contextlib import nullcontext
+
+    from costmodel.api import using_model
     from planner.planning import plan_job
 
     if top < 1:
         raise typer.BadParameter("--top must be >= 1")
-    if costmodel is not None:
-        from costmodel.api import load_model
-
-        load_model(costmodel)  # a missing or corrupt folder is one line, exit 2 (checksums verified)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,
                   transient=True, disable=not show) as bar:
         task = bar.add_task("searching layouts", total=None)
-        outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
-                           out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
-                           quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
-                           error_budget=error_budget, sensitivity=sensitivity)
+        # --costmodel: a missing or corrupt folder is one line, exit 2 (checksums verified); the model is active
+        # for this plan only (library callers and tests in the same process keep theirs)
+        with using_model(costmodel) if costmodel is not None else nullcontext():
+            outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
+                               out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
+                               quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
+                               error_budget=error_budget, sensitivity=sensitivity)
     if json_out:
         print_json(outcome.rows)
         return

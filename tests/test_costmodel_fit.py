@@ -163,6 +163,9 @@ def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     pa, pb = load_plan(tmp_path / "a.yaml").prediction, load_plan(tmp_path / "b.yaml").prediction
     assert pb.costmodel == f"learned:{fitted.model_id}" != pa.costmodel
     assert pb.step_time_s != pa.step_time_s
+    from costmodel.api import active_model
+
+    assert active_model().model_id == shipped.model_id  # --costmodel held for that plan only
 
 
 def test_fit_usage_errors_are_one_line(tmp_path, runner):
