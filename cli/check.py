@@ -44,13 +44,10 @@ def check(
         bar.add_task(str(run), total=None)
         res = run_check(plan, run, tol, breakdown=not no_breakdown, contention=factor)
     if learn:
-        from planner.local_fit import fit_file, fit_run
+        from planner.local_fit import fit_file, fit_run, learned_line
 
         fitted = fit_run(plan, run)
-        err_console.print(f"learned: {1e3 * fitted['sync_wait_s']:.2f} ms wait per synchronisation point "
-                          f"({fitted['sync_points']:.0f} per step in {run}) and "
-                          f"{1e3 * fitted['layer_overhead_s']:.2f} ms overhead per layer and micro-batch, written to "
-                          f"{fit_file()}",
+        err_console.print(f"learned from {run}: {learned_line(fitted)}; written to {fit_file()}",
                           highlight=False, soft_wrap=True)
     if junit is not None:
         write_atomic(junit, junit_xml(res))

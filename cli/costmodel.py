@@ -232,10 +232,12 @@ def fit_cmd(
         print_json({"local": local, "ops": summary})
         return
     if local["runs"]:
+        from planner.local_fit import learned_line
+
+        taught = sorted({k for r in local["runs"] for k in r["taught"]})
         console.print(f"this host (local:N plans, from {len(local['runs'])} run(s)): "
-                      f"{1e3 * local['sync_wait_s']:.2f} ms wait per synchronisation point, "
-                      f"{1e3 * local['layer_overhead_s']:.2f} ms per layer and micro-batch beyond the timed blocks; "
-                      "later `meshplan plan --cluster local:N` use them", highlight=False)
+                      f"{learned_line({**local, 'taught': taught})}; later `meshplan plan --cluster local:N` use "
+                      "them", highlight=False)
     if summary is not None:
         t = Table(title=f"calibrated on {summary['rows']} op records of {summary['device']} -> {out}",
                   box=box.SIMPLE_HEAD)

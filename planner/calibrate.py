@@ -21,7 +21,9 @@ Measures, in about 10-20 s, and caches as JSON under ``~/.cache/meshplan/`` (``M
   all-reduce takes 0.18 ms back to back but 2-3 ms after compute; with 4 ranks on 2 cores a 64 KiB one takes
   2-6 ms. The mean, not the fastest call, because a step pays every call. When 4 ranks outnumber the cores, groups
   of 2 among the 4 (all groups at once, ``in_world_key``: "2of4") are measured too: the data-parallel groups of a
-  DP2 x PP2 run, whose peer may be descheduled by the other group's ranks.
+  DP2 x PP2 run, whose peer may be descheduled by the other group's ranks. ``allreduce_burst``: the mean of the
+  calls after the first in a burst of back-to-back all-reduces after compute (a trainer that averages its
+  gradients one tensor at a time pays the wake-up once, not per tensor).
 
 The measured figures are achieved (not datasheet) rates; they stand in for the "peak" of the ``cpu-local`` device.
 """
@@ -45,8 +47,9 @@ from costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, regi
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
-CACHE_VERSION = 4  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
-# 4: groups inside an oversubscribed world (``in_world_key``)
+CACHE_VERSION = 6  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
+# 4: groups inside an oversubscribed world (``in_world_key``); 5: back-to-back all-reduce bursts;
+# 6: 90 calls per size
 DEVICE_NAME = "cpu-local"
 GEMM_N = 768  # 2*768^3 = 0.9 GFLOP per call: long enough to time, short enough for a loaded 2-core box
 COPY_BYTES = 64 * 2**20  # larger than any LLC, so the copy streams from DRAM
@@ -55,9 +58,14 @@ FIT_BYTES = (4 * 2**20, 16 * 2**20)
 CHECK_BYTES = 8 * 2**20
 STEP_SIZES = (4, 64 * 2**10, 512 * 2**10, 4 * 2**20)  # bytes: DDP/FSDP/TP messages of small models lie here
 STEP_GROUPS = (2, 4)  # process counts measured in-step (2 ranks, and 4 ranks: oversubscribed on 2 cores)
-STEP_REPS = 30  # calls per (kind, size): the mean of 30 calls after compute (12 varied 2x between calibrations)
+# calls per (kind, size): the mean of 90 calls after compute. 12 varied 2x between calibrations, 30 up to 2x at
+# single sizes (a scheduler hiccup of tens of ms in a millisecond call); the runs pay those hiccups too, so the
+# mean is kept (a mean without the slowest 10% priced TP steps 25-35% low) and more calls average them
+STEP_REPS = 90
 SHARE_N = 512  # square fp32 matmul of the time-slicing measurement: 8 x 2*512^3 = 2.1 GFLOP, ~20 ms per chunk
 SHARE_REPS = 8  # chunks per rank (the first is dropped as warm-up)
+BURST_CALLS = 12  # back-to-back all-reduces per burst (a stage's per-tensor gradient averaging holds 10-70)
+BURST_REPS = 12
 STEP_COMPUTE_N = 256  # square fp32 matmul between calls: 2*256^3*8 = 268 MFLOP, about 2.5 ms on one core
 
 
@@ -273,7 +281,7 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, gro
             dist.all_gather_into_tensor(out, t, group=pg)  # warm-up: connection and buffers
             for kind in ("allreduce", "allgather"):
                 dist.barrier()
-                total = 0.0
+                calls = []
                 for _ in range(STEP_REPS):
                     for _ in range(8):
                         a @ a  # the step's compute between collectives (the worker threads go idle)
@@ -282,8 +290,21 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, gro
                         dist.all_reduce(t, group=pg)
                     else:
                         dist.all_gather_into_tensor(out, t, group=pg)  # what FSDP2 issues
-                    total += time.perf_counter() - t0
-                res[kind][str(n)] = total / STEP_REPS
+                    calls.append(time.perf_counter() - t0)
+                res[kind][str(n)] = sum(calls) / len(calls)
+            # a burst: BURST_CALLS all-reduces back to back after compute (a trainer averaging its gradients one
+            # tensor at a time); the calls after the first, whose wake-up the row above holds
+            dist.barrier()
+            bursts = []
+            for _ in range(BURST_REPS):
+                for _ in range(8):
+                    a @ a
+                dist.all_reduce(t, group=pg)
+                t0 = time.perf_counter()
+                for _ in range(BURST_CALLS - 1):
+                    dist.all_reduce(t, group=pg)
+                bursts.append((time.perf_counter() - t0) / (BURST_CALLS - 1))
+            res.setdefault("allreduce_burst", {})[str(n)] = sum(bursts) / len(bursts)
         if rank == 0:
             Path(out_file).write_text(json.dumps(res))
     finally:
@@ -511,11 +532,13 @@ def in_step_collective_s(measured: dict, kind: str, nbytes: float, p: int, world
     bytes at the ring rate of the alpha-beta link (``measured['fit_s']``); below the smallest, the smallest
     size's time (a fixed cost). None when ``p`` or ``kind`` was not measured (callers use alpha-beta).
     ``reducescatter`` is priced as an all-reduce (gloo has none: torch issues an all-reduce).
+    (Tried: an affine fit over 8 sizes to average each size's noise; it priced the 256-512 KiB all-reduces of
+    a 2-rank TP step at 0.9-1.4 ms where the runs paid about 2 ms, 20-35% low: the 4-size interpolation stays.)
     """
     tables = measured.get("in_step_s", {})
     table = tables.get(in_world_key(p, world)) or tables.get(str(p), {}) if world > p else tables.get(str(p), {})
     row = table.get("allgather" if kind == "allgather" else "allreduce" if kind in ("allreduce", "reducescatter")
-                    else "", {})
+                    else kind if kind == "allreduce_burst" else "", {})
     if not row:
         return None
     pts = sorted((int(k), float(v)) for k, v in row.items())

@@ -231,8 +231,11 @@ def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
         tolerance: Allowed relative step-time error (fraction).
         breakdown: Also split the measured steps into phases from the traces (slower: loads every trace).
         contention: Host contention factor (``planner.contention.run_contention``, 1.0 = free cores): when
-            given, the prediction is scaled by it before judging (a rank that gets 1/f of its core runs f
-            times slower) and the unscaled error is kept in ``raw_error``.
+            given, the prediction's CPU work (compute, optimizer, bubble) is scaled by it before judging (a rank
+            that gets 1/f of its core runs f times slower) and the unscaled error is kept in ``raw_error``. The
+            exposed communication is not scaled: its price is already what ranks paid on this host (the
+            calibration's in-step collectives, timed with the gloo thread on the rank's core), while compute
+            is priced at free-core speed.
 
     Raises:
         MeshplanError: unreadable inputs, a plan without prediction, or a run of another job (names the field).
@@ -249,7 +252,7 @@ def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
         # An op's stretch in an oversubscribed run includes the plan's own ranks sharing cores, which the
         # prediction already holds: only the part beyond ranks/cores is other people's load.
         contention = max(1.0, contention / _own_oversubscription(plan))
-    predicted_s = pred.step_time_s * (contention if contention else 1.0)
+    predicted_s = scaled_step_s(pred, contention or 1.0)
     err = (run.median_s - predicted_s) / predicted_s
     noisy = run.spread > tolerance
     if noisy:
@@ -277,6 +280,11 @@ def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
     return res
 
 
+def scaled_step_s(pred, f: float) -> float:
+    """Predicted step time with its CPU work stretched by contention ``f`` (see ``check``), seconds."""
+    return f * (pred.step_time_s - pred.breakdown.exposed_comm_s) + pred.breakdown.exposed_comm_s
+
+
 def _own_oversubscription(plan: Plan) -> float:
     if not plan.cluster.spec.lower().startswith("local:"):
         return 1.0
@@ -291,7 +299,7 @@ def _add_phases(res: CheckResult, plan: Plan, run_path) -> None:
     mb = measured_breakdown(run_path)
     b = plan.prediction.breakdown
     f = res.contention or 1.0
-    predicted = {"compute_s": f * (b.compute_s + b.other_s), "exposed_comm_s": f * b.exposed_comm_s,
+    predicted = {"compute_s": f * (b.compute_s + b.other_s), "exposed_comm_s": b.exposed_comm_s,
                  "bubble_s": f * b.bubble_s}
     measured = mb.as_dict()
     rows = [{"phase": PHASE_LABEL[k], "predicted_s": predicted[k], "measured_s": measured[k],

@@ -33,9 +33,9 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Framework work per parallel wrapper**: FSDP2's per-unit pre/post hooks (copy-in/out, views) and DTensor
   dispatch for every TP-sharded linear, as counts of host ops (from torch 2.13 CPU traces of
   ``examples/train_gpt.py``) priced at the per-op overhead.
-* **Learned from runs** (``planner.local_fit``, ``meshplan check --learn``; 0 before any fit): every
-  collective (``sync_points``) costs the host's learned wait for peers, and every layer of a
-  micro-batch its learned framework overhead beyond the timed blocks.
+* **Learned from runs** (``planner.local_fit``, ``meshplan costmodel fit --runs`` / ``check --learn``; 0 before
+  any fit): every collective (``sync_points``) costs the host's learned wait for peers, and every layer of a
+  micro-batch its learned framework overhead beyond the timed blocks (plus tensor parallelism's own with TP).
 * **Pipeline bubble**: (pp - 1) micro-batch slots of the average stage, for GPipe and 1F1B alike
   (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
 * **Optimizer**: an AdamW step timed on the rank's real list of parameter shapes (per-tensor overhead).
@@ -92,7 +92,9 @@ def coll_s(kind: str, nbytes: float, group: int, link, world: int, cores: int) -
     per_rank = nbytes / group if kind == "allgather" else nbytes  # the table keys an all-gather by its shard
     # a group inside a run with more ranks than cores: its table measured under that oversubscription
     t = in_step_collective_s(_measured(), kind, per_rank, group, world if world > cores else 0)
-    return t if t is not None else collective_time_s(kind, nbytes, group, link)
+    if t is None and kind == "allreduce_burst":  # a calibration without bursts: priced as separate calls
+        t = in_step_collective_s(_measured(), "allreduce", per_rank, group, world if world > cores else 0)
+    return t if t is not None else collective_time_s(kind.removesuffix("_burst"), nbytes, group, link)
 
 
 def _tiny_op_s() -> float:
@@ -236,12 +238,14 @@ def estimate_cpu(work, layout: Layout):
         rep_link = cluster.collective_link(layout.dp_replicate, layout.tp * layout.dp_shard)
         if layout.dp_shard > 1:  # HSDP (FSDP2 on a 2-D mesh): per unit, its reduced shard all-reduced across replicas
             comm += units * coll("allreduce", grad_bytes / units, layout.dp_replicate, rep_link)
-        elif pp > 1 or layout.tp > 1:  # the trainer's own averaging (no DDP on stages / DTensors): per tensor
-            for shape in _param_shapes(model, layout, slow, stage_layers(model, layout, slow)):
+        elif pp > 1 or layout.tp > 1:  # the trainer's own averaging (no DDP on stages / DTensors): per tensor,
+            # back to back after backward: the first call pays the wake-up, the rest the calibrated burst rate
+            for i, shape in enumerate(_param_shapes(model, layout, slow, stage_layers(model, layout, slow))):
                 numel = 1
                 for d in shape:
                     numel *= d
-                comm += coll("allreduce", 4.0 * numel, layout.dp_replicate, rep_link)
+                comm += coll("allreduce" if i == 0 else "allreduce_burst", 4.0 * numel, layout.dp_replicate,
+                             rep_link)
         else:  # DDP buckets: the first capped at 1 MiB, then full 25 MiB ones and a remainder
             first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
             full, last = divmod(grad_bytes - first, DDP_BUCKET_BYTES)
@@ -254,7 +258,7 @@ def estimate_cpu(work, layout: Layout):
     from planner.local_fit import learned
 
     fit = learned()
-    compute += m * n_layers * fit["layer_overhead_s"]
+    compute += m * n_layers * (fit["layer_overhead_s"] + (fit["tp_layer_overhead_s"] if layout.tp > 1 else 0.0))
     # collectives only: a pipeline stage's wait for its neighbour is the bubble, priced above
     comm += sync_points(model, layout, m, n_layers) * fit["sync_wait_s"]
 

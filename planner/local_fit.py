@@ -1,24 +1,29 @@
-"""Learning from its own runs (issue 6 item 5) for the CPU path: per-micro-batch overhead and sync waits.
+"""Learning from its own runs (issue 6 item 5) for the CPU path: framework overheads and sync waits.
 
-``planner.estimate_cpu`` prices a collective or a pipeline send/recv with the calibrated gloo alpha-beta:
-the transfer on an idle link. In a real run a rank also waits at every synchronisation point for its peer to
-arrive: ranks drift apart by scheduler noise and uneven work, so a 2-rank FSDP step with 23 collectives spends
-far more in ``gloo:*`` than 23 transfers (issue 6 measurements, see the report). That wait depends on the host,
-not on the plan, so it is learned from a measured run and applied to every later ``local:N`` plan:
+``planner.estimate_cpu`` prices a step from blocks timed on a free core, the calibrated in-step collectives and
+counted framework work. What a real run adds beyond that is learned from measured runs, one term per mechanism,
+so that what one plan teaches transfers to the plans that share the mechanism:
 
-    sync_wait_s = max(0, (measured comm + bubble) / contention - (predicted comm + bubble)) / sync points
+* ``layer_overhead_s``: per layer and micro-batch, what a training step does beyond the timed blocks (wrapper
+  hooks, autograd bookkeeping across blocks, the trainer's own Python). Learned from runs without tensor
+  parallelism; added to every plan.
+* ``tp_layer_overhead_s``: per layer and micro-batch of a tensor-parallel plan, the DTensor dispatch and
+  redistribution work beyond the counted host ops (measured: the counted ops price about half of it). Learned
+  from runs with TP, after the base term; added to plans with TP.
+* ``sync_wait_s``: per collective the rank waits on, the time ranks drift apart by scheduler noise and uneven
+  work. Learned only from runs with at least ``MIN_SYNC_POINTS`` collectives per step: a 2-collective DDP step
+  holds a few milliseconds of it, noise that would be multiplied by the 50 collectives of a TP step.
 
-per step of the run's critical rank, in free-core seconds (the run's contention, ``planner.contention``, is
-divided out), where the sync points are the collectives the trace holds per step (a pipeline stage's wait in
-recv is its bubble, which the estimate prices itself; a run without collectives keeps the earlier figure).
-The same run also prices what a training step does beyond the timed blocks (wrapper hooks per module,
-autograd bookkeeping across blocks, the trainer's own Python), per layer and micro-batch of a stage:
+For a run of plan P, with the run's contention f (``planner.contention``) divided out and P re-priced with no
+learned term (``planner.search.estimate_plan``):
 
-    layer_overhead_s = max(0, measured compute / contention - predicted compute) / (micro-batches x layers)
+    compute residual = measured compute / f - predicted compute        -> the layer term of P's kind / (m x layers)
+    sync_wait_s      = max(0, measured comm + bubble / f - predicted (comm + bubble)) / sync points
 
-Both figures are stored beside the host calibration (``local-fit.json``) and added by ``estimate_cpu`` (once
-per sync point, once per layer and micro-batch) to every later ``local:N`` plan. ``meshplan check PLAN RUN --learn``
-fits them.
+(the pipeline bubble is in the second line because a stage's wait in recv is measured as comm or bubble
+depending on where it falls). Terms are never negative (the model only adds overheads it measured). Each fit
+updates the terms its run informs and keeps the others (``local-fit.json`` beside the host calibration);
+``meshplan costmodel fit --runs RUN`` and ``meshplan check PLAN RUN --learn`` fit them.
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ from pathlib import Path
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
-FIT_VERSION = 1
+FIT_VERSION = 2  # 2: per-mechanism terms (tp_layer_overhead_s), sync wait only from runs with enough collectives
+TERMS = ("sync_wait_s", "layer_overhead_s", "tp_layer_overhead_s")
+MIN_SYNC_POINTS = 8  # collectives per step a run needs to teach sync_wait_s
 
 
 def fit_file() -> Path:
@@ -43,13 +50,13 @@ def fit_file() -> Path:
 
 
 def learned() -> dict:
-    """``{"sync_wait_s", "layer_overhead_s"}`` learned on this host, free-core seconds (zeros before any
-    fit, or when ``MESHPLAN_NO_LOCAL_FIT`` is set: tests that must not depend on what this host learned set it)."""
+    """``{term: seconds}`` for ``TERMS`` learned on this host, free-core seconds (zeros before any fit, or when
+    ``MESHPLAN_NO_LOCAL_FIT`` is set: tests that must not depend on what this host learned set it)."""
     import os
 
     from planner.calibrate import _fingerprint
 
-    zero = {"sync_wait_s": 0.0, "layer_overhead_s": 0.0}
+    zero = {k: 0.0 for k in TERMS}
     if os.environ.get("MESHPLAN_NO_LOCAL_FIT"):
         return zero
     try:
@@ -97,15 +104,16 @@ def _unfitted_estimate(plan):
 
 
 def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> dict:
-    """Fit ``sync_wait_s`` from one measured run of a ``local:N`` plan (and store it unless ``save`` is False).
+    """Fit the terms one measured run of a ``local:N`` plan teaches (and store them unless ``save`` is False).
 
     Returns:
-        ``{"sync_wait_s", "layer_overhead_s", "sync_points", "microbatches", "contention", ...}``.
+        Every term of ``TERMS`` (taught ones updated, the rest as learned before), ``taught`` (their names),
+        and the figures behind them: ``sync_points``, ``microbatches``, ``layers``, ``contention``, measured and
+        predicted compute and wait (seconds, free-core).
 
     Raises:
         MeshplanError: not a local plan, or a run without repeated operators to measure its contention.
     """
-    from planner.calibrate import _fingerprint
     from planner.check import check
     from planner.contention import run_contention
     from planner.plan import load_plan
@@ -120,24 +128,37 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
                             f"run's contention is unknown")
     res = check(plan_path, run_dir, 1.0, breakdown=True, contention=None)
     meas = {p["phase"]: p["measured_s"] for p in res.phases}
-    b = _unfitted_estimate(plan)  # the plan re-priced without what any earlier fit added
+    b = _unfitted_estimate(plan)  # the plan re-priced without any learned term
     n = _sync_points_per_step(run_dir, res.breakdown_rank)
     old = learned()
     m = plan.grad_accum
     layers = plan.model.num_layers // plan.degrees.pp  # layers of a stage (train_gpt splits them evenly)
     predicted_wait = b.exposed_comm_s + b.bubble_s
     predicted_compute = b.compute_s + b.other_s
-    measured_wait = (meas["exposed comm"] + meas["bubble"]) / f
+    measured_wait = meas["exposed comm"] + meas["bubble"] / f  # comm prices are host-measured: not scaled
     measured_compute = meas["compute"] / f
-    out = {"sync_wait_s": max(0.0, (measured_wait - predicted_wait) / n) if n > 0 else old["sync_wait_s"],
-           "layer_overhead_s": max(0.0, (measured_compute - predicted_compute) / (m * layers)),
-           "sync_points": n, "microbatches": m, "layers": layers, "contention": f, "measured_wait_s": measured_wait,
-           "predicted_wait_s": predicted_wait, "measured_compute_s": measured_compute,
-           "predicted_compute_s": predicted_compute, "rank": res.breakdown_rank}
+    per_layer = (measured_compute - predicted_compute) / (m * layers)
+    taught = {}
+    if plan.degrees.tp > 1:  # the base term comes from earlier fits; the rest is tensor parallelism's own
+        taught["tp_layer_overhead_s"] = max(0.0, per_layer - old["layer_overhead_s"])
+    else:
+        taught["layer_overhead_s"] = max(0.0, per_layer)
+    if n >= MIN_SYNC_POINTS:
+        taught["sync_wait_s"] = max(0.0, (measured_wait - predicted_wait) / n)
+    out = {**old, **taught, "taught": sorted(taught), "sync_points": n, "microbatches": m, "layers": layers,
+           "contention": f, "measured_wait_s": measured_wait, "predicted_wait_s": predicted_wait,
+           "measured_compute_s": measured_compute, "predicted_compute_s": predicted_compute,
+           "rank": res.breakdown_rank}
     if save:
-        write_atomic(fit_file(), json.dumps({"version": FIT_VERSION, "fingerprint": _fingerprint(),
-                                             "fitted_from": str(run_dir), **out}, indent=2) + "\n")
+        _save({k: out[k] for k in TERMS}, [str(run_dir)])
     return out
+
+
+def _save(terms: dict, runs: list[str]) -> None:
+    from planner.calibrate import _fingerprint
+
+    write_atomic(fit_file(), json.dumps({"version": FIT_VERSION, "fingerprint": _fingerprint(),
+                                         "fitted_from": runs, **terms}, indent=2) + "\n")
 
 
 def local_plan_of_run(run_dir: str | Path):
@@ -156,10 +177,11 @@ def local_plan_of_run(run_dir: str | Path):
 
 
 def fit_runs_local(runs: list[str | Path], save: bool = True) -> dict:
-    """Fit the host's figures on every run launched from a ``local:N`` plan; the median over runs is stored.
+    """Fit the host's terms on every run launched from a ``local:N`` plan and store them (per term, the median of
+    the runs that teach it; terms no run teaches keep their earlier value).
 
     Returns:
-        ``{"sync_wait_s", "layer_overhead_s", "runs": [per-run fit_run() dicts with "run" and "plan"]}``;
+        ``{term: s for TERMS, "runs": [per-run fit_run() dicts with "run" and "plan"]}``;
         ``runs`` is empty when none of them is a local plan's run (nothing is stored then).
     """
     per = []
@@ -171,10 +193,19 @@ def fit_runs_local(runs: list[str | Path], save: bool = True) -> dict:
             per.append({"run": str(r), "plan": str(plan), **fit_run(plan, r, save=False)})
     if not per:
         return {"runs": []}
-    from planner.calibrate import _fingerprint
-
-    out = {k: statistics.median(p[k] for p in per) for k in ("sync_wait_s", "layer_overhead_s")}
+    terms = learned()
+    for k in TERMS:  # a term only moves when some run taught it: the median of what those runs say
+        said = [p[k] for p in per if k in p["taught"]]
+        if said:
+            terms[k] = statistics.median(said)
     if save:
-        write_atomic(fit_file(), json.dumps({"version": FIT_VERSION, "fingerprint": _fingerprint(),
-                                             "fitted_from": [p["run"] for p in per], **out}, indent=2) + "\n")
-    return {**out, "runs": per}
+        _save(terms, [p["run"] for p in per])
+    return {**terms, "runs": per}
+
+
+def learned_line(fit: dict) -> str:
+    """One line naming every term a fit holds (ms), the ones it was taught marked."""
+    names = {"layer_overhead_s": "per layer and micro-batch", "tp_layer_overhead_s": "per TP layer and micro-batch",
+             "sync_wait_s": "wait per collective"}
+    taught = set(fit.get("taught", TERMS))
+    return ", ".join(f"{names[k]} {1e3 * fit[k]:.2f} ms" + ("" if k in taught else " (kept)") for k in TERMS)

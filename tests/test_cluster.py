@@ -327,6 +327,9 @@ def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
     # (fit_s[0] is the fastest of 12 back-to-back 4 MiB all-reduces; both measured on this host minutes apart)
     assert m["in_step_s"]["2"]["allreduce"][str(4 * 2**20)] > 0.5 * m["fit_s"][0]
     assert m["in_step_s"]["2"]["allreduce"]["4"] > 0.5 * m["small_s"]
+    # bursts of back-to-back all-reduces: per call after the first, every size, every group measured
+    for table in m["in_step_s"].values():
+        assert len(table["allreduce_burst"]) == 4 and all(0 < v < 1 for v in table["allreduce_burst"].values())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     sl = m["time_slicing"]
     if cores >= 4:
