@@ -172,36 +172,6 @@ def test_learning_from_the_run_reduces_its_error(ddp, tmp_path, monkeypatch):
     assert after["predicted_s"] >= before["predicted_s"] - 1e-9  # it only adds measured overheads
 
 
-@pytest.mark.slow  # two TP runs, ~45 s
-def test_fit_on_one_tp_run_improves_another_tp_plan(runner, tmp_path, monkeypatch):
-    """Issue 6 item 5: fit on one measured run, a different plan of the same model is predicted better. The TP
-    run (mbs 4) teaches tensor parallelism's own per-layer overhead (DTensor dispatch beyond the counted host
-    ops); the TP plan with micro-batch 2 (twice the micro-batches) is predicted with it, and its compute phase,
-    which the term prices, moves to the measured one (unfitted it was 10-22% low in seven runs). Its step time
-    also holds the exposed communication, priced from the host calibration, whose 256-512 KiB all-reduce
-    means differ up to 1.5x between calibrations (BENCHMARKS.md): the step error improved on some
-    calibrations and not on others, so the phase the fit teaches is what is asserted."""
-    fit_path = tmp_path / "local-fit.json"
-    a = _plan(runner, tmp_path, "tp4", "tp=2,mbs=4")
-    b = _plan(runner, tmp_path, "tp2", "tp=2,mbs=2")
-    _profile(runner, a, tmp_path / "run-a")
-    _profile(runner, b, tmp_path / "run-b")
-    _, before = _check(runner, b, tmp_path / "run-b")
-    monkeypatch.setenv("MESHPLAN_LOCAL_FIT_FILE", str(fit_path))
-    monkeypatch.delenv("MESHPLAN_NO_LOCAL_FIT")
-    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(tmp_path / "run-a"), "--json"])
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["local"]["runs"][0]["taught"][-1] == "tp_layer_overhead_s"
-    _, after = _check(runner, _plan(runner, tmp_path, "tp2-fitted", "tp=2,mbs=2"), tmp_path / "run-b")
-    monkeypatch.setenv("MESHPLAN_NO_LOCAL_FIT", "1")
-
-    def compute_error(d: dict) -> float:
-        c = next(p for p in d["phases"] if p["phase"] == "compute")
-        return abs(c["measured_s"] - c["predicted_s"]) / c["measured_s"]
-
-    assert compute_error(after) < compute_error(before), (before["phases"], after["phases"])
-
-
 @pytest.mark.slow  # 4 ranks time-sliced on 2 cores: ~40 s for the run and, when it misses, its re-measurement
 def test_mixed_plan_on_four_ranks_matches_its_real_run(runner, tmp_path):
     """DP2 x PP2 on local:4: the data-parallel all-reduces run in groups of 2 among 4 ranks that outnumber this
