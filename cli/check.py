@@ -22,8 +22,8 @@ def check(
                                                                       "does not load the traces).")] = False,
     contention: Annotated[bool, typer.Option("--contention", help="Scale the prediction by the host contention "
                                              "measured from the run's own operator timings (shared runners).")] = False,
-    learn: Annotated[bool, typer.Option("--learn", help="Fit this host's wait per synchronisation point and "
-                                        "overhead per layer and micro-batch from RUN; later local:N plans use them.")] = False,
+    learn: Annotated[bool, typer.Option("--learn", help="Fit this host's learned terms (per-layer overheads, "
+                                        "wait per collective) from RUN; later local:N plans use them.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""

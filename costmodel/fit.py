@@ -100,35 +100,47 @@ def _traces(p: Path):
     return list(load_run(p).ranks.values())
 
 
-def trace_device(runs: list[str | Path]) -> str | None:
+def load_runs(runs: list[str | Path]) -> dict[Path, list]:
+    """Every run's rank traces, loaded once: ``{path: [profiler.trace.RankTrace]}``.
+
+    Raises:
+        MeshplanError: a missing run folder, or an unreadable trace (from ``profiler``).
+    """
+    out = {}
+    for r in runs:
+        p = Path(r)
+        if not p.exists():
+            raise MeshplanError(f"{p}: run folder not found")
+        out[p] = _traces(p)
+    return out
+
+
+def trace_device(loaded: dict[Path, list]) -> str | None:
     """Catalogue name of the GPU the runs' traces recorded (``deviceProperties``), or None for CPU-only traces.
+
+    Args:
+        loaded: ``load_runs`` output.
 
     Raises:
         MeshplanError: a GPU the catalogue does not know (pass ``--device``), or runs on different GPUs.
     """
     from costmodel.devices import get_device
 
-    names = set()
-    for r in runs:
-        p = Path(r)
-        if not p.exists():
-            raise MeshplanError(f"{p}: run folder not found")
-        for tr in _traces(p):
-            if tr.has_gpu:
-                names.update(tr.devices)
+    names = {d for traces in loaded.values() for tr in traces if tr.has_gpu for d in tr.devices}
+    first = next(iter(loaded), "")
     if not names:
         return None
     try:
         found = {get_device(n).name for n in names}
     except MeshplanError as exc:
-        raise MeshplanError(f"{runs[0]}: the traces' GPU is not in the catalogue; pass --device NAME ({exc})") from None
+        raise MeshplanError(f"{first}: the traces' GPU is not in the catalogue; pass --device NAME ({exc})") from None
     if len(found) > 1:
-        raise MeshplanError(f"{runs[0]}: the runs' traces recorded different GPUs ({', '.join(sorted(found))}); "
+        raise MeshplanError(f"{first}: the runs' traces recorded different GPUs ({', '.join(sorted(found))}); "
                             "fit one device at a time")
     return found.pop()
 
 
-def rows_from_run(run_dir: str | Path, device: str) -> KernelTable:
+def rows_from_run(run_dir: str | Path, device: str, traces: list | None = None) -> KernelTable:
     """Training rows (median duration per distinct op and shape) from every trace of a run.
 
     CPU runs: the ``cpu_op`` duration is the op's time. GPU runs: the durations of the kernels launched inside
@@ -137,15 +149,16 @@ def rows_from_run(run_dir: str | Path, device: str) -> KernelTable:
     Args:
         run_dir: A ``meshplan profile`` folder, a folder or archive of Kineto traces, or one trace file.
         device: Device name the rows belong to (resolvable by ``costmodel.datasets.devices.resolve``).
+        traces: The run's traces when already loaded (``load_runs``); else loaded here.
 
     Raises:
         MeshplanError: unreadable trace (from ``profiler``), or no priced op in the run.
     """
     p = Path(run_dir)
-    if not p.exists():
-        raise MeshplanError(f"{p}: run folder not found")
+    if traces is None:
+        traces = load_runs([p])[p]
     samples: dict[tuple, list[float]] = {}
-    for tr in _traces(p):
+    for tr in traces:
         gpu = _gpu_time_us(tr)
         for e in tr.events:
             if e.cat != "cpu_op" or e.shapes is None:
@@ -246,8 +259,9 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
     base = LearnedModel.load(base_dir) if base_dir else (api.active_model() or None)
     if base is None:
         raise MeshplanError("no base model: pass --model DIR (none is shipped)")
+    loaded = load_runs(runs)
     if device is None:
-        device = trace_device(runs)
+        device = trace_device(loaded)
     if device is None:
         if device_dir is not None:
             device = load_device(Path(device_dir) / "device.json").name
@@ -256,7 +270,7 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
             tmp = Path(out_dir) / "device.json"
             write_atomic(tmp, json.dumps(d, indent=1))
             device = load_device(tmp).name
-    table = KernelTable.concat([rows_from_run(r, device) for r in runs])
+    table = KernelTable.concat([rows_from_run(p, device, traces) for p, traces in loaded.items()])
     model = refit(base, table)
     save_model(model, out_dir)
     ops = {k: int((table.op == k).sum()) for k in sorted(set(table.op))}

@@ -24,6 +24,8 @@ so a plan search measures each distinct shape once per host.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import json
 import time
 from pathlib import Path
@@ -148,15 +150,37 @@ def _time(fn: Callable[[int], object], n_sets: int) -> float:
     return min(times)
 
 
+@contextmanager
+def _one_thread():
+    """torch on one thread inside the block (what each torchrun rank gets), the caller's count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _cached_s(key: str, measure_s: Callable[[], float]) -> float:
+    """``measure_s()`` on one thread, measured once per ``key`` and kept in the host cache, seconds."""
+    global _dirty
+    cache = _load()
+    if key not in cache:
+        with _one_thread():
+            cache[key] = (measure_s(), 0.0)
+        _dirty = True
+    return cache[key][0]
+
+
 def measure(op: OpSpec) -> tuple[float, float]:
     """Measure ``op`` now, cache-cold: (forward s, backward s) on one thread."""
     import math
 
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         make = _builder(op)
         fwd_fn, leaves0 = make()
         out = fwd_fn(*leaves0)
@@ -175,8 +199,6 @@ def measure(op: OpSpec) -> tuple[float, float]:
 
         f = _time(fwd, n_sets)
         fb = _time(both, n_sets)
-    finally:
-        torch.set_num_threads(before)
     return f, max(0.0, fb - f)
 
 
@@ -199,24 +221,14 @@ def measure_optimizer_s(shapes: list[tuple[int, ...]]) -> float:
     """
     import torch
 
-    global _dirty
-    cache = _load()
-    k = "adamw|" + ";".join("x".join(map(str, s)) for s in sorted(shapes))
-    if k in cache:
-        return cache[k][0]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    def run() -> float:
         params = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
         for p in params:
             p.grad = torch.randn_like(p)
         opt = torch.optim.AdamW(params, lr=1e-3)
-        t = _time(lambda _i: opt.step(), 1)
-    finally:
-        torch.set_num_threads(before)
-    cache[k] = (t, 0.0)
-    _dirty = True
-    return t
+        return _time(lambda _i: opt.step(), 1)
+
+    return _cached_s("adamw|" + ";".join("x".join(map(str, s)) for s in sorted(shapes)), run)
 
 
 def _block(model, tp: int, recompute: str, dtype):
@@ -279,17 +291,12 @@ def layer_times_s(model, tp: int, micro_batch: int, seq_len: int, recompute: str
     """
     import torch
 
-    global _dirty
-    cache = _load()
     key = (f"layer|{model.hidden_size}|{model.num_heads}|{model.num_kv_heads}|{model.head_dim}|"
            f"{model.ffn_hidden_size}|{int(model.gated_mlp)}|{model.norm}|{model.model_type}|{tp}|{micro_batch}|"
            f"{seq_len}|{recompute}|{dtype_name}")
-    if key in cache:
-        return cache[key][0]
-    dt = _tdtype(dtype_name)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+
+    def run() -> float:
+        dt = _tdtype(dtype_name)
         blk = _block(model, tp, recompute, dt)
         x = torch.randn(micro_batch, seq_len, model.hidden_size, dtype=dt, requires_grad=True)
         grad = torch.ones_like(x)
@@ -299,12 +306,9 @@ def layer_times_s(model, tp: int, micro_batch: int, seq_len: int, recompute: str
             x.grad = None
             blk.zero_grad(set_to_none=True)
 
-        t = _time(step, 1)
-    finally:
-        torch.set_num_threads(before)
-    cache[key] = (t, 0.0)
-    _dirty = True
-    return t
+        return _time(step, 1)
+
+    return _cached_s(key, run)
 
 
 def head_times_s(vocab_shard: int, hidden: int, tokens: int, dtype_name: str) -> float:
@@ -312,15 +316,8 @@ def head_times_s(vocab_shard: int, hidden: int, tokens: int, dtype_name: str) ->
     import torch
     import torch.nn.functional as F
 
-    global _dirty
-    cache = _load()
-    key = f"head|{vocab_shard}|{hidden}|{tokens}|{dtype_name}"
-    if key in cache:
-        return cache[key][0]
-    dt = _tdtype(dtype_name)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    def run() -> float:
+        dt = _tdtype(dtype_name)
         x = torch.randn(tokens, hidden, dtype=dt, requires_grad=True)
         w = torch.randn(vocab_shard, hidden, dtype=dt, requires_grad=True)
         nw, nb = torch.ones(hidden, dtype=dt, requires_grad=True), torch.zeros(hidden, dtype=dt, requires_grad=True)
@@ -332,9 +329,6 @@ def head_times_s(vocab_shard: int, hidden: int, tokens: int, dtype_name: str) ->
             for t in (x, w, nw, nb):
                 t.grad = None
 
-        t = _time(step, 1)
-    finally:
-        torch.set_num_threads(before)
-    cache[key] = (t, 0.0)
-    _dirty = True
-    return t
+        return _time(step, 1)
+
+    return _cached_s(f"head|{vocab_shard}|{hidden}|{tokens}|{dtype_name}", run)

@@ -68,11 +68,6 @@ def learned() -> dict:
     return {k: max(0.0, float(rec.get(k, 0.0))) for k in zero}
 
 
-def sync_wait_s() -> float:
-    """The learned wait per synchronisation point, free-core seconds (see :func:`learned`)."""
-    return learned()["sync_wait_s"]
-
-
 def _sync_points_per_step(run_dir, rank: int) -> float:
     from profiler.runs import load_run
 
