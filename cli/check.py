@@ -22,7 +22,7 @@ def check(
                                                                       "does not load the traces).")] = False,
     contention: Annotated[bool, typer.Option("--contention", help="Scale the prediction by the host contention "
                                              "measured from the run's own operator timings (shared runners).")] = False,
-    learn: Annotated[bool, typer.Option("--learn", help="Fit this host's learned terms (per-layer overheads, "
+    learn: Annotated[bool, typer.Option("--learn", help="Fit this host's learned terms (compute scale, "
                                         "wait per collective) from RUN; later local:N plans use them.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:

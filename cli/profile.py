@@ -36,6 +36,10 @@ def profile(
     rdzv_id: Annotated[str, typer.Option("--rdzv-id", help="Rendezvous job id.")] = "meshplan",
     warmup: Annotated[int, typer.Option("--warmup", help="Steps skipped before measuring.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Steps measured (traced).")] = 8,
+    unprofiled: Annotated[int, typer.Option("--unprofiled-steps", min=0,
+                                            help="Steps timed after the traced ones with the profiler stopped "
+                                                 "(`meshplan check` judges on them: the profiler's cost per op "
+                                                 "is in the traced steps only); 0 = none.")] = 8,
     pin: Annotated[Optional[bool], typer.Option("--pin/--no-pin",
                                                 help="One core per rank (default: when ranks <= cores).")] = None,
     from_plan: Annotated[Optional[Path], typer.Option("--from-plan", help="Plan: world size + --plan for the "
@@ -60,12 +64,12 @@ def profile(
 
     cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
                        node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-                       rdzv_id=rdzv_id, warmup=warmup, steps=steps, pin=pin, plan=from_plan,
+                       rdzv_id=rdzv_id, warmup=warmup, steps=steps, unprofiled=unprofiled, pin=pin, plan=from_plan,
                        stop_when_done=not keep_running, show_output=show_output)
     command = shlex.join(["meshplan", *sys.argv[1:]]) if sys.argv and "meshplan" in sys.argv[0] else None
     with Progress(TextColumn("[bold]profiling[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as bar:
-        task = bar.add_task(script.name, total=warmup + steps)
+        task = bar.add_task(script.name, total=warmup + steps + (1 + unprofiled if unprofiled else 0))
         result = launch(cfg, on_progress=lambda done, total: bar.update(task, completed=done, total=total),
                         meshplan_command=command)
     for w in result.warnings:
@@ -76,12 +80,16 @@ def profile(
         return
     table = Table(title=f"{out}  ({run['world_size']} ranks, {run['backend']}, "
                         f"{run['warmup_steps_skipped']} warm-up steps skipped)")
-    for col in ("rank", "device", "core", "steps", "median step (ms)", "min (ms)", "max (ms)"):
+    for col in ("rank", "device", "core", "steps", "median step (ms)", "min (ms)", "max (ms)",
+                "unprofiled steps", "unprofiled median (ms)"):
         table.add_column(col, justify="right" if col not in ("device",) else "left")
+    unprof = run.get("unprofiled_step_times_s") or {}
     for rank, times in sorted(run["step_times_s"].items(), key=lambda kv: int(kv[0])):
         med = statistics.median(times) if times else 0.0
+        free = unprof.get(rank) or []
         table.add_row(rank, str(run["devices"].get(rank)), str(run["pinned_cores"].get(rank)), str(len(times)),
-                      f"{med * 1e3:.1f}", f"{min(times, default=0) * 1e3:.1f}", f"{max(times, default=0) * 1e3:.1f}")
+                      f"{med * 1e3:.1f}", f"{min(times, default=0) * 1e3:.1f}", f"{max(times, default=0) * 1e3:.1f}",
+                      str(len(free)), f"{statistics.median(free) * 1e3:.1f}" if free else "-")
     console.print(table)
 
 

@@ -64,6 +64,13 @@ class MeasuredRun:
     spread: float  # (p90 - p10) / median over steps
     peak_memory_bytes: Optional[int]
     record: dict
+    traced_median_s: float = 0.0  # median of the traced steps (== median_s unless ``unprofiled``)
+    unprofiled: bool = False  # step_s are the steps timed with the profiler stopped
+
+    @property
+    def profiler_overhead_s(self) -> float:
+        """Traced median minus unprofiled median (the profiler's cost per step; 0 without unprofiled steps)."""
+        return self.traced_median_s - self.median_s if self.unprofiled else 0.0
 
 
 def load_measured(run_dir: str | Path) -> MeasuredRun:
@@ -83,8 +90,14 @@ def load_measured(run_dir: str | Path) -> MeasuredRun:
     times = rec.get("step_times_s") if isinstance(rec, dict) else None
     if not isinstance(times, dict) or not times or not all(isinstance(v, list) and v for v in times.values()):
         raise MeshplanError(f"{f}: no measured step times (step_times_s) for every rank")
-    n = min(len(v) for v in times.values())
-    step = tuple(max(float(v[i]) for v in times.values()) for i in range(n))
+    step = _slowest_rank_steps(times)
+    traced_med = statistics.median(step)
+    # the steps timed with the profiler stopped, when every rank has enough: the job as it runs unprofiled
+    free = rec.get("unprofiled_step_times_s")
+    unprofiled = (isinstance(free, dict) and set(free) == set(times)
+                  and all(isinstance(v, list) and len(v) >= MIN_UNPROFILED for v in free.values()))
+    if unprofiled:
+        step = _slowest_rank_steps(free)
     med = statistics.median(step)
     spread = (_quantile(list(step), 0.9) - _quantile(list(step), 0.1)) / med if med > 0 else 0.0
     peak = None
@@ -97,7 +110,15 @@ def load_measured(run_dir: str | Path) -> MeasuredRun:
             peak = int(v)
             break
     world = int(rec.get("world_size") or len(times))
-    return MeasuredRun(p, world, step, med, spread, peak, rec)
+    return MeasuredRun(p, world, step, med, spread, peak, rec, traced_med, unprofiled)
+
+
+MIN_UNPROFILED = 3  # unprofiled steps per rank needed to judge on them (else the traced steps are used)
+
+
+def _slowest_rank_steps(times: dict) -> tuple[float, ...]:
+    n = min(len(v) for v in times.values())
+    return tuple(max(float(v[i]) for v in times.values()) for i in range(n))
 
 
 # ---------------------------------------------------------------- is this run the plan's job?
@@ -210,6 +231,8 @@ class CheckResult:
     warnings: list[str] = field(default_factory=list)
     raw_error: Optional[float] = None  # vs the plan's own prediction, when judged on a contention-scaled one
     contention: Optional[float] = None  # traced / fastest time of the run's repeated ops (planner.contention)
+    traced_s: Optional[float] = None  # median of the traced steps when measured_s comes from unprofiled ones
+    profiler_overhead_s: float = 0.0  # traced minus unprofiled median: taken off the measured compute phase
 
     @property
     def exit_code(self) -> int:
@@ -267,6 +290,12 @@ def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
     res = CheckResult(str(plan_path), str(run_path), tolerance, predicted_s, run.median_s, err,
                       abs(err) <= tolerance, run.spread, noisy, len(run.step_s), list(run.step_s),
                       pred.peak_memory_bytes, run.peak_memory_bytes, warnings=warns)
+    if run.unprofiled:
+        res.traced_s, res.profiler_overhead_s = run.traced_median_s, run.profiler_overhead_s
+        res.warnings.append(f"judged on {len(run.step_s)} steps timed with the profiler stopped (median "
+                            f"{1e3 * run.median_s:.1f} ms; the traced steps' {1e3 * run.traced_median_s:.1f} ms, "
+                            f"{100 * run.profiler_overhead_s / run.median_s:+.1f}%, hold the profiler's cost, "
+                            "taken off the measured compute phase)")
     if contention:
         res.contention = contention
         res.raw_error = (run.median_s - pred.step_time_s) / pred.step_time_s
@@ -302,6 +331,8 @@ def _add_phases(res: CheckResult, plan: Plan, run_path) -> None:
     predicted = {"compute_s": f * (b.compute_s + b.other_s), "exposed_comm_s": b.exposed_comm_s,
                  "bubble_s": f * b.bubble_s}
     measured = mb.as_dict()
+    # the traces hold the profiler's own cost per op (main-thread CPU time): the unprofiled steps show how much
+    measured["compute_s"] = max(0.0, measured["compute_s"] - res.profiler_overhead_s)
     rows = [{"phase": PHASE_LABEL[k], "predicted_s": predicted[k], "measured_s": measured[k],
              "delta_s": measured[k] - predicted[k]} for k in PHASE_LABEL]
     res.phases = rows

@@ -33,11 +33,12 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Framework work per parallel wrapper**: FSDP2's per-unit pre/post hooks (copy-in/out, views) and DTensor
   dispatch for every TP-sharded linear, as counts of host ops (from torch 2.13 CPU traces of
   ``examples/train_gpt.py``) priced at the per-op overhead.
-* **Learned from runs** (``planner.local_fit``, ``meshplan costmodel fit --runs`` / ``check --learn``; 0 before
-  any fit): every collective (``sync_points``) costs the host's learned wait for peers, and every layer of a
-  micro-batch its learned framework overhead beyond the timed blocks (plus tensor parallelism's own with TP).
-* **Pipeline bubble**: (pp - 1) micro-batch slots of the average stage, for GPipe and 1F1B alike
-  (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
+* **Learned from runs** (``planner.local_fit``, ``meshplan costmodel fit --runs`` / ``check --learn``; neutral
+  before any fit): the CPU work is scaled by the host's learned ratio of measured to priced compute, and every
+  collective (``sync_points``) costs the host's learned wait for peers.
+* **Pipeline bubble**: the slowest stage waits, per step, for the other stages' per-micro-batch work (the first
+  forward reaching it, the last backward draining), for GPipe and 1F1B alike; with balanced stages that is
+  (p - 1) micro-batch slots (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
 * **Optimizer**: an AdamW step timed on the rank's real list of parameter shapes (per-tensor overhead).
 * **Oversubscription**: with more ranks than cores the step's compute lasts at least the ranks' total compute
   time (bubble excluded: a stage waiting in recv sleeps) divided by the cores, and longer by the calibration's
@@ -219,7 +220,11 @@ def estimate_cpu(work, layout: Layout):
     slow = max(range(pp), key=lambda i: per_mb[i])
     compute = m * stage_mb[slow]
     comm = m * stage_comm_mb[slow]
-    bubble = (pp - 1) * sum(per_mb) / pp
+    # the slowest stage idles while the micro-batch's forward reaches it and its backward drains past the other
+    # stages: per step, the other stages' per-micro-batch work (balanced stages: (pp - 1) slots, Narayanan et al.
+    # 2021 §2.2). The average stage overstated it: tiny GPT PP=2 measured 42 ms idle where the mean gave 64 ms,
+    # the other stage's own time 42 ms (its last stage holds the LM head and loss).
+    bubble = sum(per_mb) - per_mb[slow]
 
     # data-parallel gradient sync of the slowest stage's parameters (fp32 gradients, as the trainer keeps them)
     dense, expert = stage_params(model, layout, slow)
@@ -254,16 +259,18 @@ def estimate_cpu(work, layout: Layout):
             if last > 0:
                 comm += coll("allreduce", last, layout.dp_replicate, rep_link)
 
-    # learned wait per synchronisation point and overhead per micro-batch (planner.local_fit; 0 before a fit)
+    optimizer = measure_optimizer_s(_param_shapes(model, layout, slow, stage_layers(model, layout, slow)))
+    flush()
+
+    # learned from this host's runs (planner.local_fit; 1 and 0 before a fit): the ratio of the runs' compute
+    # to this free-core pricing, on all CPU work (the bubble is the other stages' compute), and the wait per
+    # collective (a pipeline stage's wait for its neighbour is the bubble, priced above)
     from planner.local_fit import learned
 
     fit = learned()
-    compute += m * n_layers * (fit["layer_overhead_s"] + (fit["tp_layer_overhead_s"] if layout.tp > 1 else 0.0))
-    # collectives only: a pipeline stage's wait for its neighbour is the bubble, priced above
+    compute, bubble, optimizer = (x * fit["compute_scale"] for x in (compute, bubble, optimizer))
+    stage_mb = [x * fit["compute_scale"] for x in stage_mb]
     comm += sync_points(model, layout, m, n_layers) * fit["sync_wait_s"]
-
-    optimizer = measure_optimizer_s(_param_shapes(model, layout, slow, stage_layers(model, layout, slow)))
-    flush()
     step = compute + comm + bubble + optimizer
     # More ranks than cores: the ranks' busy time (everything but the bubble, when a stage sleeps in recv)
     # shares the cores, so the step lasts at least sum(busy) / cores (work conservation); stretched evenly.

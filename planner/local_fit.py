@@ -1,29 +1,29 @@
-"""Learning from its own runs (issue 6 item 5) for the CPU path: framework overheads and sync waits.
+"""Learning from its own runs (issue 6 item 5) for the CPU path: the host's compute ratio and sync waits.
 
-``planner.estimate_cpu`` prices a step from blocks timed on a free core, the calibrated in-step collectives and
-counted framework work. What a real run adds beyond that is learned from measured runs, one term per mechanism,
-so that what one plan teaches transfers to the plans that share the mechanism:
+``planner.estimate_cpu`` prices a step from blocks timed on a free core (the fastest repetition), the calibrated
+in-step collectives and counted framework work; ``meshplan check --contention`` scales the CPU part by the run's
+contention factor (``planner.contention``: traced over fastest call of its repeated operators). Both use the
+fastest of noisy samples, and what that leaves of a real run is learned from measured runs, as terms every
+plan shares, so what one plan teaches transfers to the others:
 
-* ``layer_overhead_s``: per layer and micro-batch, what a training step does beyond the timed blocks (wrapper
-  hooks, autograd bookkeeping across blocks, the trainer's own Python). Learned from runs without tensor
-  parallelism; added to every plan.
-* ``tp_layer_overhead_s``: per layer and micro-batch of a tensor-parallel plan, the DTensor dispatch and
-  redistribution work beyond the counted host ops (measured: the counted ops price about half of it). Learned
-  from runs with TP, after the base term; added to plans with TP.
+* ``compute_scale``: measured compute / contention / priced compute of a run: how far this host's real steps
+  sit from the free-core pricing, all CPU work alike (blocks, framework work, optimizer; the pipeline bubble is
+  the other stages' compute). Measured here on unprofiled steps: 0.84-0.96 over DDP, FSDP, TP and PP runs (the
+  contention factor of a traced run overstates the slowdown a little). Any run teaches it.
 * ``sync_wait_s``: per collective the rank waits on, the time ranks drift apart by scheduler noise and uneven
   work. Learned only from runs with at least ``MIN_SYNC_POINTS`` collectives per step: a 2-collective DDP step
   holds a few milliseconds of it, noise that would be multiplied by the 50 collectives of a TP step.
 
-For a run of plan P, with the run's contention f (``planner.contention``) divided out and P re-priced with no
-learned term (``planner.search.estimate_plan``):
+For a run of plan P, with the run's contention f divided out and P re-priced with no learned term
+(``planner.search.estimate_plan``):
 
-    compute residual = measured compute / f - predicted compute        -> the layer term of P's kind / (m x layers)
-    sync_wait_s      = max(0, measured comm + bubble / f - predicted (comm + bubble)) / sync points
+    compute_scale = ((measured step - comm - bubble) / f) / predicted compute   (kept within [0.5, 2])
+    sync_wait_s   = max(0, measured comm + bubble / f - predicted (comm + bubble x scale)) / sync points
 
 (the pipeline bubble is in the second line because a stage's wait in recv is measured as comm or bubble
-depending on where it falls). Terms are never negative (the model only adds overheads it measured). Each fit
-updates the terms its run informs and keeps the others (``local-fit.json`` beside the host calibration);
-``meshplan costmodel fit --runs RUN`` and ``meshplan check PLAN RUN --learn`` fit them.
+depending on where it falls). Each fit updates the terms its run informs and keeps the others
+(``local-fit.json`` beside the host calibration); ``meshplan costmodel fit --runs RUN`` and ``meshplan check
+PLAN RUN --learn`` fit them.
 """
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ from pathlib import Path
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
-FIT_VERSION = 2  # 2: per-mechanism terms (tp_layer_overhead_s), sync wait only from runs with enough collectives
-TERMS = ("sync_wait_s", "layer_overhead_s", "tp_layer_overhead_s")
+FIT_VERSION = 3  # 2: per-mechanism terms, sync wait only from runs with enough collectives; 3: compute_scale
+# (judged on unprofiled steps, the runs' compute sat below the contention-scaled pricing: additive overheads
+# that could only grow could not learn that)
+TERMS = ("sync_wait_s", "compute_scale")
+NEUTRAL = {"sync_wait_s": 0.0, "compute_scale": 1.0}
+SCALE_RANGE = (0.5, 2.0)
 MIN_SYNC_POINTS = 8  # collectives per step a run needs to teach sync_wait_s
 
 
@@ -50,22 +54,26 @@ def fit_file() -> Path:
 
 
 def learned() -> dict:
-    """``{term: seconds}`` for ``TERMS`` learned on this host, free-core seconds (zeros before any fit, or when
-    ``MESHPLAN_NO_LOCAL_FIT`` is set: tests that must not depend on what this host learned set it)."""
+    """``{term: value}`` for ``TERMS`` learned on this host (``sync_wait_s`` in free-core seconds, ``compute_scale``
+    a ratio); ``NEUTRAL`` before any fit, or when ``MESHPLAN_NO_LOCAL_FIT`` is set (tests that must not depend
+    on what this host learned set it)."""
     import os
 
     from planner.calibrate import _fingerprint
 
-    zero = {k: 0.0 for k in TERMS}
     if os.environ.get("MESHPLAN_NO_LOCAL_FIT"):
-        return zero
+        return dict(NEUTRAL)
     try:
         rec = json.loads(fit_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return zero
+        return dict(NEUTRAL)
     if rec.get("version") != FIT_VERSION or rec.get("fingerprint") != _fingerprint():
-        return zero
-    return {k: max(0.0, float(rec.get(k, 0.0))) for k in zero}
+        return dict(NEUTRAL)
+    try:
+        return {"sync_wait_s": max(0.0, float(rec.get("sync_wait_s", 0.0))),
+                "compute_scale": min(max(float(rec.get("compute_scale", 1.0)), SCALE_RANGE[0]), SCALE_RANGE[1])}
+    except (TypeError, ValueError):
+        return dict(NEUTRAL)
 
 
 def _sync_points_per_step(run_dir, rank: int) -> float:
@@ -128,16 +136,14 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
     old = learned()
     m = plan.grad_accum
     layers = plan.model.num_layers // plan.degrees.pp  # layers of a stage (train_gpt splits them evenly)
-    predicted_wait = b.exposed_comm_s + b.bubble_s
     predicted_compute = b.compute_s + b.other_s
     measured_wait = meas["exposed comm"] + meas["bubble"] / f  # comm prices are host-measured: not scaled
-    measured_compute = meas["compute"] / f
-    per_layer = (measured_compute - predicted_compute) / (m * layers)
-    taught = {}
-    if plan.degrees.tp > 1:  # the base term comes from earlier fits; the rest is tensor parallelism's own
-        taught["tp_layer_overhead_s"] = max(0.0, per_layer - old["layer_overhead_s"])
-    else:
-        taught["layer_overhead_s"] = max(0.0, per_layer)
+    # the step's CPU part: the measured step (unprofiled when the run has such steps) less the traced waits; the
+    # traced compute phase alone misses what lies between the phase medians and the step (10-20 ms a DDP step)
+    measured_compute = max(0.0, res.measured_s - meas["exposed comm"] - meas["bubble"]) / f
+    scale = min(max(measured_compute / predicted_compute, SCALE_RANGE[0]), SCALE_RANGE[1])
+    taught = {"compute_scale": scale}
+    predicted_wait = b.exposed_comm_s + b.bubble_s * scale
     if n >= MIN_SYNC_POINTS:
         taught["sync_wait_s"] = max(0.0, (measured_wait - predicted_wait) / n)
     out = {**old, **taught, "taught": sorted(taught), "sync_points": n, "microbatches": m, "layers": layers,
@@ -200,7 +206,6 @@ def fit_runs_local(runs: list[str | Path], save: bool = True) -> dict:
 
 def learned_line(fit: dict) -> str:
     """One line naming every term a fit holds (ms), the ones it was taught marked."""
-    names = {"layer_overhead_s": "per layer and micro-batch", "tp_layer_overhead_s": "per TP layer and micro-batch",
-             "sync_wait_s": "wait per collective"}
     taught = set(fit.get("taught", TERMS))
-    return ", ".join(f"{names[k]} {1e3 * fit[k]:.2f} ms" + ("" if k in taught else " (kept)") for k in TERMS)
+    parts = [f"wait per collective {1e3 * fit['sync_wait_s']:.2f} ms", f"compute scale {fit['compute_scale']:.3f}"]
+    return ", ".join(p + ("" if k in taught else " (kept)") for p, k in zip(parts, TERMS))

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import profiler.capture as capture_mod
-from profiler.capture import (ENV_CORES, ENV_OUT, ENV_STEPS, ENV_STOP, ENV_WARMUP, Capture, CaptureDone,
-                              _env_int)
+from profiler.capture import (ENV_CORES, ENV_OUT, ENV_STEPS, ENV_STOP, ENV_UNPROFILED, ENV_WARMUP, Capture,
+                              CaptureDone, _env_int)
 
 
 def pin_to_core(local_rank: int, cores_spec: str) -> Optional[int]:
@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
         return 2
     script = Path(argv[0])
     cap = Capture(os.environ[ENV_OUT], warmup=_env_int(ENV_WARMUP, 2), steps=_env_int(ENV_STEPS, 8),
-                  stop_when_done=os.environ.get(ENV_STOP, "1") == "1", merge=False)
+                  stop_when_done=os.environ.get(ENV_STOP, "1") == "1", merge=False,
+                  unprofiled=_env_int(ENV_UNPROFILED, 0))
     cap.pinned_core = pin_to_core(cap.local_rank, os.environ.get(ENV_CORES, ""))
 
     import torch.optim.optimizer as optim_mod

@@ -47,6 +47,8 @@ ENV_WARMUP = "MESHPLAN_CAPTURE_WARMUP"
 ENV_STEPS = "MESHPLAN_CAPTURE_STEPS"
 ENV_CORES = "MESHPLAN_CAPTURE_CORES"  # comma list of cores to pin local ranks to; empty = no pinning
 ENV_STOP = "MESHPLAN_CAPTURE_STOP"  # "1": end the script once the measured window is written
+ENV_UNPROFILED = "MESHPLAN_CAPTURE_UNPROFILED"  # steps timed with the profiler off, after the traced window
+ENV_TOTAL = "MESHPLAN_CAPTURE_TOTAL_STEPS"  # steps the capture needs: a script may size its loop from it
 ENV_PLAN = "MESHPLAN_PLAN"
 
 
@@ -76,6 +78,10 @@ class Capture:
     Steps are counted by :meth:`step` calls (one per training step, after the optimizer update). The first
     ``warmup`` steps are skipped: the profiler ``schedule`` waits ``warmup - 1`` steps and warms up for one
     (torch discards the warm-up step's events), then records ``steps`` active steps and exports the trace.
+    With ``unprofiled`` > 0 the profiler is stopped at the end of the step after the traced window (that
+    step is discarded) and the next ``unprofiled`` steps are timed with no profiler attached: the profiler's
+    own cost per recorded op (about 5 us here, 13-15% of a small CPU step) is in the traced steps only, so
+    ``meshplan check`` judges a plan on the steps the job runs without it.
 
     Args:
         out_dir: Run folder.
@@ -83,17 +89,23 @@ class Capture:
         steps: Steps measured (>= 1).
         rank: Global rank; defaults to ``$RANK`` (0 when unset).
         record_shapes: Record input shapes of ops (needed by the cost model).
-        stop_when_done: Raise :class:`CaptureDone` from :meth:`step` once the trace is written.
+        stop_when_done: Raise :class:`CaptureDone` from :meth:`step` once the trace is written (and the
+            unprofiled steps are timed).
+        unprofiled: Steps timed after the traced window with the profiler stopped (>= 0).
         merge: On :meth:`stop`, write ``run.json`` once every rank's record is present (library form; the
             launcher merges itself and turns this off).
     """
 
     def __init__(self, out_dir: str | os.PathLike, warmup: int = 2, steps: int = 8, rank: Optional[int] = None,
-                 record_shapes: bool = True, stop_when_done: bool = False, merge: bool = True):
+                 record_shapes: bool = True, stop_when_done: bool = False, merge: bool = True,
+                 unprofiled: int = 0):
         if warmup < 0:
             raise MeshplanError(f"warmup={warmup}: must be >= 0")
         if steps < 1:
             raise MeshplanError(f"steps={steps}: must be >= 1")
+        if unprofiled < 0:
+            raise MeshplanError(f"unprofiled={unprofiled}: must be >= 0")
+        self.unprofiled = unprofiled
         self.out_dir = Path(out_dir)
         self.warmup = warmup
         self.steps = steps
@@ -111,6 +123,7 @@ class Capture:
         self._trace_written = False
         self._window_closed = False  # all measured steps ended; the profiler still to be stopped
         self._stopped = False
+        self._profiler_stopped = False
         self._ready_prof: Any = None
         self._progress_fd: Optional[int] = None
 
@@ -143,17 +156,22 @@ class Capture:
             return
         self._boundaries_s.append(time.perf_counter())
         self._note_distributed()
-        done = len(self._boundaries_s) - 1 >= self.warmup + self.steps
+        n = len(self._boundaries_s) - 1
+        done = n >= self.warmup + self.steps
         if self._prof is not None and not self._trace_written and not self._window_closed:
-            if done and self.stop_when_done and self._end_step_span():
+            if done and (self.stop_when_done or self.unprofiled) and self._end_step_span():
                 # Called from the optimizer post-hook, i.e. inside the Optimizer.step span: stopping the profiler
-                # here would cut that span open. End the step span only; stop() stops the profiler once the
-                # script has unwound (CaptureDone), so the last step looks like every other one.
+                # here would cut that span open. End the step span only; the profiler is stopped later (stop(),
+                # once the script has unwound, or after the next step), so the last step looks like the others.
                 self._window_closed = True
             else:
                 self._prof.step()  # after the last active step the profiler stops and calls on_trace_ready
+        elif self._window_closed and self.unprofiled and n == self.warmup + self.steps + 1:
+            self._stop_profiler()  # the first step after the window ran traced: it is not timed
+            self._boundaries_s[-1] = time.perf_counter()  # and it, not the next, holds the stop's cost
         self._write_progress()
-        if self.stop_when_done and (self._trace_written or self._window_closed):
+        finished = n >= self.total_steps
+        if self.stop_when_done and (self._trace_written or self._window_closed) and finished:
             raise CaptureDone()  # the bootstrap catches it and calls stop(), which exports
 
     def stop(self) -> Path:
@@ -165,12 +183,7 @@ class Capture:
         if not self._stopped:
             self._stopped = True
             if self._prof is not None and not self._trace_written:
-                if self._window_closed:
-                    # Let helper threads (the gloo worker, pinned to this rank's core) close the spans of the
-                    # last step's collectives; an op still open when the profiler stops gets the stop time as
-                    # its end (seen: a 2 ms all-reduce recorded as 400 ms).
-                    time.sleep(_SETTLE_S)
-                self._prof.stop()  # a RECORD phase (complete or cut short) ends in on_trace_ready
+                self._stop_profiler()
             self._prof = None
             self._export()
             if self._progress_fd is not None:
@@ -182,6 +195,17 @@ class Capture:
                 self._try_merge()
             return path
         return self.out_dir / RECORD_DIR / f"rank{self.rank}.json"
+
+    def _stop_profiler(self) -> None:
+        if self._profiler_stopped or self._prof is None:
+            return
+        self._profiler_stopped = True
+        if self._window_closed:
+            # Let helper threads (the gloo worker, pinned to this rank's core) close the spans of the last
+            # step's collectives; an op still open when the profiler stops gets the stop time as its end
+            # (seen: a 2 ms all-reduce recorded as 400 ms).
+            time.sleep(_SETTLE_S)
+        self._prof.stop()  # a RECORD phase (complete or cut short) ends in on_trace_ready
 
     def __enter__(self) -> "Capture":
         return self.start()
@@ -201,6 +225,19 @@ class Capture:
         """Duration of the measured (active) steps, seconds: the steps the trace holds."""
         return self.all_step_times_s[self.warmup:self.warmup + self.steps]
 
+    @property
+    def total_steps(self) -> int:
+        """Steps the capture needs the script to run: warm-up, traced, and (when asked) 1 + unprofiled."""
+        return self.warmup + self.steps + (1 + self.unprofiled if self.unprofiled else 0)
+
+    @property
+    def unprofiled_step_times_s(self) -> list[float]:
+        """Duration of the steps timed with the profiler stopped (after the traced window), seconds."""
+        if not self.unprofiled:
+            return []
+        start = self.warmup + self.steps + 1
+        return self.all_step_times_s[start:start + self.unprofiled]
+
     def record(self) -> dict[str, Any]:
         """This rank's entry of ``run.json``."""
         import torch
@@ -211,6 +248,7 @@ class Capture:
             "pid": os.getpid(), "pinned_core": self.pinned_core, "torch_version": torch.__version__,
             "warmup_steps_skipped": self.warmup, "steps_requested": self.steps,
             "step_times_s": self.step_times_s, "all_step_times_s": self.all_step_times_s,
+            "unprofiled_steps_requested": self.unprofiled, "unprofiled_step_times_s": self.unprofiled_step_times_s,
             "trace": trace_name(self.rank) if (self.out_dir / trace_name(self.rank)).is_file() else None,
             "peak_memory_bytes": _peak_memory_bytes(),
         }
@@ -314,7 +352,7 @@ _BOOTSTRAP_ACTIVE = False  # set by profiler._bootstrap; a second torch.profiler
 
 
 def capture(out_dir: str | os.PathLike, warmup: int = 2, steps: int = 8,
-            record_shapes: bool = True) -> Capture | _Passive:
+            record_shapes: bool = True, unprofiled: int = 0) -> Capture | _Passive:
     """Library form: ``with capture(out) as cap: ... cap.step()`` profiles the steps of the ``with`` body.
 
     Under ``meshplan profile`` it does nothing (the launcher's bootstrap already profiles the script and finds
@@ -325,10 +363,11 @@ def capture(out_dir: str | os.PathLike, warmup: int = 2, steps: int = 8,
         warmup: Steps skipped before measuring.
         steps: Steps measured.
         record_shapes: Record op input shapes.
+        unprofiled: Steps timed after the traced window with the profiler stopped.
     """
     if _BOOTSTRAP_ACTIVE:
         return _Passive()
-    return Capture(out_dir, warmup=warmup, steps=steps, record_shapes=record_shapes)
+    return Capture(out_dir, warmup=warmup, steps=steps, record_shapes=record_shapes, unprofiled=unprofiled)
 
 
 def read_rank_records(out_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
@@ -370,6 +409,8 @@ def write_run_json(out_dir: str | os.PathLike, records: dict[int, dict[str, Any]
         "warmup_steps_skipped": first.get("warmup_steps_skipped"),
         "steps_requested": first.get("steps_requested"),
         "step_times_s": {str(k): records[k].get("step_times_s", []) for k in ranks},
+        "unprofiled_steps_requested": first.get("unprofiled_steps_requested") or 0,
+        "unprofiled_step_times_s": {str(k): records[k].get("unprofiled_step_times_s") or [] for k in ranks},
         "peak_memory_bytes": {str(k): records[k].get("peak_memory_bytes") for k in ranks
                               if records[k].get("peak_memory_bytes") is not None},
         "traces": {str(k): records[k]["trace"] for k in ranks if records[k].get("trace")},

@@ -24,8 +24,8 @@ from typing import Callable, Optional
 
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
-from profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_WARMUP, RECORD_DIR, RUN_JSON,
-                              load_run_json, read_rank_records, write_run_json)
+from profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED, ENV_WARMUP,
+                              RECORD_DIR, RUN_JSON, load_run_json, read_rank_records, write_run_json)
 
 LOG_NAME = "launch.log"
 PLAN_COPY = "plan.yaml"  # the --from-plan file, copied into the run folder
@@ -45,6 +45,8 @@ class LaunchConfig:
         rdzv_backend, rdzv_endpoint, rdzv_id: torchrun rendezvous (multi-node).
         warmup: Steps skipped before measuring.
         steps: Steps measured.
+        unprofiled: Steps timed after the traced window with the profiler stopped (``Capture``); the
+            script learns how many steps to run from ``$MESHPLAN_CAPTURE_TOTAL_STEPS``.
         pin: Pin each local rank to its own core; None = when there are enough cores.
         plan: Plan file (``--from-plan``): its path reaches the script and its world size sets nproc.
         stop_when_done: End the script once the measured steps are written.
@@ -62,6 +64,7 @@ class LaunchConfig:
     rdzv_id: str = "meshplan"
     warmup: int = 2
     steps: int = 8
+    unprofiled: int = 0
     pin: Optional[bool] = None
     plan: Optional[Path] = None
     stop_when_done: bool = True
@@ -209,15 +212,16 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
     cmd = torchrun_command(cfg)
     pkg_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
+    total = cfg.warmup + cfg.steps + (1 + cfg.unprofiled if cfg.unprofiled else 0)
     env.update({ENV_OUT: str(out.resolve()), ENV_WARMUP: str(cfg.warmup), ENV_STEPS: str(cfg.steps),
                 ENV_CORES: ",".join(map(str, cores)), ENV_STOP: "1" if cfg.stop_when_done else "0",
+                ENV_UNPROFILED: str(cfg.unprofiled), ENV_TOTAL: str(total),
                 "PYTHONPATH": os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)})
     if cfg.plan is not None:
         env[ENV_PLAN] = str(cfg.plan)
     if cores:
         env.setdefault("OMP_NUM_THREADS", "1")  # one pinned core per rank: more threads only contend
     log = out / LOG_NAME
-    total = cfg.warmup + cfg.steps
     with open(log, "wb") as log_fh:
         sink = None if cfg.show_output else log_fh
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None)
@@ -242,6 +246,10 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
         if got < cfg.steps:
             warnings.append(f"rank {rank}: only {got} of {cfg.steps} measured steps (the script ran "
                             f"{len(rec['all_step_times_s'])} steps, {cfg.warmup} skipped as warm-up)")
+        elif len(rec.get("unprofiled_step_times_s") or []) < cfg.unprofiled:
+            warnings.append(f"rank {rank}: only {len(rec.get('unprofiled_step_times_s') or [])} of "
+                            f"{cfg.unprofiled} unprofiled steps (the script ran {len(rec['all_step_times_s'])} "
+                            f"steps; it needs {total}, given to it as ${ENV_TOTAL})")
     extra = {"command": meshplan_command or shlex.join(cmd), "torchrun": cmd, "script": str(cfg.script),
              "argv": cfg.script_args, "nproc_per_node": cfg.nproc, "nnodes": cfg.nnodes,
              "plan": str(cfg.plan) if cfg.plan else None, "pinned": bool(cores)}

@@ -36,6 +36,7 @@ PLAIN_SCRIPT = textwrap.dedent('''
     rank = dist.get_rank()
     with open(f"{a.marker}.{rank}", "w") as fh:
         json.dump({"steps": a.steps, "plan": a.plan, "env_plan": os.environ.get("MESHPLAN_PLAN"),
+                   "total": os.environ.get("MESHPLAN_CAPTURE_TOTAL_STEPS"),
                    "affinity": sorted(os.sched_getaffinity(0))}, fh)
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)))
@@ -48,7 +49,7 @@ PLAIN_SCRIPT = textwrap.dedent('''
     dist.destroy_process_group()
 ''')
 
-WARMUP, STEPS = 3, 4
+WARMUP, STEPS, UNPROFILED = 3, 4, 5
 
 
 def _plan(world: int) -> Plan:
@@ -72,7 +73,7 @@ def profiled():
     plan_path = _plan(2).save(tmp / "toy.yaml")
     out = tmp / "run"
     res = CliRunner().invoke(app, ["profile", "--from-plan", str(plan_path), "--warmup", str(WARMUP),
-                                   "--steps", str(STEPS), "--out", str(out), "--json", str(script),
+                                   "--steps", str(STEPS), "--unprofiled-steps", str(UNPROFILED), "--out", str(out), "--json", str(script),
                                    "--steps", "40", "--marker", str(tmp / "marker")])
     assert res.exit_code == 0, res.output
     yield {"out": out, "tmp": tmp, "plan": plan_path, "output": res.stdout}
@@ -122,6 +123,20 @@ def test_warmup_steps_are_skipped(profiled):
         steps = _trace_steps(out / f"rank{r}.trace.json.gz")
         # Steps 0..WARMUP-1 never reach the trace; exactly STEPS measured steps follow.
         assert sorted(steps) == list(range(WARMUP, WARMUP + STEPS))
+
+
+def test_unprofiled_steps_follow_the_traced_window(profiled):
+    out = profiled["out"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["unprofiled_steps_requested"] == UNPROFILED
+    for r in (0, 1):
+        # warm-up + traced + the step that stops the profiler + the unprofiled ones, told to the script
+        seen = json.loads((profiled["tmp"] / f"marker.{r}").read_text())
+        assert seen["total"] == str(WARMUP + STEPS + 1 + UNPROFILED)
+        free = run["unprofiled_step_times_s"][str(r)]
+        assert len(free) == UNPROFILED and all(t > 0 for t in free)
+        # the profiler really stopped: the trace ends with the traced window (no ProfilerStep after it)
+        assert max(_trace_steps(out / f"rank{r}.trace.json.gz")) == WARMUP + STEPS - 1
 
 
 def test_step_times_per_rank_match_the_trace(profiled):

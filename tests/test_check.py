@@ -64,6 +64,24 @@ def test_measured_step_is_the_slowest_rank_median(tmp_path):
     assert m.spread == pytest.approx(0.074 / 0.21)
 
 
+def test_unprofiled_steps_are_judged_when_every_rank_has_enough(tmp_path):
+    plan = _plan(tmp_path)
+    traced = {"0": [0.26] * 6, "1": [0.25] * 6}
+    # slowest rank per step: [0.22, 0.21, 0.23, 0.21] -> median 0.215; traced median 0.26: profiler 0.045 s
+    free = {"0": [0.22, 0.20, 0.23, 0.21], "1": [0.21, 0.21, 0.22, 0.20]}
+    run = _run(tmp_path, traced, plan=plan, unprofiled_step_times_s=free)
+    m = load_measured(run)
+    assert m.unprofiled and m.median_s == pytest.approx(0.215) and m.traced_median_s == pytest.approx(0.26)
+    assert m.profiler_overhead_s == pytest.approx(0.045)
+    res = check(plan, run, 0.15, breakdown=False)
+    assert res.measured_s == pytest.approx(0.215) and res.error == pytest.approx(0.075)  # 0.215 / 0.200 - 1
+    assert res.traced_s == pytest.approx(0.26) and any("profiler stopped" in w for w in res.warnings)
+    # a rank with fewer than 3 unprofiled steps: the traced steps are judged, nothing is taken off
+    short = _run(tmp_path, traced, plan=plan, name="short", unprofiled_step_times_s={"0": [0.2] * 4, "1": [0.2] * 2})
+    m = load_measured(short)
+    assert not m.unprofiled and m.median_s == pytest.approx(0.26) and m.profiler_overhead_s == 0.0
+
+
 def test_pass_and_fail_exit_codes(tmp_path, runner):
     plan = _plan(tmp_path)
     ok = _run(tmp_path, {"0": [0.21] * 6, "1": [0.20] * 6}, plan=plan, name="ok")  # +5% of 0.200

@@ -4,6 +4,8 @@ Nothing is simulated: each test plans the tiny GPT (examples/tiny-gpt/config.jso
 ``local:2`` cluster, runs examples/train_gpt.py under ``meshplan profile`` with one pinned core per rank, and
 checks the run against the plan.
 
+Measured: the steps ``meshplan profile`` times after the traced window with the profiler stopped (the traced
+steps hold the profiler's own ~5 us per recorded op, 5-15% of these steps).
 Tolerance: this host is shared (issue 6 measured 117-196 ms for the same run), so the check is run with
 ``--contention``, which scales the prediction by the slowdown the run's own repeated operators show against
 their fastest call (planner/contention.py), and the tolerance is 15% or the run's own step spread when that is
@@ -111,8 +113,9 @@ def test_pipeline_plan_matches_its_real_run(runner, tmp_path):
     plan = _plan(runner, tmp_path, "pp", "pp=2,vpp=1,mbs=4")
     _profile(runner, plan, tmp_path / "run")
     code, d = _check_remeasured(runner, plan, tmp_path / "run", 0.15)
-    # With collectives priced from the in-step calibration, 2-stage 1F1B measured -0.1% to -3.5% off its
-    # prediction over three sets of runs (BENCHMARKS.md), so the issue's 15% applies here too.
+    # Judged on the unprofiled steps: 2-stage 1F1B measured -11.3% and -16.5% (predicted slow: the contention
+    # factor of its traced operators overstates the compute slowdown) over two run sets (BENCHMARKS.md); a miss
+    # is measured once more, as every check here.
     _assert_within(code, d, bound=0.15)
     bubble = next(p for p in d["phases"] if p["phase"] == "bubble")
     assert bubble["measured_s"] > 0 and bubble["predicted_s"] > 0  # a 2-stage pipeline idles
@@ -123,8 +126,8 @@ def test_pipeline_plan_matches_its_real_run(runner, tmp_path):
 def test_sharded_plans_match_their_real_runs(runner, tmp_path, name, fix):
     """FSDP2 and TP: dozens of small gloo collectives per step, priced by the calibration's in-step timings.
 
-    Three runs on this host, quiet: FSDP +1.4% / -1.1% / -1.2%, TP +11.3% / +4.3% / +11.9% (the alpha-beta
-    pricing before: FSDP +15.1%, TP +77.1% on the first of them).
+    Judged on the unprofiled steps, two run sets on this host, quiet: FSDP -7.3% / -0.3%, TP +1.8% / -3.7%
+    (judged on the traced steps before: TP +16% to +37%, the profiler's cost per op in the measurement only).
     """
     plan = _plan(runner, tmp_path, name, fix)
     _profile(runner, plan, tmp_path / "run")
@@ -151,8 +154,8 @@ def test_slowed_run_fails_and_names_compute(ddp):
 
 def test_learning_from_the_run_reduces_its_error(ddp, tmp_path, monkeypatch):
     """`meshplan costmodel fit --runs RUN` on the DDP run (into a private file): the run folder names its plan,
-    the fit re-prices it unfitted and learns the base per-layer overhead (a run without TP teaches that term,
-    and with 2 collectives per step not the wait per collective)."""
+    the fit re-prices it unfitted and learns the host's compute scale (with 2 collectives per step, not the wait
+    per collective)."""
     runner, tmp, plan = ddp
     _, before = _check(runner, plan, tmp / "run")
     fit_path = tmp_path / "local-fit.json"
@@ -162,14 +165,15 @@ def test_learning_from_the_run_reduces_its_error(ddp, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)["local"]
     (one,) = out["runs"]
-    assert one["plan"].endswith("plan.yaml") and one["taught"] == ["layer_overhead_s"]
+    assert one["plan"].endswith("plan.yaml") and one["taught"] == ["compute_scale"]
     assert one["microbatches"] == 2 and one["layers"] == 4 and one["sync_points"] < 8
     fit = json.loads(fit_path.read_text())
-    assert 0.0 <= fit["layer_overhead_s"] < 0.05 and fit["sync_wait_s"] == 0.0 and fit["tp_layer_overhead_s"] == 0.0
+    # the ratio of the run's compute (contention divided out) to its pricing, as the fit reports it
+    assert fit["compute_scale"] == pytest.approx(one["measured_compute_s"] / one["predicted_compute_s"], rel=1e-6)
+    assert 0.5 <= fit["compute_scale"] <= 2.0 and fit["sync_wait_s"] == 0.0
     refit = _plan(runner, tmp_path, "ddp-fitted", "dp_replicate=2,mbs=4")
     _, after = _check(runner, refit, tmp / "run")
     assert abs(after["error"]) <= abs(before["error"]) + 0.02  # in-sample: the fit cannot make it worse
-    assert after["predicted_s"] >= before["predicted_s"] - 1e-9  # it only adds measured overheads
 
 
 @pytest.mark.slow  # 4 ranks time-sliced on 2 cores: ~40 s for the run and, when it misses, its re-measurement
@@ -178,9 +182,9 @@ def test_mixed_plan_on_four_ranks_matches_its_real_run(runner, tmp_path):
     host's cores, priced from the calibration's "2of4" table (a peer may be descheduled)."""
     plan = _plan(runner, tmp_path, "mixed", "dp_replicate=2,pp=2,vpp=1,mbs=2", cluster="local:4")
     _profile(runner, plan, tmp_path / "run")
-    code, d = _check_remeasured(runner, plan, tmp_path / "run", 0.30)
-    # The issue's 15% is not met here (measured +15% to +25% over two run sets and three calibrations,
-    # BENCHMARKS.md): 4 ranks time-sliced on 2 cores, and the runs pay more per collective than the in-step
-    # calibration measures. 30% is that measured range with a margin; the exit code still follows the 15% verdict.
-    assert abs(d["error"]) <= max(0.30, d["spread"]), d
+    code, d = _check_remeasured(runner, plan, tmp_path / "run", 0.15)
+    # Judged on the unprofiled steps (the traced ones carry the profiler's ~5 us per op) with the bubble of the
+    # other stage's work: -10.0% and -8.7% over two run sets (BENCHMARKS.md). 4 ranks time-slice 2 cores, so
+    # the run's own spread (40-60% here) widens the bound, as for every check in this file.
+    assert abs(d["error"]) <= max(0.15, d["spread"]), d
     assert code == (0 if abs(d["error"]) <= 0.15 else 1)
