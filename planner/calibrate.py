@@ -15,7 +15,8 @@ Measures, in about 10-20 s, and caches as JSON under ``~/.cache/meshplan/`` (``M
 - gloo collectives **as a training step issues them** (``measure_gloo_in_step``): with p = 2 and p = 4 processes
   placed as ``meshplan profile`` places ranks (one pinned core each when there are enough cores, else unpinned,
   sharing them), every all-reduce / all-gather follows about a millisecond of single-thread compute, and the
-  mean wall time per call on the issuing thread is kept for sizes from 4 B to 4 MiB. That is what a rank pays:
+  mean wall time per call on the issuing thread is kept for sizes from 4 B to 4 MiB (sizes and kinds taken
+  round-robin, so each mean spans the whole launch's drift; median of 3 launches). That is what a rank pays:
   the gloo worker thread runs on the rank's own core and must be woken after compute, the peer's worker too, and
   with more ranks than cores a peer may be descheduled (time-slicing). Measured here (2 cores): a 512 KiB
   all-reduce takes 0.18 ms back to back but 2-3 ms after compute; with 4 ranks on 2 cores a 64 KiB one takes
@@ -47,9 +48,9 @@ from costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, regi
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
-CACHE_VERSION = 6  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
+CACHE_VERSION = 7  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
 # 4: groups inside an oversubscribed world (``in_world_key``); 5: back-to-back all-reduce bursts;
-# 6: median of 3 launches
+# 6: median of 3 launches; 7: sizes round-robin, 100 calls per size on own cores
 DEVICE_NAME = "cpu-local"
 GEMM_N = 768  # 2*768^3 = 0.9 GFLOP per call: long enough to time, short enough for a loaded 2-core box
 COPY_BYTES = 64 * 2**20  # larger than any LLC, so the copy streams from DRAM
@@ -58,9 +59,13 @@ FIT_BYTES = (4 * 2**20, 16 * 2**20)
 CHECK_BYTES = 8 * 2**20
 STEP_SIZES = (4, 64 * 2**10, 512 * 2**10, 4 * 2**20)  # bytes: DDP/FSDP/TP messages of small models lie here
 STEP_GROUPS = (2, 4)  # process counts measured in-step (2 ranks, and 4 ranks: oversubscribed on 2 cores)
-# calls per (kind, size) and launch: the mean of 30 calls after compute (12 varied 2x between calibrations). The
-# runs pay scheduler hiccups too, so it is a mean (a mean without the slowest 10% priced TP steps 25-35% low)
-STEP_REPS = 30
+# calls per (kind, size) and launch: a mean, because the runs pay every call (a mean without the slowest 10%
+# priced TP steps 25-35% low). Calls are bimodal here (~0.5 ms or 2.5-5.5 ms for 512 KiB after compute) and the
+# slow share drifts over seconds, so the sizes and kinds are measured round-robin (each size's calls spread over
+# the whole launch, not one contiguous half second) and ranks with their own cores take 100 calls (30: the 512 KiB
+# mean went 1.53, 2.00, 3.50 ms over three calibrations of one morning while the runs paid 2.0-2.4 ms per call).
+STEP_REPS = 100
+STEP_REPS_SHARED = 30  # ranks that share cores: each call lasts ~20 ms, so fewer
 STEP_SPAWNS = 3  # separate launches per table, median taken (``measure_gloo_in_step``)
 SHARE_N = 512  # square fp32 matmul of the time-slicing measurement: 8 x 2*512^3 = 2.1 GFLOP, ~20 ms per chunk
 SHARE_REPS = 8  # chunks per rank (the first is dropped as warm-up)
@@ -273,25 +278,30 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, gro
             groups = [dist.new_group(list(range(g, g + group))) for g in range(0, world, group)]  # all ranks call
             pg, size = groups[rank // group], group
         a = torch.randn(STEP_COMPUTE_N, STEP_COMPUTE_N)
-        res: dict = {"allreduce": {}, "allgather": {}}
+        bufs = {}
         for n in STEP_SIZES:
             t = torch.ones(max(1, n // 4))
-            out = torch.empty(size * t.numel())
+            bufs[n] = (t, torch.empty(size * t.numel()))
             dist.all_reduce(t, group=pg)
-            dist.all_gather_into_tensor(out, t, group=pg)  # warm-up: connection and buffers
-            for kind in ("allreduce", "allgather"):
-                dist.barrier()
-                calls = []
-                for _ in range(STEP_REPS):
-                    for _ in range(8):
-                        a @ a  # the step's compute between collectives (the worker threads go idle)
-                    t0 = time.perf_counter()
-                    if kind == "allreduce":
-                        dist.all_reduce(t, group=pg)
-                    else:
-                        dist.all_gather_into_tensor(out, t, group=pg)  # what FSDP2 issues
-                    calls.append(time.perf_counter() - t0)
-                res[kind][str(n)] = sum(calls) / len(calls)
+            dist.all_gather_into_tensor(bufs[n][1], t, group=pg)  # warm-up: connection and buffers
+        calls: dict = {(kind, n): [] for kind in ("allreduce", "allgather") for n in STEP_SIZES}
+        dist.barrier()
+        for _ in range(STEP_REPS if pin else STEP_REPS_SHARED):
+            for kind, n in calls:  # round-robin: every size sees the whole launch's drift alike
+                t, out = bufs[n]
+                for _ in range(8):
+                    a @ a  # the step's compute between collectives (the worker threads go idle)
+                t0 = time.perf_counter()
+                if kind == "allreduce":
+                    dist.all_reduce(t, group=pg)
+                else:
+                    dist.all_gather_into_tensor(out, t, group=pg)  # what FSDP2 issues
+                calls[(kind, n)].append(time.perf_counter() - t0)
+        res: dict = {"allreduce": {}, "allgather": {}}
+        for (kind, n), xs in calls.items():
+            res[kind][str(n)] = sum(xs) / len(xs)
+        for n in STEP_SIZES:
+            t = bufs[n][0]
             # a burst: BURST_CALLS all-reduces back to back after compute (a trainer averaging its gradients one
             # tensor at a time); the calls after the first, whose wake-up the row above holds
             dist.barrier()
