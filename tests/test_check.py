@@ -76,6 +76,13 @@ def test_unprofiled_steps_are_judged_when_every_rank_has_enough(tmp_path):
     res = check(plan, run, 0.15, breakdown=False)
     assert res.measured_s == pytest.approx(0.215) and res.error == pytest.approx(0.075)  # 0.215 / 0.200 - 1
     assert res.traced_s == pytest.approx(0.26) and any("profiler stopped" in w for w in res.warnings)
+    # traced steps 0.40 s against unprofiled 0.25 s (+60%): more than the profiler costs, the host changed between
+    # the windows, so the traced steps are judged and the check says why
+    moved = _run(tmp_path, {"0": [0.40] * 6, "1": [0.40] * 6}, plan=plan, name="moved",
+                 unprofiled_step_times_s={"0": [0.25] * 4, "1": [0.25] * 4})
+    m = load_measured(moved)
+    assert not m.unprofiled and m.median_s == pytest.approx(0.40) and "+60%" in m.window_note
+    assert any("load changed" in w for w in check(plan, moved, 0.15, breakdown=False).warnings)
     # a rank with fewer than 3 unprofiled steps: the traced steps are judged, nothing is taken off
     short = _run(tmp_path, traced, plan=plan, name="short", unprofiled_step_times_s={"0": [0.2] * 4, "1": [0.2] * 2})
     m = load_measured(short)
