@@ -60,6 +60,7 @@ def profile(
         return
     if script is None:
         raise typer.BadParameter("missing SCRIPT (or use --sensitivity)")
+    from profiler.capture import capture_steps
     from profiler.capture_launch import LaunchConfig, launch
 
     cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
@@ -69,7 +70,7 @@ def profile(
     command = shlex.join(["meshplan", *sys.argv[1:]]) if sys.argv and "meshplan" in sys.argv[0] else None
     with Progress(TextColumn("[bold]profiling[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as bar:
-        task = bar.add_task(script.name, total=warmup + steps + (1 + unprofiled if unprofiled else 0))
+        task = bar.add_task(script.name, total=capture_steps(warmup, steps, unprofiled))
         result = launch(cfg, on_progress=lambda done, total: bar.update(task, completed=done, total=total),
                         meshplan_command=command)
     for w in result.warnings:

@@ -99,10 +99,11 @@ def load_measured(run_dir: str | Path) -> MeasuredRun:
                   and all(isinstance(v, list) and len(v) >= MIN_UNPROFILED for v in free.values()))
     note = None
     if unprofiled:
-        free_med = statistics.median(_slowest_rank_steps(free))
+        free_step = _slowest_rank_steps(free)
+        free_med = statistics.median(free_step)
         gap = (traced_med - free_med) / free_med
         if PROFILER_GAP[0] <= gap <= PROFILER_GAP[1]:
-            step = _slowest_rank_steps(free)
+            step = free_step
         else:  # the host changed between the windows: the traced steps go with the traces (and their contention)
             unprofiled = False
             note = (f"the traced steps (median {1e3 * traced_med:.1f} ms) and the unprofiled ones "

@@ -71,9 +71,13 @@ def learned() -> dict:
         return dict(NEUTRAL)
     try:
         return {"sync_wait_s": max(0.0, float(rec.get("sync_wait_s", 0.0))),
-                "compute_scale": min(max(float(rec.get("compute_scale", 1.0)), SCALE_RANGE[0]), SCALE_RANGE[1])}
+                "compute_scale": _clamp_scale(float(rec.get("compute_scale", 1.0)))}
     except (TypeError, ValueError):
         return dict(NEUTRAL)
+
+
+def _clamp_scale(x: float) -> float:
+    return min(max(x, SCALE_RANGE[0]), SCALE_RANGE[1])
 
 
 def _sync_points_per_step(run_dir, rank: int) -> float:
@@ -141,7 +145,7 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
     # the step's CPU part: the measured step (unprofiled when the run has such steps) less the traced waits; the
     # traced compute phase alone misses what lies between the phase medians and the step (10-20 ms a DDP step)
     measured_compute = max(0.0, res.measured_s - meas["exposed comm"] - meas["bubble"]) / f
-    scale = min(max(measured_compute / predicted_compute, SCALE_RANGE[0]), SCALE_RANGE[1])
+    scale = _clamp_scale(measured_compute / predicted_compute)
     taught = {"compute_scale": scale}
     predicted_wait = b.exposed_comm_s + b.bubble_s * scale
     if n >= MIN_SYNC_POINTS:

@@ -65,6 +65,12 @@ def _env_int(name: str, default: int) -> int:
         raise MeshplanError(f"${name}={value!r}: expected an integer") from None
 
 
+def capture_steps(warmup: int, steps: int, unprofiled: int) -> int:
+    """Steps a capture needs the script to run: warm-up, traced, and (with unprofiled steps) the step that stops
+    the profiler plus the unprofiled ones."""
+    return warmup + steps + (1 + unprofiled if unprofiled else 0)
+
+
 class CaptureDone(SystemExit):
     """Raised from the step hook to end a script once its measured window is on disk (exit status 0)."""
 
@@ -227,8 +233,8 @@ class Capture:
 
     @property
     def total_steps(self) -> int:
-        """Steps the capture needs the script to run: warm-up, traced, and (when asked) 1 + unprofiled."""
-        return self.warmup + self.steps + (1 + self.unprofiled if self.unprofiled else 0)
+        """Steps the capture needs the script to run (``capture_steps``)."""
+        return capture_steps(self.warmup, self.steps, self.unprofiled)
 
     @property
     def unprofiled_step_times_s(self) -> list[float]:

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 from profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED, ENV_WARMUP,
-                              RECORD_DIR, RUN_JSON, load_run_json, read_rank_records, write_run_json)
+                              RECORD_DIR, RUN_JSON, capture_steps, load_run_json, read_rank_records, write_run_json)
 
 LOG_NAME = "launch.log"
 PLAN_COPY = "plan.yaml"  # the --from-plan file, copied into the run folder
@@ -212,7 +212,7 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
     cmd = torchrun_command(cfg)
     pkg_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
-    total = cfg.warmup + cfg.steps + (1 + cfg.unprofiled if cfg.unprofiled else 0)
+    total = capture_steps(cfg.warmup, cfg.steps, cfg.unprofiled)
     env.update({ENV_OUT: str(out.resolve()), ENV_WARMUP: str(cfg.warmup), ENV_STEPS: str(cfg.steps),
                 ENV_CORES: ",".join(map(str, cores)), ENV_STOP: "1" if cfg.stop_when_done else "0",
                 ENV_UNPROFILED: str(cfg.unprofiled), ENV_TOTAL: str(total),
