@@ -96,11 +96,14 @@ def main() -> None:
         rows = evaluate(split, data, blend_unseen=not args.no_blend)
         out[split] = rows
         print(f"## {split} ({time.perf_counter() - t0:.0f} s)")
-        print("| device | op | n | MAPE % | median APE % | p90 APE % | roofline MAPE % | fallback |")
-        print("|---|---|---|---|---|---|---|---|")
+        noise = split == "local"  # this machine's split also reports each class's measured noise floor
+        print("| device | op | n | MAPE % | median APE % | p90 APE % | roofline MAPE % | fallback |"
+              + (" noise floor % |" if noise else ""))
+        print("|---|---|---|---|---|---|---|---|" + ("---|" if noise else ""))
         for r in rows:
             print(f"| {r['device']} | {r['op']} | {r['n']} | {r['mape']} | {r['median_ape']} | {r['p90_ape']} | "
-                  f"{r.get('roofline_mape', '')} | {r.get('fallback_frac', '')} |", flush=True)
+                  f"{r.get('roofline_mape', '')} | {r.get('fallback_frac', '')} |"
+                  + (f" {r.get('noise_floor_pct', '')} |" if noise else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -71,7 +71,7 @@ def roofline_predict(op: OpSpec, device: DeviceSpec, link: Link | None = None) -
             raise ValueError(f"collective {op.kind} needs a link to be priced")
         return collective_time_s(op.kind, op.bytes, op.group_size, link)
     t = roofline_s(op, device)
-    return t + (KERNEL_LAUNCH_S if device.vendor != "cpu" else 0.0)
+    return t + (KERNEL_LAUNCH_S if device.vendor != "cpu" else device.launch_s)
 
 
 # --- learned model (additive: costmodel.learned / costmodel.collective_model) -------------------------------

@@ -28,6 +28,8 @@ class DeviceSpec:
         l2_bytes: Last-level on-chip cache, bytes.
         clock_hz: Boost clock, Hz.
         family: Default node/link family (``dgx-h100``, ``dgx-a100``, ``pcie``, ...), see cluster presets.
+        launch_s: Fixed cost of one op call, seconds (framework dispatch + launch; ``collect`` measures it on this
+            machine's CPU). 0 = not measured: GPUs use ``costmodel.api.KERNEL_LAUNCH_S`` in the calibrated roofline.
         aliases: Other names accepted on the command line.
         sources: Figure name -> where it comes from (datasheet URL/title, table).
     """
@@ -41,6 +43,7 @@ class DeviceSpec:
     l2_bytes: int
     clock_hz: float
     family: str = "pcie"
+    launch_s: float = 0.0
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -67,7 +70,7 @@ class DeviceSpec:
 VENDORS = ("nvidia", "amd", "cpu")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 _REQUIRED = ("name", "vendor", "peak_flops", "memory_bytes", "mem_bw_bytes_per_s", "sm_count", "l2_bytes", "clock_hz")
-_OPTIONAL = ("family", "aliases", "sources")
+_OPTIONAL = ("family", "aliases", "sources", "launch_s")
 
 
 def _positive(origin: str, name: str, key: str, value, cast):
@@ -117,6 +120,7 @@ def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
         l2_bytes=_positive(origin, name, "l2_bytes", d["l2_bytes"], int),
         clock_hz=_positive(origin, name, "clock_hz", d["clock_hz"], float),
         family=str(d.get("family", "pcie")),
+        launch_s=_positive(origin, name, "launch_s", d["launch_s"], float) if "launch_s" in d else 0.0,
         aliases=tuple(str(a) for a in d.get("aliases", ()) or ()),
         sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
     )
@@ -135,6 +139,7 @@ def device_to_dict(dev: DeviceSpec) -> dict:
         "sm_count": dev.sm_count,
         "l2_bytes": dev.l2_bytes,
         "clock_hz": dev.clock_hz,
+        **({"launch_s": dev.launch_s} if dev.launch_s else {}),
         "sources": dict(dev.sources),
     }
 

@@ -12,6 +12,7 @@ from costmodel.devices import (
     DTYPES,
     catalogue,
     device_from_dict,
+    device_to_dict,
     get_device,
 )
 from planner.errors import MeshplanError
@@ -222,6 +223,12 @@ def test_device_from_dict_validation():
         device_from_dict({**good, "memory_bytes": 0}, "cache.json")
     with pytest.raises(MeshplanError, match=r"missing clock_hz"):
         device_from_dict({k: v for k, v in good.items() if k != "clock_hz"}, "cache.json")
+    # The optional measured cost of one op call survives the round trip; catalogue GPUs leave it at 0.
+    timed = device_from_dict({**good, "launch_s": 1e-6}, "cache.json")
+    assert timed.launch_s == 1e-6 and device_from_dict(device_to_dict(timed)) == timed
+    assert dev.launch_s == 0.0 and "launch_s" not in device_to_dict(dev)
+    with pytest.raises(MeshplanError, match=r"launch_s must be positive"):
+        device_from_dict({**good, "launch_s": -1e-6}, "cache.json")
 
 
 # ---------------------------------------------------------------- CLI

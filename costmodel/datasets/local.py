@@ -40,6 +40,7 @@ def load_device(path: Path) -> DeviceSpec:
                          peak_flops={k: float(v) for k, v in d["peak_flops"].items()},
                          memory_bytes=int(d["memory_bytes"]), mem_bw_bytes_per_s=float(d["mem_bw_bytes_per_s"]),
                          sm_count=int(d["sm_count"]), l2_bytes=int(d["l2_bytes"]), clock_hz=float(d["clock_hz"]),
+                         launch_s=float(d.get("launch_s", 0.0)),
                          sources={"all": d.get("source", "measured by meshplan costmodel collect")})
     except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
         raise MeshplanError(f"{path}: bad device file ({type(exc).__name__}: {exc})") from None
