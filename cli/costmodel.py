@@ -153,6 +153,7 @@ def predict_cmd(
     """Predicted latency of one op on one device (learned, or roofline when outside the trained range)."""
     from costmodel import api
     from costmodel.datasets.devices import resolve
+    from costmodel.learned import LearnedModel
     from costmodel.ops import COLLECTIVE_KINDS, OP_KINDS, OpSpec
 
     if op not in OP_KINDS:
@@ -162,8 +163,9 @@ def predict_cmd(
     need = expected.get(op, 1)
     if len(dims) != need:
         raise MeshplanError(f"--shape {shape}: {op} takes {need} sizes, got {len(dims)}")
+    # Loaded first: it registers the devices it measured. Not made the active model (nothing else is priced here).
+    m = LearnedModel.load(model) if model else api.active_model()
     dev = resolve(device)
-    m = api.load_model(model) if model else api.active_model()
     spec = OpSpec(op, dims, dtype, group_size=group_size if op in COLLECTIVE_KINDS else 1, backward=backward)
     if op in COLLECTIVE_KINDS:
         cm = m.collective_model() if m else None

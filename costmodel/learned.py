@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
+from costmodel.datasets.devices import register_local
 from costmodel.datasets.table import file_sha256
-from costmodel.devices import DeviceSpec
+from costmodel.devices import DeviceSpec, device_from_dict
 from costmodel.features import (FEATURES, calibrated_roofline_s, device_columns, device_signature, feature_matrix,
                                 flops_bytes, signature_seen)
 from costmodel.ops import COMPUTE_KINDS, OpSpec
@@ -108,6 +109,8 @@ class LearnedModel:
             except xgb.core.XGBoostError as exc:
                 raise MeshplanError(f"{f}: cannot load xgboost model ({str(exc).splitlines()[0]})") from None
             boosters[kind] = b
+        for dd in meta.get("measured_devices", []):  # collect-measured devices the model was trained on
+            register_local(device_from_dict(dd, str(mpath)))
         return cls(d, meta, boosters)
 
     def _threads(self, kind: str, rows: int) -> None:

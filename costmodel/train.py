@@ -19,6 +19,7 @@ import xgboost as xgb
 
 from costmodel.datasets.devices import resolve_many
 from costmodel.datasets.table import KernelTable, file_sha256
+from costmodel.devices import device_to_dict
 from costmodel.features import (FEATURES, GEMM_KINDS, calibrated_roofline_s, device_columns, device_signature,
                                 feature_matrix)
 from costmodel.ops import COMPUTE_KINDS
@@ -297,7 +298,11 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     models = train_models(prep, progress=progress, n_estimators=n_estimators,
                           max_rows_per_kind=max_rows_per_kind or DEFAULT_MAX_ROWS)
     coll = collective_model.fit(table)
+    # Devices measured by `collect` (this machine's CPU) are in no catalogue: keep their vectors with the model so
+    # that `costmodel predict --device cpu-1t --model DIR` can price them later, in another process.
+    specs, _ = resolve_many(prep.table.device[prep.table.source == "local"])
     extra = {"collectives": coll, "skipped_devices": prep.skipped_devices,
+             "measured_devices": [device_to_dict(d) for _, d in sorted(specs.items())],
              "train_seconds": round(time.perf_counter() - t0, 2)}
     save(models, Path(out_dir), data_hashes(files, data), extra)
     return json.loads((Path(out_dir) / "metadata.json").read_text(encoding="utf-8"))

@@ -88,6 +88,33 @@ def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
     assert np.mean(p.y > np.log(0.25)) > 0.9
 
 
+def test_model_trained_on_collect_prices_that_device_later(tmp_path, runner, monkeypatch):
+    """`collect` -> `train --data DIR` -> `predict --device cpu-1t --model M` in separate commands: the measured
+    device travels inside the model's metadata (it is in no catalogue)."""
+    from cli.main import app
+    from costmodel.collect import collect
+    from costmodel.datasets import devices
+
+    collect(tmp_path / "cpu", quick=True, n_random=300, repeats=1, seed=3)
+    r = runner.invoke(app, ["costmodel", "train", "--data", str(tmp_path / "cpu"), "--out", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "m" / "metadata.json").read_text())
+    assert [d["name"] for d in meta["measured_devices"]] == ["cpu-1t"] and meta["measured_devices"][0]["launch_s"] > 0
+    monkeypatch.setattr(devices, "_LOCAL", {})  # as in a new process: only the model can say what cpu-1t is
+    bad = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", "64x64x64", "--device", "cpu-1t"])
+    assert bad.exit_code == 2 and "unknown device 'cpu-1t'" in bad.output
+    rows = [ln.split(",") for ln in (tmp_path / "cpu" / "local.csv").read_text().splitlines()[1:]]
+    trained = [k for k, v in meta["kinds"].items() if v["n_train"] >= 30]
+    assert "matmul" in trained, meta["kinds"].keys()
+    row = next(r_ for r_ in rows if r_[1] == "matmul")
+    r = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", f"{row[4]}x{row[5]}x{row[6]}",
+                            "--dtype", "fp32", "--device", "cpu-1t", "--model", str(tmp_path / "m"), "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    # A training shape: the trees reproduce its own measurement (train MAPE on this data is a few %).
+    assert got["source"] == "learned" and abs(got["latency_s"] / float(row[8]) - 1) < 0.25, (got, row)
+
+
 @pytest.mark.slow
 def test_local_split_unseen_shapes_within_target(tmp_path):
     """Issue 4: on this machine, held-out shapes <= 10% MAPE per class, or within 2x the measured noise floor.
