@@ -302,7 +302,7 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     # that `costmodel predict --device cpu-1t --model DIR` can price them later, in another process.
     specs, _ = resolve_many(prep.table.device[prep.table.source == "local"])
     extra = {"collectives": coll, "skipped_devices": prep.skipped_devices,
-             "measured_devices": [device_to_dict(d) for _, d in sorted(specs.items())],
+             **({"measured_devices": [device_to_dict(d) for _, d in sorted(specs.items())]} if specs else {}),
              "train_seconds": round(time.perf_counter() - t0, 2)}
     save(models, Path(out_dir), data_hashes(files, data), extra)
     return json.loads((Path(out_dir) / "metadata.json").read_text(encoding="utf-8"))
