@@ -8,7 +8,7 @@ cast had under 30 rows and no model, and the norms about 36 training rows: held-
 (noise floor 4-8%) against 2-9% with this grid and the measured per-call floor (BENCHMARKS.md).
 Each shape is timed ``repeats`` times (separate ``blocked_autorange`` runs, shape order shuffled between
 passes); the median of the repeats is the latency and (max - min) / median is the row's own noise.
-The device vector (peak GEMM FLOP/s per dtype, copy bandwidth, cores, LLC, clock) is measured too and written
+The device vector (peak GEMM FLOP/s per dtype, copy bandwidth, cost of one op call, cores, LLC, clock) is measured too and written
 to ``device.json`` so the CPU is featurised like any GPU.
 """
 from __future__ import annotations
@@ -68,9 +68,9 @@ def llm_grid() -> list[Shape]:
 
 
 # Random shapes per op class, as weights of ``n_random``. Every class gets enough that a 25% hold-out (the ``local``
-# split) still leaves more than ``costmodel.train.MIN_ROWS`` training rows with the grid's own shapes; classes whose
-# time is a few microseconds (norms, softmax, unary ops) get more, because dispatch and loop overheads vary more from
-# shape to shape there than in a GEMM.
+# split) still leaves more than ``costmodel.train.MIN_ROWS`` training rows with the grid's own shapes; the norms and
+# softmax, whose time is a few microseconds, get more, because dispatch and loop overheads vary more from shape to
+# shape there than in a GEMM.
 RANDOM_WEIGHTS = {"matmul": 2, "bmm": 2, "attention": 2, "layernorm": 3, "rmsnorm": 3, "softmax": 3,
                   "elementwise": 2, "activation": 2, "embedding": 2, "copy": 2, "cast": 2}
 

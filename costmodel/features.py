@@ -3,7 +3,8 @@ wave/tile counts and the device vector (peak FLOP/s for the dtype, memory bandwi
 
 Everything is vectorised over rows (numpy) so that the planner can price millions of ops in batch.
 The roofline bound used as the model's normaliser is the *ideal* one, time = max(flops / peak, bytes / bw)
-(plus the device's measured cost of one op call, ``DeviceSpec.launch_s``, where known: this machine's CPU), so ``latency / roofline >= 1`` for every physical measurement and the model predicts ``log`` of that ratio
+(plus the device's measured cost of one op call, ``DeviceSpec.launch_s``, where known: this machine's CPU), so
+``latency / roofline >= 1`` for every physical measurement and the model predicts ``log`` of that ratio
 (notes/costmodel.md sec. 5.1; Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)).
 """
 from __future__ import annotations
