@@ -8,8 +8,8 @@ cast had under 30 rows and no model, and the norms about 36 training rows: held-
 (noise floor 4-8%) against 2-9% with this grid and the measured per-call floor (BENCHMARKS.md).
 Each shape is timed ``repeats`` times (separate ``blocked_autorange`` runs, shape order shuffled between
 passes); the median of the repeats is the latency and (max - min) / median is the row's own noise.
-The device vector (peak GEMM FLOP/s per dtype, copy bandwidth, cost of one op call, cores, LLC, clock) is measured too and written
-to ``device.json`` so the CPU is featurised like any GPU.
+The device vector (peak GEMM FLOP/s per dtype, copy bandwidth, cost of one op call, cores, LLC, clock) is
+measured too and written to ``device.json`` so the CPU is featurised like any GPU.
 """
 from __future__ import annotations
 
