@@ -97,7 +97,8 @@ def _check_remeasured(runner, plan: Path, run: Path, bound: float, *extra: str) 
 def _assert_within(code: int, d: dict, bound: float = 0.15) -> None:
     tol = max(bound, d["spread"])
     assert abs(d["error"]) <= tol, (f"predicted {d['predicted_s']:.3f} s (contention {d['contention']}) vs measured "
-                                    f"{d['measured_s']:.3f} s: {100 * d['error']:+.1f}% > {100 * tol:.0f}%")
+                                    f"{d['measured_s']:.3f} s: {100 * d['error']:+.1f}% > {100 * tol:.0f}% (traced "
+                                    f"steps {d.get('traced_s')} s, warnings {d.get('warnings')})")
     assert code == (0 if abs(d["error"]) <= 0.15 else 1)  # the exit code follows the 15% verdict
 
 
