@@ -173,7 +173,17 @@ def test_learning_from_the_run_reduces_its_error(ddp, tmp_path, monkeypatch):
     assert 0.5 <= fit["compute_scale"] <= 2.0 and fit["sync_wait_s"] == 0.0
     refit = _plan(runner, tmp_path, "ddp-fitted", "dp_replicate=2,mbs=4")
     _, after = _check(runner, refit, tmp / "run")
-    assert abs(after["error"]) <= abs(before["error"]) + 0.02  # in-sample: the fit cannot make it worse
+    # The re-planned compute is the unfitted one times the learned scale ...
+    compute = {n: next(p["predicted_s"] for p in d["phases"] if p["phase"] == "compute") for n, d in
+               (("before", before), ("after", after))}
+    assert compute["after"] == pytest.approx(compute["before"] * fit["compute_scale"], rel=0.01)
+    # ... and in-sample that makes the step's CPU part exact, so what is left of the error is the wait the fit did not
+    # learn (2 sync points a step are too few to teach the wait per collective): measured less predicted exposed comm
+    # and bubble. ("No worse than before" is not a property of this fit: when the compute and wait errors of the
+    # unfitted price cancel, fitting the compute alone leaves the wait's error.)
+    untaught_s = sum(p["measured_s"] - p["predicted_s"] for p in after["phases"] if p["phase"] != "compute")
+    assert after["measured_s"] - after["predicted_s"] == pytest.approx(untaught_s, abs=0.02 * after["measured_s"]), (
+        before, after)
 
 
 @pytest.mark.slow  # 4 ranks time-sliced on 2 cores: ~40 s for the run and, when it misses, its re-measurement
