@@ -15,6 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from planner.atomic import write_atomic
 from planner.errors import MeshplanError
 
+# A plan's name becomes a file name under plans/, a job name and a word in generated shell scripts: letters,
+# digits, '.', '_' and '-', starting with a letter or digit (so never '..', '/' or anything a shell expands).
+PLAN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# HF ``model_type`` values are identifiers (``llama``, ``qwen3_moe``, ``gpt_neox``); exporters map them to
+# launcher names and classes.
+MODEL_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
 
@@ -49,7 +56,7 @@ class ModelRef(_Frozen):
 
     name: str
     source: str  # preset name or path of the config.json it came from
-    model_type: str
+    model_type: str = Field(pattern=MODEL_TYPE_PATTERN)
     num_params: int
     hidden_size: int
     num_layers: int
@@ -137,7 +144,7 @@ class Prediction(_Frozen):
 
 
 class Plan(_Frozen):
-    name: str
+    name: str = Field(pattern=PLAN_NAME_PATTERN)
     model: ModelRef
     cluster: ClusterRef
     global_batch: int = Field(ge=1)

@@ -8,13 +8,14 @@
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from planner.errors import MeshplanError
 from planner.estimate import Workload
-from planner.plan import Breakdown, Degrees, Plan, Prediction
+from planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from planner.search import layout_row, model_ref, search, to_plan
 from planner.space import parse_fix
 from planner.version import meshplan_version
@@ -34,13 +35,28 @@ class PlanOutcome:
 
 
 def plan_name(model_arg: str) -> str:
-    """``llama-3.1-70b`` for a preset; the folder name for ``.../tiny-gpt/config.json``; else the file stem."""
+    """``llama-3.1-70b`` for a preset; the folder name for ``.../tiny-gpt/config.json``; else the file stem.
+
+    Characters outside a plan name's alphabet (``PLAN_NAME_PATTERN``: a folder may be called ``x$(cmd)``) become
+    ``-``.
+    """
     p = Path(model_arg)
     if p.suffix == ".json":
-        return p.parent.name if p.stem == "config" and p.parent.name else p.stem
-    if p.is_dir():
-        return p.resolve().name
-    return model_arg
+        raw = p.parent.name if p.stem == "config" and p.parent.name else p.stem
+    elif p.is_dir():
+        raw = p.resolve().name
+    else:
+        raw = model_arg
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).lstrip("-._")[:128].rstrip("-._")
+    return name or "model"
+
+
+def check_plan_name(name: str) -> str:
+    """``name`` if it is a valid plan name (``--name``), else ``MeshplanError`` saying what is allowed."""
+    if not re.fullmatch(PLAN_NAME_PATTERN, name):
+        raise MeshplanError(f"--name {name!r}: a plan name is 1-128 letters, digits, '.', '_' or '-', starting "
+                            "with a letter or digit (it becomes plans/<name>.yaml and a job name)")
+    return name
 
 
 def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | None = None,
@@ -66,7 +82,7 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
         clus = clus.with_inter_bandwidth(parse_bandwidth(net))
     if dtype is None:  # bf16 mixed precision on accelerators; fp32 on CPU ranks (local:N), as PyTorch trains there
         dtype = "fp32" if all(g.device.vendor == "cpu" for g in clus.groups) else "bf16"
-    nm = name or plan_name(model)
+    nm = check_plan_name(name) if name is not None else plan_name(model)
     path = Path(out) if out else plans_dir / f"{nm}.yaml"
     if workload == "serve" or clus.is_heterogeneous or quality_budget is not None or sensitivity:
         if fixes:

@@ -4,6 +4,7 @@ plan decisions a target cannot carry. The rules come from upstream validation co
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 
@@ -109,8 +110,9 @@ def test_fp8_spellings() -> None:
     p = with_(plan_fsdp8b(), dtype="fp8")
     meg = render(p, "megatron").text
     assert "--fp8-format hybrid" in meg and "--fp8-recipe tensorwise" in meg and "--bf16" in meg
-    tt = render(p, "torchtitan").text
-    assert 'converters = ["quantize.linear.float8"]' in tt and "[quantize.linear.float8]" in tt
+    tt = tomllib.loads(render(p, "torchtitan").text)
+    assert tt["model"]["converters"] == ["quantize.linear.float8"]
+    assert tt["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
     assert "mixed_precision: fp8" in render(p, "accelerate").text
 
 

@@ -176,10 +176,22 @@ def torchrun_args(plan: Plan, endpoint: str, rdzv_id: str) -> list[str]:
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
 
 
+def comment_text(text: str) -> str:
+    """``text`` made safe for one comment line of a shell script, YAML or TOML file.
+
+    Values in the header come from user files (a HF config's ``_name_or_path``, a cluster file's name); a line
+    break in one would end the comment and make the rest a command or a key. Every character that is not
+    printable (``\n``, ``\r``, ``\x85``, ``\u2028`` ..., all line breaks of bash, YAML and TOML among them) is
+    written as its Python escape instead.
+    """
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def header(plan: Plan, target: str, source: str) -> list[str]:
-    """Comment lines (without the comment marker) describing what was rendered and from which upstream version."""
+    """Comment lines (without the comment marker) describing what was rendered and from which upstream version;
+    every line is safe to put after a ``#`` (:func:`comment_text`)."""
     d = plan.degrees
-    return [
+    lines = [
         f"meshplan export of plan {plan.name!r} -> {target} ({source})",
         f"model {plan.model.name} ({plan.model.model_type}) on {plan.cluster.spec}: {d.world_size} ranks = "
         f"dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x cp {d.cp} x tp {d.tp} x pp {d.pp}"
@@ -187,6 +199,7 @@ def header(plan: Plan, target: str, source: str) -> list[str]:
         f"batch: global {plan.global_batch} = micro {plan.micro_batch} x dp {d.dp} x grad-accum {plan.grad_accum}; "
         f"seq_len {plan.seq_len}; zero {plan.zero_stage}; recompute {plan.recompute}; dtype {plan.dtype}",
     ]
+    return [comment_text(line) for line in lines]
 
 
 def bash_lines(words: list[str], indent: str = "  ") -> str:
@@ -206,3 +219,14 @@ def bash_lines(words: list[str], indent: str = "  ") -> str:
 def quote(word: str) -> str:
     """Shell-quote a static word (variables are written by the caller in double quotes)."""
     return shlex.quote(word)
+
+
+def default_assignment(var: str, default: str) -> list[str]:
+    """Bash lines that set ``var`` to ``default`` unless the caller's environment sets it, and export it.
+
+    Not ``"${VAR:-default}"``: inside double quotes a default holding ``$(...)`` or a backtick would run. Here the
+    default is one single-quoted word (:func:`shlex.quote`) on the right of a plain assignment.
+    """
+    if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", var):
+        raise ValueError(f"not a shell variable name: {var!r}")
+    return [f'if [ -z "${{{var}:-}}" ]; then {var}={quote(default)}; fi', f"export {var}"]

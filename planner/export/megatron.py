@@ -217,7 +217,7 @@ def render(plan: Plan) -> str:
     lines.append("set -euo pipefail")
     if plan.cluster.nodes > 1:
         lines.append(': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"')
-        lines.append(f'MESHPLAN_JOB_ID="${{MESHPLAN_JOB_ID:-{c.slug(plan.name)}}}"')
+        lines += c.default_assignment("MESHPLAN_JOB_ID", c.slug(plan.name))
     if (d.tp > 1 or d.cp > 1) and not _uses_fsdp(plan):
         # validate_args asserts this on pre-Blackwell GPUs when TP or CP > 1 (exports.md (b), runtime env gotcha).
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")

@@ -50,7 +50,7 @@ def launch_words(plan: Plan) -> list[str]:
 
 def env_lines(plan: Plan) -> list[str]:
     """``MESHPLAN_PLAN`` (overridable) and the exported decision variables."""
-    lines = [f'export MESHPLAN_PLAN="${{MESHPLAN_PLAN:-{c.default_plan_path(plan)}}}"']
+    lines = c.default_assignment("MESHPLAN_PLAN", c.default_plan_path(plan))
     lines += [f"export {k}={c.quote(v)}" for k, v in c.plan_env(plan)]
     return lines
 
@@ -63,7 +63,7 @@ def render(plan: Plan) -> str:
     lines.append("set -euo pipefail")
     if plan.cluster.nodes > 1:
         lines.append(': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"')
-        lines.append(f'MESHPLAN_JOB_ID="${{MESHPLAN_JOB_ID:-{c.slug(plan.name)}}}"')
+        lines += c.default_assignment("MESHPLAN_JOB_ID", c.slug(plan.name))
     lines += env_lines(plan)
     lines.append(c.bash_lines(launch_words(plan)))
     return "\n".join(lines) + "\n"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 import re
 
+import tomli_w
+
 from planner.export import _common as c
 from planner.plan import Plan
 
@@ -126,18 +128,6 @@ def unsupported(plan: Plan) -> list[str]:
     return out
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(type(v))
-
-
 def sections(plan: Plan) -> dict[str, dict]:
     """The job config as ``{section: {key: value}}`` (dotted section names, output order)."""
     d, m = plan.degrees, plan.model
@@ -189,12 +179,19 @@ def sections(plan: Plan) -> dict[str, dict]:
     return out
 
 
+def document(plan: Plan) -> dict:
+    """The job config as nested tables (``quantize.linear.float8`` becomes ``quantize -> linear -> float8``)."""
+    doc: dict = {}
+    for sec, kv in sections(plan).items():
+        table = doc
+        for part in sec.split("."):
+            table = table.setdefault(part, {})
+        table.update(kv)
+    return doc
+
+
 def render(plan: Plan) -> str:
-    """The TOML text."""
+    """The TOML text, written by tomli-w (strings from user files are escaped by the TOML writer, not by hand)."""
     lines = [f"# {h}" for h in c.header(plan, "TorchTitan job config", "torchtitan v0.2.2 TOML")]
     lines.append("# torchrun ... -m torchtitan.train --job.config_file this.toml")
-    for sec, kv in sections(plan).items():
-        lines.append("")
-        lines.append(f"[{sec}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in kv.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + tomli_w.dumps(document(plan))

@@ -5,8 +5,10 @@
 # Run this same script on every node; HEAD_NODE = host name of the first node.
 set -euo pipefail
 : "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"
-MESHPLAN_JOB_ID="${MESHPLAN_JOB_ID:-dsv3-ep64}"
-export MESHPLAN_PLAN="${MESHPLAN_PLAN:-plans/dsv3-ep64.yaml}"
+if [ -z "${MESHPLAN_JOB_ID:-}" ]; then MESHPLAN_JOB_ID=dsv3-ep64; fi
+export MESHPLAN_JOB_ID
+if [ -z "${MESHPLAN_PLAN:-}" ]; then MESHPLAN_PLAN=plans/dsv3-ep64.yaml; fi
+export MESHPLAN_PLAN
 export MESHPLAN_DP_REPLICATE=1
 export MESHPLAN_DP_SHARD=128
 export MESHPLAN_TP=2

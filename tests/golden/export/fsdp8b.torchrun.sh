@@ -3,7 +3,8 @@
 # model Llama-3.1-8B (llama) on 1x8xH100: 8 ranks = dp_replicate 1 x dp_shard 8 x cp 1 x tp 1 x pp 1
 # batch: global 64 = micro 2 x dp 8 x grad-accum 4; seq_len 8192; zero 3; recompute full; dtype bf16
 set -euo pipefail
-export MESHPLAN_PLAN="${MESHPLAN_PLAN:-plans/llama8b-fsdp8.yaml}"
+if [ -z "${MESHPLAN_PLAN:-}" ]; then MESHPLAN_PLAN=plans/llama8b-fsdp8.yaml; fi
+export MESHPLAN_PLAN
 export MESHPLAN_DP_REPLICATE=1
 export MESHPLAN_DP_SHARD=8
 export MESHPLAN_TP=1

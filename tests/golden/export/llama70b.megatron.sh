@@ -6,7 +6,8 @@
 # Run this same script on every node; HEAD_NODE = host name of the first node.
 set -euo pipefail
 : "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"
-MESHPLAN_JOB_ID="${MESHPLAN_JOB_ID:-llama70b-tp8pp4}"
+if [ -z "${MESHPLAN_JOB_ID:-}" ]; then MESHPLAN_JOB_ID=llama70b-tp8pp4; fi
+export MESHPLAN_JOB_ID
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 8
