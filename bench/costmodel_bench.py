@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel.devices import get_device  # noqa: E402
-from costmodel.learned import LearnedModel  # noqa: E402
-from costmodel.ops import OpSpec  # noqa: E402
+from meshplan.costmodel.devices import get_device  # noqa: E402
+from meshplan.costmodel.learned import LearnedModel  # noqa: E402
+from meshplan.costmodel.ops import OpSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "costmodel" / "data" / "model"
@@ -35,7 +35,7 @@ def _cpu_s() -> float:
 
 
 def bench_train(data: Path) -> dict:
-    from costmodel.train import train
+    from meshplan.costmodel.train import train
 
     with tempfile.TemporaryDirectory() as d:
         w0, c0 = time.perf_counter(), _cpu_s()
@@ -61,7 +61,7 @@ def bench_predict(n: int = 100_000) -> dict:
     t0 = time.perf_counter()
     _, src = m.predict_ops(ops, dev)
     per = (time.perf_counter() - t0) / n
-    from costmodel import api
+    from meshplan.costmodel import api
 
     api.load_model(SHIPPED)
     t0 = time.perf_counter()
@@ -88,7 +88,7 @@ def main() -> None:
     if args.train:
         out["train"] = bench_train(Path(args.data))
         print(json.dumps(out["train"]), flush=True)
-    from costmodel.eval import evaluate
+    from meshplan.costmodel.eval import evaluate
 
     for split in [s for s in args.splits.split(",") if s]:
         data = [Path(args.local)] if split == "local" else [Path(args.data)]

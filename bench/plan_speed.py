@@ -9,10 +9,10 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from planner.cluster import load_cluster
-from planner.estimate import Workload
-from planner.model_spec import load_model
-from planner.search import describe, search
+from meshplan.planner.cluster import load_cluster
+from meshplan.planner.estimate import Workload
+from meshplan.planner.model_spec import load_model
+from meshplan.planner.search import describe, search
 
 CASES = [  # model, cluster, global batch (sequences), seq len
     ("deepseek-v3", "2048x8xH100", 16384, 4096),

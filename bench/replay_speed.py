@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from profiler.graph import GraphBuilder  # noqa: E402
-from profiler.replay import replay  # noqa: E402
+from meshplan.profiler.graph import GraphBuilder  # noqa: E402
+from meshplan.profiler.replay import replay  # noqa: E402
 
 DLRM = REPO.parent / "shared" / "traces" / "param_dlrm_8rank" / "dlrm_kineto.tar.gz"
 
@@ -105,7 +105,7 @@ def make_big_trace(dest: Path, target_mb: float) -> tuple[int, int]:
 _CHILD = """
 import resource, sys, time
 sys.path.insert(0, {repo!r})
-from profiler.trace import load_trace
+from meshplan.profiler.trace import load_trace
 t = time.perf_counter()
 tr = load_trace({path!r})
 dt = time.perf_counter() - t

@@ -8,7 +8,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import console, err_console, handle_errors, print_json
 
 
 @handle_errors
@@ -27,13 +27,13 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""
-    from planner.atomic import write_atomic
-    from planner.check import check as run_check, junit_xml, markdown, parse_tolerance, verdict_line
+    from meshplan.core.atomic import write_atomic
+    from meshplan.planner.check import check as run_check, junit_xml, markdown, parse_tolerance, verdict_line
 
     tol = parse_tolerance(tolerance)
     factor = None
     if contention:
-        from planner.contention import run_contention
+        from meshplan.planner.contention import run_contention
 
         factor = run_contention(run)[0]
         if factor is None:
@@ -44,7 +44,7 @@ def check(
         bar.add_task(str(run), total=None)
         res = run_check(plan, run, tol, breakdown=not no_breakdown, contention=factor)
     if learn:
-        from planner.local_fit import fit_file, fit_run, learned_line
+        from meshplan.planner.local_fit import fit_file, fit_run, learned_line
 
         fitted = fit_run(plan, run)
         err_console.print(f"learned from {run}: {learned_line(fitted)}; written to {fit_file()}",

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 # soft_wrap: a message line (often holding a long file path) stays one line however narrow the terminal, so
 # users can copy the path and CI logs can be grepped; tables still fit the terminal width.

@@ -9,8 +9,8 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import console, handle_errors, print_json
-from planner.errors import MeshplanError
+from meshplan.cli.common import console, handle_errors, print_json
+from meshplan.core.errors import MeshplanError
 
 costmodel_app = typer.Typer(help="Learned operator/collective latency model: collect, train, eval, predict, fit.",
                             no_args_is_help=True)
@@ -39,8 +39,8 @@ def collect_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Micro-benchmark this machine's device over LLM-layer / TP-shard shapes plus random shapes."""
-    from costmodel.collect import collect
-    from costmodel.datasets.local import load
+    from meshplan.costmodel.collect import collect
+    from meshplan.costmodel.datasets.local import load
 
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device {device}: expected cpu or cuda")
@@ -71,8 +71,8 @@ def train_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the metadata summary as JSON.")] = False,
 ) -> None:
     """Train one xgboost model per op class (+ the collective model) and write it to --out."""
-    from costmodel.ops import COMPUTE_KINDS
-    from costmodel.train import train
+    from meshplan.costmodel.ops import COMPUTE_KINDS
+    from meshplan.costmodel.train import train
 
     with _progress() as prog:
         task = prog.add_task("training op classes", total=len(COMPUTE_KINDS))
@@ -105,8 +105,8 @@ def eval_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
 ) -> None:
     """Held-out accuracy per device and op class: the split's training rows only are used to fit."""
-    from costmodel.eval import evaluate
-    from costmodel.learned import LearnedModel
+    from meshplan.costmodel.eval import evaluate
+    from meshplan.costmodel.learned import LearnedModel
 
     if model is not None:
         LearnedModel.load(model)  # a corrupt or foreign model folder is reported, not evaluated
@@ -151,10 +151,10 @@ def predict_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
 ) -> None:
     """Predicted latency of one op on one device (learned, or roofline when outside the trained range)."""
-    from costmodel import api
-    from costmodel.datasets.devices import resolve
-    from costmodel.learned import LearnedModel
-    from costmodel.ops import COLLECTIVE_KINDS, OP_KINDS, OpSpec
+    from meshplan.costmodel import api
+    from meshplan.costmodel.datasets.devices import resolve
+    from meshplan.costmodel.learned import LearnedModel
+    from meshplan.costmodel.ops import COLLECTIVE_KINDS, OP_KINDS, OpSpec
 
     if op not in OP_KINDS:
         raise MeshplanError(f"--op {op}: unknown op class (known: {', '.join(OP_KINDS)})")
@@ -172,7 +172,7 @@ def predict_cmd(
         if cm is None:
             raise MeshplanError("the model has no fitted collective model; train one with Vidur network data")
         lk = cm.link(link or ("h100_dgx/intra" if "H100" in dev.name else "a100_dgx/intra"))
-        from costmodel.collective_model import predict_collective
+        from meshplan.costmodel.collective_model import predict_collective
 
         sec, src = predict_collective(op, float(dims[0]), group_size, lk,
                                       nodes=2 if lk.name.endswith("inter") else 1, model=cm), f"learned ({lk.name})"
@@ -181,7 +181,7 @@ def predict_cmd(
     else:
         s, srcs = m.predict_ops([spec], dev)
         sec, src = float(s[0]), str(srcs[0])
-    from costmodel.learned import ideal_roofline_s
+    from meshplan.costmodel.learned import ideal_roofline_s
 
     roof = ideal_roofline_s(spec, dev) if op not in COLLECTIVE_KINDS else None
     out = {"op": op, "shape": list(dims), "dtype": dtype, "device": dev.name, "latency_s": sec, "source": src,
@@ -215,8 +215,8 @@ def fit_cmd(
 ) -> None:
     """Calibrate on profiled runs: this host's step-time figures from runs of local:N plans, and with --out an op
     model fitted on the runs' op records (name, input shapes, durations)."""
-    from costmodel.fit import fit_runs
-    from planner.local_fit import fit_runs_local
+    from meshplan.costmodel.fit import fit_runs
+    from meshplan.planner.local_fit import fit_runs_local
 
     with _progress() as prog:
         prog.add_task("fitting", total=None)
@@ -226,7 +226,7 @@ def fit_cmd(
                                 "so there is no host figure to fit; pass --out DIR to write an op model calibrated "
                                 "on its op records")
         if device is not None:
-            from costmodel.devices import get_device
+            from meshplan.costmodel.devices import get_device
 
             device = get_device(device).name  # unknown: one line naming the known devices
         summary = fit_runs(runs, model, out, device_dir=device_dir, device=device) if out is not None else None
@@ -234,7 +234,7 @@ def fit_cmd(
         print_json({"local": local, "ops": summary})
         return
     if local["runs"]:
-        from planner.local_fit import learned_line
+        from meshplan.planner.local_fit import learned_line
 
         taught = sorted({k for r in local["runs"] for k in r["taught"]})
         console.print(f"this host (local:N plans, from {len(local['runs'])} run(s)): "

@@ -8,10 +8,10 @@ from rich import box
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import console, handle_errors, print_json
-from costmodel.devices import DTYPES, catalogue, device_to_dict, get_device
-from planner.calibrate import cached_calibration, load_calibration
-from planner.cluster import load_cluster, preset_names
+from meshplan.cli.common import console, handle_errors, print_json
+from meshplan.costmodel.devices import DTYPES, catalogue, device_to_dict, get_device
+from meshplan.planner.calibrate import cached_calibration, load_calibration
+from meshplan.planner.cluster import load_cluster, preset_names
 
 devices_app = typer.Typer(help="Device catalogue, cluster specs and local calibration.", invoke_without_command=True,
                           no_args_is_help=False)

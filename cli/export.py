@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cli.common import console, err_console, handle_errors, print_json
-from planner.export import TARGETS, export_file
+from meshplan.cli.common import console, err_console, handle_errors, print_json
+from meshplan.planner.export import TARGETS, export_file
 
 
 def register(app: typer.Typer) -> None:

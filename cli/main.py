@@ -16,8 +16,8 @@ def _register() -> None:
     # Each module registers its own commands; imported here so `meshplan --help` lists them all.
     import importlib
 
-    for mod in ("cli.models", "cli.devices", "cli.plan", "cli.export", "cli.profile", "cli.replay",
-                "cli.costmodel", "cli.check"):
+    for mod in ("meshplan.cli.models", "meshplan.cli.devices", "meshplan.cli.plan", "meshplan.cli.export", "meshplan.cli.profile", "meshplan.cli.replay",
+                "meshplan.cli.costmodel", "meshplan.cli.check"):
         try:
             module = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

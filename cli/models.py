@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cli.common import console, handle_errors, print_json
-from planner.model_spec import list_presets, load_model
+from meshplan.cli.common import console, handle_errors, print_json
+from meshplan.planner.model_spec import list_presets, load_model
 
 models_app = typer.Typer(help="Model presets and normalised model specs.", invoke_without_command=True,
                          no_args_is_help=False)

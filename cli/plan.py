@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import console, err_console, handle_errors, print_json
 
 GiB = 1024**3
 
@@ -38,8 +38,8 @@ def plan(
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from contextlib import nullcontext
 
-    from costmodel.api import using_model
-    from planner.planning import plan_job
+    from meshplan.costmodel.api import using_model
+    from meshplan.planner.planning import plan_job
 
     if top < 1:
         raise typer.BadParameter("--top must be >= 1")

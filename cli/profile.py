@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import console, err_console, handle_errors, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -60,13 +60,16 @@ def profile(
         return
     if script is None:
         raise typer.BadParameter("missing SCRIPT (or use --sensitivity)")
-    from profiler.capture import capture_steps
-    from profiler.capture_launch import LaunchConfig, launch
+    from meshplan.profiler.capture import capture_steps
+    from meshplan.profiler.capture_launch import LaunchConfig, launch
 
+    from meshplan.planner.plan import load_plan
+
+    plan_world = load_plan(from_plan).degrees.world_size if from_plan is not None else None
     cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
                        node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                        rdzv_id=rdzv_id, warmup=warmup, steps=steps, unprofiled=unprofiled, pin=pin, plan=from_plan,
-                       stop_when_done=not keep_running, show_output=show_output)
+                       plan_world_size=plan_world, stop_when_done=not keep_running, show_output=show_output)
     command = shlex.join(["meshplan", *sys.argv[1:]]) if sys.argv and "meshplan" in sys.argv[0] else None
     with Progress(TextColumn("[bold]profiling[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as bar:
@@ -96,7 +99,7 @@ def profile(
 
 def _sensitivity(out: Path, json_out: bool) -> None:
     """Measured indicators for ``meshplan plan --sensitivity OUT/sensitivity.json``."""
-    from planner.solve.sensitivity import measure_layer_sensitivity, write_sensitivity
+    from meshplan.planner.solve.sensitivity import measure_layer_sensitivity, write_sensitivity
 
     precisions = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
     with err_console.status("measuring quantization sensitivity on a small real model"):

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import console, err_console, handle_errors, print_json
 
 _STAGES = ("loading traces", "matching collectives", "aligning clocks", "building graph", "replaying")
 
@@ -34,10 +34,10 @@ def replay_cmd(
                                                                "(default: last).")] = None,
 ) -> None:
     """Replay a measured run: per-step measured vs replayed time, critical path, what-if."""
-    from profiler.report import analyze_run, replay_report
-    from profiler.runs import load_run
-    from profiler.summary import run_summary
-    from profiler.whatif import parse_knob
+    from meshplan.profiler.report import analyze_run, replay_report
+    from meshplan.profiler.runs import load_run
+    from meshplan.profiler.summary import run_summary
+    from meshplan.profiler.whatif import parse_knob
 
     knobs = [parse_knob(k) for k in what_if or []]  # bad knobs fail before any parsing work
     if summary:

@@ -1,2 +1,2 @@
 """meshplan cost model: device catalogue, operator specs, learned and roofline latency prediction."""
-from costmodel.api import predict  # noqa: F401
+from meshplan.costmodel.api import predict  # noqa: F401

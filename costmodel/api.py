@@ -10,9 +10,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from functools import lru_cache
 
-from costmodel.collectives import Link, collective_time_s
-from costmodel.devices import DeviceSpec
-from costmodel.ops import OpSpec
+from meshplan.costmodel.collectives import Link, collective_time_s
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.ops import OpSpec
 
 # Fraction of peak FLOP/s and of peak memory bandwidth reached by each op class on large shapes.
 # Physical constants, not fitted to any single benchmark row:
@@ -83,7 +83,7 @@ def shipped_model_dir():
     """Folder of the default model shipped in the package (``costmodel/data/model``)."""
     from importlib import resources
 
-    return resources.files("costmodel").joinpath("data/model")
+    return resources.files("meshplan.costmodel").joinpath("data/model")
 
 
 def load_model(directory=None):
@@ -93,7 +93,7 @@ def load_model(directory=None):
         MeshplanError: corrupt or missing model (checksum verified).
     """
     global _model
-    from costmodel.learned import LearnedModel
+    from meshplan.costmodel.learned import LearnedModel
 
     _model = LearnedModel.load(directory if directory is not None else shipped_model_dir())
     _cached.cache_clear()
@@ -154,7 +154,7 @@ def predict_with_source(op: OpSpec, device: DeviceSpec, link: Link | None = None
             raise ValueError(f"collective {op.kind} needs a link to be priced")
         if collective_model() is None:
             return collective_time_s(op.kind, op.bytes, op.group_size, link), "alpha-beta"
-        from costmodel.collective_model import predict_collective
+        from meshplan.costmodel.collective_model import predict_collective
 
         return predict_collective(op.kind, op.bytes, op.group_size, link), "learned collective"
     if active_model() is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.atomic import write_atomic
+from meshplan.core.atomic import write_atomic
 
 HIDDEN = (256, 512, 1024, 2048)
 TOKENS = (32, 128, 512)

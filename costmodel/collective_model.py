@@ -15,10 +15,10 @@ import base64
 import numpy as np
 import xgboost as xgb
 
-from costmodel.collectives import Link, collective_time_s
-from costmodel.datasets.table import KernelTable
-from costmodel.ops import COLLECTIVE_KINDS
-from planner.errors import MeshplanError
+from meshplan.costmodel.collectives import Link, collective_time_s
+from meshplan.costmodel.datasets.table import KernelTable
+from meshplan.costmodel.ops import COLLECTIVE_KINDS
+from meshplan.core.errors import MeshplanError
 
 FEATURES = ("kind_sendrecv", "log2_bytes", "group_size", "nodes", "per_node", "log2_link_bw", "log2_link_alpha",
             "log2_alpha_beta_s")
@@ -135,7 +135,7 @@ def predict_collective(kind: str, nbytes: float, group_size: int, link: Link, no
     if kind not in COLLECTIVE_KINDS:
         raise MeshplanError(f"unknown collective '{kind}' (known: {', '.join(COLLECTIVE_KINDS)})")
     if model is None:
-        from costmodel import api
+        from meshplan.costmodel import api
 
         model = api.collective_model()
     if model is None or group_size <= 1 and kind != "sendrecv":

@@ -10,7 +10,7 @@ from importlib import resources
 
 import yaml
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def catalogue() -> dict[str, DeviceSpec]:
         MeshplanError: the packaged file is malformed or two devices share a name or alias.
     """
     origin = "costmodel/data/devices.yaml"
-    text = resources.files("costmodel").joinpath("data/devices.yaml").read_text(encoding="utf-8")
+    text = resources.files("meshplan.costmodel").joinpath("data/devices.yaml").read_text(encoding="utf-8")
     out: dict[str, DeviceSpec] = {}
     seen: dict[str, str] = {}
     for d in yaml.safe_load(text)["devices"]:

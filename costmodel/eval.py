@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.datasets import load
-from costmodel.datasets.devices import canonical, resolve_many
-from costmodel.datasets.table import KernelTable
-from costmodel.learned import LearnedModel, SOURCE_LEARNED
-from costmodel.train import FORMAT, ape, prepare, train_models
-from planner.errors import MeshplanError
+from meshplan.costmodel.datasets import load
+from meshplan.costmodel.datasets.devices import canonical, resolve_many
+from meshplan.costmodel.datasets.table import KernelTable
+from meshplan.costmodel.learned import LearnedModel, SOURCE_LEARNED
+from meshplan.costmodel.train import FORMAT, ape, prepare, train_models
+from meshplan.core.errors import MeshplanError
 
 SPLITS = ("neusight", "vidur-h100", "vidur-network", "leave-one-device-out", "local", "unseen-device:NAME")
 
@@ -38,8 +38,8 @@ def metrics(pred_s: np.ndarray, true_s: np.ndarray) -> dict:
 
 
 def _as_model(models: dict) -> LearnedModel:
-    from costmodel.features import FEATURES
-    from costmodel.train import RANGE_MARGIN_HI, RANGE_MARGIN_LO
+    from meshplan.costmodel.features import FEATURES
+    from meshplan.costmodel.train import RANGE_MARGIN_HI, RANGE_MARGIN_LO
 
     meta = {"format": FORMAT, "features": list(FEATURES), "range_margin_log2": [RANGE_MARGIN_LO, RANGE_MARGIN_HI],
             "kinds": {k: {kk: vv for kk, vv in v.items() if kk != "model"} for k, v in models.items()}}
@@ -54,7 +54,7 @@ def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows
                                    blend_unseen=blend_unseen))
     specs, missing = resolve_many(test.device)
     test = test.select(~np.isin(test.device, missing))
-    from costmodel.ops import COMPUTE_KINDS
+    from meshplan.costmodel.ops import COMPUTE_KINDS
 
     test = test.select(np.isin(test.op, COMPUTE_KINDS))
     pred, src = model.predict_arrays(test.op, test.b, test.m, test.n, test.k, test.dtype, test.device, specs)
@@ -74,7 +74,7 @@ def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows
 
 
 def _network(table: KernelTable) -> list[dict]:
-    from costmodel import collective_model as C
+    from meshplan.costmodel import collective_model as C
 
     coll = table.select(np.isin(table.op, ("allreduce", "sendrecv")) & np.char.endswith(table.device.astype(str), "_dgx"))
     if len(coll) == 0:
@@ -155,7 +155,7 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
         target = split.split(":", 1)[1] if ":" in split else ""
         specs, _ = resolve_many([canonical(target)] if target else [])
         if not specs:
-            from costmodel.devices import get_device
+            from meshplan.costmodel.devices import get_device
 
             get_device(target)  # raises the catalogue's "unknown device" message
         dev_name = canonical(target) if canonical(target) in set(gpus.device) else next(iter(specs.values())).name

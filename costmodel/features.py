@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.devices import DeviceSpec
-from costmodel.ops import DTYPE_BYTES
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.ops import DTYPE_BYTES
 
 # Shape fields of the table per kind (see costmodel.datasets.table): which (b, m, n, k) an OpSpec maps to.
 GEMM_KINDS = ("matmul", "bmm", "attention")
@@ -184,7 +184,7 @@ def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[s
     unseen-device blend partner of the GEMM classes, chosen by leave-one-signature-out
     (``costmodel.train.unseen_device_weight``).
     """
-    from costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
+    from meshplan.costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
 
     op = np.asarray(op, dtype=object)
     eff = np.array([ROOFLINE_EFFICIENCY[o] for o in op]).reshape(-1, 2) if len(op) else np.zeros((0, 2))

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.datasets.table import KernelTable, file_sha256
-from costmodel.features import flops_bytes
-from costmodel.learned import LearnedModel
-from costmodel.train import prepare
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
+from meshplan.costmodel.datasets.table import KernelTable, file_sha256
+from meshplan.costmodel.features import flops_bytes
+from meshplan.costmodel.learned import LearnedModel
+from meshplan.costmodel.train import prepare
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
 
 
 MIN_SHAPES = 2  # distinct shapes of a class a run must hold for that class to be calibrated
@@ -92,8 +92,8 @@ def _gpu_time_us(tr) -> dict[int, float]:
 
 
 def _traces(p: Path):
-    from profiler.runs import load_run
-    from profiler.trace import load_trace
+    from meshplan.profiler.runs import load_run
+    from meshplan.profiler.trace import load_trace
 
     if p.is_file() and p.name.endswith((".json", ".json.gz")):
         return [load_trace(p)]
@@ -124,7 +124,7 @@ def trace_device(loaded: dict[Path, list]) -> str | None:
     Raises:
         MeshplanError: a GPU the catalogue does not know (pass ``--device``), or runs on different GPUs.
     """
-    from costmodel.devices import get_device
+    from meshplan.costmodel.devices import get_device
 
     names = {d for traces in loaded.values() for tr in traces if tr.has_gpu for d in tr.devices}
     first = next(iter(loaded), "")
@@ -252,9 +252,9 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
         device_dir: A ``collect`` output whose ``device.json`` describes the run's CPU (else measured now).
         device: Device name (else the GPU in the traces' ``deviceProperties``, else this host's CPU).
     """
-    from costmodel import api
-    from costmodel.collect import measure_device
-    from costmodel.datasets.local import load_device
+    from meshplan.costmodel import api
+    from meshplan.costmodel.collect import measure_device
+    from meshplan.costmodel.datasets.local import load_device
 
     base = LearnedModel.load(base_dir) if base_dir else (api.active_model() or None)
     if base is None:

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
-from costmodel.datasets.devices import register_local
-from costmodel.datasets.table import file_sha256
-from costmodel.devices import DeviceSpec, device_from_dict
-from costmodel.features import (FEATURES, calibrated_roofline_s, device_columns, device_signature, feature_matrix,
+from meshplan.costmodel.datasets.devices import register_local
+from meshplan.costmodel.datasets.table import file_sha256
+from meshplan.costmodel.devices import DeviceSpec, device_from_dict
+from meshplan.costmodel.features import (FEATURES, calibrated_roofline_s, device_columns, device_signature, feature_matrix,
                                 flops_bytes, signature_seen)
-from costmodel.ops import COMPUTE_KINDS, OpSpec
-from costmodel.train import FORMAT, blend
-from planner.errors import MeshplanError
+from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
+from meshplan.costmodel.train import FORMAT, blend
+from meshplan.core.errors import MeshplanError
 
 SOURCE_LEARNED = "learned"
 SOURCE_NO_MODEL = "roofline (no model for this op class)"
@@ -140,7 +140,7 @@ class LearnedModel:
     def collective_model(self):
         """The fitted collective model stored in the metadata, or ``None``."""
         if self._coll is None and self.meta.get("collectives"):
-            from costmodel.collective_model import CollectiveModel
+            from meshplan.costmodel.collective_model import CollectiveModel
 
             self._coll = CollectiveModel(self.meta["collectives"])
         return self._coll

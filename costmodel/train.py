@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
-from costmodel.datasets.devices import resolve_many
-from costmodel.datasets.table import KernelTable, file_sha256
-from costmodel.devices import device_to_dict
-from costmodel.features import (FEATURES, GEMM_KINDS, calibrated_roofline_s, device_columns, device_signature,
+from meshplan.costmodel.datasets.devices import resolve_many
+from meshplan.costmodel.datasets.table import KernelTable, file_sha256
+from meshplan.costmodel.devices import device_to_dict
+from meshplan.costmodel.features import (FEATURES, GEMM_KINDS, calibrated_roofline_s, device_columns, device_signature,
                                 feature_matrix)
-from costmodel.ops import COMPUTE_KINDS
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
+from meshplan.costmodel.ops import COMPUTE_KINDS
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
 
 FORMAT = "meshplan-costmodel/1"
 MIN_ROWS = 30  # fewer training rows than this for a kind: no model, the roofline fallback prices it
@@ -287,8 +287,8 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     Returns:
         The metadata dict that was written (plus ``seconds``).
     """
-    from costmodel import collective_model
-    from costmodel.datasets import load
+    from meshplan.costmodel import collective_model
+    from meshplan.costmodel.datasets import load
 
     t0 = time.perf_counter()
     table, files = load([Path(p) for p in data])

@@ -212,7 +212,7 @@ def apply_config(a: argparse.Namespace) -> None:
 def apply_plan(a: argparse.Namespace) -> None:
     """Copy layout, batch and model shape from a meshplan plan onto the flags."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from planner.plan import load_plan
+    from meshplan.planner.plan import load_plan
 
     plan = load_plan(a.plan)
     d = plan.degrees
@@ -324,7 +324,7 @@ def build(a: argparse.Namespace, mesh, device: torch.device):
         model = DDP(stage, process_group=mesh["dp_replicate"].get_group())
         plan = getattr(a, "loaded_plan", None)
         if plan is not None and plan.compression:
-            from planner.comm_hook import register_plan_hook
+            from meshplan.planner.comm_hook import register_plan_hook
 
             register_plan_hook(model, plan, mesh["dp_replicate"].get_group())
     schedule = None

@@ -43,10 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from costmodel.collectives import Link
-from costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, register_device
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
+from meshplan.costmodel.collectives import Link
+from meshplan.costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, register_device
+from meshplan.core.atomic import write_atomic
+from meshplan.core.cache import cache_dir
+from meshplan.core.errors import MeshplanError
 
 CACHE_VERSION = 7  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
 # 4: groups inside an oversubscribed world (``in_world_key``); 5: back-to-back all-reduce bursts;
@@ -91,12 +92,6 @@ class Calibration:
     measured: dict
     path: Path
     cached: bool
-
-
-def cache_dir() -> Path:
-    """Folder for cached calibrations: ``$MESHPLAN_CACHE`` or ``~/.cache/meshplan``."""
-    env = os.environ.get("MESHPLAN_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "meshplan"
 
 
 def _fingerprint() -> dict:
@@ -581,7 +576,7 @@ def local_cluster(n: int):
     Each process gets ``RAM / n`` bytes; when ``n`` exceeds the logical CPUs, each process's FLOP/s and memory
     bandwidth are scaled by ``cpus / n`` (the 1-thread figures assume a core per process).
     """
-    from planner.cluster import ClusterSpec, NodeGroup
+    from meshplan.planner.cluster import ClusterSpec, NodeGroup
 
     if n < 1:
         raise MeshplanError(f"cluster 'local:{n}': local:N needs a process count N >= 1")

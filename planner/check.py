@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from planner.errors import MeshplanError
-from planner.plan import Plan, load_plan
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan import Plan, load_plan
 
 PHASE_LABEL = {"compute_s": "compute", "exposed_comm_s": "exposed comm", "bubble_s": "bubble"}
 
@@ -336,13 +336,13 @@ def scaled_step_s(pred, f: float) -> float:
 def _own_oversubscription(plan: Plan) -> float:
     if not plan.cluster.spec.lower().startswith("local:"):
         return 1.0
-    from planner.estimate_cpu import world_cores
+    from meshplan.planner.estimate_cpu import world_cores
 
     return max(1.0, plan.degrees.world_size / world_cores(None))
 
 
 def _add_phases(res: CheckResult, plan: Plan, run_path) -> None:
-    from planner.run_breakdown import measured_breakdown
+    from meshplan.planner.run_breakdown import measured_breakdown
 
     mb = measured_breakdown(run_path)
     b = plan.prediction.breakdown

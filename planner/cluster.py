@@ -20,47 +20,13 @@ from pathlib import Path
 
 import yaml
 
-from costmodel.collectives import Link
-from costmodel.devices import DeviceSpec, get_device
-from planner.errors import MeshplanError
-from planner.plan import ClusterRef, DeviceGroupRef
+from meshplan.costmodel.collectives import Link
+from meshplan.costmodel.devices import DeviceSpec, get_device
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import parse_bandwidth
+from meshplan.planner.plan import ClusterRef, DeviceGroupRef
 
 PRESET_DIR = "presets/clusters"
-
-
-# ---------------------------------------------------------------- bandwidth strings
-
-_BW_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kmgt]?)(i?)(b|bit|byte)(?:ps|/s|its/s|it/s|ytes/s)?\s*$",
-                    re.IGNORECASE)
-_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-_BIN_PREFIX = {"": 1.0, "k": 2.0**10, "m": 2.0**20, "g": 2.0**30, "t": 2.0**40}
-
-
-def parse_bandwidth(text: str) -> float:
-    """Parse a bandwidth such as ``25Gbps``, ``400Gb/s``, ``50GB/s``, ``1.5TB/s`` or ``10GiB/s`` into bytes/s.
-
-    Lower-case ``b``/``bit`` is bits, upper-case ``B``/``byte`` is bytes; prefixes are decimal (network
-    convention) unless written ``Ki``/``Mi``/``Gi``/``Ti``.
-
-    Raises:
-        MeshplanError: not a positive number with a unit.
-    """
-    raw = str(text)
-    m = _BW_RE.match(raw.replace("bits", "bit"))
-    if not m:
-        raise MeshplanError(f"bandwidth '{raw}': expected a number and a unit, e.g. 25Gbps, 400Gb/s, 50GB/s")
-    value, prefix, binary, unit = float(m.group(1)), m.group(2).lower(), m.group(3), m.group(4)
-    if unit == "b" or unit.lower() == "bit":
-        per_unit = 1 / 8  # bits
-    elif unit == "B" or unit.lower() == "byte":
-        per_unit = 1.0
-    else:  # pragma: no cover - the regex admits only the forms above
-        raise MeshplanError(f"bandwidth '{raw}': unknown unit {unit!r}")
-    scale = (_BIN_PREFIX if binary else _PREFIX)[prefix]
-    bw = value * scale * per_unit
-    if not bw > 0:
-        raise MeshplanError(f"bandwidth '{raw}': must be positive")
-    return bw
 
 
 # ---------------------------------------------------------------- link families
@@ -103,7 +69,7 @@ def nic_share_bytes_per_s(line_bytes_per_s: float, efficiency: float, nics_per_n
 @lru_cache(maxsize=1)
 def link_families() -> dict[str, LinkFamily]:
     """All link families from the packaged ``links.yaml``, keyed by family name."""
-    text = resources.files("planner").joinpath(PRESET_DIR, "links.yaml").read_text(encoding="utf-8")
+    text = resources.files("meshplan.planner").joinpath(PRESET_DIR, "links.yaml").read_text(encoding="utf-8")
     out = {}
     for key, fam in yaml.safe_load(text)["families"].items():
         intra, inter = fam["intra"], fam["inter"]
@@ -414,7 +380,7 @@ def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
 
 def preset_names() -> list[str]:
     """Bundled cluster presets (file stems under ``planner/presets/clusters``)."""
-    folder = resources.files("planner").joinpath(PRESET_DIR)
+    folder = resources.files("meshplan.planner").joinpath(PRESET_DIR)
     return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml") and f.name != "links.yaml")
 
 
@@ -428,14 +394,14 @@ def load_cluster(text: str) -> ClusterSpec:
     if not spec:
         raise MeshplanError("cluster: empty specification (e.g. 16x8xH100, 8xA100, local:2, dgx-h100-16)")
     if spec.lower().startswith("local:"):
-        from planner.calibrate import local_cluster
+        from meshplan.planner.calibrate import local_cluster
 
         n = spec.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
             raise MeshplanError(f"cluster '{spec}': local:N needs a process count N >= 1")
         return local_cluster(int(n))
     if spec in preset_names():
-        path = resources.files("planner").joinpath(PRESET_DIR, f"{spec}.yaml")
+        path = resources.files("meshplan.planner").joinpath(PRESET_DIR, f"{spec}.yaml")
         return load_cluster_file(Path(str(path)), spec=spec)
     if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
         if not Path(spec).is_file():

@@ -46,7 +46,7 @@ def rank_contention(trace) -> float | None:
 
 def run_contention(run_dir: str | Path) -> tuple[float | None, dict[int, float]]:
     """(median factor over ranks, factor per rank) of a profiled run folder; (None, {}) without repeated ops."""
-    from profiler.runs import load_run
+    from meshplan.profiler.runs import load_run
 
     run = load_run(run_dir)
     per = {r: f for r, t in sorted(run.ranks.items()) if (f := rank_contention(t)) is not None}

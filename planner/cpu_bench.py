@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from costmodel.ops import OpSpec
-from planner.atomic import write_atomic
+from meshplan.costmodel.ops import OpSpec
+from meshplan.core.atomic import write_atomic
 
 CACHE_VERSION = 4
 MIN_REPS = 8  # at least this many repetitions: the fastest of 8 is rarely preempted on a shared 2-core host
@@ -46,13 +46,13 @@ _dirty = False
 
 
 def _cache_file() -> Path:
-    from planner.calibrate import cache_dir
+    from meshplan.core.cache import cache_dir
 
     return cache_dir() / "cpu-ops.json"
 
 
 def _fingerprint() -> dict:
-    from planner.calibrate import _fingerprint as fp
+    from meshplan.planner.calibrate import _fingerprint as fp
 
     return fp()
 
@@ -129,7 +129,7 @@ def _builder(op: OpSpec) -> Callable[[], tuple[Callable, tuple]]:
 
 
 def _llc_bytes() -> int:
-    from planner.calibrate import cached_calibration
+    from meshplan.planner.calibrate import cached_calibration
 
     cal = cached_calibration()
     return int(cal.device.l2_bytes) if cal is not None and cal.device.l2_bytes else 32 * 2**20

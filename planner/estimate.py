@@ -19,16 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from costmodel.api import active_model, predict
-from costmodel.collectives import collective_time_s
-from costmodel.ops import OpSpec
-from planner.flops import recompute_flops_per_token
-from planner.layout import Layout
-from planner.memory import (
+from meshplan.costmodel.api import active_model, predict
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.flops import recompute_flops_per_token
+from meshplan.planner.layout import Layout
+from meshplan.planner.memory import (
     GRAD_BYTES, PARAM_BYTES, RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION, LayerShape, MemoryBreakdown,
     activation_bytes_per_layer, inflight_factor, model_state_bytes,
 )
-from planner.ops_graph import _dropout, embedding_ops, head_ops, layer_ops
+from meshplan.planner.ops_graph import _dropout, embedding_ops, head_ops, layer_ops
 
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 
@@ -210,7 +210,7 @@ def estimate(work: Workload, layout: Layout) -> Estimate:
     model, cluster = work.model, work.cluster
     dev = cluster.device
     if dev.vendor == "cpu":  # local:N CPU ranks: measured-op model (planner/estimate_cpu.py)
-        from planner.estimate_cpu import estimate_cpu
+        from meshplan.planner.estimate_cpu import estimate_cpu
 
         return estimate_cpu(work, layout)
     m = layout.num_microbatches(work.global_batch)

@@ -51,9 +51,9 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from costmodel.collectives import collective_time_s
-from costmodel.ops import DTYPE_BYTES, OpSpec
-from planner.layout import Layout
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.ops import DTYPE_BYTES, OpSpec
+from meshplan.planner.layout import Layout
 
 FSDP_OPS_PER_UNIT_PASS = 110  # host ops per FSDP2 unit per all-gather/reduce pass ((9423-6912)/23, trace count)
 TP_ALLREDUCES_PER_LAYER = 6  # 2 forward (o, fc2 outputs) + 4 backward (q, k, v, fc1 input grads): trace count
@@ -68,7 +68,7 @@ _cal_memo: dict = {}
 
 def _measured() -> dict:
     """The host calibration's raw measurements (re-read when the cache file changes); {} without one."""
-    from planner.calibrate import cache_path, cached_calibration
+    from meshplan.planner.calibrate import cache_path, cached_calibration
 
     try:
         key = cache_path().stat().st_mtime_ns
@@ -86,7 +86,7 @@ def coll_s(kind: str, nbytes: float, group: int, link, world: int, cores: int) -
 
     See the module docstring; ``world`` ranks share ``cores`` cores.
     """
-    from planner.calibrate import in_step_collective_s
+    from meshplan.planner.calibrate import in_step_collective_s
 
     if group <= 1:
         return 0.0
@@ -100,7 +100,7 @@ def coll_s(kind: str, nbytes: float, group: int, link, world: int, cores: int) -
 
 def _tiny_op_s() -> float:
     """Per-op framework overhead: a 1-element add, forward + backward, seconds."""
-    from planner.cpu_bench import op_times_s
+    from meshplan.planner.cpu_bench import op_times_s
 
     f, b = op_times_s(OpSpec("elementwise", (1,), "fp32"))
     return f + b
@@ -118,8 +118,8 @@ def _ops_s(ops, times) -> tuple[float, float]:
 @lru_cache(maxsize=4096)
 def _mb_times(model, layout_key: Layout, seq_len: int, dtype: str) -> tuple[float, float, float]:
     """(one layer fwd+bwd(+recompute), embedding fwd+bwd, head fwd+bwd) for one micro-batch, seconds."""
-    from planner.cpu_bench import flush, head_times_s, layer_times_s, op_times_s
-    from planner.ops_graph import embedding_ops
+    from meshplan.planner.cpu_bench import flush, head_times_s, layer_times_s, op_times_s
+    from meshplan.planner.ops_graph import embedding_ops
 
     s = seq_len // layout_key.cp
     layer = layer_times_s(model, layout_key.tp, layout_key.micro_batch, s, layout_key.recompute, dtype)
@@ -180,8 +180,8 @@ def world_cores(device) -> int:
 
 def estimate_cpu(work, layout: Layout):
     """``Estimate`` of ``layout`` on a CPU cluster (see the module docstring for the model)."""
-    from planner.estimate import _time_key, finish_estimate, stage_layers, stage_params, tables
-    from planner.cpu_bench import flush, measure_optimizer_s
+    from meshplan.planner.estimate import _time_key, finish_estimate, stage_layers, stage_params, tables
+    from meshplan.planner.cpu_bench import flush, measure_optimizer_s
 
     model, cluster = work.model, work.cluster
     dev = cluster.device
@@ -265,7 +265,7 @@ def estimate_cpu(work, layout: Layout):
     # learned from this host's runs (planner.local_fit; 1 and 0 before a fit): the ratio of the runs' compute
     # to this free-core pricing, on all CPU work (the bubble is the other stages' compute), and the wait per
     # collective (a pipeline stage's wait for its neighbour is the bubble, priced above)
-    from planner.local_fit import learned
+    from meshplan.planner.local_fit import learned
 
     fit = learned()
     compute, bubble, optimizer = (x * fit["compute_scale"] for x in (compute, bubble, optimizer))

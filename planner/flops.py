@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 if TYPE_CHECKING:
-    from planner.model_spec import ModelSpec
+    from meshplan.planner.model_spec import ModelSpec
 
 RECOMPUTE = ("none", "selective", "full")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")

@@ -31,8 +31,8 @@ import json
 import statistics
 from pathlib import Path
 
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
 
 FIT_VERSION = 3  # 2: per-mechanism terms, sync wait only from runs with enough collectives; 3: compute_scale
 # (judged on unprofiled steps, the runs' compute sat below the contention-scaled pricing: additive overheads
@@ -47,7 +47,7 @@ def fit_file() -> Path:
     """``$MESHPLAN_LOCAL_FIT_FILE``, else ``local-fit.json`` beside the host calibration."""
     import os
 
-    from planner.calibrate import cache_dir
+    from meshplan.core.cache import cache_dir
 
     env = os.environ.get("MESHPLAN_LOCAL_FIT_FILE")
     return Path(env) if env else cache_dir() / "local-fit.json"
@@ -59,7 +59,7 @@ def learned() -> dict:
     on what this host learned set it)."""
     import os
 
-    from planner.calibrate import _fingerprint
+    from meshplan.planner.calibrate import _fingerprint
 
     if os.environ.get("MESHPLAN_NO_LOCAL_FIT"):
         return dict(NEUTRAL)
@@ -81,10 +81,10 @@ def _clamp_scale(x: float) -> float:
 
 
 def _sync_points_per_step(run_dir, rank: int) -> float:
-    from profiler.runs import load_run
+    from meshplan.profiler.runs import load_run
 
     t = load_run(run_dir).ranks[rank]
-    from planner.run_breakdown import P2P
+    from meshplan.planner.run_breakdown import P2P
 
     counts = {s: 0 for s in t.steps}
     for e in t.events:
@@ -97,7 +97,7 @@ def _unfitted_estimate(plan):
     """``Estimate`` of the plan's layout on this host with no learned figures (``MESHPLAN_NO_LOCAL_FIT``)."""
     import os
 
-    from planner.search import estimate_plan
+    from meshplan.planner.search import estimate_plan
 
     was = os.environ.get("MESHPLAN_NO_LOCAL_FIT")
     os.environ["MESHPLAN_NO_LOCAL_FIT"] = "1"
@@ -121,9 +121,9 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
     Raises:
         MeshplanError: not a local plan, or a run without repeated operators to measure its contention.
     """
-    from planner.check import check
-    from planner.contention import run_contention
-    from planner.plan import load_plan
+    from meshplan.planner.check import check
+    from meshplan.planner.contention import run_contention
+    from meshplan.planner.plan import load_plan
 
     plan = load_plan(plan_path)
     if not plan.cluster.spec.lower().startswith("local:"):
@@ -160,7 +160,7 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, save: bool = True) -> di
 
 
 def _save(terms: dict, runs: list[str]) -> None:
-    from planner.calibrate import _fingerprint
+    from meshplan.planner.calibrate import _fingerprint
 
     write_atomic(fit_file(), json.dumps({"version": FIT_VERSION, "fingerprint": _fingerprint(),
                                          "fitted_from": runs, **terms}, indent=2) + "\n")
@@ -168,8 +168,8 @@ def _save(terms: dict, runs: list[str]) -> None:
 
 def local_plan_of_run(run_dir: str | Path):
     """The ``local:N`` plan file a profiled run was launched with (``meshplan profile --from-plan``), or None."""
-    from planner.check import launched_plan_path, load_measured
-    from planner.plan import load_plan
+    from meshplan.planner.check import launched_plan_path, load_measured
+    from meshplan.planner.plan import load_plan
 
     try:
         run = load_measured(run_dir)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.layout import Layout
+from meshplan.planner.layout import Layout
 
 GiB = 1024**3
 PARAM_BYTES = 2  # bf16/fp16 weights

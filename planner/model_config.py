@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import yaml
 
-from planner.errors import MeshplanError
-from planner.model_spec import ModelSpec
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.model_spec import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets" / "models"
 PRESET_INDEX = PRESET_DIR / "index.yaml"

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -287,7 +287,7 @@ class ModelSpec:
         Returns:
             FLOPs per token.
         """
-        from planner.flops import megatron_flops_per_token
+        from meshplan.planner.flops import megatron_flops_per_token
 
         return megatron_flops_per_token(self, seq_len)
 
@@ -323,7 +323,7 @@ def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
     Raises:
         MeshplanError: file not found, malformed JSON, unknown ``model_type``, missing or invalid field.
     """
-    from planner.model_config import load_model as _load
+    from meshplan.planner.model_config import load_model as _load
 
     return _load(name_or_path, mtp=mtp)
 
@@ -331,6 +331,6 @@ def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
 def list_presets() -> list[dict[str, Any]]:
     """Bundled presets: ``name``, ``model_type``, ``num_params``, ``active_params``, ``source`` (upstream
     checkpoint or paper), ``aliases``; sorted by type, then size."""
-    from planner.model_config import list_presets as _list
+    from meshplan.planner.model_config import list_presets as _list
 
     return _list()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.ops import OpSpec
-from planner.layout import Layout
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.layout import Layout
 
 
 @dataclass(frozen=True)

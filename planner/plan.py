@@ -12,8 +12,8 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
 
 # A plan's name becomes a file name under plans/, a job name and a word in generated shell scripts: letters,
 # digits, '.', '_' and '-', starting with a letter or digit (so never '..', '/' or anything a shell expands).

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from planner.errors import MeshplanError
-from planner.estimate import Workload
-from planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
-from planner.search import layout_row, model_ref, search, to_plan
-from planner.space import parse_fix
-from planner.version import meshplan_version
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate import Workload
+from meshplan.planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
+from meshplan.planner.search import layout_row, model_ref, search, to_plan
+from meshplan.planner.space import parse_fix
+from meshplan.core.version import meshplan_version
 
 WORKLOADS = ("train", "serve")
 
@@ -66,8 +66,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
              net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
              sensitivity: Path | None = None) -> PlanOutcome:
     """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``)."""
-    from planner.cluster import load_cluster, parse_bandwidth
-    from planner.model_spec import load_model
+    from meshplan.planner.cluster import load_cluster, parse_bandwidth
+    from meshplan.planner.model_spec import load_model
 
     if global_batch < 1:
         raise MeshplanError(f"--global-batch {global_batch} must be >= 1")
@@ -114,7 +114,7 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
 
 
 def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Plan, tuple[str, ...]]:
-    from planner.solve.compression import solve_compression
+    from meshplan.planner.solve.compression import solve_compression
 
     res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len, error_budget=error_budget)
     saving = max(0.0, res.baseline_step_s - res.step_s)
@@ -137,7 +137,7 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Pl
 
 def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
                  dtype, sensitivity=None) -> PlanOutcome:
-    from planner.solve.precision import solve_hetero_train, solve_serve
+    from meshplan.planner.solve.precision import solve_hetero_train, solve_serve
 
     if workload == "serve":
         res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget,
@@ -183,7 +183,7 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
 
 
 def _predictor() -> str:
-    from costmodel.api import predictor_name
+    from meshplan.costmodel.api import predictor_name
 
     return predictor_name()
 

@@ -1,7 +1,7 @@
 """Reviewed reference plans (``plans/reference.yaml``): regenerate, compare, and accept changes with a reason.
 
-    python -m planner.reference            # regenerate into memory and list differences (exit 1 if any)
-    python -m planner.reference --update --reason "learned cost model now prices GEMMs"
+    python -m meshplan.planner.reference            # regenerate into memory and list differences (exit 1 if any)
+    python -m meshplan.planner.reference --update --reason "learned cost model now prices GEMMs"
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from planner.atomic import write_atomic
-from planner.plan import Plan, load_plan
+from meshplan.core.atomic import write_atomic
+from meshplan.planner.plan import Plan, load_plan
 
 PLANS_DIR = Path(__file__).resolve().parents[1] / "plans"
 IGNORED = ("meshplan_version",)  # a version bump alone is not a change of plan
@@ -25,7 +25,7 @@ def reference_specs(plans_dir: Path = PLANS_DIR) -> dict[str, dict]:
 
 
 def regenerate(name: str, args: dict, tmp_dir: Path) -> Plan:
-    from planner.planning import plan_job
+    from meshplan.planner.planning import plan_job
 
     out = plan_job(args["model"], args["cluster"], int(args["global_batch"]), int(args["seq_len"]),
                    fix=args.get("fix"), top=1, name=name, out=tmp_dir / f"{name}.yaml")
@@ -54,7 +54,7 @@ def differences(old, new, path: str = "") -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    ap = argparse.ArgumentParser(prog="python -m planner.reference")
+    ap = argparse.ArgumentParser(prog="python -m meshplan.planner.reference")
     ap.add_argument("--update", action="store_true")
     ap.add_argument("--reason", default="")
     ns = ap.parse_args(argv)

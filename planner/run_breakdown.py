@@ -121,7 +121,7 @@ def measured_breakdown(run_dir: str | Path) -> MeasuredBreakdown:
     Raises:
         MeshplanError: the folder holds no readable trace (from :func:`profiler.runs.load_run`).
     """
-    from profiler.runs import load_run
+    from meshplan.profiler.runs import load_run
 
     run = load_run(run_dir)
     rows: list[StepPhases] = []

@@ -6,13 +6,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from planner.errors import MeshplanError
-from planner.estimate import Estimate, Workload, estimate
-from planner.layout import Layout
-from planner.memory import GiB
-from planner.plan import Breakdown, Degrees, ModelRef, Plan, Prediction
-from planner.space import enumerate_layouts, explain_empty
-from planner.version import meshplan_version
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate import Estimate, Workload, estimate
+from meshplan.planner.layout import Layout
+from meshplan.planner.memory import GiB
+from meshplan.planner.plan import Breakdown, Degrees, ModelRef, Plan, Prediction
+from meshplan.planner.space import enumerate_layouts, explain_empty
+from meshplan.core.version import meshplan_version
 
 
 @dataclass
@@ -137,7 +137,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
 
 
 def prediction_of(est: Estimate) -> Prediction:
-    from costmodel.api import predictor_name
+    from meshplan.costmodel.api import predictor_name
 
     return Prediction(
         step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_device=est.tflops_per_device,
@@ -170,8 +170,8 @@ def estimate_plan(plan: Plan) -> Estimate:
         MeshplanError: a solver plan (per-stage layers or per-layer precision), or a model / cluster the plan
             names that cannot be loaded from here.
     """
-    from planner.cluster import load_cluster
-    from planner.model_spec import load_model
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.model_spec import load_model
 
     if plan.stages or plan.layer_precision:
         raise MeshplanError(f"plan {plan.name}: a solver plan (stages / per-layer precision) cannot be re-priced "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from planner.errors import MeshplanError
-from planner.layout import ATTENTION, RECOMPUTE, Layout
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout import ATTENTION, RECOMPUTE, Layout
 
 FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep", "sp", "mbs", "zero", "recompute",
             "attention")

@@ -1,4 +1,4 @@
-"""Per-rank entry point that ``meshplan profile`` hands to torchrun: ``python -m profiler._bootstrap SCRIPT ARGS``.
+"""Per-rank entry point that ``meshplan profile`` hands to torchrun: ``python -m meshplan.profiler._bootstrap SCRIPT ARGS``.
 
 It pins the rank to its core, starts :class:`profiler.capture.Capture` before the script's first line, installs a
 global optimizer-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) so step boundaries are
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import profiler.capture as capture_mod
-from profiler.capture import (ENV_CORES, ENV_OUT, ENV_STEPS, ENV_STOP, ENV_UNPROFILED, ENV_WARMUP, Capture,
+import meshplan.profiler.capture as capture_mod
+from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_STEPS, ENV_STOP, ENV_UNPROFILED, ENV_WARMUP, Capture,
                               CaptureDone, _env_int)
 
 
@@ -56,7 +56,7 @@ class _StepHook:
 def main(argv: list[str]) -> int:
     """Run ``argv[0]`` (a script path) with ``argv[1:]`` under a capture configured from the environment."""
     if not argv:
-        print("usage: python -m profiler._bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m meshplan.profiler._bootstrap SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     script = Path(argv[0])
     cap = Capture(os.environ[ENV_OUT], warmup=_env_int(ENV_WARMUP, 2), steps=_env_int(ENV_STEPS, 8),

@@ -16,8 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from profiler.match import CollGroup
-from profiler.runs import Run
+from meshplan.profiler.match import CollGroup
+from meshplan.profiler.runs import Run
 
 _ITERATIONS = 8
 

@@ -20,7 +20,7 @@ The run folder (the profiler-core's input, read by ``profiler.runs``):
 
 Each rank first writes its own record to ``.capture/rank{R}.json``; ``run.json`` is the merge of all of them
 (written by the launcher, or, in the library form, by whichever rank finds every record present).
-All files are written atomically (:func:`planner.atomic.write_atomic`).
+All files are written atomically (:func:`meshplan.core.atomic.write_atomic`).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
 
 RUN_FORMAT = "meshplan-run/1"
 _SETTLE_S = 0.02  # pause before stopping the profiler so helper threads close their spans (s)

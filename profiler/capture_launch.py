@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from planner.atomic import write_atomic
-from planner.errors import MeshplanError
-from profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED, ENV_WARMUP,
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED, ENV_WARMUP,
                               RECORD_DIR, RUN_JSON, capture_steps, load_run_json, read_rank_records, write_run_json)
 
 LOG_NAME = "launch.log"
@@ -48,7 +48,9 @@ class LaunchConfig:
         unprofiled: Steps timed after the traced window with the profiler stopped (``Capture``); the
             script learns how many steps to run from ``$MESHPLAN_CAPTURE_TOTAL_STEPS``.
         pin: Pin each local rank to its own core; None = when there are enough cores.
-        plan: Plan file (``--from-plan``): its path reaches the script and its world size sets nproc.
+        plan: Plan file (``--from-plan``): its path reaches the script and is copied into the run folder.
+        plan_world_size: The plan's world size (the caller reads the plan; the profiler knows no plan format):
+            sets nproc per node.
         stop_when_done: End the script once the measured steps are written.
         show_output: Stream the ranks' output instead of writing it to ``launch.log``.
     """
@@ -67,6 +69,7 @@ class LaunchConfig:
     unprofiled: int = 0
     pin: Optional[bool] = None
     plan: Optional[Path] = None
+    plan_world_size: Optional[int] = None
     stop_when_done: bool = True
     show_output: bool = False
 
@@ -124,10 +127,9 @@ def resolve(cfg: LaunchConfig) -> tuple[LaunchConfig, list[str], list[int]]:
     nproc = cfg.nproc
     args = list(cfg.script_args)
     if cfg.plan is not None:
-        from planner.plan import load_plan
-
-        plan = load_plan(cfg.plan)
-        world = plan.degrees.world_size
+        if cfg.plan_world_size is None:
+            raise ValueError("LaunchConfig.plan needs plan_world_size (the caller reads the plan)")
+        world = cfg.plan_world_size
         if world % cfg.nnodes:
             raise MeshplanError(f"{cfg.plan}: world size {world} does not split over --nnodes {cfg.nnodes}")
         want = world // cfg.nnodes
@@ -158,7 +160,7 @@ def torchrun_command(cfg: LaunchConfig) -> list[str]:
     else:
         cmd += ["--node-rank", str(cfg.node_rank), "--rdzv-backend", cfg.rdzv_backend,
                 "--rdzv-endpoint", str(cfg.rdzv_endpoint), "--rdzv-id", cfg.rdzv_id]
-    return [*cmd, "-m", "profiler._bootstrap", str(cfg.script), *cfg.script_args]
+    return [*cmd, "-m", "meshplan.profiler._bootstrap", str(cfg.script), *cfg.script_args]
 
 
 def _clear_old_outputs(out: Path) -> None:

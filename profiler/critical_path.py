@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from profiler.graph import KIND_NAMES
-from profiler.replay import Timeline
+from meshplan.profiler.graph import KIND_NAMES
+from meshplan.profiler.replay import Timeline
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import networkx as nx
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 _ALLREDUCE = "allreduce"
 

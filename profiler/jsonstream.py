@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 _CHUNK_CHARS = 1 << 20  # 1 Mi characters read per refill
 _WS = " \t\n\r"

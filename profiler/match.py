@@ -22,8 +22,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from profiler.runs import Run
-from profiler.trace import Event
+from meshplan.profiler.runs import Run
+from meshplan.profiler.trace import Event
 
 _STREAM = re.compile(r"^stream:[^:]*:(.*)$")
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from planner.errors import MeshplanError
-from profiler.graph import CompiledGraph, compile_graph
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.graph import CompiledGraph, compile_graph
 
 
 @dataclass

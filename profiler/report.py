@@ -12,15 +12,15 @@ from typing import Any, Callable
 
 import networkx as nx
 
-from planner.errors import MeshplanError
-from profiler.align import Alignment, apply_alignment, estimate_offsets
-from profiler.critical_path import critical_path, dominant_ops
-from profiler.match import match_collectives
-from profiler.replay import Timeline, replay
-from profiler.runs import Run, load_run
-from profiler.timeline import write_timeline
-from profiler.tracegraph import build_graph
-from profiler.whatif import apply_whatif, parse_knob
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.align import Alignment, apply_alignment, estimate_offsets
+from meshplan.profiler.critical_path import critical_path, dominant_ops
+from meshplan.profiler.match import match_collectives
+from meshplan.profiler.replay import Timeline, replay
+from meshplan.profiler.runs import Run, load_run
+from meshplan.profiler.timeline import write_timeline
+from meshplan.profiler.tracegraph import build_graph
+from meshplan.profiler.whatif import apply_whatif, parse_knob
 
 
 @dataclass

@@ -22,8 +22,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.errors import MeshplanError
-from profiler.trace import RankTrace, load_trace
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.trace import RankTrace, load_trace
 
 RUN_JSON = "run.json"
 _TRACE_SUFFIXES = (".json", ".json.gz", ".gz")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.runs import Run
-from profiler.trace import KINDS
+from meshplan.profiler.runs import Run
+from meshplan.profiler.trace import KINDS
 
 
 def run_summary(run: Run) -> dict[str, Any]:

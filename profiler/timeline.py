@@ -13,10 +13,10 @@ from pathlib import Path
 
 import networkx as nx
 
-from planner.atomic import write_atomic
-from profiler.critical_path import critical_path
-from profiler.graph import KIND_NAMES
-from profiler.replay import Timeline
+from meshplan.core.atomic import write_atomic
+from meshplan.profiler.critical_path import critical_path
+from meshplan.profiler.graph import KIND_NAMES
+from meshplan.profiler.replay import Timeline
 
 _MEASURED_PID = 1_000_000
 _CRIT_PID = 2_000_000

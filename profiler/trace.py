@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.errors import MeshplanError
-from profiler.jsonstream import stream_trace
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.jsonstream import stream_trace
 
 KINDS = ("compute", "comm", "host", "memcpy")
 

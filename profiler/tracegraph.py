@@ -35,10 +35,10 @@ from collections import defaultdict
 
 import networkx as nx
 
-from profiler.graph import GraphBuilder
-from profiler.match import CollGroup, channel_of
-from profiler.runs import Run
-from profiler.trace import SYNC_CALLS, Event, RankTrace
+from meshplan.profiler.graph import GraphBuilder
+from meshplan.profiler.match import CollGroup, channel_of
+from meshplan.profiler.runs import Run
+from meshplan.profiler.trace import SYNC_CALLS, Event, RankTrace
 
 WAKE_US = 200.0  # an idle host gap ending this soon after a CPU collective ended is a wait for it
 MIN_GAP_US = 5.0  # shorter host gaps are scheduling noise, not waits

@@ -25,14 +25,12 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import parse_size
 
 KIND_KEYS = ("compute", "comm", "host", "memcpy", "all")
 DEFAULT_ALPHA_S = 10e-6  # per-collective latency when the run has too few collectives to fit one (NCCL ring
 # all-reduce of a few bytes on NVLink/PCIe takes ~10-20 µs: nccl-tests all_reduce_perf small-message rows)
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1024, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9,
-          "gb": 1e9, "gib": 2**30}
 
 
 @dataclass(frozen=True)
@@ -84,13 +82,10 @@ def parse_knob(text: str) -> Knob:
             raise MeshplanError(f"what-if {text!r}: stragglers takes 'median' (remove stragglers)")
         return Knob("stragglers", 0.0, ranks, text)
     if lk in ("bucket", "bucket_size", "bucket_mb"):
-        m = _SIZE.match(val)
-        if not m or (m.group(2) or "").lower() not in _UNITS:
-            raise MeshplanError(f"what-if {text!r}: bucket size must look like 25MB, 4MiB or 1000000")
-        unit = (m.group(2) or ("mb" if lk == "bucket_mb" else "b")).lower()
-        size = float(m.group(1)) * _UNITS[unit]
-        if size <= 0:
-            raise MeshplanError(f"what-if {text!r}: bucket size must be positive")
+        try:
+            size = parse_size(val, default_unit="mb" if lk == "bucket_mb" else "b")
+        except MeshplanError as exc:
+            raise MeshplanError(f"what-if {text!r}: bucket {exc}") from None
         return Knob("bucket", size, ranks, text)
     try:
         v = float(val)
@@ -165,7 +160,7 @@ def apply_whatif(G: nx.DiGraph, knobs: list[Knob]) -> nx.DiGraph:
         elif k.key == "stragglers":
             _remove_stragglers(H, k.ranks)
         elif k.key == "bucket":
-            from profiler.fusion import rebucket_allreduces
+            from meshplan.profiler.fusion import rebucket_allreduces
 
             H = rebucket_allreduces(H, k.value, fits)
     return H

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
-from planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
+from meshplan.cli.main import app
+from meshplan.planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 from tests.helpers import REPO
 
 # A plain DDP script: no meshplan import, its own argument parser (including a --steps of its own that must not
@@ -159,7 +159,7 @@ def test_library_form_writes_a_run_folder(tmp_path):
     script = tmp_path / "lib_form.py"
     script.write_text(textwrap.dedent('''
         import sys, torch, torch.distributed as dist
-        from profiler.capture import capture
+        from meshplan.profiler.capture import capture
         dist.init_process_group("gloo")
         w = torch.nn.Parameter(torch.randn(128, 128))
         with capture(sys.argv[1], warmup=1, steps=3) as cap:
@@ -221,7 +221,7 @@ def test_failing_script_is_one_line(runner, tmp_path):
 
 
 def test_more_ranks_than_cores_warns_and_does_not_pin(tmp_path):
-    from profiler.capture_launch import LaunchConfig, available_cores, resolve
+    from meshplan.profiler.capture_launch import LaunchConfig, available_cores, resolve
 
     script = tmp_path / "ok.py"
     script.write_text("print('hi')\n")
@@ -234,7 +234,7 @@ def test_more_ranks_than_cores_warns_and_does_not_pin(tmp_path):
 
 
 def test_multi_node_command_passes_rendezvous_through(tmp_path):
-    from profiler.capture_launch import LaunchConfig, resolve, torchrun_command
+    from meshplan.profiler.capture_launch import LaunchConfig, resolve, torchrun_command
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
@@ -245,4 +245,4 @@ def test_multi_node_command_passes_rendezvous_through(tmp_path):
     for flag, value in (("--nnodes", "2"), ("--node-rank", "1"), ("--rdzv-backend", "c10d"),
                         ("--rdzv-endpoint", "head:29400"), ("--rdzv-id", "job7"), ("--nproc-per-node", "1")):
         assert cmd[cmd.index(flag) + 1] == value
-    assert cmd[-5:] == ["-m", "profiler._bootstrap", str(script), "--lr", "3e-4"]
+    assert cmd[-5:] == ["-m", "meshplan.profiler._bootstrap", str(script), "--lr", "3e-4"]

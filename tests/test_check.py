@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
-from planner.check import check, load_measured, parse_tolerance
-from planner.errors import MeshplanError
-from planner.plan import (Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction)
-from planner.run_breakdown import rank_step_phases, summarize
-from profiler.trace import Event, RankTrace
+from meshplan.cli.main import app
+from meshplan.planner.check import check, load_measured, parse_tolerance
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan import (Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction)
+from meshplan.planner.run_breakdown import rank_step_phases, summarize
+from meshplan.profiler.trace import Event, RankTrace
 
 PRED_S = 0.200
 
@@ -182,7 +182,7 @@ def test_phase_split_of_a_step():
 
 
 def test_breakdown_reports_the_critical_rank():
-    from planner.run_breakdown import StepPhases
+    from meshplan.planner.run_breakdown import StepPhases
 
     rows = [StepPhases(0, s, 1.0, 0.5, 0.5, 0.0) for s in range(3)] + \
            [StepPhases(1, s, 1.0, 0.9, 0.1, 0.0) for s in range(3)]

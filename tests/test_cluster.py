@@ -9,17 +9,17 @@ import os
 
 import pytest
 
-from cli.main import app
-from costmodel.collectives import collective_time_s
-from planner.cluster import (
+from meshplan.cli.main import app
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.planner.cluster import (
     ClusterSpec,
     link_families,
     load_cluster,
     parse_bandwidth,
     preset_names,
 )
-from planner.errors import MeshplanError
-from planner.plan import ClusterRef
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan import ClusterRef
 from tests.helpers import shared_path
 
 GB = 1e9
@@ -120,7 +120,7 @@ def test_link_families_match_their_documented_arithmetic():
     assert fams["hgx-h800"].intra.bandwidth_bytes_per_s == pytest.approx(160e9)
     # Selene (Narayanan et al. SC'21 §5.1): one 200 Gb/s HDR HCA per GPU
     assert fams["dgx-a100"].inter_link(8).bandwidth_bytes_per_s == pytest.approx(200e9 / 8 * 0.8)
-    for name in {d.family for d in __import__("costmodel.devices", fromlist=["catalogue"]).catalogue().values()
+    for name in {d.family for d in __import__("meshplan.costmodel.devices", fromlist=["catalogue"]).catalogue().values()
                  if d.vendor != "cpu"}:
         assert name in fams, f"device family {name} has no link family"
 
@@ -290,7 +290,7 @@ def test_calibration_figures_are_physical(calibrated):
 
 
 def test_calibration_is_cached_and_builds_local_clusters(calibrated):
-    from planner.calibrate import load_calibration
+    from meshplan.planner.calibrate import load_calibration
 
     cache, data = calibrated
     cal = load_calibration()
@@ -306,7 +306,7 @@ def test_calibration_is_cached_and_builds_local_clusters(calibrated):
 
 
 def test_corrupt_cache_is_measured_again_not_trusted(calibrated, monkeypatch):
-    from planner import calibrate as calmod
+    from meshplan.planner import calibrate as calmod
 
     cache, _ = calibrated
     monkeypatch.setenv("MESHPLAN_CACHE", str(cache / "other"))
@@ -349,7 +349,7 @@ def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
 
 def test_in_step_collective_interpolation_golden():
     """Hand-computed values of the in-step price: interpolation, clipping, extrapolation, missing group."""
-    from planner.calibrate import FIT_BYTES, in_step_collective_s
+    from meshplan.planner.calibrate import FIT_BYTES, in_step_collective_s
 
     fit = [0.002, 0.008]  # s at FIT_BYTES (4 and 16 MiB): 12 MiB per 6 ms = 2 MiB/ms
     m = {"fit_s": fit, "in_step_s": {"2": {"allreduce": {"4": 1e-4, "1000004": 1.1e-3, "2000004": 0.5e-3}}}}

@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.eval import _fit_eval
-from costmodel.train import prepare, train_models
+from meshplan.costmodel.eval import _fit_eval
+from meshplan.costmodel.train import prepare, train_models
 from tests.helpers import shared_path
 
 
 def _neusight(files: tuple[str, ...], gemm: bool = False):
-    from costmodel.datasets.neusight import load_file
-    from costmodel.datasets.table import KernelTable
+    from meshplan.costmodel.datasets.neusight import load_file
+    from meshplan.costmodel.datasets.table import KernelTable
 
     root = shared_path("kernels", "neusight")
     parts = []
@@ -74,7 +74,7 @@ def test_neusight_layernorm_softmax_pinned(ln_softmax):
 def test_neusight_gemm_unseen_h100_quick(monkeypatch):
     """Reduced GEMM split (linear only, 15k rows, 120 trees): the blend lowers H100 error, and its wave-quantised
     partner with a separate weight for small GEMMs lowers it further; A100-80GB untouched."""
-    import costmodel.train as T
+    import meshplan.costmodel.train as T
 
     train, test = _neusight(("linear.csv",), gemm=True)
     after = _by(_fit_eval(train, test, n_estimators=120, max_rows=15000))
@@ -117,7 +117,7 @@ def test_cli_eval_no_blend_flag(tmp_path, runner):
     import json
     import shutil
 
-    from cli.main import app
+    from meshplan.cli.main import app
 
     root = shared_path("kernels", "neusight")
     for split in ("train", "test"):

@@ -6,12 +6,12 @@ import shutil
 import numpy as np
 import pytest
 
-from costmodel.datasets import load
-from costmodel.datasets.deepbench import load_gemm
-from costmodel.datasets.neusight import load_file
-from costmodel.features import flops_bytes
-from costmodel.ops import COMPUTE_KINDS, OpSpec
-from planner.errors import MeshplanError
+from meshplan.costmodel.datasets import load
+from meshplan.costmodel.datasets.deepbench import load_gemm
+from meshplan.costmodel.datasets.neusight import load_file
+from meshplan.costmodel.features import flops_bytes
+from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
+from meshplan.core.errors import MeshplanError
 from tests.helpers import shared_path
 
 
@@ -83,7 +83,7 @@ def test_flops_bytes_agree_with_opspec():
     shapes = {"matmul": (96, 80, 64), "bmm": (3, 96, 80, 64), "attention": (2, 4, 128, 128, 64),
               "layernorm": (64, 512), "rmsnorm": (64, 512), "softmax": (64, 512), "elementwise": (4096,),
               "activation": (4096,), "embedding": (128, 256), "optimizer": (4096,), "copy": (4096,), "cast": (4096,)}
-    from costmodel.learned import op_fields
+    from meshplan.costmodel.learned import op_fields
 
     for kind in COMPUTE_KINDS:
         op = OpSpec(kind, shapes[kind], "bf16")
@@ -97,7 +97,7 @@ def test_flops_bytes_agree_with_opspec():
 
 
 def test_cli_bad_dataset_is_one_line(runner, tmp_path):
-    from cli.main import app
+    from meshplan.cli.main import app
 
     d = tmp_path / "neusight"
     (d / "train").mkdir(parents=True)

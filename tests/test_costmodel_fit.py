@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from costmodel.learned import LearnedModel
+from meshplan.costmodel.learned import LearnedModel
 from tests.helpers import REPO, shared_path
 
 SHIPPED = REPO / "costmodel" / "data" / "model"
@@ -40,9 +40,9 @@ def _mape(model: LearnedModel, rows, dev) -> float:
 
 def _fit_and_compare(tmp_path) -> tuple[float, float]:
     """Profile two real runs of different shapes, fit on the first, return (MAPE before, after) on the second."""
-    from costmodel.collect import measure_device
-    from costmodel.datasets.local import load_device
-    from costmodel.fit import fit_runs, rows_from_run
+    from meshplan.costmodel.collect import measure_device
+    from meshplan.costmodel.datasets.local import load_device
+    from meshplan.costmodel.fit import fit_runs, rows_from_run
 
     _profiled_run(tmp_path / "run1", [(256, 32), (256, 128), (512, 32), (512, 128)])
     _profiled_run(tmp_path / "run2", [(384, 64), (320, 96)])  # shapes the first run never had
@@ -67,8 +67,8 @@ def test_fit_on_one_run_reduces_error_on_another(tmp_path):
 
 
 def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
-    from cli.main import app
-    from costmodel.datasets import load
+    from meshplan.cli.main import app
+    from meshplan.costmodel.datasets import load
 
     r = runner.invoke(app, ["costmodel", "collect", "--out", str(tmp_path / "cpu"), "--quick", "--repeats", "2",
                             "--json"])
@@ -82,7 +82,7 @@ def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
     assert np.all(t.latency_s > 0) and np.all(np.isfinite(t.noise)) and np.all(t.noise >= 0)
     # Physical check of units and device vector: ops do not run faster than the measured peak / bandwidth allow
     # (a 4x margin: the quick peak is measured in 0.1 s on a shared machine; a unit slip would be 1000x).
-    from costmodel.train import prepare
+    from meshplan.costmodel.train import prepare
 
     p = prepare(t)
     assert np.mean(p.y > np.log(0.25)) > 0.9
@@ -91,9 +91,9 @@ def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
 def test_model_trained_on_collect_prices_that_device_later(tmp_path, runner, monkeypatch):
     """`collect` -> `train --data DIR` -> `predict --device cpu-1t --model M` in separate commands: the measured
     device travels inside the model's metadata (it is in no catalogue)."""
-    from cli.main import app
-    from costmodel.collect import collect
-    from costmodel.datasets import devices
+    from meshplan.cli.main import app
+    from meshplan.costmodel.collect import collect
+    from meshplan.costmodel.datasets import devices
 
     collect(tmp_path / "cpu", quick=True, n_random=300, repeats=1, seed=3)
     r = runner.invoke(app, ["costmodel", "train", "--data", str(tmp_path / "cpu"), "--out", str(tmp_path / "m")])
@@ -122,8 +122,8 @@ def test_local_split_unseen_shapes_within_target(tmp_path):
     The full ``collect`` grid (about 3.5 min on one core): each class's noise floor is the median spread of its own
     repeats, so a disturbed host raises the bar it is judged against instead of failing the test.
     """
-    from costmodel.collect import collect
-    from costmodel.eval import evaluate
+    from meshplan.costmodel.collect import collect
+    from meshplan.costmodel.eval import evaluate
 
     collect(tmp_path / "cpu", repeats=3)
     rows = evaluate("local", [tmp_path / "cpu"])
@@ -135,7 +135,7 @@ def test_local_split_unseen_shapes_within_target(tmp_path):
 
 
 def test_collectives_heldout_sizes_and_two_node():
-    from costmodel.eval import evaluate
+    from meshplan.costmodel.eval import evaluate
 
     rows = evaluate("vidur-network", [shared_path("kernels", "vidur")])
     held = [r for r in rows if "held-out sizes" in r["op"]]
@@ -147,8 +147,8 @@ def test_collectives_heldout_sizes_and_two_node():
 
 
 def test_predict_collective_uses_fitted_link():
-    from costmodel.collective_model import predict_collective
-    from costmodel.collectives import collective_time_s
+    from meshplan.costmodel.collective_model import predict_collective
+    from meshplan.costmodel.collectives import collective_time_s
 
     m = LearnedModel.load(SHIPPED).collective_model()
     link = m.link("h100_dgx/intra")
@@ -163,9 +163,9 @@ def test_predict_collective_uses_fitted_link():
 
 def test_gpu_run_rows_from_real_trace():
     """Op records of a real 8-rank V100 DLRM run (Kineto, record_shapes on): kernel time per op via correlation."""
-    from costmodel.datasets.devices import resolve
-    from costmodel.fit import rows_from_run
-    from costmodel.train import prepare
+    from meshplan.costmodel.datasets.devices import resolve
+    from meshplan.costmodel.fit import rows_from_run
+    from meshplan.costmodel.train import prepare
 
     t = rows_from_run(shared_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"), "V100-SXM2-32GB")
     assert {"matmul", "bmm"} <= set(t.op)
@@ -182,9 +182,9 @@ A100_TRACE = ("traces", "hta_testdata", "negative_queue_length_values_check", "r
 def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     """`costmodel fit --runs` on a real A100 trace: the device comes from the trace header, the calibrated model
     moves toward the trace's measured kernel times, and `plan --costmodel` prices with it."""
-    from cli.main import app
-    from costmodel.devices import get_device
-    from costmodel.fit import rows_from_run
+    from meshplan.cli.main import app
+    from meshplan.costmodel.devices import get_device
+    from meshplan.costmodel.fit import rows_from_run
 
     trace = shared_path(*A100_TRACE)
     r = runner.invoke(app, ["costmodel", "fit", "--runs", str(trace), "--out", str(tmp_path / "cal"), "--json"])
@@ -208,18 +208,18 @@ def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     a = runner.invoke(app, [*common, "--out", str(tmp_path / "a.yaml")])
     b = runner.invoke(app, [*common, "--out", str(tmp_path / "b.yaml"), "--costmodel", str(tmp_path / "cal")])
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
-    from planner.plan import load_plan
+    from meshplan.planner.plan import load_plan
 
     pa, pb = load_plan(tmp_path / "a.yaml").prediction, load_plan(tmp_path / "b.yaml").prediction
     assert pb.costmodel == f"learned:{fitted.model_id}" != pa.costmodel
     assert pb.step_time_s != pa.step_time_s
-    from costmodel.api import active_model
+    from meshplan.costmodel.api import active_model
 
     assert active_model().model_id == shipped.model_id  # --costmodel held for that plan only
 
 
 def test_fit_usage_errors_are_one_line(tmp_path, runner):
-    from cli.main import app
+    from meshplan.cli.main import app
     from tests.helpers import REPO as repo
 
     bare = repo / "tests" / "data" / "profiler" / "gloo_ddp_2rank"  # traces without run.json: no plan to fit

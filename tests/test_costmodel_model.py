@@ -7,12 +7,12 @@ import shutil
 import numpy as np
 import pytest
 
-from costmodel import api
-from costmodel.devices import get_device
-from costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel
-from costmodel.ops import OpSpec
-from costmodel.train import ape, prepare, train_models
-from planner.errors import MeshplanError
+from meshplan.costmodel import api
+from meshplan.costmodel.devices import get_device
+from meshplan.costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel
+from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.train import ape, prepare, train_models
+from meshplan.core.errors import MeshplanError
 from tests.helpers import REPO, shared_path
 
 SHIPPED = REPO / "costmodel" / "data" / "model"
@@ -22,15 +22,15 @@ SHIPPED = REPO / "costmodel" / "data" / "model"
 def ln_softmax():
     """NeuSight LayerNorm + softmax rows (train and test splits): small enough to train in a second."""
     root = shared_path("kernels", "neusight")
-    from costmodel.datasets.neusight import load_file
-    from costmodel.datasets.table import KernelTable
+    from meshplan.costmodel.datasets.neusight import load_file
+    from meshplan.costmodel.datasets.table import KernelTable
 
     return KernelTable.concat([load_file(root / s / f, f"neusight/{s}") for s in ("train", "test")
                                for f in ("ln.csv", "softmax.csv")])
 
 
 def _model(models):
-    from costmodel.eval import _as_model
+    from meshplan.costmodel.eval import _as_model
 
     return _as_model(models)
 
@@ -57,7 +57,7 @@ def test_never_below_roofline_and_fallback_says_so(ln_softmax):
 
 def test_heldout_shapes_beat_roofline(ln_softmax):
     """NeuSight's own split for LN + softmax on the unseen A100-80GB PCIe: learned model vs plain roofline."""
-    from costmodel.eval import _fit_eval
+    from meshplan.costmodel.eval import _fit_eval
 
     rows = _fit_eval(ln_softmax.select(ln_softmax.source == "neusight/train"),
                      ln_softmax.select(ln_softmax.source == "neusight/test"), n_estimators=150)
@@ -74,15 +74,15 @@ def test_shipped_model_loads_and_matches_the_train_command():
     meta = m.meta
     assert {"matmul", "bmm", "layernorm", "softmax", "elementwise", "activation", "rmsnorm", "embedding"} <= set(m.kinds)
     # The training data named in the metadata is the data in ../shared today (sha256 per file).
-    from costmodel.datasets.table import file_sha256
+    from meshplan.costmodel.datasets.table import file_sha256
 
     kernels = shared_path("kernels")
     for d in meta["data"]:
         assert file_sha256(kernels.parent / d["file"]) == d["sha256"], d["file"]
     # Retrain the small classes with the same code path and compare predictions with the shipped trees. The
     # LayerNorm and softmax rows of the full load are exactly NeuSight's train then test ln/softmax files.
-    from costmodel.datasets.neusight import load_file
-    from costmodel.datasets.table import KernelTable
+    from meshplan.costmodel.datasets.neusight import load_file
+    from meshplan.costmodel.datasets.table import KernelTable
 
     table = KernelTable.concat([load_file(kernels / "neusight" / s / f, f"neusight/{s}")
                                 for f in ("ln.csv", "softmax.csv") for s in ("train", "test")])
@@ -97,7 +97,7 @@ def test_shipped_model_loads_and_matches_the_train_command():
 
 
 def test_corrupt_model_is_a_checksum_error(tmp_path, runner):
-    from cli.main import app
+    from meshplan.cli.main import app
 
     bad = tmp_path / "model"
     shutil.copytree(SHIPPED, bad)
@@ -116,7 +116,7 @@ def test_corrupt_model_is_a_checksum_error(tmp_path, runner):
 
 
 def test_cli_predict_h100_gemm(runner):
-    from cli.main import app
+    from meshplan.cli.main import app
 
     r = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", "8192x8192x8192", "--dtype", "bf16",
                             "--device", "H100", "--json"])
@@ -153,9 +153,9 @@ def test_batch_prediction_is_fast():
 def test_wave_quantisation_and_unseen_gemm_blend():
     """The GEMM blend partner: wave quantisation golden figures, and the shipped model applies the partner tile and
     the small/large weights chosen at training time on a GPU whose GEMM signature it never trained on."""
-    from costmodel.features import (calibrated_roofline_s, device_columns, flops_bytes, feature_matrix,
+    from meshplan.costmodel.features import (calibrated_roofline_s, device_columns, flops_bytes, feature_matrix,
                                     wave_quantisation)
-    from costmodel.train import blend
+    from meshplan.costmodel.train import blend
 
     sm = np.array([108.0, 108.0, 132.0])
     # 768 x 768 in 64 x 64 tiles: 144 tiles on 108 SMs = 2 waves of 108 tiles = 1.5x the ideal work;

@@ -7,15 +7,15 @@ import json
 import pytest
 import yaml
 
-from cli.main import app
-from costmodel.devices import (
+from meshplan.cli.main import app
+from meshplan.costmodel.devices import (
     DTYPES,
     catalogue,
     device_from_dict,
     device_to_dict,
     get_device,
 )
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 from tests.helpers import shared_path
 
 GIB = 2**30

@@ -8,9 +8,9 @@ import tomllib
 
 import pytest
 
-from planner.errors import MeshplanError
-from planner.export import TARGETS, get_target, render
-from planner.plan import BucketCompression, Plan, Stage
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.export import TARGETS, get_target, render
+from meshplan.planner.plan import BucketCompression, Plan, Stage
 from tests.test_export_golden import plan_dsv3, plan_fsdp8b, plan_hetero, plan_llama70b
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
-from planner.export import render
+from meshplan.cli.main import app
+from meshplan.planner.export import render
 from tests.test_export_golden import GOLDEN, plan_fsdp8b, plan_hetero
 
 

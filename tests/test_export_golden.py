@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from planner.export import EXTENSIONS, TARGETS, render
-from planner.plan import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
+from meshplan.planner.export import EXTENSIONS, TARGETS, render
+from meshplan.planner.plan import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
 from tests.helpers import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "export"

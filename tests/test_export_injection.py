@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.errors import MeshplanError
-from planner.export import TARGETS, render
-from planner.plan import load_plan
-from planner.planning import plan_job
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.export import TARGETS, render
+from meshplan.planner.plan import load_plan
+from meshplan.planner.planning import plan_job
 
 SHELL_TARGETS = ("torchrun", "megatron", "slurm")
 DATA_TARGETS = {"deepspeed": json.loads, "accelerate": yaml.safe_load, "kubeflow": yaml.safe_load,

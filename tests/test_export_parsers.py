@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.export import render
-from planner.plan import load_plan
+from meshplan.planner.export import render
+from meshplan.planner.plan import load_plan
 from tests.helpers import shared_path
 from tests.test_export_golden import PLANS
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
+from meshplan.cli.main import app
 from tests.helpers import REPO
 
 CONFIG = REPO / "examples" / "tiny-gpt" / "config.json"

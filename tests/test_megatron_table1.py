@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from cli.main import app
+from meshplan.cli.main import app
 
 SEQ, VOCAB = 2048, 51200
 

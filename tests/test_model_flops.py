@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import MeshplanError
-from planner.flops import (hardware_flops_per_token, megatron_flops_per_iteration, narayanan_flops_per_iteration,
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.flops import (hardware_flops_per_token, megatron_flops_per_iteration, narayanan_flops_per_iteration,
                            recompute_flops_per_token)
-from planner.model_spec import load_model
+from meshplan.planner.model_spec import load_model
 from tests.helpers import shared_path
 
 

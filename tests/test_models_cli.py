@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from cli.main import app
+from meshplan.cli.main import app
 from tests.helpers import shared_path
 
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from cli.main import app
-from planner.plan import load_plan
+from meshplan.cli.main import app
+from meshplan.planner.plan import load_plan
 from tests.helpers import shared_path
 
 KEYS = ("step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",

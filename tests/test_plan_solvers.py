@@ -1,8 +1,8 @@
 """`meshplan plan` routes heterogeneous clusters, serving and --compress to the CP-SAT solvers (issue 5 examples)."""
 import json
 
-from cli.main import app
-from planner.plan import load_plan
+from meshplan.cli.main import app
+from meshplan.planner.plan import load_plan
 
 
 def _run(runner, tmp_path, *args):

@@ -1,9 +1,9 @@
 """Clock alignment from collective end times (issue 3, item 3)."""
 from __future__ import annotations
 
-from profiler.align import estimate_offsets
-from profiler.match import match_collectives
-from profiler.runs import load_run
+from meshplan.profiler.align import estimate_offsets
+from meshplan.profiler.match import match_collectives
+from meshplan.profiler.runs import load_run
 from tests.helpers import shared_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")

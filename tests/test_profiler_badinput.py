@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
-from planner.errors import MeshplanError
-from profiler.report import analyze_run, replay_report
-from profiler.runs import load_run
+from meshplan.cli.main import app
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.report import analyze_run, replay_report
+from meshplan.profiler.runs import load_run
 from tests.helpers import DATA, shared_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
+from meshplan.cli.main import app
 from tests.helpers import DATA, shared_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import gzip
 import json
 
-from profiler.critical_path import critical_path, dominant_ops
-from profiler.report import analyze_run
+from meshplan.profiler.critical_path import critical_path, dominant_ops
+from meshplan.profiler.report import analyze_run
 from tests.helpers import shared_path
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import MeshplanError
-from profiler.critical_path import critical_path
-from profiler.graph import GraphBuilder, compile_graph
-from profiler.report import analyze_run, replay_report
-from profiler.replay import replay
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.critical_path import critical_path
+from meshplan.profiler.graph import GraphBuilder, compile_graph
+from meshplan.profiler.report import analyze_run, replay_report
+from meshplan.profiler.replay import replay
 from tests.helpers import DATA, shared_path
 
 MS = 1e-3
@@ -138,8 +138,8 @@ def test_gloo_cpu_run_within_5_percent():
 
 def test_gloo_point_to_point_pipeline():
     # tests/data/profiler/gloo_p2p_2rank/PROVENANCE.md: per step, 0 -> 1 and 1 -> 0 transfers and one all-reduce.
-    from profiler.match import match_collectives
-    from profiler.runs import load_run
+    from meshplan.profiler.match import match_collectives
+    from meshplan.profiler.runs import load_run
 
     run = load_run(DATA / "profiler" / "gloo_p2p_2rank")
     groups, warnings = match_collectives(run)
@@ -158,7 +158,7 @@ def test_gloo_point_to_point_pipeline():
     edge_types = {t for _, _, t in a.graph.edges(data="type")}
     assert {"enqueue", "wait"} <= edge_types
     # rank 1 waits for rank 0's activations: slowing rank 0's compute slows the step
-    from profiler.whatif import apply_whatif, parse_knob
+    from meshplan.profiler.whatif import apply_whatif, parse_knob
 
     slow = replay(apply_whatif(a.graph, [parse_knob("compute@0=2")])).steps
     assert all(slow[s] > a.timeline.steps[s] * 1.05 for s in slow)

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-import profiler.jsonstream as jsonstream
-from profiler.runs import load_run
-from profiler.trace import collective_type, load_trace
+import meshplan.profiler.jsonstream as jsonstream
+from meshplan.profiler.runs import load_run
+from meshplan.profiler.trace import collective_type, load_trace
 from tests.helpers import DATA, shared_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import MeshplanError
-from profiler.fusion import rebucket_allreduces
-from profiler.graph import GraphBuilder
-from profiler.replay import replay
-from profiler.report import analyze_run
-from profiler.whatif import apply_whatif, fit_alpha_beta, parse_knob
+from meshplan.core.errors import MeshplanError
+from meshplan.profiler.fusion import rebucket_allreduces
+from meshplan.profiler.graph import GraphBuilder
+from meshplan.profiler.replay import replay
+from meshplan.profiler.report import analyze_run
+from meshplan.profiler.whatif import apply_whatif, fit_alpha_beta, parse_knob
 from tests.helpers import DATA
 
 MS = 1e-3

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from meshplan.cli.main import app
 from tests.helpers import REPO
 
 TRAINER = REPO / "examples" / "train_gpt.py"
@@ -37,7 +37,7 @@ DELAY_A_MS, DELAY_FACTOR = 40.0, 4
 
 def small_plan(path: Path, **degrees: int) -> Path:
     """A plan for the SMALL model on local:2 (what `meshplan plan` would write), saved to ``path``."""
-    from planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
+    from meshplan.planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 
     h, layers, vocab, seq = 64, 2, 512, 32
     params = vocab * h + seq * h + layers * (12 * h * h + 13 * h) + 2 * h  # GPT-2 count, tied head
@@ -67,7 +67,7 @@ def measured_step_s(run: dict) -> float:
 
 
 def replayed(out: Path, what_if: list[str] | None = None) -> dict:
-    from profiler.report import analyze_run, replay_report
+    from meshplan.profiler.report import analyze_run, replay_report
 
     return replay_report(analyze_run(out), what_if=what_if)
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from planner.errors import MeshplanError
-from planner.solve.compression import CompressionChoice, CompressionProblem, solve_compression_problem
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.solve.compression import CompressionChoice, CompressionProblem, solve_compression_problem
 
 TQ = 1e-6
 EQ = 1e-3

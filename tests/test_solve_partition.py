@@ -13,8 +13,8 @@ import random
 import numpy as np
 import pytest
 
-from planner.errors import MeshplanError
-from planner.solve.partition import (
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.solve.partition import (
     GroupSlot, PartitionProblem, Phase, PipelineOption, StageRun, evaluate, solve_partition,
 )
 

@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from planner.cluster import load_cluster
-from planner.errors import MeshplanError
-from planner.model_spec import load_model
-from planner.solve.precision import QSyncGroup, QSyncProblem, solve_qsync, solve_serve
-from planner.solve.problems import precision_columns
+from meshplan.planner.cluster import load_cluster
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.model_spec import load_model
+from meshplan.planner.solve.precision import QSyncGroup, QSyncProblem, solve_qsync, solve_serve
+from meshplan.planner.solve.problems import precision_columns
 
 TQ = 1e-6
 QQ = 1e-3

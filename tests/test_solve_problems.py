@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cluster import load_cluster, parse_bandwidth
-from planner.errors import MeshplanError
-from planner.model_spec import load_model
-from planner.solve.compression import simulate, solve_compression
-from planner.solve.precision import solve_hetero_train
-from planner.solve.problems import compression_problem
+from meshplan.planner.cluster import load_cluster, parse_bandwidth
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.model_spec import load_model
+from meshplan.planner.solve.compression import simulate, solve_compression
+from meshplan.planner.solve.precision import solve_hetero_train
+from meshplan.planner.solve.problems import compression_problem
 
 
 def test_compression_plan_beats_no_compression_and_respects_budget():
@@ -63,7 +63,7 @@ def test_pipeline_train_on_mixed_cluster_is_exact_and_fits():
 def test_quality_budget_binding_on_real_preset_names_the_amount():
     # Qwen2.5-7B at fp16 (15.2 GB with its KV cache) overflows one T4's usable 14.2 GiB by a little: one
     # layer must drop to int8, whose indicator (9.2e-5 per layer, per-channel int8) exceeds a 1e-5 budget
-    from planner.solve.precision import solve_serve
+    from meshplan.planner.solve.precision import solve_serve
 
     with pytest.raises(MeshplanError, match=r"quality budget 1e-05 admits no plan: .* at least 9\.\d+e-05"):
         solve_serve(load_model("qwen2.5-7b"), load_cluster("1xT4"), 4, 512, 64, quality_budget=1e-5, num_workers=1,

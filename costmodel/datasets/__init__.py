@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costmodel.datasets.table import KernelTable
-from planner.errors import MeshplanError
+from meshplan.costmodel.datasets.table import KernelTable
+from meshplan.core.errors import MeshplanError
 
 # Plausible median single-op GPU/CPU latency, seconds. A median outside this band means the file's unit is
 # not the one the loader assumes (e.g. microseconds read as milliseconds gives a 1000x larger median).
@@ -29,7 +29,7 @@ def load(paths: list[str | Path], collectives: bool = True) -> tuple[KernelTable
     Raises:
         MeshplanError: a path that is no dataset, a missing column or a unit mismatch.
     """
-    from costmodel.datasets import deepbench, local, neusight, vidur
+    from meshplan.costmodel.datasets import deepbench, local, neusight, vidur
 
     tables, files = [], []
     for p in paths:

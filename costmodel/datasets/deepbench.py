@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.datasets import MEDIAN_LATENCY_BAND_S
-from costmodel.datasets.devices import canonical
-from costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
-from costmodel.features import flops_bytes
-from planner.errors import MeshplanError
+from meshplan.costmodel.datasets import MEDIAN_LATENCY_BAND_S
+from meshplan.costmodel.datasets.devices import canonical
+from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.features import flops_bytes
+from meshplan.core.errors import MeshplanError
 
 PRECISION = {"fp32": "fp32", "fp16_in_fp16_mul_fp32_acc": "fp16"}
 

@@ -11,8 +11,8 @@ from importlib import resources
 
 import yaml
 
-from costmodel.devices import DeviceSpec, get_device
-from planner.errors import MeshplanError
+from meshplan.costmodel.devices import DeviceSpec, get_device
+from meshplan.core.errors import MeshplanError
 
 # Dataset spelling -> canonical name (catalogue name or a dataset_devices.yaml name).
 DATASET_NAMES: dict[str, str] = {
@@ -44,7 +44,7 @@ DATASET_NAMES: dict[str, str] = {
 
 @lru_cache(maxsize=1)
 def _extra() -> dict[str, DeviceSpec]:
-    text = resources.files("costmodel").joinpath("data/dataset_devices.yaml").read_text(encoding="utf-8")
+    text = resources.files("meshplan.costmodel").joinpath("data/dataset_devices.yaml").read_text(encoding="utf-8")
     out = {}
     for d in yaml.safe_load(text)["devices"]:
         out[d["name"].lower()] = DeviceSpec(

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.datasets.devices import register_local
-from costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
-from costmodel.devices import DeviceSpec
-from costmodel.features import flops_bytes
-from planner.errors import MeshplanError
+from meshplan.costmodel.datasets.devices import register_local
+from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.features import flops_bytes
+from meshplan.core.errors import MeshplanError
 
 COLUMNS = ("device", "op", "variant", "b", "m", "n", "k", "dtype", "latency_s", "noise")
 # CPU single-op medians: tens of microseconds to tens of milliseconds on this grid.

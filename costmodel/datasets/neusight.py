@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.datasets import MEDIAN_LATENCY_BAND_S
-from costmodel.datasets.devices import canonical
-from costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
-from costmodel.features import flops_bytes
+from meshplan.costmodel.datasets import MEDIAN_LATENCY_BAND_S
+from meshplan.costmodel.datasets.devices import canonical
+from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.features import flops_bytes
 
 # NeuSight vector-op name -> meshplan kind. Tensor-scalar ops (``addu`` = x + c) read one tensor and write
 # one, like an activation, so they share the unary class; ``add`` etc. read two tensors.
@@ -43,7 +43,7 @@ def load_file(path: Path, source: str) -> KernelTable:
     Raises:
         MeshplanError: missing column, non-numeric cell, unknown op name, or a latency unit mismatch.
     """
-    from planner.errors import MeshplanError
+    from meshplan.core.errors import MeshplanError
 
     head = read_csv(path, ("OPName", "Latency", "Device", "B"))
     gemm = "M" in head

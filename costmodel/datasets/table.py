@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 STR_COLS = ("device", "op", "variant", "dtype", "source")
 NUM_COLS = ("b", "m", "n", "k", "group_size", "nodes", "flops", "bytes", "latency_s", "noise")
@@ -91,7 +91,7 @@ class KernelTable:
         """Write the table as CSV (atomically)."""
         from io import StringIO
 
-        from planner.atomic import write_atomic
+        from meshplan.core.atomic import write_atomic
 
         buf = StringIO()
         w = csv.writer(buf)

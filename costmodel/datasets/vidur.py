@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.datasets import MEDIAN_LATENCY_BAND_S
-from costmodel.datasets.devices import canonical
-from costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
-from costmodel.features import flops_bytes
+from meshplan.costmodel.datasets import MEDIAN_LATENCY_BAND_S
+from meshplan.costmodel.datasets.devices import canonical
+from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.features import flops_bytes
 
 SHAPE_COLS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers")
 # Vidur sub-op -> meshplan kind. ``attn_rope`` is left out: a rotary kernel has no OpSpec kind of its own
@@ -81,7 +81,7 @@ def load_network(path: Path, node: str) -> KernelTable:
     kinds = sorted(set(cols["collective"]))
     unknown = [c for c in kinds if c not in COLL_KIND]
     if unknown:
-        from planner.errors import MeshplanError
+        from meshplan.core.errors import MeshplanError
 
         raise MeshplanError(f"{path}: column 'collective' has unknown collective '{unknown[0]}'")
     tables = []

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from planner.errors import MeshplanError
-from planner.atomic import write_atomic
-from planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
-from planner.plan import Plan, load_plan
+from meshplan.core.errors import MeshplanError
+from meshplan.core.atomic import write_atomic
+from meshplan.planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
+from meshplan.planner.plan import Plan, load_plan
 
 TARGETS: dict[str, ModuleType] = {
     "torchrun": torchrun,

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from planner.errors import MeshplanError
-from planner.plan import Plan
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan import Plan
 
 # Plan.dtype values the exporters understand, mapped to a canonical name.
 DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",

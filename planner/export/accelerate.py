@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import yaml
 
-from planner.export import _common as c
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.plan import Plan
 
 EXTENSION = "yaml"
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 
-from planner.export import _common as c
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.plan import Plan
 
 EXTENSION = "json"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import yaml
 
-from planner.export import _common as c
-from planner.export import torchrun
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.export import torchrun
+from meshplan.planner.plan import Plan
 
 EXTENSION = "yaml"
 IMAGE = "meshplan-train:latest"  # the user's training image; the header comment says to replace it

@@ -8,9 +8,9 @@ its own command-line arguments ("$@") after the rendered ones.
 """
 from __future__ import annotations
 
-from planner.export import _common as c
-from planner.export import torchrun
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.export import torchrun
+from meshplan.planner.plan import Plan
 
 EXTENSION = "sh"
 ENTRY = "pretrain_gpt.py"

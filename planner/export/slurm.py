@@ -6,9 +6,9 @@ runs there. The training command is the torchrun target's (``examples/train_gpt.
 """
 from __future__ import annotations
 
-from planner.export import _common as c
-from planner.export import torchrun
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.export import torchrun
+from meshplan.planner.plan import Plan
 
 EXTENSION = "sbatch"
 

@@ -7,8 +7,8 @@ variables repeat the decisions for logs and for scripts that do not parse YAML.
 """
 from __future__ import annotations
 
-from planner.export import _common as c
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.plan import Plan
 
 EXTENSION = "sh"
 ENTRY = "examples/train_gpt.py"

@@ -19,8 +19,8 @@ import re
 
 import tomli_w
 
-from planner.export import _common as c
-from planner.plan import Plan
+from meshplan.planner.export import _common as c
+from meshplan.planner.plan import Plan
 
 EXTENSION = "toml"
 

@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
-from planner.errors import MeshplanError
-from planner.plan import BucketCompression
-from planner.solve.common import (
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan import BucketCompression
+from meshplan.planner.solve.common import (
     DEFAULT_QUALITY_QUANTUM,
     DEFAULT_TIME_QUANTUM_S,
     SolverStatus,
@@ -299,7 +299,7 @@ def solve_compression(model, cluster, global_batch: int, seq_len: int, error_bud
     Raises:
         MeshplanError: indivisible batch, an error budget that admits no plan (with the least achievable error).
     """
-    from planner.solve.problems import compression_problem
+    from meshplan.planner.solve.problems import compression_problem
 
     problem = compression_problem(model, cluster, global_batch, seq_len, error_budget, bucket_bytes, errors,
                                   net_bytes_per_s)

@@ -32,9 +32,9 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
-from planner.errors import MeshplanError
-from planner.plan import Stage
-from planner.solve.common import (
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan import Stage
+from meshplan.planner.solve.common import (
     DEFAULT_MEMORY_QUANTUM_BYTES,
     DEFAULT_QUALITY_QUANTUM,
     DEFAULT_TIME_QUANTUM_S,

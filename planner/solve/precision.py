@@ -21,16 +21,16 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
-from costmodel.collectives import collective_time_s
-from planner.errors import MeshplanError
-from planner.layout import Layout
-from planner.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer
-from planner.ops_graph import layer_ops
-from planner.plan import Stage
-from planner.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus, make_solver,
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout import Layout
+from meshplan.planner.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer
+from meshplan.planner.ops_graph import layer_ops
+from meshplan.planner.plan import Stage
+from meshplan.planner.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus, make_solver,
                                   ticks, ticks_down, ticks_up)
-from planner.solve.partition import evaluate, solve_partition, StageRun
-from planner.solve import problems as pbs
+from meshplan.planner.solve.partition import evaluate, solve_partition, StageRun
+from meshplan.planner.solve import problems as pbs
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ def qsync_problem(model, cluster, global_batch: int, seq_len: int, precisions=No
         times.append(rows)
     ref_t = [sum(r[0] for r in t) for t in times]
     fast = min(range(len(cluster.groups)), key=lambda g: ref_t[g])
-    from costmodel.ops import OpSpec
+    from meshplan.costmodel.ops import OpSpec
     slow = []
     for gi, grp in enumerate(cluster.groups):
         if gi == fast:

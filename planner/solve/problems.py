@@ -22,17 +22,17 @@ import os
 from dataclasses import replace
 from typing import Optional, Sequence
 
-from costmodel.api import ROOFLINE_EFFICIENCY, predict
-from costmodel.collectives import collective_time_s
-from costmodel.devices import DeviceSpec
-from costmodel.ops import OpSpec
-from planner.errors import MeshplanError
-from planner.layout import Layout
-from planner.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION,
+from meshplan.costmodel.api import ROOFLINE_EFFICIENCY, predict
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.ops import OpSpec
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout import Layout
+from meshplan.planner.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION,
                             LayerShape, activation_bytes_per_layer)
-from planner.ops_graph import head_ops, layer_ops
-from planner.solve.partition import GroupSlot, PartitionProblem, Phase, PipelineOption
-from planner.solve.sensitivity import default_layer_indicators
+from meshplan.planner.ops_graph import head_ops, layer_ops
+from meshplan.planner.solve.partition import GroupSlot, PartitionProblem, Phase, PipelineOption
+from meshplan.planner.solve.sensitivity import default_layer_indicators
 
 MENU = {"train": ("bf16", "fp8"), "serve": ("bf16", "fp8", "int8", "int4"), "qsync": ("fp32", "fp16", "int8")}
 KV_BYTES = 2  # fp16/bf16 KV cache
@@ -119,7 +119,7 @@ _COLLECT: Optional[list] = None  # while a builder's first pass runs: ops waitin
 
 
 def _op_time(op: OpSpec, device: DeviceSpec) -> float:
-    from costmodel.api import active_model
+    from meshplan.costmodel.api import active_model
 
     key = (op, device.name, id(active_model()))
     hit = _OP_MEMO.get(key)
@@ -145,7 +145,7 @@ def _batched_pricing(fn):
         global _COLLECT
         if _COLLECT is not None:
             return fn(*args, **kwargs)
-        from costmodel.api import active_model, predict_batch
+        from meshplan.costmodel.api import active_model, predict_batch
 
         _COLLECT = []
         try:
@@ -350,7 +350,7 @@ def _resolve_sensitivity(sensitivity, model, cols, base: str, operands: int):
     if sensitivity is None:
         return layer_sensitivity(model, cols, base, operands=operands)
     if isinstance(sensitivity, (str, os.PathLike)):
-        from planner.solve.sensitivity import read_sensitivity
+        from meshplan.planner.solve.sensitivity import read_sensitivity
 
         return read_sensitivity(sensitivity, cols, model.num_layers)
     return sensitivity
@@ -380,7 +380,7 @@ def gaussian_compression_error(method: str, param: float) -> float:
     """
     from statistics import NormalDist
 
-    from planner.solve.sensitivity import relative_mse
+    from meshplan.planner.solve.sensitivity import relative_mse
 
     if method == "none":
         return 0.0
@@ -413,7 +413,7 @@ def compression_choices(nbytes: float, share: float, world: int, nodes: int, dpn
     """
     from math import sqrt
 
-    from planner.solve.compression import CompressionChoice
+    from meshplan.planner.solve.compression import CompressionChoice
 
     N = nbytes / GRAD_ELEMENT_BYTES
     errs = errors or {}
@@ -485,7 +485,7 @@ def compression_problem(model, cluster, global_batch: int, seq_len: int, error_b
     layers it spans, priced by the cost model on the slowest group's device. ``net_bytes_per_s`` overrides the
     per-GPU network bandwidth (``--net``).
     """
-    from planner.solve.compression import CompressionProblem
+    from meshplan.planner.solve.compression import CompressionProblem
 
     if net_bytes_per_s is not None:
         cluster = cluster.with_inter_bandwidth(net_bytes_per_s)

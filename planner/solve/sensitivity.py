@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from planner.errors import MeshplanError
+from meshplan.core.errors import MeshplanError
 
 MANTISSA_BITS = {"fp32": 23, "tf32": 10, "fp16": 10, "bf16": 7, "fp8": 3}
 INT_BITS = {"int8": 8, "int4": 4}
@@ -293,7 +293,7 @@ def write_sensitivity(path, precisions: Sequence[str], rows: Sequence[Sequence[f
     """Save indicators ``[layer][precision]`` as JSON (atomically), for ``meshplan profile --sensitivity``."""
     import json
 
-    from planner.atomic import write_atomic
+    from meshplan.core.atomic import write_atomic
 
     write_atomic(path, json.dumps({"precisions": list(precisions), "layers": [list(map(float, r)) for r in rows],
                                    "source": source}, indent=1))

@@ -6,6 +6,13 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it: POSIX has no read-only call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``.
 
@@ -21,6 +28,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
+        # mkstemp creates the file 0600; a written plan or report gets the mode any new file of the user gets.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as fh:
             fh.write(data)
             fh.flush()
