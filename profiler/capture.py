@@ -429,18 +429,36 @@ def write_run_json(out_dir: str | os.PathLike, records: dict[int, dict[str, Any]
 
 
 def load_run_json(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Read a run folder's ``run.json``.
+    """Read and validate a run folder's ``run.json`` (the one reader of that file).
+
+    The file is bounded in size (:data:`profiler.runrecord.MAX_RUN_JSON_BYTES`), must be UTF-8 JSON and is
+    validated by :class:`profiler.runrecord.RunRecord` (world size within physical bounds, finite positive step
+    times, trace names inside the folder, ranks below the world size).
 
     Raises:
-        MeshplanError: missing or not a meshplan run record.
+        MeshplanError: missing, unreadable, not JSON, not a meshplan run record, or a field of the wrong type or
+            out of range (the file and field named).
     """
+    from meshplan.profiler.runrecord import MAX_RUN_JSON_BYTES, validate_run_record
+
     p = Path(run_dir) / RUN_JSON
     try:
-        run = json.loads(p.read_text(encoding="utf-8"))
+        size = p.stat().st_size
+        if size > MAX_RUN_JSON_BYTES:
+            raise MeshplanError(f"{p}: {size / 1e6:.0f} MB, larger than a run record can be "
+                                f"({MAX_RUN_JSON_BYTES >> 20} MiB)")
+        text = p.read_bytes().decode("utf-8")
+        run = json.loads(text)
     except FileNotFoundError:
         raise MeshplanError(f"{p}: not found (is {run_dir} a meshplan run folder?)") from None
+    except IsADirectoryError:
+        raise MeshplanError(f"{p}: is a folder, not a run record") from None
+    except OSError as exc:
+        raise MeshplanError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise MeshplanError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise MeshplanError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(run, dict) or "step_times_s" not in run:
-        raise MeshplanError(f"{p}: not a meshplan run record (no step_times_s)")
-    return run
+    except RecursionError:
+        raise MeshplanError(f"{p}: JSON nested too deeply") from None
+    return validate_run_record(run, str(p))

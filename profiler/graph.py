@@ -28,6 +28,7 @@ Node attributes (node ids are ints):
                    measured duration and waits for nobody
 ``wait``           True for host nodes that model blocking on device/comm work
 ``delay``          True for a start delay the trace does not explain (kept at its measured length)
+``idle``           True for a step's idle span on a thread that recorded no op in it (kept at its length)
 ``peer``           key identifying "the same op" on other ranks (used by the straggler what-if)
 ``measured_start_s``, ``measured_end_s``   aligned measured times after the step origin (traces only)
 =================  ==========================================================================================

@@ -4,6 +4,12 @@ A 500 MB trace parsed with ``json.load`` needs several GB (the raw text plus one
 once). This reader walks the top-level object itself, keeps a bounded text window (a few MB), decodes one event
 at a time with :meth:`json.JSONDecoder.raw_decode` and hands it to the caller, so the caller's compact records
 are the only thing that grows. Standard library only (no ijson needed).
+
+Bounds (hostile input, issue 16): one JSON value (an event, a header field) may hold at most
+``MAX_VALUE_CHARS`` characters, so a gzip bomb that decompresses to one 2 GiB string is refused after 64 Mi
+characters instead of filling memory; the decompressed text may be at most ``max_bytes`` (default: a budget from
+the compressed size, :func:`byte_budget`); nesting deeper than the decoder's recursion limit is refused. Each is
+one :class:`MeshplanError` naming the file.
 """
 from __future__ import annotations
 
@@ -18,6 +24,22 @@ from meshplan.core.errors import MeshplanError
 
 _CHUNK_CHARS = 1 << 20  # 1 Mi characters read per refill
 _WS = " \t\n\r"
+# Largest single event or header value: real events are a few KB; templated kernel names and long stacks reach
+# ~100 KB; 64 Mi characters is ~600x that and bounds the window (and peak memory) of a hostile file.
+MAX_VALUE_CHARS = 64 << 20
+# Decompressed bytes allowed per compressed byte. Kineto JSON compresses 8-30x with gzip -6/-9 (the shared traces:
+# 8.7x-29x); deflate itself cannot exceed ~1032x. 200x leaves room for any real trace and stops bombs early.
+MAX_RATIO = 200
+MIN_BUDGET_BYTES = 256 << 20  # small files may always expand to this much
+
+
+def byte_budget(path: str | Path) -> int:
+    """Decompressed-size budget of a trace file: ``max(MIN_BUDGET_BYTES, MAX_RATIO * file size)``."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError:
+        size = 0
+    return max(MIN_BUDGET_BYTES, MAX_RATIO * size)
 
 
 def open_text(path: str | Path) -> io.TextIOBase:
@@ -33,21 +55,35 @@ def open_text(path: str | Path) -> io.TextIOBase:
 class _Window:
     """A sliding text window over a file: ``buf[pos:]`` is unread text."""
 
-    def __init__(self, fh: io.TextIOBase, label: str):
-        self.fh, self.label = fh, label
+    def __init__(self, fh: io.TextIOBase, label: str, max_chars: int):
+        self.fh, self.label, self.max_chars = fh, label, max_chars
         self.buf, self.pos, self.eof = "", 0, False
+        self.read_chars = 0
 
-    def fill(self) -> bool:
-        """Append the next chunk; False at end of file. Truncated/corrupt gzip becomes a MeshplanError."""
+    def fill(self, grow: bool = False) -> bool:
+        """Append the next chunk; False at end of file. Truncated/corrupt gzip becomes a MeshplanError.
+
+        ``grow``: a value is incomplete; read as much again as is pending (doubling, so decoding a large value
+        costs linear, not quadratic, time), up to ``MAX_VALUE_CHARS`` pending.
+        """
         if self.eof:
             return False
+        pending = len(self.buf) - self.pos
+        if grow and pending >= MAX_VALUE_CHARS:
+            raise MeshplanError(f"{self.label}: one JSON value is larger than {MAX_VALUE_CHARS >> 20} Mi characters "
+                                f"(at character {self.read_chars - pending}); not a trace event")
+        want = max(_CHUNK_CHARS, pending) if grow else _CHUNK_CHARS
         try:
-            chunk = self.fh.read(_CHUNK_CHARS)
-        except (EOFError, OSError, zlib.error) as exc:
+            chunk = self.fh.read(want)
+        except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
             raise MeshplanError(f"{self.label}: truncated or corrupt gzip ({exc})") from None
         if not chunk:
             self.eof = True
             return False
+        self.read_chars += len(chunk)
+        if self.read_chars > self.max_chars:
+            raise MeshplanError(f"{self.label}: more than {self.max_chars / 1e6:.0f} MB of text after decompression "
+                                f"(limit {MAX_RATIO}x the file size): refused as a decompression bomb")
         if self.pos > _CHUNK_CHARS:  # drop consumed text so the window stays bounded
             self.buf, self.pos = self.buf[self.pos:], 0
         self.buf += chunk
@@ -78,22 +114,29 @@ class _Window:
             try:
                 obj, end = decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as exc:
-                if self.fill():
+                if self.fill(grow=True):
                     continue
                 raise MeshplanError(f"{self.label}: malformed JSON ({exc.msg}) — file truncated?") from None
+            except RecursionError:
+                raise MeshplanError(f"{self.label}: JSON nested too deeply (at character {self.pos}); "
+                                    f"not a trace event") from None
             # A number cut at the window edge decodes "successfully" as a shorter number: read on to be sure.
-            if end >= len(self.buf) and not self.eof and self.fill():
+            if end >= len(self.buf) and not self.eof and self.fill(grow=True):
                 continue
             self.pos = end
             return obj
 
 
-def stream_trace(path: str | Path, on_event: Callable[[dict], None]) -> dict[str, Any]:
+def stream_trace(path: str | Path, on_event: Callable[[dict], None], max_bytes: int | None = None,
+                 stop_at_events: bool = False) -> dict[str, Any]:
     """Parse a trace file, calling ``on_event`` for every element of ``traceEvents``.
 
     Args:
         path: ``.json`` or ``.json.gz`` Chrome/Kineto trace.
         on_event: Called once per event dict (the dict is not kept by this reader).
+        max_bytes: Decompressed-text budget (default :func:`byte_budget`).
+        stop_at_events: Return the header keys written before ``traceEvents`` without reading the events (a
+            cheap peek at ``distributedInfo``, which Kineto writes first).
 
     Returns:
         The other top-level keys (``distributedInfo``, ``deviceProperties``, ``baseTimeNanoseconds`` ...).
@@ -110,10 +153,12 @@ def stream_trace(path: str | Path, on_event: Callable[[dict], None]) -> dict[str
     header: dict[str, Any] = {}
     saw_events = False
     with fh:
-        w = _Window(fh, label)
+        w = _Window(fh, label, max_bytes if max_bytes is not None else byte_budget(path))
         first = w.peek()
         if first == "[":  # a bare JSON array of events is also valid Chrome trace format
             saw_events = True
+            if stop_at_events:
+                return header
             _stream_array(w, dec, on_event)
         else:
             w.expect("{")
@@ -127,6 +172,8 @@ def stream_trace(path: str | Path, on_event: Callable[[dict], None]) -> dict[str
                 w.expect(":")
                 if key == "traceEvents":
                     saw_events = True
+                    if stop_at_events:
+                        return header
                     _stream_array(w, dec, on_event)
                 else:
                     header[key] = w.value(dec)

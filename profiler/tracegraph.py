@@ -16,6 +16,8 @@ Per rank and step:
   On CPU-only ranks host segments are ``compute`` (the CPU does the math), else ``host``.
 * **Collectives** matched across ranks (:mod:`profiler.match`) share a ``coll`` id; each member's duration is its
   transfer time, end - last participant's (aligned) start. Partial groups keep their measured duration.
+* A step whose stepping thread recorded no op (a marker with nothing inside, or a thinned trace) gets an idle node
+  spanning the marker on that thread (``idle``), so the step replays at its measured length instead of vanishing.
 * ``cudaStreamWaitEvent`` s that newer traces record (``cuda_sync`` events) become ``event`` edges from the op the
   event captured to the first op launched on the waiting stream after the wait.
 * A device/comm op that starts at most ``LAUNCH_LATENCY_US`` after its launch (or ``SLACK_US`` after its stream
@@ -47,6 +49,7 @@ INFER_US = 50.0  # look-back window for the op whose end explains a delayed star
 # Launch-to-start latency seen on V100 in the DLRM set is 10-25 µs (cudaLaunchKernel return -> kernel start);
 # up to this much after its launch a kernel is launch-bound, not waiting on anything else.
 LAUNCH_LATENCY_US = 50.0
+IDLE_NAME = "(idle: no op recorded)"
 
 
 def build_graph(run: Run, groups: list[CollGroup]) -> nx.DiGraph:
@@ -83,6 +86,9 @@ def build_graph(run: Run, groups: list[CollGroup]) -> nx.DiGraph:
         for r, t in run.ranks.items():
             evs = by_rank_step.get((r, s), [])
             if not evs:
+                if s in t.steps:  # a step marker with no op of the rank in it: the rank idles through it
+                    _add_idle(b, t, s, origin)
+                    meas_end = max(meas_end, sum(t.steps[s]))
                 continue
             n_partial += _add_rank_step(b, t, s, evs, origin, member_of, transfer)
             meas_end = max(meas_end, max(e.end_us for e in evs))
@@ -93,6 +99,14 @@ def build_graph(run: Run, groups: list[CollGroup]) -> nx.DiGraph:
         b.graph_attrs["warnings"].append(f"{n_partial} collective op(s) have participants absent from the trace and "
                                          f"replay with their measured durations")
     return b.build()
+
+
+def _add_idle(b: GraphBuilder, t: RankTrace, s: int, origin: float) -> int:
+    """An idle node spanning the step window on the stepping thread (the thread recorded no op in it)."""
+    st, du = t.steps[s]
+    return b.add_op(t.rank, t.main_lane or "thread:main", "host", IDLE_NAME, du * 1e-6, step=s,
+                    release_s=(st - origin) * 1e-6, idle=True, measured_start_s=(st - origin) * 1e-6,
+                    measured_end_s=(st + du - origin) * 1e-6, peer=("main", IDLE_NAME, 0))
 
 
 def _origin_us(run: Run, s: int, by_rank_step: dict) -> float:
@@ -194,6 +208,8 @@ def _add_rank_step(b: GraphBuilder, t: RankTrace, s: int, evs: list[Event], orig
             node_meas[nid] = (t0, t1)
             for a in anchors:
                 anchor_node[id(a)] = nid
+    if step_win is not None and t.main_lane not in host_by_lane:
+        _add_idle(b, t, s, origin)  # the training thread recorded nothing in this step (e.g. a thinned trace)
     event_dep = _stream_event_deps(t, device_ops, runtime_by_corr)
     # Device ops and CPU collectives on comm threads, lane by lane in start order.
     dev_by_lane: dict[str, list[Event]] = defaultdict(list)

@@ -1,7 +1,9 @@
 """What-if knobs: change a dataflow graph, replay it, read the predicted step time.
 
-Knob syntax (``meshplan replay RUN --what-if KNOB``), ``[@RANKS]`` optionally restricts a knob to ranks
-(``@3`` or ``@0,2-3``):
+Knob syntax (``meshplan replay RUN --what-if KNOB``, repeatable; several knobs may be joined by commas:
+``--what-if "name~sort=0.25,name~randn=0.25"``), ``[@RANKS]`` optionally restricts a knob to ranks (``@3`` or
+``@0,2-3``). Every knob must change at least one op: a knob that matches nothing is an error naming the closest
+op names, never an unchanged step reported as the what-if.
 
 ===========================  =================================================================================
 ``compute=0.8``              scale every compute op's duration (also ``comm``, ``host``, ``memcpy``, ``all``)
@@ -18,8 +20,8 @@ Knob syntax (``meshplan replay RUN --what-if KNOB``), ``[@RANKS]`` optionally re
 """
 from __future__ import annotations
 
+import difflib
 import math
-import re
 import statistics
 from dataclasses import dataclass
 
@@ -29,6 +31,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import parse_size
 
 KIND_KEYS = ("compute", "comm", "host", "memcpy", "all")
+MAX_FACTOR = 1e6  # a duration factor beyond this is a typo, not a question
 DEFAULT_ALPHA_S = 10e-6  # per-collective latency when the run has too few collectives to fit one (NCCL ring
 # all-reduce of a few bytes on NVLink/PCIe takes ~10-20 µs: nccl-tests all_reduce_perf small-message rows)
 
@@ -61,11 +64,37 @@ def _parse_ranks(spec: str, knob: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def split_knobs(texts: list[str]) -> list[str]:
+    """Knob strings as given (``--what-if`` repeated and/or comma-separated) -> one string per knob.
+
+    ``a=1,b=2`` is two knobs. A comma inside a rank list stays with its knob: ``compute@0,2-3=2`` is one knob
+    (a piece without ``=`` belongs to the next piece).
+    """
+    out: list[str] = []
+    for text in texts:
+        carry = ""
+        for piece in str(text).split(","):
+            cur = f"{carry},{piece}" if carry else piece
+            if "=" in piece:
+                out.append(cur.strip())
+                carry = ""
+            else:
+                carry = cur
+        if carry.strip():
+            out.append(carry.strip())  # no '=' anywhere after it: parse_knob says what is wrong
+    return [k for k in out if k]
+
+
+def parse_knobs(texts: list[str]) -> list[Knob]:
+    """Parse every knob of :func:`split_knobs` (each refused loudly when malformed)."""
+    return [parse_knob(k) for k in split_knobs(texts)]
+
+
 def parse_knob(text: str) -> Knob:
     """Parse ``key[@ranks]=value``.
 
     Raises:
-        MeshplanError: Unknown key, missing ``=``, or a value that is not a non-negative number.
+        MeshplanError: Unknown key, missing ``=``, or a value that is not a finite non-negative number.
     """
     if "=" not in text:
         raise MeshplanError(f"what-if {text!r}: expected KEY=VALUE (e.g. compute=0.8, comm=0.5, name~allreduce=0, "
@@ -91,8 +120,11 @@ def parse_knob(text: str) -> Knob:
         v = float(val)
     except ValueError:
         raise MeshplanError(f"what-if {text!r}: value {val!r} is not a number") from None
-    if v < 0 or math.isnan(v):
-        raise MeshplanError(f"what-if {text!r}: value must be >= 0")
+    if v < 0 or not math.isfinite(v):
+        raise MeshplanError(f"what-if {text!r}: value must be a finite number >= 0")
+    if v > MAX_FACTOR:
+        raise MeshplanError(f"what-if {text!r}: factor {v:g} is above {MAX_FACTOR:g} (a slowdown that large is "
+                            f"not a what-if question)")
     if lk == "bandwidth":
         if v == 0:
             raise MeshplanError(f"what-if {text!r}: bandwidth factor must be > 0")
@@ -103,6 +135,55 @@ def parse_knob(text: str) -> Knob:
         return Knob("name~" + _norm(key[5:]), v, ranks, text)
     raise MeshplanError(f"what-if {text!r}: unknown knob {key!r} (use compute, comm, host, memcpy, all, "
                         f"name~TEXT, bandwidth, stragglers, bucket)")
+
+
+def _fixed(a: dict) -> bool:
+    """Nodes no knob scales: waits (they shrink with what they wait for), unexplained delays, idle spans."""
+    return bool(a.get("wait") or a.get("delay") or a.get("idle"))
+
+
+def _matches(k: Knob, a: dict) -> bool:
+    """True when knob ``k`` changes node ``a``."""
+    if k.ranks is not None and a["rank"] not in k.ranks:
+        return False
+    if k.key in KIND_KEYS:
+        return (k.key == "all" or a["kind"] == k.key) and not _fixed(a)
+    if k.key.startswith("name~"):
+        pat = k.key[5:]
+        return not _fixed(a) and (pat in _norm(a.get("name", "")) or pat in _norm(a.get("coll_type") or ""))
+    if k.key in ("bandwidth", "bucket"):
+        return a["kind"] == "comm" and (k.key == "bandwidth" or a.get("coll_type") == "allreduce")
+    return a.get("peer") is not None  # stragglers
+
+
+def check_knobs(G: nx.DiGraph, knobs: list[Knob]) -> dict[str, int]:
+    """Ops each knob changes; a knob that changes none is an error naming the closest op names.
+
+    Returns:
+        knob text -> number of ops it matches.
+
+    Raises:
+        MeshplanError: A knob matches no op of the run (a typo must not report the unchanged step as the answer).
+    """
+    counts: dict[str, int] = {}
+    nodes = [a for _, a in G.nodes(data=True)]
+    for k in knobs:
+        n = sum(1 for a in nodes if _matches(k, a))
+        if n == 0:
+            names = sorted({a.get("name", "") for a in nodes if not _fixed(a)})
+            if k.key.startswith("name~"):
+                pat = k.key[5:]
+                by_norm = {_norm(x): x for x in names}
+                close = difflib.get_close_matches(pat, list(by_norm), n=5, cutoff=0.4)
+                close = [by_norm[c] for c in close] or [x for x in names if pat[:4] and pat[:4] in _norm(x)][:5]
+                hint = ", ".join(repr(c[:60]) for c in close) or "none close"
+                raise MeshplanError(f"what-if {k.text!r}: matches no op of the run; closest op names: {hint}")
+            kinds = sorted({a["kind"] for a in nodes if not _fixed(a)})
+            where = f" on rank(s) {sorted(k.ranks)[:8]}" if k.ranks is not None else ""
+            raise MeshplanError(f"what-if {k.text!r}: matches no op of the run{where} (op kinds present: "
+                                f"{', '.join(kinds) or 'none'}; ranks {sorted({a['rank'] for a in nodes})[:8]})")
+        counts[k.text] = n
+    return counts
 
 
 def fit_alpha_beta(G: nx.DiGraph) -> dict[str, tuple[float, float]]:
@@ -143,14 +224,9 @@ def apply_whatif(G: nx.DiGraph, knobs: list[Knob]) -> nx.DiGraph:
     fits = fit_alpha_beta(G)
     for k in knobs:
         sel = (lambda a: True) if k.ranks is None else (lambda a, rs=k.ranks: a["rank"] in rs)
-        if k.key in KIND_KEYS:
+        if k.key in KIND_KEYS or k.key.startswith("name~"):
             for _, a in H.nodes(data=True):
-                if sel(a) and (k.key == "all" or a["kind"] == k.key) and not a.get("wait") and not a.get("delay"):
-                    a["duration_s"] *= k.value
-        elif k.key.startswith("name~"):
-            pat = k.key[5:]
-            for _, a in H.nodes(data=True):
-                if sel(a) and (pat in _norm(a.get("name", "")) or pat in _norm(a.get("coll_type") or "")):
+                if _matches(k, a):
                     a["duration_s"] *= k.value
         elif k.key == "bandwidth":
             for _, a in H.nodes(data=True):
