@@ -5,6 +5,10 @@ The launcher validates the request, chooses cores to pin local ranks to, runs
 ``--rdzv-*`` options otherwise), shows progress from the ranks' step counters, and merges the rank records into
 ``run.json`` (see :mod:`profiler.capture` for the folder format).
 
+The run is written atomically: the ranks write into a new hidden folder beside ``--out``, which replaces the
+folder only when the run succeeded (the previous run is kept until then); a failed attempt is kept as
+``OUT.failed`` with its ``launch.log``.
+
 Pinning: on this kind of shared host a 2-rank gloo run's median step varied 120-196 ms unpinned and 117-138 ms
 pinned (issue 6, "This machine is noisy"), so each local rank gets its own core whenever there are enough cores,
 and a run with more ranks than cores is flagged as unfit for timing.
@@ -17,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +29,9 @@ from typing import Callable, Optional
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED, ENV_WARMUP,
-                              RECORD_DIR, RUN_JSON, capture_steps, load_run_json, read_rank_records, write_run_json)
+from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED,
+                                       ENV_WARMUP, RECORD_DIR, capture_steps, load_run_json, read_rank_records,
+                                       write_run_json)
 
 LOG_NAME = "launch.log"
 PLAN_COPY = "plan.yaml"  # the --from-plan file, copied into the run folder
@@ -163,12 +169,36 @@ def torchrun_command(cfg: LaunchConfig) -> list[str]:
     return [*cmd, "-m", "meshplan.profiler._bootstrap", str(cfg.script), *cfg.script_args]
 
 
-def _clear_old_outputs(out: Path) -> None:
-    # A re-run into the same folder must not leave another run's traces beside the new ones.
-    out.mkdir(parents=True, exist_ok=True)
-    for p in [out / RUN_JSON, out / PLAN_COPY, *out.glob("rank*.trace.json.gz")]:
-        p.unlink(missing_ok=True)
-    shutil.rmtree(out / RECORD_DIR, ignore_errors=True)
+def _staging_dir(out: Path) -> Path:
+    """A fresh folder beside ``out`` that the ranks write into; renamed to ``out`` only on success."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise MeshplanError(f"--out {out}: exists and is not a folder")
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+
+
+def _publish(staged: Path, out: Path) -> None:
+    """Replace ``out`` by ``staged``: the old run is moved aside, the new one renamed in, then the old one removed.
+
+    Between the two renames ``out`` is briefly absent, never half-written; a crash there leaves the old run in
+    ``.NAME.old-*`` beside it.
+    """
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rmdir(old)
+        os.replace(out, old)
+    os.replace(staged, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _keep_failed(staged: Path, out: Path) -> Path:
+    """A failed attempt's folder (its launch.log) kept as ``OUT.failed``; the previous run in OUT is untouched."""
+    failed = out.parent / f"{out.name}.failed"
+    shutil.rmtree(failed, ignore_errors=True)
+    os.replace(staged, failed)
+    return failed
 
 
 def _steps_done(out: Path) -> int:
@@ -209,8 +239,22 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
         MeshplanError: bad request, the script failed, or no step boundary was found.
     """
     cfg, warnings, cores = resolve(cfg)
-    out = Path(cfg.out_dir)
-    _clear_old_outputs(out)
+    final = Path(cfg.out_dir)
+    out = _staging_dir(final)  # ranks write here; the run in `final` stays intact until this one succeeds
+    try:
+        result = _launch_into(cfg, out, final, cores, warnings, on_progress, meshplan_command)
+    except BaseException as exc:
+        failed = _keep_failed(out, final)
+        if isinstance(exc, MeshplanError):
+            raise MeshplanError(str(exc).replace(str(out), str(failed)), exc.exit_code) from None
+        raise
+    _publish(out, final)
+    return LaunchResult(run=load_run_json(final), out_dir=final, command=result, warnings=warnings)
+
+
+def _launch_into(cfg: LaunchConfig, out: Path, final: Path, cores: list[int], warnings: list[str],
+                 on_progress: Optional[Callable[[int, int], None]], meshplan_command: Optional[str]) -> list[str]:
+    """Run torchrun with the ranks writing into ``out``; returns the command. Raises MeshplanError on failure."""
     cmd = torchrun_command(cfg)
     pkg_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
@@ -227,16 +271,22 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
     with open(log, "wb") as log_fh:
         sink = None if cfg.show_output else log_fh
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None)
-        while proc.poll() is None:
-            if on_progress:
-                on_progress(min(_steps_done(out), total), total)
-            time.sleep(0.2)
+        try:
+            while proc.poll() is None:
+                if on_progress:
+                    on_progress(min(_steps_done(out), total), total)
+                time.sleep(0.2)
+        except BaseException:
+            proc.terminate()  # Ctrl-C / SIGTERM while the ranks run: stop them before the folder is moved
+            proc.wait(timeout=30)
+            raise
     rc = proc.returncode
     records = read_rank_records(out)
     if rc != 0:
         detail = _last_error_line(log) if not cfg.show_output else ""
         raise MeshplanError(f"{cfg.script}: torchrun exited with status {rc}"
-                            + (f" ({detail})" if detail else "") + f"; output in {log}")
+                            + (f" ({detail})" if detail else "") + f"; output in {log}; the previous run in "
+                            f"{final} (if any) is unchanged")
     if not records:
         raise MeshplanError(f"{cfg.script}: no rank wrote a capture record; output in {log}")
     for rank, rec in sorted(records.items()):
@@ -260,6 +310,7 @@ def launch(cfg: LaunchConfig, on_progress: Optional[Callable[[int, int], None]] 
         extra["plan_copy"] = PLAN_COPY
     write_run_json(out, records, extra)
     shutil.rmtree(out / RECORD_DIR, ignore_errors=True)
+    load_run_json(out)  # validate what was written before it replaces the previous run
     if on_progress:
         on_progress(total, total)
-    return LaunchResult(run=load_run_json(out), out_dir=out, command=cmd, warnings=warnings)
+    return cmd

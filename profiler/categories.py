@@ -72,8 +72,10 @@ _RUNTIME_SUFFIX = re.compile(r"_(runtime|driver)$")
 # run to kilobytes; the library prefix is near the start). Sources: NCCL/RCCL kernel names (ncclKernel_*,
 # ncclDevKernel_*; RCCL 2.18+ launches ncclDevKernel_Generic), DeepEP (deepseek-ai/DeepEP: deep_ep::intranode /
 # internode dispatch/combine; the DeepSeek-V3 profile names them dpsk::ep::*), NVSHMEM (nvshmem*/nvshmemi*),
-# MSCCL/MSCCL++ and oneCCL (ccl_kernel*, xccl*).
-_COMM_KERNEL = re.compile(r"nccl|rccl|hccl|xccl|oneccl|\bccl_|msccl|nvshmem|deep_?ep|dpsk::ep|"
+# MSCCL/MSCCL++ and oneCCL (ccl_kernel*, xccl*). DeepEP's local kernels (``dpsk::ep::cuda::get_dispatch_layout``,
+# ``deep_ep::layout::*``) compute routing tables on the device: compute, not comm.
+_COMM_KERNEL = re.compile(r"nccl|rccl|hccl|xccl|oneccl|\bccl_|msccl|nvshmem|"
+                          r"(?:deep_ep|dpsk::ep)::(?:internode|intranode|internode_ll)::|"
                           r"all_?to_?all|alltoallv|all_?reduce|all_?gather|reduce_?scatter|"
                           r"(?:moe|ep)_?(?:dispatch|combine)", re.IGNORECASE)
 # Custom collective names that a compute kernel could contain by accident ("gather", "scatter" alone) are not
@@ -120,6 +122,8 @@ def comm_type_hint(name: str) -> str | None:
     n = name.lower()
     if "dispatch" in n or "combine" in n:
         return "alltoall"
+    if "notify" in n:
+        return "barrier"  # DeepEP's cached_notify: ranks exchange counters and wait for each other
     return None
 
 

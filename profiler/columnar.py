@@ -103,7 +103,7 @@ def table_to_trace(table: pa.Table) -> RankTrace:
             cols["group_ranks"], cols["ts_us"], cols["dur_us"], cols["bytes"], cols["seq"], cols["corr"],
             cols["step"], cols["peer"]):
         e = Event(rank, lane, kind, cat, name, ts, dur, shape(shp), nb, coll, pg, seq,
-                  None if gr is None else tuple(int(x) for x in gr.split(",")), corr)
+                  tuple(int(x) for x in gr.split(",")) if gr else None, corr)
         e.step, e.peer = step, peer
         app(e)
     return RankTrace(

@@ -55,6 +55,7 @@ class Ingested:
     cached: bool
     peak_rss_bytes: int
     error: str | None = None
+    trace: RankTrace | None = None  # in-process ingestion without a cache: the parsed trace itself
 
 
 def task_for(path: Path, label: str, origin: Path | None = None, member: str = "") -> Task:
@@ -117,8 +118,19 @@ def ingest_one(task: Task, step_at: str | None, cache_dir: str | None, want: str
     return Ingested(task.label, red, str(path) if path is not None else None, ipc, cached, _peak_rss_bytes())
 
 
+def _in_process(task: Task, step_at: str | None, want: str) -> Ingested:
+    """Serial, uncached: parse straight into the :class:`RankTrace` (no table round trip)."""
+    try:
+        t = load_trace(task.path, task.label, step_at=step_at)
+    except MeshplanError as exc:
+        return Ingested(task.label, None, None, None, False, _peak_rss_bytes(), error=str(exc))
+    return Ingested(task.label, None, None, None, False, _peak_rss_bytes(), trace=t)
+
+
 def to_trace(res: Ingested) -> RankTrace:
     """The full :class:`RankTrace` of an ingested file (read back from Parquet or the IPC bytes)."""
+    if res.trace is not None:
+        return res.trace
     if res.parquet is not None:
         return table_to_trace(read_parquet(Path(res.parquet)))
     assert res.ipc is not None
@@ -153,7 +165,8 @@ def run_tasks(tasks: list[Task], *, step_at: str | None = None, cache_dir: str |
     w = workers if workers is not None else default_workers(n)
     if w == 1 or n <= 1:
         for i, t in enumerate(tasks):
-            out[i] = ingest_one(t, step_at, cdir, want)
+            out[i] = _in_process(t, step_at, want) if cdir is None and want == "table" else \
+                ingest_one(t, step_at, cdir, want)
             done += 1
             if progress:
                 progress(done, n)

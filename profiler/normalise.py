@@ -55,9 +55,10 @@ def parse_ranks(v: Any) -> tuple[int, ...] | None:
         return tuple(v) if v and all(_int(x) is not None for x in v) else None
     if isinstance(v, str) and v.startswith("[") and len(v) < 1_000_000:
         try:
-            return tuple(int(x) for x in v.strip("[]").split(",") if x.strip())
+            t = tuple(int(x) for x in v.strip("[]").split(",") if x.strip())
         except ValueError:
             return None
+        return t or None
     return None
 
 

@@ -73,6 +73,9 @@ def build_graph(run: Run, groups: list[CollGroup]) -> nx.DiGraph:
             last_start = max(e.ts_us for e in g.members.values())
             for e in g.members.values():
                 transfer[id(e)] = max(0.0, e.end_us - last_start)
+        elif g.expected is not None and len(g.expected) == 1 and set(g.members) == set(g.expected):
+            for e in g.members.values():  # a group of one (world size 1): nobody to wait for, nobody absent
+                transfer[id(e)] = e.dur_us
     steps = run.steps
     by_rank_step: dict[tuple[int, int], list[Event]] = defaultdict(list)
     for r, t in run.ranks.items():
