@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -30,7 +31,8 @@ from rich.table import Table  # noqa: E402
 from meshplan.profiler.graph import GraphBuilder  # noqa: E402
 from meshplan.profiler.replay import replay  # noqa: E402
 
-DLRM = REPO.parent / "shared" / "traces" / "param_dlrm_8rank" / "dlrm_kineto.tar.gz"
+SHARED = Path(os.environ.get("MESHPLAN_SHARED") or REPO.parent / "shared")
+DLRM = SHARED / "traces" / "param_dlrm_8rank" / "dlrm_kineto.tar.gz"
 
 
 def synthetic_graph(ranks: int, ops: int, bucket_every: int = 10, seed: int = 0) -> GraphBuilder:

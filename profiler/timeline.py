@@ -60,16 +60,17 @@ def _slices(G: nx.DiGraph, tl: Timeline) -> Iterator[tuple]:
 
 
 def _critical(tl: Timeline, G: nx.DiGraph) -> list[tuple]:
-    """Critical path as (name, rank, kind, t0_ns, t1_ns): exposed intervals, one after another."""
+    """Critical path as (name, rank, kind, t0_ns, t1_ns): each op's exposed time, laid one after another from the
+    step's start (the exposed times sum to the step time, so the last interval ends where the step ends)."""
     off = _step_offsets_ns(G, tl)
     out = []
     for s in sorted(off):
+        cursor = off[s]
         for p in critical_path(tl, s):
-            t1 = off[s] + int(round(p.end_s * 1e9))
-            t0 = t1 - int(round(max(0.0, p.exposed_s) * 1e9))
-            if out and t0 < out[-1][4]:
-                t0 = out[-1][4]  # rounding to ns must not make neighbours overlap
-            out.append((p.name, p.rank, p.kind, t0, max(t0, t1)))
+            t1 = cursor + int(round(max(0.0, p.exposed_s) * 1e9))
+            if t1 > cursor:
+                out.append((p.name, p.rank, p.kind, cursor, t1))
+            cursor = t1
     return out
 
 
@@ -116,17 +117,22 @@ def perfetto_bytes(G: nx.DiGraph, tl: Timeline) -> bytes:
     for k, (src, dst) in enumerate(_flows(G, tl), start=1):
         flows.setdefault(src, []).append(k)
         terminating.setdefault(dst, []).append(k)
+    # Sort key (ts, phase, k, sub): at one instant every slice that ends closes (phase 0) before any begins
+    # (phase 1); a zero-length slice closes right after it opens (same k, sub 1).
     events = []
+    k = 0
     for group, rank, lane, name, kind, t0, t1, i in _slices(G, tl):
-        events.append((t0, 1, track(group, rank, lane), name, kind,
-                       i if group == "replay" else None, True))
-        events.append((t1, 0 if t1 > t0 else 2, track(group, rank, lane), name, kind, None, False))
+        k += 1
+        u = track(group, rank, lane)
+        events.append(((t0, 1, k, 0), u, name, kind, i if group == "replay" else None, True))
+        events.append(((t1, 0, k, 0) if t1 > t0 else (t0, 1, k, 1), u, name, kind, None, False))
     for name, rank, kind, t0, t1 in _critical(tl, G):
+        k += 1
         u = track("critical", None, "critical path (exposed time)")
-        events.append((t0, 1, u, f"r{rank} {name}", kind, None, True))
-        events.append((t1, 0 if t1 > t0 else 2, u, f"r{rank} {name}", kind, None, False))
-    events.sort(key=lambda e: (e[0], e[1]))
-    for ts, _, u, name, kind, i, begin in events:
+        events.append(((t0, 1, k, 0), u, f"r{rank} {name}", kind, None, True))
+        events.append(((t1, 0, k, 0), u, f"r{rank} {name}", kind, None, False))
+    events.sort(key=lambda e: e[0])
+    for (ts, *_), u, name, kind, i, begin in events:
         pk = builder.add_packet()
         pk.timestamp = ts
         pk.trusted_packet_sequence_id = seq
