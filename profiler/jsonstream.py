@@ -193,6 +193,9 @@ def stream_trace(path: str | Path, on_event: Callable[[dict], None], max_bytes: 
 
 
 def _stream_array(w: _Window, dec: json.JSONDecoder, on_event: Callable[[dict], None]) -> None:
+    if w.peek() != "[":
+        raise MeshplanError(f"{w.label}: traceEvents is not a list (found {w.peek() or 'end of file'!r} at character "
+                            f"{w.pos})")
     w.expect("[")
     if w.peek() == "]":
         w.pos += 1

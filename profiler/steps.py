@@ -55,6 +55,8 @@ def apply_step_cut(t: "RankTrace", step_at: str | None) -> None:
         t.steps = {k: (times[k][0], times[k + 1][0] - times[k][0]) for k in range(len(times) - 1)}
         t.main_lane = times[0][1]
         t.step_source = f"cut at {what}: {len(times)} occurrences, {len(times) - 1} steps"
+    else:
+        check_marker_order(t)
     assign_steps(t)
 
 
@@ -70,6 +72,16 @@ def _dedupe(marks: list, at_end: bool) -> list[tuple[float, str]]:
         out.append((e.end_us if at_end else e.ts_us, e.lane))
     out.sort()
     return out
+
+
+def check_marker_order(t: "RankTrace") -> None:
+    """``ProfilerStep#N`` markers must follow one another: a step that starts before the previous one ends
+    (swapped or overlapping timestamps) cannot be replayed as steps. Raises MeshplanError naming both."""
+    order = sorted(t.steps.items())
+    for (n0, (s0, d0)), (n1, (s1, _)) in zip(order, order[1:]):
+        if s1 < s0 + d0 - 1.0:  # 1 µs: integer-µs traces round both ends
+            raise MeshplanError(f"{t.path}: ProfilerStep#{n1} starts at {s1:.0f} µs, before ProfilerStep#{n0} ends "
+                                f"({s0 + d0:.0f} µs): step markers overlap or are out of order")
 
 
 def assign_steps(t: "RankTrace") -> None:

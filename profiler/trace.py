@@ -232,7 +232,9 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
             n_seen[1] += 1
 
     header = stream_trace(path, on_event)
-    if n_seen[0] and not norm.events and not steps:
+    if not n_seen[0]:
+        raise MeshplanError(f"{label}: not a Kineto trace: traceEvents is empty")
+    if not norm.events and not steps:
         cats = ", ".join(f"{c} {n}" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:5] if c)
         raise MeshplanError(f"{label}: not a Kineto trace: {n_seen[0]} events but no host op, device op or runtime "
                             f"event (categories: {cats or 'none'})")
