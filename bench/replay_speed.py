@@ -7,7 +7,16 @@
    DLRM trace (``../shared/traces/param_dlrm_8rank``) with shifted timestamps and fresh ids, then parsed by
    :func:`profiler.trace.load_trace` in a fresh subprocess, whose peak RSS (``resource.getrusage``) is reported.
 
-Usage: ``python bench/replay_speed.py [--ops 1000000] [--ranks 64] [--trace-mb 500] [--skip-ingest]``
+3. Scale (issue 14, item 4): a synthetic job of ``--job-ranks`` (>= 256) ranks made from the 8 real DLRM rank
+   traces, rank r a copy of rank r mod 8 with its own rank, world size and a shifted clock (r x 37 µs), written
+   as plain JSON. Reported: ingest MB/s per worker (JSON parse + columnar table + per-rank reductions, no cache),
+   the speed-up from 1 to 2 workers, a cached re-analysis (the same summary read from the Parquet cache) against
+   the first one, each worker's peak RSS against a fresh process parsing the largest single trace, and the
+   projected time for 1,024 ranks x 500 MB on N workers (measured MB/s per worker x N x the measured parallel
+   efficiency).
+
+Usage: ``python bench/replay_speed.py [--ops 1000000] [--ranks 64] [--trace-mb 500] [--skip-ingest]
+[--job-ranks 256] [--skip-scale]``
 """
 from __future__ import annotations
 
@@ -126,14 +135,113 @@ def bench_ingest(target_mb: float) -> dict:
             "events_per_s": n / secs, "peak_rss_gb": rss_kb * 1024 / 1e9}
 
 
+def make_job(dest: Path, ranks: int) -> tuple[int, int]:
+    """Write ``ranks`` rank traces (``rank{r}.json``) from the 8 DLRM ranks. Returns (total bytes, largest bytes)."""
+    with tarfile.open(DLRM) as tf:
+        docs = {}
+        for m in tf.getmembers():
+            if m.isfile() and "worker" in m.name:
+                r = int(m.name.split("worker")[1].split("_")[0])
+                docs[r] = json.load(tf.extractfile(m))
+    total = largest = 0
+    for r in range(ranks):
+        doc = dict(docs[r % 8])
+        doc["distributedInfo"] = {"backend": "nccl", "rank": r, "world_size": ranks}
+        shift = r * 37  # µs: every rank its own clock offset
+        doc["traceEvents"] = [dict(e, ts=e["ts"] + shift) if "ts" in e else e for e in docs[r % 8]["traceEvents"]]
+        p = dest / f"rank{r}.json"
+        p.write_text(json.dumps(doc))
+        size = p.stat().st_size
+        total += size
+        largest = max(largest, size)
+    return total, largest
+
+
+_SINGLE = """
+import resource, sys
+sys.path.insert(0, {repo!r})
+from meshplan.profiler.columnar import reduce_table, trace_to_table
+from meshplan.profiler.trace import load_trace
+reduce_table(trace_to_table(load_trace({path!r})))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def bench_scale(ranks: int) -> dict:
+    from meshplan.profiler.ingest import run_tasks, task_for
+
+    with tempfile.TemporaryDirectory(prefix="meshplan-job-") as tmp:
+        root = Path(tmp) / "job"
+        root.mkdir()
+        total, largest = make_job(root, ranks)
+        tasks = [task_for(root / f"rank{r}.json", f"rank{r}.json") for r in range(ranks)]
+        out: dict = {"ranks": ranks, "job_mb": total / 1e6, "largest_mb": largest / 1e6}
+        for w in (1, 2):
+            t0 = time.perf_counter()
+            res = run_tasks(tasks, workers=w, want="reductions")
+            dt = time.perf_counter() - t0
+            out[f"ingest_s_{w}"] = dt
+            out[f"mb_s_per_worker_{w}"] = total / 1e6 / dt / w
+            out[f"peak_rss_worker_mb_{w}"] = max(r.peak_rss_bytes for r in res) / 1e6
+        out["speedup_1_to_2"] = out["ingest_s_1"] / out["ingest_s_2"]
+        cache = Path(tmp) / "cache"
+        t0 = time.perf_counter()
+        run_tasks(tasks, workers=2, want="reductions", cache_dir=cache)
+        out["first_analysis_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = run_tasks(tasks, workers=2, want="reductions", cache_dir=cache)
+        out["cached_analysis_s"] = time.perf_counter() - t0
+        assert all(r.cached for r in res)
+        out["cached_speedup"] = out["first_analysis_s"] / out["cached_analysis_s"]
+        big = max(root.glob("rank*.json"), key=lambda p: p.stat().st_size)
+        kb = subprocess.run([sys.executable, "-c", _SINGLE.format(repo=str(REPO), path=str(big))],
+                            capture_output=True, text=True, check=True).stdout.split()[-1]
+        out["single_trace_rss_mb"] = int(kb) * 1024 / 1e6
+    return out
+
+
+def projection(mb_s_per_worker: float, efficiency: float, workers: int, ranks: int = 1024,
+               mb_per_rank: float = 500.0) -> float:
+    """Hours to ingest ``ranks`` x ``mb_per_rank`` on ``workers`` workers at the measured rate and efficiency."""
+    return ranks * mb_per_rank / (mb_s_per_worker * workers * efficiency) / 3600
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=1_000_000)
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--trace-mb", type=float, default=500.0)
     ap.add_argument("--skip-ingest", action="store_true")
+    ap.add_argument("--job-ranks", type=int, default=256)
+    ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--skip-replay", action="store_true")
     args = ap.parse_args()
     con = Console(width=140)
+    if not args.skip_scale:
+        sc = bench_scale(args.job_ranks)
+        t = Table(title=f"scale: {sc['ranks']} ranks from the 8 real DLRM traces ({sc['job_mb']:.0f} MB JSON, largest "
+                        f"{sc['largest_mb']:.2f} MB)")
+        for c in ("measure", "value"):
+            t.add_column(c, justify="left" if c == "measure" else "right")
+        eff = sc["speedup_1_to_2"] / 2
+        rows = [("ingest, 1 worker (s)", f"{sc['ingest_s_1']:.1f}"), ("ingest, 2 workers (s)", f"{sc['ingest_s_2']:.1f}"),
+                ("MB/s per worker (1 worker)", f"{sc['mb_s_per_worker_1']:.1f}"),
+                ("MB/s per worker (2 workers)", f"{sc['mb_s_per_worker_2']:.1f}"),
+                ("speed-up 1 -> 2 workers", f"{sc['speedup_1_to_2']:.2f}x"),
+                ("first analysis, 2 workers, writing the cache (s)", f"{sc['first_analysis_s']:.1f}"),
+                ("cached re-analysis, 2 workers (s)", f"{sc['cached_analysis_s']:.2f}"),
+                ("cached re-analysis speed-up", f"{sc['cached_speedup']:.1f}x"),
+                ("peak RSS per worker, 2 workers (MB)", f"{sc['peak_rss_worker_mb_2']:.0f}"),
+                ("peak RSS, fresh process parsing the largest trace (MB)", f"{sc['single_trace_rss_mb']:.0f}")]
+        for n in (1, 2, 16, 64, 256):
+            rows.append((f"projected 1,024 ranks x 500 MB on {n} workers (h)",
+                         f"{projection(sc['mb_s_per_worker_1'], eff if n > 1 else 1.0, n):.2f}"))
+        for a, b in rows:
+            t.add_row(a, b)
+        con.print(t)
+        print(json.dumps(sc))
+    if args.skip_replay:
+        return
     r = bench_replay(args.ranks, args.ops)
     t = Table(title="replay speed (synthetic data-parallel graph)")
     for c in ("ranks", "ops", "edges", "build s", "compile s", "replay s", "ops/s (replay)", "step ms"):

@@ -88,7 +88,8 @@ def validate_run_record(raw: Any, label: str) -> dict[str, Any]:
         rec = RunRecord.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors(include_url=False, include_input=False)[0]
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "(record)"
-        msg = str(err.get("msg", "invalid"))[:200]
+        # keys and messages come from the file: escaped, so the refusal stays one line
+        loc = ".".join(str(x) for x in err.get("loc", ())).encode("unicode_escape").decode()[:120] or "(record)"
+        msg = str(err.get("msg", "invalid")).encode("unicode_escape").decode()[:200]
         raise MeshplanError(f"{label}: {loc}: {msg}") from None
     return rec.model_dump()
