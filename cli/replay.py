@@ -82,7 +82,7 @@ def replay_cmd(
         def progress(msg: str) -> None:
             bar.update(task, description=msg, completed=_STAGES.index(msg) if msg in _STAGES else 0)
 
-        a = analyze_run(run, progress=progress, **opts)
+        a = analyze_run(run, progress=progress, keep_events=False, **opts)
         bar.update(task, description="what-if, prediction, critical path" + (", timeline" if timeline else ""),
                    completed=len(_STAGES))
         report = replay_report(a, [k.text for k in knobs], cp_step=step, timeline=timeline, fit_steps=fit_steps,

@@ -13,12 +13,14 @@ on measured values says so).
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
 import networkx as nx
 
+from meshplan.profiler.graph import compile_graph
 from meshplan.profiler.replay import replay
 
 _FIELDS = ("duration_s", "release_s", "gap_s")
@@ -78,10 +80,14 @@ def held_out_check(G: nx.DiGraph, fit_steps: int | None = None) -> Prediction | 
             exact[keys[n]].append(a)
             by_name[keys[n][:3]].append(a)
             by_kind[(a["kind"], a.get("name", ""))].append(a)
-    H = G.copy()
+    # Replay the compiled graph with the fitted values in copies of its value arrays (no copy of the graph).
+    cg = compile_graph(G)
+    cols = {"duration_s": cg.dur_s[:], "release_s": cg.release_s[:], "gap_s": cg.gap_s[:]}
+    held_set = set(held)
     total = unfitted = 0.0
-    for n, a in H.nodes(data=True):
-        if a.get("step", 0) not in held:
+    for i, n in enumerate(cg.node_ids):
+        a = G.nodes[n]
+        if a.get("step", 0) not in held_set:
             continue
         src = exact.get(keys[n]) or by_name.get(keys[n][:3]) or by_kind.get((a["kind"], a.get("name", "")))
         total += a["duration_s"]
@@ -89,9 +95,8 @@ def held_out_check(G: nx.DiGraph, fit_steps: int | None = None) -> Prediction | 
             unfitted += a["duration_s"]
             continue
         for f in _FIELDS:
-            vals = [x.get(f) or 0.0 for x in src]
-            a[f] = statistics.median(vals)
-    tl = replay(H)
+            cols[f][i] = max(0.0, statistics.median([x.get(f) or 0.0 for x in src]))
+    tl = replay(dataclasses.replace(cg, dur_s=cols["duration_s"], release_s=cols["release_s"], gap_s=cols["gap_s"]))
     rows = []
     for s in held:
         p = tl.steps.get(s)
