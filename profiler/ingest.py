@@ -8,7 +8,8 @@ A worker holds one trace at a time, so its peak memory is that of the largest si
 Engines:
 
 * ``workers=1``: in this process (no pool; the default for a single file);
-* ``workers=N`` (default: the cores this process may use, at most the number of files): a
+* ``workers=N`` (default: the cores this process may use, at most the number of files; in process when the
+  files add up to less than ``SERIAL_BELOW_BYTES``): a
   :class:`concurrent.futures.ProcessPoolExecutor` (local process pool);
 * ``ray="local"`` starts a local Ray instance, ``ray="auto"`` joins the running cluster (``ray start --head``),
   any other value is a cluster address; Ray is an optional extra (``pip install meshplan[ray]``).
@@ -33,6 +34,10 @@ from meshplan.core.errors import MeshplanError
 from meshplan.profiler.columnar import (FORMAT_VERSION, read_parquet, reduce_table, table_to_trace, trace_to_table,
                                         write_parquet)
 from meshplan.profiler.trace import RankTrace, load_trace
+
+# Default engine: in process below this many bytes of trace files (forking workers and importing pyarrow in each
+# costs ~0.3-1 s here; parsing 16 MB of Kineto JSON takes ~2-3 s on one core).
+SERIAL_BELOW_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,16 @@ def to_trace(res: Ingested) -> RankTrace:
     return table_to_trace(pa.ipc.open_stream(res.ipc).read_all())
 
 
+def _total_bytes(tasks: list[Task]) -> int:
+    total = 0
+    for t in tasks:
+        try:
+            total += os.path.getsize(t.path)
+        except OSError:
+            pass
+    return total
+
+
 def default_workers(n_files: int) -> int:
     """Cores this process may run on, at most one per file."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -163,6 +178,8 @@ def run_tasks(tasks: list[Task], *, step_at: str | None = None, cache_dir: str |
     if ray is not None:
         return _run_ray(tasks, step_at, cdir, ray, want, progress)
     w = workers if workers is not None else default_workers(n)
+    if workers is None and _total_bytes(tasks) < SERIAL_BELOW_BYTES:
+        w = 1  # a pool costs more than it saves on a small run (and forks nothing inside callers' processes)
     if w == 1 or n <= 1:
         for i, t in enumerate(tasks):
             out[i] = _in_process(t, step_at, want) if cdir is None and want == "table" else \
