@@ -102,9 +102,18 @@ def why_not_used(cat: object) -> str:
     return NOT_USED.get(str(cat), "category unknown to this version of meshplan")
 
 
+# Substrings one of which every name _COMM_KERNEL matches contains: a cheap filter before the regex (most device
+# ops are compute kernels; the alternation regex costs ~50 µs on a long templated name, the filter ~3 µs).
+_COMM_TOKENS = ("ccl", "nvshmem", "deep_ep::", "dpsk::ep::", "all_to_all", "alltoall", "all_reduce", "allreduce",
+                "all_gather", "allgather", "reduce_scatter", "reducescatter", "dispatch", "combine")
+
+
 def is_comm_kernel(name: str) -> bool:
     """True when a device op's name says it moves data between ranks."""
-    return _COMM_KERNEL.search(name, 0, 160) is not None
+    head = name[:160].lower()
+    if not any(tok in head for tok in _COMM_TOKENS):
+        return False
+    return _COMM_KERNEL.search(head) is not None
 
 
 def is_comm_annotation(lname: str) -> bool:

@@ -32,6 +32,14 @@ def _num(v: Any) -> float | None:
 
 
 def _freeze(x: Any, cache: dict, depth: int = 0) -> Any:
+    if depth == 0 and type(x) is list:
+        # Fast path for the usual two levels of scalars ([[8, 1024], [1024], []]); anything else (deeper lists,
+        # dicts: unhashable) takes the checked path below.
+        try:
+            t = tuple(tuple(v) if type(v) is list else v for v in x)
+            return cache.setdefault(t, t)
+        except TypeError:
+            pass
     if isinstance(x, list):
         if depth >= _MAX_SHAPE_DEPTH:
             return None

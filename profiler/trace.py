@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.categories import collective_type, role_of, why_not_used  # noqa: F401 (re-exported)
+from meshplan.profiler.categories import ROLES, collective_type, role_of, why_not_used  # noqa: F401 (re-export)
 from meshplan.profiler.jsonstream import stream_trace
 from meshplan.profiler.normalise import Normaliser
 
@@ -199,6 +199,7 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     seen: dict[Any, int] = {}
     used: dict[Any, int] = {}
     n_seen = [0, 0]  # events, malformed events
+    roles, _isfinite = ROLES, math.isfinite
 
     def on_event(ev: dict) -> None:
         n_seen[0] += 1
@@ -207,13 +208,17 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         seen[key] = seen.get(key, 0) + 1
         if ev.get("ph") != "X":
             return
-        role = role_of(cat)
+        role = roles.get(cat) if key is not None else None
         if role is None:
-            return
-        ts = _finite(ev.get("ts"))
-        dur = _finite(ev.get("dur", 0.0))
+            role = role_of(cat)
+            if role is None:
+                return
+        ts = ev.get("ts")
+        dur = ev.get("dur", 0.0)
+        if type(ts) is not float or type(dur) is not float or not (_isfinite(ts) and _isfinite(dur)):
+            ts, dur = _finite(ts), _finite(dur)  # ints, or a malformed field
         name = ev.get("name", "")
-        if ts is None or dur is None or dur < 0 or not isinstance(name, str):
+        if ts is None or dur is None or dur < 0 or type(name) is not str:
             n_seen[1] += 1
             return
         args = ev.get("args")
