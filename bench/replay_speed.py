@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -167,7 +168,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def bench_scale(ranks: int) -> dict:
+def bench_scale(ranks: int, repeats: int = 1) -> dict:
     from meshplan.profiler.ingest import run_tasks, task_for
 
     with tempfile.TemporaryDirectory(prefix="meshplan-job-") as tmp:
@@ -176,13 +177,18 @@ def bench_scale(ranks: int) -> dict:
         total, largest = make_job(root, ranks)
         tasks = [task_for(root / f"rank{r}.json", f"rank{r}.json") for r in range(ranks)]
         out: dict = {"ranks": ranks, "job_mb": total / 1e6, "largest_mb": largest / 1e6}
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(repeats):  # 1 and 2 workers alternated, so a change of load hits both alike
+            for w in (1, 2):
+                t0 = time.perf_counter()
+                res = run_tasks(tasks, workers=w, want="reductions")
+                times[w].append(time.perf_counter() - t0)
+                out[f"peak_rss_worker_mb_{w}"] = max(r.peak_rss_bytes for r in res) / 1e6
         for w in (1, 2):
-            t0 = time.perf_counter()
-            res = run_tasks(tasks, workers=w, want="reductions")
-            dt = time.perf_counter() - t0
+            dt = statistics.median(times[w])
             out[f"ingest_s_{w}"] = dt
+            out[f"ingest_runs_s_{w}"] = [round(x, 2) for x in times[w]]
             out[f"mb_s_per_worker_{w}"] = total / 1e6 / dt / w
-            out[f"peak_rss_worker_mb_{w}"] = max(r.peak_rss_bytes for r in res) / 1e6
         out["speedup_1_to_2"] = out["ingest_s_1"] / out["ingest_s_2"]
         cache = Path(tmp) / "cache"
         t0 = time.perf_counter()
@@ -214,11 +220,12 @@ def main() -> None:
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--job-ranks", type=int, default=256)
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1, help="scale: 1- and 2-worker runs each (medians)")
     ap.add_argument("--skip-replay", action="store_true")
     args = ap.parse_args()
     con = Console(width=140)
     if not args.skip_scale:
-        sc = bench_scale(args.job_ranks)
+        sc = bench_scale(args.job_ranks, args.repeats)
         t = Table(title=f"scale: {sc['ranks']} ranks from the 8 real DLRM traces ({sc['job_mb']:.0f} MB JSON, largest "
                         f"{sc['largest_mb']:.2f} MB)")
         for c in ("measure", "value"):
