@@ -175,3 +175,30 @@ def test_every_external_set_summarises(runner):
         s = json.loads(res.output)
         assert s["ranks"] and sum(s["ops"].values()) > 0
         assert s["inputs"]["used"] and all(u["why"] for u in s["inputs"]["not_used"])
+
+
+HTA = ("traces", "hta_testdata")
+
+
+@pytest.mark.parametrize("rel,kernels,steps,nccl", [
+    # PROVENANCE.md §1: sampled pair of a 128-rank job; rank 0 kernel 1154 (10 NCCL SendRecv), steps 551-552
+    ("trace_filter/sampled_rank-0.json.gz", 1154, [551, 552], 10),
+    ("trace_filter/sampled_rank-1.json.gz", 1104, [551, 552], 10),
+    # §7: simple_add, 79 kernels, 41 cuda_sync; multi-stream event sync, 149 events
+    ("critical_path/simple_add/benchmark_result_493459_1694039959_trace.json.gz", 79, None, 0),
+    pytest.param("negative_queue_length_values_check/rank0.json.gz", 6080, [550, 551, 552, 553, 554], 80,
+                 marks=pytest.mark.slow),  # §4: 80 NCCL SendRecv kernels on six streams
+    pytest.param("trace_diff/control/control.json.gz", 8568, list(range(1009, 1015)), 60,
+                 marks=pytest.mark.slow),  # §3: 42 SendRecv + 18 AllReduce
+    pytest.param("trace_diff/test/test.json.gz", 9876, list(range(1009, 1015)), 64, marks=pytest.mark.slow),
+    pytest.param("df_index_resolver/df_index_resolver.json.gz", 19370, [2, 3, 4, 5, 6], 2020,
+                 marks=pytest.mark.slow),  # §5: 2020 AllReduce kernels, 28,010 [memory] instants not used
+])
+def test_hta_testdata_counts(rel, kernels, steps, nccl):
+    t = load_run(shared_path(*HTA, *rel.split("/")), workers=1).ranks
+    (t,) = t.values()
+    assert _kernels(t) == kernels and t.counts_by_kind()["comm"] == nccl
+    if steps is not None:
+        assert sorted(t.steps) == steps
+    if "simple_add" in rel:
+        assert t.categories["cuda_sync"]["events"] == 41 and sorted(t.steps) == []
