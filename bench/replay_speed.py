@@ -161,9 +161,9 @@ def make_job(dest: Path, ranks: int) -> tuple[int, int]:
 _SINGLE = """
 import resource, sys
 sys.path.insert(0, {repo!r})
-from meshplan.profiler.columnar import reduce_table, trace_to_table
-from meshplan.profiler.trace import load_trace
-reduce_table(trace_to_table(load_trace({path!r})))
+from meshplan.profiler.ingest import ingest_one, task_for
+from pathlib import Path
+ingest_one(task_for(Path({path!r}), "largest"), None, None, "reductions")  # what a worker does per file
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 

@@ -5,8 +5,8 @@ names over millions of events), the rest of the :class:`RankTrace` (rank, steps,
 the schema metadata as JSON. A second analysis of the same run reads these files instead of the JSON
 (``profiler.ingest``): no JSON is parsed again.
 
-:func:`reduce_table` computes what ``meshplan replay --summary`` shows from the columns alone (Arrow compute),
-so a summary of thousands of ranks never builds Python event objects in the main process.
+:func:`reduce_table` computes what ``meshplan replay --summary`` shows from three columns, where the trace was
+parsed (a worker), so a summary of thousands of ranks never builds event objects in the main process.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from meshplan.core.atomic import write_atomic
@@ -127,33 +126,45 @@ def read_parquet(path: Path) -> pa.Table:
 
 
 def reduce_table(table: pa.Table) -> dict[str, Any]:
-    """Per-rank reductions for the summary, from the columns (no event objects).
+    """Per-rank reductions for the summary, from the table's columns (see :func:`reductions`)."""
+    cols = {c: table.column(c).to_pylist() for c in ("kind", "lane", "dur_us", "bytes")}
+    return reductions(table_meta(table), cols["kind"], cols["lane"], cols["dur_us"], cols["bytes"])
+
+
+def reduce_trace(t: RankTrace) -> dict[str, Any]:
+    """The same reductions straight from a parsed trace (no table: the uncached summary path)."""
+    ev = t.events
+    meta = {"rank": t.rank, "path": t.path, "steps": [[n, s, d] for n, (s, d) in t.steps.items()],
+            "empty_steps": t.empty_steps, "devices": t.devices, "categories": t.categories,
+            "step_source": t.step_source, "world_size": t.world_size, "backend": t.backend, "warnings": t.warnings,
+            "file_bytes": t.file_bytes}
+    return reductions(meta, [e.kind for e in ev], [e.lane for e in ev], [e.dur_us for e in ev],
+                      [e.bytes for e in ev])
+
+
+def reductions(meta: dict, kinds: list[str], lanes: list[str], durs: list[float], nbytes: list[float]) -> dict:
+    """Per-rank reductions (one implementation for both paths, so cached and uncached summaries agree exactly).
 
     Returns:
         ``{"rank", "file", "events", "ops": {kind: n}, "host_threads", "gpu_streams", "steps", "empty_steps",
         "collectives", "comm_bytes", "busy_s": {kind: s}, "devices", "categories", "step_source", "world_size",
-        "backend", "warnings"}``
+        "backend", "warnings", "file_bytes"}``
     """
-    meta = table_meta(table)
-    kind = table.column("kind")
     counts = {k: 0 for k in KINDS}
-    for row in pc.value_counts(kind).to_pylist():
-        counts[row["values"]] = row["counts"]
-    lanes = pc.unique(table.column("lane")).to_pylist() if table.num_rows else []
-    busy = {}
-    for k in KINDS:
-        mask = pc.equal(kind.cast(pa.string()), k) if table.num_rows else None
-        busy[k] = float(pc.sum(pc.filter(table.column("dur_us"), mask)).as_py() or 0.0) * 1e-6 if mask is not None \
-            else 0.0
-    comm_mask = pc.equal(kind.cast(pa.string()), "comm") if table.num_rows else None
-    comm_bytes = float(pc.sum(pc.filter(table.column("bytes"), comm_mask)).as_py() or 0.0) if comm_mask is not None \
-        else 0.0
+    busy = {k: 0.0 for k in KINDS}
+    comm_bytes = 0.0
+    for k, d, b in zip(kinds, durs, nbytes):
+        counts[k] += 1
+        busy[k] += d
+        if k == "comm":
+            comm_bytes += b
+    distinct = set(lanes)
     return {
-        "rank": meta["rank"], "file": meta["path"], "events": table.num_rows, "ops": counts,
-        "host_threads": sum(1 for x in lanes if x.startswith("thread:")),
-        "gpu_streams": sum(1 for x in lanes if x.startswith("stream:")),
+        "rank": meta["rank"], "file": meta["path"], "events": len(kinds), "ops": counts,
+        "host_threads": sum(1 for x in distinct if x.startswith("thread:")),
+        "gpu_streams": sum(1 for x in distinct if x.startswith("stream:")),
         "steps": sorted(int(n) for n, _, _ in meta["steps"]), "empty_steps": meta["empty_steps"],
-        "collectives": counts["comm"], "comm_bytes": comm_bytes, "busy_s": busy,
+        "collectives": counts["comm"], "comm_bytes": comm_bytes, "busy_s": {k: v * 1e-6 for k, v in busy.items()},
         "devices": sorted(set(meta["devices"]))[:2], "categories": meta["categories"],
         "step_source": meta["step_source"], "world_size": meta["world_size"], "backend": meta["backend"],
         "warnings": meta["warnings"], "file_bytes": meta["file_bytes"],

@@ -31,8 +31,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.columnar import (FORMAT_VERSION, read_parquet, reduce_table, table_to_trace, trace_to_table,
-                                        write_parquet)
+from meshplan.profiler.columnar import (FORMAT_VERSION, read_parquet, reduce_table, reduce_trace, table_to_trace,
+                                        trace_to_table, write_parquet)
 from meshplan.profiler.trace import RankTrace, load_trace
 
 # Default engine: in process below this many bytes of trace files (forking workers and importing pyarrow in each
@@ -106,6 +106,8 @@ def ingest_one(task: Task, step_at: str | None, cache_dir: str | None, want: str
             t.file_bytes = Path(task.path).stat().st_size
         except OSError:
             pass
+        if path is None and want == "reductions":  # nothing to store or send: reduce the parsed trace directly
+            return Ingested(task.label, reduce_trace(t), None, None, False, _peak_rss_bytes())
         table = trace_to_table(t)
         del t
         if path is not None:

@@ -96,7 +96,7 @@ def build_summary(source: str, results: list[Ingested], skipped: list[tuple[str,
 
 def run_summary(run: Run) -> dict[str, Any]:
     """Summary of a run already loaded in this process (same keys as :func:`build_summary`)."""
-    from meshplan.profiler.columnar import reduce_table, trace_to_table
+    from meshplan.profiler.columnar import reduce_trace
 
-    results = [Ingested(t.path, reduce_table(trace_to_table(t)), None, None, False, 0) for t in run.ranks.values()]
+    results = [Ingested(t.path, reduce_trace(t), None, None, False, 0) for t in run.ranks.values()]
     return build_summary(run.source, results, run.skipped, run.run_json, run.sampled)
