@@ -23,16 +23,16 @@ from __future__ import annotations
 import hashlib
 import os
 import resource
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.columnar import (FORMAT_VERSION, read_parquet, reduce_table, reduce_trace, table_to_trace,
-                                        trace_to_table, write_parquet)
+from meshplan.profiler.columnar import (FORMAT_VERSION, REDUCED_COLUMNS, read_parquet, reduce_table, reduce_trace,
+                                        table_meta, table_to_trace, trace_to_table, write_parquet)
 from meshplan.profiler.trace import RankTrace, load_trace
 
 # Default engine: in process below this many bytes of trace files (forking workers and importing pyarrow in each
@@ -93,7 +93,9 @@ def ingest_one(task: Task, step_at: str | None, cache_dir: str | None, want: str
     cached = False
     if path is not None and path.is_file():
         try:
-            table = read_parquet(path)
+            # a summary reads only the columns it reduces (Parquet is columnar: the rest is never decoded)
+            table = read_parquet(path, REDUCED_COLUMNS if want == "reductions" else None)
+            table_meta(table)
             cached = True
         except (OSError, pa.ArrowException, ValueError, KeyError):
             table = None  # a damaged cache file: parse again and rewrite it
@@ -165,6 +167,9 @@ def run_tasks(tasks: list[Task], *, step_at: str | None = None, cache_dir: str |
               progress: Callable[[int, int], None] | None = None) -> list[Ingested]:
     """Ingest every task, in parallel; results in task order.
 
+    Files already in the cache need no parsing: they are read in this process (starting a worker costs more than
+    the read) and only the misses go to the engine.
+
     Raises:
         MeshplanError: A bad worker count, Ray asked for but not installed / not reachable, or (the first) trace
             that is malformed for a reason other than "not a Kineto trace" (those come back with ``error`` set).
@@ -176,34 +181,50 @@ def run_tasks(tasks: list[Task], *, step_at: str | None = None, cache_dir: str |
         Path(cdir).mkdir(parents=True, exist_ok=True)
     n = len(tasks)
     out: list[Ingested | None] = [None] * n
-    done = 0
-    if ray is not None:
-        return _run_ray(tasks, step_at, cdir, ray, want, progress)
-    w = workers if workers is not None else default_workers(n)
-    if workers is None and _total_bytes(tasks) < SERIAL_BELOW_BYTES:
-        w = 1  # a pool costs more than it saves on a small run (and forks nothing inside callers' processes)
-    if w == 1 or n <= 1:
-        for i, t in enumerate(tasks):
-            out[i] = _in_process(t, step_at, want) if cdir is None and want == "table" else \
-                ingest_one(t, step_at, cdir, want)
-            done += 1
-            if progress:
-                progress(done, n)
-        return out  # type: ignore[return-value]
-    with ProcessPoolExecutor(max_workers=min(w, n)) as pool:
-        futs = {pool.submit(ingest_one, t, step_at, cdir, want): i for i, t in enumerate(tasks)}
-        from concurrent.futures import as_completed
+    count = [0]
 
-        for f in as_completed(futs):
-            out[futs[f]] = f.result()
-            done += 1
-            if progress:
-                progress(done, n)
+    def tick() -> None:
+        count[0] += 1
+        if progress:
+            progress(count[0], n)
+
+    if cdir is not None:
+        for i, t in enumerate(tasks):
+            if (Path(cdir) / f"{cache_key(t, step_at)}.parquet").is_file():
+                out[i] = ingest_one(t, step_at, cdir, want)
+                tick()
+    rest = [i for i in range(n) if out[i] is None]
+    for i, r in _dispatch([tasks[i] for i in rest], rest, step_at, cdir, workers, ray, want):
+        out[i] = r
+        tick()
     return out  # type: ignore[return-value]
 
 
-def _run_ray(tasks: list[Task], step_at: str | None, cdir: str | None, address: str, want: str,
-             progress: Callable[[int, int], None] | None) -> list[Ingested]:
+def _dispatch(tasks: list[Task], index: list[int], step_at: str | None, cdir: str | None, workers: int | None,
+              ray: str | None, want: str) -> Iterator[tuple[int, Ingested]]:
+    """(index, result) as each task finishes, on Ray, a process pool, or in this process."""
+    if not tasks:
+        return
+    if ray is not None:
+        yield from zip(index, _run_ray(tasks, step_at, cdir, ray, want))
+        return
+    n = len(tasks)
+    w = workers if workers is not None else default_workers(n)
+    if workers is None and _total_bytes(tasks) < SERIAL_BELOW_BYTES:
+        w = 1  # a pool costs more than it saves on a small run (and forks nothing inside callers' processes)
+    if w == 1 or n == 1:
+        for i, t in zip(index, tasks):
+            yield i, (_in_process(t, step_at, want) if cdir is None and want == "table" else
+                      ingest_one(t, step_at, cdir, want))
+        return
+    with ProcessPoolExecutor(max_workers=min(w, n)) as pool:
+        futs = {pool.submit(ingest_one, t, step_at, cdir, want): i for i, t in zip(index, tasks)}
+        for f in as_completed(futs):
+            yield futs[f], f.result()
+
+
+def _run_ray(tasks: list[Task], step_at: str | None, cdir: str | None, address: str,
+             want: str) -> list[Ingested]:
     try:
         import ray
     except ImportError:
@@ -218,13 +239,4 @@ def _run_ray(tasks: list[Task], step_at: str | None, cdir: str | None, address: 
             raise MeshplanError(f"--ray {address}: cannot join a Ray cluster ({str(exc).splitlines()[0][:200]}); "
                                 f"start one with `ray start --head`, or use --ray local") from None
     remote = ray.remote(ingest_one)
-    refs = [remote.remote(t, step_at, cdir, want) for t in tasks]
-    results: dict = {}
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        for r in ready:
-            results[r] = ray.get(r)
-        if progress:
-            progress(len(results), len(refs))
-    return [results[r] for r in refs]
+    return ray.get([remote.remote(t, step_at, cdir, want) for t in tasks])
