@@ -189,6 +189,8 @@ def resolve(raw: dict, runs_dir: Path) -> Row:
     if tp_overlap:
         assumed.append(f"TP comm overlap on (NeMo launcher 24.07 {NEMO_LAUNCHER[key][0]}: ub_tp_comm_overlap)")
     hf = _hf_config(raw, runs_dir)
+    if "approx" in (raw.get("config") or ""):
+        assumed.append(f"architecture from the dev set's approximate config {raw['config']}")
     heads = raw.get("heads")
     hidden = raw.get("hidden")
     head_dim = hf.get("head_dim") or (hidden // heads if hidden and heads else None)

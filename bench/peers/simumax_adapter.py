@@ -1,4 +1,4 @@
-"""SimuMax (github.com/MooreThreads/SimuMax) on a dev-set row: row -> SimuMax's model/strategy/system inputs -> step time.
+"""SimuMax (github.com/MooreThreads/SimuMax) on a dev-set row: row -> its model/strategy/system inputs -> step time.
 
 SimuMax takes three JSON-shaped inputs (its docs/model.md, docs/strategy.md, docs/system.md). ``model_config`` and
 ``strategy_config`` build the first two from a ``peer_rows.Row`` with the standard library only (unit-tested
