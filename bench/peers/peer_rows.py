@@ -184,7 +184,7 @@ def resolve(raw: dict, runs_dir: Path) -> Row:
     sp = raw.get("sp")
     if sp is None:
         sp = tp > 1
-        assumed.append(f"sequence parallel {'on' if sp else 'off'} (Megatron launcher: on exactly where TP > 1)")
+        assumed.append(f"sequence parallel {'on' if sp else 'off'} (on exactly where TP > 1, the NeMo launcher's rule)")
     tp_overlap = bool(key and NEMO_LAUNCHER[key][2] and tp > 1)
     if tp_overlap:
         assumed.append(f"TP comm overlap on (NeMo launcher 24.07 {NEMO_LAUNCHER[key][0]}: ub_tp_comm_overlap)")
