@@ -12,7 +12,8 @@ What a row of ``dev_runs.jsonl`` leaves unsaid, and what is assumed here (bench/
   launcher_scripts/conf/training/<model>.yaml: ``sequence_parallel: true`` exactly where TP > 1, optimizer
   ``distributed_fused_adam`` (ZeRO-1 distributed optimizer) with ``overlap_grad_sync``/``overlap_param_sync``,
   ``activations_checkpoint_granularity: null`` except nemotron_340b (``selective``), ``ub_tp_comm_overlap`` as in
-  ``NEMO_LAUNCHER`` below. The SFT rows borrow their model's pre-training conf (the SFT table states nothing more).
+  ``NEMO_LAUNCHER`` below. The SFT rows borrow their model's pre-training conf, and their VP from the same tag's SFT
+  launch scripts (``NEMO_SFT_VP``).
 * FSDP2 rows (``S5``, ``T``): the row's ``layout_assumptions`` (zero 3, the EP size, full recompute) fill its nulls.
 """
 from __future__ import annotations
@@ -39,6 +40,9 @@ NEMO_LAUNCHER: dict[str, tuple[str, str, bool]] = {
     "Nemotron-22B": ("nemotron/nemotron_22b", "none", True),
     "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False),
 }
+# The same tag's SFT launch scripts, examples/peft/llama/h100/{13b_1node,70b_2node}.sh, whose TP/PP/GBS/MBS are the
+# SFT rows' layouts: virtual_pipeline_model_parallel_size, which the SFT table leaves out ("VP?").
+NEMO_SFT_VP = {"LLAMA2-13B": (10, "13b_1node.sh"), "LLAMA2-70B": (20, "70b_2node.sh")}
 MEGATRON_SOURCES = ("S1", "S1f")  # Megatron-Core + Transformer Engine (NeMo 24.07)
 
 
@@ -188,6 +192,10 @@ def resolve(raw: dict, runs_dir: Path) -> Row:
     tp_overlap = bool(key and NEMO_LAUNCHER[key][2] and tp > 1)
     if tp_overlap:
         assumed.append(f"TP comm overlap on (NeMo launcher 24.07 {NEMO_LAUNCHER[key][0]}: ub_tp_comm_overlap)")
+    vp = raw.get("pp_interleave") or 1
+    if raw["source_id"] == "S1f" and raw.get("pp_interleave") is None and key in NEMO_SFT_VP:
+        vp, script = NEMO_SFT_VP[key]
+        assumed.append(f"VP {vp} (NeMo launcher 24.07 examples/peft/llama/h100/{script})")
     hf = _hf_config(raw, runs_dir)
     if "approx" in (raw.get("config") or ""):
         assumed.append(f"architecture from the dev set's approximate config {raw['config']}")
@@ -206,7 +214,7 @@ def resolve(raw: dict, runs_dir: Path) -> Row:
     return Row(
         name=raw["name"], source_id=raw["source_id"], model=raw["model"], stack=stack, gpu=gpu,
         gpus_per_node=raw.get("gpus_per_node") or 8, n_gpus=n_gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-        vp=raw.get("pp_interleave") or 1, mbs=raw["mbs"], gbs=raw["gbs"], seq=raw["seq"], dtype=dtype,
+        vp=vp, mbs=raw["mbs"], gbs=raw["gbs"], seq=raw["seq"], dtype=dtype,
         zero=zero, recompute=recompute, sp=bool(sp), tp_comm_overlap=tp_overlap, layers=raw.get("layers"),
         hidden=hidden, heads=heads, kv_heads=raw.get("kv_heads") or heads, head_dim=head_dim, ffn=raw.get("ffn"),
         vocab=vocab, gated_mlp=raw.get("gated_mlp"), num_experts=raw.get("num_experts"), top_k=raw.get("top_k"),

@@ -2,6 +2,7 @@
 
 Run (with a Python that has the peers' dependencies, see bench/peers/README.md):
     python bench/peers/run_peers.py --simumax PATH --calculon PATH [--dev-set PATH] [--json] [--save-inputs DIR]
+                                    [--save-json FILE]
 
 PATH is a checkout of github.com/MooreThreads/SimuMax (the folder holding simumax/) and of
 github.com/calculon-ai/calculon (the folder holding calculon/); nothing of theirs lives in this repository.
@@ -139,6 +140,8 @@ def main(
     json_out: Annotated[bool, typer.Option("--json", help="Print rows, summary and peers as one JSON object")] = False,
     inputs_dir: Annotated[Path | None, typer.Option("--save-inputs",
                                                        help="Also write every row's peer inputs here")] = None,
+    json_file: Annotated[Path | None, typer.Option("--save-json",
+                                                      help="Also write the --json object to this file")] = None,
 ) -> None:
     err = Console(stderr=True)
     for label, p in (("--dev-set", dev_set), ("--simumax", simumax), ("--calculon", calculon)):
@@ -152,13 +155,16 @@ def main(
     except SystemExit as exc:  # a loader's one-line message (bad dev-set line, not a checkout)
         err.print(str(exc))
         raise typer.Exit(2) from None
+    doc = json.dumps({
+        "dev_set": str(dev_set), "dev_set_sha256": hashlib.sha256(dev_set.read_bytes()).hexdigest(),
+        "date": datetime.date.today().isoformat(), "peers": peers,
+        "rows": [{**asdict(p), "signed_error": p.signed_error} for p in preds],
+        "summary": {peer: summarize([p for p in preds if p.peer == peer]) for peer in peers},
+        "row_assumptions": {r.name: r.assumed for r in load_rows(dev_set)}}, indent=1)
+    if json_file:
+        json_file.write_text(doc + "\n", encoding="utf-8")
     if json_out:
-        rows = [{**asdict(p), "signed_error": p.signed_error} for p in preds]
-        summary = {peer: summarize([p for p in preds if p.peer == peer]) for peer in peers}
-        assumed = {r.name: r.assumed for r in load_rows(dev_set)}
-        print(json.dumps({"dev_set": str(dev_set), "dev_set_sha256": hashlib.sha256(dev_set.read_bytes()).hexdigest(),
-                          "date": datetime.date.today().isoformat(), "peers": peers, "rows": rows,
-                          "summary": summary, "row_assumptions": assumed}, indent=1))
+        print(doc)
     else:
         render(preds, peers, Console(width=200))
 
