@@ -79,6 +79,9 @@ NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_c
     "Nemotron-8B": ("nemotron/nemotron_8b", "none", True), "Nemotron-22B": ("nemotron/nemotron_22b", "none", True),
     "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False),
 }
+# The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
+# (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh.
+NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
 
 
 @dataclass(frozen=True)
@@ -189,9 +192,13 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                            f"(apex: ZeRO-2, grads and optimizer states sharded) -> zero=2; sp={sp}; "
                            f"recompute={recompute}")
         if src == "S1f":
-            assumptions.append("finetuning table has no VP/CP column: vpp=1, cp=1")
+            vpp = NEMO_SFT_VP[row["model"].split(" (")[0]]
+            assumptions.append(f"finetuning table has no VP/CP column: cp=1, vpp={vpp} from the launcher's SFT "
+                               "example at tag 24.07")
             needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
                               "each packed document, not the whole sequence", {}))
+            needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true), "
+                              "fp32 master copy in the optimizer", {}))
         needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
                           "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
         needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
