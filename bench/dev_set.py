@@ -1,6 +1,6 @@
 """The dev set: every published run of ``../shared/published_runs/dev_runs.jsonl`` priced with its own layout.
 
-Run: python bench/dev_set.py [RUNS_DIR] [--json]      (RUNS_DIR defaults to ../shared/published_runs)
+Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: ../shared/published_runs by default)
 
 Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.planning.plan_job``, the library
 call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
