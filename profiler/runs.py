@@ -209,7 +209,12 @@ def load_run(path: str | os.PathLike, allow_empty: bool = False, *, step_at: str
         if ranks is not None:
             what = f"none of rank(s) {_ranges(ranks)} found; " + what
         raise MeshplanError(f"{disc.source}: no Kineto trace found ({what})")
-    return _assemble(traces, skipped, disc.source, disc.run_json, disc.sampled)
+    run = _assemble(traces, skipped, disc.source, disc.run_json, disc.sampled)
+    if ranks is not None:
+        absent = sorted(set(ranks) - set(run.ranks))
+        if absent:
+            run.warnings.append(f"{disc.source}: rank(s) {_ranges(absent)} asked for with --ranks are not in this run")
+    return run
 
 
 def ingest_run(path: str | os.PathLike, *, step_at: str | None = None, ranks: list[int] | None = None,

@@ -105,12 +105,15 @@ def test_damaged_cache_file_is_a_miss(tmp_path):
 def test_sampled_ranks(runner, tmp_path):
     from meshplan.cli.main import app
 
-    res = runner.invoke(app, ["replay", str(shared_path(*DLRM)), "--ranks", "0-1,6", "--json", "--workers", "1"])
+    res = runner.invoke(app, ["replay", str(shared_path(*DLRM)), "--ranks", "0-1,6,128-135", "--json", "--workers",
+                              "1"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)
-    assert rep["ranks"] == [0, 1, 6] and rep["sampled_ranks"] == [0, 1, 6] and rep["world_size"] == 8
+    assert rep["ranks"] == [0, 1, 6] and rep["world_size"] == 8
     assert rep["partial_collectives"] > 0
-    assert any("sampled with --ranks 0-1,6" in w and "keep their measured durations" in w for w in rep["warnings"])
+    assert any("sampled with --ranks 0-1,6,128-135" in w and "keep their measured durations" in w
+               for w in rep["warnings"])
+    assert any("128-135 asked for with --ranks are not in this run" in w for w in rep["warnings"])
 
 
 def test_ray_local_instance(tmp_path):
