@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout import Layout
+from meshplan.planner.memory import has_dropout
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,6 @@ class LayerOps:
     cp_comm: tuple[tuple[str, float], ...]
 
 
-def _dropout(model) -> bool:
-    # GPT-2 style configs (incl. the Megatron GPT presets) train with dropout 0.1; Llama/Qwen/Mistral/DeepSeek
-    # and GPT-NeoX (hidden_dropout 0) train without.
-    return model.model_type == "gpt2"
-
-
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
     """Ops of decoder layer ``layer`` for one micro-batch on one rank."""
     t, cp, b = layout.tp, layout.cp, layout.micro_batch
@@ -55,7 +50,7 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
     ops: list[OpSpec] = []
     attn_core: list[OpSpec] = []
     ew = lambda n: OpSpec("elementwise", (int(n),), dtype)  # noqa: E731
-    drop = _dropout(model)
+    drop = has_dropout(model)
 
     # --- attention block ---
     ops.append(OpSpec(norm, (Tn, h), dtype))

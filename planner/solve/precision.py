@@ -21,16 +21,20 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
-from meshplan.costmodel.collectives import collective_time_s
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout import Layout
-from meshplan.planner.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer
+from meshplan.planner.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer,
+                                     layer_shape)
 from meshplan.planner.ops_graph import layer_ops
 from meshplan.planner.plan import Stage
-from meshplan.planner.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus, make_solver,
-                                  ticks, ticks_down, ticks_up)
-from meshplan.planner.solve.partition import evaluate, solve_partition, StageRun
 from meshplan.planner.solve import problems as pbs
+from meshplan.planner.solve.columns import precision_columns, resolve_sensitivity, usable_bytes
+from meshplan.planner.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus, make_solver,
+                                           ticks, ticks_down, ticks_up)
+from meshplan.planner.solve.partition import StageRun, evaluate, solve_partition
+from meshplan.planner.solve.pricing import OpPrices, default_estimator
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,8 @@ def _only_column(opt, p: int):
 
 def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quality_budget: Optional[float] = None,
                 precisions: Optional[Sequence[str]] = None, sensitivity=None, time_limit_s: float = 30.0,
-                num_workers: Optional[int] = None, micro_batches: Sequence[int] = (1, 2, 4)) -> SolveResult:
+                num_workers: Optional[int] = None, micro_batches: Sequence[int] = (1, 2, 4),
+                estimator=None) -> SolveResult:
     """LLM-PQ serving plan: stages over devices, per-layer bit-width, prefill/decode micro-batching.
 
     Args:
@@ -288,12 +293,14 @@ def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quali
         precisions: Allowed precisions (default: 16-bit, fp8, int8, int4 where devices have them).
         sensitivity: Measured indicators ``[layer][precision]`` replacing the defaults.
         micro_batches: Candidate micro-batch counts for prefill and for decode (those dividing ``batch``).
+        estimator: What prices the operators (``planner.estimate.Estimator``; default: the shipped cost model).
 
     Returns:
         A :class:`SolveResult` whose ``tokens_per_s`` is generated tokens per second.
     """
     problem = pbs.serve_partition_problem(model, cluster, batch, prompt_len, gen_len, precisions, quality_budget,
-                                          micro_batches=micro_batches, sensitivity=sensitivity)
+                                          micro_batches=micro_batches, sensitivity=sensitivity,
+                                          estimator=estimator)
     sol = solve_partition(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     return _pipeline_result("serve", problem, sol, float(batch * gen_len), "generated tokens per batch")
 
@@ -301,13 +308,14 @@ def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quali
 def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_budget: Optional[float] = None,
                        precisions: Optional[Sequence[str]] = None, strategy: str = "auto", sensitivity=None,
                        time_limit_s: float = 30.0, num_workers: Optional[int] = None,
-                       micro_batches: Sequence[int] = (1, 2, 4)) -> SolveResult:
+                       micro_batches: Sequence[int] = (1, 2, 4), estimator=None) -> SolveResult:
     """Training on a heterogeneous cluster.
 
     ``strategy``: ``pipeline`` (heterogeneous 1F1B pipeline, one stage per node, per-layer bf16/fp8),
     ``qsync`` (synchronous data parallel, per-layer fp32/fp16/int8 on the slower groups), or ``auto``: QSync
     when a full replica with micro-batch 1 fits every device, else the pipeline. ``micro_batches``: candidate
-    micro-batch sizes of the pipeline (those dividing ``global_batch``).
+    micro-batch sizes of the pipeline (those dividing ``global_batch``). ``estimator``: what prices the operators
+    (``planner.estimate.Estimator``; default: the shipped cost model).
 
     Raises:
         MeshplanError: bad input, no plan (names the binding constraint), a precision a device lacks.
@@ -319,10 +327,12 @@ def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_
     tokens = float(global_batch * seq_len)
     if strategy == "pipeline":
         problem = pbs.train_partition_problem(model, cluster, global_batch, seq_len, precisions, quality_budget,
-                                              micro_batches=micro_batches, sensitivity=sensitivity)
+                                              micro_batches=micro_batches, sensitivity=sensitivity,
+                                              estimator=estimator)
         sol = solve_partition(problem, time_limit_s=time_limit_s, num_workers=num_workers)
         return _pipeline_result("train-pipeline", problem, sol, tokens, "tokens per step")
-    problem = qsync_problem(model, cluster, global_batch, seq_len, precisions, quality_budget, sensitivity)
+    problem = qsync_problem(model, cluster, global_batch, seq_len, precisions, quality_budget, sensitivity,
+                            estimator=estimator)
     sol = solve_qsync(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     ref = qsync_evaluate(problem, [[problem.precisions[0]] * len(problem.sensitivity)] * len(problem.slow))
     fp16 = "fp16" if "fp16" in problem.precisions else problem.precisions[0]
@@ -338,21 +348,28 @@ def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_
 
 def _replica_fits(model, cluster, seq_len: int) -> bool:
     need = model.num_params * (PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) + sum(
-        activation_bytes_per_layer(pbs._layer_shape(model, i), seq_len, 1, Layout()) for i in range(model.num_layers))
-    return all(need <= pbs.usable_bytes(g.device) for g in cluster.groups)
+        activation_bytes_per_layer(layer_shape(model, i), seq_len, 1, Layout()) for i in range(model.num_layers))
+    return all(need <= usable_bytes(g.device) for g in cluster.groups)
 
 
-@pbs._batched_pricing
 def qsync_problem(model, cluster, global_batch: int, seq_len: int, precisions=None, quality_budget=None,
-                  sensitivity=None) -> QSyncProblem:
+                  sensitivity=None, estimator=None) -> QSyncProblem:
     """QSync problem: every device holds a replica; the batch is split evenly over all devices.
 
     One "operator" per decoder layer (its GEMMs at the chosen precision, the rest at fp32); a cast of the
     layer's input activation (b x s x h elements) is paid where consecutive layers differ. The fastest group
-    (least reference time) runs fp32 and sets the target.
+    (least reference time) runs fp32 and sets the target. ``estimator``: what prices the operators (default: the
+    shipped cost model).
     """
+    prices = OpPrices(default_estimator(estimator))
+    return prices.build(lambda: _qsync_problem(prices, model, cluster, global_batch, seq_len, precisions,
+                                               quality_budget, sensitivity))
+
+
+def _qsync_problem(prices: OpPrices, model, cluster, global_batch, seq_len, precisions, quality_budget,
+                   sensitivity) -> QSyncProblem:
     devices = [g.device for g in cluster.groups]
-    cols = pbs.precision_columns(devices, "qsync", precisions)
+    cols = precision_columns(devices, "qsync", precisions)
     world = cluster.world_size
     if global_batch % world:
         raise MeshplanError(f"global batch {global_batch}: not divisible by the {world} devices of {cluster.spec}")
@@ -364,19 +381,18 @@ def qsync_problem(model, cluster, global_batch: int, seq_len: int, precisions=No
         rows = []
         for i in range(L):
             ops = layer_ops(model, i, lay, seq_len, dtype="fp32").compute
-            rows.append([pbs._price(ops, grp.device, p, "fp32", True) if grp.device.supports(p) else None
+            rows.append([prices.ops_s(ops, grp.device, p, "fp32", True) if grp.device.supports(p) else None
                          for p in cols])
         times.append(rows)
     ref_t = [sum(r[0] for r in t) for t in times]
     fast = min(range(len(cluster.groups)), key=lambda g: ref_t[g])
-    from meshplan.costmodel.ops import OpSpec
     slow = []
     for gi, grp in enumerate(cluster.groups):
         if gi == fast:
             continue
-        cast = pbs._op_time(OpSpec("cast", (b * seq_len * model.hidden_size,), "fp32"), grp.device)
+        cast = prices.time_s(OpSpec("cast", (b * seq_len * model.hidden_size,), "fp32"), grp.device)
         slow.append(QSyncGroup(grp.device.name, times[gi], [cast] * L, grp.world_size / world))
-    sens = pbs._resolve_sensitivity(sensitivity, model, cols, "fp32", operands=2)
+    sens = resolve_sensitivity(sensitivity, model, cols, "fp32", operands=2)
     grad_bytes = model.num_params * 4.0
     sync = collective_time_s("allreduce", grad_bytes, world, cluster.inter_link if cluster.num_nodes > 1
                              else cluster.groups[0].intra_link)
