@@ -22,7 +22,8 @@ from meshplan.core.atomic import write_atomic
 from meshplan.core.cache import cache_dir
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import Link
-from meshplan.costmodel.devices import DeviceSpec, device_from_dict, device_to_dict, get_device
+from meshplan.costmodel.devices import DeviceSpec, catalogue, device_from_dict, device_to_dict, get_device
+from meshplan.planner.cpu_bench import HostBench
 from meshplan.planner.gloo_in_step import STEP_GROUPS, measure_gloo_in_step, measure_time_slicing
 from meshplan.planner.host_measure import (COPY_BYTES, GEMM_N, clock_hz, fit_link, llc_bytes, measure_copy_bandwidth,
                                            measure_gemm_flops, measure_gloo_allreduce, ram_bytes)
@@ -178,8 +179,6 @@ def calibration_for(cluster_spec: str, progress: Optional[Callable[[str], None]]
 
 def known_devices() -> list[DeviceSpec]:
     """The catalogue plus this host's ``cpu-local`` device when the host was calibrated (never measures)."""
-    from meshplan.costmodel.devices import catalogue
-
     cal = cached_calibration()
     return [*catalogue().values(), *((cal.device,) if cal is not None else ())]
 
@@ -194,8 +193,6 @@ def find_device(name: str) -> DeviceSpec:
     return get_device(name, extra=(cal.device,) if cal is not None else ())
 
 
-def host_bench(cal: Calibration):
+def host_bench(cal: Calibration) -> HostBench:
     """The measured per-op prices of this host (``planner.cpu_bench.HostBench``), kept beside the calibration."""
-    from meshplan.planner.cpu_bench import HostBench
-
     return HostBench(cal.path.parent / "cpu-ops.json", host_fingerprint(), cal.device.l2_bytes)

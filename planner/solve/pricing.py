@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional, Sequence, TypeVar
 
+from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.costmodel.roofline import ROOFLINE_EFFICIENCY
+from meshplan.planner.estimate_gpu import GpuEstimator
 
 T = TypeVar("T")
 
@@ -73,7 +75,4 @@ def default_estimator(estimator=None):
     """``estimator``, or the GPU estimator with the shipped cost model (what a library caller gets by default)."""
     if estimator is not None:
         return estimator
-    from meshplan.costmodel.api import Pricer
-    from meshplan.planner.estimate_gpu import GpuEstimator
-
     return GpuEstimator(Pricer.shipped())
