@@ -222,7 +222,8 @@ class LearnedModel:
                         w = ud.get("weight", 1.0)
                         w_rows = np.where(roof[u] < ud.get("split_roofline_s", 0.0), ud.get("weight_small", w), w)
                         out[u] = blend(roof[u], log_ratio[new], partner, w_rows)
-        # Calibrations fitted on profiled runs of a device (costmodel.fit) take precedence for that device.
+        # Calibrations fitted on profiled runs of a device (costmodel.refit, `meshplan costmodel fit --out`) take
+        # precedence for that device.
         for dev_name, kinds in self.meta.get("calibration", {}).items():
             for kind, c in kinds.items():
                 sel = (devices == dev_name) & (op == kind)

@@ -2,7 +2,7 @@
 
 One place knows which GEMMs, attention and memory-bound ops a transformer layer runs under tensor, context,
 sequence and expert parallelism, and which collectives go with them. The estimator prices these lists with
-``costmodel.predict``; nothing else builds op lists for plans.
+the estimator's pricer (``costmodel.api.Pricer.predict``); nothing else builds op lists for plans.
 
 Shapes follow Megatron-LM's layer (Shoeybi et al. 2019, Fig. 3; Narayanan et al. 2021 §3.2): column-parallel
 QKV / FC1, row-parallel output / FC2, one all-reduce (or all-gather + reduce-scatter with sequence

@@ -64,7 +64,7 @@ class CheckResult:
     breakdown_rank: Optional[int] = None
     warnings: list[str] = field(default_factory=list)
     raw_error: Optional[float] = None  # vs the plan's own prediction, when judged on a contention-scaled one
-    contention: Optional[float] = None  # traced / fastest time of the run's repeated ops (planner.contention)
+    contention: Optional[float] = None  # traced / fastest time of the run's repeated ops (verify.contention)
     traced_s: Optional[float] = None  # median of the traced steps when measured_s comes from unprofiled ones
     profiler_overhead_s: float = 0.0  # traced minus unprofiled median: taken off the measured compute phase
 

@@ -17,8 +17,8 @@ Every entry point takes the ``estimator`` that prices operators (``planner.estim
 estimator with the shipped cost model), the same one the layout search uses.
 
 Modules: :mod:`partition` (pipeline partition + precision: the solve), :mod:`partition_data` (its plain numbers
-and ``evaluate``), :mod:`partition_model` (its CP-SAT model), :mod:`precision` (the entry points), :mod:`qsync` (QSync model),
-:mod:`compression` (ByteComp model) with :mod:`compression_types` and :mod:`compression_problem`,
+and ``evaluate``), :mod:`partition_model` (its CP-SAT model), :mod:`precision` (the entry points), :mod:`qsync`
+(QSync model), :mod:`compression` (ByteComp model) with :mod:`compression_types` and :mod:`compression_problem`,
 :mod:`sensitivity` (indicators), :mod:`columns` (precisions, bytes, indicators per layer), :mod:`pricing`
 (operator prices of one problem build), :mod:`problems` (``ModelSpec`` + ``ClusterSpec`` + estimator ->
 plain-number partition problems). Every solver works on a plain dataclass of numbers so it can be tested alone

@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan import Stage
-from meshplan.planner.solve.common import (DEFAULT_MEMORY_QUANTUM_BYTES, DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S,
-                                           SolverStatus)
+from meshplan.planner.solve.common import (DEFAULT_MEMORY_QUANTUM_BYTES, DEFAULT_QUALITY_QUANTUM,
+                                           DEFAULT_TIME_QUANTUM_S, SolverStatus)
 
 GiB = 2**30
 Table = Sequence[Sequence[Sequence[Optional[float]]]]  # [layer][group][precision]; None = not supported
