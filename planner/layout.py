@@ -107,6 +107,16 @@ class Degrees:
         return MeshGroup(self.dp_replicate, self.tp * self.cp * self.dp_shard)
 
     @property
+    def dp_group(self) -> MeshGroup:
+        """Data parallelism (replicate x shard), the same model shard everywhere."""
+        return MeshGroup(self.dp, self.dp_stride)
+
+    @property
+    def pp_group(self) -> MeshGroup:
+        """The pipeline's stages of one model replica."""
+        return MeshGroup(self.pp, self.pp_stride)
+
+    @property
     def pp_neighbours(self) -> MeshGroup:
         """Two adjacent pipeline stages (a point-to-point send/recv)."""
         return MeshGroup(2, self.pp_stride)
