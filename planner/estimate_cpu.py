@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 
+from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import DTYPE_BYTES, OpSpec
@@ -141,13 +142,15 @@ class CpuEstimator:
     Args:
         calibration: This host's calibration (``planner.calibrate``): in-step collective tables, time-slicing.
         terms: What this host's runs taught (``NEUTRAL_TERMS``: unfitted).
-        name: What prices the plan, recorded in it (``Prediction.costmodel``).
+        pricer: The cost model that prices single operators for the solvers (``op_time_s``) and names what
+            priced the plan (``Prediction.costmodel``); the step itself is priced from this host's measurements.
     """
 
-    def __init__(self, calibration: Calibration, terms: HostTerms = NEUTRAL_TERMS, name: str = "measured"):
+    def __init__(self, calibration: Calibration, terms: HostTerms = NEUTRAL_TERMS, pricer: Pricer | None = None):
         self.calibration = calibration
         self.terms = terms
-        self.name = name
+        self.pricer = pricer if pricer is not None else Pricer.roofline()
+        self.name = self.pricer.name
         self.bench = host_bench(calibration)
         self.tables = TablesCache()
         self._mb: dict[tuple, tuple[float, float, float]] = {}
@@ -156,15 +159,12 @@ class CpuEstimator:
     def measured(self) -> dict:
         return self.calibration.measured
 
-    # ---- operators (measured on this host, forward and backward)
+    # ---- single operators for the solvers: the cost model's price, as on any cluster
     def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
-        f, b = self.bench.op_times_s(OpSpec(op.kind, op.shape, op.dtype, op.group_size, op.causal, False))
-        return b if op.backward else f
+        return self.pricer.predict(op, device)
 
     def op_times_s(self, ops: list[OpSpec], device: DeviceSpec) -> list[float]:
-        out = [self.op_time_s(op, device) for op in ops]
-        self.bench.flush()
-        return out
+        return [float(t) for t in self.pricer.predict_batch(ops, device)]
 
     def _tiny_op_s(self) -> float:
         """Per-op framework overhead: a 1-element add, forward + backward, seconds."""

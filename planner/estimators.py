@@ -31,5 +31,5 @@ def estimator_for(cluster, pricer: Pricer | None = None, terms: HostTerms = NEUT
         if cluster.calibration is None:
             raise MeshplanError(f"cluster {cluster.spec}: CPU ranks are priced from this host's calibration; build "
                                 "the cluster with it (load_cluster(spec, calibration=calibration_for(spec)))")
-        return CpuEstimator(cluster.calibration, terms, name=pricer.name)
+        return CpuEstimator(cluster.calibration, terms, pricer)
     return GpuEstimator(pricer)
