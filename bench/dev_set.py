@@ -1,0 +1,471 @@
+"""The dev set: every published run of ``../shared/published_runs/dev_runs.jsonl`` priced with its own layout.
+
+Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: ../shared/published_runs by default)
+
+Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.planning.plan_job``, the library
+call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
+``NxGxDEVICE`` cluster, dtype, global batch and sequence length. Step time published = the source's seconds per
+step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's convention); signed error =
+(predicted - published) / published, negative = predicted too fast.
+
+``row_needs`` is the one place that says what a row needs, in issue 12's vocabulary (``pp_layout``, ``schedule``,
+``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
+meshplan's own ``--fix`` parser accepts it; until then the row is priced with the stated fallback (an
+*approximated* decision, listed per row) or, where there is none, reported as *not expressible* with the
+missing decision. Nothing is fitted here: the harness only maps rows to inputs and reports.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshplan.core.errors import MeshplanError
+
+REPO = Path(__file__).resolve().parents[1]
+# ../shared beside the repository, as tests/helpers.py finds it (MESHPLAN_SHARED overrides, e.g. in a worktree)
+DEFAULT_RUNS = Path(os.environ.get("MESHPLAN_SHARED") or REPO.parent / "shared") / "published_runs"
+GiB = 1024**3
+
+# What the torchtitan ("T") rows of dev_runs.jsonl leave out, read from their sources. Keyed by row name; every
+# entry names the table row it comes from. A = docs/performance.md @ 4d88a8a (64 A100-80GB; 405B on 128 H100
+# "HBM2e based lower TDP SXM H100(95GB)"); B = benchmarks/llama3_h100_202412_torchtitan.md @ 820504e (Grand
+# Teton: "96GB HBM2e with 2.4 TB/sec", "default 500W power limit", 400 Gb/s RDMA per GPU; torchtitan 9dec370).
+A_TABLE, B_T1, B_T3 = ("Llama 3 performance numbers", "Table 1 (8 GPUs, local batch 2, selective AC)",
+                       "Table 3 (128 GPUs, local batch 2, selective AC)")
+GRAND_TETON = "H100 96GB HBM2e, 500 W"
+TORCHTITAN_FACTS: dict[str, dict] = {
+    "row39": dict(n_gpus=64, doc="A", table=A_TABLE, quote="| 8B | 1 | selective layer | 2904 | 56.8% |",
+                  mfu=0.568, ac="layer", compile=False, memory_gib=None),
+    "row40": dict(n_gpus=64, doc="A", table=A_TABLE, quote="| 8B | 1 | selective op | 2973 | 58.2% |",
+                  mfu=0.582, ac="op", compile=False, memory_gib=None),
+    "row41": dict(n_gpus=64, doc="A", table=A_TABLE, quote="| 70B | 1 | full | 331 | 51.7% |",
+                  mfu=0.517, ac="full", compile=False, memory_gib=None),
+    "row42": dict(n_gpus=128, doc="A", table="Llama 3.1 performance numbers",
+                  quote="| 405B | 2 | full | 109 | 29.0%[^1] | None", mfu=0.290, ac="full", compile=False,
+                  memory_gib=None, device="H100 SXM 95GB HBM2e, lower TDP"),
+    "row45": dict(n_gpus=8, doc="B", table=B_T1, quote="| FSDP | 5,762 | 82.4 |", mfu=None, ac="op",
+                  compile=False, memory_gib=82.4, device=GRAND_TETON),
+    "row46": dict(n_gpus=8, doc="B", table=B_T1, quote="| FSDP + torch.compile | 6,667 | 77.0 |", mfu=None,
+                  ac="op", compile=True, memory_gib=77.0, device=GRAND_TETON),
+    "row52": dict(n_gpus=128, doc="B", table=B_T3, quote="| FSDP | 5,605 | 67.0 |", mfu=None, ac="op",
+                  compile=False, memory_gib=67.0, device=GRAND_TETON),
+    "row53": dict(n_gpus=128, doc="B", table=B_T3, quote="| FSDP + torch.compile | 6,514 | 62.0 |", mfu=None,
+                  ac="op", compile=True, memory_gib=62.0, device=GRAND_TETON),
+}
+TORCHTITAN_DOCS = {"A": "pytorch/torchtitan docs/performance.md @ 4d88a8a",
+                   "B": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md @ 820504e"}
+
+# NeMo 24.07 runs were launched from NVIDIA/NeMo-Framework-Launcher @ tag 24.07 (8325688),
+# launcher_scripts/conf/training/<model>.yaml: optimizer distributed_fused_adam with overlap_grad_sync and
+# overlap_param_sync, sequence_parallel true wherever TP > 1, no activation checkpointing except nemotron_340b
+# (activations_checkpoint_granularity: selective); userbuffer TP-comm overlap (ub_tp_comm_overlap) on where noted;
+# fp8 runs: examples/training/*/h100/*_fp8*.sh set fp8=True, fp8_hybrid=True (TE DelayedScaling, HYBRID format,
+# amax history 1024).
+NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_comm_overlap)
+    "GPT3-5B": ("gpt3/5b", "none", False), "GPT3-20B": ("gpt3/20b", "none", True),
+    "GPT3-175B": ("gpt3/175b", "none", False), "LLAMA2-7B": ("llama/llama2_7b", "none", False),
+    "LLAMA2-13B": ("llama/llama2_13b", "none", False), "LLAMA2-70B": ("llama/llama2_70b", "none", True),
+    "LLAMA3-8B": ("llama/llama3_8b", "none", False), "LLAMA3-70B": ("llama/llama3_70b", "none", True),
+    "Nemotron-8B": ("nemotron/nemotron_8b", "none", True), "Nemotron-22B": ("nemotron/nemotron_22b", "none", True),
+    "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False),
+}
+# The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
+# (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh.
+NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
+
+
+@dataclass(frozen=True)
+class Need:
+    """One decision a row needs, in issue 12's ``--fix`` vocabulary.
+
+    ``fallback`` is what meshplan is given while it cannot express the need (``--fix`` entries, plus the special
+    keys ``dtype`` and ``device``); ``None`` = no fallback, the row is not expressible. ``implied`` = today's
+    meshplan already behaves this way without the key (e.g. ``schedule=interleaved`` follows from ``vpp > 1``).
+    """
+
+    key: str
+    value: str
+    why: str
+    fallback: Optional[dict] = field(default_factory=dict)
+    implied: bool = False
+
+
+@dataclass(frozen=True)
+class RowInputs:
+    """What ``plan_job`` is called with for one row, and what it cannot yet be told."""
+
+    name: str
+    source: str
+    model: Optional[str]  # path of the HF config
+    cluster: str
+    global_batch: int
+    seq_len: int
+    dtype: str
+    fix: dict
+    n_gpus: int
+    published_step_s: float
+    approximated: tuple[Need, ...] = ()
+    missing: tuple[Need, ...] = ()  # needs with no fallback: the row is not expressible
+    assumptions: tuple[str, ...] = ()
+    out_of_scope: str = ""
+
+    @property
+    def fix_string(self) -> str:
+        return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.fix.items())
+
+
+def meshplan_accepts(key: str, value: str) -> bool:
+    """Whether ``--fix key=value`` is understood by meshplan's own parser (the one ``plan_job`` uses)."""
+    from meshplan.planner.space import parse_fix
+
+    try:
+        parse_fix(f"{key}={value}")
+    except MeshplanError:
+        return False
+    return True
+
+
+def n_gpus_of(row: dict) -> int:
+    return int(row.get("n_gpus") or TORCHTITAN_FACTS.get(row["name"], {}).get("n_gpus")
+               or row["tp"] * row["pp"] * row["dp"] * row["cp"])
+
+
+def derived_step_s(row: dict) -> float:
+    """gbs*seq/(tokens_per_s_per_gpu*n_gpus): the README's conversion of a published throughput, seconds."""
+    return row["gbs"] * row["seq"] / (row["published"]["tokens_per_s_per_gpu"] * n_gpus_of(row))
+
+
+def published_step_s(row: dict) -> float:
+    if row.get("published", {}).get("step_time_s"):
+        return float(row["published"]["step_time_s"])
+    return derived_step_s(row)
+
+
+def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
+    if row.get("config"):
+        return str((runs_dir / row["config"]).resolve())
+    # torchtitan rows name no config: Llama 3 / 3.1 shapes (the rows' own fields agree, tests/test_dev_set.py)
+    by_layers = {32: "llama-3.1-8b-instruct.json", 80: "llama-3.1-70b-instruct.json"}
+    if row.get("layers") in by_layers:
+        return str((runs_dir.parent / "model_configs" / by_layers[row["layers"]]).resolve())
+    if row.get("layers") == 126:
+        return "llama-3.1-405b"  # meshplan's preset (planner/presets/models/llama-3.1-405b.json)
+    return None
+
+
+def row_needs(row: dict, runs_dir: Path) -> RowInputs:
+    """Map one dev-set row to meshplan's inputs: the one function later issues extend.
+
+    The layout the source states is pinned as is; what it leaves unsaid comes from the stack's launch files
+    (NeMo launcher confs, AutoModel / torchtitan configs) and is listed under ``assumptions``.
+    """
+    src, name = row["source_id"], row["name"]
+    n = n_gpus_of(row)
+    step = published_step_s(row)
+    can = row.get("meshplan_can_express", "yes")
+    if isinstance(can, str) and can.startswith("no"):
+        return RowInputs(name, src, None, "", row["gbs"], row["seq"], "", {}, n, step, out_of_scope=can)
+    la = row.get("layout_assumptions") or {}
+    tp, pp, cp = row["tp"], row["pp"], row["cp"]
+    dp = n // (tp * pp * cp)
+    vpp = row.get("pp_interleave") or 1
+    ep = row.get("ep") or la.get("ep") or 1
+    gpu = row["gpu"]
+    device = "A100-80GB" if "A100" in gpu else "H100"
+    needs: list[Need] = []
+    assumptions: list[str] = []
+    dtype = "bf16"
+    if src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
+        conf, recompute, ub = NEMO_CONF[row["model"].split(" (")[0]]
+        zero, sp = 2, tp > 1
+        assumptions.append(f"launcher conf {conf}.yaml @ NeMo-Framework-Launcher 24.07: distributed_fused_adam "
+                           f"(apex: ZeRO-2, grads and optimizer states sharded) -> zero=2; sp={sp}; "
+                           f"recompute={recompute}")
+        if src == "S1f":
+            vpp = NEMO_SFT_VP[row["model"].split(" (")[0]]
+            assumptions.append(f"finetuning table has no VP/CP column: cp=1, vpp={vpp} from the launcher's SFT "
+                               "example at tag 24.07")
+            needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
+                              "each packed document, not the whole sequence", {}))
+            needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true), "
+                              "fp32 master copy in the optimizer", {}))
+        needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
+                          "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
+        needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
+        if ub:
+            needs.append(Need("tp_comm_overlap", "userbuffers", "ub_tp_comm_overlap: TP collectives overlapped "
+                              "with the GEMMs", {}))
+        if cp > 1:
+            needs.append(Need("cp_kind", "ring", "Megatron-Core/TE context parallel, cp_comm_type p2p", {}))
+    elif src == "S5":  # NeMo AutoModel: FSDP2 + TE kernels + DeepEP, bf16
+        zero, sp = 3, False
+        recompute = "full" if str(la.get("recompute", row.get("recompute") or "")).startswith("full") else "none"
+        assumptions.append(f"FSDP2 = zero=3 over the FSDP size {dp}; recompute={recompute}")
+        if "ep" in la:
+            assumptions.append(f"ep={ep} (table '-', config ep_size)")
+        needs.append(Need("stack", "torchtitan", "AutoModel: FSDP2 + TE kernels (+ DeepEP), closest to torchtitan",
+                          {}))
+        if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
+            needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
+                              "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
+        if row.get("num_experts"):
+            needs.append(Need("etp", "1", "expert tensor parallel 1 (TP 1)", {}, implied=True))
+    else:  # torchtitan: FSDP2 (+TP), bf16 (none of the dev rows carries Float8)
+        facts = TORCHTITAN_FACTS[name]
+        zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)
+        assumptions.append(f"{TORCHTITAN_DOCS[facts['doc']]}, {facts['table']}: {facts['quote']}")
+        assumptions.append(f"FSDP2 = zero=3 over dp={dp}; n_gpus {n} from the source")
+        if facts["ac"] == "op":
+            recompute = "selective"
+            needs.append(Need("recompute", "op", "torchtitan selective_ac_option='op': saves matmul outputs "
+                              "except every second mm, and SDPA", {"recompute": "selective"}))
+        elif facts["ac"] == "layer":
+            recompute = "selective"
+            needs.append(Need("recompute", f"full:{row['layers'] // 2}", "torchtitan selective layer AC "
+                              "(selective_ac_option='2'): every second layer fully checkpointed",
+                              {"recompute": "selective"}))
+        else:
+            recompute = "full"
+        needs.append(Need("stack", "torchtitan", "FSDP2" + (" + torch.compile" if facts["compile"] else
+                                                             ", eager"), {}))
+        if facts.get("device"):
+            needs.append(Need("device", facts["device"], "not in meshplan's catalogue (80 GB HBM3, 700 W)",
+                              {"device": "H100"}))
+    if vpp > 1:
+        needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
+    L = row["layers"]
+    if L % pp or (vpp > 1 and L % (pp * vpp)):
+        needs.append(Need("pp_layout", f"{L} layers over pp={pp} x vpp={vpp}",
+                          "uneven stages (Megatron first/last stage layers or an explicit layout)", None))
+    if ep > 1 and (dp * cp) % ep:
+        needs.append(Need("ep_folding", f"ep={ep} over dp={dp} x cp={cp}", "expert mesh folded independently "
+                          "of the dense mesh", None))
+    cfg = _config_path(row, runs_dir)
+    if cfg and "approx" in cfg:
+        needs.append(Need("arch", Path(cfg).stem, row.get("notes", "").split("arch approx for meshplan: ")[-1], {}))
+    dp_shard = dp if zero else 1
+    fix = dict(dp=dp, dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
+               mbs=row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
+    approximated, missing = [], []
+    for nd in needs:
+        if meshplan_accepts(nd.key, nd.value):
+            fix[nd.key] = nd.value
+        elif nd.fallback is None:
+            missing.append(nd)
+        else:
+            fb = dict(nd.fallback)
+            device = fb.pop("device", device)
+            dtype = fb.pop("dtype", dtype)
+            fix.update(fb)
+            if not nd.implied:
+                approximated.append(nd)
+    gpn = row.get("gpus_per_node") or 8
+    return RowInputs(name, src, cfg, f"{n // gpn}x{gpn}x{device}", row["gbs"], row["seq"], dtype, fix, n, step,
+                     tuple(approximated), tuple(missing), tuple(assumptions))
+
+
+@dataclass
+class RowResult:
+    name: str
+    source: str
+    published_step_s: float
+    status: str  # priced | not expressible | refused OOM | out of scope
+    detail: str = ""
+    predicted_step_s: Optional[float] = None
+    error: Optional[float] = None  # signed, (predicted - published) / published
+    breakdown: dict = field(default_factory=dict)  # compute / exposed comm / bubble / other, seconds
+    memory_gib: Optional[float] = None
+    memory_limit_gib: Optional[float] = None
+    published_memory_gib: Optional[float] = None  # peak memory the source reports (torchtitan 2024-12 tables)
+    inputs: dict = field(default_factory=dict)
+
+
+def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
+    """Price one row through ``plan_job`` with its layout pinned."""
+    from meshplan.planner.planning import plan_job
+
+    inp = row_needs(row, runs_dir)
+    res = RowResult(inp.name, inp.source, inp.published_step_s, "", inputs=_inputs_dict(inp),
+                    published_memory_gib=TORCHTITAN_FACTS.get(inp.name, {}).get("memory_gib"))
+    if inp.out_of_scope:
+        res.status, res.detail = "out of scope", inp.out_of_scope
+        return res
+    try:
+        out = plan_job(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
+                       dtype=inp.dtype, name="devset", out=out_dir / f"{inp.name}.yaml")
+    except MeshplanError as exc:
+        msg = str(exc)
+        miss = re.search(r"misses by ([\d.]+) GiB", msg)
+        if inp.missing:
+            res.status = "not expressible"
+            res.detail = "; ".join(f"{m.key} ({m.value})" for m in inp.missing) + f" — meshplan: {msg}"
+        elif miss:
+            res.status, res.detail = "refused OOM", f"misses by {float(miss.group(1)):.1f} GiB"
+            _diagnose(res, inp)
+        else:
+            res.status, res.detail = "not expressible", f"meshplan: {msg}"
+        return res
+    if inp.missing:  # meshplan priced a layout the row does not have
+        res.status = "not expressible"
+        res.detail = "; ".join(f"{m.key} ({m.value})" for m in inp.missing)
+        return res
+    r = out.rows[0]
+    res.status = "priced"
+    res.predicted_step_s = r["step_time_s"]
+    res.error = r["step_time_s"] / inp.published_step_s - 1.0
+    res.breakdown = {"compute_s": r["compute_s"], "exposed_comm_s": r["exposed_comm_s"], "bubble_s": r["bubble_s"],
+                     "other_s": out.plan.prediction.breakdown.other_s,
+                     "memory_bytes": dict(out.plan.prediction.memory_bytes or {})}
+    res.memory_gib = r["peak_memory_bytes"] / GiB
+    return res
+
+
+def _diagnose(res: RowResult, inp: RowInputs) -> None:
+    """For a refused row: the same layout priced by meshplan's estimator anyway (what it would predict)."""
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.estimate import Workload, estimate
+    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.space import enumerate_layouts, parse_fix
+
+    work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype)
+    (lay,) = enumerate_layouts(work.model, work.cluster.world_size, work.cluster.devices_per_node,
+                               inp.global_batch, inp.seq_len, parse_fix(inp.fix_string))
+    est = estimate(work, lay)
+    res.breakdown = {"step_time_s_if_it_fit": est.step_time_s, "compute_s": est.compute_s,
+                     "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s, "other_s": est.other_s,
+                     "memory_bytes": est.memory.as_dict()}
+    res.memory_gib, res.memory_limit_gib = est.memory.total_bytes / GiB, est.memory_limit_bytes / GiB
+
+
+def _inputs_dict(inp: RowInputs) -> dict:
+    d = asdict(inp)
+    d["fix"] = inp.fix_string
+    d["approximated"] = [f"{n.key}={n.value}: {n.why}" for n in inp.approximated]
+    d["missing"] = [f"{n.key}={n.value}: {n.why}" for n in inp.missing]
+    return d
+
+
+def load_rows(runs_dir: Path) -> list[dict]:
+    path = runs_dir / "dev_runs.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise MeshplanError(f"{path}: cannot read ({exc.strerror})") from None
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise MeshplanError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    return rows
+
+
+def summarize(results: list[RowResult]) -> list[dict]:
+    """Per source (and all): counts by status, mean |error|, worst, median signed over the priced rows."""
+    out = []
+    sources = sorted({r.source for r in results if r.status != "out of scope"}) + ["all"]
+    for s in sources:
+        rs = [r for r in results if r.status != "out of scope" and s in ("all", r.source)]
+        errs = [r.error for r in rs if r.status == "priced"]
+        out.append({
+            "source": s, "rows": len(rs), "priced": len(errs),
+            "not_expressible": sum(r.status == "not expressible" for r in rs),
+            "refused_oom": sum(r.status == "refused OOM" for r in rs),
+            "mean_abs_error": statistics.fmean(abs(e) for e in errs) if errs else None,
+            "worst_error": max(errs, key=abs) if errs else None,
+            "median_signed_error": statistics.median(errs) if errs else None,
+        })
+    return out
+
+
+def run(runs_dir: Path) -> tuple[list[RowResult], list[dict]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [price_row(row, runs_dir, Path(tmp)) for row in load_rows(runs_dir)]
+    return results, summarize(results)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "" if x is None else f"{100 * x:+.1f}%"
+
+
+ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated")
+SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
+                   "median signed")
+
+
+def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
+    """The two tables (rows, per source) as strings, shared by the rich and the Markdown rendering."""
+    rows = []
+    for r in results:
+        if r.status == "out of scope":
+            continue
+        status = r.status if r.status == "priced" else f"{r.status}: {r.detail}"
+        approx = ", ".join(a.split(": ")[0] for a in r.inputs.get("approximated", []))
+        rows.append([r.name, r.source, f"{r.published_step_s:.3f}",
+                     "" if r.predicted_step_s is None else f"{r.predicted_step_s:.3f}", _pct(r.error), status, approx])
+    per_source = [[x["source"], str(x["rows"]), str(x["priced"]), str(x["not_expressible"]), str(x["refused_oom"]),
+                   "" if x["mean_abs_error"] is None else f"{100 * x['mean_abs_error']:.1f}%",
+                   _pct(x["worst_error"]), _pct(x["median_signed_error"])] for x in summary]
+    return rows, per_source
+
+
+def render(results: list[RowResult], summary: list[dict], console: Console) -> None:
+    rows, per_source = table_cells(results, summary)
+    for title, cols, body in (("dev set: published step time vs meshplan, each run's own layout", ROW_COLUMNS, rows),
+                              ("per source (priced rows)", SUMMARY_COLUMNS, per_source)):
+        t = Table(title=title)
+        for col in cols:
+            t.add_column(col, overflow="fold", justify="left" if col in ("row", "src", "source", "status",
+                                                                          "approximated") else "right")
+        for cells in body:
+            t.add_row(*cells)
+        console.print(t)
+    skipped = [r.name for r in results if r.status == "out of scope"]
+    if skipped:
+        console.print(f"out of scope (hybrid Mamba): {', '.join(skipped)}", highlight=False)
+
+
+def markdown(results: list[RowResult], summary: list[dict]) -> str:
+    rows, per_source = table_cells(results, summary)
+    out = []
+    for cols, body in ((ROW_COLUMNS, rows), (SUMMARY_COLUMNS, per_source)):
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |")
+        out.append("|" + "---|" * len(cols))
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(
+    runs_dir: Annotated[Path, typer.Argument(help="Folder with dev_runs.jsonl and configs/")] = DEFAULT_RUNS,
+    json_out: Annotated[bool, typer.Option("--json", help="Print rows and summary as JSON")] = False,
+    md: Annotated[bool, typer.Option("--markdown", help="Print the two tables as Markdown")] = False,
+) -> None:
+    """Price every in-scope dev-set row with its own layout and compare with the published step time."""
+    try:
+        results, summary = run(runs_dir)
+    except MeshplanError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    if json_out:
+        print(json.dumps({"rows": [asdict(r) for r in results], "summary": summary}, indent=2, default=str))
+        return
+    if md:
+        print(markdown(results, summary))
+        return
+    render(results, summary, Console())
+
+
+if __name__ == "__main__":
+    typer.run(main)
