@@ -61,12 +61,12 @@ def bench_predict(n: int = 100_000) -> dict:
     t0 = time.perf_counter()
     _, src = m.predict_ops(ops, dev)
     per = (time.perf_counter() - t0) / n
-    from meshplan.costmodel import api
+    from meshplan.costmodel.api import Pricer
 
-    api.load_model(SHIPPED)
+    pricer = Pricer.from_dir(SHIPPED)
     t0 = time.perf_counter()
     for o in ops[:2000]:
-        api.predict(o, dev)
+        pricer.predict(o, dev)
     single = (time.perf_counter() - t0) / 2000
     return {"load_s": round(load_s, 3), "batch_us_per_prediction": round(per * 1e6, 2), "batch_size": n,
             "single_call_us_uncached": round(single * 1e6, 1),

@@ -333,14 +333,15 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
 def _diagnose(res: RowResult, inp: RowInputs) -> None:
     """For a refused row: the same layout priced by meshplan's estimator anyway (what it would predict)."""
     from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload, estimate
+    from meshplan.planner.estimate import Workload
+    from meshplan.planner.estimators import estimator_for
     from meshplan.planner.model_spec import load_model
     from meshplan.planner.space import enumerate_layouts, parse_fix
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype)
     (lay,) = enumerate_layouts(work.model, work.cluster.world_size, work.cluster.devices_per_node,
                                inp.global_batch, inp.seq_len, parse_fix(inp.fix_string))
-    est = estimate(work, lay)
+    est = estimator_for(work.cluster).estimate(work, lay)
     res.breakdown = {"step_time_s_if_it_fit": est.step_time_s, "compute_s": est.compute_s,
                      "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s, "other_s": est.other_s,
                      "memory_bytes": est.memory.as_dict()}

@@ -1,1 +1,2 @@
-"""meshplan command line (typer + rich). Parsing and rendering only; logic lives in the library packages."""
+"""The cli room: the ``meshplan`` commands (typer + rich); each parses, calls one library function, renders.
+It may import every room; nothing imports it."""

@@ -24,30 +24,28 @@ def check(
                                              "measured from the run's own operator timings (shared runners).")] = False,
     learn: Annotated[bool, typer.Option("--learn", help="Fit this host's learned terms (compute scale, "
                                         "wait per collective) from RUN; later local:N plans use them.")] = False,
+    host_terms: Annotated[Optional[Path], typer.Option("--host-terms", help="With --learn: the host's terms file to "
+                                                       "update (default: local-fit.json in the host cache).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""
     from meshplan.core.atomic import write_atomic
-    from meshplan.planner.check import check as run_check, junit_xml, markdown, parse_tolerance, verdict_line
+    from meshplan.planner.calibrate import load_calibration
+    from meshplan.planner.host import default_terms_path
+    from meshplan.verify.gate import check_run
+    from meshplan.verify.learn import learned_line
+    from meshplan.verify.report import junit_xml, markdown, verdict_line
 
-    tol = parse_tolerance(tolerance)
-    factor = None
-    if contention:
-        from meshplan.planner.contention import run_contention
-
-        factor = run_contention(run)[0]
-        if factor is None:
-            err_console.print("[yellow]warning:[/yellow] --contention: the run's traces hold too few repeated "
-                              "operators; prediction not scaled", highlight=False, soft_wrap=True)
     with Progress(SpinnerColumn(), TextColumn("checking {task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=json_out or not err_console.is_terminal) as bar:
         bar.add_task(str(run), total=None)
-        res = run_check(plan, run, tol, breakdown=not no_breakdown, contention=factor)
-    if learn:
-        from meshplan.planner.local_fit import fit_file, fit_run, learned_line
-
-        fitted = fit_run(plan, run)
-        err_console.print(f"learned from {run}: {learned_line(fitted)}; written to {fit_file()}",
+        gate = check_run(plan, run, tolerance, breakdown=not no_breakdown, contention=contention, learn=learn,
+                         terms_path=host_terms or default_terms_path(), calibration_of=load_calibration)
+    res = gate.result
+    for notice in gate.notices:
+        err_console.print(f"[yellow]warning:[/yellow] {notice}", highlight=False, soft_wrap=True)
+    if gate.learned is not None:
+        err_console.print(f"learned from {run}: {learned_line(gate.learned)}; written to {gate.learned_path}",
                           highlight=False, soft_wrap=True)
     if junit is not None:
         write_atomic(junit, junit_xml(res))

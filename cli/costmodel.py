@@ -39,20 +39,14 @@ def collect_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Micro-benchmark this machine's device over LLM-layer / TP-shard shapes plus random shapes."""
-    from meshplan.costmodel.collect import collect
-    from meshplan.costmodel.datasets.local import load
+    from meshplan.costmodel.collect import collect_summary
 
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device {device}: expected cpu or cuda")
     with _progress() as prog:
         task = prog.add_task("measuring", total=None)
-        collect(out, quick=quick, device=device, threads=threads, repeats=repeats,
-                progress=lambda d, t: prog.update(task, completed=d, total=t))
-    table, _ = load(out)
-    import numpy as np
-
-    summary = {"out": str(out), "rows": len(table), "device": str(table.device[0]) if len(table) else None,
-               "median_noise_pct": round(float(100 * np.nanmedian(table.noise)), 2)}
+        summary = collect_summary(out, quick=quick, device=device, threads=threads, repeats=repeats,
+                                  progress=lambda d, t: prog.update(task, completed=d, total=t))
     if json_out:
         print_json(summary)
         return
@@ -106,14 +100,12 @@ def eval_cmd(
 ) -> None:
     """Held-out accuracy per device and op class: the split's training rows only are used to fit."""
     from meshplan.costmodel.eval import evaluate
-    from meshplan.costmodel.learned import LearnedModel
 
-    if model is not None:
-        LearnedModel.load(model)  # a corrupt or foreign model folder is reported, not evaluated
     paths = list(data or []) or [Path("../shared/kernels")]
     with _progress() as prog:
         task = prog.add_task(f"split {split}", total=None)
-        rows = evaluate(split, paths, progress=lambda: prog.advance(task), quick=quick, blend_unseen=not no_blend)
+        rows = evaluate(split, paths, progress=lambda: prog.advance(task), quick=quick, blend_unseen=not no_blend,
+                        model=model)
     if json_out:
         print_json(rows)
         return
@@ -125,16 +117,6 @@ def eval_cmd(
     for r in rows:
         t.add_row(*(str(r.get(c, "")) for c in cols))
     console.print(t)
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(x) for x in text.lower().replace("*", "x").split("x"))
-    except ValueError:
-        raise MeshplanError(f"--shape {text}: expected integers separated by 'x' (e.g. 8192x8192x8192)") from None
-    if not dims or min(dims) <= 0:
-        raise MeshplanError(f"--shape {text}: sizes must be positive")
-    return dims
 
 
 @costmodel_app.command("predict")
@@ -151,53 +133,22 @@ def predict_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,
 ) -> None:
     """Predicted latency of one op on one device (learned, or roofline when outside the trained range)."""
-    from meshplan.costmodel import api
-    from meshplan.costmodel.datasets.devices import resolve
-    from meshplan.costmodel.learned import LearnedModel
-    from meshplan.costmodel.ops import COLLECTIVE_KINDS, OP_KINDS, OpSpec
+    from meshplan.costmodel.query import predict_query
 
-    if op not in OP_KINDS:
-        raise MeshplanError(f"--op {op}: unknown op class (known: {', '.join(OP_KINDS)})")
-    dims = _shape(shape)
-    expected = {"matmul": 3, "bmm": 4, "attention": 5, "layernorm": 2, "rmsnorm": 2, "softmax": 2, "embedding": 2}
-    need = expected.get(op, 1)
-    if len(dims) != need:
-        raise MeshplanError(f"--shape {shape}: {op} takes {need} sizes, got {len(dims)}")
-    # Loaded first: it registers the devices it measured. Not made the active model (nothing else is priced here).
-    m = LearnedModel.load(model) if model else api.active_model()
-    dev = resolve(device)
-    spec = OpSpec(op, dims, dtype, group_size=group_size if op in COLLECTIVE_KINDS else 1, backward=backward)
-    if op in COLLECTIVE_KINDS:
-        cm = m.collective_model() if m else None
-        if cm is None:
-            raise MeshplanError("the model has no fitted collective model; train one with Vidur network data")
-        lk = cm.link(link or ("h100_dgx/intra" if "H100" in dev.name else "a100_dgx/intra"))
-        from meshplan.costmodel.collective_model import predict_collective
-
-        sec, src = predict_collective(op, float(dims[0]), group_size, lk,
-                                      nodes=2 if lk.name.endswith("inter") else 1, model=cm), f"learned ({lk.name})"
-    elif m is None:
-        sec, src = api.roofline_predict(spec, dev), "roofline (no learned model)"
-    else:
-        s, srcs = m.predict_ops([spec], dev)
-        sec, src = float(s[0]), str(srcs[0])
-    from meshplan.costmodel.learned import ideal_roofline_s
-
-    roof = ideal_roofline_s(spec, dev) if op not in COLLECTIVE_KINDS else None
-    out = {"op": op, "shape": list(dims), "dtype": dtype, "device": dev.name, "latency_s": sec, "source": src,
-           "flops": spec.flops, "bytes": spec.bytes, "ideal_roofline_s": roof}
+    out = predict_query(op, shape, device, dtype, model, group_size, link, backward)
+    sec, roof = out["latency_s"], out["ideal_roofline_s"]
     if json_out:
         print_json(out)
         return
-    t = Table(title=f"{op} {shape} {dtype} on {dev.name}", box=box.SIMPLE_HEAD)
+    t = Table(title=f"{op} {shape} {dtype} on {out['device']}", box=box.SIMPLE_HEAD)
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_row("latency", f"{sec * 1e6:,.2f} us")
-    t.add_row("source", src)
+    t.add_row("source", out["source"])
     if roof is not None:
         t.add_row("ideal roofline bound", f"{roof * 1e6:,.2f} us")
-        if spec.flops:
-            t.add_row("achieved", f"{spec.flops / sec / 1e12:,.1f} TFLOP/s")
+        if out["flops"]:
+            t.add_row("achieved", f"{out['flops'] / sec / 1e12:,.1f} TFLOP/s")
     console.print(t)
 
 
@@ -211,35 +162,29 @@ def fit_cmd(
     device_dir: Annotated[Optional[Path], typer.Option("--device-json", help="collect folder with device.json.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="Device the runs ran on (default: the GPU "
                                                   "their traces name, else this host's CPU).")] = None,
+    host_terms: Annotated[Optional[Path], typer.Option("--host-terms", help="The host's terms file to update "
+                                                       "(default: local-fit.json in the host cache).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Calibrate on profiled runs: this host's step-time figures from runs of local:N plans, and with --out an op
     model fitted on the runs' op records (name, input shapes, durations)."""
-    from meshplan.costmodel.fit import fit_runs
-    from meshplan.planner.local_fit import fit_runs_local
+    from meshplan.planner.calibrate import load_calibration
+    from meshplan.planner.host import default_terms_path
+    from meshplan.verify.fit import fit_from_runs
+    from meshplan.verify.learn import learned_line
 
+    terms_path = host_terms or default_terms_path()
     with _progress() as prog:
         prog.add_task("fitting", total=None)
-        local = fit_runs_local(runs)
-        if out is None and not local["runs"]:
-            raise MeshplanError(f"{runs[0]}: not a run of a local:N plan (made by `meshplan profile --from-plan`), "
-                                "so there is no host figure to fit; pass --out DIR to write an op model calibrated "
-                                "on its op records")
-        if device is not None:
-            from meshplan.costmodel.devices import get_device
-
-            device = get_device(device).name  # unknown: one line naming the known devices
-        summary = fit_runs(runs, model, out, device_dir=device_dir, device=device) if out is not None else None
+        fitted = fit_from_runs(runs, terms_path, load_calibration, out=out, model=model, device_dir=device_dir,
+                               device=device)
     if json_out:
-        print_json({"local": local, "ops": summary})
+        print_json(fitted)
         return
+    local, summary = fitted["local"], fitted["ops"]
     if local["runs"]:
-        from meshplan.planner.local_fit import learned_line
-
-        taught = sorted({k for r in local["runs"] for k in r["taught"]})
-        console.print(f"this host (local:N plans, from {len(local['runs'])} run(s)): "
-                      f"{learned_line({**local, 'taught': taught})}; later `meshplan plan --cluster local:N` use "
-                      "them", highlight=False)
+        console.print(f"this host (local:N plans, from {len(local['runs'])} run(s)): {learned_line(local)}; "
+                      f"written to {terms_path}; later `meshplan plan --cluster local:N` use them", highlight=False)
     if summary is not None:
         t = Table(title=f"calibrated on {summary['rows']} op records of {summary['device']} -> {out}",
                   box=box.SIMPLE_HEAD)

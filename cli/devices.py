@@ -9,8 +9,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan.cli.common import console, handle_errors, print_json
-from meshplan.costmodel.devices import DTYPES, catalogue, device_to_dict, get_device
-from meshplan.planner.calibrate import cached_calibration, load_calibration
+from meshplan.costmodel.devices import DTYPES, device_to_dict
+from meshplan.planner.calibrate import calibration_for, find_device, known_devices, load_calibration
 from meshplan.planner.cluster import load_cluster, preset_names
 
 devices_app = typer.Typer(help="Device catalogue, cluster specs and local calibration.", invoke_without_command=True,
@@ -35,8 +35,7 @@ def devices(
     """List the device catalogue (dense peak TFLOP/s per dtype, memory, bandwidth)."""
     if ctx.invoked_subcommand is not None:
         return
-    cached_calibration()  # registers cpu-local when this host was calibrated; never measures here
-    devs = list(catalogue().values())
+    devs = known_devices()  # with cpu-local when this host was calibrated; never measures here
     if json_out:
         print_json([device_to_dict(d) for d in devs])
         return
@@ -62,8 +61,7 @@ def show(
     json_out: Annotated[bool, typer.Option("--json", help="Print the device as JSON.")] = False,
 ) -> None:
     """Show one device: every figure with its source."""
-    cached_calibration()
-    dev = get_device(name)
+    dev = find_device(name)
     data = device_to_dict(dev)
     if json_out:
         print_json(data)
@@ -92,7 +90,7 @@ def cluster(
     json_out: Annotated[bool, typer.Option("--json", help="Print the cluster as JSON.")] = False,
 ) -> None:
     """Show how a cluster spec is read: groups, devices and the links the cost model will use."""
-    data = load_cluster(spec).to_dict()
+    data = load_cluster(spec, calibration=calibration_for(spec)).to_dict()  # local:N: this host's calibration
     if json_out:
         print_json(data)
         return

@@ -33,12 +33,14 @@ def plan(
     costmodel: Annotated[Optional[Path], typer.Option("--costmodel", help="Cost model folder to price ops with "
                                                       "(from `meshplan costmodel train` or `fit --out`; default: the "
                                                       "shipped one)")] = None,
+    host_terms: Annotated[Optional[Path], typer.Option("--host-terms", help="local:N: the learned host terms file "
+                                                       "(default: local-fit.json in the host cache)")] = None,
+    no_host_terms: Annotated[bool, typer.Option("--no-host-terms", help="local:N: price unfitted (ignore what this "
+                                                "host learned from its runs)")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of plans, best first")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
-    from contextlib import nullcontext
-
-    from meshplan.costmodel.api import using_model
+    from meshplan.planner.host import load_host
     from meshplan.planner.planning import plan_job
 
     if top < 1:
@@ -48,13 +50,15 @@ def plan(
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,
                   transient=True, disable=not show) as bar:
         task = bar.add_task("searching layouts", total=None)
-        # --costmodel: a missing or corrupt folder is one line, exit 2 (checksums verified); the model is active
-        # for this plan only (library callers and tests in the same process keep theirs)
-        with using_model(costmodel) if costmodel is not None else nullcontext():
-            outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
-                               out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
-                               quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
-                               error_budget=error_budget, sensitivity=sensitivity)
+        # local:N: this host's calibration (measured once, then cached) and learned terms; nothing otherwise
+        host = load_host(cluster, host_terms, use_terms=not no_host_terms,
+                         progress=lambda step: bar.update(task, description=f"calibrating this host: {step}"))
+        bar.update(task, description="searching layouts")
+        # --costmodel: a missing or corrupt folder is one line, exit 2 (checksums verified)
+        outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
+                           out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
+                           quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
+                           error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host)
     if json_out:
         print_json(outcome.rows)
         return

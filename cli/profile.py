@@ -99,13 +99,10 @@ def profile(
 
 def _sensitivity(out: Path, json_out: bool) -> None:
     """Measured indicators for ``meshplan plan --sensitivity OUT/sensitivity.json``."""
-    from meshplan.planner.solve.sensitivity import measure_layer_sensitivity, write_sensitivity
+    from meshplan.planner.solve.sensitivity import PROFILE_PRECISIONS as precisions, measure_sensitivity_file
 
-    precisions = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
     with err_console.status("measuring quantization sensitivity on a small real model"):
-        rows = measure_layer_sensitivity(precisions)
-    path = out / "sensitivity.json"
-    write_sensitivity(path, precisions, rows, source="meshplan profile --sensitivity (tiny GPT, real gradients)")
+        path, rows = measure_sensitivity_file(out, precisions)
     if json_out:
         print_json({"path": str(path), "precisions": list(precisions), "layers": rows})
         return

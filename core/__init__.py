@@ -1,5 +1,2 @@
-"""The core room: what every other room may use and which imports nothing of meshplan.
-
-Errors (:class:`MeshplanError`), atomic writes, the version, units users write (bandwidths, sizes) and the host
-cache folder.
-"""
+"""The core room: what every room may use — errors, atomic writes, the version, units users write, the host cache.
+It imports nothing of meshplan."""

@@ -266,3 +266,14 @@ def collect(out_dir: str | Path, quick: bool = False, device: str = "cpu", threa
     write_atomic(out / "device.json", json.dumps(dev, indent=1))
     write_atomic(out / "local.csv", "\n".join(lines) + "\n")
     return out
+
+
+def collect_summary(out_dir: str | Path, **kw) -> dict:
+    """``collect(out_dir, **kw)`` (``meshplan costmodel collect``), then what it wrote: ``{"out", "rows", "device",
+    "median_noise_pct"}`` (the median relative spread of the repeats, %)."""
+    from meshplan.costmodel.datasets.local import load
+
+    collect(out_dir, **kw)
+    table, _ = load(Path(out_dir))
+    return {"out": str(out_dir), "rows": len(table), "device": str(table.device[0]) if len(table) else None,
+            "median_noise_pct": round(float(100 * np.nanmedian(table.noise)), 2)}

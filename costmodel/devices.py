@@ -1,12 +1,17 @@
 """Device catalogue: ``DeviceSpec`` values loaded from ``costmodel/data/devices.yaml`` (data, with sources).
 
 Units: FLOP/s (dense, no sparsity), bytes, bytes/s, Hz. Each figure's source is kept in the YAML ``sources`` map.
+The catalogue is read-only: a device measured at run time (this host's CPU from ``planner.calibrate``, a CPU a
+model was trained on) is passed where it is needed (``get_device(name, extra=...)``), never added to it.
+Dataset spellings (``Tesla T4``, ``NV_V100``) and the older GPUs of the public datasets
+(``costmodel/data/dataset_devices.yaml``) resolve through :func:`resolve`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from typing import Iterable
 
 import yaml
 
@@ -146,7 +151,7 @@ def device_to_dict(dev: DeviceSpec) -> dict:
 
 @lru_cache(maxsize=1)
 def catalogue() -> dict[str, DeviceSpec]:
-    """All devices keyed by canonical name (the packaged catalogue plus devices registered at run time).
+    """All devices of the packaged catalogue, keyed by canonical name.
 
     Raises:
         MeshplanError: the packaged file is malformed or two devices share a name or alias.
@@ -169,24 +174,101 @@ def _norm(s: str) -> str:
     return s.lower().replace("_", "-").replace(" ", "-")
 
 
-def get_device(name: str) -> DeviceSpec:
+def get_device(name: str, extra: Iterable[DeviceSpec] = ()) -> DeviceSpec:
     """Look a device up by canonical name or alias (case-insensitive; ``_``, ``-`` and spaces are equivalent).
+
+    Args:
+        name: What the user wrote.
+        extra: Devices measured at run time that may be meant too (this host's ``cpu-local`` calibration).
 
     Raises:
         MeshplanError: unknown device; the message suggests the closest name and lists the known ones.
     """
     key = _norm(name)
-    for dev in catalogue().values():
+    extra = tuple(extra)
+    for dev in (*catalogue().values(), *extra):
         if key == _norm(dev.name) or key in (_norm(a) for a in dev.aliases):
             return dev
     import difflib
 
-    names = list(catalogue())
+    names = [*catalogue(), *(d.name for d in extra)]
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]}? " if close else ""
     raise MeshplanError(f"unknown device '{name}' ({hint}known: {', '.join(names)})")
 
 
-def register_device(dev: DeviceSpec) -> None:
-    """Add a device measured at run time (e.g. this host's CPU for ``local:N``) to the catalogue."""
-    catalogue()[dev.name] = dev
+# Dataset spelling -> canonical name (catalogue name or a dataset_devices.yaml name).
+DATASET_NAMES: dict[str, str] = {
+    # NeuSight (torch.cuda.get_device_name)
+    "Tesla P4": "P4",
+    "Tesla P100-PCIE-16GB": "P100-PCIE-16GB",
+    "Tesla T4": "T4",
+    "Tesla V100-PCIE-32GB": "V100-PCIE-32GB",
+    "NVIDIA A100-PCIE-40GB": "A100-PCIE-40GB",
+    "NVIDIA A100 80GB PCIe": "A100-80GB-PCIe",
+    "NVIDIA L4": "L4",
+    "NVIDIA H100 80GB HBM3": "H100-SXM",
+    # Vidur folder names (compute on one GPU of an A100 DGX / H100 DGX; the SKU is not recorded per file,
+    # PROVENANCE.md: treated as the SXM parts of those DGX systems)
+    "a100": "A100-80GB",
+    "h100": "H100-SXM",
+    "a40": "A40",
+    # DeepBench sheet names (the V100 sheets were measured on DGX-1 class SXM2 V100s)
+    "NV_V100": "V100-SXM2",
+    "NV_P100": "P100-PCIE-16GB",
+    "NV_T4": "T4",
+    "NV_M40": "M40",
+    "NV_1080Ti": "GTX-1080Ti",
+    "NV_TitanX": "TitanX-Maxwell",
+    "NV_TitanX_Pascal": "TitanX-Pascal",
+    "NV_TitanXp": "TitanXp",
+}
+
+
+@lru_cache(maxsize=1)
+def dataset_supplement() -> dict[str, DeviceSpec]:
+    """Older GPUs of the public datasets (``data/dataset_devices.yaml``, datasheet figures), by lower-case name."""
+    text = resources.files("meshplan.costmodel").joinpath("data/dataset_devices.yaml").read_text(encoding="utf-8")
+    out = {}
+    for d in yaml.safe_load(text)["devices"]:
+        out[d["name"].lower()] = DeviceSpec(
+            name=d["name"], vendor=d["vendor"], peak_flops={k: float(v) for k, v in d["peak_flops"].items()},
+            memory_bytes=int(float(d["memory_bytes"])), mem_bw_bytes_per_s=float(d["mem_bw_bytes_per_s"]),
+            sm_count=int(d["sm_count"]), l2_bytes=int(float(d["l2_bytes"])), clock_hz=float(d["clock_hz"]),
+            sources={"all": d.get("source", "")},
+        )
+    return out
+
+
+@lru_cache(maxsize=None)
+def canonical(name: str) -> str:
+    """Canonical spelling of a dataset device name: the catalogue's name when it knows the device, else the
+    supplement's name (unchanged when there is no mapping)."""
+    mapped = DATASET_NAMES.get(name, name)
+    for cand in (mapped, name):
+        try:
+            return get_device(cand).name
+        except MeshplanError:
+            pass
+    return mapped
+
+
+def resolve(name: str, extra: Iterable[DeviceSpec] = ()) -> DeviceSpec:
+    """DeviceSpec for a catalogue name/alias, a dataset spelling, one of ``extra`` (measured devices, matched by
+    name) or a dataset supplement device.
+
+    Raises:
+        MeshplanError: the name is in none of them.
+    """
+    measured = {d.name.lower(): d for d in extra}
+    for n in (name, canonical(name)):
+        if n.lower() in measured:
+            return measured[n.lower()]
+    name = canonical(name)
+    try:
+        return get_device(name)
+    except MeshplanError as exc:
+        found = dataset_supplement().get(name.lower())
+        if found is not None:
+            return found
+        raise exc

@@ -24,8 +24,8 @@ import numpy as np
 from meshplan.costmodel.datasets import load
 from meshplan.costmodel.datasets.devices import canonical, resolve_many
 from meshplan.costmodel.datasets.table import KernelTable
-from meshplan.costmodel.learned import LearnedModel, SOURCE_LEARNED
-from meshplan.costmodel.train import FORMAT, ape, prepare, train_models
+from meshplan.costmodel.learned import FORMAT, SOURCE_LEARNED, LearnedModel
+from meshplan.costmodel.train import ape, prepare, train_models
 from meshplan.core.errors import MeshplanError
 
 SPLITS = ("neusight", "vidur-h100", "vidur-network", "leave-one-device-out", "local", "unseen-device:NAME")
@@ -74,7 +74,8 @@ def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows
 
 
 def _network(table: KernelTable) -> list[dict]:
-    from meshplan.costmodel import collective_model as C
+    from meshplan.costmodel import collective_fit as F
+    from meshplan.costmodel.collective_model import CollectiveModel
 
     coll = table.select(np.isin(table.op, ("allreduce", "sendrecv")) & np.char.endswith(table.device.astype(str), "_dgx"))
     if len(coll) == 0:
@@ -82,8 +83,8 @@ def _network(table: KernelTable) -> list[dict]:
     rows = []
 
     def report(model_dict, test, tag):
-        M = C.CollectiveModel(model_dict)
-        ok, bw, al = C._row_links(test, model_dict["links"])
+        M = CollectiveModel(model_dict)
+        ok, bw, al = F.row_links(test, model_dict["links"])
         test = test.select(ok)
         pred = M.predict_rows(test.op, test.m, test.group_size, test.nodes, bw[ok], al[ok])
         for dev, op in sorted(set(zip(test.device, test.op))):
@@ -93,9 +94,9 @@ def _network(table: KernelTable) -> list[dict]:
     sizes = np.unique(coll.m)
     held = np.random.default_rng(0).choice(sizes, len(sizes) // 5, replace=False)
     te = np.isin(coll.m, held)
-    report(C.fit(coll.select(~te)), coll.select(te), "held-out sizes")
+    report(F.fit(coll.select(~te)), coll.select(te), "held-out sizes")
     train = coll.select((coll.nodes == 1) | (coll.op == "sendrecv"))
-    report(C.fit(train), coll.select((coll.nodes > 1) & (coll.op == "allreduce")), "1-node -> 2-node")
+    report(F.fit(train), coll.select((coll.nodes > 1) & (coll.op == "allreduce")), "1-node -> 2-node")
     return rows
 
 
@@ -115,7 +116,7 @@ def _local(table: KernelTable, progress=None, blend_unseen: bool = True) -> list
 
 
 def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = False,
-             blend_unseen: bool = True) -> list[dict]:
+             blend_unseen: bool = True, model: str | Path | None = None) -> list[dict]:
     """Run one split; returns rows ``{"device","op","n","mape","median_ape","p90_ape", ...}``.
 
     Args:
@@ -124,10 +125,14 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
         progress: Called once per trained fold.
         quick: Fewer trees and rows (for tests); the figures in BENCHMARKS.md use ``quick=False``.
         blend_unseen: ``False`` prices unseen devices by the trees alone (the pre-blend model, for before/after).
+        model: A model folder whose recipe is evaluated: checked first (a corrupt or foreign folder is reported,
+            not evaluated).
 
     Raises:
-        MeshplanError: unknown split or the data it needs is absent.
+        MeshplanError: unknown split or the data it needs is absent; a corrupt ``model``.
     """
+    if model is not None:
+        LearnedModel.load(model)
     n_est, max_rows = (120, 15000) if quick else (None, None)
     name = split.split(":", 1)[0]
     if name not in {s.split(":")[0] for s in SPLITS}:

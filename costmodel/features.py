@@ -13,6 +13,7 @@ import numpy as np
 
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import DTYPE_BYTES
+from meshplan.costmodel.roofline import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
 
 # Shape fields of the table per kind (see costmodel.datasets.table): which (b, m, n, k) an OpSpec maps to.
 GEMM_KINDS = ("matmul", "bmm", "attention")
@@ -174,7 +175,7 @@ def wave_quantisation(b, m, n, sm: np.ndarray, tile: tuple[int, int]) -> np.ndar
 def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[str, np.ndarray],
                           shape: tuple | None = None, tile: tuple[int, int] | None = None,
                           wave_s: float = 0.0) -> np.ndarray:
-    """Roofline with the per-class efficiencies of ``costmodel.api.ROOFLINE_EFFICIENCY`` plus the GPU launch
+    """Roofline with the per-class efficiencies of ``costmodel.roofline.ROOFLINE_EFFICIENCY`` plus the GPU launch
     floor, seconds per row: max(q F / (eff_f peak), B / (eff_b bw)) + launch (notes/costmodel.md sec. 5.7 item 3).
 
     ``q`` is 1, or with ``tile`` and ``shape = (b, m, n)`` (table convention) the wave quantisation of the GEMM
@@ -184,8 +185,6 @@ def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[s
     unseen-device blend partner of the GEMM classes, chosen by leave-one-signature-out
     (``costmodel.train.unseen_device_weight``).
     """
-    from meshplan.costmodel.api import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
-
     op = np.asarray(op, dtype=object)
     eff = np.array([ROOFLINE_EFFICIENCY[o] for o in op]).reshape(-1, 2) if len(op) else np.zeros((0, 2))
     q = 1.0
@@ -216,3 +215,10 @@ def signature_seen(sig: np.ndarray, trained: list[list[float]], rtol: float = 0.
     for a, b in trained:
         seen |= (np.abs(sig[:, 0] / a - 1) <= rtol) & (np.abs(sig[:, 1] / b - 1) <= rtol)
     return seen
+
+
+def blend(roof_s: np.ndarray, log_ratio: np.ndarray, cal_s: np.ndarray, w) -> np.ndarray:
+    """Unseen-device prediction, seconds: ``cal^(1-w) * learned^w`` (``w`` a number or one per row), never below
+    the ideal roofline."""
+    log_learned = np.log(roof_s) + np.maximum(log_ratio, 0.0)
+    return np.maximum(np.exp(w * log_learned + (1.0 - w) * np.log(cal_s)), roof_s)

@@ -3,7 +3,7 @@
 Every model file's sha256 is checked against the metadata before xgboost sees it, so a corrupt or edited
 file is a ``MeshplanError`` naming the file, never a crash inside xgboost. Queries outside the trained
 range (a kind without a model, a device class never trained on, sizes far outside the training rows) are
-priced by the calibrated roofline (``costmodel.api.ROOFLINE_EFFICIENCY``) and flagged as such. On a GPU whose
+priced by the calibrated roofline (``costmodel.roofline.ROOFLINE_EFFICIENCY``) and flagged as such. On a GPU whose
 class signature (``costmodel.features.device_signature``) the class never trained on, the trees' prediction is
 blended geometrically with the calibrated roofline (for GEMM classes wave-quantised on that GPU, with separate
 weights for small and large GEMMs) as stored in the metadata (``costmodel.train.unseen_device_weight``;
@@ -11,26 +11,36 @@ costmodel/data/model/README.md).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import xgboost as xgb
 
-from meshplan.costmodel.datasets.devices import register_local
-from meshplan.costmodel.datasets.table import file_sha256
+from meshplan.costmodel.collective_model import CollectiveModel
 from meshplan.costmodel.devices import DeviceSpec, device_from_dict
-from meshplan.costmodel.features import (FEATURES, calibrated_roofline_s, device_columns, device_signature, feature_matrix,
-                                flops_bytes, signature_seen)
+from meshplan.costmodel.features import (FEATURES, blend, calibrated_roofline_s, device_columns, device_signature,
+                                         feature_matrix, flops_bytes, signature_seen)
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
-from meshplan.costmodel.train import FORMAT, blend
 from meshplan.core.errors import MeshplanError
+
+FORMAT = "meshplan-costmodel/1"  # metadata.json "format" of a model folder (written by costmodel.train)
 
 SOURCE_LEARNED = "learned"
 SOURCE_NO_MODEL = "roofline (no model for this op class)"
 SOURCE_RANGE = "roofline (outside the trained range)"
 SOURCE_DEVICE = "roofline (device class not trained on)"
 SOURCE_CALIBRATED = "calibrated (costmodel fit)"
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file (model files are checked against their metadata before xgboost reads them)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def op_fields(op: OpSpec) -> tuple[float, float, float, float]:
@@ -66,12 +76,17 @@ class LearnedModel:
         directory: Where it was loaded from.
         meta: The metadata dict.
         boosters: ``{kind: xgboost.Booster}``.
+        measured_devices: ``{name: DeviceSpec}`` of the devices ``collect`` measured and the model was trained on
+            (this machine's CPU): in no catalogue, so the model carries them (``costmodel.devices.resolve(name,
+            extra=...)``).
     """
 
     def __init__(self, directory: Path, meta: dict, boosters: dict[str, xgb.Booster]):
         self.directory = directory
         self.meta = meta
         self.boosters = boosters
+        self.measured_devices = {dd["name"]: device_from_dict(dd, str(Path(directory) / "metadata.json"))
+                                 for dd in meta.get("measured_devices", [])}
         self._coll = None
         self._nthread: dict[str, int] = {}
 
@@ -109,8 +124,6 @@ class LearnedModel:
             except xgb.core.XGBoostError as exc:
                 raise MeshplanError(f"{f}: cannot load xgboost model ({str(exc).splitlines()[0]})") from None
             boosters[kind] = b
-        for dd in meta.get("measured_devices", []):  # collect-measured devices the model was trained on
-            register_local(device_from_dict(dd, str(mpath)))
         return cls(d, meta, boosters)
 
     def _threads(self, kind: str, rows: int) -> None:
@@ -140,8 +153,6 @@ class LearnedModel:
     def collective_model(self):
         """The fitted collective model stored in the metadata, or ``None``."""
         if self._coll is None and self.meta.get("collectives"):
-            from meshplan.costmodel.collective_model import CollectiveModel
-
             self._coll = CollectiveModel(self.meta["collectives"])
         return self._coll
 
@@ -211,7 +222,8 @@ class LearnedModel:
                         w = ud.get("weight", 1.0)
                         w_rows = np.where(roof[u] < ud.get("split_roofline_s", 0.0), ud.get("weight_small", w), w)
                         out[u] = blend(roof[u], log_ratio[new], partner, w_rows)
-        # Calibrations fitted on profiled runs of a device (costmodel.fit) take precedence for that device.
+        # Calibrations fitted on profiled runs of a device (costmodel.refit, `meshplan costmodel fit --out`) take
+        # precedence for that device.
         for dev_name, kinds in self.meta.get("calibration", {}).items():
             for kind, c in kinds.items():
                 sel = (devices == dev_name) & (op == kind)

@@ -18,15 +18,15 @@ import numpy as np
 import xgboost as xgb
 
 from meshplan.costmodel.datasets.devices import resolve_many
-from meshplan.costmodel.datasets.table import KernelTable, file_sha256
+from meshplan.costmodel.datasets.table import KernelTable
 from meshplan.costmodel.devices import device_to_dict
-from meshplan.costmodel.features import (FEATURES, GEMM_KINDS, calibrated_roofline_s, device_columns, device_signature,
-                                feature_matrix)
+from meshplan.costmodel.features import (FEATURES, GEMM_KINDS, blend, calibrated_roofline_s, device_columns,
+                                         device_signature, feature_matrix)
+from meshplan.costmodel.learned import FORMAT, file_sha256
 from meshplan.costmodel.ops import COMPUTE_KINDS
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
 
-FORMAT = "meshplan-costmodel/1"
 MIN_ROWS = 30  # fewer training rows than this for a kind: no model, the roofline fallback prices it
 # Features whose training range defines "in distribution" (sec. 5.1 item 5 of the notes): a query more than
 # 2x below or 16x above the trained sizes falls back to the calibrated roofline.
@@ -112,13 +112,6 @@ def fit_kind(X: np.ndarray, y: np.ndarray, n_estimators: int | None = None) -> x
 def predict_ratio(model: xgb.Booster, X: np.ndarray) -> np.ndarray:
     """Predicted latency / ideal roofline, clipped at 1 (never below the roofline bound)."""
     return np.exp(np.maximum(model.inplace_predict(X), 0.0))
-
-
-def blend(roof_s: np.ndarray, log_ratio: np.ndarray, cal_s: np.ndarray, w) -> np.ndarray:
-    """Unseen-device prediction, seconds: ``cal^(1-w) * learned^w`` (``w`` a number or one per row), never below
-    the ideal roofline."""
-    log_learned = np.log(roof_s) + np.maximum(log_ratio, 0.0)
-    return np.maximum(np.exp(w * log_learned + (1.0 - w) * np.log(cal_s)), roof_s)
 
 
 def _signature_groups(sig: np.ndarray) -> np.ndarray:
@@ -287,7 +280,7 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     Returns:
         The metadata dict that was written (plus ``seconds``).
     """
-    from meshplan.costmodel import collective_model
+    from meshplan.costmodel import collective_fit
     from meshplan.costmodel.datasets import load
 
     t0 = time.perf_counter()
@@ -297,7 +290,7 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
         raise MeshplanError(f"{', '.join(map(str, data))}: no compute rows with a known device to train on")
     models = train_models(prep, progress=progress, n_estimators=n_estimators,
                           max_rows_per_kind=max_rows_per_kind or DEFAULT_MAX_ROWS)
-    coll = collective_model.fit(table)
+    coll = collective_fit.fit(table)
     # Devices measured by `collect` (this machine's CPU) are in no catalogue: keep their vectors with the model so
     # that `costmodel predict --device cpu-1t --model DIR` can price them later, in another process.
     specs, _ = resolve_many(prep.table.device[prep.table.source == "local"])

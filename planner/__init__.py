@@ -1,1 +1,2 @@
-"""meshplan planner: model and cluster specs, memory and step-time models, search, solvers, plans, exporters."""
+"""The planner room: models, clusters, layouts and their estimates, the search and the solvers, plans and exporters.
+It prices with costmodel and builds on core; it never reads a measured run (verify does) nor imports cli."""

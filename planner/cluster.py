@@ -3,6 +3,8 @@
 A cluster comes from a shorthand (``16x8xH100``, ``8xA100``, ``4xT4+1xA100``, ``2x8xA100+4x4xL4``, ``local:2``),
 a YAML file, or a bundled preset name (``dgx-h100-16``, see ``planner/presets/clusters/``). Link figures come from
 ``planner/presets/clusters/links.yaml`` (families of nodes, with sources and the efficiency factors applied).
+``local:N`` is built from this host's calibration, which the caller passes in (``planner.calibrate``): reading a
+cluster never measures anything.
 
 Ranks are numbered node-major inside each group: rank ``r`` lives on node ``r // devices_per_node``.
 Bandwidths are bytes/s per rank and per direction (the "bus bandwidth" of nccl-tests), latencies seconds.
@@ -12,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -24,81 +26,12 @@ from meshplan.costmodel.collectives import Link
 from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import parse_bandwidth
+from meshplan.planner.calibrate import Calibration, is_local_spec, local_process_count
+from meshplan.planner.links import PRESET_DIR, LinkFamily, get_family, link_families, nic_share_bytes_per_s
 from meshplan.planner.plan import ClusterRef, DeviceGroupRef
 
-PRESET_DIR = "presets/clusters"
-
-
-# ---------------------------------------------------------------- link families
-
-@dataclass(frozen=True)
-class LinkFamily:
-    """One node type's links (see ``links.yaml``).
-
-    Attributes:
-        name: Family key, e.g. ``dgx-h100``.
-        intra: Achievable GPU-to-GPU link inside a node (bytes/s per direction, latency s).
-        nic_line_bytes_per_s: Line rate of one NIC, bytes/s.
-        nic_efficiency: Fraction of the line rate a large NCCL transfer reaches (see links.yaml).
-        nics_per_node: NICs per node.
-        inter_name: Name of the network link.
-        inter_latency_s: Network alpha, seconds.
-    """
-
-    name: str
-    intra: Link
-    nic_line_bytes_per_s: float
-    nic_efficiency: float
-    nics_per_node: int
-    inter_name: str
-    inter_latency_s: float
-
-    def inter_link(self, devices_per_node: int) -> Link:
-        """Per-GPU share of the node's network (a GPU uses at most one NIC)."""
-        return Link(self.inter_name, nic_share_bytes_per_s(self.nic_line_bytes_per_s, self.nic_efficiency,
-                                                          self.nics_per_node, devices_per_node),
-                    self.inter_latency_s)
-
-
-def nic_share_bytes_per_s(line_bytes_per_s: float, efficiency: float, nics_per_node: int,
-                          devices_per_node: int) -> float:
-    """Achievable network bandwidth per GPU: line rate x efficiency x min(1, NICs / GPUs per node), bytes/s."""
-    return line_bytes_per_s * efficiency * min(1.0, nics_per_node / devices_per_node)
-
-
-@lru_cache(maxsize=1)
-def link_families() -> dict[str, LinkFamily]:
-    """All link families from the packaged ``links.yaml``, keyed by family name."""
-    text = resources.files("meshplan.planner").joinpath(PRESET_DIR, "links.yaml").read_text(encoding="utf-8")
-    out = {}
-    for key, fam in yaml.safe_load(text)["families"].items():
-        intra, inter = fam["intra"], fam["inter"]
-        out[key] = LinkFamily(
-            name=key,
-            intra=Link(intra["name"], float(intra["nominal_gbytes_per_s"]) * 1e9 * float(intra["efficiency"]),
-                       float(intra["latency_us"]) / 1e6),
-            nic_line_bytes_per_s=float(inter["nic_gbits_per_s"]) * 1e9 / 8,
-            nic_efficiency=float(inter["efficiency"]),
-            nics_per_node=int(inter["nics_per_node"]),
-            inter_name=inter["name"],
-            inter_latency_s=float(inter["latency_us"]) / 1e6,
-        )
-    return out
-
-
-def get_family(name: str, where: str = "link family") -> LinkFamily:
-    """The link family ``name`` from ``links.yaml``.
-
-    Raises:
-        MeshplanError: unknown family; names ``where`` it was asked for and the closest known family.
-    """
-    fams = link_families()
-    if name not in fams:
-        close = difflib.get_close_matches(name, list(fams), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise MeshplanError(f"{where}: unknown link family '{name}'{hint}; known: {', '.join(fams)}")
-    return fams[name]
-
+__all__ = ["ClusterSpec", "LinkFamily", "NodeGroup", "get_family", "link_families", "load_cluster", "load_cluster_file",
+           "local_cluster", "nic_share_bytes_per_s", "parse_bandwidth", "parse_shorthand", "preset_names"]
 
 # ---------------------------------------------------------------- the cluster
 
@@ -128,11 +61,13 @@ class ClusterSpec:
         spec: What the user passed (shorthand, preset name or file path).
         groups: Node groups; ranks are numbered group by group, node-major inside a group.
         inter_link: Per-GPU share of the network between nodes (the slowest group's), bytes/s and seconds.
+        calibration: This host's calibration for ``local:N`` (CPU ranks are priced from it), else None.
     """
 
     spec: str
     groups: tuple[NodeGroup, ...]
     inter_link: Link
+    calibration: Calibration | None = field(default=None, compare=False, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -384,22 +319,43 @@ def preset_names() -> list[str]:
     return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml") and f.name != "links.yaml")
 
 
-def load_cluster(text: str) -> ClusterSpec:
+def local_cluster(n: int, cal: Calibration) -> ClusterSpec:
+    """``local:N``: one node with ``n`` CPU processes joined by the calibrated gloo loopback link.
+
+    Each process gets ``RAM / n`` bytes; when ``n`` exceeds the logical CPUs, each process's FLOP/s and memory
+    bandwidth are scaled by ``cpus / n`` (the 1-thread figures assume a core per process).
+    """
+    if n < 1:
+        raise MeshplanError(f"cluster 'local:{n}': local:N needs a process count N >= 1")
+    share = min(1.0, (os.cpu_count() or 1) / n)
+    dev = dataclasses.replace(
+        cal.device, memory_bytes=cal.device.memory_bytes // n,
+        peak_flops={k: v * share for k, v in cal.device.peak_flops.items()},
+        mem_bw_bytes_per_s=cal.device.mem_bw_bytes_per_s * share)
+    group = NodeGroup(1, n, dev, cal.link, nic_link=cal.link)
+    return ClusterSpec(f"local:{n}", (group,), cal.link, calibration=cal)
+
+
+def load_cluster(text: str, calibration: Calibration | None = None) -> ClusterSpec:
     """A cluster from a shorthand, ``local:N``, a YAML file path or a preset name.
 
+    Args:
+        text: The specification.
+        calibration: This host's calibration, required by ``local:N`` (``planner.calibrate.calibration_for``).
+
     Raises:
-        MeshplanError: malformed shorthand, zero counts, unknown device or preset, bad file.
+        MeshplanError: malformed shorthand, zero counts, unknown device or preset, bad file, ``local:N`` without
+            a calibration.
     """
     spec = str(text).strip()
     if not spec:
         raise MeshplanError("cluster: empty specification (e.g. 16x8xH100, 8xA100, local:2, dgx-h100-16)")
-    if spec.lower().startswith("local:"):
-        from meshplan.planner.calibrate import local_cluster
-
-        n = spec.split(":", 1)[1]
-        if not n.isdigit() or int(n) < 1:
-            raise MeshplanError(f"cluster '{spec}': local:N needs a process count N >= 1")
-        return local_cluster(int(n))
+    if is_local_spec(spec):
+        n = local_process_count(spec)
+        if calibration is None:
+            raise MeshplanError(f"cluster '{spec}': local:N is built from this host's calibration; pass it "
+                                "(planner.calibrate.calibration_for)")
+        return local_cluster(n, calibration)
     if spec in preset_names():
         path = resources.files("meshplan.planner").joinpath(PRESET_DIR, f"{spec}.yaml")
         return load_cluster_file(Path(str(path)), spec=spec)

@@ -18,9 +18,9 @@ The fastest repetition is kept: on a shared host an op of a millisecond either r
 whole scheduler slice to another process, so the median of short ops is their free-core time while the
 median of long ops already holds other people's load (measured here: a 512x128x128 linear, median 0.17 ms,
 mean 0.48 ms). The minimum prices every op at the free-core speed alike; what the host's load adds to a real
-run is measured separately from the run's own traces (``planner.contention``). Results are cached
-as JSON beside the host calibration (``planner.calibrate.cache_dir()``), keyed by the calibration fingerprint,
-so a plan search measures each distinct shape once per host.
+run is measured separately from the run's own traces (``verify.contention``). A :class:`HostBench` keeps the
+results as JSON beside the host calibration (the folder it was read from), keyed by the host fingerprint, so a
+plan search measures each distinct shape once per host; the CPU estimator owns one.
 """
 from __future__ import annotations
 
@@ -40,43 +40,7 @@ MAX_REPS = 40
 TARGET_S = 0.25  # wall time spent per op shape (forward and backward each), seconds
 COLD_FACTOR = 2.0  # input sets span this many times the last-level cache
 MAX_SETS = 64
-
-_mem: dict[str, tuple[float, float]] | None = None
-_dirty = False
-
-
-def _cache_file() -> Path:
-    from meshplan.core.cache import cache_dir
-
-    return cache_dir() / "cpu-ops.json"
-
-
-def _fingerprint() -> dict:
-    from meshplan.planner.calibrate import _fingerprint as fp
-
-    return fp()
-
-
-def _load() -> dict[str, tuple[float, float]]:
-    global _mem
-    if _mem is None:
-        _mem = {}
-        try:
-            rec = json.loads(_cache_file().read_text(encoding="utf-8"))
-            if rec.get("version") == CACHE_VERSION and rec.get("fingerprint") == _fingerprint():
-                _mem = {k: (float(v[0]), float(v[1])) for k, v in rec.get("ops", {}).items()}
-        except (OSError, ValueError, TypeError, KeyError, IndexError):
-            _mem = {}
-    return _mem
-
-
-def flush() -> None:
-    """Write newly measured shapes to the cache (atomically)."""
-    global _dirty
-    if _dirty and _mem is not None:
-        write_atomic(_cache_file(), json.dumps({"version": CACHE_VERSION, "fingerprint": _fingerprint(),
-                                                "ops": _mem}, indent=0, sort_keys=True) + "\n")
-        _dirty = False
+DEFAULT_LLC_BYTES = 32 * 2**20  # when the calibration records no last-level cache
 
 
 def _key(op: OpSpec) -> str:
@@ -128,13 +92,6 @@ def _builder(op: OpSpec) -> Callable[[], tuple[Callable, tuple]]:
     return lambda: ((lambda x, y: x + y), (leaf(s[0]), leaf(s[0])))
 
 
-def _llc_bytes() -> int:
-    from meshplan.planner.calibrate import cached_calibration
-
-    cal = cached_calibration()
-    return int(cal.device.l2_bytes) if cal is not None and cal.device.l2_bytes else 32 * 2**20
-
-
 def _time(fn: Callable[[int], object], n_sets: int) -> float:
     """Fastest time of ``fn(i)`` over repetitions cycling through ``n_sets`` input sets (after a warm-up pass)."""
     for i in range(n_sets):
@@ -163,19 +120,9 @@ def _one_thread():
         torch.set_num_threads(before)
 
 
-def _cached_s(key: str, measure_s: Callable[[], float]) -> float:
-    """``measure_s()`` on one thread, measured once per ``key`` and kept in the host cache, seconds."""
-    global _dirty
-    cache = _load()
-    if key not in cache:
-        with _one_thread():
-            cache[key] = (measure_s(), 0.0)
-        _dirty = True
-    return cache[key][0]
-
-
-def measure(op: OpSpec) -> tuple[float, float]:
-    """Measure ``op`` now, cache-cold: (forward s, backward s) on one thread."""
+def measure(op: OpSpec, llc_bytes: int = DEFAULT_LLC_BYTES) -> tuple[float, float]:
+    """Measure ``op`` now, cache-cold (input sets spanning ``COLD_FACTOR`` x ``llc_bytes``): (forward s, backward s)
+    on one thread."""
     import math
 
     import torch
@@ -185,7 +132,7 @@ def measure(op: OpSpec) -> tuple[float, float]:
         fwd_fn, leaves0 = make()
         out = fwd_fn(*leaves0)
         set_bytes = sum(t.numel() * t.element_size() for t in leaves0) + 2 * out.numel() * out.element_size()
-        n_sets = max(1, min(MAX_SETS, math.ceil(COLD_FACTOR * _llc_bytes() / max(1, set_bytes))))
+        n_sets = max(1, min(MAX_SETS, math.ceil(COLD_FACTOR * llc_bytes / max(1, set_bytes))))
         sets = [leaves0] + [make()[1] for _ in range(n_sets - 1)]
         grad = torch.ones_like(out)
 
@@ -200,35 +147,6 @@ def measure(op: OpSpec) -> tuple[float, float]:
         f = _time(fwd, n_sets)
         fb = _time(both, n_sets)
     return f, max(0.0, fb - f)
-
-
-def op_times_s(op: OpSpec) -> tuple[float, float]:
-    """(forward s, backward s) of ``op`` on this host; measured once per shape, then cached."""
-    global _dirty
-    cache = _load()
-    k = _key(op)
-    if k not in cache:
-        cache[k] = measure(op)
-        _dirty = True
-    return cache[k]
-
-
-def measure_optimizer_s(shapes: list[tuple[int, ...]]) -> float:
-    """One ``torch.optim.AdamW`` step over parameters of these shapes, one thread, seconds (cached).
-
-    The per-tensor overhead (PyTorch's CPU AdamW loops over tensors) dominates for small models, so the
-    step is measured on the real list of parameter shapes rather than priced from the element count.
-    """
-    import torch
-
-    def run() -> float:
-        params = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
-        for p in params:
-            p.grad = torch.randn_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-3)
-        return _time(lambda _i: opt.step(), 1)
-
-    return _cached_s("adamw|" + ";".join("x".join(map(str, s)) for s in sorted(shapes)), run)
 
 
 def _block(model, tp: int, recompute: str, dtype):
@@ -282,53 +200,124 @@ def _block(model, tp: int, recompute: str, dtype):
     return Block().to(dtype)
 
 
-def layer_times_s(model, tp: int, micro_batch: int, seq_len: int, recompute: str, dtype_name: str) -> float:
-    """One decoder layer, forward + backward (+ recompute), one micro-batch, one thread, seconds (cached).
+class HostBench:
+    """The measured per-op prices of this host, read from and written to ``cache_file`` (JSON).
 
-    The whole block is timed, not its operators one by one: in a block each op's inputs are the previous op's
-    fresh outputs and the glue (views, transposes, bias adds, ``AccumulateGrad``) runs between them; the sum of
-    isolated operator timings comes out about a third below a measured GPT block here.
+    Args:
+        cache_file: Where the measurements are kept (beside the host calibration: ``cpu-ops.json``).
+        fingerprint: The host's fingerprint (``planner.calibrate.host_fingerprint``): a cache of another host,
+            CPU count or torch is not used.
+        llc_bytes: The host's last-level cache (the calibration's ``l2_bytes``), for cache-cold input sets.
     """
-    import torch
 
-    key = (f"layer|{model.hidden_size}|{model.num_heads}|{model.num_kv_heads}|{model.head_dim}|"
-           f"{model.ffn_hidden_size}|{int(model.gated_mlp)}|{model.norm}|{model.model_type}|{tp}|{micro_batch}|"
-           f"{seq_len}|{recompute}|{dtype_name}")
+    def __init__(self, cache_file: Path, fingerprint: dict, llc_bytes: int = DEFAULT_LLC_BYTES):
+        self.cache_file = Path(cache_file)
+        self.fingerprint = fingerprint
+        self.llc_bytes = int(llc_bytes) or DEFAULT_LLC_BYTES
+        self._mem: dict[str, tuple[float, float]] | None = None
+        self._dirty = False
 
-    def run() -> float:
-        dt = _tdtype(dtype_name)
-        blk = _block(model, tp, recompute, dt)
-        x = torch.randn(micro_batch, seq_len, model.hidden_size, dtype=dt, requires_grad=True)
-        grad = torch.ones_like(x)
+    def _load(self) -> dict[str, tuple[float, float]]:
+        if self._mem is None:
+            self._mem = {}
+            try:
+                rec = json.loads(self.cache_file.read_text(encoding="utf-8"))
+                if rec.get("version") == CACHE_VERSION and rec.get("fingerprint") == self.fingerprint:
+                    self._mem = {k: (float(v[0]), float(v[1])) for k, v in rec.get("ops", {}).items()}
+            except (OSError, ValueError, TypeError, KeyError, IndexError):
+                self._mem = {}
+        return self._mem
 
-        def step(_i):
-            blk(x).backward(grad)
-            x.grad = None
-            blk.zero_grad(set_to_none=True)
+    def flush(self) -> None:
+        """Write newly measured shapes to the cache (atomically)."""
+        if self._dirty and self._mem is not None:
+            write_atomic(self.cache_file, json.dumps({"version": CACHE_VERSION, "fingerprint": self.fingerprint,
+                                                      "ops": self._mem}, indent=0, sort_keys=True) + "\n")
+            self._dirty = False
 
-        return _time(step, 1)
+    def _cached_s(self, key: str, measure_s: Callable[[], float]) -> float:
+        """``measure_s()`` on one thread, measured once per ``key`` and kept in the host cache, seconds."""
+        cache = self._load()
+        if key not in cache:
+            with _one_thread():
+                cache[key] = (measure_s(), 0.0)
+            self._dirty = True
+        return cache[key][0]
 
-    return _cached_s(key, run)
+    def op_times_s(self, op: OpSpec) -> tuple[float, float]:
+        """(forward s, backward s) of ``op`` on this host; measured once per shape, then cached."""
+        cache = self._load()
+        k = _key(op)
+        if k not in cache:
+            cache[k] = measure(op, self.llc_bytes)
+            self._dirty = True
+        return cache[k]
 
+    def measure_optimizer_s(self, shapes: list[tuple[int, ...]]) -> float:
+        """One ``torch.optim.AdamW`` step over parameters of these shapes, one thread, seconds (cached).
 
-def head_times_s(vocab_shard: int, hidden: int, tokens: int, dtype_name: str) -> float:
-    """Final norm + LM head + cross-entropy, forward + backward, one micro-batch, one thread, seconds (cached)."""
-    import torch
-    import torch.nn.functional as F
+        The per-tensor overhead (PyTorch's CPU AdamW loops over tensors) dominates for small models, so the
+        step is measured on the real list of parameter shapes rather than priced from the element count.
+        """
+        import torch
 
-    def run() -> float:
-        dt = _tdtype(dtype_name)
-        x = torch.randn(tokens, hidden, dtype=dt, requires_grad=True)
-        w = torch.randn(vocab_shard, hidden, dtype=dt, requires_grad=True)
-        nw, nb = torch.ones(hidden, dtype=dt, requires_grad=True), torch.zeros(hidden, dtype=dt, requires_grad=True)
-        y = torch.randint(0, vocab_shard, (tokens,))
+        def run() -> float:
+            params = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt = torch.optim.AdamW(params, lr=1e-3)
+            return _time(lambda _i: opt.step(), 1)
 
-        def step(_i):
-            logits = F.linear(F.layer_norm(x, (hidden,), nw, nb), w)
-            F.cross_entropy(logits.float(), y).backward()
-            for t in (x, w, nw, nb):
-                t.grad = None
+        return self._cached_s("adamw|" + ";".join("x".join(map(str, s)) for s in sorted(shapes)), run)
 
-        return _time(step, 1)
+    def layer_times_s(self, model, tp: int, micro_batch: int, seq_len: int, recompute: str,
+                      dtype_name: str) -> float:
+        """One decoder layer, forward + backward (+ recompute), one micro-batch, one thread, seconds (cached).
 
-    return _cached_s(f"head|{vocab_shard}|{hidden}|{tokens}|{dtype_name}", run)
+        The whole block is timed, not its operators one by one: in a block each op's inputs are the previous op's
+        fresh outputs and the glue (views, transposes, bias adds, ``AccumulateGrad``) runs between them; the sum of
+        isolated operator timings comes out about a third below a measured GPT block here.
+        """
+        import torch
+
+        key = (f"layer|{model.hidden_size}|{model.num_heads}|{model.num_kv_heads}|{model.head_dim}|"
+               f"{model.ffn_hidden_size}|{int(model.gated_mlp)}|{model.norm}|{model.model_type}|{tp}|{micro_batch}|"
+               f"{seq_len}|{recompute}|{dtype_name}")
+
+        def run() -> float:
+            dt = _tdtype(dtype_name)
+            blk = _block(model, tp, recompute, dt)
+            x = torch.randn(micro_batch, seq_len, model.hidden_size, dtype=dt, requires_grad=True)
+            grad = torch.ones_like(x)
+
+            def step(_i):
+                blk(x).backward(grad)
+                x.grad = None
+                blk.zero_grad(set_to_none=True)
+
+            return _time(step, 1)
+
+        return self._cached_s(key, run)
+
+    def head_times_s(self, vocab_shard: int, hidden: int, tokens: int, dtype_name: str) -> float:
+        """Final norm + LM head + cross-entropy, forward + backward, one micro-batch, one thread, seconds (cached)."""
+        import torch
+        import torch.nn.functional as F
+
+        def run() -> float:
+            dt = _tdtype(dtype_name)
+            x = torch.randn(tokens, hidden, dtype=dt, requires_grad=True)
+            w = torch.randn(vocab_shard, hidden, dtype=dt, requires_grad=True)
+            nw = torch.ones(hidden, dtype=dt, requires_grad=True)
+            nb = torch.zeros(hidden, dtype=dt, requires_grad=True)
+            y = torch.randint(0, vocab_shard, (tokens,))
+
+            def step(_i):
+                logits = F.linear(F.layer_norm(x, (hidden,), nw, nb), w)
+                F.cross_entropy(logits.float(), y).backward()
+                for t in (x, w, nw, nb):
+                    t.grad = None
+
+            return _time(step, 1)
+
+        return self._cached_s(f"head|{vocab_shard}|{hidden}|{tokens}|{dtype_name}", run)

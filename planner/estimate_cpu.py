@@ -6,11 +6,11 @@ module prices a CPU step from what it really costs, measured on this host:
 
 * **Compute**: one decoder block of the model's shape (its TP shard: heads / tp, ffn / tp), and the final
   norm + LM head + cross-entropy, are timed forward + backward at the plan's micro-batch and sequence on one
-  thread (``planner.cpu_bench``, fastest of several repetitions = free-core speed), with the plan's
+  thread (``planner.cpu_bench.HostBench``, fastest of several repetitions = free-core speed), with the plan's
   activation checkpointing applied for real. That folds the per-op dispatcher/autograd overhead, the glue
   between ops (views, bias adds, ``AccumulateGrad``) and the GEMM efficiency at small shapes into the price;
   summing isolated ``OpSpec`` timings instead came out a third low. The embedding is priced per ``OpSpec``.
-* **Collectives**: priced from the calibration's in-step gloo measurement (``planner.calibrate``,
+* **Collectives**: priced from the calibration's in-step gloo measurement (``planner.gloo_in_step``,
   ``measured['in_step_s']``): the mean time of an all-reduce / all-gather of that size issued right after
   compute by ranks placed as ``meshplan profile`` places them. A rank is pinned to one core and gloo's worker
   thread runs on that core, so comm in flight delays compute and nothing overlaps; a small message costs far
@@ -33,9 +33,10 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Framework work per parallel wrapper**: FSDP2's per-unit pre/post hooks (copy-in/out, views) and DTensor
   dispatch for every TP-sharded linear, as counts of host ops (from torch 2.13 CPU traces of
   ``examples/train_gpt.py``) priced at the per-op overhead.
-* **Learned from runs** (``planner.local_fit``, ``meshplan costmodel fit --runs`` / ``check --learn``; neutral
-  before any fit): the CPU work is scaled by the host's learned ratio of measured to priced compute, and every
-  collective (``sync_points``) costs the host's learned wait for peers.
+* **Learned from runs** (``planner.host.HostTerms``, given to the estimator; fitted by ``verify.learn``,
+  ``meshplan costmodel fit --runs`` / ``check --learn``; neutral before any fit): the CPU work is scaled by the
+  host's learned ratio of measured to priced compute, and every collective (``sync_points``) costs the host's
+  learned wait for peers.
 * **Pipeline bubble**: the slowest stage waits, per step, for the other stages' per-micro-batch work (the first
   forward reaching it, the last backward draining), for GPipe and 1F1B alike; with balanced stages that is
   (p - 1) micro-batch slots (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
@@ -49,11 +50,18 @@ module prices a CPU step from what it really costs, measured on this host:
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
+from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import DTYPE_BYTES, OpSpec
+from meshplan.planner.calibrate import Calibration, host_bench
+from meshplan.planner.estimate import (Estimate, TablesCache, Workload, finish_estimate, stage_layers, stage_params,
+                                       time_key)
+from meshplan.planner.gloo_in_step import in_step_collective_s
+from meshplan.planner.host import NEUTRAL_TERMS, HostTerms
 from meshplan.planner.layout import Layout
+from meshplan.planner.ops_graph import embedding_ops
 
 FSDP_OPS_PER_UNIT_PASS = 110  # host ops per FSDP2 unit per all-gather/reduce pass ((9423-6912)/23, trace count)
 TP_ALLREDUCES_PER_LAYER = 6  # 2 forward (o, fc2 outputs) + 4 backward (q, k, v, fc1 input grads): trace count
@@ -63,70 +71,20 @@ DTENSOR_OPS_PER_LINEAR = 32  # extra host ops per TP-sharded nn.Linear per micro
 LINEARS_PER_LAYER = 6  # q, k, v, o, fc1, fc2
 
 
-_cal_memo: dict = {}
-
-
-def _measured() -> dict:
-    """The host calibration's raw measurements (re-read when the cache file changes); {} without one."""
-    from meshplan.planner.calibrate import cache_path, cached_calibration
-
-    try:
-        key = cache_path().stat().st_mtime_ns
-    except OSError:
-        return {}
-    if key not in _cal_memo:
-        cal = cached_calibration()
-        _cal_memo.clear()
-        _cal_memo[key] = cal.measured if cal is not None else {}
-    return _cal_memo[key]
-
-
-def coll_s(kind: str, nbytes: float, group: int, link, world: int, cores: int) -> float:
+def coll_s(measured: dict, kind: str, nbytes: float, group: int, link, world: int, cores: int) -> float:
     """One collective of ``nbytes`` (the full tensor, as ``collective_time_s``) over ``group`` ranks, seconds.
 
-    See the module docstring; ``world`` ranks share ``cores`` cores.
+    Priced from the calibration's in-step tables (``measured``, see the module docstring); ``world`` ranks share
+    ``cores`` cores. Without a table: gloo alpha-beta on ``link``.
     """
-    from meshplan.planner.calibrate import in_step_collective_s
-
     if group <= 1:
         return 0.0
     per_rank = nbytes / group if kind == "allgather" else nbytes  # the table keys an all-gather by its shard
     # a group inside a run with more ranks than cores: its table measured under that oversubscription
-    t = in_step_collective_s(_measured(), kind, per_rank, group, world if world > cores else 0)
+    t = in_step_collective_s(measured, kind, per_rank, group, world if world > cores else 0)
     if t is None and kind == "allreduce_burst":  # a calibration without bursts: priced as separate calls
-        t = in_step_collective_s(_measured(), "allreduce", per_rank, group, world if world > cores else 0)
+        t = in_step_collective_s(measured, "allreduce", per_rank, group, world if world > cores else 0)
     return t if t is not None else collective_time_s(kind.removesuffix("_burst"), nbytes, group, link)
-
-
-def _tiny_op_s() -> float:
-    """Per-op framework overhead: a 1-element add, forward + backward, seconds."""
-    from meshplan.planner.cpu_bench import op_times_s
-
-    f, b = op_times_s(OpSpec("elementwise", (1,), "fp32"))
-    return f + b
-
-
-def _ops_s(ops, times) -> tuple[float, float]:
-    fwd = bwd = 0.0
-    for op in ops:
-        f, b = times(op)
-        fwd += f
-        bwd += b
-    return fwd, bwd
-
-
-@lru_cache(maxsize=4096)
-def _mb_times(model, layout_key: Layout, seq_len: int, dtype: str) -> tuple[float, float, float]:
-    """(one layer fwd+bwd(+recompute), embedding fwd+bwd, head fwd+bwd) for one micro-batch, seconds."""
-    from meshplan.planner.cpu_bench import flush, head_times_s, layer_times_s, op_times_s
-    from meshplan.planner.ops_graph import embedding_ops
-
-    s = seq_len // layout_key.cp
-    layer = layer_times_s(model, layout_key.tp, layout_key.micro_batch, s, layout_key.recompute, dtype)
-    emb = sum(_ops_s(embedding_ops(model, layout_key, seq_len, dtype), op_times_s))
-    head = head_times_s(model.vocab_size // layout_key.tp, model.hidden_size, layout_key.micro_batch * s, dtype)
-    flush()
-    return layer, emb, head
 
 
 def _param_shapes(model, layout: Layout, stage: int, layers: range) -> list[tuple[int, ...]]:
@@ -159,7 +117,7 @@ def _param_shapes(model, layout: Layout, stage: int, layers: range) -> list[tupl
     return shapes
 
 
-def sync_points(model, layout: Layout, m: int, n_layers: int) -> int:
+def sync_points(layout: Layout, m: int, n_layers: int) -> int:
     """Collectives a rank of the slowest stage waits on per step (as counted above; send/recv excluded)."""
     n = 0
     if layout.tp > 1:
@@ -171,120 +129,165 @@ def sync_points(model, layout: Layout, m: int, n_layers: int) -> int:
     return n  # (the per-tensor averaging of DP with TP or PP runs back to back after backward: one wait, counted 1)
 
 
-def world_cores(device) -> int:
+def world_cores(device=None) -> int:
     """Cores the ranks of a local run may use: this process's affinity set (torchrun children inherit it)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return getattr(device, "sm_count", None) or 1
 
 
-def estimate_cpu(work, layout: Layout):
-    """``Estimate`` of ``layout`` on a CPU cluster (see the module docstring for the model)."""
-    from meshplan.planner.estimate import _time_key, finish_estimate, stage_layers, stage_params, tables
-    from meshplan.planner.cpu_bench import flush, measure_optimizer_s
+class CpuEstimator:
+    """``Estimate`` of a layout on ``local:N`` CPU ranks (see the module docstring for the model).
 
-    model, cluster = work.model, work.cluster
-    dev = cluster.device
-    m = layout.num_microbatches(work.global_batch)
-    pp = layout.pp
-    tables(model)
-    layer_s, emb_s, head_s = _mb_times(model, _time_key(layout), work.seq_len, work.dtype)
-    tiny = _tiny_op_s()
-    e = DTYPE_BYTES.get(work.dtype, 4)
-    tokens_mb = layout.micro_batch * work.seq_len // layout.cp
-    cores = world_cores(dev)
-    world = layout.world_size
+    Args:
+        calibration: This host's calibration (``planner.calibrate``): in-step collective tables, time-slicing.
+        terms: What this host's runs taught (``NEUTRAL_TERMS``: unfitted).
+        pricer: The cost model that prices single operators for the solvers (``op_time_s``) and names what
+            priced the plan (``Prediction.costmodel``); the step itself is priced from this host's measurements.
+    """
 
-    def coll(kind: str, nbytes: float, group: int, link) -> float:
-        return coll_s(kind, nbytes, group, link, world, cores)
+    def __init__(self, calibration: Calibration, terms: HostTerms = NEUTRAL_TERMS, pricer: Pricer | None = None):
+        self.calibration = calibration
+        self.terms = terms
+        self.pricer = pricer if pricer is not None else Pricer.roofline()
+        self.name = self.pricer.name
+        self.bench = host_bench(calibration)
+        self.tables = TablesCache()
+        self._mb: dict[tuple, tuple[float, float, float]] = {}
 
-    # TP: per layer 2 all-reduces of the activations forward, 4 backward (see TP_ALLREDUCES_PER_LAYER)
-    tp_comm = tp_host = 0.0
-    if layout.tp > 1:
-        link = cluster.collective_link(layout.tp, 1)
-        tp_comm = TP_ALLREDUCES_PER_LAYER * coll("allreduce", e * tokens_mb * model.hidden_size, layout.tp, link)
-        tp_host = DTENSOR_OPS_PER_LINEAR * LINEARS_PER_LAYER * tiny
-    # PP: activation forward + gradient backward per boundary and micro-batch
-    p2p = 0.0
-    if pp > 1:
-        link = cluster.collective_link(2, layout.pp_stride)
-        p2p = 2 * collective_time_s("sendrecv", e * tokens_mb * model.hidden_size / layout.tp, 2, link)
+    @property
+    def measured(self) -> dict:
+        return self.calibration.measured
 
-    stage_mb, stage_comm_mb = [], []
-    for st in range(pp):
-        n = len(stage_layers(model, layout, st))
-        c = n * (layer_s + tp_host) + (emb_s if st == 0 else 0.0) + (head_s if st == pp - 1 else 0.0)
-        stage_mb.append(c)
-        stage_comm_mb.append(n * tp_comm + p2p)
-    per_mb = [c + q for c, q in zip(stage_mb, stage_comm_mb)]
-    slow = max(range(pp), key=lambda i: per_mb[i])
-    compute = m * stage_mb[slow]
-    comm = m * stage_comm_mb[slow]
-    # the slowest stage idles while the micro-batch's forward reaches it and its backward drains past the other
-    # stages: per step, the other stages' per-micro-batch work (balanced stages: (pp - 1) slots, Narayanan et al.
-    # 2021 §2.2). The average stage overstated it: tiny GPT PP=2 measured 42 ms idle where the mean gave 64 ms,
-    # the other stage's own time 42 ms (its last stage holds the LM head and loss).
-    bubble = sum(per_mb) - per_mb[slow]
+    # ---- single operators for the solvers: the cost model's price, as on any cluster
+    def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
+        return self.pricer.predict(op, device)
 
-    # data-parallel gradient sync of the slowest stage's parameters (fp32 gradients, as the trainer keeps them)
-    dense, expert = stage_params(model, layout, slow)
-    grad_bytes = (dense + expert) * 4.0
-    n_layers = len(stage_layers(model, layout, slow))
-    if layout.dp_shard > 1:
-        shard_link = cluster.collective_link(layout.dp_shard, layout.tp)
-        units = n_layers + 1  # one fully_shard per block + the root
-        unit_bytes = grad_bytes / units
-        ag = coll("allgather", unit_bytes, layout.dp_shard, shard_link)
-        comm += m * 2 * units * ag
-        comm += units * coll("allreduce", unit_bytes, layout.dp_shard, shard_link)
-        compute += (m * 2 * units + units) * FSDP_OPS_PER_UNIT_PASS * tiny
-        grad_bytes /= layout.dp_shard
-    if layout.dp_replicate > 1:
-        rep_link = cluster.collective_link(layout.dp_replicate, layout.tp * layout.dp_shard)
-        if layout.dp_shard > 1:  # HSDP (FSDP2 on a 2-D mesh): per unit, its reduced shard all-reduced across replicas
-            comm += units * coll("allreduce", grad_bytes / units, layout.dp_replicate, rep_link)
-        elif pp > 1 or layout.tp > 1:  # the trainer's own averaging (no DDP on stages / DTensors): per tensor,
-            # back to back after backward: the first call pays the wake-up, the rest the calibrated burst rate
-            for i, shape in enumerate(_param_shapes(model, layout, slow, stage_layers(model, layout, slow))):
-                numel = 1
-                for d in shape:
-                    numel *= d
-                comm += coll("allreduce" if i == 0 else "allreduce_burst", 4.0 * numel, layout.dp_replicate,
-                             rep_link)
-        else:  # DDP buckets: the first capped at 1 MiB, then full 25 MiB ones and a remainder
-            first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
-            full, last = divmod(grad_bytes - first, DDP_BUCKET_BYTES)
-            comm += coll("allreduce", first, layout.dp_replicate, rep_link)
-            comm += full * coll("allreduce", DDP_BUCKET_BYTES, layout.dp_replicate, rep_link)
-            if last > 0:
-                comm += coll("allreduce", last, layout.dp_replicate, rep_link)
+    def op_times_s(self, ops: list[OpSpec], device: DeviceSpec) -> list[float]:
+        return [float(t) for t in self.pricer.predict_batch(ops, device)]
 
-    optimizer = measure_optimizer_s(_param_shapes(model, layout, slow, stage_layers(model, layout, slow)))
-    flush()
+    def _tiny_op_s(self) -> float:
+        """Per-op framework overhead: a 1-element add, forward + backward, seconds."""
+        f, b = self.bench.op_times_s(OpSpec("elementwise", (1,), "fp32"))
+        return f + b
 
-    # learned from this host's runs (planner.local_fit; 1 and 0 before a fit): the ratio of the runs' compute
-    # to this free-core pricing, on all CPU work (the bubble is the other stages' compute), and the wait per
-    # collective (a pipeline stage's wait for its neighbour is the bubble, priced above)
-    from meshplan.planner.local_fit import learned
+    def _mb_times(self, model, key: Layout, seq_len: int, dtype: str) -> tuple[float, float, float]:
+        """(one layer fwd+bwd(+recompute), embedding fwd+bwd, head fwd+bwd) for one micro-batch, seconds."""
+        k = (model, key, seq_len, dtype)
+        hit = self._mb.get(k)
+        if hit is None:
+            s = seq_len // key.cp
+            bench = self.bench
+            layer = bench.layer_times_s(model, key.tp, key.micro_batch, s, key.recompute, dtype)
+            emb = sum(sum(bench.op_times_s(op)) for op in embedding_ops(model, key, seq_len, dtype))
+            head = bench.head_times_s(model.vocab_size // key.tp, model.hidden_size, key.micro_batch * s, dtype)
+            bench.flush()
+            hit = self._mb[k] = (layer, emb, head)
+        return hit
 
-    fit = learned()
-    compute, bubble, optimizer = (x * fit["compute_scale"] for x in (compute, bubble, optimizer))
-    stage_mb = [x * fit["compute_scale"] for x in stage_mb]
-    comm += sync_points(model, layout, m, n_layers) * fit["sync_wait_s"]
-    step = compute + comm + bubble + optimizer
-    # More ranks than cores: the ranks' busy time (everything but the bubble, when a stage sleeps in recv)
-    # shares the cores, so the step lasts at least sum(busy) / cores (work conservation); stretched evenly.
-    if world > cores:
-        # CPU work only: the collectives' wall time was measured under the same oversubscription
-        fsdp_host = compute - m * stage_mb[slow]
-        per_rank_busy = [m * stage_mb[st] + fsdp_host + optimizer for st in range(pp)]
-        total_busy = sum(per_rank_busy) * (world // pp)
-        busy_slow = compute + optimizer
-        sl = _measured().get("time_slicing") or {}
-        eff = float(sl["efficiency"]) if sl.get("world") == world and sl.get("cores") == cores else 1.0
-        stretch = max(1.0, total_busy / cores / busy_slow / max(eff, 0.1))
-        compute, bubble, optimizer = (x * stretch for x in (compute, bubble, optimizer))
+    def estimate(self, work: Workload, layout: Layout) -> Estimate:
+        """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
+        model, cluster = work.model, work.cluster
+        dev = cluster.device
+        m = layout.num_microbatches(work.global_batch)
+        pp = layout.pp
+        tb = self.tables(model)
+        layer_s, emb_s, head_s = self._mb_times(model, time_key(layout), work.seq_len, work.dtype)
+        tiny = self._tiny_op_s()
+        e = DTYPE_BYTES.get(work.dtype, 4)
+        tokens_mb = layout.micro_batch * work.seq_len // layout.cp
+        cores = world_cores(dev)
+        world = layout.world_size
+
+        def coll(kind: str, nbytes: float, group: int, link) -> float:
+            return coll_s(self.measured, kind, nbytes, group, link, world, cores)
+
+        # TP: per layer 2 all-reduces of the activations forward, 4 backward (see TP_ALLREDUCES_PER_LAYER)
+        tp_comm = tp_host = 0.0
+        if layout.tp > 1:
+            link = cluster.collective_link(*layout.tp_group)
+            tp_comm = TP_ALLREDUCES_PER_LAYER * coll("allreduce", e * tokens_mb * model.hidden_size, layout.tp, link)
+            tp_host = DTENSOR_OPS_PER_LINEAR * LINEARS_PER_LAYER * tiny
+        # PP: activation forward + gradient backward per boundary and micro-batch
+        p2p = 0.0
+        if pp > 1:
+            link = cluster.collective_link(*layout.pp_neighbours)
+            p2p = 2 * collective_time_s("sendrecv", e * tokens_mb * model.hidden_size / layout.tp, 2, link)
+
+        stage_mb, stage_comm_mb = [], []
+        for st in range(pp):
+            n = len(stage_layers(model, layout, st))
+            c = n * (layer_s + tp_host) + (emb_s if st == 0 else 0.0) + (head_s if st == pp - 1 else 0.0)
+            stage_mb.append(c)
+            stage_comm_mb.append(n * tp_comm + p2p)
+        per_mb = [c + q for c, q in zip(stage_mb, stage_comm_mb)]
+        slow = max(range(pp), key=lambda i: per_mb[i])
+        compute = m * stage_mb[slow]
+        comm = m * stage_comm_mb[slow]
+        # the slowest stage idles while the micro-batch's forward reaches it and its backward drains past the other
+        # stages: per step, the other stages' per-micro-batch work (balanced stages: (pp - 1) slots, Narayanan et
+        # al. 2021 §2.2). The average stage overstated it: tiny GPT PP=2 measured 42 ms idle where the mean gave
+        # 64 ms, the other stage's own time 42 ms (its last stage holds the LM head and loss).
+        bubble = sum(per_mb) - per_mb[slow]
+
+        # data-parallel gradient sync of the slowest stage's parameters (fp32 gradients, as the trainer keeps them)
+        dense, expert = stage_params(tb, layout, slow)
+        grad_bytes = (dense + expert) * 4.0
+        layers = stage_layers(model, layout, slow)
+        n_layers = len(layers)
+        if layout.dp_shard > 1:
+            shard_link = cluster.collective_link(*layout.shard_group)
+            units = n_layers + 1  # one fully_shard per block + the root
+            unit_bytes = grad_bytes / units
+            ag = coll("allgather", unit_bytes, layout.dp_shard, shard_link)
+            comm += m * 2 * units * ag
+            comm += units * coll("allreduce", unit_bytes, layout.dp_shard, shard_link)
+            compute += (m * 2 * units + units) * FSDP_OPS_PER_UNIT_PASS * tiny
+            grad_bytes /= layout.dp_shard
+        if layout.dp_replicate > 1:
+            rep_link = cluster.collective_link(*layout.replicate_group)
+            if layout.dp_shard > 1:  # HSDP (FSDP2 on a 2-D mesh): per unit, its reduced shard across the replicas
+                comm += units * coll("allreduce", grad_bytes / units, layout.dp_replicate, rep_link)
+            elif pp > 1 or layout.tp > 1:  # the trainer's own averaging (no DDP on stages / DTensors): per tensor,
+                # back to back after backward: the first call pays the wake-up, the rest the calibrated burst rate
+                for i, shape in enumerate(_param_shapes(model, layout, slow, layers)):
+                    numel = 1
+                    for d in shape:
+                        numel *= d
+                    comm += coll("allreduce" if i == 0 else "allreduce_burst", 4.0 * numel, layout.dp_replicate,
+                                 rep_link)
+            else:  # DDP buckets: the first capped at 1 MiB, then full 25 MiB ones and a remainder
+                first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+                full, last = divmod(grad_bytes - first, DDP_BUCKET_BYTES)
+                comm += coll("allreduce", first, layout.dp_replicate, rep_link)
+                comm += full * coll("allreduce", DDP_BUCKET_BYTES, layout.dp_replicate, rep_link)
+                if last > 0:
+                    comm += coll("allreduce", last, layout.dp_replicate, rep_link)
+
+        optimizer = self.bench.measure_optimizer_s(_param_shapes(model, layout, slow, layers))
+        self.bench.flush()
+
+        # learned from this host's runs (1 and 0 before a fit): the ratio of the runs' compute to this free-core
+        # pricing, on all CPU work (the bubble is the other stages' compute), and the wait per collective (a
+        # pipeline stage's wait for its neighbour is the bubble, priced above)
+        scale = self.terms.compute_scale
+        compute, bubble, optimizer = (x * scale for x in (compute, bubble, optimizer))
+        stage_mb = [x * scale for x in stage_mb]
+        comm += sync_points(layout, m, n_layers) * self.terms.sync_wait_s
         step = compute + comm + bubble + optimizer
+        # More ranks than cores: the ranks' busy time (everything but the bubble, when a stage sleeps in recv)
+        # shares the cores, so the step lasts at least sum(busy) / cores (work conservation); stretched evenly.
+        if world > cores:
+            # CPU work only: the collectives' wall time was measured under the same oversubscription
+            fsdp_host = compute - m * stage_mb[slow]
+            per_rank_busy = [m * stage_mb[st] + fsdp_host + optimizer for st in range(pp)]
+            total_busy = sum(per_rank_busy) * (world // pp)
+            busy_slow = compute + optimizer
+            sl = self.measured.get("time_slicing") or {}
+            eff = float(sl["efficiency"]) if sl.get("world") == world and sl.get("cores") == cores else 1.0
+            stretch = max(1.0, total_busy / cores / busy_slow / max(eff, 0.1))
+            compute, bubble, optimizer = (x * stretch for x in (compute, bubble, optimizer))
+            step = compute + comm + bubble + optimizer
 
-    return finish_estimate(work, layout, m, step=step, compute_s=compute, exposed_comm_s=comm, bubble_s=bubble,
-                           other_s=optimizer)
+        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, exposed_comm_s=comm,
+                               bubble_s=bubble, other_s=optimizer)

@@ -1,66 +1,68 @@
-"""``Layout``: one candidate placement of a model on a cluster, and all of its mesh arithmetic and validation.
+"""``Degrees`` and ``Layout``: one candidate placement of a model on a cluster, its mesh arithmetic and validation.
 
-In the spirit of torchtitan's ``parallel_dims.py``: every divisibility rule lives here, and every error prints
-the numbers involved. Rank order (fastest-varying first) follows Megatron-LM: tp, cp, dp, pp — so a TP group is
-contiguous ranks, a CP group has stride tp, a DP group stride tp*cp and PP neighbours are tp*cp*dp apart.
-Expert parallelism borrows its ranks from dp_shard * cp (torchtitan) with stride tp.
+In the spirit of torchtitan's ``parallel_dims.py``: every divisibility rule, group stride and rank group lives
+here, and every error prints the numbers involved. Rank order (fastest-varying first) follows Megatron-LM: tp,
+cp, dp (dp_shard inside dp_replicate), pp — so a TP group is contiguous ranks, a CP group has stride tp, a DP group
+stride tp*cp and PP neighbours are tp*cp*dp apart. Expert parallelism borrows its ranks from dp_shard * cp
+(torchtitan) with stride tp.
+
+``Degrees`` is the one degrees type: ``Plan.degrees`` holds one, a ``Layout`` is one (plus the other decisions),
+and ``meshplan plan --fix`` pins its fields (``planner.space.Pins``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Annotated, NamedTuple
+
+from pydantic import ConfigDict, Field
 
 from meshplan.core.errors import MeshplanError
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
+DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
+_Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
+
+
+class MeshGroup(NamedTuple):
+    """A collective's group: ``size`` ranks, ``stride`` apart (``ClusterSpec.collective_link(*group)``)."""
+
+    size: int
+    stride: int
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Every decision of a homogeneous plan.
+class Degrees:
+    """Parallel degrees (torchtitan's ``ParallelDims`` naming). ``vpp`` = virtual pipeline chunks per rank.
 
-    Attributes:
-        dp_replicate, dp_shard, tp, pp, vpp, cp, ep: parallel degrees (vpp = virtual chunks per pipeline rank).
-        micro_batch: sequences per micro-batch per data-parallel rank.
-        zero_stage: 0-3 over the dp_shard group (3 = FSDP full shard). 0 requires dp_shard == 1.
-        recompute: "none", "selective" (core attention, Korthikanti et al. 2022) or "full".
-        sequence_parallel: Megatron SP (norms/dropout sharded over TP); needs tp > 1.
-        attention: "flash" (FlashAttention, no s x s scores stored) or "unfused" (materialised scores, as in
-            Megatron-LM 2021: fused scale-mask-softmax, separate dropout).
+    world = dp_replicate * dp_shard * cp * tp * pp; ep borrows from dp_shard * cp (expert layers only).
     """
 
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    cp: int = 1
-    ep: int = 1
-    micro_batch: int = 1
-    zero_stage: int = 0
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    attention: str = "flash"
+    __pydantic_config__ = ConfigDict(extra="forbid")  # a plan file's unknown degree is an error
+
+    dp_replicate: _Degree = 1
+    dp_shard: _Degree = 1
+    tp: _Degree = 1
+    pp: _Degree = 1
+    vpp: _Degree = 1
+    cp: _Degree = 1
+    ep: _Degree = 1
 
     @property
     def dp(self) -> int:
+        """Total data-parallel degree (replicate x shard)."""
         return self.dp_replicate * self.dp_shard
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.cp * self.tp * self.pp
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
 
     @property
-    def schedule(self) -> str:
-        return "interleaved" if self.vpp > 1 else "1f1b"
+    def degrees(self) -> "Degrees":
+        """The degrees alone (a ``Layout`` without its other decisions), e.g. for ``Plan.degrees``."""
+        return Degrees(**{n: getattr(self, n) for n in DEGREE_NAMES})
 
-    def num_microbatches(self, global_batch: int) -> int:
-        return global_batch // (self.micro_batch * self.dp)
-
-    def with_(self, **kw) -> "Layout":
-        return replace(self, **kw)
-
-    # ---- rank strides (Megatron order tp -> cp -> dp -> pp) ----
+    # ---- rank strides (Megatron order tp -> cp -> dp_shard -> dp_replicate -> pp) ----
     @property
     def cp_stride(self) -> int:
         return self.tp
@@ -73,10 +75,105 @@ class Layout:
     def pp_stride(self) -> int:
         return self.tp * self.cp * self.dp
 
+    # ---- the groups collectives run over ----
+    @property
+    def tp_group(self) -> MeshGroup:
+        """Tensor parallelism: contiguous ranks."""
+        return MeshGroup(self.tp, 1)
+
+    @property
+    def cp_group(self) -> MeshGroup:
+        """Context parallelism: the KV ring."""
+        return MeshGroup(self.cp, self.cp_stride)
+
+    @property
+    def ep_group(self) -> MeshGroup:
+        """Expert parallelism: ranks borrowed from dp_shard * cp, next to each other after tp."""
+        return MeshGroup(self.ep, self.tp)
+
+    @property
+    def grad_group(self) -> MeshGroup:
+        """Gradient synchronisation without sharding: every data-parallel and context-parallel replica."""
+        return MeshGroup(self.dp * self.cp, self.tp)
+
+    @property
+    def shard_group(self) -> MeshGroup:
+        """ZeRO / FSDP sharding: dp_shard x cp (torchtitan shards over both)."""
+        return MeshGroup(self.dp_shard * self.cp, self.tp)
+
+    @property
+    def replicate_group(self) -> MeshGroup:
+        """HSDP / plain DP replicas of one shard."""
+        return MeshGroup(self.dp_replicate, self.tp * self.cp * self.dp_shard)
+
+    @property
+    def dp_group(self) -> MeshGroup:
+        """Data parallelism (replicate x shard), the same model shard everywhere."""
+        return MeshGroup(self.dp, self.dp_stride)
+
+    @property
+    def pp_group(self) -> MeshGroup:
+        """The pipeline's stages of one model replica."""
+        return MeshGroup(self.pp, self.pp_stride)
+
+    @property
+    def pp_neighbours(self) -> MeshGroup:
+        """Two adjacent pipeline stages (a point-to-point send/recv)."""
+        return MeshGroup(2, self.pp_stride)
+
+    def rank_groups(self, group: MeshGroup) -> list[tuple[int, ...]]:
+        """Every group of ranks a collective over ``group`` (one of the properties above) runs in, rank-sorted.
+
+        Rank ``r`` belongs to the group starting at the lowest rank that differs from ``r`` only in the group's own
+        coordinate: ``r - ((r // stride) % size) * stride``.
+        """
+        size, stride = group
+        out: dict[int, list[int]] = {}
+        for r in range(self.world_size):
+            first = r - ((r // stride) % size) * stride
+            out.setdefault(first, []).append(r)
+        return [tuple(v) for _, v in sorted(out.items())]
+
+
+@dataclass(frozen=True)
+class Layout(Degrees):
+    """Every decision of a homogeneous plan: the degrees and the rest.
+
+    Attributes:
+        dp_replicate, dp_shard, tp, pp, vpp, cp, ep: parallel degrees (``Degrees``).
+        micro_batch: sequences per micro-batch per data-parallel rank.
+        zero_stage: 0-3 over the dp_shard group (3 = FSDP full shard). 0 requires dp_shard == 1.
+        recompute: "none", "selective" (core attention, Korthikanti et al. 2022) or "full".
+        sequence_parallel: Megatron SP (norms/dropout sharded over TP); needs tp > 1.
+        attention: "flash" (FlashAttention, no s x s scores stored) or "unfused" (materialised scores, as in
+            Megatron-LM 2021: fused scale-mask-softmax, separate dropout).
+    """
+
+    micro_batch: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    attention: str = "flash"
+
+    @classmethod
+    def of(cls, degrees: Degrees, **decisions) -> "Layout":
+        """The layout with ``degrees`` and the other decisions given by name."""
+        return cls(**{n: getattr(degrees, n) for n in DEGREE_NAMES}, **decisions)
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.vpp > 1 else "1f1b"
+
+    def num_microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.micro_batch * self.dp)
+
+    def with_(self, **kw) -> "Layout":
+        return replace(self, **kw)
+
     def validate(self, *, world_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
                  seq_len: int, global_batch: int, num_experts: int = 0) -> None:
         """Raise ``MeshplanError`` naming the first rule this layout breaks, with the numbers."""
-        for name in ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep", "micro_batch"):
+        for name in (*DEGREE_NAMES, "micro_batch"):
             if getattr(self, name) < 1:
                 raise MeshplanError(f"{name}={getattr(self, name)} must be >= 1")
         if self.world_size != world_size:
@@ -124,3 +221,4 @@ class Layout:
         m = global_batch // per_step
         if self.vpp > 1 and m % self.pp:
             raise MeshplanError(f"interleaved schedule: {m} micro-batches must be a multiple of pp={self.pp}")
+

@@ -67,18 +67,43 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout)
 
 @dataclass(frozen=True)
 class LayerShape:
-    """What the activation formula needs of one decoder layer (sizes in elements)."""
+    """What the activation formula needs of one decoder layer (sizes in elements); built by :func:`layer_shape`."""
 
     hidden: int
     heads: int
     q_dim: int  # heads * head_dim
-    kv_dim: int  # kv_heads * head_dim (K) — V uses v_dim
-    v_dim: int
+    kv_dim: int  # width of K: kv_heads * head_dim (MLA: heads * head_dim, K is per head after up-projection)
+    v_dim: int  # width of V: kv_heads * v_head_dim (GQA shares V across a group; MLA: heads * v_head_dim)
     ffn: int  # dense FFN width, or per-expert width for MoE layers
     gated: bool
     dropout: bool
     experts_per_token: int = 0  # 0 = dense layer
     shared_ffn: int = 0  # total width of shared experts
+
+
+def has_dropout(model) -> bool:
+    """GPT-2 style configs (incl. the Megatron GPT presets) train with dropout 0.1; Llama/Qwen/Mistral/DeepSeek
+    and GPT-NeoX (hidden_dropout 0) train without."""
+    return model.model_type == "gpt2"
+
+
+def layer_shape(model, layer: int) -> LayerShape:
+    """The activation-relevant shape of decoder layer ``layer`` of ``model`` (a ``planner.model_spec.ModelSpec``).
+
+    K and V are as wide as the tensors the layer saves for backward: with grouped-query attention (Ainslie et al.
+    2023) the K/V projections produce ``num_kv_heads`` heads, shared by a group of query heads, so V is
+    ``num_kv_heads * v_head_dim`` wide (Llama-3.1-70B: 8 x 128 = 1024, not the 8192 of its 64 query heads). MLA
+    (DeepSeek-V2 §2.1) up-projects K and V per query head, so they are ``num_heads`` wide.
+    """
+    moe = model.is_moe_layer(layer)
+    kv_heads = model.num_heads if model.kv_lora_rank else model.num_kv_heads
+    return LayerShape(
+        hidden=model.hidden_size, heads=model.num_heads, q_dim=model.num_heads * model.head_dim,
+        kv_dim=kv_heads * model.head_dim, v_dim=kv_heads * model.v_head_dim,
+        ffn=model.moe_ffn_hidden_size if moe else model.ffn_hidden_size, gated=model.gated_mlp,
+        dropout=has_dropout(model), experts_per_token=model.experts_per_token if moe else 0,
+        shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0,
+    )
 
 
 def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout) -> float:

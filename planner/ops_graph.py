@@ -2,7 +2,7 @@
 
 One place knows which GEMMs, attention and memory-bound ops a transformer layer runs under tensor, context,
 sequence and expert parallelism, and which collectives go with them. The estimator prices these lists with
-``costmodel.predict``; nothing else builds op lists for plans.
+the estimator's pricer (``costmodel.api.Pricer.predict``); nothing else builds op lists for plans.
 
 Shapes follow Megatron-LM's layer (Shoeybi et al. 2019, Fig. 3; Narayanan et al. 2021 §3.2): column-parallel
 QKV / FC1, row-parallel output / FC2, one all-reduce (or all-gather + reduce-scatter with sequence
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout import Layout
+from meshplan.planner.memory import has_dropout
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,6 @@ class LayerOps:
     cp_comm: tuple[tuple[str, float], ...]
 
 
-def _dropout(model) -> bool:
-    # GPT-2 style configs (incl. the Megatron GPT presets) train with dropout 0.1; Llama/Qwen/Mistral/DeepSeek
-    # and GPT-NeoX (hidden_dropout 0) train without.
-    return model.model_type == "gpt2"
-
-
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
     """Ops of decoder layer ``layer`` for one micro-batch on one rank."""
     t, cp, b = layout.tp, layout.cp, layout.micro_batch
@@ -55,7 +50,7 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
     ops: list[OpSpec] = []
     attn_core: list[OpSpec] = []
     ew = lambda n: OpSpec("elementwise", (int(n),), dtype)  # noqa: E731
-    drop = _dropout(model)
+    drop = has_dropout(model)
 
     # --- attention block ---
     ops.append(OpSpec(norm, (Tn, h), dtype))

@@ -1,8 +1,8 @@
 """The ``Plan``: every decision meshplan makes for one job, plus the prediction and the versions that made it.
 
 A plan is a value (pydantic model, frozen). It is saved as YAML under ``plans/`` and is the only input of the
-exporters (``planner.export``) and of ``meshplan check``. Degrees follow torchtitan's ``ParallelDims`` naming:
-world = dp_replicate * dp_shard * cp * tp * pp; ep borrows from dp_shard * cp (expert layers only).
+exporters (``planner.export``) and of ``meshplan check``. Its degrees are ``planner.layout.Degrees`` (torchtitan's
+``ParallelDims`` naming: world = dp_replicate * dp_shard * cp * tp * pp; ep borrows from dp_shard * cp).
 """
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout import Degrees
 
 # A plan's name becomes a file name under plans/, a job name and a word in generated shell scripts: letters,
 # digits, '.', '_' and '-', starting with a letter or digit (so never '..', '/' or anything a shell expands).
@@ -24,31 +25,15 @@ MODEL_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
+Attention = Literal["flash", "unfused"]
+_ATTENTION_NOTE = "attention="  # how plans before the ``attention`` field recorded it (a note, parsed back)
+
+__all__ = ["Attention", "Breakdown", "BucketCompression", "ClusterRef", "Degrees", "DeviceGroupRef", "ModelRef",
+           "Plan", "Prediction", "Recompute", "Schedule", "Stage", "load_plan"]
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Degrees(_Frozen):
-    """Parallel degrees. ``vpp`` = virtual pipeline chunks per rank (1 = plain 1F1B)."""
-
-    dp_replicate: int = Field(1, ge=1)
-    dp_shard: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    vpp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
-
-    @property
-    def dp(self) -> int:
-        """Total data-parallel degree (replicate x shard)."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
 
 
 class ModelRef(_Frozen):
@@ -155,6 +140,7 @@ class Plan(_Frozen):
     zero_stage: int = Field(0, ge=0, le=3)
     recompute: Recompute = "none"
     schedule: Schedule = "1f1b"
+    attention: Attention = "flash"
     dtype: str = "bf16"
     layer_precision: Optional[tuple[str, ...]] = None
     stages: Optional[tuple[Stage, ...]] = None
@@ -162,6 +148,18 @@ class Plan(_Frozen):
     prediction: Optional[Prediction] = None
     meshplan_version: str = "0+unknown"
     notes: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attention_from_note(cls, data):
+        """A plan written before ``attention`` was a field kept it as the note ``attention=X``: read it into the
+        field (the note dropped), so old plan files load as the same plan."""
+        if isinstance(data, dict) and "attention" not in data and isinstance(data.get("notes"), (list, tuple)):
+            said = [n for n in data["notes"] if isinstance(n, str) and n.startswith(_ATTENTION_NOTE)]
+            if said:
+                data = {**data, "attention": said[-1][len(_ATTENTION_NOTE):],
+                        "notes": [n for n in data["notes"] if n not in said]}
+        return data
 
     @property
     def grad_accum(self) -> int:

@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate import Workload
+from meshplan.core.units import parse_bandwidth
+from meshplan.core.version import meshplan_version
+from meshplan.costmodel.api import Pricer
+from meshplan.planner.cluster import load_cluster
+from meshplan.planner.estimate import Estimator, Workload
+from meshplan.planner.estimators import estimator_for
+from meshplan.planner.host import Host
+from meshplan.planner.model_spec import load_model
 from meshplan.planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search import layout_row, model_ref, search, to_plan
 from meshplan.planner.space import parse_fix
-from meshplan.core.version import meshplan_version
 
 WORKLOADS = ("train", "serve")
 
@@ -64,11 +70,12 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
              progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans"),
              workload: str = "train", quality_budget: float | None = None, compress: bool = False,
              net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
-             sensitivity: Path | None = None) -> PlanOutcome:
-    """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``)."""
-    from meshplan.planner.cluster import load_cluster, parse_bandwidth
-    from meshplan.planner.model_spec import load_model
+             sensitivity: Path | None = None, costmodel: Path | None = None, host: Host = Host()) -> PlanOutcome:
+    """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``).
 
+    ``costmodel``: the model folder that prices operators (``None``: the shipped one). ``host``: this host's
+    calibration and learned terms (``planner.host.load_host``), needed by ``local:N`` clusters.
+    """
     if global_batch < 1:
         raise MeshplanError(f"--global-batch {global_batch} must be >= 1")
     if seq_len < 1:
@@ -77,7 +84,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
         raise MeshplanError(f"--workload {workload}: expected one of {', '.join(WORKLOADS)}")
     fixes = parse_fix(fix)
     spec = load_model(model)
-    clus = load_cluster(cluster)
+    clus = load_cluster(cluster, calibration=host.calibration)
+    estimator = estimator_for(clus, Pricer.from_dir(costmodel), host.terms)
     if net:
         clus = clus.with_inter_bandwidth(parse_bandwidth(net))
     if dtype is None:  # bf16 mixed precision on accelerators; fp32 on CPU ranks (local:N), as PyTorch trains there
@@ -85,25 +93,25 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     nm = check_plan_name(name) if name is not None else plan_name(model)
     path = Path(out) if out else plans_dir / f"{nm}.yaml"
     if workload == "serve" or clus.is_heterogeneous or quality_budget is not None or sensitivity:
-        if fixes:
+        if fixes.pinned():
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
         return _solver_plan(spec, clus, model, nm, path, global_batch, seq_len, workload, quality_budget,
-                            gen_len, dtype, sensitivity)
+                            gen_len, dtype, estimator, sensitivity)
     clus.device.peak(dtype)  # refuses a dtype the device lacks, naming the device
     work = Workload(spec, clus, global_batch, seq_len, dtype)
     if compress:
         for k in ("tp", "pp", "cp", "ep"):
             if fixes.get(k, 1) != 1:
-                raise MeshplanError(f"--compress plans pure data parallelism; --fix {k}={fixes[k]} conflicts")
-        fixes.update(tp=1, pp=1, cp=1, ep=1)
-    result = search(work, fixes, top=top, progress=progress)
+                raise MeshplanError(f"--compress plans pure data parallelism; --fix {k}={fixes.get(k)} conflicts")
+        fixes = fixes.with_(tp=1, pp=1, cp=1, ep=1)
+    result = search(work, fixes, top=top, progress=progress, estimator=estimator)
     best_layout, best_est = result.ranked[0]
-    plan = to_plan(work, best_layout, best_est, nm, model)
+    plan = to_plan(work, best_layout, best_est, nm, model, estimator.name)
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
     if compress:
-        plan, notes = _with_compression(plan, work, best_est, error_budget)
+        plan, notes = _with_compression(plan, work, best_est, error_budget, estimator)
         rows[0] = {**rows[0], "step_time_s": plan.prediction.step_time_s,
                    "tokens_per_s": plan.prediction.tokens_per_s, "mfu": plan.prediction.mfu,
                    "tflops_per_device": plan.prediction.tflops_per_device, "compressed": True}
@@ -113,10 +121,12 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     return PlanOutcome(title, rows, plan, path, notes)
 
 
-def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Plan, tuple[str, ...]]:
+def _with_compression(plan: Plan, work: Workload, est, error_budget,
+                      estimator: Estimator) -> tuple[Plan, tuple[str, ...]]:
     from meshplan.planner.solve.compression import solve_compression
 
-    res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len, error_budget=error_budget)
+    res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len, error_budget=error_budget,
+                            estimator=estimator)
     saving = max(0.0, res.baseline_step_s - res.step_s)
     saving = min(saving, est.exposed_comm_s)  # never more than the exposed communication there is
     step = est.step_time_s - saving
@@ -136,15 +146,15 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget) -> tuple[Pl
 
 
 def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
-                 dtype, sensitivity=None) -> PlanOutcome:
+                 dtype, estimator: Estimator, sensitivity=None) -> PlanOutcome:
     from meshplan.planner.solve.precision import solve_hetero_train, solve_serve
 
     if workload == "serve":
         res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget,
-                          sensitivity=sensitivity)
+                          sensitivity=sensitivity, estimator=estimator)
     else:
         res = solve_hetero_train(spec, clus, global_batch, seq_len, quality_budget=quality_budget,
-                                 sensitivity=sensitivity)
+                                 sensitivity=sensitivity, estimator=estimator)
     fields = res.plan_fields()
     world = clus.world_size
     if res.stages:
@@ -163,7 +173,7 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
                       hw_tflops_per_device=flops / res.time_s / world / 1e12, mfu=flops / res.time_s / peak_sum,
                       peak_memory_bytes=int(max(mem)),
                       breakdown=Breakdown(compute_s=res.time_s, exposed_comm_s=0.0, bubble_s=0.0),
-                      costmodel=_predictor())
+                      costmodel=estimator.name)
     plan = Plan(name=name, model=model_ref(spec, model_arg), cluster=clus.to_ref(), global_batch=global_batch,
                 micro_batch=max(1, fields["micro_batch"]), seq_len=seq_len,
                 degrees=Degrees(dp_replicate=dp, tp=tp, pp=pp), dtype=dtype,
@@ -180,12 +190,6 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
     title = (f"{spec.name} on {clus.spec} ({res.workload}): batch {global_batch}, seq {seq_len} — CP-SAT "
              f"{res.status.status}" + (" (time limit hit)" if res.status.hit_time_limit else ""))
     return PlanOutcome(title, rows, plan, path, notes)
-
-
-def _predictor() -> str:
-    from meshplan.costmodel.api import predictor_name
-
-    return predictor_name()
 
 
 def _solver_layout(res) -> str:

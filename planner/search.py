@@ -4,15 +4,16 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate import Estimate, Workload, estimate
+from meshplan.core.version import meshplan_version
+from meshplan.planner.estimate import Estimate, Estimator, Workload
+from meshplan.planner.estimators import estimator_for
 from meshplan.planner.layout import Layout
 from meshplan.planner.memory import GiB
-from meshplan.planner.plan import Breakdown, Degrees, ModelRef, Plan, Prediction
-from meshplan.planner.space import enumerate_layouts, explain_empty
-from meshplan.core.version import meshplan_version
+from meshplan.planner.plan import Breakdown, ModelRef, Plan, Prediction
+from meshplan.planner.space import Pins, enumerate_layouts, explain_empty
 
 
 @dataclass
@@ -27,9 +28,17 @@ class SearchResult:
     invalid_reasons: list[str] = field(default_factory=list)
 
 
-def search(work: Workload, fix: dict, top: int = 10,
-           progress: Callable[[int], None] | None = None) -> SearchResult:
+def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: int = 10,
+           progress: Callable[[int], None] | None = None, estimator: Estimator | None = None) -> SearchResult:
     """Evaluate every layout in the space; keep the ``top`` fastest that fit in memory.
+
+    Args:
+        work: Model, cluster, batch, sequence, dtype.
+        fix: Pinned decisions (``planner.space.Pins``, or a mapping of ``--fix`` keys).
+        top: How many ranked layouts to keep.
+        progress: Called with the count of layouts evaluated so far.
+        estimator: What prices a layout (``planner.estimators.estimator_for``; ``None``: the cluster's, with the
+            shipped cost model and neutral host terms).
 
     Raises:
         MeshplanError: a pinned value breaks a rule (the rule and numbers), or nothing fits (the closest
@@ -37,9 +46,13 @@ def search(work: Workload, fix: dict, top: int = 10,
     """
     t0 = time.perf_counter()
     model, cluster = work.model, work.cluster
+    fix = Pins.of(fix)
     if cluster.is_heterogeneous:
         raise MeshplanError(f"cluster {cluster.spec} is heterogeneous; use the partition solver "
                             "(meshplan plan picks it automatically for mixed clusters)")
+    if estimator is None:
+        estimator = estimator_for(cluster)
+    estimate = estimator.estimate
     heap: list = []
     evaluated = feasible = 0
     closest = None
@@ -119,32 +132,28 @@ def model_ref(m, model_source: str) -> ModelRef:
                     qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
 
 
-def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str) -> Plan:
-    """The ``Plan`` value for one evaluated layout."""
+def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str, costmodel: str) -> Plan:
+    """The ``Plan`` value for one evaluated layout (``costmodel``: what priced it, ``Estimator.name``)."""
     return Plan(
         name=name,
         model=model_ref(work.model, model_source),
         cluster=work.cluster.to_ref(),
         global_batch=work.global_batch, micro_batch=layout.micro_batch, seq_len=work.seq_len,
-        degrees=Degrees(dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, pp=layout.pp,
-                        vpp=layout.vpp, cp=layout.cp, ep=layout.ep),
+        degrees=layout.degrees,
         sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage, recompute=layout.recompute,
-        schedule=layout.schedule, dtype=work.dtype,
-        prediction=prediction_of(est),
+        schedule=layout.schedule, attention=layout.attention, dtype=work.dtype,
+        prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
-        notes=(f"attention={layout.attention}",),
     )
 
 
-def prediction_of(est: Estimate) -> Prediction:
-    from meshplan.costmodel.api import predictor_name
-
+def prediction_of(est: Estimate, costmodel: str) -> Prediction:
     return Prediction(
         step_time_s=est.step_time_s, tokens_per_s=est.tokens_per_s, tflops_per_device=est.tflops_per_device,
         hw_tflops_per_device=est.hw_tflops_per_device, mfu=est.mfu, peak_memory_bytes=est.memory.total_bytes,
         breakdown=Breakdown(compute_s=est.compute_s, exposed_comm_s=est.exposed_comm_s, bubble_s=est.bubble_s,
                             other_s=est.other_s),
-        memory_bytes=est.memory.as_dict(), costmodel=predictor_name(),
+        memory_bytes=est.memory.as_dict(), costmodel=costmodel,
     )
 
 
@@ -163,24 +172,14 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
     }
 
 
-def estimate_plan(plan: Plan) -> Estimate:
-    """Re-price a saved plan's layout with the models as they stand now (for a plan of the layout search).
+def plan_layout(plan: Plan) -> Layout:
+    """The ``Layout`` a saved plan of the layout search holds.
 
     Raises:
-        MeshplanError: a solver plan (per-stage layers or per-layer precision), or a model / cluster the plan
-            names that cannot be loaded from here.
+        MeshplanError: a solver plan (per-stage layers or per-layer precision): it has no single layout.
     """
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.model_spec import load_model
-
     if plan.stages or plan.layer_precision:
         raise MeshplanError(f"plan {plan.name}: a solver plan (stages / per-layer precision) cannot be re-priced "
                             "by the layout estimator")
-    attention = next((n.split("=", 1)[1] for n in plan.notes if n.startswith("attention=")), "flash")
-    d = plan.degrees
-    layout = Layout(dp_replicate=d.dp_replicate, dp_shard=d.dp_shard, tp=d.tp, pp=d.pp, vpp=d.vpp, cp=d.cp, ep=d.ep,
-                    micro_batch=plan.micro_batch, zero_stage=plan.zero_stage, recompute=plan.recompute,
-                    sequence_parallel=plan.sequence_parallel, attention=attention)
-    work = Workload(load_model(plan.model.source), load_cluster(plan.cluster.spec), plan.global_batch, plan.seq_len,
-                    plan.dtype)
-    return estimate(work, layout)
+    return Layout.of(plan.degrees, micro_batch=plan.micro_batch, zero_stage=plan.zero_stage,
+                     recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, attention=plan.attention)

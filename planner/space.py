@@ -1,12 +1,13 @@
 """The candidate space: every ``Layout`` whose degrees divide the cluster, model and batch evenly.
 
-``--fix key=value`` pins any decision. Keys: dp (total data parallel), dp_replicate, dp_shard, tp, pp, vpp, cp,
-ep, sp, mbs, zero, recompute, attention. Pinning all of them evaluates exactly one configuration; a pinned
-combination that breaks a rule is reported by ``Layout.validate`` with the numbers.
+``--fix key=value`` pins any decision (``Pins``). Keys: dp (total data parallel), dp_replicate, dp_shard, tp, pp,
+vpp, cp, ep, sp, mbs, zero, recompute, attention. Pinning all of them evaluates exactly one configuration; a
+pinned combination that breaks a rule is reported by ``Layout.validate`` with the numbers.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass, fields, replace
+from typing import Iterator, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout import ATTENTION, RECOMPUTE, Layout
@@ -22,11 +23,61 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def parse_fix(text: str | None) -> dict[str, object]:
-    """Parse ``tp=8,pp=4,recompute=full`` into a dict; one clear error per bad entry."""
+@dataclass(frozen=True)
+class Pins:
+    """The decisions ``--fix`` pins, by their ``--fix`` key (``None``: free). The fields are the ``Layout``'s
+    (``sp`` = ``sequence_parallel``, ``mbs`` = ``micro_batch``, ``zero`` = ``zero_stage``) plus ``dp``, the total
+    data-parallel degree."""
+
+    dp: Optional[int] = None
+    dp_replicate: Optional[int] = None
+    dp_shard: Optional[int] = None
+    tp: Optional[int] = None
+    pp: Optional[int] = None
+    vpp: Optional[int] = None
+    cp: Optional[int] = None
+    ep: Optional[int] = None
+    sp: Optional[bool] = None
+    mbs: Optional[int] = None
+    zero: Optional[int] = None
+    recompute: Optional[str] = None
+    attention: Optional[str] = None
+
+    @classmethod
+    def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
+        """``fix`` as ``Pins`` (a mapping of ``--fix`` keys, e.g. the ``{}`` of a free search, is accepted)."""
+        if isinstance(fix, Pins):
+            return fix
+        fix = dict(fix or {})
+        unknown = sorted(set(fix) - set(FIX_KEYS))
+        if unknown:
+            raise MeshplanError(f"--fix key '{unknown[0]}' is unknown (known: {', '.join(FIX_KEYS)})")
+        return cls(**fix)
+
+    def __contains__(self, key: str) -> bool:
+        return getattr(self, key) is not None
+
+    def get(self, key: str, default=None):
+        v = getattr(self, key)
+        return default if v is None else v
+
+    def choices(self, key: str, default: list) -> list:
+        """``[pinned value]``, or ``default`` when ``key`` is free."""
+        return [getattr(self, key)] if key in self else default
+
+    def pinned(self) -> dict[str, object]:
+        """``{key: value}`` of what is pinned, in ``FIX_KEYS`` order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def with_(self, **kw) -> "Pins":
+        return replace(self, **kw)
+
+
+def parse_fix(text: str | None) -> Pins:
+    """Parse ``tp=8,pp=4,recompute=full`` into ``Pins``; one clear error per bad entry."""
     out: dict[str, object] = {}
     if not text:
-        return out
+        return Pins()
     for item in text.replace(" ", "").split(","):
         if not item:
             continue
@@ -55,15 +106,11 @@ def parse_fix(text: str | None) -> dict[str, object]:
                 raise MeshplanError(f"--fix {key}={val}: expected an integer") from None
             if out[key] < (0 if key == "zero" else 1):
                 raise MeshplanError(f"--fix {key}={val}: must be >= {0 if key == 'zero' else 1}")
-    return out
-
-
-def _choices(fix: dict, key: str, default: list) -> list:
-    return [fix[key]] if key in fix else default
+    return Pins(**out)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
-                      fix: dict[str, object]) -> Iterator[Layout]:
+                      fix: Pins) -> Iterator[Layout]:
     """Yield every layout that divides evenly (memory is checked by the caller).
 
     Unpinned TP stays inside one node and is a divisor of the head counts; unpinned CP is used only when
@@ -71,60 +118,60 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
     so that ``Layout.validate`` reports why.
     """
     L, E = model.num_layers, model.num_experts
-    tps = _choices(fix, "tp", [t for t in divisors(world_size) if t <= devices_per_node
-                               and model.num_heads % t == 0
-                               and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
+    tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
+                             and model.num_heads % t == 0
+                             and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
-        pps = _choices(fix, "pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
+        pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
         for pp in pps:
             rest2 = rest // pp if rest % pp == 0 else 0
-            cps = _choices(fix, "cp", [c for c in divisors(rest2) if c <= MAX_CP
-                                       and (c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= 1024))]) \
+            cps = fix.choices("cp", [c for c in divisors(rest2) if c <= MAX_CP
+                                     and (c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= 1024))]) \
                 if rest2 else []
             for cp in cps:
                 dp = rest2 // cp if rest2 % cp == 0 else 0
-                if "dp" in fix and fix["dp"] != dp:
+                if "dp" in fix and fix.dp != dp:
                     continue
                 if not dp:
                     continue
-                vpps = _choices(fix, "vpp", [1] + ([v for v in range(2, MAX_VPP + 1) if L % (pp * v) == 0]
-                                                   if pp > 1 else []))
-                for zero in _choices(fix, "zero", [0, 1, 2, 3]):
+                vpps = fix.choices("vpp", [1] + ([v for v in range(2, MAX_VPP + 1) if L % (pp * v) == 0]
+                                                 if pp > 1 else []))
+                for zero in fix.choices("zero", [0, 1, 2, 3]):
                     if zero == 0:
-                        shards = _choices(fix, "dp_shard", [1])
+                        shards = fix.choices("dp_shard", [1])
                     else:
-                        shards = _choices(fix, "dp_shard", [d for d in divisors(dp) if d > 1] or [1])
+                        shards = fix.choices("dp_shard", [d for d in divisors(dp) if d > 1] or [1])
                     for dp_shard in shards:
                         if zero > 0 and dp_shard == 1 and cp == 1 and "zero" not in fix:
                             continue  # nothing to shard over: same as zero=0
-                        dp_rep = _choices(fix, "dp_replicate", [dp // dp_shard if dp % dp_shard == 0 else 0])[0]
+                        dp_rep = fix.choices("dp_replicate", [dp // dp_shard if dp % dp_shard == 0 else 0])[0]
                         if dp_rep < 1:
                             continue
-                        eps = _choices(fix, "ep", [1] + [e for e in divisors(E) if e > 1
-                                                         and (dp_shard * cp) % e == 0] if E else [1])
+                        eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1
+                                                       and (dp_shard * cp) % e == 0] if E else [1])
                         for ep in eps:
-                            sps = _choices(fix, "sp", [tp > 1])
+                            sps = fix.choices("sp", [tp > 1])
                             for vpp in vpps:
-                                for rc in _choices(fix, "recompute", list(RECOMPUTE)):
+                                for rc in fix.choices("recompute", list(RECOMPUTE)):
                                     for sp in sps:
-                                        for att in _choices(fix, "attention", ["flash"]):
-                                            for mbs in _choices(fix, "mbs", [b for b in MBS_CHOICES
-                                                                                  if global_batch % (b * dp) == 0]):
+                                        for att in fix.choices("attention", ["flash"]):
+                                            for mbs in fix.choices("mbs", [b for b in MBS_CHOICES
+                                                                           if global_batch % (b * dp) == 0]):
                                                 yield Layout(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp,
                                                              pp=pp, vpp=vpp, cp=cp, ep=ep, micro_batch=mbs,
                                                              zero_stage=zero, recompute=rc,
                                                              sequence_parallel=sp, attention=att)
 
 
-def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: dict[str, object]) -> str:
+def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: Pins) -> str:
     """Why no layout survived: the first rule a layout built from the pinned values breaks, with its numbers."""
     pinned = [k for k in ("tp", "pp", "cp", "dp") if k in fix]
     prod = 1
     for k in pinned:
-        prod *= int(fix[k])
+        prod *= int(fix.get(k))
         if world_size % prod:
-            names = "*".join(f"{p}({fix[p]})" for p in pinned[:pinned.index(k) + 1])
+            names = "*".join(f"{p}({fix.get(p)})" for p in pinned[:pinned.index(k) + 1])
             return f"{names} = {prod} does not divide the world size {world_size}"
     tp, pp, cp = (int(fix.get(k, 1)) for k in ("tp", "pp", "cp"))
     dp = int(fix.get("dp", world_size // (tp * pp * cp)))

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.check import check, load_measured, parse_tolerance
+from meshplan.verify.check import check, parse_tolerance
+from meshplan.verify.measured import load_measured
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan import (Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction)
-from meshplan.planner.run_breakdown import rank_step_phases, summarize
+from meshplan.verify.breakdown import rank_step_phases, summarize
 from meshplan.profiler.trace import Event, RankTrace
 
 PRED_S = 0.200
@@ -124,7 +125,7 @@ def test_bad_inputs_are_one_line(tmp_path, runner):
     empty = tmp_path / "empty"
     empty.mkdir()
     r = runner.invoke(app, ["check", str(plan), str(empty)])
-    assert r.exit_code == 2 and "run.json not found" in r.output
+    assert r.exit_code == 2 and "run.json: not found" in r.output
     nosteps = _run(tmp_path, {"0": [], "1": []}, name="nosteps")
     r = runner.invoke(app, ["check", str(plan), str(nosteps)])
     assert r.exit_code == 2 and "no measured step times" in r.output
@@ -182,7 +183,7 @@ def test_phase_split_of_a_step():
 
 
 def test_breakdown_reports_the_critical_rank():
-    from meshplan.planner.run_breakdown import StepPhases
+    from meshplan.verify.breakdown import StepPhases
 
     rows = [StepPhases(0, s, 1.0, 0.5, 0.5, 0.0) for s in range(3)] + \
            [StepPhases(1, s, 1.0, 0.9, 0.1, 0.0) for s in range(3)]

@@ -296,12 +296,12 @@ def test_calibration_is_cached_and_builds_local_clusters(calibrated):
     cal = load_calibration()
     assert cal.cached and cal.path.parent == cache
     assert cal.device.peak_flops == data["device"]["peak_flops"]
-    c = load_cluster("local:2")
+    c = load_cluster("local:2", calibration=cal)
     assert (c.world_size, c.num_nodes, c.device.name, c.device.vendor) == (2, 1, "cpu-local", "cpu")
     assert c.device.memory_bytes == data["device"]["memory_bytes"] // 2
     assert c.collective_link(2, 1).bandwidth_bytes_per_s == data["link"]["bandwidth_bytes_per_s"]
     cpus = os.cpu_count() or 1
-    c8 = load_cluster(f"local:{4 * cpus}")  # oversubscribed: each process gets a quarter of a core
+    c8 = load_cluster(f"local:{4 * cpus}", calibration=cal)  # oversubscribed: each process gets a quarter of a core
     assert c8.device.peak("fp32") == pytest.approx(data["device"]["peak_flops"]["fp32"] / 4)
 
 
@@ -349,7 +349,8 @@ def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
 
 def test_in_step_collective_interpolation_golden():
     """Hand-computed values of the in-step price: interpolation, clipping, extrapolation, missing group."""
-    from meshplan.planner.calibrate import FIT_BYTES, in_step_collective_s
+    from meshplan.planner.gloo_in_step import in_step_collective_s
+    from meshplan.planner.host_measure import FIT_BYTES
 
     fit = [0.002, 0.008]  # s at FIT_BYTES (4 and 16 MiB): 12 MiB per 6 ms = 2 MiB/ms
     m = {"fit_s": fit, "in_step_s": {"2": {"allreduce": {"4": 1e-4, "1000004": 1.1e-3, "2000004": 0.5e-3}}}}
@@ -367,3 +368,14 @@ def test_in_step_collective_interpolation_golden():
     m["in_step_s"]["2of4"] = {"allreduce": {"4": 3e-3, "1000004": 5e-3}}
     assert in_step_collective_s(m, "allreduce", 500004, 2, world=4) == pytest.approx(4e-3)
     assert in_step_collective_s(m, "allreduce", 500004, 2) == pytest.approx(6e-4)  # world not oversubscribed
+
+
+def test_reading_local_n_measures_nothing(tmp_path, monkeypatch):
+    """`local:N` is built from a calibration the caller passes in: reading the spec alone never starts the 10-20 s
+    host measurement, it names what is missing (here the cache folder is empty, so a measurement would be needed)."""
+    from meshplan.core.errors import MeshplanError
+
+    monkeypatch.setenv("MESHPLAN_CACHE", str(tmp_path))
+    with pytest.raises(MeshplanError, match="local:N is built from this host's calibration"):
+        load_cluster("local:2")
+    assert not any(tmp_path.iterdir())  # no calibration was measured (it would have been written here)

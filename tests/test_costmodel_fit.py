@@ -42,7 +42,7 @@ def _fit_and_compare(tmp_path) -> tuple[float, float]:
     """Profile two real runs of different shapes, fit on the first, return (MAPE before, after) on the second."""
     from meshplan.costmodel.collect import measure_device
     from meshplan.costmodel.datasets.local import load_device
-    from meshplan.costmodel.fit import fit_runs, rows_from_run
+    from meshplan.verify.op_fit import fit_runs, rows_from_run
 
     _profiled_run(tmp_path / "run1", [(256, 32), (256, 128), (512, 32), (512, 128)])
     _profiled_run(tmp_path / "run2", [(384, 64), (320, 96)])  # shapes the first run never had
@@ -164,7 +164,7 @@ def test_predict_collective_uses_fitted_link():
 def test_gpu_run_rows_from_real_trace():
     """Op records of a real 8-rank V100 DLRM run (Kineto, record_shapes on): kernel time per op via correlation."""
     from meshplan.costmodel.datasets.devices import resolve
-    from meshplan.costmodel.fit import rows_from_run
+    from meshplan.verify.op_fit import rows_from_run
     from meshplan.costmodel.train import prepare
 
     t = rows_from_run(shared_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"), "V100-SXM2-32GB")
@@ -184,7 +184,7 @@ def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     moves toward the trace's measured kernel times, and `plan --costmodel` prices with it."""
     from meshplan.cli.main import app
     from meshplan.costmodel.devices import get_device
-    from meshplan.costmodel.fit import rows_from_run
+    from meshplan.verify.op_fit import rows_from_run
 
     trace = shared_path(*A100_TRACE)
     r = runner.invoke(app, ["costmodel", "fit", "--runs", str(trace), "--out", str(tmp_path / "cal"), "--json"])
@@ -213,9 +213,10 @@ def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     pa, pb = load_plan(tmp_path / "a.yaml").prediction, load_plan(tmp_path / "b.yaml").prediction
     assert pb.costmodel == f"learned:{fitted.model_id}" != pa.costmodel
     assert pb.step_time_s != pa.step_time_s
-    from meshplan.costmodel.api import active_model
-
-    assert active_model().model_id == shipped.model_id  # --costmodel held for that plan only
+    # --costmodel prices that plan only: nothing of it is left in the process for the next plan
+    c = runner.invoke(app, [*common, "--out", str(tmp_path / "c.yaml")])
+    assert c.exit_code == 0, c.output
+    assert load_plan(tmp_path / "c.yaml").prediction == pa and pa.costmodel == f"learned:{shipped.model_id}"
 
 
 def test_fit_usage_errors_are_one_line(tmp_path, runner):

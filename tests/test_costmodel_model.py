@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from meshplan.costmodel import api
+from meshplan.costmodel import roofline
 from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel
 from meshplan.costmodel.ops import OpSpec
@@ -44,12 +44,12 @@ def test_never_below_roofline_and_fallback_says_so(ln_softmax):
            zip(2 ** rng.uniform(11, 15, 200), 2 ** rng.uniform(8, 13, 200))]
     ops.append(OpSpec("layernorm", (1 << 26, 1 << 16), "fp32"))  # 4 Ti elements: far outside the training sizes
     sec, src = model.predict_ops(ops, dev)
-    ideal = np.array([api.roofline_s(o, dev, ideal=True) for o in ops])
+    ideal = np.array([roofline.roofline_s(o, dev, ideal=True) for o in ops])
     assert np.all(sec >= ideal * (1 - 1e-9))
     assert src[-1] == SOURCE_RANGE
     assert (src[:-1] == SOURCE_LEARNED).mean() > 0.5
     # The fallback is the calibrated roofline (costmodel.api) for that op.
-    assert sec[-1] == pytest.approx(api.roofline_predict(ops[-1], dev), rel=1e-6)
+    assert sec[-1] == pytest.approx(roofline.roofline_predict(ops[-1], dev), rel=1e-6)
     with pytest.raises(MeshplanError, match="unknown op class 'conv'"):
         model.predict_arrays(["conv"], [1], [1], [1], [1], ["fp32"], np.array(["H100-SXM"], dtype=object),
                              {"H100-SXM": dev})
@@ -74,7 +74,7 @@ def test_shipped_model_loads_and_matches_the_train_command():
     meta = m.meta
     assert {"matmul", "bmm", "layernorm", "softmax", "elementwise", "activation", "rmsnorm", "embedding"} <= set(m.kinds)
     # The training data named in the metadata is the data in ../shared today (sha256 per file).
-    from meshplan.costmodel.datasets.table import file_sha256
+    from meshplan.costmodel.learned import file_sha256
 
     kernels = shared_path("kernels")
     for d in meta["data"]:
@@ -153,9 +153,8 @@ def test_batch_prediction_is_fast():
 def test_wave_quantisation_and_unseen_gemm_blend():
     """The GEMM blend partner: wave quantisation golden figures, and the shipped model applies the partner tile and
     the small/large weights chosen at training time on a GPU whose GEMM signature it never trained on."""
-    from meshplan.costmodel.features import (calibrated_roofline_s, device_columns, flops_bytes, feature_matrix,
+    from meshplan.costmodel.features import (blend, calibrated_roofline_s, device_columns, flops_bytes, feature_matrix,
                                     wave_quantisation)
-    from meshplan.costmodel.train import blend
 
     sm = np.array([108.0, 108.0, 132.0])
     # 768 x 768 in 64 x 64 tiles: 144 tiles on 108 SMs = 2 waves of 108 tiles = 1.5x the ideal work;

@@ -3,6 +3,7 @@ plan decisions a target cannot carry. The rules come from upstream validation co
 "What meshplan should check")."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 
@@ -16,7 +17,7 @@ from tests.test_export_golden import plan_dsv3, plan_fsdp8b, plan_hetero, plan_l
 
 def with_(plan: Plan, degrees: dict | None = None, **fields) -> Plan:
     if degrees:
-        fields["degrees"] = plan.degrees.model_copy(update=degrees)
+        fields["degrees"] = dataclasses.replace(plan.degrees, **degrees)
     return plan.model_copy(update=fields)
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -217,7 +218,7 @@ def test_deepspeed_config_loads(plan_name: str, ds_config_cls) -> None:
 def _variant(degrees: dict, **fields):
     def make():
         base = PLANS["fsdp8b"]()
-        return base.model_copy(update={**fields, "degrees": base.degrees.model_copy(update=degrees)})
+        return base.model_copy(update={**fields, "degrees": dataclasses.replace(base.degrees, **degrees)})
     return make
 
 
@@ -369,7 +370,7 @@ def test_deepspeed_ulysses_config_loads(ds_config_cls) -> None:
     """cp > 1 becomes Ulysses sequence_parallel_size; the batch identity still holds over the dp group."""
     base = PLANS["fsdp8b"]()
     plan = base.model_copy(update={"global_batch": 32,
-                                   "degrees": base.degrees.model_copy(update={"dp_shard": 4, "cp": 2})})
+                                   "degrees": dataclasses.replace(base.degrees, dp_shard=4, cp=2)})
     raw = json.loads(render(plan, "deepspeed").text)
     cfg = ds_config_cls(raw, mpu=_Mpu(plan.degrees.dp))
     assert cfg.train_batch_size == 32 == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * 4

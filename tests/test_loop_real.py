@@ -8,17 +8,16 @@ Measured: the steps ``meshplan profile`` times after the traced window with the 
 steps hold the profiler's own ~5 us per recorded op, 5-15% of these steps).
 Tolerance: this host is shared (issue 6 measured 117-196 ms for the same run), so the check is run with
 ``--contention``, which scales the prediction by the slowdown the run's own repeated operators show against
-their fastest call (planner/contention.py), and the tolerance is 15% or the run's own step spread when that is
+their fastest call (verify/contention.py), and the tolerance is 15% or the run's own step spread when that is
 larger (issue 6: derive tolerances from the measured spread, not hope).
-Predictions here are the unfitted model (``MESHPLAN_NO_LOCAL_FIT``): what this host learned from earlier runs
-(planner/local_fit.py) must not decide whether the suite passes.
+Predictions here are the unfitted model (``meshplan plan --no-host-terms``): what this host learned from earlier
+runs (verify/learn.py) must not decide whether the suite passes.
 The slowed run is the same plan with ``--delay-rank 1 --delay-ms D``: a straggler whose extra time is known
 exactly; the check must fail and name compute, and the critical rank's compute must grow by about D.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,12 @@ COMMON = ["--model", str(CONFIG), "--cluster", "local:2", "--global-batch", "16"
           "--dtype", "fp32", "--json"]
 
 
-def _plan(runner, tmp: Path, name: str, fix: str, cluster: str = "local:2") -> Path:
+def _plan(runner, tmp: Path, name: str, fix: str, cluster: str = "local:2", terms: Path | None = None) -> Path:
+    """Plan unfitted (``--no-host-terms``), or with the host terms in ``terms``."""
     out = tmp / f"{name}.yaml"
     common = [cluster if a == "local:2" else a for a in COMMON]
-    r = runner.invoke(app, ["plan", *common, "--fix", fix, "--out", str(out)])
+    learned = ["--host-terms", str(terms)] if terms is not None else ["--no-host-terms"]
+    r = runner.invoke(app, ["plan", *common, *learned, "--fix", fix, "--out", str(out)])
     assert r.exit_code == 0, r.output
     return out
 
@@ -53,17 +54,6 @@ def _check(runner, plan: Path, run: Path, *extra: str) -> tuple[int, dict]:
     r = runner.invoke(app, ["check", str(plan), str(run), "--contention", "--json", *extra])
     assert r.exit_code in (0, 1), r.output
     return r.exit_code, json.loads(r.stdout)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _unfitted():
-    old = os.environ.get("MESHPLAN_NO_LOCAL_FIT")
-    os.environ["MESHPLAN_NO_LOCAL_FIT"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("MESHPLAN_NO_LOCAL_FIT", None)
-    else:
-        os.environ["MESHPLAN_NO_LOCAL_FIT"] = old
 
 
 @pytest.fixture(scope="module")
@@ -152,16 +142,14 @@ def test_slowed_run_fails_and_names_compute(ddp):
     assert "<failure" in junit.read_text()
 
 
-def test_learning_from_the_run_reduces_its_error(ddp, tmp_path, monkeypatch):
-    """`meshplan costmodel fit --runs RUN` on the DDP run (into a private file): the run folder names its plan,
-    the fit re-prices it unfitted and learns the host's compute scale (with 2 collectives per step, not the wait
-    per collective)."""
+def test_learning_from_the_run_reduces_its_error(ddp, tmp_path):
+    """`meshplan costmodel fit --runs RUN --host-terms F` on the DDP run (into a private file): the run folder names
+    its plan, the fit re-prices it unfitted and learns the host's compute scale (with 2 collectives per step, not
+    the wait per collective); `meshplan plan --host-terms F` prices with it."""
     runner, tmp, plan = ddp
     _, before = _check(runner, plan, tmp / "run")
     fit_path = tmp_path / "local-fit.json"
-    monkeypatch.setenv("MESHPLAN_LOCAL_FIT_FILE", str(fit_path))
-    monkeypatch.delenv("MESHPLAN_NO_LOCAL_FIT")
-    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(tmp / "run"), "--json"])
+    r = runner.invoke(app, ["costmodel", "fit", "--runs", str(tmp / "run"), "--host-terms", str(fit_path), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)["local"]
     (one,) = out["runs"]
@@ -171,7 +159,7 @@ def test_learning_from_the_run_reduces_its_error(ddp, tmp_path, monkeypatch):
     # the ratio of the run's compute (contention divided out) to its pricing, as the fit reports it
     assert fit["compute_scale"] == pytest.approx(one["measured_compute_s"] / one["predicted_compute_s"], rel=1e-6)
     assert 0.5 <= fit["compute_scale"] <= 2.0 and fit["sync_wait_s"] == 0.0
-    refit = _plan(runner, tmp_path, "ddp-fitted", "dp_replicate=2,mbs=4")
+    refit = _plan(runner, tmp_path, "ddp-fitted", "dp_replicate=2,mbs=4", terms=fit_path)
     _, after = _check(runner, refit, tmp / "run")
     # The re-planned compute is the unfitted one times the learned scale ...
     compute = {n: next(p["predicted_s"] for p in d["phases"] if p["phase"] == "compute") for n, d in

@@ -66,3 +66,58 @@ def test_pipeline_inflight_1f1b_and_interleaved():
     assert inflight_factor(Layout(pp=8), num_microbatches=3) == 3  # fewer micro-batches than stages
     assert inflight_factor(Layout(pp=8), num_microbatches=64, stage=7) == 1
     assert inflight_factor(Layout(pp=4, vpp=2), num_microbatches=16) == pytest.approx(4 * (1 + 3 / 8))
+
+
+def _korthikanti_gqa_bytes(s: int, b: int, t: int, h: int, a: int, a_kv: int, d: int, ffn: int) -> float:
+    """Activation bytes one Llama layer keeps for backward under tensor + sequence parallelism ``t``: the per-tensor
+    accounting of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.1,
+    16-bit activations; with TP+SP every tensor is split t ways, Table 2) written out for a Llama layer. Each term
+    is the tensor the paper names, at the width it has in this model:
+
+    * two norm inputs 2 x 2sbh, the QKV input 2sbh, the MLP input 2sbh (the paper's 4sbh + 2sbh + 2sbh);
+    * Q and K, the inputs of QK^T: 2sb(a d) and 2sb(a_kv d) — grouped-query attention (Ainslie et al. 2023)
+      projects K and V to a_kv heads shared by a/a_kv query heads;
+    * V, the input of the attention over values: 2sb(a_kv d), **the value dimension a_kv x d** (the paper's 2sbh
+      is MHA's a x d); FlashAttention stores no s x s scores (the paper's 5as^2b) but the fp32 log-sum-exp, 4asb;
+    * the output projection's input 2sb(a d);
+    * SwiGLU's gate, up, activation and product, 4 x 2sb ffn (the paper's 4h GeLU MLP keeps 2 x 8sbh); no
+      dropout masks (Llama trains without dropout).
+    """
+    tensors = (4 * s * b * h + 2 * s * b * h + 2 * s * b * h  # norms, QKV input, MLP input
+               + 2 * s * b * a * d + 2 * s * b * a_kv * d  # Q, K
+               + 2 * s * b * a_kv * d  # V: value dimension a_kv * d
+               + 4 * a * s * b  # flash attention's fp32 log-sum-exp
+               + 2 * s * b * a * d  # projection input
+               + 8 * s * b * ffn)  # SwiGLU
+    return tensors / t
+
+
+def test_gqa_activation_memory_search_and_solver_agree_with_korthikanti():
+    """Llama-3.1-70B (64 query heads, 8 KV heads of 128, so V is 1024 wide, not 8192): the layout search's memory
+    and the heterogeneous solver's per-layer activation bytes are the same number, the formula above."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.estimate import Workload
+    from meshplan.planner.estimate_gpu import GpuEstimator
+    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.solve.problems import train_partition_problem
+
+    model = load_model("llama-3.1-70b")
+    assert (model.num_heads, model.num_kv_heads, model.head_dim, model.v_head_dim) == (64, 8, 128, 128)
+    s, b, t = 4096, 2, 8
+    want = _korthikanti_gqa_bytes(s, b, t, h=8192, a=64, a_kv=8, d=128, ffn=28672)
+
+    # the solver: one stage per 8-GPU node, TP 8 with sequence parallelism, per-layer activation bytes
+    cluster = load_cluster("2x8xA100-80GB")
+    problem = train_partition_problem(model, cluster, global_batch=64, seq_len=s, micro_batches=(b,),
+                                      estimator=GpuEstimator(Pricer.roofline()))
+    (option,) = problem.options
+    solver = [option.act_bytes[i][0][0] for i in range(model.num_layers)]
+    assert solver == [pytest.approx(want, rel=1e-9)] * model.num_layers
+
+    # the search: pp=1, so the stage keeps every layer of one micro-batch plus the logits of the vocab-parallel
+    # cross-entropy (bf16 logits + fp32 softmax, 6 s b V / t)
+    layout = Layout(dp_replicate=2, tp=t, micro_batch=b, zero_stage=1, sequence_parallel=True)
+    est = GpuEstimator(Pricer.roofline()).estimate(Workload(model, cluster, 64, s), layout)
+    per_layer = (est.memory.activations_bytes - 6.0 * s * b * model.vocab_size / t) / model.num_layers
+    assert per_layer == pytest.approx(want, rel=1e-6)

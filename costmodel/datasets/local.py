@@ -27,7 +27,7 @@ def is_dataset(root: Path) -> bool:
 
 
 def load_device(path: Path) -> DeviceSpec:
-    """Read ``device.json`` and register the device so features can resolve it.
+    """Read ``device.json`` and register the device so the training data's features can resolve it.
 
     Raises:
         MeshplanError: missing file or field.

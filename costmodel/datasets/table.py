@@ -20,7 +20,6 @@ Columns (one numpy array each, all the same length):
 from __future__ import annotations
 
 import csv
-import hashlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -159,11 +158,3 @@ def check_latency_units(path: Path, col: str, latency_s: np.ndarray, lo_s: float
         raise MeshplanError(
             f"{path}: column '{col}' unit mismatch: median {med:g} s after conversion, expected {lo_s:g}-{hi_s:g} s"
         )
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

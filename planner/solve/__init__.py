@@ -13,8 +13,14 @@ was hit; bad input and infeasible budgets raise ``MeshplanError`` naming the bin
 - ``planner.solve.sensitivity.measure_layer_sensitivity(...)`` / ``measure_compression_error(...)``: measured
   indicators on a tiny torch model (for ``meshplan profile --sensitivity``).
 
-Modules: :mod:`partition` (pipeline partition + precision, one CP-SAT model), :mod:`precision` (QSync model and
-the entry points), :mod:`compression` (ByteComp model), :mod:`sensitivity` (indicators), :mod:`problems`
-(``ModelSpec`` + ``ClusterSpec`` + cost model -> plain-number problems). Every solver works on a plain dataclass
-of numbers so it can be tested alone against brute force (``tests/test_solve_*.py``).
+Every entry point takes the ``estimator`` that prices operators (``planner.estimate.Estimator``; default: the GPU
+estimator with the shipped cost model), the same one the layout search uses.
+
+Modules: :mod:`partition` (pipeline partition + precision: the solve), :mod:`partition_data` (its plain numbers
+and ``evaluate``), :mod:`partition_model` (its CP-SAT model), :mod:`precision` (the entry points), :mod:`qsync`
+(QSync model), :mod:`compression` (ByteComp model) with :mod:`compression_types` and :mod:`compression_problem`,
+:mod:`sensitivity` (indicators), :mod:`columns` (precisions, bytes, indicators per layer), :mod:`pricing`
+(operator prices of one problem build), :mod:`problems` (``ModelSpec`` + ``ClusterSpec`` + estimator ->
+plain-number partition problems). Every solver works on a plain dataclass of numbers so it can be tested alone
+against brute force (``tests/test_solve_*.py``).
 """

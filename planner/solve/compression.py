@@ -25,60 +25,15 @@ from ortools.sat.python import cp_model
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan import BucketCompression
+from meshplan.planner.solve.compression_problem import compression_problem
+from meshplan.planner.solve.compression_types import CompressionChoice, CompressionProblem
 from meshplan.planner.solve.common import (
-    DEFAULT_QUALITY_QUANTUM,
-    DEFAULT_TIME_QUANTUM_S,
     SolverStatus,
     make_solver,
     ticks,
     ticks_down,
     ticks_up,
 )
-
-
-@dataclass(frozen=True)
-class CompressionChoice:
-    """One way to communicate one bucket.
-
-    Attributes:
-        method: ``none``, ``fp16``, ``bf16``, ``int8``, ``topk`` or ``powersgd``.
-        param: Top-k kept fraction or PowerSGD rank (0 otherwise).
-        two_level: Uncompressed inside the node, compressed across nodes.
-        where: ``gpu`` or ``cpu`` (where compression runs).
-        compute_s: Seconds added to the compute stream right after the bucket is ready (GPU compression).
-        comm_s: Seconds on the communication stream (copies, CPU work, collective, decompression).
-        error: Error indicator (relative mean-square gradient error weighted by the bucket's share).
-    """
-
-    method: str
-    param: float
-    two_level: bool
-    where: str
-    compute_s: float
-    comm_s: float
-    error: float
-
-
-@dataclass(frozen=True)
-class CompressionProblem:
-    """Plain numbers of one compression problem.
-
-    Attributes:
-        backward_s: Backward compute seconds producing each bucket, in ready order.
-        sizes_bytes: Bucket sizes, bytes (reported in the plan).
-        choices: Per bucket, the candidate :class:`CompressionChoice` values.
-        tail_s: Compute after the last bucket is ready (e.g. the rest of the backward), seconds.
-        error_budget: Bound on the summed error indicators; ``None`` = unbounded.
-    """
-
-    backward_s: Sequence[float]
-    sizes_bytes: Sequence[int]
-    choices: Sequence[Sequence[CompressionChoice]]
-    tail_s: float = 0.0
-    error_budget: Optional[float] = None
-    forward_s: float = 0.0  # forward pass before the backward (reported step time only)
-    time_quantum_s: float = DEFAULT_TIME_QUANTUM_S
-    error_quantum: float = DEFAULT_QUALITY_QUANTUM
 
 
 @dataclass(frozen=True)
@@ -284,7 +239,7 @@ class CompressionResult:
 def solve_compression(model, cluster, global_batch: int, seq_len: int, error_budget: Optional[float] = None,
                       net_bytes_per_s: Optional[float] = None, bucket_bytes: int = 25 * 2**20,
                       errors: Optional[dict] = None, time_limit_s: float = 10.0,
-                      num_workers: Optional[int] = None) -> CompressionResult:
+                      num_workers: Optional[int] = None, estimator=None) -> CompressionResult:
     """ByteComp-style compression plan for data parallel training of ``model`` over ``cluster``.
 
     Args:
@@ -292,17 +247,16 @@ def solve_compression(model, cluster, global_batch: int, seq_len: int, error_bud
         global_batch: Sequences per step (divisible by the world size); seq_len: tokens per sequence.
         error_budget: Bound on the summed, size-weighted relative gradient error (``None`` = unbounded).
         net_bytes_per_s: Per-GPU inter-node bandwidth override (``--net 25Gbps`` parsed by
-            ``planner.cluster.parse_bandwidth``).
+            ``core.units.parse_bandwidth``).
         bucket_bytes: DDP bucket size, bytes.
         errors: Measured ``(method, param) -> relative error`` (``sensitivity.measure_compression_error``).
+        estimator: What prices the backward compute (``planner.estimate.Estimator``; default: shipped model).
 
     Raises:
         MeshplanError: indivisible batch, an error budget that admits no plan (with the least achievable error).
     """
-    from meshplan.planner.solve.problems import compression_problem
-
     problem = compression_problem(model, cluster, global_batch, seq_len, error_budget, bucket_bytes, errors,
-                                  net_bytes_per_s)
+                                  net_bytes_per_s, estimator=estimator)
     sol = solve_compression_problem(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     none = [next(i for i, c in enumerate(cs) if c.method == "none" and not c.two_level) for cs in problem.choices]
     base_end, _ = simulate(problem, none)
@@ -311,3 +265,7 @@ def solve_compression(model, cluster, global_batch: int, seq_len: int, error_bud
     base_step = problem.forward_s + base_end
     return CompressionResult(sol, step, base_step, base_end - sum(problem.backward_s) - problem.tail_s,
                              tokens / step, tokens / base_step)
+
+
+__all__ = ["CompressionChoice", "CompressionProblem", "CompressionResult", "CompressionSolution", "simulate",
+           "solve_compression", "solve_compression_problem"]

@@ -1,182 +1,30 @@
-"""Per-layer precision: QSync-style hybrid data parallel training, and the ``train`` / ``serve`` entry points.
+"""The heterogeneous ``train`` and ``serve`` entry points: per-layer precision on mixed clusters.
 
-QSync (Zhao et al. 2023, "QSync: Quantization-Minimized Synchronous Distributed Training Across Hybrid
-Devices", IPDPS'24): devices of different speed train one model in synchronous data parallel; the step waits for
-the slowest group. On the slower groups each operator may run in a lower precision (fp32 -> fp16 -> int8),
-which speeds it up but adds gradient noise; a cast is paid wherever consecutive operators differ in precision.
-The model here (exact, CP-SAT) first minimises the step time ``max(fast group, each slow group incl. casts)``,
-then, at that step time, the summed quality indicator — "lower precision where it costs least quality until the
-slow group matches the fast one". The indicator of a slow group's choice is weighted by the group's share of
-the global batch (its share of the gradient average).
+* ``solve_serve``: LLM-PQ serving (Zhao et al. 2024): stages over devices, per-layer bit-width, prefill/decode
+  micro-batching, with :mod:`planner.solve.partition` on problems built by :mod:`planner.solve.problems`;
+* ``solve_hetero_train``: the heterogeneous 1F1B pipeline (same solver), or QSync's hybrid data parallelism
+  (:mod:`planner.solve.qsync`, Zhao et al. 2023) when a full replica fits every device.
 
-Serving (LLM-PQ) and heterogeneous pipeline training use :mod:`planner.solve.partition` on problems built by
-:mod:`planner.solve.problems`.
+Each result carries the baselines priced by the same formulas (even split at one precision, best all-16-bit).
 """
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ortools.sat.python import cp_model
-
-from meshplan.costmodel.collectives import collective_time_s
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout import Layout
-from meshplan.planner.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer
-from meshplan.planner.ops_graph import layer_ops
+from meshplan.planner.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer,
+                                     layer_shape)
 from meshplan.planner.plan import Stage
-from meshplan.planner.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus, make_solver,
-                                  ticks, ticks_down, ticks_up)
-from meshplan.planner.solve.partition import evaluate, solve_partition, StageRun
 from meshplan.planner.solve import problems as pbs
+from meshplan.planner.solve.columns import usable_bytes
+from meshplan.planner.solve.common import SolverStatus
+from meshplan.planner.solve.partition import StageRun, evaluate, solve_partition
+from meshplan.planner.solve.qsync import (QSyncGroup, QSyncProblem, QSyncSolution, qsync_evaluate, qsync_problem,
+                                          solve_qsync)
 
-
-@dataclass(frozen=True)
-class QSyncGroup:
-    """A slow device group's per-operator options.
-
-    Attributes:
-        name: Device name.
-        op_time_s: Seconds per operator and precision ``[op][precision]`` for the group's local batch
-            (``None`` = unsupported); forward + backward.
-        cast_s: Seconds of the cast in front of operator ``o`` when its precision differs from ``o-1``'s.
-        batch_share: The group's fraction of the global batch (weights its indicators).
-    """
-
-    name: str
-    op_time_s: Sequence[Sequence[Optional[float]]]
-    cast_s: Sequence[float]
-    batch_share: float
-
-
-@dataclass(frozen=True)
-class QSyncProblem:
-    """Plain numbers of one QSync problem.
-
-    Attributes:
-        precisions: Column names, reference first (``fp32``).
-        fast_step_s: Step time of the fastest group at the reference precision (the target), seconds.
-        slow: The slower groups.
-        sensitivity: Indicator per ``[op][precision]`` (0 for the reference).
-        quality_budget: Bound on the batch-share-weighted indicator sum; ``None`` = unbounded.
-        sync_s: Gradient all-reduce time added to every step (reported; does not change the choice).
-    """
-
-    precisions: tuple[str, ...]
-    fast_step_s: float
-    slow: tuple[QSyncGroup, ...]
-    sensitivity: Sequence[Sequence[float]]
-    quality_budget: Optional[float] = None
-    sync_s: float = 0.0
-    time_quantum_s: float = DEFAULT_TIME_QUANTUM_S
-    quality_quantum: float = DEFAULT_QUALITY_QUANTUM
-
-
-@dataclass(frozen=True)
-class QSyncSolution:
-    """Per slow group, per operator precision; step time and quality (summed, batch-share weighted)."""
-
-    precision: tuple[tuple[str, ...], ...]
-    step_s: float
-    group_step_s: tuple[float, ...]
-    quality: float
-    status: SolverStatus
-
-
-def qsync_evaluate(problem: QSyncProblem, precision: Sequence[Sequence[str]]) -> tuple[float, tuple[float, ...], float]:
-    """(step seconds incl. sync, each slow group's compute seconds, quality) of a given assignment."""
-    group_t, quality = [], 0.0
-    for g, prec in zip(problem.slow, precision):
-        idx = [problem.precisions.index(p) for p in prec]
-        t = sum(g.op_time_s[o][k] for o, k in enumerate(idx))
-        t += sum(g.cast_s[o] for o in range(1, len(idx)) if idx[o] != idx[o - 1])
-        group_t.append(t)
-        quality += g.batch_share * sum(problem.sensitivity[o][k] for o, k in enumerate(idx))
-    return max([problem.fast_step_s] + group_t) + problem.sync_s, tuple(group_t), quality
-
-
-def solve_qsync(problem: QSyncProblem, time_limit_s: float = 10.0,
-                num_workers: Optional[int] = None) -> QSyncSolution:
-    """Exact QSync allocation: minimise the step, then the quality cost at that step (two CP-SAT solves).
-
-    Raises:
-        MeshplanError: the quality budget admits no assignment (the least cost is given) or bad shapes.
-    """
-    tq, qq = problem.time_quantum_s, problem.quality_quantum
-    if problem.quality_budget is not None and not problem.quality_budget >= 0:
-        raise MeshplanError(f"quality budget {problem.quality_budget:g}: must be a number >= 0")
-    P = len(problem.precisions)
-    O = len(problem.sensitivity)
-    for g in problem.slow:
-        if len(g.op_time_s) != O or len(g.cast_s) != O:
-            raise MeshplanError(f"qsync: group {g.name} has {len(g.op_time_s)} ops, sensitivity has {O}")
-    t0 = time.perf_counter()
-
-    def build():
-        m = cp_model.CpModel()
-        z = {}
-        step = m.new_int_var(ticks(problem.fast_step_s, tq), 1 << 50, "step")
-        qual = []
-        for gi, g in enumerate(problem.slow):
-            for o in range(O):
-                opts = [p for p in range(P) if g.op_time_s[o][p] is not None]
-                if not opts:
-                    raise MeshplanError(f"qsync: device {g.name} supports none of {problem.precisions} for op {o}")
-                for p in opts:
-                    z[gi, o, p] = m.new_bool_var(f"z{gi}_{o}_{p}")
-                m.add_exactly_one(z[gi, o, p] for p in opts)
-            casts = []
-            for o in range(1, O):
-                d = m.new_bool_var(f"d{gi}_{o}")
-                for p in range(P):  # d = 1 when op o's precision differs from op o-1's
-                    a, b = z.get((gi, o, p)), z.get((gi, o - 1, p))
-                    if a is not None and b is not None:
-                        m.add(d >= a - b)
-                    elif a is not None:
-                        m.add(d >= a)
-                casts.append(ticks(g.cast_s[o], tq) * d)
-            m.add(step >= sum(ticks(g.op_time_s[o][p], tq) * z[gi, o, p] for (gg, o, p) in z if gg == gi) + sum(casts))
-            share_q = round(g.batch_share * 1e6)  # batch share in ppm keeps the quality sum integral
-            qual.append(sum(share_q * ticks_up(problem.sensitivity[o][p], qq) * z[gi, o, p]
-                            for (gg, o, p) in z if gg == gi))
-        q = sum(qual)
-        if problem.quality_budget is not None:
-            m.add(q <= ticks_down(problem.quality_budget, qq) * 1_000_000)
-        return m, z, step, q
-
-    m, z, step, q = build()
-    m.minimize(step)
-    solver = make_solver(time_limit_s, num_workers)
-    code = solver.solve(m)
-    if code == cp_model.INFEASIBLE:
-        least = sum(g.batch_share * sum(min(problem.sensitivity[o][p] for p in range(P) if g.op_time_s[o][p] is not None)
-                                        for o in range(O)) for g in problem.slow)
-        raise MeshplanError(f"quality budget {problem.quality_budget:g} admits no precision assignment: the least "
-                            f"cost is {least:.4g} ({least - problem.quality_budget:.4g} over)")
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise MeshplanError(f"qsync: no assignment found within the {time_limit_s:g} s time limit")
-    hit = code == cp_model.FEASIBLE
-    best_step = int(round(solver.objective_value))
-    bound = solver.best_objective_bound
-    m2, z2, step2, q2 = build()
-    m2.add(step2 <= best_step)
-    m2.minimize(q2)
-    solver2 = make_solver(max(0.1, time_limit_s - (time.perf_counter() - t0)), num_workers)
-    code2 = solver2.solve(m2)
-    if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        solver, z = solver2, z2
-        hit |= code2 == cp_model.FEASIBLE
-    prec = tuple(tuple(problem.precisions[next(p for p in range(P) if (gi, o, p) in z and solver.boolean_value(z[gi, o, p]))]
-                       for o in range(O)) for gi in range(len(problem.slow)))
-    step_s, group_t, quality = qsync_evaluate(problem, prec)
-    status = SolverStatus("FEASIBLE" if hit else "OPTIMAL", step_s, min(step_s, bound * tq + problem.sync_s), hit,
-                          time.perf_counter() - t0, solves=2)
-    return QSyncSolution(prec, step_s, group_t, quality, status)
-
-
-# ------------------------------------------------------------------------------------------- entry points
 
 @dataclass(frozen=True)
 class SolveResult:
@@ -278,7 +126,8 @@ def _only_column(opt, p: int):
 
 def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quality_budget: Optional[float] = None,
                 precisions: Optional[Sequence[str]] = None, sensitivity=None, time_limit_s: float = 30.0,
-                num_workers: Optional[int] = None, micro_batches: Sequence[int] = (1, 2, 4)) -> SolveResult:
+                num_workers: Optional[int] = None, micro_batches: Sequence[int] = (1, 2, 4),
+                estimator=None) -> SolveResult:
     """LLM-PQ serving plan: stages over devices, per-layer bit-width, prefill/decode micro-batching.
 
     Args:
@@ -288,12 +137,14 @@ def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quali
         precisions: Allowed precisions (default: 16-bit, fp8, int8, int4 where devices have them).
         sensitivity: Measured indicators ``[layer][precision]`` replacing the defaults.
         micro_batches: Candidate micro-batch counts for prefill and for decode (those dividing ``batch``).
+        estimator: What prices the operators (``planner.estimate.Estimator``; default: the shipped cost model).
 
     Returns:
         A :class:`SolveResult` whose ``tokens_per_s`` is generated tokens per second.
     """
     problem = pbs.serve_partition_problem(model, cluster, batch, prompt_len, gen_len, precisions, quality_budget,
-                                          micro_batches=micro_batches, sensitivity=sensitivity)
+                                          micro_batches=micro_batches, sensitivity=sensitivity,
+                                          estimator=estimator)
     sol = solve_partition(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     return _pipeline_result("serve", problem, sol, float(batch * gen_len), "generated tokens per batch")
 
@@ -301,13 +152,14 @@ def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quali
 def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_budget: Optional[float] = None,
                        precisions: Optional[Sequence[str]] = None, strategy: str = "auto", sensitivity=None,
                        time_limit_s: float = 30.0, num_workers: Optional[int] = None,
-                       micro_batches: Sequence[int] = (1, 2, 4)) -> SolveResult:
+                       micro_batches: Sequence[int] = (1, 2, 4), estimator=None) -> SolveResult:
     """Training on a heterogeneous cluster.
 
     ``strategy``: ``pipeline`` (heterogeneous 1F1B pipeline, one stage per node, per-layer bf16/fp8),
     ``qsync`` (synchronous data parallel, per-layer fp32/fp16/int8 on the slower groups), or ``auto``: QSync
     when a full replica with micro-batch 1 fits every device, else the pipeline. ``micro_batches``: candidate
-    micro-batch sizes of the pipeline (those dividing ``global_batch``).
+    micro-batch sizes of the pipeline (those dividing ``global_batch``). ``estimator``: what prices the operators
+    (``planner.estimate.Estimator``; default: the shipped cost model).
 
     Raises:
         MeshplanError: bad input, no plan (names the binding constraint), a precision a device lacks.
@@ -319,10 +171,12 @@ def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_
     tokens = float(global_batch * seq_len)
     if strategy == "pipeline":
         problem = pbs.train_partition_problem(model, cluster, global_batch, seq_len, precisions, quality_budget,
-                                              micro_batches=micro_batches, sensitivity=sensitivity)
+                                              micro_batches=micro_batches, sensitivity=sensitivity,
+                                              estimator=estimator)
         sol = solve_partition(problem, time_limit_s=time_limit_s, num_workers=num_workers)
         return _pipeline_result("train-pipeline", problem, sol, tokens, "tokens per step")
-    problem = qsync_problem(model, cluster, global_batch, seq_len, precisions, quality_budget, sensitivity)
+    problem = qsync_problem(model, cluster, global_batch, seq_len, precisions, quality_budget, sensitivity,
+                            estimator=estimator)
     sol = solve_qsync(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     ref = qsync_evaluate(problem, [[problem.precisions[0]] * len(problem.sensitivity)] * len(problem.slow))
     fp16 = "fp16" if "fp16" in problem.precisions else problem.precisions[0]
@@ -338,49 +192,8 @@ def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_
 
 def _replica_fits(model, cluster, seq_len: int) -> bool:
     need = model.num_params * (PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) + sum(
-        activation_bytes_per_layer(pbs._layer_shape(model, i), seq_len, 1, Layout()) for i in range(model.num_layers))
-    return all(need <= pbs.usable_bytes(g.device) for g in cluster.groups)
-
-
-@pbs._batched_pricing
-def qsync_problem(model, cluster, global_batch: int, seq_len: int, precisions=None, quality_budget=None,
-                  sensitivity=None) -> QSyncProblem:
-    """QSync problem: every device holds a replica; the batch is split evenly over all devices.
-
-    One "operator" per decoder layer (its GEMMs at the chosen precision, the rest at fp32); a cast of the
-    layer's input activation (b x s x h elements) is paid where consecutive layers differ. The fastest group
-    (least reference time) runs fp32 and sets the target.
-    """
-    devices = [g.device for g in cluster.groups]
-    cols = pbs.precision_columns(devices, "qsync", precisions)
-    world = cluster.world_size
-    if global_batch % world:
-        raise MeshplanError(f"global batch {global_batch}: not divisible by the {world} devices of {cluster.spec}")
-    b = global_batch // world
-    L = model.num_layers
-    lay = Layout(micro_batch=b)
-    times = []
-    for grp in cluster.groups:
-        rows = []
-        for i in range(L):
-            ops = layer_ops(model, i, lay, seq_len, dtype="fp32").compute
-            rows.append([pbs._price(ops, grp.device, p, "fp32", True) if grp.device.supports(p) else None
-                         for p in cols])
-        times.append(rows)
-    ref_t = [sum(r[0] for r in t) for t in times]
-    fast = min(range(len(cluster.groups)), key=lambda g: ref_t[g])
-    from meshplan.costmodel.ops import OpSpec
-    slow = []
-    for gi, grp in enumerate(cluster.groups):
-        if gi == fast:
-            continue
-        cast = pbs._op_time(OpSpec("cast", (b * seq_len * model.hidden_size,), "fp32"), grp.device)
-        slow.append(QSyncGroup(grp.device.name, times[gi], [cast] * L, grp.world_size / world))
-    sens = pbs._resolve_sensitivity(sensitivity, model, cols, "fp32", operands=2)
-    grad_bytes = model.num_params * 4.0
-    sync = collective_time_s("allreduce", grad_bytes, world, cluster.inter_link if cluster.num_nodes > 1
-                             else cluster.groups[0].intra_link)
-    return QSyncProblem(cols, ref_t[fast], tuple(slow), sens, quality_budget, sync_s=sync)
+        activation_bytes_per_layer(layer_shape(model, i), seq_len, 1, Layout()) for i in range(model.num_layers))
+    return all(need <= usable_bytes(g.device) for g in cluster.groups)
 
 
 __all__ = ["QSyncGroup", "QSyncProblem", "QSyncSolution", "SolveResult", "qsync_evaluate", "solve_qsync",

@@ -299,6 +299,20 @@ def write_sensitivity(path, precisions: Sequence[str], rows: Sequence[Sequence[f
                                    "source": source}, indent=1))
 
 
+PROFILE_PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")  # the columns `profile --sensitivity` measures
+
+
+def measure_sensitivity_file(out_dir, precisions: Sequence[str] = PROFILE_PRECISIONS):
+    """``meshplan profile --sensitivity``: measure the indicators on the tiny model and write
+    ``out_dir/sensitivity.json``. Returns ``(path, rows [block][precision])``."""
+    from pathlib import Path
+
+    rows = measure_layer_sensitivity(precisions)
+    path = Path(out_dir) / "sensitivity.json"
+    write_sensitivity(path, precisions, rows, source="meshplan profile --sensitivity (tiny GPT, real gradients)")
+    return path, rows
+
+
 def read_sensitivity(path, precisions: Sequence[str], num_layers: int) -> list[list[float]]:
     """Load indicators for the given precision columns, resampled to ``num_layers`` by relative depth.
 

@@ -1,6 +1,6 @@
 """How much of its core a CPU rank really got during a run (shared hosts): the contention factor.
 
-A ``local:N`` plan prices its compute with single-thread timings (``planner.cpu_bench``, the fastest of
+A ``local:N`` plan prices its compute with single-thread timings (``planner.cpu_bench.HostBench``, the fastest of
 several repetitions: the speed of a free core). On a shared machine other people's processes take a share of
 every core and evict its caches, so the same run can be 1.3-3x slower an hour later (issue 6: "This machine is
 noisy"). The run's own trace says how much: an operator that runs many times with the same input shapes
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+
+from meshplan.profiler.runs import load_run
 
 MIN_REPEATS = 5  # an (op, shapes) group needs this many calls for its fastest one to be a free-core time
 MIN_CALLS = 50  # fewer qualifying calls on a rank: no estimate for that rank
@@ -46,8 +48,6 @@ def rank_contention(trace) -> float | None:
 
 def run_contention(run_dir: str | Path) -> tuple[float | None, dict[int, float]]:
     """(median factor over ranks, factor per rank) of a profiled run folder; (None, {}) without repeated ops."""
-    from meshplan.profiler.runs import load_run
-
     run = load_run(run_dir)
     per = {r: f for r, t in sorted(run.ranks.items()) if (f := rank_contention(t)) is not None}
     return (statistics.median(per.values()) if per else None), per

@@ -1,6 +1,6 @@
 """Measured step breakdown of a profiled run: compute, exposed communication and pipeline bubble, per step.
 
-Read through the profiler-core API (:func:`profiler.runs.load_run`: one Kineto trace per rank, events with
+Read through the profiler's API (:func:`profiler.runs.load_run`: one Kineto trace per rank, events with
 ``kind``, ``lane`` and ``step``). For one rank and one ``ProfilerStep`` window W (seconds):
 
 * ``C`` = union of the collective events in flight on that rank (``gloo:*`` annotations on the gloo thread,
@@ -23,6 +23,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+from meshplan.profiler.runs import load_run
 
 PHASES = ("compute_s", "exposed_comm_s", "bubble_s")
 P2P = ("sendrecv", "send", "recv", "isend", "irecv")  # profiler.trace collective types of point-to-point ops
@@ -121,8 +123,6 @@ def measured_breakdown(run_dir: str | Path) -> MeasuredBreakdown:
     Raises:
         MeshplanError: the folder holds no readable trace (from :func:`profiler.runs.load_run`).
     """
-    from meshplan.profiler.runs import load_run
-
     run = load_run(run_dir)
     rows: list[StepPhases] = []
     for trace in run.ranks.values():
