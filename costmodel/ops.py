@@ -20,6 +20,16 @@ COMPUTE_KINDS = (
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
+# OpSpec.impl values per kind family ("" is always allowed: the kind's default implementation).
+ATTENTION_IMPLS = ("flash2", "flash3", "cudnn", "flex")
+FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")
+MEMORY_BOUND_IMPLS = ("fused", "eager")
+COLLECTIVE_IMPLS = ("ring", "tree", "nvls")
+IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES,
+         **{k: MEMORY_BOUND_IMPLS for k in ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "cast",
+                                             "copy")},
+         **{k: COLLECTIVE_IMPLS for k in ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")}}
+
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 
@@ -34,6 +44,15 @@ class OpSpec:
         group_size: Participants of a collective (1 for compute ops).
         causal: Attention only: causal mask halves the score FLOPs.
         backward: True for the backward of the op (priced as the forward's FLOP multiple by the model).
+        impl: Which implementation runs the op, when that changes its speed ("" = the kind's default). The
+            vocabulary the planner emits and the cost model prices (``IMPLS``):
+            attention: ``flash2`` (FlashAttention-2, PyTorch SDPA's flash backend), ``flash3`` (FlashAttention-3,
+            Hopper), ``cudnn`` (cuDNN fused attention, Transformer Engine), ``flex`` (FlexAttention);
+            matmul / bmm in fp8: the scaling recipe, ``tensorwise``, ``delayed``, ``rowwise``, ``blockwise``,
+            ``mxfp8`` (casts and amax are priced with the GEMM);
+            memory-bound kinds (norms, softmax, elementwise, activation, cast, copy): ``fused`` (Transformer Engine
+            or torch.compile kernels) or ``eager`` (one PyTorch kernel per op);
+            collectives: the NCCL algorithm, ``ring``, ``tree``, ``nvls``.
     """
 
     kind: str
@@ -42,6 +61,11 @@ class OpSpec:
     group_size: int = 1
     causal: bool = True
     backward: bool = False
+    impl: str = ""
+
+    def __post_init__(self) -> None:
+        if self.impl and self.impl not in IMPLS.get(self.kind, ()):
+            raise ValueError(f"OpSpec {self.kind}: impl {self.impl!r} is not one of {IMPLS.get(self.kind, ())}")
 
     @property
     def is_collective(self) -> bool:
