@@ -255,22 +255,9 @@ def test_cli_cluster_json(runner):
 # ---------------------------------------------------------------- local:N calibration (real measurement)
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
-    """One real calibration (GEMM, copy, 2-process gloo) through the CLI, in a private cache folder."""
-    from typer.testing import CliRunner
-
-    cache = tmp_path_factory.mktemp("meshplan-cache")
-    old = os.environ.get("MESHPLAN_CACHE")
-    os.environ["MESHPLAN_CACHE"] = str(cache)
-    try:
-        res = CliRunner().invoke(app, ["devices", "calibrate", "--json"])
-        assert res.exit_code == 0, res.output
-        yield cache, json.loads(res.output)
-    finally:
-        if old is None:
-            os.environ.pop("MESHPLAN_CACHE", None)
-        else:
-            os.environ["MESHPLAN_CACHE"] = old
+def calibrated(host_calibration):
+    """The session's one real calibration (GEMM, copy, 2-process gloo) through the CLI, in a private cache folder."""
+    return host_calibration
 
 
 def test_calibration_figures_are_physical(calibrated):
