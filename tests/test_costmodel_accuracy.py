@@ -92,6 +92,7 @@ def test_neusight_gemm_unseen_h100_quick(monkeypatch):
     assert after[a]["mape"] == before[a]["mape"] and after[a]["mape"] <= 12.0
 
 
+@pytest.mark.slow  # 13-35 s; test_neusight_gemm_unseen_h100_quick is its smaller instance in the default run
 def test_neusight_gemm_full_split_pinned():
     """Full NeuSight GEMM split (13 s on 2 cores): H100 bmm 21.5 (trees alone) -> 17.0 (plain blend) -> 11.8,
     linear 14.1 -> 13.4 -> 11.7 (issue 4's <= 12 met, thinly); A100-80GB kept (costmodel/data/model/README.md)."""

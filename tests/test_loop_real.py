@@ -92,7 +92,9 @@ def ddp(tmp_path_factory, host_calibration):
 def test_ddp_plan_is_checked_against_its_real_run(ddp):
     runner, tmp, plan = ddp
     code, d = _check(runner, plan, tmp / "run", "--tolerance", "15%")
-    assert d["tolerance"] == 0.15 and d["steps"] == 4  # judged on the 4 steps timed with the profiler stopped
+    # judged on the 4 steps timed with the profiler stopped, or on the 6 traced ones when the host's load changed
+    # between the two windows (check says so in a warning)
+    assert d["tolerance"] == 0.15 and (d["steps"], d["traced_s"] is not None) in ((4, True), (6, False)), d
     _assert_verdict_is_consistent(plan, code, d)
     assert _phase(d, "compute")["measured_s"] > 0 and _phase(d, "exposed comm")["predicted_s"] > 0
 
