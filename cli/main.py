@@ -1,6 +1,8 @@
 """The ``meshplan`` console script: one typer app, one sub-app per command group (joined with ``add_typer``)."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -25,6 +27,20 @@ def _register() -> None:
                 continue
             raise
         module.register(app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from meshplan.core.version import meshplan_version
+
+        typer.echo(f"meshplan {meshplan_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print meshplan's version and exit.")] = False) -> None:
+    """Plan, predict and verify distributed training jobs."""
 
 
 _register()

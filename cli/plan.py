@@ -9,6 +9,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from meshplan.cli.common import console, err_console, handle_errors, print_json
+from meshplan.planner.plan import PLAN_SCHEMA_VERSION
 
 GiB = 1024**3
 
@@ -37,7 +38,8 @@ def plan(
                                                        "(default: local-fit.json in the host cache)")] = None,
     no_host_terms: Annotated[bool, typer.Option("--no-host-terms", help="local:N: price unfitted (ignore what this "
                                                 "host learned from its runs)")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON list of plans, best first")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON object: plan_path, schema_version, "
+                                           "warnings and the ranked plans (best first)")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from meshplan.planner.host import load_host
@@ -60,13 +62,15 @@ def plan(
                            quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
                            error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host)
     if json_out:
-        print_json(outcome.rows)
+        print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
+                    "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
+                    "plans": outcome.rows})
         return
     table = Table(title=outcome.title)
     cols = ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB")
     has_quality = any("quality" in r for r in outcome.rows)
     for col in cols + (("quality",) if has_quality else ()):
-        table.add_column(col, justify="left" if col == "layout" else "right")
+        table.add_column(col, justify="left" if col == "layout" else "right", overflow="fold")
     fmt = {"step_time_s": "{:.3f}", "tokens_per_s": "{:,.0f}", "tflops_per_device": "{:.1f}"}
     for i, r in enumerate(outcome.rows, 1):
         cells = [str(i), r["layout"]]

@@ -60,3 +60,16 @@ def parse_size(text: str, default_unit: str = "b") -> float:
     if not size > 0 or size == float("inf"):
         raise MeshplanError(f"size '{raw}': must be a positive, finite number of bytes")
     return size
+
+
+# PyTorch's and NumPy's names for the math dtypes meshplan prices (``torch.bfloat16`` -> ``bf16``). fp8 means the
+# e4m3 forward / e5m2 gradient formats Transformer Engine and torchao train with.
+DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+                 "single": "fp32", "float8": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "fp8_e4m3": "fp8"}
+
+
+def canonical_dtype(text: str) -> str:
+    """``bfloat16`` -> ``bf16``, ``torch.float16`` -> ``fp16``, ``FP32`` -> ``fp32``; other names are returned
+    lower-cased (the device then says whether it has that math)."""
+    name = str(text).strip().lower().removeprefix("torch.")
+    return DTYPE_ALIASES.get(name, name)

@@ -10,6 +10,7 @@ both transformers v4 and v5 spellings are accepted (``rope_scaling``/``rope_para
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 from pathlib import Path
@@ -312,7 +313,9 @@ def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
         raise MeshplanError(f"{file}: file not found (the folder has no config.json)")
     if path.suffix == ".json" or "/" in name_or_path or "\\" in name_or_path:
         raise MeshplanError(f"{name_or_path}: file not found (and not a preset name; see `meshplan models`)")
-    raise MeshplanError(f"{name_or_path}: unknown model; not a preset or alias (see `meshplan models`) "
+    close = difflib.get_close_matches(name_or_path.strip().lower(), list(_index()[1]), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise MeshplanError(f"{name_or_path}: unknown model; not a preset or alias ({hint}see `meshplan models`) "
                         f"and no such file")
 
 

@@ -19,6 +19,9 @@ from meshplan.planner.layout import Degrees
 # A plan's name becomes a file name under plans/, a job name and a word in generated shell scripts: letters,
 # digits, '.', '_' and '-', starting with a letter or digit (so never '..', '/' or anything a shell expands).
 PLAN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# Version of the plan file's format (the fields of ``Plan`` and what they mean), printed by ``meshplan plan --json``:
+# raised when a field changes meaning or a required one is added; plans of older versions still load.
+PLAN_SCHEMA_VERSION = 1
 # HF ``model_type`` values are identifiers (``llama``, ``qwen3_moe``, ``gpt_neox``); exporters map them to
 # launcher names and classes.
 MODEL_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

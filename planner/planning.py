@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.core.units import parse_bandwidth
+from meshplan.core.units import canonical_dtype, parse_bandwidth
 from meshplan.core.version import meshplan_version
 from meshplan.costmodel.api import Pricer
 from meshplan.planner.cluster import load_cluster
@@ -88,6 +88,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     estimator = estimator_for(clus, Pricer.from_dir(costmodel), host.terms)
     if net:
         clus = clus.with_inter_bandwidth(parse_bandwidth(net))
+    if dtype is not None:
+        dtype = canonical_dtype(dtype)  # bfloat16 -> bf16, float16 -> fp16
     if dtype is None:  # bf16 mixed precision on accelerators; fp32 on CPU ranks (local:N), as PyTorch trains there
         dtype = "fp32" if all(g.device.vendor == "cpu" for g in clus.groups) else "bf16"
     nm = check_plan_name(name) if name is not None else plan_name(model)

@@ -46,7 +46,7 @@ def test_table1_row(row, runner, tmp_path):
                               "--global-batch", str(gbs), "--seq-len", str(SEQ), "--fix", fix, "--json",
                               "--out", str(tmp_path / "p.yaml")])
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout)["plans"]
     assert len(rows) == 1  # everything pinned: exactly one configuration evaluated
     tflops = paper_flops(gbs, layers, hidden) / rows[0]["step_time_s"] / gpus / 1e12
     assert tflops == pytest.approx(published, rel=0.10), f"{size}: predicted {tflops:.1f} vs {published} TFLOP/s"

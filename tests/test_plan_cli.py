@@ -19,7 +19,7 @@ def test_json_ranked_best_first(runner, tmp_path):
     res = _plan(runner, tmp_path, "--model", "llama-3.1-8b", "--cluster", "2x8xH100", "--global-batch", "256",
                 "--seq-len", "8192", "--top", "5", "--json")
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout)["plans"]
     assert len(rows) == 5
     for r in rows:
         assert all(k in r for k in KEYS)
@@ -41,7 +41,7 @@ def test_fix_all_evaluates_one(runner, tmp_path):
     res = _plan(runner, tmp_path, "--model", "llama-3.1-8b", "--cluster", "2x8xH100", "--global-batch", "64",
                 "--seq-len", "4096", "--fix", fix, "--json")
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout)["plans"]
     assert len(rows) == 1
     r = rows[0]
     assert (r["dp"], r["tp"], r["pp"], r["vpp"], r["zero"], r["recompute"], r["sp"]) == \
@@ -50,9 +50,9 @@ def test_fix_all_evaluates_one(runner, tmp_path):
 
 def test_pinning_a_slower_choice_never_beats_the_free_search(runner, tmp_path):
     free = json.loads(_plan(runner, tmp_path, "--model", "qwen3-8b", "--cluster", "8xA100", "--global-batch",
-                            "64", "--seq-len", "4096", "--json", "--top", "1").stdout)[0]
+                            "64", "--seq-len", "4096", "--json", "--top", "1").stdout)["plans"][0]
     pinned = json.loads(_plan(runner, tmp_path, "--model", "qwen3-8b", "--cluster", "8xA100", "--global-batch",
-                              "64", "--seq-len", "4096", "--json", "--top", "1", "--fix", "tp=8").stdout)[0]
+                              "64", "--seq-len", "4096", "--json", "--top", "1", "--fix", "tp=8").stdout)["plans"][0]
     assert pinned["tp"] == 8
     assert free["step_time_s"] <= pinned["step_time_s"]
 

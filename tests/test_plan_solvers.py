@@ -18,7 +18,7 @@ def test_heterogeneous_training_partition(runner, tmp_path):
     covered = sorted(i for s in plan.stages for i in range(s.first_layer, s.first_layer + s.num_layers))
     assert covered == list(range(80))  # contiguous runs covering every layer exactly once
     assert {s.device_group for s in plan.stages} == {0, 1}
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout)["plans"]
     best = rows[0]["tokens_per_s"]
     assert all(best >= r["tokens_per_s"] * (1 - 1e-6) for r in rows[1:])  # never worse than its baselines
 
@@ -27,7 +27,7 @@ def test_serving_with_quality_budget(runner, tmp_path):
     res = _run(runner, tmp_path, "--model", "qwen2.5-7b", "--cluster", "4xT4+1xA100", "--workload", "serve",
                "--quality-budget", "0.5", "--global-batch", "8", "--seq-len", "512")
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout)["plans"]
     assert rows[0]["quality"] <= 0.5 + 1e-9
     plan = load_plan(tmp_path / "p.yaml")
     assert plan.layer_precision and len(plan.layer_precision) == 28
@@ -61,4 +61,4 @@ def test_measured_sensitivity_feeds_the_solver(runner, tmp_path):
                "--quality-budget", "0.5", "--global-batch", "8", "--seq-len", "512",
                "--sensitivity", str(tmp_path / "s" / "sensitivity.json"))
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)[0]["quality"] <= 0.5 + 1e-9
+    assert json.loads(res.stdout)["plans"][0]["quality"] <= 0.5 + 1e-9
