@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,6 +81,17 @@ class _Reader:
         theta = self.cfg.get("rope_theta")
         return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 0.0
 
+    def rope_scaling(self) -> tuple[str, float]:
+        """(rope type, factor) of a scaled RoPE (``llama3``, ``yarn``, ``linear``, ...); ("", 0.0) when unscaled."""
+        params = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling")
+        if not isinstance(params, dict):
+            return "", 0.0
+        kind = params.get("rope_type") or params.get("type") or ""
+        factor = params.get("factor", 0.0)
+        kind = kind if isinstance(kind, str) and kind != "default" else ""
+        ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
+        return kind, float(factor) if kind and ok and factor > 0 else 0.0
+
     def dtype(self) -> str:
         value = self.cfg.get("dtype") or self.cfg.get("torch_dtype")  # v5 renamed torch_dtype -> dtype
         return value if isinstance(value, str) else ""
@@ -106,6 +118,8 @@ def _base(r: _Reader, tie_default: bool) -> dict[str, Any]:
         tied_embeddings=r.bool("tie_word_embeddings", tie_default),
         max_position_embeddings=r.int("max_position_embeddings", 0, minimum=0),
         rope_theta=r.rope_theta(),
+        rope_scaling_type=r.rope_scaling()[0],
+        rope_scaling_factor=r.rope_scaling()[1],
         dtype=r.dtype(),
         gated_mlp=True,
         norm="rmsnorm",

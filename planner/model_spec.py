@@ -66,6 +66,8 @@ class ModelSpec:
     num_mtp_layers: int = 0  # DeepSeek-V3 multi-token-prediction modules counted (0 = MTP off)
     config_mtp_layers: int = 0  # MTP modules the config describes (``num_nextn_predict_layers``)
     rope_theta: float = 0.0
+    rope_scaling_type: str = ""  # config.json rope_scaling.rope_type: "llama3" (Llama 3.1), "yarn" (DeepSeek-V3), ...
+    rope_scaling_factor: float = 0.0  # its factor; 0 = RoPE unscaled
     dtype: str = ""
 
     def __post_init__(self) -> None:

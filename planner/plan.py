@@ -65,6 +65,9 @@ class ModelRef(_Frozen):
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    rope_theta: float = 0.0  # config.json rope_theta; 0 = not recorded (plans written before it was)
+    rope_scaling_type: str = ""  # "llama3", "yarn", ...; "" = unscaled or not recorded
+    rope_scaling_factor: float = 0.0
 
 
 class DeviceGroupRef(_Frozen):
@@ -151,6 +154,8 @@ class Plan(_Frozen):
     prediction: Optional[Prediction] = None
     meshplan_version: str = "0+unknown"
     notes: tuple[str, ...] = ()
+    source_path: Optional[str] = Field(None, exclude=True)
+    """The file this plan was read from (``load_plan``), so an export launches that file; never written to one."""
 
     @model_validator(mode="before")
     @classmethod
@@ -171,6 +176,17 @@ class Plan(_Frozen):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def __eq__(self, other: object) -> bool:
+        # the same plan read from two files is the same plan: source_path is where it was read, not what it is
+        return isinstance(other, Plan) and self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash(self.to_yaml())
+
+    def from_file(self, path: str | Path) -> "Plan":
+        """This plan, recording the file it was read from (``source_path``; never written into a plan file)."""
+        return self.model_copy(update={"source_path": str(path)})
 
     def save(self, path: str | Path) -> Path:
         """Write the plan as YAML atomically."""
@@ -193,7 +209,7 @@ def load_plan(path: str | Path) -> Plan:
     if not isinstance(raw, dict):
         raise MeshplanError(f"{p}: not a meshplan plan (expected a mapping at the top level)")
     try:
-        return Plan.model_validate(raw)
+        return Plan.model_validate(raw).from_file(p)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])

@@ -94,8 +94,10 @@ def _megatron_flags_from_notes() -> set[str]:
     notes = shared_path("notes", "exports.md").read_text(encoding="utf-8")
     section = notes.split("## (b) Megatron-LM")[1].split("## (c) DeepSpeed")[0]
     flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", section))
-    # Plain add_argument flags of megatron/training/arguments.py (NVIDIA/Megatron-LM) that the notes do not list.
-    return flags | {"--add-qkv-bias", "--qk-layernorm"}
+    # Plain add_argument flags of megatron/training/arguments.py (NVIDIA/Megatron-LM) that the notes do not list
+    # (--use-rope-scaling: store_true, "Apply rope scaling as used in llama3.x"; --rope-scaling-factor: float,
+    # default 8.0).
+    return flags | {"--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:

@@ -15,7 +15,8 @@ from pathlib import Path
 from tests.helpers import REPO
 
 ROOMS = {"meshplan.core": "core", "meshplan.costmodel": "costmodel", "meshplan.planner": "planner",
-         "meshplan.profiler": "profiler", "meshplan.verify": "verify", "meshplan.cli": "cli"}
+         "meshplan.profiler": "profiler", "meshplan.verify": "verify", "meshplan.cli": "cli",
+         "meshplan.examples": "examples"}
 
 
 def _pyproject() -> dict:
@@ -62,6 +63,8 @@ def test_wheel_installs_and_imports(tmp_path: Path) -> None:
     # data files travel with their package
     assert "meshplan/costmodel/data/devices.yaml" in names
     assert "meshplan/planner/presets/models/index.yaml" in names
+    # the exports' default entry script (issue 15 item 3)
+    assert "meshplan/examples/train_gpt.py" in names and "meshplan/examples/tiny-gpt/config.json" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("import meshplan.cli.main, meshplan.planner.search, meshplan.profiler.replay, meshplan.verify, "

@@ -83,3 +83,21 @@ def export_file(plan_path: str | Path, target: str, out: str | Path | None = Non
     if out is not None:
         write_atomic(out, result.text)
     return result
+
+
+def write_example_trainer(dest: str | Path, force: bool = False) -> Path:
+    """Write the shipped example trainer (``meshplan.examples``'s ``train_gpt.py``, the torchrun, Slurm and Kubeflow
+    exports' default entry script) to ``dest`` atomically; a folder gets ``train_gpt.py`` inside it.
+
+    Raises:
+        MeshplanError: ``dest`` exists and ``force`` is not set (nothing the user had is overwritten).
+    """
+    from importlib import resources
+
+    path = Path(dest)
+    if path.is_dir():
+        path = path / "train_gpt.py"
+    if path.exists() and not force:
+        raise MeshplanError(f"{path}: already exists; choose another path or pass --force to replace it")
+    text = resources.files("meshplan.examples").joinpath("train_gpt.py").read_text(encoding="utf-8")
+    return write_atomic(path, text)

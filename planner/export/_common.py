@@ -159,8 +159,15 @@ def plan_env(plan: Plan) -> list[tuple[str, str]]:
 
 
 def default_plan_path(plan: Plan) -> str:
-    """Where ``meshplan plan`` saves a plan of this name (relative to the repository)."""
-    return f"plans/{plan.name}.yaml"
+    """The plan file the launched job reads: the file this plan was exported from (as the user named it), else
+    where ``meshplan plan`` saves a plan of this name (``plans/<name>.yaml``)."""
+    return plan.source_path or f"plans/{plan.name}.yaml"
+
+
+def entry_note(entry: str) -> str:
+    """Header line saying where the default entry script comes from (it ships in the package, not beside it)."""
+    return comment_text(f"entry script: $MESHPLAN_ENTRY, default {entry}; `meshplan example-trainer {entry}` writes "
+                        "the shipped one there")
 
 
 def torchrun_args(plan: Plan, endpoint: str, rdzv_id: str) -> list[str]:

@@ -61,5 +61,7 @@ def manifest(plan: Plan) -> dict:
 def render(plan: Plan) -> str:
     """The YAML text."""
     lines = [f"# {h}" for h in c.header(plan, "Kubeflow PyTorchJob", "kubeflow.org/v1")]
-    lines.append(f"# Replace image {IMAGE} with your training image (it must contain {torchrun.ENTRY} and the plan).")
+    lines.append(f"# Replace image {IMAGE} with your training image (it must contain {torchrun.ENTRY} and the plan "
+                 f"{c.comment_text(c.default_plan_path(plan))}).")
+    lines.append(f"# {c.entry_note(torchrun.ENTRY)}")
     return "\n".join(lines) + "\n" + yaml.safe_dump(manifest(plan), sort_keys=False)

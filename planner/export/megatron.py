@@ -47,8 +47,14 @@ def check(plan: Plan) -> None:
         c.fail(f"megatron: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp}")
 
 
+def _shards_over(plan: Plan) -> int:
+    """Ranks the plan shards optimizer state over: dp_shard x cp (design.md; Megatron's distributed optimizer
+    shards over the data-parallel group with context parallel, ``get_data_parallel_group(with_context_parallel=True)``)."""
+    return plan.degrees.dp_shard * plan.degrees.cp
+
+
 def _uses_fsdp(plan: Plan) -> bool:
-    return plan.zero_stage >= 2 and plan.degrees.dp_shard > 1
+    return plan.zero_stage >= 2 and _shards_over(plan) > 1
 
 
 def unsupported(plan: Plan) -> list[str]:
@@ -72,15 +78,19 @@ def unsupported(plan: Plan) -> list[str]:
         out.append("megatron: no CPU-side gradient compression")
     m = plan.model
     if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type == "gpt_neox":
-        out.append("megatron: the plan does not record rope_theta or rope scaling; add --rotary-base "
-                   "<config.json rope_theta> (Megatron's default is 10000) and the model's rope-scaling flags")
+        if not m.rope_theta:
+            out.append("megatron: the plan does not record rope_theta; add --rotary-base <config.json rope_theta> "
+                       "(Megatron's default is 10000)")
+        if m.rope_scaling_type and m.rope_scaling_type != "llama3":
+            out.append(f"megatron: RoPE scaling {m.rope_scaling_type!r} (factor {m.rope_scaling_factor:g}) has no "
+                       "flag here (only Llama 3.x scaling: --use-rope-scaling); add the model's own rope flags")
     if m.model_type == "deepseek_v3":
         out.append("megatron: DeepSeek-V3 router details (sigmoid scores, expert bias, group-limited top-k, "
                    "routed scaling factor) are not in the plan; add Megatron's --moe-router-* flags")
     if m.num_experts and not m.moe_ffn_hidden_size:
         out.append("megatron: the plan does not record the expert FFN width; Megatron uses --ffn-hidden-size "
                    "for experts unless --moe-ffn-hidden-size is given")
-    if plan.zero_stage >= 2 and plan.degrees.dp_shard > 1 and plan.degrees.pp > 1:
+    if _uses_fsdp(plan) and plan.degrees.pp > 1:
         out.append(f"megatron: Megatron-FSDP (zero_stage={plan.zero_stage}) with pp={plan.degrees.pp} is not "
                    "validated upstream; prefer zero_stage 1 (--use-distributed-optimizer) with pipelining")
     return out
@@ -116,7 +126,7 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
-    if plan.zero_stage >= 1 and d.dp > 1:
+    if plan.zero_stage >= 1 and _shards_over(plan) > 1:
         if _uses_fsdp(plan):
             strategy = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"
             a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format",
@@ -168,6 +178,11 @@ def model_args(plan: Plan) -> list[str]:
             a.append("--qk-layernorm")
     elif fam == "gpt_neox":
         a += ["--position-embedding-type", "rope"]
+    if (fam in c.ROPE_SWIGLU_FAMILIES or fam == "gpt_neox") and m.rope_theta:
+        # Megatron-LM arguments.py: --rotary-base is an int (default 10000); Llama 3.1's rope_theta is 500000.
+        a += ["--rotary-base", str(int(round(m.rope_theta)))]
+        if m.rope_scaling_type == "llama3":  # --use-rope-scaling applies Llama 3.x scaling; factor default 8.0
+            a += ["--use-rope-scaling", "--rope-scaling-factor", f"{m.rope_scaling_factor:g}"]
     elif fam == "gpt2":
         a += ["--position-embedding-type", "learned_absolute"]
     tied = m.tied_embeddings if m.tied_embeddings is not None else fam == "gpt2"

@@ -37,6 +37,7 @@ def render(plan: Plan) -> str:
              f"#SBATCH --gpus-per-node={per_node}",
              "#SBATCH --exclusive"]
     lines += [f"# {h}" for h in c.header(plan, "Slurm sbatch", "torchrun under srun, one task per node")]
+    lines.append(f"# {c.entry_note(torchrun.ENTRY)}")
     lines.append("set -euo pipefail")
     lines.append('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
     lines.append(f"MASTER_PORT={torchrun.RDZV_PORT}")

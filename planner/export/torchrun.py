@@ -58,6 +58,7 @@ def env_lines(plan: Plan) -> list[str]:
 def render(plan: Plan) -> str:
     """A bash script that launches the plan with torchrun."""
     lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "torchrun", "torch 2.13 torch/distributed/run.py")]
+    lines.append(f"# {c.entry_note(ENTRY)}")
     if plan.cluster.nodes > 1:
         lines.append("# Run this same script on every node; HEAD_NODE = host name of the first node.")
     lines.append("set -euo pipefail")

@@ -2,6 +2,7 @@
 # meshplan export of plan 'dsv3-ep64' -> torchrun (torch 2.13 torch/distributed/run.py)
 # model DeepSeek-V3 (deepseek_v3) on 32x8xH100: 256 ranks = dp_replicate 1 x dp_shard 128 x cp 1 x tp 2 x pp 1, ep 64
 # batch: global 2048 = micro 1 x dp 128 x grad-accum 16; seq_len 4096; zero 1; recompute selective; dtype bf16
+# entry script: $MESHPLAN_ENTRY, default examples/train_gpt.py; `meshplan example-trainer examples/train_gpt.py` writes the shipped one there
 # Run this same script on every node; HEAD_NODE = host name of the first node.
 set -euo pipefail
 : "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"

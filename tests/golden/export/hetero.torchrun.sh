@@ -2,6 +2,7 @@
 # meshplan export of plan 'llama8b-hetero' -> torchrun (torch 2.13 torch/distributed/run.py)
 # model Llama-3.1-8B (llama) on 1x8xH100+1x8xA100: 16 ranks = dp_replicate 1 x dp_shard 2 x cp 1 x tp 4 x pp 2
 # batch: global 32 = micro 1 x dp 2 x grad-accum 16; seq_len 4096; zero 1; recompute selective; dtype bf16
+# entry script: $MESHPLAN_ENTRY, default examples/train_gpt.py; `meshplan example-trainer examples/train_gpt.py` writes the shipped one there
 # Run this same script on every node; HEAD_NODE = host name of the first node.
 set -euo pipefail
 : "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"

@@ -2,6 +2,7 @@
 # meshplan export of plan 'llama70b-tp8pp4' -> torchrun (torch 2.13 torch/distributed/run.py)
 # model Llama-3.1-70B (llama) on 16x8xH100: 128 ranks = dp_replicate 1 x dp_shard 4 x cp 1 x tp 8 x pp 4, vpp 2
 # batch: global 512 = micro 1 x dp 4 x grad-accum 128; seq_len 8192; zero 1; recompute full; dtype bf16
+# entry script: $MESHPLAN_ENTRY, default examples/train_gpt.py; `meshplan example-trainer examples/train_gpt.py` writes the shipped one there
 # Run this same script on every node; HEAD_NODE = host name of the first node.
 set -euo pipefail
 : "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"

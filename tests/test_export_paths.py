@@ -1,0 +1,80 @@
+"""The launched job runs what was priced (issue 15 item 3): the exported plan file is the one the scripts hand to
+the trainer, the trainer ships with the package, and the Megatron export keeps the plan's optimizer sharding and the
+model's RoPE. Read back through torchrun's own argument parser and the Megatron flag list of tests/test_export_parsers."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshplan.cli.main import app
+from meshplan.planner.export import render
+from meshplan.planner.plan import load_plan
+from tests.helpers import REPO
+from tests.test_export_golden import PLANS
+from tests.test_export_parsers import _argv, _megatron_args, _megatron_flags_from_notes, _torchrun_parse
+
+BASH = shutil.which("bash")
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not available")
+def test_scripts_launch_the_file_that_was_exported(tmp_path: Path, runner) -> None:
+    """A plan saved outside plans/ (a folder name with a space) and exported from there: torchrun and Slurm hand
+    that file to the trainer with MESHPLAN_PLAN unset, and the PyTorchJob's env and command name it."""
+    path = PLANS["fsdp8b"]().save(tmp_path / "my plans" / "candidate 3.yaml")
+    plan = load_plan(path)
+    assert plan.source_path == str(path) and "source_path" not in yaml.safe_load(path.read_text())
+    for target, env in (("torchrun", {}), ("slurm", {"SLURM_JOB_NODELIST": "a", "SLURM_NNODES": "1",
+                                                    "SLURM_JOB_ID": "7"})):
+        out = tmp_path / f"launch.{target}"
+        r = runner.invoke(app, ["export", str(path), "--to", target, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        ns = _torchrun_parse(_argv(out.read_text(), tmp_path, env))
+        assert ns.training_script_args[:2] == ["--plan", str(path)], target
+        assert load_plan(ns.training_script_args[1]) == PLANS["fsdp8b"]()
+    manifest = yaml.safe_load(render(plan, "kubeflow").text)
+    container = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert {"name": "MESHPLAN_PLAN", "value": str(path)} in container["env"]
+    assert container["command"][-2:] == ["--plan", str(path)]
+
+
+def test_a_plan_made_in_memory_keeps_the_default_path() -> None:
+    text = render(PLANS["fsdp8b"](), "torchrun").text
+    assert "MESHPLAN_PLAN=plans/llama8b-fsdp8.yaml" in text
+
+
+def test_example_trainer_ships_and_never_overwrites(tmp_path: Path, runner) -> None:
+    dest = tmp_path / "train_gpt.py"
+    r = runner.invoke(app, ["example-trainer", str(dest), "--json"])
+    assert r.exit_code == 0, r.output
+    assert dest.read_bytes() == (REPO / "examples" / "train_gpt.py").read_bytes()
+    dest.write_text("# my edits\n")
+    r = runner.invoke(app, ["example-trainer", str(dest)])
+    assert r.exit_code == 2 and "already exists" in r.output and len(r.output.strip().splitlines()) == 1
+    assert dest.read_text() == "# my edits\n"  # nothing the user had is lost
+    assert runner.invoke(app, ["example-trainer", str(tmp_path), "--force"]).exit_code == 0  # a folder: file inside
+    assert dest.read_bytes() == (REPO / "examples" / "train_gpt.py").read_bytes()
+    assert "meshplan example-trainer examples/train_gpt.py" in render(PLANS["fsdp8b"](), "torchrun").text
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not available")
+def test_megatron_shards_the_optimizer_over_cp_and_keeps_rope(tmp_path: Path, runner) -> None:
+    """Llama-3.1-8B with dp=1 and the optimizer state sharded over cp=8 (ZeRO-1): Megatron's distributed optimizer
+    shards over data x context parallel ranks, so the flag must be there (it was not: 316 GiB per device by
+    meshplan's own estimate). RoPE: config.json rope_theta 500000 and Llama 3 scaling, factor 8 (Megatron's default
+    base is 10000)."""
+    out = tmp_path / "cp.yaml"
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
+                            "--seq-len", "8192", "--fix", "tp=1,cp=8,dp_shard=1,zero=1", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    assert (plan.degrees.dp, plan.degrees.cp, plan.zero_stage) == (1, 8, 1)
+    result = render(plan, "megatron")
+    ns = _torchrun_parse(_argv(result.text, tmp_path, {"HEAD_NODE": "node-a"}))
+    args = _megatron_args(ns.training_script_args)
+    assert not set(args) - _megatron_flags_from_notes()
+    assert "--use-distributed-optimizer" in args and args["--context-parallel-size"] == "8"
+    assert args["--rotary-base"] == "500000" and "--use-rope-scaling" in args and args["--rope-scaling-factor"] == "8"
+    assert not any("rope" in w for w in result.warnings), result.warnings
