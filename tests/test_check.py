@@ -189,3 +189,22 @@ def test_breakdown_reports_the_critical_rank():
            [StepPhases(1, s, 1.0, 0.9, 0.1, 0.0) for s in range(3)]
     b = summarize(rows)
     assert b.rank == 1 and b.compute_s == pytest.approx(0.9) and b.exposed_comm_s == pytest.approx(0.1)
+
+
+def test_junit_holds_any_path_and_is_written_with_the_users_umask(tmp_path, runner):
+    """A run folder named with XML's special characters and a control character: the JUnit file still parses and
+    says which run it judged; it is written with the user's umask (0o022 -> 0644), not mkstemp's 0600."""
+    import os
+
+    plan = _plan(tmp_path)
+    run = _run(tmp_path, {"0": [0.2] * 5, "1": [0.2] * 5}, plan=plan, name='r<&">\x01un')
+    junit = tmp_path / "report.xml"
+    old = os.umask(0o022)
+    try:
+        r = runner.invoke(app, ["check", str(plan), str(run), "--no-breakdown", "--junit", str(junit)])
+    finally:
+        os.umask(old)
+    assert r.exit_code == 0, r.output
+    props = {p.get("name"): p.get("value") for p in ET.parse(junit).getroot().iter("property")}
+    assert props["run"] == str(run).replace("\x01", "\ufffd")
+    assert junit.stat().st_mode & 0o777 == 0o644

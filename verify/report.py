@@ -1,11 +1,19 @@
 """``meshplan check``'s reports: the verdict line, JUnit XML for CI test reporters, a Markdown summary."""
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
+
 from meshplan.verify.check import CheckResult
 
 
-def _esc(s: str) -> str:
-    return (s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;"))
+_XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(s: str) -> str:
+    """XML 1.0 cannot hold most control characters even escaped: they become U+FFFD (a path or warning holding one
+    still yields a file every JUnit reader parses)."""
+    return _XML_ILLEGAL.sub("\ufffd", str(s))
 
 
 def verdict_line(r: CheckResult) -> str:
@@ -18,24 +26,24 @@ def verdict_line(r: CheckResult) -> str:
 
 
 def junit_xml(r: CheckResult) -> str:
-    """JUnit XML (one test suite, one case per check) for CI test reporters."""
+    """JUnit XML (one test suite, one case per check) for CI test reporters, built with ``xml.etree`` (escaping
+    is the library's)."""
     cases = [("step_time", r.passed, verdict_line(r))]
     fails = sum(1 for _, ok, _ in cases if not ok)
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuites tests="{len(cases)}" failures="{fails}">',
-           f'  <testsuite name="meshplan check" tests="{len(cases)}" failures="{fails}" errors="0" '
-           f'time="{sum(r.step_s):.3f}">',
-           f'    <properties><property name="plan" value="{_esc(r.plan_path)}"/>'
-           f'<property name="run" value="{_esc(r.run_path)}"/></properties>']
+    root = ET.Element("testsuites", tests=str(len(cases)), failures=str(fails))
+    suite = ET.SubElement(root, "testsuite", name="meshplan check", tests=str(len(cases)), failures=str(fails),
+                          errors="0", time=f"{sum(r.step_s):.3f}")
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="plan", value=_xml_text(r.plan_path))
+    ET.SubElement(props, "property", name="run", value=_xml_text(r.run_path))
     for name, ok, msg in cases:
-        out.append(f'    <testcase classname="meshplan.check" name="{name}" time="{r.measured_s:.6f}">')
+        case = ET.SubElement(suite, "testcase", classname="meshplan.check", name=name, time=f"{r.measured_s:.6f}")
         if not ok:
-            out.append(f'      <failure message="{_esc(msg)}" type="StepTimeDrift">{_esc(msg)}</failure>')
+            ET.SubElement(case, "failure", message=_xml_text(msg), type="StepTimeDrift").text = _xml_text(msg)
         if r.warnings:
-            out.append(f"      <system-out>{_esc(chr(10).join('warning: ' + w for w in r.warnings))}</system-out>")
-        out.append("    </testcase>")
-    out += ["  </testsuite>", "</testsuites>", ""]
-    return "\n".join(out)
+            ET.SubElement(case, "system-out").text = _xml_text("\n".join("warning: " + w for w in r.warnings))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def markdown(r: CheckResult) -> str:
