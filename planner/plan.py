@@ -174,8 +174,24 @@ class Plan(_Frozen):
         """Micro-batches per step per pipeline (global / (micro * dp))."""
         return self.global_batch // (self.micro_batch * self.degrees.dp)
 
+    def precision_summary(self) -> str:
+        """``layers 0-59 int4, 60-79 bf16``: the per-layer precision in runs ("" when every layer is ``dtype``)."""
+        if not self.layer_precision:
+            return ""
+        runs: list[list] = []
+        for i, p in enumerate(self.layer_precision):
+            if runs and runs[-1][2] == p:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i, p])
+        return "layers " + ", ".join(f"{a}-{b} {p}" if a != b else f"{a} {p}" for a, b, p in runs)
+
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        summary = self.precision_summary()
+        if summary:  # the precision that runs, at the top: `dtype` below is the activations' and the 16-bit layers'
+            text = f"# precision per layer: {summary} (dtype below: activations and KV cache)\n" + text
+        return text
 
     def __eq__(self, other: object) -> bool:
         # the same plan read from two files is the same plan: source_path is where it was read, not what it is

@@ -151,6 +151,26 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
                  dtype, estimator: Estimator, sensitivity=None) -> PlanOutcome:
     from meshplan.planner.solve.precision import solve_hetero_train, solve_serve
 
+    asked = quality_budget is not None
+    if not asked:
+        # Precision is lowered only when asked (issue 15): without --quality-budget no layer may cost quality, so
+        # every layer keeps the 16-bit reference precision (each lower one has a positive indicator).
+        quality_budget = 0.0
+    try:
+        return _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget,
+                               gen_len, dtype, estimator, sensitivity)
+    except MeshplanError as exc:
+        if asked:
+            raise
+        raise MeshplanError(f"without --quality-budget every layer stays 16-bit, and then: {exc} (pass "
+                            "--quality-budget to allow fp8/int8/int4 layers)", exc.exit_code) from None
+
+
+def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
+                    dtype, estimator: Estimator, sensitivity=None) -> PlanOutcome:
+    from meshplan.planner.solve.columns import base_dtype
+    from meshplan.planner.solve.precision import solve_hetero_train, solve_serve
+
     if workload == "serve":
         res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget,
                           sensitivity=sensitivity, estimator=estimator)
@@ -159,6 +179,8 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
                                  sensitivity=sensitivity, estimator=estimator)
     fields = res.plan_fields()
     world = clus.world_size
+    if dtype in ("bf16", "fp16"):  # the 16-bit type every device has (T4, V100: fp16), as the solver priced it
+        dtype = base_dtype([g.device for g in clus.groups])
     if res.stages:
         pp, tp, dp = len(res.stages), 1, 1
         notes = fields["notes"] + ("tensor parallel inside each stage's node: tp = that node's devices",)

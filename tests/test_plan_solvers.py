@@ -62,3 +62,31 @@ def test_measured_sensitivity_feeds_the_solver(runner, tmp_path):
                "--sensitivity", str(tmp_path / "s" / "sensitivity.json"))
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["plans"][0]["quality"] <= 0.5 + 1e-9
+
+
+def test_serving_lowers_precision_only_when_asked(runner, tmp_path):
+    """Issue 15: without --quality-budget no layer is quantized (the plan states every layer's precision in its
+    first line); with one, the same request writes a byte-identical plan three times."""
+    res = _run(runner, tmp_path, "--model", "qwen2.5-7b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+               "--global-batch", "8", "--seq-len", "512")
+    assert res.exit_code == 0, res.output
+    plan = load_plan(tmp_path / "p.yaml")
+    assert set(plan.layer_precision) == {"fp16"} and plan.dtype == "fp16"  # T4 has no bf16
+    first = (tmp_path / "p.yaml").read_text().splitlines()[0]
+    assert first.startswith("# precision per layer: layers 0-27 fp16")
+    texts = []
+    for i in range(3):
+        out = tmp_path / f"q{i}.yaml"
+        r = runner.invoke(app, ["plan", "--model", "llama-3.1-70b", "--cluster", "4xT4+1xA100", "--workload",
+                                "serve", "--global-batch", "8", "--seq-len", "512", "--quality-budget", "0.05",
+                                "--out", str(out), "--json"])
+        assert r.exit_code == 0, r.output
+        texts.append(out.read_bytes())
+    assert texts[0] == texts[1] == texts[2]
+    assert set(load_plan(tmp_path / "q0.yaml").layer_precision) - {"fp16"}  # the budget lets layers go lower
+
+
+def test_serving_a_model_that_needs_quantizing_says_so(runner, tmp_path):
+    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+               "--global-batch", "8", "--seq-len", "512")
+    assert res.exit_code == 2 and "--quality-budget" in res.output and len(res.output.strip().splitlines()) == 1

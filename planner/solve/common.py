@@ -65,10 +65,15 @@ def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def make_solver(time_limit_s: float, num_workers: int | None) -> cp_model.CpSolver:
-    """A CP-SAT solver with a wall-clock limit and a worker count (``None`` = :func:`default_workers`)."""
+def make_solver(time_limit_s: float, num_workers: int | None, deterministic: bool = False) -> cp_model.CpSolver:
+    """A CP-SAT solver with a wall-clock limit and a worker count (``None`` = :func:`default_workers`).
+
+    ``deterministic``: one search worker, so the search, and among equal optima the one returned, is the same on
+    every run (parallel workers race; CP-SAT's ``interleave_search`` would keep them but aborts, "Check failed:
+    heuristics.fixed_search", on the serving model with a solution hint, ortools 9.x).
+    """
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = int(num_workers or default_workers())
+    solver.parameters.num_workers = 1 if deterministic else int(num_workers or default_workers())
     solver.parameters.linearization_level = 2  # put enforced (half-reified) constraints into the LP relaxation
     return solver

@@ -94,7 +94,7 @@ def _lower_bound_ticks(problem: PartitionProblem, option: int) -> int:
 
 
 def solve_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
-                    num_workers: Optional[int] = None) -> PartitionSolution:
+                    num_workers: Optional[int] = None, deterministic: bool = False) -> PartitionSolution:
     """Exact partition + precision + micro-batching (CP-SAT), best over all options.
 
     Options are solved in order of a cheap lower bound; an option whose bound cannot beat the incumbent is
@@ -104,6 +104,7 @@ def solve_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         problem: The numbers.
         time_limit_s: Wall-clock budget for all solves together, seconds.
         num_workers: CP-SAT workers (default: the machine's cores, at most 8).
+        deterministic: the same plan on every run, among equal optima too (``common.make_solver``).
 
     Returns:
         The best plan; ``status.hit_time_limit`` with ``status.best_bound`` when the budget ran out.
@@ -135,7 +136,7 @@ def solve_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         start = _heuristic(problem, i)
         if start is not None:
             model.hint(start[1], start[2])
-        solver = make_solver(left, num_workers)
+        solver = make_solver(left, num_workers, deterministic)
         code = solver.solve(model.m)
         solves += 1
         if code == cp_model.UNKNOWN and start is not None:  # out of time: keep the heuristic plan if it is better
