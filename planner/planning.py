@@ -113,22 +113,51 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
     if compress:
-        plan, notes = _with_compression(plan, work, best_est, error_budget, estimator)
-        rows[0] = {**rows[0], "step_time_s": plan.prediction.step_time_s,
-                   "tokens_per_s": plan.prediction.tokens_per_s, "mfu": plan.prediction.mfu,
-                   "tflops_per_device": plan.prediction.tflops_per_device, "compressed": True}
+        plan, rows, notes = _choose_compression(work, fixes, plan, best_est, rows, nm, model, error_budget,
+                                                estimator)
     plan.save(path)
     title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
              f"{result.evaluated} layouts fit ({result.wall_s:.2f} s)")
     return PlanOutcome(title, rows, plan, path, notes)
 
 
+def _choose_compression(work: Workload, fixes, best: Plan, best_est, rows: list[dict], name: str, model_arg: str,
+                        error_budget, estimator: Estimator) -> tuple[Plan, list[dict], tuple[str, ...]]:
+    """ZeRO or compression, decided in one model (issue 15): what a job compresses is the gradient all-reduce of
+    plain DDP (the DDP communication hook, ``planner.comm_hook``: ZeRO/FSDP reduce-scatter gradients and gather
+    parameters, which no launcher's hook compresses). The best DDP layout (``dp_shard=1, zero=0``) is priced with
+    the compression the hook applies (one level, on the GPU); the plan is that one when it beats the best layout
+    of the search (ZeRO included), else the best layout, uncompressed, and the note says why."""
+    if fixes.get("zero", 0) or fixes.get("dp_shard", 1) != 1:
+        raise MeshplanError(f"--compress compresses the gradient all-reduce of plain DDP; --fix zero="
+                            f"{fixes.get('zero', 0)} / dp_shard={fixes.get('dp_shard', 1)} shard gradients instead "
+                            "(drop them, or drop --compress)")
+    try:
+        ddp = search(work, fixes.with_(dp_shard=1, zero=0), top=1, estimator=estimator)
+    except MeshplanError as exc:
+        note = f"compression: not chosen; plain DDP, the layout gradient compression applies to, has no plan ({exc})"
+        return best, rows, (note,)
+    ddp_layout, ddp_est = ddp.ranked[0]
+    compressed, notes = _with_compression(to_plan(work, ddp_layout, ddp_est, name, model_arg, estimator.name), work,
+                                          ddp_est, error_budget, estimator)
+    step = compressed.prediction.step_time_s
+    if compressed.compression and step < best_est.step_time_s:
+        p = compressed.prediction
+        row = {**layout_row(ddp_layout, ddp_est), "step_time_s": step, "tokens_per_s": p.tokens_per_s,
+               "mfu": p.mfu, "tflops_per_device": p.tflops_per_device, "compressed": True}
+        return compressed, [row] + rows, notes
+    why = ("no bucket gains from compressing" if not compressed.compression else
+           f"DDP with compression {step:.4g} s vs {best_est.step_time_s:.4g} s for {rows[0]['layout']}")
+    return best, rows, (f"compression: not chosen ({why}); the plan is the best layout, uncompressed",)
+
+
 def _with_compression(plan: Plan, work: Workload, est, error_budget,
                       estimator: Estimator) -> tuple[Plan, tuple[str, ...]]:
     from meshplan.planner.solve.compression import solve_compression
 
+    # only what a launcher applies: one-level, on-GPU choices (the DDP hook; targets name the rest unapplied)
     res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len, error_budget=error_budget,
-                            estimator=estimator)
+                            estimator=estimator, hook_choices_only=True)
     saving = max(0.0, res.baseline_step_s - res.step_s)
     saving = min(saving, est.exposed_comm_s)  # never more than the exposed communication there is
     step = est.step_time_s - saving
@@ -140,10 +169,12 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget,
         "breakdown": p.breakdown.model_copy(update={"exposed_comm_s": p.breakdown.exposed_comm_s - saving}),
     })
     sol = res.solution
-    note = (f"compression: {sum(b.method != 'none' for b in sol.buckets)} of {len(sol.buckets)} buckets "
-            f"compressed, predicted step {step:.4g} s vs {est.step_time_s:.4g} s uncompressed "
-            f"(solver {sol.status.status}, gradient error {sol.error:.3g})")
-    return plan.model_copy(update={"compression": tuple(sol.buckets), "prediction": pred,
+    chosen = tuple(b for b in sol.buckets if b.method != "none")  # a bucket not listed is all-reduced as is
+    if not chosen or saving <= 0.0:
+        return plan, ()
+    note = (f"compression: {len(chosen)} of {len(sol.buckets)} buckets compressed, predicted step {step:.4g} s "
+            f"vs {est.step_time_s:.4g} s uncompressed (solver {sol.status.status}, gradient error {sol.error:.3g})")
+    return plan.model_copy(update={"compression": chosen, "prediction": pred,
                                    "notes": plan.notes + (note,)}), (note,)
 
 

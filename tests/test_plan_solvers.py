@@ -1,6 +1,8 @@
 """`meshplan plan` routes heterogeneous clusters, serving and --compress to the CP-SAT solvers (issue 5 examples)."""
 import json
 
+import pytest
+
 from meshplan.cli.main import app
 from meshplan.planner.plan import load_plan
 
@@ -90,3 +92,25 @@ def test_serving_a_model_that_needs_quantizing_says_so(runner, tmp_path):
     res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "4xT4+1xA100", "--workload", "serve",
                "--global-batch", "8", "--seq-len", "512")
     assert res.exit_code == 2 and "--quality-budget" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("net,chosen", [("10Gbps", True), ("100Gbps", False)])
+def test_compress_is_weighed_against_zero_and_exported_as_applied(runner, tmp_path, net, chosen):
+    """Issue 15: compression is what a plain-DDP job's gradient all-reduce sends (the DDP hook); it is chosen only
+    when that beats the best layout with ZeRO, and then every choice is one the torchrun target applies."""
+    from meshplan.planner.export import render
+
+    res = _run(runner, tmp_path, "--model", "gpt2-large", "--cluster", "4x8xA100", "--net", net, "--compress",
+               "--global-batch", "256", "--seq-len", "1024", "--top", "2")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    plan = load_plan(tmp_path / "p.yaml")
+    assert bool(plan.compression) == chosen
+    if chosen:
+        assert (plan.zero_stage, plan.degrees.dp_shard) == (0, 1)
+        assert all(b.method != "none" and not b.two_level and b.where == "gpu" for b in plan.compression)
+        assert plan.prediction.step_time_s < min(r["step_time_s"] for r in out["plans"][1:])
+        assert not [w for w in render(plan, "torchrun").warnings if "compression" in w]
+    else:
+        assert any(w.startswith("compression: not chosen") for w in out["warnings"])
+        assert plan.prediction.step_time_s == out["plans"][0]["step_time_s"]

@@ -17,6 +17,8 @@ all three numbers are dropped before solving (exact: the objective and the budge
 """
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -239,7 +241,8 @@ class CompressionResult:
 def solve_compression(model, cluster, global_batch: int, seq_len: int, error_budget: Optional[float] = None,
                       net_bytes_per_s: Optional[float] = None, bucket_bytes: int = 25 * 2**20,
                       errors: Optional[dict] = None, time_limit_s: float = 10.0,
-                      num_workers: Optional[int] = None, estimator=None) -> CompressionResult:
+                      num_workers: Optional[int] = None, estimator=None,
+                      hook_choices_only: bool = False) -> CompressionResult:
     """ByteComp-style compression plan for data parallel training of ``model`` over ``cluster``.
 
     Args:
@@ -251,12 +254,17 @@ def solve_compression(model, cluster, global_batch: int, seq_len: int, error_bud
         bucket_bytes: DDP bucket size, bytes.
         errors: Measured ``(method, param) -> relative error`` (``sensitivity.measure_compression_error``).
         estimator: What prices the backward compute (``planner.estimate.Estimator``; default: shipped model).
+        hook_choices_only: Offer only what the DDP communication hook applies (``planner.comm_hook``: one level,
+            on the GPU), not ByteComp's two-level or CPU placements.
 
     Raises:
         MeshplanError: indivisible batch, an error budget that admits no plan (with the least achievable error).
     """
     problem = compression_problem(model, cluster, global_batch, seq_len, error_budget, bucket_bytes, errors,
                                   net_bytes_per_s, estimator=estimator)
+    if hook_choices_only:
+        problem = dataclasses.replace(problem, choices=[[c for c in cs if not c.two_level and c.where == "gpu"]
+                                                        for cs in problem.choices])
     sol = solve_compression_problem(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     none = [next(i for i, c in enumerate(cs) if c.method == "none" and not c.two_level) for cs in problem.choices]
     base_end, _ = simulate(problem, none)
