@@ -213,8 +213,13 @@ def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, wo
     if dtype in ("bf16", "fp16"):  # the 16-bit type every device has (T4, V100: fp16), as the solver priced it
         dtype = base_dtype([g.device for g in clus.groups])
     if res.stages:
-        pp, tp, dp = len(res.stages), 1, 1
-        notes = fields["notes"] + ("tensor parallel inside each stage's node: tp = that node's devices",)
+        # each stage runs on one node with tensor parallel over that node's devices (the solver's pricing)
+        widths = sorted({clus.groups[st.device_group].devices_per_node for st in res.stages})
+        pp, dp = len(res.stages), 1
+        tp = widths[0] if len(widths) == 1 else 1
+        notes = fields["notes"] + (("tensor parallel inside each stage's node: tp = that node's devices"
+                                    + ("" if len(widths) == 1 else f" ({', '.join(map(str, widths))}: uneven, "
+                                       "recorded per stage by its device group)")),)
     else:
         pp, tp, dp = 1, 1, world
         notes = fields["notes"]

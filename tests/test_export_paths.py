@@ -11,7 +11,7 @@ import yaml
 
 from meshplan.cli.main import app
 from meshplan.planner.export import render
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan import Degrees, load_plan
 from tests.helpers import REPO
 from tests.test_export_golden import PLANS
 from tests.test_export_parsers import _argv, _megatron_args, _megatron_flags_from_notes, _torchrun_parse
@@ -78,3 +78,43 @@ def test_megatron_shards_the_optimizer_over_cp_and_keeps_rope(tmp_path: Path, ru
     assert "--use-distributed-optimizer" in args and args["--context-parallel-size"] == "8"
     assert args["--rotary-base"] == "500000" and "--use-rope-scaling" in args and args["--rope-scaling-factor"] == "8"
     assert not any("rope" in w for w in result.warnings), result.warnings
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not available")
+def test_heterogeneous_pipeline_exports_as_priced(tmp_path: Path, runner) -> None:
+    """Issue 15 item 2: Llama-3.1-8B on one H100 node + one A100 node is a 2-stage pipeline with tensor parallel
+    over each node (the solver's pricing); the degrees say so, every target renders it (naming the device-type
+    pinning it cannot do), Megatron keeps the uneven split, and no layer left 16 bits unasked."""
+    from meshplan.planner.export import TARGETS, export_file
+
+    out = tmp_path / "het.yaml"
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100+1x8xA100", "--global-batch",
+                            "256", "--seq-len", "4096", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    assert (plan.degrees.tp, plan.degrees.pp, plan.degrees.world_size) == (8, 2, 16)
+    assert set(plan.layer_precision) == {"bf16"}
+    for target in TARGETS:
+        result = export_file(out, target)
+        assert any("mixes device types" in w for w in result.warnings), target
+    ns = _torchrun_parse(_argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a"}))
+    assert (ns.nnodes, ns.nproc_per_node) == ("2", "8")
+    args = _megatron_args(_torchrun_parse(_argv(render(plan, "megatron").text, tmp_path,
+                                                {"HEAD_NODE": "node-a"})).training_script_args)
+    assert [part.count("t*") and int(part.split("t*")[1].rstrip("L")) for part in
+            args["--pipeline-model-parallel-layout"].split("|")] == [s.num_layers for s in plan.stages]
+
+
+def test_uneven_tensor_parallel_stages_are_refused_with_a_reason(tmp_path: Path, runner) -> None:
+    """Stages on a 4-GPU T4 node and a 1-GPU A100 node run tensor parallel 4 and 1: no target launches that, and
+    the export says so in one line (it said "dp*...*pp = 2, but cluster has 5 devices" before)."""
+    from tests.test_export_golden import cluster
+
+    base = PLANS["hetero"]()
+    plan = base.model_copy(update={
+        "cluster": cluster("4xT4+1xA100", (1, 4, "T4"), (1, 1, "A100")),
+        "degrees": Degrees(tp=1, pp=2), "zero_stage": 0,
+        "sequence_parallel": False, "compression": None, "layer_precision": ()})
+    path = plan.save(tmp_path / "uneven.yaml")
+    r = runner.invoke(app, ["export", str(path), "--to", "torchrun"])
+    assert r.exit_code == 2 and "uneven tensor parallelism" in r.output and len(r.output.strip().splitlines()) == 1

@@ -56,6 +56,17 @@ def check_plan(plan: Plan) -> None:
     """
     d = plan.degrees
     world = plan.cluster.world_size
+    if plan.stages:
+        groups = plan.cluster.groups
+        widths = sorted({groups[s.device_group].devices_per_node for s in plan.stages if s.device_group < len(groups)})
+        if len(widths) > 1:
+            fail(f"the pipeline stages run tensor parallel over nodes of {', '.join(map(str, widths))} devices: "
+                 "uneven tensor parallelism per stage, which no target here launches (one tp and one "
+                 "processes-per-node count for every stage)")
+        if d.world_size != world:
+            fail(f"the plan's {d.pp} pipeline stages x tp {d.tp} use {d.world_size} of cluster "
+                 f"{plan.cluster.spec!r}'s {world} devices; a launcher starts a rank on every device (plan on the "
+                 "devices the job gets)")
     if d.world_size != world:
         fail(f"dp_replicate*dp_shard*cp*tp*pp = {d.dp_replicate}*{d.dp_shard}*{d.cp}*{d.tp}*{d.pp} = "
              f"{d.world_size}, but cluster {plan.cluster.spec!r} has {world} devices")
