@@ -25,6 +25,7 @@ import yaml
 from meshplan.costmodel.collectives import Link
 from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.cluster_file import InterLinkFile, IntraLinkFile, parse_cluster_file
 from meshplan.core.units import parse_bandwidth
 from meshplan.planner.calibrate import Calibration, is_local_spec, local_process_count
 from meshplan.planner.links import PRESET_DIR, LinkFamily, get_family, link_families, nic_share_bytes_per_s
@@ -206,72 +207,40 @@ def parse_shorthand(spec: str) -> ClusterSpec:
 
 # ---------------------------------------------------------------- YAML files
 
-_TOP_KEYS = ("name", "description", "groups", "inter_link")
-_GROUP_KEYS = ("nodes", "devices_per_node", "device", "intra_link")
-_INTRA_KEYS = ("family", "name", "bandwidth", "latency_us")
-_INTER_KEYS = ("family", "name", "bandwidth", "nic", "nics_per_node", "efficiency", "latency_us")
-
-
-def _check_keys(where: str, d, allowed: tuple[str, ...]) -> dict:
-    if not isinstance(d, dict):
-        raise MeshplanError(f"{where}: expected a mapping, got {type(d).__name__}")
-    for key in d:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
-            raise MeshplanError(f"{where}: unknown key '{key}' ({hint})")
-    return d
-
-
-def _number(where: str, key: str, value, positive_int: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise MeshplanError(f"{where}: {key} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(v):
-        raise MeshplanError(f"{where}: {key} must be a finite number, got {value!r}")
-    if positive_int and (v != int(v) or v < 1):
-        raise MeshplanError(f"{where}: {key} must be a whole number >= 1, got {value!r}")
-    if not v > 0:
-        raise MeshplanError(f"{where}: {key} must be positive, got {value!r}")
-    return v
-
-
 def _bandwidth(where: str, value) -> float:
-    if isinstance(value, (int, float)):
-        return _number(where, "bandwidth", value)  # a bare number is bytes/s
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not (math.isfinite(value) and value > 0):
+            raise MeshplanError(f"{where}: bandwidth must be a positive finite number, got {value!r}")
+        return float(value)  # a bare number is bytes/s
     try:
         return parse_bandwidth(value)
     except MeshplanError as exc:
         raise MeshplanError(f"{where}: {exc}") from None
 
 
-def _intra_from(where: str, d: dict, default: Link) -> Link:
-    d = _check_keys(where, d, _INTRA_KEYS)
-    base = get_family(d["family"], where).intra if "family" in d else default
-    bw = _bandwidth(where, d["bandwidth"]) if "bandwidth" in d else base.bandwidth_bytes_per_s
-    lat = _number(where, "latency_us", d["latency_us"]) / 1e6 if "latency_us" in d else base.latency_s
-    return Link(str(d.get("name", base.name)), bw, lat)
+def _intra_from(where: str, d: IntraLinkFile, default: Link) -> Link:
+    base = get_family(d.family, where).intra if d.family else default
+    bw = _bandwidth(where, d.bandwidth) if d.bandwidth is not None else base.bandwidth_bytes_per_s
+    lat = d.latency_us / 1e6 if d.latency_us is not None else base.latency_s
+    return Link(d.name or base.name, bw, lat)
 
 
-def _inter_from(where: str, d: dict, default: LinkFamily, dpn: int) -> Link:
-    d = _check_keys(where, d, _INTER_KEYS)
-    fam = get_family(d["family"], where) if "family" in d else default
+def _inter_from(where: str, d: InterLinkFile, default: LinkFamily, dpn: int) -> Link:
+    fam = get_family(d.family, where) if d.family else default
     base = fam.inter_link(dpn)
-    lat = _number(where, "latency_us", d["latency_us"]) / 1e6 if "latency_us" in d else base.latency_s
-    name = str(d.get("name", base.name))
-    if "bandwidth" in d:  # the per-GPU achievable share, used as given
-        return Link(name, _bandwidth(where, d["bandwidth"]), lat)
-    nic = _bandwidth(where, d["nic"]) if "nic" in d else fam.nic_line_bytes_per_s
-    nics = int(_number(where, "nics_per_node", d.get("nics_per_node", fam.nics_per_node), positive_int=True))
-    eff = _number(where, "efficiency", d.get("efficiency", fam.nic_efficiency))
-    if eff > 1:
-        raise MeshplanError(f"{where}: efficiency must be in (0, 1], got {eff}")
+    lat = d.latency_us / 1e6 if d.latency_us is not None else base.latency_s
+    name = d.name or base.name
+    if d.bandwidth is not None:  # the per-GPU achievable share, used as given
+        return Link(name, _bandwidth(where, d.bandwidth), lat)
+    nic = _bandwidth(where, d.nic) if d.nic is not None else fam.nic_line_bytes_per_s
+    nics = d.nics_per_node if d.nics_per_node is not None else fam.nics_per_node
+    eff = d.efficiency if d.efficiency is not None else fam.nic_efficiency
     return Link(name, nic_share_bytes_per_s(nic, eff, nics, dpn), lat)
 
 
 def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
-    """Read a cluster YAML file (schema: ``planner/presets/clusters/README.md``).
+    """Read a cluster YAML file (schema: ``planner/presets/clusters/README.md``; typed by
+    ``planner.cluster_file.ClusterFile``).
 
     Raises:
         MeshplanError: unreadable file, unknown key (with the closest valid one), bad counts, unknown device.
@@ -284,30 +253,21 @@ def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
         raise MeshplanError(f"{where}: cannot read ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         raise MeshplanError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    data = _check_keys(where, data, _TOP_KEYS)
-    groups_in = data.get("groups")
-    if not isinstance(groups_in, list) or not groups_in:
-        raise MeshplanError(f"{where}: 'groups' must be a non-empty list of node groups")
+    f = parse_cluster_file(data, where)
     groups, inter = [], []
-    for i, gd in enumerate(groups_in):
+    for i, g in enumerate(f.groups):
         gw = f"{where}: groups[{i}]"
-        gd = _check_keys(gw, gd, _GROUP_KEYS)
-        for key in ("nodes", "devices_per_node", "device"):
-            if key not in gd:
-                raise MeshplanError(f"{gw}: missing '{key}'")
-        nodes = int(_number(gw, "nodes", gd["nodes"], positive_int=True))
-        dpn = int(_number(gw, "devices_per_node", gd["devices_per_node"], positive_int=True))
         try:
-            dev = get_device(str(gd["device"]))
+            dev = get_device(g.device)
         except MeshplanError as exc:
             raise MeshplanError(f"{gw}: {exc}") from None
         fam = get_family(dev.family, gw)
-        intra = _intra_from(f"{gw}.intra_link", gd["intra_link"], fam.intra) if "intra_link" in gd else fam.intra
-        groups.append(NodeGroup(nodes, dpn, dev, intra))
-        if "inter_link" in data:
-            inter.append(_inter_from(f"{where}: inter_link", data["inter_link"], fam, dpn))
+        intra = _intra_from(f"{gw}.intra_link", g.intra_link, fam.intra) if g.intra_link else fam.intra
+        groups.append(NodeGroup(g.nodes, g.devices_per_node, dev, intra))
+        if f.inter_link is not None:
+            inter.append(_inter_from(f"{where}: inter_link", f.inter_link, fam, g.devices_per_node))
         else:
-            inter.append(fam.inter_link(dpn))
+            inter.append(fam.inter_link(g.devices_per_node))
     return _make(spec or str(path), groups, inter)
 
 
