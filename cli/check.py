@@ -29,13 +29,16 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""
-    from meshplan.core.atomic import write_atomic
+    from meshplan.core.atomic import refuse_overwrite, write_atomic
     from meshplan.planner.calibrate import load_calibration
     from meshplan.planner.host import default_terms_path
     from meshplan.verify.gate import check_run
     from meshplan.verify.learn import learned_line
     from meshplan.verify.report import junit_xml, markdown, verdict_line
 
+    for flag, out in (("--junit", junit), ("--summary", summary)):
+        if out is not None:
+            refuse_overwrite(out, {"PLAN": plan, "RUN": run, "run.json": Path(run) / "run.json"}, flag)
     with Progress(SpinnerColumn(), TextColumn("checking {task.description}"), TimeElapsedColumn(),
                   console=err_console, transient=True, disable=json_out or not err_console.is_terminal) as bar:
         bar.add_task(str(run), total=None)

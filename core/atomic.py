@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Optional
+
+from meshplan.core.errors import MeshplanError
 
 
 def _umask() -> int:
@@ -39,3 +42,64 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return dest
+
+
+FileState = Optional[tuple[int, int, int]]  # (inode, size, mtime_ns) of a file, None when absent
+
+
+def file_state(path: str | os.PathLike) -> FileState:
+    """What a later ``write_atomic(..., expect=...)`` compares against: the file as it is now."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def write_checked(path: str | os.PathLike, data: str | bytes, expect: FileState) -> Path:
+    """``write_atomic``, unless ``path`` changed since ``expect = file_state(path)`` was taken (compare-and-swap):
+    another writer (a second ``meshplan plan`` with the same name, an editor) got there first, and its file is
+    kept. A lock file beside ``path`` (``O_EXCL``) makes compare and replace one step among meshplan processes.
+
+    Raises:
+        MeshplanError: ``path`` changed meanwhile, or another meshplan process is writing it now.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock = dest.with_name(f".{dest.name}.lock")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        raise MeshplanError(f"{dest}: another meshplan process is writing it (lock {lock}); not overwritten "
+                            "(remove the lock if no such process runs)") from None
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        if file_state(dest) != expect:
+            raise MeshplanError(f"{dest}: changed since this command started (another writer?); not overwritten, "
+                                "run again to replace it")
+        return write_atomic(dest, data)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file or folder (resolved, or the same inode through a link)."""
+    try:
+        return Path(a).resolve() == Path(b).resolve() or (Path(a).exists() and Path(b).exists()
+                                                          and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def refuse_overwrite(out: str | os.PathLike, inputs: dict[str, object], flag: str) -> None:
+    """Refuse an output path that is one of the command's inputs (``{option: path}``; ``None`` values are
+    skipped): writing it would destroy what the command read.
+
+    Raises:
+        MeshplanError: naming the option, the input and the path.
+    """
+    for option, value in inputs.items():
+        if value is not None and same_file(out, str(value)):
+            raise MeshplanError(f"{flag} {out}: would overwrite the {option} input of this command; choose another "
+                                "path (nothing was written)")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from meshplan.core.atomic import file_state, refuse_overwrite, write_checked
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import canonical_dtype, parse_bandwidth
 from meshplan.core.version import meshplan_version
@@ -94,12 +95,16 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
         dtype = "fp32" if all(g.device.vendor == "cpu" for g in clus.groups) else "bf16"
     nm = check_plan_name(name) if name is not None else plan_name(model)
     path = Path(out) if out else plans_dir / f"{nm}.yaml"
+    refuse_overwrite(path, {"--model": model if Path(model).exists() else None,
+                            "--cluster": cluster if Path(cluster).exists() else None,
+                            "--sensitivity": sensitivity}, "--out")
+    before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
     if workload == "serve" or clus.is_heterogeneous or quality_budget is not None or sensitivity:
         if fixes.pinned():
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
         return _solver_plan(spec, clus, model, nm, path, global_batch, seq_len, workload, quality_budget,
-                            gen_len, dtype, estimator, sensitivity)
+                            gen_len, dtype, estimator, sensitivity, before)
     clus.device.peak(dtype)  # refuses a dtype the device lacks, naming the device
     work = Workload(spec, clus, global_batch, seq_len, dtype)
     if compress:
@@ -115,7 +120,7 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     if compress:
         plan, rows, notes = _choose_compression(work, fixes, plan, best_est, rows, nm, model, error_budget,
                                                 estimator)
-    plan.save(path)
+    write_checked(path, plan.to_yaml(), before)
     title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
              f"{result.evaluated} layouts fit ({result.wall_s:.2f} s)")
     return PlanOutcome(title, rows, plan, path, notes)
@@ -179,7 +184,7 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget,
 
 
 def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
-                 dtype, estimator: Estimator, sensitivity=None) -> PlanOutcome:
+                 dtype, estimator: Estimator, sensitivity=None, before=None) -> PlanOutcome:
     from meshplan.planner.solve.precision import solve_hetero_train, solve_serve
 
     asked = quality_budget is not None
@@ -189,7 +194,7 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
         quality_budget = 0.0
     try:
         return _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget,
-                               gen_len, dtype, estimator, sensitivity)
+                               gen_len, dtype, estimator, sensitivity, before)
     except MeshplanError as exc:
         if asked:
             raise
@@ -198,7 +203,7 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
 
 
 def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
-                    dtype, estimator: Estimator, sensitivity=None) -> PlanOutcome:
+                    dtype, estimator: Estimator, sensitivity=None, before=None) -> PlanOutcome:
     from meshplan.planner.solve.columns import base_dtype
     from meshplan.planner.solve.precision import solve_hetero_train, solve_serve
 
@@ -239,7 +244,7 @@ def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, wo
                 degrees=Degrees(dp_replicate=dp, tp=tp, pp=pp), dtype=dtype,
                 layer_precision=fields["layer_precision"], stages=fields["stages"], prediction=pred,
                 meshplan_version=meshplan_version(), notes=notes + (f"workload={res.workload}",))
-    plan.save(path)
+    write_checked(path, plan.to_yaml(), before)
     row = {"layout": _solver_layout(res), "workload": res.workload, "step_time_s": res.time_s,
            "tokens_per_s": res.tokens_per_s, "tflops_per_device": pred.tflops_per_device, "mfu": pred.mfu,
            "peak_memory_bytes": pred.peak_memory_bytes, "quality": res.quality, "dp_replicate": dp, "dp_shard": 1,

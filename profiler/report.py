@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import networkx as nx
 
+from meshplan.core.atomic import same_file
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.align import Alignment, apply_alignment, estimate_offsets
 from meshplan.profiler.critical_path import critical_path, dominant_ops
@@ -90,13 +91,6 @@ def analyze_run(run: Run | str | Path, progress: Callable[[str], None] | None = 
     return Analysis(run, alignment, G, tl, warnings)
 
 
-def _same_file(a: str | Path, b: str | Path) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve() or (Path(b).exists() and Path(a).samefile(b))
-    except OSError:
-        return False
-
-
 def check_output_path(out: str | Path, inputs: list[str | Path], what: str) -> None:
     """Refuse an output that would overwrite an input of the same command, or that is a folder."""
     p = Path(out)
@@ -104,7 +98,7 @@ def check_output_path(out: str | Path, inputs: list[str | Path], what: str) -> N
         raise MeshplanError(f"{what} {p}: is a folder; give a file name")
     for i in inputs:
         ip = Path(i)
-        if _same_file(p, ip) or (ip.is_dir() and ip.resolve() in p.resolve().parents
+        if same_file(p, ip) or (ip.is_dir() and ip.resolve() in p.resolve().parents
                                  and p.name.endswith((".json", ".json.gz"))):
             raise MeshplanError(f"{what} {p}: would overwrite (or add a trace to) the input {ip}; choose another path")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from meshplan.core.errors import MeshplanError
-from meshplan.core.atomic import write_atomic
+from meshplan.core.atomic import refuse_overwrite, write_atomic
 from meshplan.planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
 from meshplan.planner.plan import Plan, load_plan
 
@@ -75,6 +75,8 @@ def export_file(plan_path: str | Path, target: str, out: str | Path | None = Non
         MeshplanError: unknown target, unreadable plan, or a failed target check (prefixed with the plan file).
     """
     get_target(target)
+    if out is not None:
+        refuse_overwrite(out, {"PLAN": plan_path}, "--out")
     plan = load_plan(plan_path)
     try:
         result = render(plan, target)
