@@ -13,7 +13,7 @@ from meshplan.planner.estimators import estimator_for
 from meshplan.planner.layout import Layout
 from meshplan.planner.memory import GiB
 from meshplan.planner.plan import Breakdown, ModelRef, Plan, Prediction
-from meshplan.planner.space import Pins, enumerate_layouts, explain_empty
+from meshplan.planner.space import MAX_LAYOUTS, Pins, check_space_size, enumerate_layouts, explain_empty
 
 
 @dataclass
@@ -29,7 +29,8 @@ class SearchResult:
 
 
 def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: int = 10,
-           progress: Callable[[int], None] | None = None, estimator: Estimator | None = None) -> SearchResult:
+           progress: Callable[[int], None] | None = None, estimator: Estimator | None = None,
+           max_layouts: int = MAX_LAYOUTS) -> SearchResult:
     """Evaluate every layout in the space; keep the ``top`` fastest that fit in memory.
 
     Args:
@@ -39,6 +40,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
         progress: Called with the count of layouts evaluated so far.
         estimator: What prices a layout (``planner.estimators.estimator_for``; ``None``: the cluster's, with the
             shipped cost model and neutral host terms).
+        max_layouts: Refuse, before enumerating, a space that could hold more candidates
+            (``planner.space.check_space_size``).
 
     Raises:
         MeshplanError: a pinned value breaks a rule (the rule and numbers), or nothing fits (the closest
@@ -50,6 +53,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     if cluster.is_heterogeneous:
         raise MeshplanError(f"cluster {cluster.spec} is heterogeneous; use the partition solver "
                             "(meshplan plan picks it automatically for mixed clusters)")
+    check_space_size(model, cluster.world_size, cluster.devices_per_node, work.global_batch, fix, max_layouts)
     if estimator is None:
         estimator = estimator_for(cluster)
     estimate = estimator.estimate

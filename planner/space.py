@@ -109,6 +109,48 @@ def parse_fix(text: str | None) -> Pins:
     return Pins(**out)
 
 
+# The search prices every candidate (about 0.1 ms each here: bench/plan_speed.py, 29,940 DeepSeek-V3 candidates
+# in 4.2 s). The bound below counts each decision's choices independently and runs 50-60x above what the
+# enumeration yields (Llama 3.1 405B on 16,384 GPUs: bound 414,720, enumerated 7,686; DeepSeek-V3: 1,866,240 vs
+# 29,940); a bound past 50M means a search of minutes, so the user is asked to pin decisions instead.
+MAX_LAYOUTS = 50_000_000
+
+
+def space_size_bound(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins) -> tuple[int, str]:
+    """An upper bound on the candidates ``enumerate_layouts`` yields, from the count of each decision's choices
+    (without enumerating), and the product written out."""
+    n_div = len(divisors(world_size))
+    counts = {
+        "tp": 1 if "tp" in fix else sum(1 for t in divisors(world_size) if t <= devices_per_node),
+        "pp": 1 if "pp" in fix else sum(1 for p in divisors(world_size) if model.num_layers % p == 0),
+        "cp": 1 if "cp" in fix else sum(1 for c in divisors(world_size) if c <= MAX_CP),
+        "vpp": 1 if "vpp" in fix else MAX_VPP,
+        "zero x dp_shard": 1 if "dp_shard" in fix else (1 if "zero" in fix else 4) * n_div,
+        "ep": 1 if "ep" in fix or not model.num_experts else len(divisors(model.num_experts)),
+        "recompute": 1 if "recompute" in fix else len(RECOMPUTE),
+        "mbs": 1 if "mbs" in fix else sum(1 for b in MBS_CHOICES if global_batch % b == 0),
+    }
+    total = 1
+    for v in counts.values():
+        total *= max(1, v)
+    return total, " x ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def check_space_size(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins,
+                     limit: int = MAX_LAYOUTS) -> int:
+    """Refuse a search whose space could exceed ``limit`` candidates before enumerating it.
+
+    Raises:
+        MeshplanError: the bound, its factors and what to pin.
+    """
+    total, factors = space_size_bound(model, world_size, devices_per_node, global_batch, fix)
+    if total > limit:
+        raise MeshplanError(f"the layout space of {model.name} on {world_size} devices holds up to {total:,} "
+                            f"candidates ({factors}), more than the {limit:,} a search prices; pin some "
+                            "decisions with --fix (e.g. tp=8,pp=16)")
+    return total
+
+
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
                       fix: Pins) -> Iterator[Layout]:
     """Yield every layout that divides evenly (memory is checked by the caller).

@@ -102,3 +102,19 @@ def test_bad_input_one_line_exit_2(case, args, needle, runner, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
     assert needle in lines[0]
     assert "Traceback" not in res.output
+
+
+def test_search_size_is_checked_before_enumerating(runner, tmp_path):
+    """720,720 GPUs (240 divisors) leave a space the search would price for minutes: refused at once, with the
+    factors and what to pin; pinning tp and pp brings it back within bounds (issue 16 item 4)."""
+    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.space import MAX_LAYOUTS, Pins, space_size_bound
+
+    bound, _ = space_size_bound(load_model("llama-3.1-405b"), 720720, 8, 2048, Pins())
+    assert bound > MAX_LAYOUTS
+    args = ["--model", "llama-3.1-405b", "--cluster", "90090x8xH100", "--global-batch", "2048", "--seq-len", "8192"]
+    r = runner.invoke(app, ["plan", *args, "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and "holds up to" in r.output and "--fix" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    pinned, _ = space_size_bound(load_model("llama-3.1-405b"), 720720, 8, 2048, Pins(tp=8, pp=9))
+    assert pinned <= MAX_LAYOUTS
