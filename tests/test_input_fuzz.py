@@ -1,0 +1,210 @@
+"""Fuzz suite (hypothesis) of the planner's inputs (issue 16 item 5): HF config.json files, cluster specs and YAML
+files, plan files, ``--fix`` strings, sizes and bandwidths, and the options of ``plan``, ``export`` and ``check``.
+
+Every input ends in a result or a clean refusal (one line, :class:`MeshplanError`, exit 2): never a traceback.
+The default run tries a few dozen inputs per target (seconds); ``-m slow`` runs thousands. ``pytest -s`` prints the
+counts (BENCHMARKS.md records a long run). Mutation values are the trace fuzzer's (tests/test_profiler_fuzz.py).
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshplan.cli.main import app
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import parse_bandwidth, parse_size
+from meshplan.planner.cluster import load_cluster
+from meshplan.planner.model_spec import load_model
+from meshplan.planner.plan import load_plan
+from meshplan.planner.space import parse_fix
+from tests.helpers import REPO
+from tests.test_profiler_fuzz import _values
+
+COUNTS: Counter = Counter()
+_FAST = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+_LONG = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+
+CONFIG = REPO / "planner" / "presets" / "models" / "llama-3.1-8b-instruct.json"
+CLUSTER = REPO / "planner" / "presets" / "clusters" / "mixed-a100-l4.yaml"
+PLAN = REPO / "plans" / "llama-3.1-8b.yaml"
+_words = st.one_of(st.text(max_size=20), st.sampled_from(
+    ["16x8xH100", "0x8xH100", "8xA100+", "local:2", "local:-1", "1e3xH100", "2x8xH100+4x4xL4", "x", "tp=8,pp=4",
+     "tp=0", "tp=8,tp=4", "recompute=maybe", "zero=9", "mbs=1e9", "=", ",", "25Gbps", "-1GB/s", "nanGbps",
+     "1e400B", "4MiB", "12 bytes"]))
+
+
+def _clean(target: str, fn: Callable[[], object]) -> None:
+    """Run ``fn``: a result, or one clean line of refusal; anything else fails the test."""
+    COUNTS[f"{target} inputs"] += 1
+    try:
+        fn()
+        COUNTS[f"{target} accepted"] += 1
+    except MeshplanError as exc:
+        assert "\n" not in str(exc) and 0 < len(str(exc)) < 2000, str(exc)
+        COUNTS[f"{target} refused cleanly"] += 1
+
+
+def _mutate(doc: dict, draw, keys: list[str]) -> dict:
+    for _ in range(draw(st.integers(1, 4))):
+        what = draw(st.sampled_from(["set", "drop", "nest"]))
+        key = draw(st.sampled_from(keys))
+        if what == "set":
+            doc[key] = draw(_values)
+        elif what == "drop":
+            doc.pop(key, None)
+        elif isinstance(doc.get(key), dict):
+            doc[key][draw(st.text(max_size=8))] = draw(_values)
+    return doc
+
+
+@st.composite
+def _configs(draw) -> str:
+    doc = json.loads(CONFIG.read_text())
+    return json.dumps(_mutate(doc, draw, list(doc) + ["num_local_experts", "head_dim", "rope_parameters"]),
+                      allow_nan=True)
+
+
+@st.composite
+def _cluster_files(draw) -> str:
+    doc = yaml.safe_load(CLUSTER.read_text())
+    if draw(st.booleans()):
+        g = doc["groups"][draw(st.integers(0, len(doc["groups"]) - 1))]
+        _mutate(g, draw, list(g) + ["intra_link", "nodez"])
+    else:
+        _mutate(doc, draw, list(doc) + ["inter_link", "group"])
+    return yaml.safe_dump(doc)
+
+
+@st.composite
+def _plan_files(draw) -> str:
+    doc = yaml.safe_load(PLAN.read_text())
+    part = draw(st.sampled_from(["", "model", "degrees", "cluster", "prediction"]))
+    target = doc if not part or not isinstance(doc.get(part), dict) else doc[part]
+    _mutate(target, draw, list(target))
+    text = yaml.safe_dump(doc)
+    return text[:draw(st.integers(0, len(text)))] if draw(st.booleans()) else text
+
+
+def _check_config(tmp: Path, text: str) -> None:
+    (tmp / "config.json").write_text(text)
+    _clean("config.json", lambda: load_model(str(tmp / "config.json")))
+
+
+def _check_cluster_file(tmp: Path, text: str) -> None:
+    (tmp / "c.yaml").write_text(text)
+    _clean("cluster YAML", lambda: load_cluster(str(tmp / "c.yaml")))
+
+
+def _check_plan_file(tmp: Path, text: str) -> None:
+    (tmp / "p.yaml").write_text(text)
+    _clean("plan file", lambda: load_plan(tmp / "p.yaml"))
+
+
+def _check_strings(text: str) -> None:
+    _clean("--fix", lambda: parse_fix(text))
+    _clean("cluster spec", lambda: load_cluster(text) if not text.startswith("local:") else parse_fix(None))
+    _clean("bandwidth", lambda: parse_bandwidth(text))
+    _clean("size", lambda: parse_size(text))
+
+
+_plan_opts = st.lists(st.tuples(st.sampled_from(["--fix", "--dtype", "--top", "--global-batch", "--seq-len",
+                                                 "--workload", "--net", "--quality-budget", "--error-budget",
+                                                 "--gen-len", "--name"]), _words), max_size=3)
+
+
+def _check_cli(runner, tmp: Path, opts: list[tuple[str, str]]) -> None:
+    """``plan`` (then ``export`` and ``check`` of what it wrote) with fuzzed options: exit 0, 1 or 2, no traceback."""
+    args = ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64", "--seq-len",
+            "2048", "--top", "1", "--json", "--out", str(tmp / "p.yaml")]
+    for k, v in opts:
+        args += [k, v]
+    COUNTS["CLI option sets"] += 1
+    res = runner.invoke(app, args)
+    assert res.exception is None or isinstance(res.exception, SystemExit), (args, repr(res.exception))
+    assert res.exit_code in (0, 2), (args, res.output)
+    if res.exit_code == 0:
+        for target in ("torchrun", "megatron", "deepspeed", "torchtitan", "accelerate", "slurm", "kubeflow"):
+            r = runner.invoke(app, ["export", str(tmp / "p.yaml"), "--to", target, "--json"])
+            assert r.exception is None or isinstance(r.exception, SystemExit), (target, repr(r.exception))
+            assert r.exit_code in (0, 2), (target, r.output)
+    r = runner.invoke(app, ["check", str(tmp / "p.yaml"), str(tmp), "--tolerance", opts[0][1] if opts else "x"])
+    assert r.exception is None or isinstance(r.exception, SystemExit) and r.exit_code == 2, repr(r.exception)
+    COUNTS["CLI ran" if res.exit_code == 0 else "CLI refused cleanly"] += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_counts():
+    yield
+    print("\ninput fuzz counts:", dict(sorted(COUNTS.items())))
+
+
+@_FAST
+@given(text=_configs())
+def test_fuzz_hf_config(tmp_path_factory, text):
+    _check_config(tmp_path_factory.mktemp("m"), text)
+
+
+@_FAST
+@given(text=_cluster_files())
+def test_fuzz_cluster_file(tmp_path_factory, text):
+    _check_cluster_file(tmp_path_factory.mktemp("c"), text)
+
+
+@_FAST
+@given(text=_plan_files())
+def test_fuzz_plan_file(tmp_path_factory, text):
+    _check_plan_file(tmp_path_factory.mktemp("p"), text)
+
+
+@_FAST
+@given(text=_words)
+def test_fuzz_strings(text):
+    _check_strings(text)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(opts=_plan_opts)
+def test_fuzz_cli_options(runner, tmp_path_factory, opts):
+    _check_cli(runner, tmp_path_factory.mktemp("o"), opts)
+
+
+@pytest.mark.slow
+@_LONG
+@given(text=_configs())
+def test_fuzz_hf_config_long(tmp_path_factory, text):
+    _check_config(tmp_path_factory.mktemp("m"), text)
+
+
+@pytest.mark.slow
+@_LONG
+@given(text=_cluster_files())
+def test_fuzz_cluster_file_long(tmp_path_factory, text):
+    _check_cluster_file(tmp_path_factory.mktemp("c"), text)
+
+
+@pytest.mark.slow
+@_LONG
+@given(text=_plan_files())
+def test_fuzz_plan_file_long(tmp_path_factory, text):
+    _check_plan_file(tmp_path_factory.mktemp("p"), text)
+
+
+@pytest.mark.slow
+@_LONG
+@given(text=_words)
+def test_fuzz_strings_long(text):
+    _check_strings(text)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(opts=_plan_opts)
+def test_fuzz_cli_options_long(runner, tmp_path_factory, opts):
+    _check_cli(runner, tmp_path_factory.mktemp("o"), opts)
