@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import yaml
 
 from meshplan.costmodel.collectives import Link
 from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.core.errors import MeshplanError
+from meshplan.core.yamlio import load_yaml_file
 from meshplan.planner.cluster_file import InterLinkFile, IntraLinkFile, parse_cluster_file
 from meshplan.core.units import parse_bandwidth
 from meshplan.planner.calibrate import Calibration, is_local_spec, local_process_count
@@ -248,11 +248,9 @@ def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
     p = Path(path)
     where = str(spec or p)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MeshplanError(f"{where}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise MeshplanError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        data = load_yaml_file(p, where)
+    except FileNotFoundError:
+        raise MeshplanError(f"{where}: cannot read (No such file or directory)") from None
     f = parse_cluster_file(data, where)
     groups, inter = [], []
     for i, g in enumerate(f.groups):

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.core.atomic import write_atomic
+from meshplan.core.yamlio import load_yaml_file
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout import Degrees
 
@@ -217,11 +218,9 @@ def load_plan(path: str | Path) -> Plan:
     """
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = load_yaml_file(p)
     except FileNotFoundError:
         raise MeshplanError(f"{p}: plan file not found") from None
-    except yaml.YAMLError as exc:
-        raise MeshplanError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise MeshplanError(f"{p}: not a meshplan plan (expected a mapping at the top level)")
     try:

@@ -208,3 +208,24 @@ def test_fuzz_strings_long(text):
 @given(opts=_plan_opts)
 def test_fuzz_cli_options_long(runner, tmp_path_factory, opts):
     _check_cli(runner, tmp_path_factory.mktemp("o"), opts)
+
+
+def test_yaml_alias_bombs_and_huge_files_are_refused(tmp_path, runner):
+    """Nested aliases ("billion laughs": 9 levels of 9 references = 387M leaves once walked) and a file past the
+    byte budget end in one line, exit 2, at once (issue 16 item 2)."""
+    from meshplan.core.yamlio import MAX_YAML_BYTES
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    (tmp_path / "bomb.yaml").write_text(bomb)
+    big = tmp_path / "big.yaml"
+    with big.open("w") as fh:
+        fh.write("notes:\n")
+        line = "- " + "x" * 1000 + "\n"
+        for _ in range(MAX_YAML_BYTES // len(line) + 1):
+            fh.write(line)
+    for path, needle in ((tmp_path / "bomb.yaml", "aliases"), (big, "larger than")):
+        r = runner.invoke(app, ["export", str(path), "--to", "torchrun"])
+        assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        r = runner.invoke(app, ["devices", "cluster", str(path)])
+        assert r.exit_code == 2 and needle in r.output, r.output

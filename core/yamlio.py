@@ -1,0 +1,51 @@
+"""Reading YAML that users hand us (plans, cluster files) within bounds: PyYAML's ``safe_load`` shares an aliased
+node instead of copying it, but whatever walks the result afterwards (pydantic, ``yaml.dump``) visits it once per
+reference, so nested aliases ("billion laughs") cost exponential time. Files past a byte budget or holding more
+aliases than any hand-written or generated file needs are refused in one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from meshplan.core.errors import MeshplanError
+
+MAX_YAML_BYTES = 16 * 2**20  # the largest plan meshplan writes is ~0.2 MB (300 compression buckets)
+MAX_ALIASES = 64  # meshplan writes none; a hand-written file may reuse a few anchors
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name references)")
+        return super().compose_node(parent, index)
+
+
+def load_yaml_file(path: str | Path, where: str | None = None):
+    """Parse a YAML file a user gave (``where`` names it in errors, default the path).
+
+    Raises:
+        MeshplanError: unreadable, larger than ``MAX_YAML_BYTES``, not YAML, or too many aliases.
+    """
+    p = Path(path)
+    where = where or str(p)
+    try:
+        size = p.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise MeshplanError(f"{where}: {size:,} bytes, larger than the {MAX_YAML_BYTES:,} a plan or cluster "
+                                "file may be")
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError:
+        raise MeshplanError(f"{where}: not UTF-8 text") from None
+    except OSError as exc:
+        raise MeshplanError(f"{where}: cannot read ({exc.strerror})") from None
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise MeshplanError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
