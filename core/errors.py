@@ -16,5 +16,14 @@ class MeshplanError(Exception):
     """
 
     def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
+        super().__init__(one_line(message))
         self.exit_code = exit_code
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): a message quoting a user's value (a key
+    holding a newline, a terminal escape) stays one line and cannot rewrite the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)

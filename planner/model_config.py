@@ -261,7 +261,7 @@ def spec_from_config(cfg: Any, *, where: str, name: str, source: str, mtp: bool 
         if model_type is None:
             raise MeshplanError(f"{where}: no 'model_type' and architectures {archs!r} is not recognised; "
                                 f"supported model types: {', '.join(FAMILIES)}")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise MeshplanError(f"{where}: unknown model_type {model_type!r}; supported: {', '.join(FAMILIES)}")
     fields = FAMILIES[model_type](_Reader(cfg, where, model_type))
     spec = ModelSpec(name=name, source=source, **fields)
