@@ -118,3 +118,15 @@ def test_uneven_tensor_parallel_stages_are_refused_with_a_reason(tmp_path: Path,
     path = plan.save(tmp_path / "uneven.yaml")
     r = runner.invoke(app, ["export", str(path), "--to", "torchrun"])
     assert r.exit_code == 2 and "uneven tensor parallelism" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_serving_plans_are_refused_by_training_targets_with_a_reason(tmp_path: Path, runner) -> None:
+    out = tmp_path / "serve.yaml"
+    r = runner.invoke(app, ["plan", "--model", "qwen2.5-7b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+                            "--global-batch", "8", "--seq-len", "512", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    from meshplan.planner.export import TARGETS
+
+    for target in TARGETS:
+        r = runner.invoke(app, ["export", str(out), "--to", target])
+        assert r.exit_code == 2 and "a serving plan" in r.output and len(r.output.strip().splitlines()) == 1, target

@@ -56,6 +56,9 @@ def check_plan(plan: Plan) -> None:
     """
     d = plan.degrees
     world = plan.cluster.world_size
+    if "workload=serve" in plan.notes:
+        fail("a serving plan (meshplan plan --workload serve): the export targets launch training jobs; run its "
+             "stages and per-layer precisions with an inference server (LLM-PQ style), which no target here is")
     if plan.stages:
         groups = plan.cluster.groups
         widths = sorted({groups[s.device_group].devices_per_node for s in plan.stages if s.device_group < len(groups)})
