@@ -114,6 +114,10 @@ class TablesCache:
 # ---------------------------------------------------------------- parameters and memory per rank
 
 def stage_layers(model, layout: Layout, stage: int) -> range:
+    """The decoder layers of pipeline stage ``stage``: ``layout.pp_layout`` when uneven, else an even split."""
+    if layout.pp_layout:
+        first = sum(layout.pp_layout[:stage])
+        return range(first, first + layout.pp_layout[stage])
     n = model.num_layers // layout.pp
     return range(stage * n, (stage + 1) * n)
 
@@ -157,7 +161,10 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
                     exposed_comm_s: float, bubble_s: float, other_s: float) -> Estimate:
     """The parts of an ``Estimate`` every estimator derives the same way: memory, FLOPs, rates, MFU."""
     model, dev = work.model, work.cluster.device
-    mems = [stage_memory(work, tb, layout, st, m) for st in {0, layout.pp - 1}]
+    stages = {0, layout.pp - 1}
+    if layout.pp_layout:  # an uneven split: the stage holding the most layers may be the peak
+        stages.add(max(range(layout.pp), key=lambda i: layout.pp_layout[i]))
+    mems = [stage_memory(work, tb, layout, st, m) for st in sorted(stages)]
     mem = max(mems, key=lambda x: x.total_bytes)
     limit = int(dev.memory_bytes * USABLE_FRACTION)
     tokens = work.global_batch * work.seq_len

@@ -11,6 +11,8 @@ and ``meshplan plan --fix`` pins its fields (``planner.space.Pins``).
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, replace
 from typing import Annotated, NamedTuple
 
@@ -147,6 +149,9 @@ class Layout(Degrees):
         sequence_parallel: Megatron SP (norms/dropout sharded over TP); needs tp > 1.
         attention: "flash" (FlashAttention, no s x s scores stored) or "unfused" (materialised scores, as in
             Megatron-LM 2021: fused scale-mask-softmax, separate dropout).
+        pp_layout: decoder layers per pipeline stage, first to last (() = pp divides the layers evenly).
+            Megatron-LM ``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``:
+            Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4), so stages cannot all be equal.
     """
 
     micro_batch: int = 1
@@ -154,6 +159,7 @@ class Layout(Degrees):
     recompute: str = "none"
     sequence_parallel: bool = False
     attention: str = "flash"
+    pp_layout: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -184,8 +190,17 @@ class Layout(Degrees):
             raise MeshplanError(f"tp={self.tp} does not divide the {num_heads} attention heads")
         if num_kv_heads % self.tp and self.tp % num_kv_heads:
             raise MeshplanError(f"tp={self.tp} and the {num_kv_heads} KV heads: neither divides the other")
-        if num_layers % self.pp:
-            raise MeshplanError(f"pp={self.pp} does not divide the {num_layers} layers")
+        if self.pp_layout:
+            if len(self.pp_layout) != self.pp or min(self.pp_layout) < 1 or sum(self.pp_layout) != num_layers:
+                raise MeshplanError(f"pp_layout {format_pp_layout(self.pp_layout)}: needs pp={self.pp} stages of "
+                                    f">= 1 layer adding up to the {num_layers} layers (sum {sum(self.pp_layout)}, "
+                                    f"{len(self.pp_layout)} stages)")
+            if self.vpp > 1:
+                raise MeshplanError(f"vpp={self.vpp} with uneven stages {format_pp_layout(self.pp_layout)}: "
+                                    "interleaving needs equal chunks here")
+        elif num_layers % self.pp:
+            raise MeshplanError(f"pp={self.pp} does not divide the {num_layers} layers (give the layers per stage: "
+                                f"--fix pp_layout=..., e.g. {format_pp_layout(balanced_split(num_layers, self.pp))})")
         if self.vpp > 1:
             if self.pp == 1:
                 raise MeshplanError(f"vpp={self.vpp} needs pipeline parallelism (pp=1)")
@@ -222,3 +237,72 @@ class Layout(Degrees):
         if self.vpp > 1 and m % self.pp:
             raise MeshplanError(f"interleaved schedule: {m} micro-batches must be a multiple of pp={self.pp}")
 
+
+
+def balanced_split(num_layers: int, pp: int, first_extra: float = 1.0, last_extra: float = 1.0) -> tuple[int, ...]:
+    """Decoder layers per stage so the heaviest stage is as light as it can be, when the first stage also carries
+    ``first_extra`` and the last ``last_extra`` layer-equivalents of work (embedding; output layer and loss).
+
+    The default (one layer-equivalent each) is Megatron-LM's ``--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split`` ("the input embedding layer will be treated as a standard transformer
+    layer in the context of partition and placement"): Llama 3.1 405B's 126 layers on 16 stages become
+    E+7 | 8 x 14 | 7+L. Ties go to lighter first and last stages.
+    """
+    if pp < 1 or num_layers < pp:
+        raise MeshplanError(f"pp={pp}: needs at least one of the {num_layers} layers per stage")
+    extra = [0.0] * pp
+    extra[0] += first_extra
+    extra[-1] += last_extra
+
+    def capacity(load: float) -> list[int]:
+        return [max(1, int(math.floor(load - e + 1e-9))) for e in extra]
+
+    lo, hi = num_layers / pp, num_layers / pp + max(extra) + 1
+    for _ in range(60):  # bisect the heaviest load until the capacities just hold every layer
+        mid = (lo + hi) / 2
+        if sum(capacity(mid)) >= num_layers:
+            hi = mid
+        else:
+            lo = mid
+    cap = capacity(hi)
+    over = sum(cap) - num_layers
+    # give back the surplus from the stages with the most room, middle stages first (they carry no extra)
+    order = sorted(range(pp), key=lambda i: (-(cap[i] + extra[i]), extra[i] > 0, i))
+    k = 0
+    while over > 0:
+        i = order[k % pp]
+        if cap[i] > 1:
+            cap[i] -= 1
+            over -= 1
+        k += 1
+    return tuple(cap)
+
+
+def format_pp_layout(layers: tuple[int, ...]) -> str:
+    """``7+8*14+7``: runs of equal stages written ``n*k`` (the ``--fix pp_layout`` syntax)."""
+    out, i = [], 0
+    while i < len(layers):
+        j = i
+        while j < len(layers) and layers[j] == layers[i]:
+            j += 1
+        out.append(str(layers[i]) if j - i == 1 else f"{layers[i]}*{j - i}")
+        i = j
+    return "+".join(out)
+
+
+def parse_pp_layout(text: str) -> tuple[int, ...]:
+    """``3+4*14+3`` -> (3, 4, ..., 4, 3): layers per stage, ``n*k`` = k stages of n layers.
+
+    Raises:
+        MeshplanError: not of that form, or a stage of fewer than 1 layer.
+    """
+    out: list[int] = []
+    for part in str(text).split("+"):
+        m = re.fullmatch(r"(\d+)(?:\*(\d+))?", part.strip())
+        if not m:
+            raise MeshplanError(f"--fix pp_layout={text}: expected layers per stage such as 7+8*14+7")
+        n, k = int(m.group(1)), int(m.group(2) or 1)
+        if n < 1 or k < 1 or k > 4096:
+            raise MeshplanError(f"--fix pp_layout={text}: each stage needs >= 1 layer (and at most 4096 repeats)")
+        out += [n] * k
+    return tuple(out)

@@ -10,9 +10,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.version import meshplan_version
 from meshplan.planner.estimate import Estimate, Estimator, Workload
 from meshplan.planner.estimators import estimator_for
-from meshplan.planner.layout import Layout
+from meshplan.planner.layout import Layout, format_pp_layout
 from meshplan.planner.memory import GiB
-from meshplan.planner.plan import Breakdown, ModelRef, Plan, Prediction
+from meshplan.planner.plan import Breakdown, ModelRef, Plan, Prediction, Stage
 from meshplan.planner.space import MAX_LAYOUTS, Pins, check_space_size, enumerate_layouts, explain_empty
 
 
@@ -111,7 +111,8 @@ def _rank_key(layout: Layout, est: Estimate) -> tuple:
 def describe(layout: Layout) -> str:
     """Short human form: ``dp=4(2x2) tp=8 pp=4 vpp=2 cp=1 ep=1 mbs=1 zero=1 recompute=full sp``."""
     parts = [f"dp={layout.dp}" + (f"({layout.dp_replicate}x{layout.dp_shard})" if layout.dp_shard > 1 else ""),
-             f"tp={layout.tp}", f"pp={layout.pp}"]
+             f"tp={layout.tp}", f"pp={layout.pp}" + (f"({format_pp_layout(layout.pp_layout)})"
+                                                       if layout.pp_layout else "")]
     if layout.vpp > 1:
         parts.append(f"vpp={layout.vpp}")
     if layout.cp > 1:
@@ -147,9 +148,18 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         degrees=layout.degrees,
         sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage, recompute=layout.recompute,
         schedule=layout.schedule, attention=layout.attention, dtype=work.dtype,
+        stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
     )
+
+
+def _stages(layout: Layout):
+    """Uneven pipeline stages as the plan's ``stages`` (all on the one device group); ``None`` when even."""
+    if not layout.pp_layout:
+        return None
+    firsts = [sum(layout.pp_layout[:i]) for i in range(layout.pp)]
+    return tuple(Stage(first_layer=f, num_layers=n, device_group=0) for f, n in zip(firsts, layout.pp_layout))
 
 
 def prediction_of(est: Estimate, costmodel: str) -> Prediction:
@@ -183,8 +193,11 @@ def plan_layout(plan: Plan) -> Layout:
     Raises:
         MeshplanError: a solver plan (per-stage layers or per-layer precision): it has no single layout.
     """
-    if plan.stages or plan.layer_precision:
+    one_group = plan.stages and all(st.device_group == 0 for st in plan.stages) and len(plan.cluster.groups) == 1
+    if (plan.stages and not one_group) or plan.layer_precision:
         raise MeshplanError(f"plan {plan.name}: a solver plan (stages / per-layer precision) cannot be re-priced "
                             "by the layout estimator")
+    split = tuple(st.num_layers for st in plan.stages) if plan.stages else ()
     return Layout.of(plan.degrees, micro_batch=plan.micro_batch, zero_stage=plan.zero_stage,
-                     recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, attention=plan.attention)
+                     recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, attention=plan.attention,
+                     pp_layout=split)

@@ -10,9 +10,10 @@ from dataclasses import dataclass, fields, replace
 from typing import Iterator, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import ATTENTION, RECOMPUTE, Layout
+from meshplan.planner.layout import ATTENTION, RECOMPUTE, Layout, balanced_split, parse_pp_layout
 
-FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep", "sp", "mbs", "zero", "recompute",
+FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "vpp", "cp", "ep", "sp", "mbs", "zero",
+            "recompute",
             "attention")
 MAX_VPP = 8
 MAX_CP = 32
@@ -42,6 +43,7 @@ class Pins:
     zero: Optional[int] = None
     recompute: Optional[str] = None
     attention: Optional[str] = None
+    pp_layout: Optional[tuple[int, ...]] = None
 
     @classmethod
     def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
@@ -95,6 +97,8 @@ def parse_fix(text: str | None) -> Pins:
             if val not in ATTENTION:
                 raise MeshplanError(f"--fix attention={val}: expected one of {', '.join(ATTENTION)}")
             out[key] = val
+        elif key == "pp_layout":
+            out[key] = parse_pp_layout(val)
         elif key == "sp":
             if val.lower() not in ("true", "false", "1", "0", "on", "off"):
                 raise MeshplanError(f"--fix sp={val}: expected true or false")
@@ -165,6 +169,9 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
+        # free: pp dividing the layers (uneven stages for every other pp would make the DeepSeek-V3 search 5x
+        # longer, 4 -> 23 s: bench/plan_speed.py); a pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over
+        # 61) gets uneven stages, the split chosen below
         pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
         for pp in pps:
             rest2 = rest // pp if rest % pp == 0 else 0
@@ -177,8 +184,11 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                     continue
                 if not dp:
                     continue
+                # uneven stages (pp does not divide the layers, or pinned): first and last stages lighter by the
+                # embedding and output layer they carry (layout.balanced_split); no interleaving over them
+                split = fix.pp_layout if "pp_layout" in fix else (() if L % pp == 0 else balanced_split(L, pp))
                 vpps = fix.choices("vpp", [1] + ([v for v in range(2, MAX_VPP + 1) if L % (pp * v) == 0]
-                                                 if pp > 1 else []))
+                                                 if pp > 1 and not split else []))
                 for zero in fix.choices("zero", [0, 1, 2, 3]):
                     if zero == 0:
                         shards = fix.choices("dp_shard", [1])
@@ -203,7 +213,8 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                                                 yield Layout(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp,
                                                              pp=pp, vpp=vpp, cp=cp, ep=ep, micro_batch=mbs,
                                                              zero_stage=zero, recompute=rc,
-                                                             sequence_parallel=sp, attention=att)
+                                                             sequence_parallel=sp, attention=att,
+                                                             pp_layout=split)
 
 
 def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: Pins) -> str:

@@ -1,0 +1,68 @@
+"""Uneven pipeline stages (issue 12 item 1): the layouts of today's large runs, where the stages cannot all hold
+the same number of layers (Llama 3.1 405B: 126 layers, TP8 x PP16 x DP128 on 16,384 H100, Llama 3 paper Table 4)."""
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from meshplan.cli.main import app
+from meshplan.planner.layout import balanced_split, format_pp_layout, parse_pp_layout
+from meshplan.planner.plan import load_plan
+
+
+@pytest.mark.parametrize("layers,pp,megatron", [
+    # Megatron-LM --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: embedding and
+    # loss count as one layer each, (L + 2) / pp per stage
+    (126, 16, "7+8*14+7"),   # Llama 3.1 405B, PP16
+    (94, 8, "11+12*6+11"),   # Qwen3-235B-A22B, PP8
+    (62, 16, "3+4*14+3"),    # the issue's example layout
+])
+def test_split_is_megatrons_when_embedding_and_loss_count_as_layers(layers, pp, megatron):
+    assert format_pp_layout(balanced_split(layers, pp)) == megatron
+    assert parse_pp_layout(megatron) == balanced_split(layers, pp)
+
+
+@pytest.mark.parametrize("layers,pp", [(7, 3), (10, 4), (11, 5), (13, 4), (9, 2), (12, 5)])
+def test_split_minimises_the_heaviest_stage_against_brute_force(layers, pp):
+    """Every composition of ``layers`` into ``pp`` stages of >= 1 layer, first and last carrying one extra layer's
+    work: no split has a lighter heaviest stage."""
+    def heaviest(split):
+        return max(n + (i == 0) + (i == pp - 1) for i, n in enumerate(split))
+
+    best = min(heaviest(c) for c in itertools.product(range(1, layers + 1), repeat=pp) if sum(c) == layers)
+    got = balanced_split(layers, pp)
+    assert sum(got) == layers and len(got) == pp and heaviest(got) == best
+
+
+def test_405b_tp8_pp16_dp128_is_planned_and_exported(runner, tmp_path):
+    out = tmp_path / "405b.yaml"
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-405b", "--cluster", "2048x8xH100", "--global-batch", "2048",
+                            "--seq-len", "8192", "--fix", "tp=8,pp=16,cp=1,dp=128", "--top", "1", "--json",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output  # expressible, and not refused as out of memory
+    plan = load_plan(out)
+    assert (plan.degrees.tp, plan.degrees.pp, plan.degrees.dp) == (8, 16, 128)
+    assert [s.num_layers for s in plan.stages] == [7] + [8] * 14 + [7]
+    r = runner.invoke(app, ["export", str(out), "--to", "megatron"])
+    layout = re.search(r"--pipeline-model-parallel-layout '([^']+)'", r.stdout).group(1)
+    unrolled = re.sub(r"(.)\*(\d+)", lambda x: x.group(1) * int(x.group(2)), layout)
+    assert [s.count("t") for s in unrolled.split("|")] == [7] + [8] * 14 + [7]
+    assert unrolled.startswith("E") and unrolled.endswith("L")
+
+
+def test_a_pinned_split_is_used_and_a_wrong_one_refused(runner, tmp_path):
+    args = ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64", "--seq-len", "4096",
+            "--top", "1", "--json", "--out", str(tmp_path / "p.yaml")]
+    r = runner.invoke(app, [*args, "--fix", "tp=1,pp=4,pp_layout=7+9*2+7"])
+    assert r.exit_code == 0, r.output
+    assert [s.num_layers for s in load_plan(tmp_path / "p.yaml").stages] == [7, 9, 9, 7]
+    for bad, needle in (("pp=4,pp_layout=8*5", "adding up to the 32 layers"), ("pp=4,pp_layout=7+x", "7+8*14+7")):
+        r = runner.invoke(app, [*args, "--fix", f"tp=1,{bad}"])
+        assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    # pp not dividing the 32 layers is searched with the balanced split (it was refused: "does not divide")
+    six = [a if a != "1x8xH100" else "1x6xH100" for a in args]
+    r = runner.invoke(app, [*six, "--fix", "tp=2,pp=3"])
+    assert r.exit_code == 0, r.output
+    assert tuple(s.num_layers for s in load_plan(tmp_path / "p.yaml").stages) == balanced_split(32, 3)
