@@ -4,7 +4,8 @@ Per micro-batch and pipeline stage: forward and backward compute priced op by op
 (the learned model, or the roofline with per-op-class efficiency), plus the TP / EP collectives that sit on the
 critical path and the CP KV exchange not hidden behind attention. Then:
 
-    pipeline = m * t_max + (pp - 1) / vpp * t_avg            (Narayanan et al. 2021 §2.2: bubble (p-1)/(v*m))
+    pipeline = m * t_max + bubble(schedule)                  (planner.schedules: 1F1B (p-1) t_avg, interleaved
+                                                              / v, ZB-H1, DualPipe)
     step     = pipeline + exposed gradient sync + optimizer step
 
 where t = forward + backward (+ recompute) of one micro-batch on a stage, including its p2p sends
@@ -27,6 +28,7 @@ from meshplan.planner.estimate import (Estimate, TablesCache, Workload, finish_e
 from meshplan.planner.layout import Layout
 from meshplan.planner.memory import GRAD_BYTES, PARAM_BYTES
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.schedules import bubble_s
 
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 
@@ -121,11 +123,12 @@ class GpuEstimator:
         act_bytes = 2.0 * layout.micro_batch * work.seq_len / layout.cp * model.hidden_size / layout.tp
         p2p = collective_time_s("sendrecv", act_bytes, 2, pp_link) * vpp * 2 if pp > 1 else 0.0
 
-        stage_compute, stage_comm = [], []
+        stage_compute, stage_comm, stage_bwd = [], [], []
         for st in range(pp):
             counts = tb.kind_counts(stage_layers(model, layout, st))
             c = sum(kinds[k] * n for k, n in counts.items() if n)
             q = sum(kcomm[k] * n for k, n in counts.items() if n)
+            stage_bwd.append(sum((times[k][1] + times[k][2]) * n for k, n in counts.items() if n))
             if st == 0:
                 c += emb
             if st == pp - 1:
@@ -135,7 +138,7 @@ class GpuEstimator:
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]
-        bubble = (pp - 1) / vpp * (sum(per_mb) / pp)
+        bubble = bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
         compute = m * stage_compute[slow]
         comm_exposed = m * stage_comm[slow]
 

@@ -19,6 +19,7 @@ from typing import Annotated, NamedTuple
 from pydantic import ConfigDict, Field
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.schedules import check_schedule
 
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "unfused")
@@ -160,6 +161,7 @@ class Layout(Degrees):
     sequence_parallel: bool = False
     attention: str = "flash"
     pp_layout: tuple[int, ...] = ()
+    pipeline_schedule: str = ""  # "" = 1F1B, interleaved when vpp > 1; or zbh1, dualpipe (planner.schedules)
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -168,6 +170,8 @@ class Layout(Degrees):
 
     @property
     def schedule(self) -> str:
+        if self.pipeline_schedule:
+            return self.pipeline_schedule
         return "interleaved" if self.vpp > 1 else "1f1b"
 
     def num_microbatches(self, global_batch: int) -> int:
@@ -207,6 +211,8 @@ class Layout(Degrees):
             if num_layers % (self.pp * self.vpp):
                 raise MeshplanError(
                     f"pp({self.pp}) * vpp({self.vpp}) = {self.pp * self.vpp} does not divide the {num_layers} layers")
+        if self.pp > 1 or self.pipeline_schedule:
+            check_schedule(self.schedule, self.pp, self.vpp)
         if seq_len % (2 * self.cp) and self.cp > 1:
             raise MeshplanError(f"cp={self.cp}: seq_len {seq_len} must be divisible by 2*cp={2 * self.cp} "
                                 "(load-balanced causal context parallelism)")

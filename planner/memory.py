@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from meshplan.planner.layout import Layout
+from meshplan.planner.schedules import inflight_microbatches, parameter_copies
 
 GiB = 1024**3
 PARAM_BYTES = 2  # bf16/fp16 weights
@@ -58,7 +59,8 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout)
     shard = layout.dp_shard * layout.cp if z > 0 else 1
     eshard = max(1, shard // layout.ep) if z > 0 else 1
     w = g = o = 0.0
-    for n, d in ((dense_params, shard), (expert_params, eshard)):
+    copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
+    for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
         w += n * PARAM_BYTES / (d if z >= 3 else 1)
         g += n * GRAD_BYTES / (d if z >= 2 else 1)
         o += n * OPTIMIZER_BYTES / (d if z >= 1 else 1)
@@ -152,8 +154,4 @@ def inflight_factor(layout: Layout, num_microbatches: int, stage: int = 0) -> fl
     1F1B: stage i holds min(pp - i, m) micro-batches (Narayanan et al. 2021 §2.2.1). Interleaved adds
     (1 + (p-1)/(p*v)) on the first stage (Korthikanti et al. 2022 §4.2.3).
     """
-    p = layout.pp
-    held = min(p - stage, num_microbatches)
-    if layout.vpp > 1 and stage == 0:
-        return held * (1.0 + (p - 1) / (p * layout.vpp))
-    return float(held)
+    return inflight_microbatches(layout.schedule, layout.pp, layout.vpp, num_microbatches, stage)

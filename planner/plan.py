@@ -28,7 +28,7 @@ PLAN_SCHEMA_VERSION = 1
 MODEL_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zbh1", "dualpipe"]
 Attention = Literal["flash", "unfused"]
 _ATTENTION_NOTE = "attention="  # how plans before the ``attention`` field recorded it (a note, parsed back)
 

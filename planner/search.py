@@ -115,6 +115,8 @@ def describe(layout: Layout) -> str:
                                                        if layout.pp_layout else "")]
     if layout.vpp > 1:
         parts.append(f"vpp={layout.vpp}")
+    if layout.pipeline_schedule in ("zbh1", "dualpipe"):
+        parts.append(layout.pipeline_schedule)
     if layout.cp > 1:
         parts.append(f"cp={layout.cp}")
     if layout.ep > 1:
@@ -200,4 +202,5 @@ def plan_layout(plan: Plan) -> Layout:
     split = tuple(st.num_layers for st in plan.stages) if plan.stages else ()
     return Layout.of(plan.degrees, micro_batch=plan.micro_batch, zero_stage=plan.zero_stage,
                      recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, attention=plan.attention,
-                     pp_layout=split)
+                     pp_layout=split,
+                     pipeline_schedule=plan.schedule if plan.schedule in ("zbh1", "dualpipe") else "")

@@ -11,9 +11,10 @@ from typing import Iterator, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout import ATTENTION, RECOMPUTE, Layout, balanced_split, parse_pp_layout
+from meshplan.planner.schedules import SCHEDULES
 
-FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "vpp", "cp", "ep", "sp", "mbs", "zero",
-            "recompute",
+FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "vpp", "schedule", "cp", "ep", "sp", "mbs",
+            "zero", "recompute",
             "attention")
 MAX_VPP = 8
 MAX_CP = 32
@@ -44,6 +45,7 @@ class Pins:
     recompute: Optional[str] = None
     attention: Optional[str] = None
     pp_layout: Optional[tuple[int, ...]] = None
+    schedule: Optional[str] = None
 
     @classmethod
     def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
@@ -97,6 +99,10 @@ def parse_fix(text: str | None) -> Pins:
             if val not in ATTENTION:
                 raise MeshplanError(f"--fix attention={val}: expected one of {', '.join(ATTENTION)}")
             out[key] = val
+        elif key == "schedule":
+            if val.lower() not in SCHEDULES:
+                raise MeshplanError(f"--fix schedule={val}: expected one of {', '.join(SCHEDULES)}")
+            out[key] = val.lower()
         elif key == "pp_layout":
             out[key] = parse_pp_layout(val)
         elif key == "sp":
@@ -187,8 +193,10 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                 # uneven stages (pp does not divide the layers, or pinned): first and last stages lighter by the
                 # embedding and output layer they carry (layout.balanced_split); no interleaving over them
                 split = fix.pp_layout if "pp_layout" in fix else (() if L % pp == 0 else balanced_split(L, pp))
-                vpps = fix.choices("vpp", [1] + ([v for v in range(2, MAX_VPP + 1) if L % (pp * v) == 0]
-                                                 if pp > 1 and not split else []))
+                chunked = [v for v in range(2, MAX_VPP + 1) if L % (pp * v) == 0] if pp > 1 and not split else []
+                sched = fix.schedule or ""
+                vpps = fix.choices("vpp", chunked if sched == "interleaved" else
+                                   [1] if sched in ("zbh1", "dualpipe", "1f1b") else [1] + chunked)
                 for zero in fix.choices("zero", [0, 1, 2, 3]):
                     if zero == 0:
                         shards = fix.choices("dp_shard", [1])
@@ -214,7 +222,7 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                                                              pp=pp, vpp=vpp, cp=cp, ep=ep, micro_batch=mbs,
                                                              zero_stage=zero, recompute=rc,
                                                              sequence_parallel=sp, attention=att,
-                                                             pp_layout=split)
+                                                             pp_layout=split, pipeline_schedule=sched)
 
 
 def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: Pins) -> str:

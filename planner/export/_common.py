@@ -146,6 +146,22 @@ def heterogeneous_cluster_notes(plan: Plan, target: str) -> list[str]:
     return out
 
 
+# Schedules no target here launches: ZB-H1 needs the backward split into input and weight passes (Qi et al. 2024),
+# DualPipe two parameter copies per rank (DeepSeek-V3 §3.2.1); Megatron-LM, DeepSpeed and the example trainer
+# run 1F1B, torchtitan v0.2.2's zero-bubble schedules are the V-shaped ZBVZeroBubble / DualPipeV (two chunks per
+# rank, one parameter copy), which are not what was priced.
+UNLAUNCHED_SCHEDULES = ("zbh1", "dualpipe")
+
+
+def common_notes(plan: Plan, target: str) -> list[str]:
+    """What no target expresses: mixed device groups (``heterogeneous_cluster_notes``) and the schedules above."""
+    out = heterogeneous_cluster_notes(plan, target)
+    if plan.schedule in UNLAUNCHED_SCHEDULES and plan.degrees.pp > 1:
+        out.append(f"{target}: no {plan.schedule} pipeline schedule; the launched job runs 1F1B, whose bubble the "
+                   "plan did not price (re-plan with --fix schedule=1f1b to compare)")
+    return out
+
+
 def size_tag(plan: Plan) -> str:
     """Size tag of the model name, e.g. ``70B`` from ``Llama-3.1-70B`` ('' when the name has none)."""
     found = re.findall(r"(\d+(?:\.\d+)?[BbMm])(?![a-zA-Z0-9])", plan.model.name)

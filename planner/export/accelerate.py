@@ -56,7 +56,7 @@ def unsupported(plan: Plan) -> list[str]:
     """Plan decisions the Accelerate YAML cannot carry."""
     d = plan.degrees
     kind = distributed_type(plan)
-    out = c.heterogeneous_cluster_notes(plan, "accelerate")
+    out = c.common_notes(plan, "accelerate")
     if kind in ("FSDP", "MULTI_GPU", "NO"):
         out.append(f"accelerate: micro_batch={plan.micro_batch} and grad_accum={plan.grad_accum} are set in the "
                    f"script (DataLoader batch size, Accelerator(gradient_accumulation_steps={plan.grad_accum}))")

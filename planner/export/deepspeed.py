@@ -65,7 +65,7 @@ def check(plan: Plan) -> None:
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions a ds_config cannot carry."""
     d = plan.degrees
-    out = c.heterogeneous_cluster_notes(plan, "deepspeed")
+    out = c.common_notes(plan, "deepspeed")
     if d.pp > 1:
         out.append(f"deepspeed: pp={d.pp} is not a config key; build PipelineModule(num_stages={d.pp}) in code")
     if d.pp > 1 and plan.schedule == "gpipe":

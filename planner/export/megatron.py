@@ -59,7 +59,7 @@ def _uses_fsdp(plan: Plan) -> bool:
 
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions Megatron-LM's arguments cannot carry."""
-    out = c.heterogeneous_cluster_notes(plan, "megatron")
+    out = c.common_notes(plan, "megatron")
     if len(c.stage_groups(plan)) > 1:
         out.append("megatron: stages sit on different device groups "
                    f"({sorted(c.stage_groups(plan))}); Megatron places ranks uniformly, only layer counts are kept")

@@ -23,7 +23,7 @@ def check(plan: Plan) -> None:
 def unsupported(plan: Plan) -> list[str]:
     """Decisions that neither torchrun nor examples/train_gpt.py's flags express."""
     d = plan.degrees
-    out = c.heterogeneous_cluster_notes(plan, "torchrun")
+    out = c.common_notes(plan, "torchrun")
     # examples/train_gpt.py implements dp (DDP / FSDP2), tp, pp with 1f1b|gpipe; the rest needs another framework.
     for name, value in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)):
         if value > 1:

@@ -56,7 +56,7 @@ def _batches(plan: Plan) -> tuple[int, int]:
 
 
 def _schedule(plan: Plan) -> str:
-    return (MULTI_STAGE if plan.degrees.vpp > 1 else SCHEDULES)[plan.schedule]
+    return (MULTI_STAGE if plan.degrees.vpp > 1 else SCHEDULES).get(plan.schedule, "1F1B")  # c.common_notes
 
 
 def check(plan: Plan) -> None:
@@ -102,7 +102,7 @@ def check(plan: Plan) -> None:
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions the v0.2.2 TOML cannot carry."""
     d, m = plan.degrees, plan.model
-    out = c.heterogeneous_cluster_notes(plan, "torchtitan")
+    out = c.common_notes(plan, "torchtitan")
     name = MODEL_NAME.get(m.model_type)
     if name is None:
         out.append(f"torchtitan: v0.2.2 ships no model for model_type {m.model_type!r} "
