@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import xgboost as xgb
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshplan.costmodel.collective_model import CollectiveModel
 from meshplan.costmodel.devices import DeviceSpec, device_from_dict
@@ -69,6 +70,36 @@ def ideal_roofline_s(op: OpSpec, device: DeviceSpec) -> float:
     return float(roof[0]) * mult
 
 
+class _KindFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    file: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")  # a file of the folder itself, never a path out of it
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class _Meta(BaseModel):
+    """The keys of ``metadata.json`` this module reads (``costmodel.train`` writes it), typed at the edge."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: str
+    features: list[str] = Field(max_length=1024)
+    kinds: dict[str, _KindFile] = Field(default_factory=dict, max_length=64)
+    measured_devices: list[dict] = Field(default_factory=list, max_length=1024)
+
+
+def _check_meta(meta, mpath: Path) -> None:
+    """One line naming the file and the first bad key of a model folder's metadata."""
+    if not isinstance(meta, dict):
+        raise MeshplanError(f"{mpath}: not a meshplan cost model (expected a JSON object)")
+    try:
+        _Meta.model_validate(meta)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise MeshplanError(f"{mpath}: {loc}: {err['msg']}") from None
+
+
 class LearnedModel:
     """A loaded model folder.
 
@@ -105,6 +136,7 @@ class LearnedModel:
             meta = json.loads(mpath.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise MeshplanError(f"{mpath}: corrupt metadata ({exc})") from None
+        _check_meta(meta, mpath)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise MeshplanError(f"{mpath}: not a meshplan cost model (format {meta.get('format') if isinstance(meta, dict) else '?'}, expected {FORMAT})")
         if meta.get("features") != list(FEATURES):

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.hf_config import check_hf_config
 from meshplan.planner.model_spec import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets" / "models"
@@ -253,6 +254,7 @@ def spec_from_config(cfg: Any, *, where: str, name: str, source: str, mtp: bool 
     """
     if not isinstance(cfg, dict):
         raise MeshplanError(f"{where}: expected a JSON object at the top level, got {type(cfg).__name__}")
+    check_hf_config(cfg, where)  # types and bounds of the keys read below (planner.hf_config)
     model_type = cfg.get("model_type")
     if not model_type:
         archs = cfg.get("architectures")

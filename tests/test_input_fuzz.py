@@ -229,3 +229,40 @@ def test_yaml_alias_bombs_and_huge_files_are_refused(tmp_path, runner):
         assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
         r = runner.invoke(app, ["devices", "cluster", str(path)])
         assert r.exit_code == 2 and needle in r.output, r.output
+
+
+@pytest.mark.parametrize("key,value,needle", [("hidden_size", 5_000_000_000, "'hidden_size' must be at most 1048576"),
+                                              ("num_hidden_layers", "32", "'num_hidden_layers' must be an integer"),
+                                              ("rope_theta", float("inf"), "'rope_theta' must be a positive finite"),
+                                              ("vocab_size", 0, "'vocab_size' must be an integer >= 1")])
+def test_config_json_is_typed_at_the_edge(tmp_path, runner, key, value, needle):
+    """planner/hf_config.py: the keys meshplan reads have types and the bounds of real models; one line, exit 2."""
+    cfg = json.loads(CONFIG.read_text())
+    cfg[key] = value
+    cfg["some_key_meshplan_never_reads"] = {"nested": [1, 2]}  # passes through
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = runner.invoke(app, ["models", "show", str(tmp_path / "config.json")])
+    if r.exit_code != 2:  # `models show` may not take a path: plan reads it the same way
+        r = runner.invoke(app, ["plan", "--model", str(tmp_path / "config.json"), "--cluster", "8xH100",
+                                "--global-batch", "8", "--seq-len", "512", "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_cost_model_metadata_is_typed_at_the_edge(tmp_path, runner):
+    """A model folder whose metadata points a kind at a file outside the folder, or holds a non-object: refused in
+    one line naming metadata.json and the key (it was a KeyError / a path out of the folder)."""
+    import shutil
+
+    src = REPO / "costmodel" / "data" / "model"
+    for mutate, needle in ((lambda m: m["kinds"][next(iter(m["kinds"]))].update(file="../../etc/passwd"), "kinds."),
+                           (lambda m: m.update(kinds=["matmul"]), "kinds"),
+                           (lambda m: m.update(features="x"), "features")):
+        dest = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(src, dest)
+        meta = json.loads((dest / "metadata.json").read_text())
+        mutate(meta)
+        (dest / "metadata.json").write_text(json.dumps(meta))
+        r = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", "64x64x64", "--device", "H100",
+                                "--model", str(dest)])
+        assert r.exit_code == 2 and "metadata.json" in r.output and needle in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
