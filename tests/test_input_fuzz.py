@@ -145,62 +145,39 @@ def _print_counts():
     print("\ninput fuzz counts:", dict(sorted(COUNTS.items())))
 
 
-@_FAST
-@given(text=_configs())
-def test_fuzz_hf_config(tmp_path_factory, text):
-    _check_config(tmp_path_factory.mktemp("m"), text)
+_TARGETS = {"config.json": (_configs, _check_config), "cluster YAML": (_cluster_files, _check_cluster_file),
+            "plan file": (_plan_files, _check_plan_file), "strings": (lambda: _words, None)}
 
 
-@_FAST
-@given(text=_cluster_files())
-def test_fuzz_cluster_file(tmp_path_factory, text):
-    _check_cluster_file(tmp_path_factory.mktemp("c"), text)
+def _fuzz(target: str, how: settings, tmp_path_factory) -> None:
+    strategy, check = _TARGETS[target]
+
+    @how
+    @given(text=strategy())
+    def run(text):
+        if check is None:
+            _check_strings(text)
+        else:
+            check(tmp_path_factory.mktemp("f"), text)
+
+    run()
 
 
-@_FAST
-@given(text=_plan_files())
-def test_fuzz_plan_file(tmp_path_factory, text):
-    _check_plan_file(tmp_path_factory.mktemp("p"), text)
+@pytest.mark.parametrize("target", list(_TARGETS))
+def test_fuzz_inputs(target, tmp_path_factory):
+    _fuzz(target, _FAST, tmp_path_factory)
 
 
-@_FAST
-@given(text=_words)
-def test_fuzz_strings(text):
-    _check_strings(text)
+@pytest.mark.slow
+@pytest.mark.parametrize("target", list(_TARGETS))
+def test_fuzz_inputs_long(target, tmp_path_factory):
+    _fuzz(target, _LONG, tmp_path_factory)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(opts=_plan_opts)
 def test_fuzz_cli_options(runner, tmp_path_factory, opts):
     _check_cli(runner, tmp_path_factory.mktemp("o"), opts)
-
-
-@pytest.mark.slow
-@_LONG
-@given(text=_configs())
-def test_fuzz_hf_config_long(tmp_path_factory, text):
-    _check_config(tmp_path_factory.mktemp("m"), text)
-
-
-@pytest.mark.slow
-@_LONG
-@given(text=_cluster_files())
-def test_fuzz_cluster_file_long(tmp_path_factory, text):
-    _check_cluster_file(tmp_path_factory.mktemp("c"), text)
-
-
-@pytest.mark.slow
-@_LONG
-@given(text=_plan_files())
-def test_fuzz_plan_file_long(tmp_path_factory, text):
-    _check_plan_file(tmp_path_factory.mktemp("p"), text)
-
-
-@pytest.mark.slow
-@_LONG
-@given(text=_words)
-def test_fuzz_strings_long(text):
-    _check_strings(text)
 
 
 @pytest.mark.slow
