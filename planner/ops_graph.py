@@ -49,66 +49,67 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
     Tn = T // t if layout.sequence_parallel else T  # rows of the ops outside the TP region
     ops: list[OpSpec] = []
     attn_core: list[OpSpec] = []
-    ew = lambda n: OpSpec("elementwise", (int(n),), dtype)  # noqa: E731
+    act, mm = _precisions(dtype)
+    ew = lambda n: OpSpec("elementwise", (int(n),), act)  # noqa: E731
     drop = has_dropout(model)
 
     # --- attention block ---
-    ops.append(OpSpec(norm, (Tn, h), dtype))
+    ops.append(OpSpec(norm, (Tn, h), act))
     if model.q_lora_rank or model.kv_lora_rank:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
         qk = model.head_dim
         rope = model.qk_rope_head_dim
         nope = qk - rope
         if model.q_lora_rank:
-            ops.append(OpSpec("matmul", (T, model.q_lora_rank, h), dtype))
-            ops.append(OpSpec("matmul", (T, a_t * qk, model.q_lora_rank), dtype))
+            ops.extend(mm(T, model.q_lora_rank, h))
+            ops.extend(mm(T, a_t * qk, model.q_lora_rank))
         else:
-            ops.append(OpSpec("matmul", (T, a_t * qk, h), dtype))
-        ops.append(OpSpec("matmul", (T, model.kv_lora_rank + rope, h), dtype))
-        ops.append(OpSpec("matmul", (T, a_t * (nope + model.v_head_dim), model.kv_lora_rank), dtype))
+            ops.extend(mm(T, a_t * qk, h))
+        ops.extend(mm(T, model.kv_lora_rank + rope, h))
+        ops.extend(mm(T, a_t * (nope + model.v_head_dim), model.kv_lora_rank))
         v_out = a_t * model.v_head_dim
         kv_bytes = 2.0 * T * (model.kv_lora_rank + rope)
     else:
         kv = max(1, model.num_kv_heads // t) * d
-        ops.append(OpSpec("matmul", (T, a_t * d + 2 * kv, h), dtype))
+        ops.extend(mm(T, a_t * d + 2 * kv, h))
         v_out = a_t * d
         kv_bytes = 2.0 * T * 2 * kv
     if layout.attention == "flash":
-        attn_core.append(OpSpec("attention", (b, a_t, s, seq_len, d), dtype, causal=True))
+        attn_core.append(OpSpec("attention", (b, a_t, s, seq_len, d), act, causal=True))
     else:  # materialised scores: full s x s (the causal mask is applied, not skipped), Megatron 2021
         bh = b * a_t
-        attn_core.append(OpSpec("bmm", (bh, s, seq_len, d), dtype))
-        attn_core.append(OpSpec("softmax", (bh * s, seq_len), dtype))
+        attn_core.append(OpSpec("bmm", (bh, s, seq_len, d), act))
+        attn_core.append(OpSpec("softmax", (bh * s, seq_len), act))
         if drop:
             attn_core.append(ew(bh * s * seq_len))
-        attn_core.append(OpSpec("bmm", (bh, s, d, seq_len), dtype))
+        attn_core.append(OpSpec("bmm", (bh, s, d, seq_len), act))
     ops.extend(attn_core)
-    ops.append(OpSpec("matmul", (T, h, v_out), dtype))
+    ops.extend(mm(T, h, v_out))
     ops.append(ew(Tn * h * (2 if drop else 1)))  # (dropout +) residual add
 
     # --- MLP / MoE block ---
-    ops.append(OpSpec(norm, (Tn, h), dtype))
+    ops.append(OpSpec(norm, (Tn, h), act))
     gate = 2 if model.gated_mlp else 1
     ep_comm: list[tuple[str, float]] = []
     if model.is_moe_layer(layer):
         k = model.experts_per_token
         fe = model.moe_ffn_hidden_size
-        ops.append(OpSpec("matmul", (T, model.num_experts, h), dtype))  # router
+        ops.append(OpSpec("matmul", (T, model.num_experts, h), act))  # router: tiny, kept in 16 bits
         Tk = T * k  # token-expert pairs processed on this rank (balanced routing)
-        ops.append(OpSpec("matmul", (Tk, gate * fe // t, h), dtype))
+        ops.extend(mm(Tk, gate * fe // t, h))
         ops.append(ew(Tk * fe // t * gate))
-        ops.append(OpSpec("matmul", (Tk, h, fe // t), dtype))
+        ops.extend(mm(Tk, h, fe // t))
         if model.shared_expert_ffn_hidden_size:
             fs = model.shared_expert_ffn_hidden_size
-            ops.append(OpSpec("matmul", (T, gate * fs // t, h), dtype))
+            ops.extend(mm(T, gate * fs // t, h))
             ops.append(ew(T * fs // t * gate))
-            ops.append(OpSpec("matmul", (T, h, fs // t), dtype))
+            ops.extend(mm(T, h, fs // t))
         if layout.ep > 1:
             ep_comm = [("alltoall", 2.0 * Tk * h), ("alltoall", 2.0 * Tk * h)]  # dispatch + combine, bf16
     else:
         f = model.ffn_hidden_size
-        ops.append(OpSpec("matmul", (T, gate * f // t, h), dtype))
+        ops.extend(mm(T, gate * f // t, h))
         ops.append(ew(T * f // t * gate))  # activation (and gate product)
-        ops.append(OpSpec("matmul", (T, h, f // t), dtype))
+        ops.extend(mm(T, h, f // t))
     ops.append(ew(Tn * h * (2 if drop else 1)))
 
     tp_comm: list[tuple[str, float]] = []
@@ -128,12 +129,27 @@ def head_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[
     T = layout.micro_batch * seq_len // layout.cp
     v_t = model.vocab_size // t
     return (
-        OpSpec("layernorm" if model.norm == "layernorm" else "rmsnorm", (T, model.hidden_size), dtype),
-        OpSpec("matmul", (T, v_t, model.hidden_size), dtype),
+        OpSpec("layernorm" if model.norm == "layernorm" else "rmsnorm", (T, model.hidden_size), _precisions(dtype)[0]),
+        OpSpec("matmul", (T, v_t, model.hidden_size), _precisions(dtype)[0]),  # output layer: not an fp8 GEMM
         OpSpec("softmax", (T, v_t), "fp32"),  # cross-entropy in fp32 (Megatron vocab-parallel CE)
     )
 
 
 def embedding_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[OpSpec, ...]:
     T = layout.micro_batch * seq_len // layout.cp
-    return (OpSpec("embedding", (T, model.hidden_size), dtype),)
+    return (OpSpec("embedding", (T, model.hidden_size), _precisions(dtype)[0]),)
+
+
+def _precisions(dtype: str):
+    """(the dtype of everything but the decoder GEMMs, a function giving the ops of one GEMM ``(m, n, k)``).
+
+    fp8 training (Transformer Engine's recipes, as Megatron-Core and NeMo run them; DeepSeek-V3 report §3.3) runs
+    the linear layers' GEMMs in fp8 and everything else in bf16: attention (FlashAttention in bf16 unless fp8
+    attention is asked for), norms, activations, residuals, embedding and the output layer. Each fp8 GEMM first
+    casts its bf16 input to fp8 with its scale (a read of 2 B and a write of 1 B per element, plus the amax
+    reduction folded into it): priced as a ``cast`` of the ``m x k`` input. (The weights' casts are per step, not
+    per micro-batch, and are left out.) Other dtypes: every op in that dtype, no cast.
+    """
+    if dtype != "fp8":
+        return dtype, lambda m, n, k: (OpSpec("matmul", (m, n, k), dtype),)
+    return "bf16", lambda m, n, k: (OpSpec("cast", (int(m) * int(k),), "bf16"), OpSpec("matmul", (m, n, k), "fp8"))
