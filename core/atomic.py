@@ -103,3 +103,21 @@ def refuse_overwrite(out: str | os.PathLike, inputs: dict[str, object], flag: st
         if value is not None and same_file(out, str(value)):
             raise MeshplanError(f"{flag} {out}: would overwrite the {option} input of this command; choose another "
                                 "path (nothing was written)")
+
+
+def refuse_overlap(out_dir: str | os.PathLike, inputs: dict[str, object], flag: str) -> None:
+    """Refuse an output *folder* that is, holds or lies inside one of the command's inputs (``{option: path or
+    list of paths}``; ``None`` skipped): its files would replace or mix with what the command read.
+
+    Raises:
+        MeshplanError: naming the option, the input and the path.
+    """
+    out = Path(out_dir).resolve()
+    for option, value in inputs.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is None:
+                continue
+            ip = Path(str(v)).resolve()
+            if same_file(out, ip) or out in ip.parents or ip in out.parents:
+                raise MeshplanError(f"{flag} {out_dir}: is, holds or lies inside the {option} input {v} of this "
+                                    "command; choose a folder of its own (nothing was written)")

@@ -27,3 +27,12 @@ def one_line(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def validation_line(exc) -> str:
+    """``<field.path>: <problem>`` for the first error of a pydantic ``ValidationError``, without quoting the input
+    back (a hostile value may be 1 GB), escaped and bounded so a refusal stays one short line."""
+    err = exc.errors(include_url=False, include_input=False)[0]
+    loc = ".".join(str(x) for x in err.get("loc", ())).encode("unicode_escape").decode()[:120] or "(top level)"
+    msg = str(err.get("msg", "invalid")).encode("unicode_escape").decode()[:200]
+    return f"{loc}: {msg}"

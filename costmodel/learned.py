@@ -24,7 +24,7 @@ from meshplan.costmodel.devices import DeviceSpec, device_from_dict
 from meshplan.costmodel.features import (FEATURES, blend, calibrated_roofline_s, device_columns, device_signature,
                                          feature_matrix, flops_bytes, signature_seen)
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, validation_line
 
 FORMAT = "meshplan-costmodel/1"  # metadata.json "format" of a model folder (written by costmodel.train)
 
@@ -95,9 +95,7 @@ def _check_meta(meta, mpath: Path) -> None:
     try:
         _Meta.model_validate(meta)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise MeshplanError(f"{mpath}: {loc}: {err['msg']}") from None
+        raise MeshplanError(f"{mpath}: {validation_line(exc)}") from None
 
 
 class LearnedModel:

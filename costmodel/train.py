@@ -24,7 +24,7 @@ from meshplan.costmodel.features import (FEATURES, GEMM_KINDS, blend, calibrated
                                          device_signature, feature_matrix)
 from meshplan.costmodel.learned import FORMAT, file_sha256
 from meshplan.costmodel.ops import COMPUTE_KINDS
-from meshplan.core.atomic import write_atomic
+from meshplan.core.atomic import refuse_overlap, write_atomic
 from meshplan.core.errors import MeshplanError
 
 MIN_ROWS = 30  # fewer training rows than this for a kind: no model, the roofline fallback prices it
@@ -283,6 +283,7 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     from meshplan.costmodel import collective_fit
     from meshplan.costmodel.datasets import load
 
+    refuse_overlap(out_dir, {"--data": list(data)}, "--out")
     t0 = time.perf_counter()
     table, files = load([Path(p) for p in data])
     prep = prepare(table)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.yamlio import load_yaml_file
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, validation_line
 from meshplan.planner.layout import Degrees
 
 # A plan's name becomes a file name under plans/, a job name and a word in generated shell scripts: letters,
@@ -226,6 +226,4 @@ def load_plan(path: str | Path) -> Plan:
     try:
         return Plan.model_validate(raw).from_file(p)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise MeshplanError(f"{p}: not a valid plan: {loc}: {err['msg']}") from None
+        raise MeshplanError(f"{p}: not a valid plan: {validation_line(exc)}") from None

@@ -121,7 +121,8 @@ class Normaliser:
                     nbytes = nel * _DTYPE_BYTES.get(str(args.get("dtype", "float")).lower(), 4)
                 pgn = args.get("Process Group Name")
                 pg = intern(str(pgn)[:200]) if isinstance(pgn, (str, int)) else None
-                s = _num(args.get("Seq", args.get("seq")))
+                s = _num(args.get("Seq"))
+                s = _num(args.get("seq")) if s is None else s
                 seq = int(s) if s is not None else None
                 granks = parse_ranks(args.get("Process Group Ranks"))
             events.append(Event(-1, lane, kind, cat, name, ts, dur, None, max(0.0, nbytes), coll, pg, seq, granks,

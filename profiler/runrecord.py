@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, validation_line
 from meshplan.profiler.trace import MAX_WORLD_SIZE
 
 MAX_RUN_JSON_BYTES = 64 << 20  # a 1,024-rank run.json with 10^3 steps per rank is ~20 MB
@@ -87,9 +87,5 @@ def validate_run_record(raw: Any, label: str) -> dict[str, Any]:
     try:
         rec = RunRecord.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors(include_url=False, include_input=False)[0]
-        # keys and messages come from the file: escaped, so the refusal stays one line
-        loc = ".".join(str(x) for x in err.get("loc", ())).encode("unicode_escape").decode()[:120] or "(record)"
-        msg = str(err.get("msg", "invalid")).encode("unicode_escape").decode()[:200]
-        raise MeshplanError(f"{label}: {loc}: {msg}") from None
+        raise MeshplanError(f"{label}: {validation_line(exc)}") from None
     return rec.model_dump()

@@ -17,9 +17,10 @@ category seen is counted, and the ones not used are reported with the reason (``
 * Steps: ``ProfilerStep#N`` ranges; a trace without them gets one warning and, when asked, steps cut at a named
   op or at the optimizer step (:mod:`profiler.steps`).
 
-Hostile input: an event with a field of the wrong type (``ts`` a string, ``args`` a list) is counted as
-malformed and skipped; header fields of the wrong type (``distributedInfo.rank`` "x", ``world_size`` "many" or
-1e8, ``baseTimeNanoseconds`` "abc", ``pg_config`` 5) are refused with the file and field named. Only what the
+Hostile input (the rules are :mod:`profiler.trace_schema`, published in ``docs/schemas/``): an event with a field
+of the wrong type (``ts`` a string, ``dur`` negative) is counted as malformed and skipped; header fields of the
+wrong type (``distributedInfo.rank`` "x", ``world_size`` "many" or 1e8, ``baseTimeNanoseconds`` "abc",
+``pg_config`` 5) are refused with the file and field named. Only what the
 analyses need is kept, strings are interned and shapes shared, and the file is streamed
 (:mod:`profiler.jsonstream`), so memory grows with the kept events, not with the file text.
 """
@@ -37,10 +38,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.profiler.categories import ROLES, collective_type, role_of, why_not_used  # noqa: F401 (re-export)
 from meshplan.profiler.jsonstream import stream_trace
 from meshplan.profiler.normalise import Normaliser
+from meshplan.profiler.trace_schema import MAX_WORLD_SIZE, validate_header  # noqa: F401 (re-export)
 
 KINDS = ("compute", "comm", "host", "memcpy")
-# The largest training jobs published run on about 10^5 accelerators; 2^20 leaves an order of magnitude.
-MAX_WORLD_SIZE = 1 << 20
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OUT_OF_RANGE = re.compile(r"Out-of-range = (\d+)")
@@ -243,26 +243,21 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         cats = ", ".join(f"{c} {n}" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:5] if c)
         raise MeshplanError(f"{label}: not a Kineto trace: {n_seen[0]} events but no host op, device op or runtime "
                             f"event (categories: {cats or 'none'})")
-    dist = header.get("distributedInfo") or {}
-    if not isinstance(dist, dict):
-        raise MeshplanError(f"{label}: distributedInfo: expected an object, got {type(dist).__name__}")
+    head = validate_header(header, label)
+    dist = head.distributedInfo
     warnings: list[str] = []
-    rank = _header_int(dist, "rank", label, 0, MAX_WORLD_SIZE - 1)
+    rank = dist.rank if dist else None
     if rank is None:
         rank = rank_from_name(label)
         if rank is None:
             rank = 0
             warnings.append(f"{label}: no distributedInfo.rank and no rank in the file name; assuming rank 0")
-    world = _header_int(dist, "world_size", label, 1, MAX_WORLD_SIZE)
+    world = dist.world_size if dist else None
     if world is not None and rank >= world:
         raise MeshplanError(f"{label}: distributedInfo.rank {rank} is not below world_size {world}")
-    pg_config = dist.get("pg_config") or []
-    if not isinstance(pg_config, list):
-        raise MeshplanError(f"{label}: distributedInfo.pg_config: expected a list, got {type(pg_config).__name__}")
-    base = header.get("baseTimeNanoseconds") or 0
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base < 0:
-        raise MeshplanError(f"{label}: baseTimeNanoseconds: expected a non-negative number, got {base!r:.40}")
-    backend = dist.get("backend")
+    pg_config = (dist.pg_config if dist else None) or []
+    base = head.baseTimeNanoseconds or 0
+    backend = dist.backend if dist else None
     for key in ("INFO", "ERROR", "WARNING"):
         lines = header.get(key) or []
         for line in lines if isinstance(lines, list) else [lines]:
@@ -273,13 +268,13 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     if n_seen[1]:
         warnings.append(f"{label}: {n_seen[1]} event(s) with a field of the wrong type (ts, dur, name) skipped")
     events = norm.finish(rank)
-    props = header.get("deviceProperties")
+    props = head.deviceProperties
     rt = RankTrace(
-        path=label, rank=rank, world_size=world, backend=backend if isinstance(backend, str) else None,
+        path=label, rank=rank, world_size=world, backend=backend,
         base_ns=int(base), events=events, steps=steps, main_lane=step_lanes[0] if step_lanes else None,
         pg_config=[pg for pg in pg_config if isinstance(pg, dict)],
         devices=[str(d.get("name")) for d in (props if isinstance(props, list) else []) if isinstance(d, dict)],
-        hostname=header.get("host_name") if isinstance(header.get("host_name"), str) else None,
+        hostname=head.host_name,
         warnings=warnings, stream_waits=norm.stream_waits,
         categories={("(none)" if c is None else c): {"events": n, "used": used.get(c, 0), "role": role_of(c),
                                                      **({} if used.get(c) else {"why": why_not_used(c)})}
@@ -288,14 +283,3 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     apply_step_cut(rt, step_at)
     return rt
 
-
-def _header_int(d: dict, key: str, label: str, lo: int, hi: int) -> int | None:
-    """An integer header field in [lo, hi]; None when absent; MeshplanError when of the wrong type or range."""
-    v = d.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise MeshplanError(f"{label}: distributedInfo.{key}: expected an integer, got {v!r:.40}")
-    if not lo <= v <= hi:
-        raise MeshplanError(f"{label}: distributedInfo.{key} = {v:.6g}: must be in [{lo}, {hi}]")
-    return int(v)

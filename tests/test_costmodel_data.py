@@ -99,11 +99,11 @@ def test_flops_bytes_agree_with_opspec():
 def test_cli_bad_dataset_is_one_line(runner, tmp_path):
     from meshplan.cli.main import app
 
-    d = tmp_path / "neusight"
+    d = tmp_path / "data" / "neusight"
     (d / "train").mkdir(parents=True)
     (d / "test").mkdir()
     shutil.copy(shared_path("kernels", "neusight", "test", "ln.csv"), d / "test" / "ln.csv")
     (d / "train" / "ln.csv").write_text("OPName,Device,B,H\nln,Tesla T4,1,2\n")
-    r = runner.invoke(app, ["costmodel", "train", "--data", str(tmp_path), "--out", str(tmp_path / "m")])
+    r = runner.invoke(app, ["costmodel", "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "m")])
     assert r.exit_code == 2
     assert "missing column 'Latency'" in r.output and "Traceback" not in r.output

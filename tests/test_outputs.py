@@ -66,3 +66,29 @@ def test_a_writer_holding_the_lock_is_told(runner, tmp_path):
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "8xH100", *PLAN, "--out", str(out)])
     _one_line_exit_2(r, "another meshplan process is writing it")
     assert not out.exists()
+
+
+def test_costmodel_outputs_onto_their_inputs_are_refused(runner, tmp_path):
+    data, model, run = tmp_path / "data", tmp_path / "model", tmp_path / "run"
+    for folder, name in ((data, "local.csv"), (model, "metadata.json"), (run, "run.json")):
+        folder.mkdir()
+        (folder / name).write_text("kept\n")
+    cases = [
+        (["costmodel", "train", "--data", str(data), "--out", str(data)], "--data input"),
+        (["costmodel", "train", "--data", str(data), "--out", str(data / "model")], "--data input"),
+        (["costmodel", "train", "--data", str(data / "."), "--out", str(tmp_path)], "--data input"),
+        (["costmodel", "fit", "--runs", str(run), "--out", str(model), "--model", str(model)], "--model input"),
+        (["costmodel", "fit", "--runs", str(run), "--out", str(run)], "--runs input"),
+        (["costmodel", "fit", "--runs", str(run), "--out", str(tmp_path / "m2"), "--device-json", str(data),
+          "--model", str(model)], None),
+        (["costmodel", "fit", "--runs", str(run), "--out", str(data), "--device-json", str(data)], "--device-json"),
+        (["costmodel", "fit", "--runs", str(run), "--host-terms", str(run / "terms.json")], "--runs input"),
+    ]
+    for argv, needle in cases:
+        r = runner.invoke(app, argv)
+        if needle is None:  # no overlap: refused later, for what the folders hold, not for the overlap
+            assert "of this command" not in r.output, r.output
+            continue
+        _one_line_exit_2(r, needle)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["local.csv", "metadata.json", "run.json"]
+    assert all(p.read_text() == "kept\n" for p in tmp_path.rglob("*") if p.is_file())

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
+from meshplan.core.atomic import refuse_overlap
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.devices import get_device
 from meshplan.planner.calibrate import Calibration
@@ -29,8 +30,12 @@ def fit_from_runs(runs: list[str | Path], terms_path: str | Path, calibration_of
             device name (``verify.op_fit.fit_runs``).
 
     Raises:
-        MeshplanError: no run of a ``local:N`` plan and no ``out``; a missing run; an unknown device.
+        MeshplanError: no run of a ``local:N`` plan and no ``out``; a missing run; an unknown device; ``out`` or
+            ``terms_path`` overlapping an input (it would replace what is read).
     """
+    if out is not None:
+        refuse_overlap(out, {"--runs": list(runs), "--model": model, "--device-json": device_dir}, "--out")
+    refuse_overlap(terms_path, {"--runs": list(runs)}, "--host-terms")
     local = fit_runs_local(runs, calibration_of, read_host_terms(terms_path))
     if out is None and not local["runs"]:
         raise MeshplanError(f"{runs[0]}: not a run of a local:N plan (made by `meshplan profile --from-plan`), "

@@ -1,6 +1,8 @@
-"""JSON Schemas of the files users write or read: cluster YAML files and plan files, generated from their pydantic
-models and published in ``docs/schemas/`` (for editors and CI validators). Regenerate with
-``python -m meshplan.planner.schemas docs/schemas``; tests/test_schemas.py checks the published ones are current."""
+"""JSON Schemas of the files users write or meshplan reads: cluster YAML files, plan files, a profiled run's
+``run.json`` and the parts of a Kineto trace that are read (header and event), generated from their pydantic models
+and published in ``docs/schemas/`` (for editors and CI validators). They live in verify, the one room that sees
+both the planner's and the profiler's files. Regenerate with ``python -m meshplan.verify.schemas docs/schemas``;
+tests/test_schemas.py checks the published ones are current."""
 from __future__ import annotations
 
 import json
@@ -10,6 +12,8 @@ from pathlib import Path
 from meshplan.core.atomic import write_atomic
 from meshplan.planner.cluster_file import cluster_file_schema
 from meshplan.planner.plan import Plan
+from meshplan.profiler import trace_schema
+from meshplan.profiler.runrecord import RunRecord
 
 
 def schemas() -> dict[str, dict]:
@@ -18,7 +22,10 @@ def schemas() -> dict[str, dict]:
     plan["description"] = "A meshplan plan file (`meshplan plan` writes it; planner/plan.py, class Plan)."
     cluster = cluster_file_schema()
     cluster["description"] = "A meshplan cluster YAML file (planner/presets/clusters/README.md)."
-    return {"cluster.schema.json": cluster, "plan.schema.json": plan}
+    run = RunRecord.model_json_schema()
+    run["description"] = "The run.json of a `meshplan profile` run folder (profiler/runrecord.py, class RunRecord)."
+    return {"cluster.schema.json": cluster, "plan.schema.json": plan, "run.schema.json": run,
+            **trace_schema.schemas()}
 
 
 def render(schema: dict) -> str:
