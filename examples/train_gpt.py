@@ -185,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delay-rank", type=int, default=None, help="rank that sleeps --delay-ms each step")
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--heavy-mlp", type=int, default=1, help="run every MLP K times (K >= 1)")
+    p.add_argument("--layout-report", default=None, help="folder: each rank writes rank<R>.json with the node "
+                   "rank, pipeline stage, layers and degrees it ran (what a launch placed where)")
     a = p.parse_args(argv)
     if a.config:
         apply_config(a)
@@ -194,6 +196,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.positions = max(a.positions or 0, a.seq_len)
     a.tie_embeddings = not a.untied
     a.stages = getattr(a, "stages", None)
+    a.stage_devices = getattr(a, "stage_devices", None)
     return a
 
 
@@ -232,6 +235,7 @@ def apply_plan(a: argparse.Namespace) -> None:
     if plan.sequence_parallel:
         print(f"train_gpt.py: {a.plan}: sequence parallelism is not implemented; running plain TP", file=sys.stderr)
     a.stages = [(s.first_layer, s.num_layers) for s in plan.stages] if plan.stages else None
+    a.stage_devices = [plan.cluster.groups[s.device_group].device for s in plan.stages] if plan.stages else None
     a.loaded_plan = plan  # its gradient compression becomes a DDP communication hook (planner.comm_hook)
 
 
@@ -283,6 +287,37 @@ def stage_layers(a: argparse.Namespace, pp_rank: int) -> tuple[int, int]:
     base, extra = divmod(a.layers, a.pp)
     first = pp_rank * base + min(pp_rank, extra)
     return first, base + (1 if pp_rank < extra else 0)
+
+
+def check_stage_device(a: argparse.Namespace, pp_rank: int, rank: int, device: torch.device) -> str:
+    """The device this rank's stage was planned for; exits when a GPU of another family runs it (a node started
+    with the wrong NODE_RANK in a heterogeneous pipeline). Returns the planned device, or ''."""
+    want = a.stage_devices[pp_rank] if a.stage_devices else ""
+    if want and device.type == "cuda":
+        have = torch.cuda.get_device_name(device)
+        family = want.split("-")[0].lower()  # catalogue "A100-80GB" vs CUDA "NVIDIA A100-SXM4-80GB"
+        if family not in have.lower():
+            sys.exit(f"train_gpt.py: rank {rank} runs pipeline stage {pp_rank}, planned for {want}, on a {have}; "
+                     f"start each node with the NODE_RANK its device has in the launch script's table")
+    return want
+
+
+def write_layout_report(a: argparse.Namespace, mesh, rank: int, world: int, device: torch.device) -> None:
+    """``<folder>/rank<R>.json``: where this rank landed and what it runs (read back by the export tests)."""
+    import json
+
+    pp_rank = mesh["pp"].get_local_rank()
+    first, count = stage_layers(a, pp_rank)
+    report = {"rank": rank, "world_size": world, "node_rank": int(os.environ.get("GROUP_RANK", -1)),
+              "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "pp_rank": pp_rank, "first_layer": first,
+              "num_layers": count, "tp": a.tp, "pp": a.pp, "dp_replicate": a.dp_replicate, "dp_shard": a.dp_shard,
+              "micro_batch": a.micro_batch, "global_batch": a.global_batch, "grad_accum": a.grad_accum,
+              "planned_device": check_stage_device(a, pp_rank, rank, device),
+              "node_device_env": os.environ.get("MESHPLAN_NODE_DEVICE"),
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type}
+    os.makedirs(a.layout_report, exist_ok=True)
+    with open(os.path.join(a.layout_report, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh)
 
 
 # ---------------------------------------------------------------------------------------------- parallelize
@@ -366,6 +401,9 @@ def main(argv: list[str] | None = None) -> None:
     dp = a.dp_replicate * a.dp_shard
     a.grad_accum = a.global_batch // (a.micro_batch * dp)
     dp_rank = mesh["dp_replicate"].get_local_rank() * a.dp_shard + mesh["dp_shard"].get_local_rank()
+    check_stage_device(a, mesh["pp"].get_local_rank(), rank, device)
+    if a.layout_report:
+        write_layout_report(a, mesh, rank, world, device)
     model, schedule = build(a, mesh, device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     loss_fn = lm_loss(a)

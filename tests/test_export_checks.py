@@ -12,7 +12,7 @@ import pytest
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import TARGETS, get_target, render
 from meshplan.planner.plan import BucketCompression, Plan, Stage
-from tests.test_export_golden import plan_dsv3, plan_fsdp8b, plan_hetero, plan_llama70b
+from tests.test_export_golden import PLANS, plan_dsv3, plan_fsdp8b, plan_hetero, plan_llama70b, plan_mixed, plans_for
 
 
 def with_(plan: Plan, degrees: dict | None = None, **fields) -> Plan:
@@ -55,7 +55,7 @@ BAD = [
      "dp_replicate=4 without dp_shard/cp is DDP, which v0.2.2 cannot combine with tp=8/pp=4"),
     (with_(plan_fsdp8b(), dtype="fp16"), ["torchtitan"], "accepts bfloat16 or float32, not fp16"),
     # Accelerate's Megatron plugin has no ZeRO-3 with pipelining.
-    (with_(plan_hetero(), zero_stage=3), ["accelerate"],
+    (with_(plan_mixed(), zero_stage=3), ["accelerate"],
      "no ZeRO-3/FSDP option"),
 ]
 
@@ -70,9 +70,9 @@ def test_check_rejects(plan: Plan, targets: list[str], needle: str) -> None:
 
 
 def test_checks_pass_on_reference_plans() -> None:
-    for make in (plan_llama70b, plan_dsv3, plan_fsdp8b, plan_hetero):
-        for t in TARGETS:
-            get_target(t).check(make())
+    for t in TARGETS:
+        for name in plans_for(t):
+            get_target(t).check(PLANS[name]())
 
 
 def test_unknown_target() -> None:
@@ -81,14 +81,14 @@ def test_unknown_target() -> None:
 
 
 def test_unsupported_names_what_is_dropped() -> None:
-    hetero = plan_hetero()
+    mixed = plan_mixed()
     for t in ("megatron", "deepspeed", "torchtitan", "accelerate"):
-        warns = get_target(t).unsupported(hetero)
+        warns = get_target(t).unsupported(mixed)
         assert any("per-layer precision" in w for w in warns), (t, warns)
         assert any("powersgd" in w for w in warns), (t, warns)
         assert all(w.startswith(f"{t}: ") for w in warns)
-    assert any("different device groups" in w for w in get_target("megatron").unsupported(hetero))
-    assert any("uneven stage sizes" in w for w in get_target("deepspeed").unsupported(hetero))
+    assert any("static node ranks" in w for w in get_target("megatron").unsupported(plan_hetero()))
+    assert any("uneven stage sizes" in w for w in get_target("deepspeed").unsupported(mixed))
     # A plain FSDP plan is fully expressible by DeepSpeed, TorchTitan and torchrun.
     for t in ("deepspeed", "torchtitan", "torchrun", "slurm", "kubeflow"):
         assert get_target(t).unsupported(plan_fsdp8b()) == [], t

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.cli.main import app
 from meshplan.planner.export import render
-from tests.test_export_golden import GOLDEN, plan_fsdp8b, plan_hetero
+from tests.test_export_golden import GOLDEN, plan_fsdp8b, plan_hetero, plan_mixed
 
 
 @pytest.fixture
@@ -27,9 +27,10 @@ def test_stdout_matches_golden(runner, plan_file: Path) -> None:
 
 def test_out_writes_file(runner, plan_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "cfg" / "ds.json"
-    res = runner.invoke(app, ["export", str(plan_file), "--to", "deepspeed", "--out", str(out)])
+    mixed = plan_mixed().save(tmp_path / "mixed.yaml")
+    res = runner.invoke(app, ["export", str(mixed), "--to", "deepspeed", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert out.read_text() == (GOLDEN / "hetero.deepspeed.json").read_text()
+    assert out.read_text() == (GOLDEN / "mixed.deepspeed.json").read_text()
     assert "written" in res.stdout and '"train_batch_size"' not in res.stdout
     assert str(len(out.read_bytes())) in res.stdout
     assert not list(out.parent.glob(".*.tmp"))  # atomic write left no temp file
@@ -71,7 +72,7 @@ def test_not_a_plan(runner, tmp_path: Path) -> None:
 
 
 def test_failed_check_names_file_and_numbers(runner, tmp_path: Path) -> None:
-    p = plan_hetero().model_copy(update={"zero_stage": 2})
+    p = plan_mixed().model_copy(update={"zero_stage": 2})
     path = p.save(tmp_path / "zero2pp.yaml")
     out = tmp_path / "never.json"
     line = _one_error_line(runner.invoke(app, ["export", str(path), "--to", "deepspeed", "--out", str(out)]))

@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import EXTENSIONS, TARGETS, render
 from meshplan.planner.plan import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
 from tests.helpers import REPO
@@ -74,9 +75,33 @@ def plan_hetero() -> Plan:
                              BucketCompression(bucket=1, size_bytes=100_000_000, method="powersgd", param=4)))
 
 
-PLANS = {"llama70b": plan_llama70b, "dsv3": plan_dsv3, "fsdp8b": plan_fsdp8b, "hetero": plan_hetero}
+def plan_mixed() -> Plan:
+    """``plan_hetero``'s decisions (uneven stages, per-layer precision, compressed buckets) on two H100 nodes: what
+    the targets that cannot pin a stage to a device type (``placement.refuse``) are checked on."""
+    base = plan_hetero()
+    return base.model_copy(update={
+        "name": "llama8b-mixed", "cluster": cluster("2x8xH100", (2, 8, "H100")),
+        "stages": tuple(s.model_copy(update={"device_group": 0}) for s in base.stages)})
 
-@pytest.mark.parametrize("plan_name,target", [(p, t) for p in PLANS for t in TARGETS])
+
+PLANS = {"llama70b": plan_llama70b, "dsv3": plan_dsv3, "fsdp8b": plan_fsdp8b, "hetero": plan_hetero,
+         "mixed": plan_mixed}
+# Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
+UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")
+
+
+def plans_for(target: str) -> list[str]:
+    """Reference plans a target renders (the heterogeneous pipeline only where stages can be pinned)."""
+    return [p for p in PLANS if not (p == "hetero" and target in UNPINNED_TARGETS)]
+
+@pytest.mark.parametrize("target", UNPINNED_TARGETS)
+def test_heterogeneous_pipeline_refused(target: str) -> None:
+    with pytest.raises(MeshplanError, match="cannot pin a stage to a node"):
+        render(PLANS["hetero"](), target)
+    assert not (GOLDEN / f"hetero.{target}.{EXTENSIONS[target]}").exists()
+
+
+@pytest.mark.parametrize("plan_name,target", [(p, t) for t in TARGETS for p in plans_for(t)])
 def test_golden(plan_name: str, target: str) -> None:
     result = render(PLANS[plan_name](), target)
     path = GOLDEN / f"{plan_name}.{target}.{EXTENSIONS[target]}"

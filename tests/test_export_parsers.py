@@ -30,10 +30,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshplan.planner.export import render
+from meshplan.planner.export import placement, render
 from meshplan.planner.plan import load_plan
 from tests.helpers import shared_path
-from tests.test_export_golden import PLANS
+from tests.test_export_golden import PLANS, plans_for
 
 BASH = shutil.which("bash")
 CAPTURE = ('torchrun() { printf "%s\\n" torchrun "$@"; }; srun() { "$@"; }; '
@@ -61,13 +61,17 @@ def _torchrun_parse(argv: list[str]) -> argparse.Namespace:
 def test_torchrun_script_parses(plan_name: str, tmp_path: Path) -> None:
     plan = PLANS[plan_name]()
     plan_file = plan.save(tmp_path / "plan.yaml")
-    argv = _argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a", "MESHPLAN_PLAN": str(plan_file)})
+    argv = _argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a", "MESHPLAN_PLAN": str(plan_file),
+                                                           "NODE_RANK": "1"})
     ns = _torchrun_parse(argv)
     nodes, per_node = plan.cluster.nodes, plan.cluster.devices_per_node
     assert ns.nproc_per_node == str(per_node)
     assert ns.nnodes == str(nodes)
     assert nodes * per_node == plan.degrees.world_size
-    if nodes > 1:
+    if placement.is_heterogeneous_pipeline(plan):  # static node ranks (torchrun's default "static" rendezvous)
+        assert (ns.rdzv_backend, ns.node_rank, ns.master_addr, str(ns.master_port)) == ("static", 1, "node-a",
+                                                                                       "29500")
+    elif nodes > 1:
         assert (ns.rdzv_backend, ns.rdzv_endpoint) == ("c10d", "node-a:29500")
     else:
         assert ns.standalone
@@ -119,7 +123,7 @@ def _megatron_args(words: list[str]) -> dict[str, object]:
 @pytest.mark.parametrize("plan_name", list(PLANS))
 def test_megatron_args(plan_name: str, tmp_path: Path) -> None:
     plan = PLANS[plan_name]()
-    ns = _torchrun_parse(_argv(render(plan, "megatron").text, tmp_path, {"HEAD_NODE": "node-a"}))
+    ns = _torchrun_parse(_argv(render(plan, "megatron").text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
     assert ns.training_script == "pretrain_gpt.py"
     args = _megatron_args(ns.training_script_args)
     unknown = set(args) - _megatron_flags_from_notes()
@@ -194,7 +198,7 @@ class _Mpu:
         return self.dp
 
 
-@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("plan_name", plans_for("deepspeed"))
 def test_deepspeed_config_loads(plan_name: str, ds_config_cls) -> None:
     plan = PLANS[plan_name]()
     raw = json.loads(render(plan, "deepspeed").text)
@@ -225,7 +229,7 @@ def _variant(degrees: dict, **fields):
 
 
 # The reference plans cover MEGATRON_LM and FSDP; these two cover DDP (MULTI_GPU) and ZeRO-2 (DEEPSPEED).
-ACCELERATE_PLANS = {**PLANS, "ddp8b": _variant({"dp_shard": 1, "dp_replicate": 8}, zero_stage=0),
+ACCELERATE_PLANS = {**{k: PLANS[k] for k in plans_for("accelerate")}, "ddp8b": _variant({"dp_shard": 1, "dp_replicate": 8}, zero_stage=0),
                     "zero2_8b": _variant({}, zero_stage=2)}
 
 
@@ -302,7 +306,7 @@ def _torchtitan():
     return got
 
 
-@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("plan_name", plans_for("torchtitan"))
 def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
     ConfigManager, ParallelDims = _torchtitan()
     plan = PLANS[plan_name]()
@@ -336,7 +340,7 @@ def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
 
 # --- kubeflow -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("plan_name", plans_for("kubeflow"))
 def test_kubeflow_manifest(plan_name: str) -> None:
     plan = PLANS[plan_name]()
     job = yaml.safe_load(render(plan, "kubeflow").text)

@@ -72,7 +72,7 @@ def test_megatron_shards_the_optimizer_over_cp_and_keeps_rope(tmp_path: Path, ru
     plan = load_plan(out)
     assert (plan.degrees.dp, plan.degrees.cp, plan.zero_stage) == (1, 8, 1)
     result = render(plan, "megatron")
-    ns = _torchrun_parse(_argv(result.text, tmp_path, {"HEAD_NODE": "node-a"}))
+    ns = _torchrun_parse(_argv(result.text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
     args = _megatron_args(ns.training_script_args)
     assert not set(args) - _megatron_flags_from_notes()
     assert "--use-distributed-optimizer" in args and args["--context-parallel-size"] == "8"
@@ -83,9 +83,12 @@ def test_megatron_shards_the_optimizer_over_cp_and_keeps_rope(tmp_path: Path, ru
 @pytest.mark.skipif(BASH is None, reason="bash not available")
 def test_heterogeneous_pipeline_exports_as_priced(tmp_path: Path, runner) -> None:
     """Issue 15 item 2: Llama-3.1-8B on one H100 node + one A100 node is a 2-stage pipeline with tensor parallel
-    over each node (the solver's pricing); the degrees say so, every target renders it (naming the device-type
-    pinning it cannot do), Megatron keeps the uneven split, and no layer left 16 bits unasked."""
+    over each node (the solver's pricing); the degrees say so, torchrun, Slurm and Megatron pin each stage to its
+    device type with static node ranks (tests/test_export_hetero.py runs them), the other targets refuse, Megatron
+    keeps the uneven split, and no layer left 16 bits unasked."""
+    from meshplan.core.errors import MeshplanError
     from meshplan.planner.export import TARGETS, export_file
+    from meshplan.planner.export.placement import node_blocks
 
     out = tmp_path / "het.yaml"
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100+1x8xA100", "--global-batch",
@@ -95,12 +98,18 @@ def test_heterogeneous_pipeline_exports_as_priced(tmp_path: Path, runner) -> Non
     assert (plan.degrees.tp, plan.degrees.pp, plan.degrees.world_size) == (8, 2, 16)
     assert set(plan.layer_precision) == {"bf16"}
     for target in TARGETS:
-        result = export_file(out, target)
-        assert any("mixes device types" in w for w in result.warnings), target
-    ns = _torchrun_parse(_argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a"}))
-    assert (ns.nnodes, ns.nproc_per_node) == ("2", "8")
+        if target in ("torchrun", "slurm", "megatron"):
+            result = export_file(out, target)
+            assert any("static node ranks" in w or "heterogeneous job" in w for w in result.warnings), target
+        else:
+            with pytest.raises(MeshplanError, match="cannot pin a stage"):
+                export_file(out, target)
+    ns = _torchrun_parse(_argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
+    assert (ns.nnodes, ns.nproc_per_node, ns.node_rank) == ("2", "8", 0)
+    blocks = node_blocks(plan)  # node rank 0 holds stage 0, on the device group the solver gave it
+    assert [b.group for b in blocks] == [s.device_group for s in plan.stages]
     args = _megatron_args(_torchrun_parse(_argv(render(plan, "megatron").text, tmp_path,
-                                                {"HEAD_NODE": "node-a"})).training_script_args)
+                                                {"HEAD_NODE": "node-a", "NODE_RANK": "0"})).training_script_args)
     assert [part.count("t*") and int(part.split("t*")[1].rstrip("L")) for part in
             args["--pipeline-model-parallel-layout"].split("|")] == [s.num_layers for s in plan.stages]
 

@@ -132,15 +132,19 @@ def compression_methods(plan: Plan) -> set[str]:
     return {b.method for b in plan.compression or () if b.method != "none"}
 
 
-def heterogeneous_cluster_notes(plan: Plan, target: str) -> list[str]:
-    """Warnings for a cluster whose groups differ (device type or devices per node)."""
+def heterogeneous_cluster_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
+    """Warnings for a cluster whose groups differ (device type or devices per node). ``placed``: the target pins
+    each stage's ranks to its device type (static node ranks, :mod:`planner.export.placement`)."""
     groups = plan.cluster.groups
     out = []
     if len({g.devices_per_node for g in groups}) > 1:
         per = ", ".join(f"{g.nodes}x{g.devices_per_node}x{g.device}" for g in groups)
         out.append(f"{target}: one processes-per-node count for every node, but the cluster groups differ ({per}); "
                    f"rendered {plan.cluster.devices_per_node} per node")
-    if len({g.device for g in groups}) > 1:
+    if len({g.device for g in groups}) > 1 and placed:
+        out.append(f"{target}: stages pinned to device types by static node ranks; start each node with the "
+                   "NODE_RANK the script's table gives its device")
+    elif len({g.device for g in groups}) > 1:
         out.append(f"{target}: the cluster mixes device types ({', '.join(sorted({g.device for g in groups}))}); "
                    "the launcher cannot pin ranks to a device type")
     return out
@@ -153,9 +157,9 @@ def heterogeneous_cluster_notes(plan: Plan, target: str) -> list[str]:
 UNLAUNCHED_SCHEDULES = ("zbh1", "dualpipe")
 
 
-def common_notes(plan: Plan, target: str) -> list[str]:
+def common_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
     """What no target expresses: mixed device groups (``heterogeneous_cluster_notes``) and the schedules above."""
-    out = heterogeneous_cluster_notes(plan, target)
+    out = heterogeneous_cluster_notes(plan, target, placed)
     if plan.schedule in UNLAUNCHED_SCHEDULES and plan.degrees.pp > 1:
         out.append(f"{target}: no {plan.schedule} pipeline schedule; the launched job runs 1F1B, whose bubble the "
                    "plan did not price (re-plan with --fix schedule=1f1b to compare)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import yaml
 
 from meshplan.planner.export import _common as c
+from meshplan.planner.export import placement
 from meshplan.planner.plan import Plan
 
 EXTENSION = "yaml"
@@ -38,6 +39,7 @@ def distributed_type(plan: Plan) -> str:
 def check(plan: Plan) -> None:
     """Accelerate's constraints (exports.md, "What meshplan should check", item 4)."""
     c.check_plan(plan)
+    placement.refuse(plan, "accelerate")
     d = plan.degrees
     kind = distributed_type(plan)
     if kind == "FSDP":
@@ -80,8 +82,8 @@ def unsupported(plan: Plan) -> list[str]:
     if kind == "DEEPSPEED" and d.dp_replicate > 1:
         out.append(f"accelerate: DeepSpeed ZeRO shards over all of dp={d.dp}; {d.dp_replicate} replicas x "
                    f"{d.dp_shard} shards cannot be expressed")
-    if not c.layers_evenly_split(plan) or len(c.stage_groups(plan)) > 1:
-        out.append("accelerate: no per-stage layer counts or device groups; stages are split evenly")
+    if not c.layers_evenly_split(plan):
+        out.append("accelerate: no per-stage layer counts; stages are split evenly")
     kinds = c.mixed_layer_precision(plan)
     if kinds:
         out.append(f"accelerate: no per-layer precision ({', '.join(sorted(kinds))}); mixed_precision applies to "

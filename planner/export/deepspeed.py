@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 
 from meshplan.planner.export import _common as c
+from meshplan.planner.export import placement
 from meshplan.planner.plan import Plan
 
 EXTENSION = "json"
@@ -44,6 +45,7 @@ def _int8(plan: Plan) -> bool:
 def check(plan: Plan) -> None:
     """DeepSpeed's own constraints (exports.md, "What meshplan should check", item 2)."""
     c.check_plan(plan)
+    placement.refuse(plan, "deepspeed")
     d = plan.degrees
     mbs, gas, dp = plan.micro_batch, plan.grad_accum, d.dp
     if plan.global_batch != mbs * gas * dp:
@@ -75,8 +77,6 @@ def unsupported(plan: Plan) -> list[str]:
     if not c.layers_evenly_split(plan):
         out.append("deepspeed: uneven stage sizes need PipelineModule(partition_method=...) in code "
                    f"({[s.num_layers for s in plan.stages]})")
-    if len(c.stage_groups(plan)) > 1:
-        out.append("deepspeed: stages on different device groups cannot be pinned from the config")
     if plan.sequence_parallel:
         out.append("deepspeed: Megatron-style sequence parallelism has no config key")
     if d.dp_replicate > 1 and d.dp_shard > 1:

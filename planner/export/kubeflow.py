@@ -11,7 +11,7 @@ from __future__ import annotations
 import yaml
 
 from meshplan.planner.export import _common as c
-from meshplan.planner.export import torchrun
+from meshplan.planner.export import placement, torchrun
 from meshplan.planner.plan import Plan
 
 EXTENSION = "yaml"
@@ -20,8 +20,10 @@ PORT = 23456
 
 
 def check(plan: Plan) -> None:
-    """Plan consistency (the operator adds no constraint beyond torchrun's)."""
+    """Plan consistency (the operator adds no constraint beyond torchrun's, but one pod template cannot pin a
+    pipeline stage to a device type)."""
     torchrun.check(plan)
+    placement.refuse(plan, "kubeflow")
 
 
 def unsupported(plan: Plan) -> list[str]:

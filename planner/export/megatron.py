@@ -9,6 +9,7 @@ its own command-line arguments ("$@") after the rendered ones.
 from __future__ import annotations
 
 from meshplan.planner.export import _common as c
+from meshplan.planner.export import placement
 from meshplan.planner.export import torchrun
 from meshplan.planner.plan import Plan
 
@@ -59,10 +60,7 @@ def _uses_fsdp(plan: Plan) -> bool:
 
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions Megatron-LM's arguments cannot carry."""
-    out = c.common_notes(plan, "megatron")
-    if len(c.stage_groups(plan)) > 1:
-        out.append("megatron: stages sit on different device groups "
-                   f"({sorted(c.stage_groups(plan))}); Megatron places ranks uniformly, only layer counts are kept")
+    out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
     if plan.schedule == "gpipe" and plan.degrees.pp > 1:
         out.append("megatron: no GPipe schedule; Megatron runs 1F1B (interleaved when vpp > 1)")
     kinds = c.mixed_layer_precision(plan)
@@ -227,19 +225,14 @@ def render(plan: Plan) -> str:
     lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "Megatron-LM", "NVIDIA/Megatron-LM @ d98e8a64ddf3")]
     lines.append("# Extra arguments (data, optimizer, --train-iters, --lr, --rotary-base ...) are passed through: "
                  "./this.sh --train-iters 1000 --lr 3e-4")
-    if plan.cluster.nodes > 1:
-        lines.append("# Run this same script on every node; HEAD_NODE = host name of the first node.")
-    lines.append("set -euo pipefail")
-    if plan.cluster.nodes > 1:
-        lines.append(': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"')
-        lines += c.default_assignment("MESHPLAN_JOB_ID", c.slug(plan.name))
+    lines += torchrun.preamble(plan)
     if (d.tp > 1 or d.cp > 1) and not _uses_fsdp(plan):
         # validate_args asserts this on pre-Blackwell GPUs when TP or CP > 1 (exports.md (b), runtime env gotcha).
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
     lines.append(_array("PARALLEL_ARGS", parallel_args(plan)))
     lines.append(_array("MODEL_ARGS", model_args(plan)))
     lines.append(_array("DATA_ARGS", data_args(plan)))
-    launch = (["torchrun"] + c.torchrun_args(plan, f'"$HEAD_NODE:{torchrun.RDZV_PORT}"', '"$MESHPLAN_JOB_ID"')
+    launch = (["torchrun"] + torchrun.launcher_args(plan)
               + [f'"${{MEGATRON_ENTRY:-{ENTRY}}}"', '"${PARALLEL_ARGS[@]}"', '"${MODEL_ARGS[@]}"',
                  '"${DATA_ARGS[@]}"', '"$@"'])
     lines.append(c.bash_lines(launch))

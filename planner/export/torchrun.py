@@ -1,13 +1,16 @@
 """torchrun launch script for the repository's ``examples/train_gpt.py`` (or any script that reads the plan).
 
 Option names: torch 2.13.0 ``torch/distributed/run.py`` (``get_args_parser``), exports.md (a). The script is
-the same on every node: multi-node jobs use the c10d rendezvous, so no per-node rank is needed. The plan reaches
+the same on every node: multi-node jobs use the c10d rendezvous, so no per-node rank is needed, except for a
+pipeline whose stages sit on different device types: there node ranks are static and the script names the device
+of each (:mod:`planner.export.placement`). The plan reaches
 the training script through one thing only, its path (``--plan`` and ``MESHPLAN_PLAN``); the ``MESHPLAN_*``
 variables repeat the decisions for logs and for scripts that do not parse YAML.
 """
 from __future__ import annotations
 
 from meshplan.planner.export import _common as c
+from meshplan.planner.export import placement
 from meshplan.planner.plan import Plan
 
 EXTENSION = "sh"
@@ -23,7 +26,7 @@ def check(plan: Plan) -> None:
 def unsupported(plan: Plan) -> list[str]:
     """Decisions that neither torchrun nor examples/train_gpt.py's flags express."""
     d = plan.degrees
-    out = c.common_notes(plan, "torchrun")
+    out = c.common_notes(plan, "torchrun", placed=placement.is_heterogeneous_pipeline(plan))
     # examples/train_gpt.py implements dp (DDP / FSDP2), tp, pp with 1f1b|gpipe; the rest needs another framework.
     for name, value in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)):
         if value > 1:
@@ -41,10 +44,31 @@ def unsupported(plan: Plan) -> list[str]:
     return out
 
 
+def launcher_args(plan: Plan) -> list[str]:
+    """torchrun's own options: static node ranks for a heterogeneous pipeline, else c10d (or ``--standalone``)."""
+    if placement.is_heterogeneous_pipeline(plan):
+        return placement.torchrun_static_args(plan)
+    return c.torchrun_args(plan, f'"$HEAD_NODE:{RDZV_PORT}"', '"$MESHPLAN_JOB_ID"')
+
+
+def preamble(plan: Plan) -> list[str]:
+    """Lines after the header of a torchrun-launched script: what to run where, ``set -euo pipefail`` and the
+    variables each node must set (``HEAD_NODE``; ``NODE_RANK`` with static node ranks)."""
+    if placement.is_heterogeneous_pipeline(plan):
+        lines = [f"# {t}" for t in placement.node_table(plan)]
+        lines.append("# Run this same script on every node with NODE_RANK from the table; HEAD_NODE = node rank 0.")
+        return lines + ["set -euo pipefail"] + placement.node_rank_lines(plan)
+    if plan.cluster.nodes == 1:
+        return ["set -euo pipefail"]
+    return ["# Run this same script on every node; HEAD_NODE = host name of the first node.", "set -euo pipefail",
+            ': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"',
+            *c.default_assignment("MESHPLAN_JOB_ID", c.slug(plan.name))]
+
+
 def launch_words(plan: Plan) -> list[str]:
     """``torchrun <options> <entry> --plan "$MESHPLAN_PLAN" "$@"`` as shell words (variables left for bash; the
     script's own arguments, e.g. ``--steps 100``, pass through to the entry script)."""
-    return (["torchrun"] + c.torchrun_args(plan, f'"$HEAD_NODE:{RDZV_PORT}"', '"$MESHPLAN_JOB_ID"')
+    return (["torchrun"] + launcher_args(plan)
             + [f'"${{MESHPLAN_ENTRY:-{ENTRY}}}"', "--plan", '"$MESHPLAN_PLAN"', '"$@"'])
 
 
@@ -59,12 +83,7 @@ def render(plan: Plan) -> str:
     """A bash script that launches the plan with torchrun."""
     lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "torchrun", "torch 2.13 torch/distributed/run.py")]
     lines.append(f"# {c.entry_note(ENTRY)}")
-    if plan.cluster.nodes > 1:
-        lines.append("# Run this same script on every node; HEAD_NODE = host name of the first node.")
-    lines.append("set -euo pipefail")
-    if plan.cluster.nodes > 1:
-        lines.append(': "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"')
-        lines += c.default_assignment("MESHPLAN_JOB_ID", c.slug(plan.name))
+    lines += preamble(plan)
     lines += env_lines(plan)
     lines.append(c.bash_lines(launch_words(plan)))
     return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ import re
 import tomli_w
 
 from meshplan.planner.export import _common as c
+from meshplan.planner.export import placement
 from meshplan.planner.plan import Plan
 
 EXTENSION = "toml"
@@ -62,6 +63,7 @@ def _schedule(plan: Plan) -> str:
 def check(plan: Plan) -> None:
     """TorchTitan's constraints (exports.md, "What meshplan should check", item 3)."""
     c.check_plan(plan)
+    placement.refuse(plan, "torchtitan")
     d, m = plan.degrees, plan.model
     dt = c.dtype_of(plan)
     if dt == "fp16":
@@ -113,8 +115,6 @@ def unsupported(plan: Plan) -> list[str]:
     if plan.zero_stage in (1, 2) and d.dp_shard > 1:
         out.append(f"torchtitan: no ZeRO-{plan.zero_stage}; rendered as FSDP2 over dp_shard={d.dp_shard} with "
                    "fsdp_reshard_after_forward = \"never\" (ZeRO-2-like: parameters stay gathered)")
-    if len(c.stage_groups(plan)) > 1:
-        out.append("torchtitan: stages on different device groups cannot be pinned")
     if not c.layers_evenly_split(plan):
         out.append(f"torchtitan: uneven stages {[s.num_layers for s in plan.stages]} rendered via "
                    "module_fqns_per_model_part with llama-style module names (tok_embeddings, layers.N, norm, output)")

@@ -3,11 +3,20 @@
 # model Llama-3.1-8B (llama) on 1x8xH100+1x8xA100: 16 ranks = dp_replicate 1 x dp_shard 2 x cp 1 x tp 4 x pp 2
 # batch: global 32 = micro 1 x dp 2 x grad-accum 16; seq_len 4096; zero 1; recompute selective; dtype bf16
 # Extra arguments (data, optimizer, --train-iters, --lr, --rotary-base ...) are passed through: ./this.sh --train-iters 1000 --lr 3e-4
-# Run this same script on every node; HEAD_NODE = host name of the first node.
+# Heterogeneous pipeline: node ranks are static and follow the stages (rank = node rank x nproc-per-node + local rank; stage = rank // ranks per stage):
+#   node rank 0: H100 (cluster group 0), stage 0 (layers 0-19)
+#   node rank 1: A100 (cluster group 1), stage 1 (layers 20-31)
+# Run this same script on every node with NODE_RANK from the table; HEAD_NODE = node rank 0.
 set -euo pipefail
-: "${HEAD_NODE:?set HEAD_NODE to the host name of the first node}"
-if [ -z "${MESHPLAN_JOB_ID:-}" ]; then MESHPLAN_JOB_ID=llama8b-hetero; fi
-export MESHPLAN_JOB_ID
+: "${NODE_RANK:?set NODE_RANK (0-1) to the rank of this node in the table above}"
+: "${HEAD_NODE:?set HEAD_NODE to the host name of node rank 0}"
+if [ -z "${MASTER_PORT:-}" ]; then MASTER_PORT=29500; fi
+export MASTER_PORT
+case "$NODE_RANK" in *[!0-9]*|"") echo "NODE_RANK=$NODE_RANK: not a number" >&2; exit 2;; esac
+if [ "$NODE_RANK" -ge 0 ] && [ "$NODE_RANK" -le 0 ]; then MESHPLAN_NODE_DEVICE=H100
+elif [ "$NODE_RANK" -ge 1 ] && [ "$NODE_RANK" -le 1 ]; then MESHPLAN_NODE_DEVICE=A100
+else echo "NODE_RANK=$NODE_RANK: this plan has node ranks 0-1" >&2; exit 2; fi
+export MESHPLAN_NODE_DEVICE
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 PARALLEL_ARGS=(
   --tensor-model-parallel-size 4
@@ -47,9 +56,9 @@ DATA_ARGS=(
 torchrun \
   --nnodes 2 \
   --nproc-per-node 8 \
-  --rdzv-backend c10d \
-  --rdzv-endpoint "$HEAD_NODE:29500" \
-  --rdzv-id "$MESHPLAN_JOB_ID" \
+  --node-rank "$NODE_RANK" \
+  --master-addr "$HEAD_NODE" \
+  --master-port "$MASTER_PORT" \
   "${MEGATRON_ENTRY:-pretrain_gpt.py}" \
   "${PARALLEL_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
