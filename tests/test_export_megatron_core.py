@@ -1,0 +1,146 @@
+"""The Megatron export read back through Megatron's own configuration code (issue 15 item 1).
+
+Megatron-LM's ``megatron/training`` (``parse_args``, ``validate_args``) is not published on PyPI; megatron-core is,
+and it holds the checks ``validate_args`` hands the model and parallel arguments to:
+``core_transformer_config_from_args`` (megatron/training/arguments.py) copies every argument whose name is a
+``TransformerConfig`` field (argparse ``dest``: dashes to underscores, ``--fp8-format`` -> ``fp8``,
+``--disable-bias-linear`` -> ``add_bias_linear=False``), adds ``pipeline_dtype`` from the precision flags,
+``num_moe_experts`` from ``--num-experts``, ``gated_linear_unit`` for ``--swiglu``, and uses
+``MLATransformerConfig`` under ``--multi-latent-attention``; ``validate_args`` derives the virtual pipeline size from
+``--num-layers-per-virtual-pipeline-stage``. This test does the same with the rendered flags, lets
+``TransformerConfig.__post_init__`` / ``ModelParallelConfig.__post_init__`` validate them (head and layer
+divisibility, MoE with TP needs SP, the pipeline layout string, recompute options, fp8 recipe), and compares what
+Megatron will run with the plan: degrees, virtual stages, layers per stage, sequence parallel, recompute, precision,
+and batch (data parallel = world / (tp x pp x cp)).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from meshplan.planner.export import render
+from meshplan.planner.plan import Degrees, Plan
+from tests.test_export_golden import PLANS, plan_llama70b
+from tests.test_export_parsers import BASH, _argv, _megatron_args, _torchrun_parse
+
+core = pytest.importorskip("megatron.core", reason="megatron-core not installed")
+
+# argparse dest of the exported flags whose dest is not the flag's own name (megatron/training/arguments.py)
+_DEST = {"fp8_format": "fp8"}
+_STORE_FALSE = {"disable_bias_linear": "add_bias_linear"}
+
+
+def _variant(**update) -> Plan:
+    degrees = update.pop("degrees", None)
+    base = plan_llama70b()
+    return base.model_copy(update={**update, **({"degrees": Degrees(**degrees)} if degrees else {})})
+
+
+# One decision changed at a time from the Llama-3.1-70B reference (TP8 PP4 vpp2, dp 4, ZeRO-1, SP, full recompute).
+VARIANTS = {
+    "cp2": lambda: _variant(degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
+    "fp8": lambda: _variant(dtype="fp8"),
+    "selective": lambda: _variant(recompute="selective"),
+    "no-recompute-1f1b": lambda: _variant(recompute="none", schedule="1f1b", degrees=dict(dp_shard=4, tp=8, pp=4)),
+    "no-sp": lambda: _variant(sequence_parallel=False),
+    "fp16-zero0": lambda: _variant(dtype="fp16", zero_stage=0, degrees=dict(dp_replicate=4, tp=8, pp=4, vpp=2)),
+}
+ALL = {**PLANS, **VARIANTS}
+
+
+def _moe_freq(v: str) -> list[int]:
+    """``--moe-layer-freq`` as Megatron's ``moe_freq_type`` evaluates it, for the form meshplan writes:
+    ``([0]*3+[1]*58)``."""
+    out: list[int] = []
+    for bit, times in re.findall(r"\[(\d)\]\*(\d+)", v):
+        out += [int(bit)] * int(times)
+    assert out, v
+    return out
+
+
+def _transformer_config(flags: dict[str, object]):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    args: dict[str, object] = {}
+    for flag, value in flags.items():
+        name = flag[2:].replace("-", "_")
+        if name in _STORE_FALSE:
+            args[_STORE_FALSE[name]] = False
+            continue
+        if isinstance(value, str):
+            value = value.strip("'")
+            if re.fullmatch(r"-?\d+", value):
+                value = int(value)
+            elif re.fullmatch(r"-?\d+\.\d*(e-?\d+)?", value):
+                value = float(value)
+        args[_DEST.get(name, name)] = value
+    cls = MLATransformerConfig if args.get("multi_latent_attention") else TransformerConfig
+    kw = {f.name: args[f.name] for f in dataclasses.fields(cls) if f.name in args}
+    dtype = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else torch.float32
+    kw.update(params_dtype=dtype, pipeline_dtype=dtype)
+    if "num_experts" in args:
+        kw["num_moe_experts"] = args["num_experts"]
+    if isinstance(kw.get("moe_layer_freq"), str):
+        kw["moe_layer_freq"] = _moe_freq(kw["moe_layer_freq"])
+    if args.get("swiglu"):
+        kw.update(gated_linear_unit=True, activation_func=F.silu)
+    if not args.get("group_query_attention"):
+        kw.pop("num_query_groups", None)
+    if args.get("num_layers_per_virtual_pipeline_stage"):  # validate_args
+        kw["virtual_pipeline_model_parallel_size"] = (args["num_layers"] // args["pipeline_model_parallel_size"]
+                                                      // args["num_layers_per_virtual_pipeline_stage"])
+    return cls(**kw), args
+
+
+def _layers_per_stage(cfg) -> list[int]:
+    """Decoder layers per model chunk in model order (chunk v of pp rank r is stage v * pp + r)."""
+    from megatron.core.transformer.enums import LayerType
+
+    layout = cfg.pipeline_model_parallel_layout
+    pp, vpp = layout.pipeline_model_parallel_size, layout.virtual_pipeline_model_parallel_size
+    return [layout.layout[r][v].count(LayerType.decoder) for v in range(vpp) for r in range(pp)]
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not available")
+@pytest.mark.parametrize("plan_name", list(ALL))
+def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path) -> None:
+    plan = ALL[plan_name]()
+    ns = _torchrun_parse(_argv(render(plan, "megatron").text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
+    cfg, args = _transformer_config(_megatron_args(ns.training_script_args))  # raises on what Megatron refuses
+    d = plan.degrees
+    vpp = cfg.virtual_pipeline_model_parallel_size or 1
+    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, vpp, cfg.context_parallel_size) == \
+        (d.tp, d.pp, d.vpp, d.cp)
+    assert (cfg.expert_model_parallel_size, cfg.sequence_parallel) == (d.ep, plan.sequence_parallel)
+    if d.ep > 1:
+        assert cfg.expert_tensor_parallel_size == d.tp
+    world = int(ns.nnodes) * int(ns.nproc_per_node)
+    assert world == d.world_size and world // (d.tp * d.pp * d.cp) == d.dp
+    assert (args["micro_batch_size"], args["global_batch_size"]) == (plan.micro_batch, plan.global_batch)
+    assert args["global_batch_size"] // (args["micro_batch_size"] * d.dp) == plan.grad_accum
+    assert cfg.num_layers == plan.model.num_layers
+    if plan.stages:
+        assert _layers_per_stage(cfg) == [s.num_layers for s in plan.stages]
+    assert (cfg.recompute_granularity or "none") == plan.recompute
+    if plan.recompute == "full":
+        assert (cfg.recompute_method, cfg.recompute_num_layers) == ("uniform", 1)  # every layer recomputed
+    want = {"bf16": (True, False, None), "fp16": (False, True, None), "fp8": (True, False, "hybrid")}[plan.dtype]
+    assert (cfg.bf16, cfg.fp16, cfg.fp8) == want
+    assert (cfg.num_moe_experts or 0) == plan.model.num_experts
+
+
+def test_megatron_core_refuses_what_it_should() -> None:
+    """The check can fail: heads not divisible by tp, and MoE with tp > 1 without sequence parallel."""
+    from megatron.core.transformer import TransformerConfig
+
+    with pytest.raises((ValueError, AssertionError)):
+        _transformer_config({"--num-layers": "4", "--hidden-size": "64", "--num-attention-heads": "6",
+                             "--tensor-model-parallel-size": "4", "--bf16": True})
+    with pytest.raises((ValueError, AssertionError)):
+        TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=8, num_moe_experts=8,
+                          tensor_model_parallel_size=2, sequence_parallel=False, moe_router_topk=2)
