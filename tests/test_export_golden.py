@@ -86,6 +86,21 @@ def plan_mixed() -> Plan:
 
 PLANS = {"llama70b": plan_llama70b, "dsv3": plan_dsv3, "fsdp8b": plan_fsdp8b, "hetero": plan_hetero,
          "mixed": plan_mixed}
+def _variant(**update) -> Plan:
+    degrees = update.pop("degrees", None)
+    base = plan_llama70b()
+    return base.model_copy(update={**update, **({"degrees": Degrees(**degrees)} if degrees else {})})
+
+
+# Decision matrix: one decision changed at a time from the Llama-3.1-70B reference (TP8 PP4 vpp2, dp 4, ZeRO-1, SP, full recompute).
+VARIANTS = {
+    "cp2": lambda: _variant(degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
+    "fp8": lambda: _variant(dtype="fp8"),
+    "selective": lambda: _variant(recompute="selective"),
+    "no-recompute-1f1b": lambda: _variant(recompute="none", schedule="1f1b", degrees=dict(dp_shard=4, tp=8, pp=4)),
+    "no-sp": lambda: _variant(sequence_parallel=False),
+    "fp16-zero0": lambda: _variant(dtype="fp16", zero_stage=0, degrees=dict(dp_replicate=4, tp=8, pp=4, vpp=2)),
+}
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")
 
@@ -93,6 +108,14 @@ UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")
 def plans_for(target: str) -> list[str]:
     """Reference plans a target renders (the heterogeneous pipeline only where stages can be pinned)."""
     return [p for p in PLANS if not (p == "hetero" and target in UNPINNED_TARGETS)]
+
+
+ALL_PLANS = {**PLANS, **VARIANTS}
+
+
+def all_plans_for(target: str) -> list[str]:
+    """``plans_for`` plus the decision-matrix variants (no golden files: read back by the targets' parsers)."""
+    return plans_for(target) + list(VARIANTS)
 
 @pytest.mark.parametrize("target", UNPINNED_TARGETS)
 def test_heterogeneous_pipeline_refused(target: str) -> None:

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.planner.export import render
-from meshplan.planner.plan import Degrees, Plan
-from tests.test_export_golden import PLANS, plan_llama70b
+from tests.test_export_golden import PLANS, VARIANTS
 from tests.test_export_parsers import BASH, _argv, _megatron_args, _torchrun_parse
 
 core = pytest.importorskip("megatron.core", reason="megatron-core not installed")
@@ -33,21 +32,6 @@ _DEST = {"fp8_format": "fp8"}
 _STORE_FALSE = {"disable_bias_linear": "add_bias_linear"}
 
 
-def _variant(**update) -> Plan:
-    degrees = update.pop("degrees", None)
-    base = plan_llama70b()
-    return base.model_copy(update={**update, **({"degrees": Degrees(**degrees)} if degrees else {})})
-
-
-# One decision changed at a time from the Llama-3.1-70B reference (TP8 PP4 vpp2, dp 4, ZeRO-1, SP, full recompute).
-VARIANTS = {
-    "cp2": lambda: _variant(degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
-    "fp8": lambda: _variant(dtype="fp8"),
-    "selective": lambda: _variant(recompute="selective"),
-    "no-recompute-1f1b": lambda: _variant(recompute="none", schedule="1f1b", degrees=dict(dp_shard=4, tp=8, pp=4)),
-    "no-sp": lambda: _variant(sequence_parallel=False),
-    "fp16-zero0": lambda: _variant(dtype="fp16", zero_stage=0, degrees=dict(dp_replicate=4, tp=8, pp=4, vpp=2)),
-}
 ALL = {**PLANS, **VARIANTS}
 
 

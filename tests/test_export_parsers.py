@@ -33,7 +33,7 @@ import yaml
 from meshplan.planner.export import placement, render
 from meshplan.planner.plan import load_plan
 from tests.helpers import shared_path
-from tests.test_export_golden import PLANS, plans_for
+from tests.test_export_golden import ALL_PLANS, PLANS, all_plans_for
 
 BASH = shutil.which("bash")
 CAPTURE = ('torchrun() { printf "%s\\n" torchrun "$@"; }; srun() { "$@"; }; '
@@ -49,6 +49,21 @@ def _argv(script: str, tmp_path: Path, env: dict[str, str]) -> list[str]:
     return out.splitlines()
 
 
+def _render_or_refusal(plan, target: str) -> str | None:
+    """The rendered text, or None when the target refuses the plan; a refusal must be one line that names the
+    decision it cannot express (issue 15 item 1: refused or named, never dropped)."""
+    from meshplan.core.errors import MeshplanError
+
+    try:
+        return render(plan, target).text
+    except MeshplanError as exc:
+        msg = str(exc)
+        assert "\n" not in msg and msg.startswith(f"{target}: "), msg
+        d = plan.degrees
+        assert any(w in msg for w in (plan.dtype, plan.recompute, plan.schedule, f"cp={d.cp}", f"zero_stage")), msg
+        return None
+
+
 def _torchrun_parse(argv: list[str]) -> argparse.Namespace:
     from torch.distributed.run import get_args_parser
 
@@ -57,9 +72,9 @@ def _torchrun_parse(argv: list[str]) -> argparse.Namespace:
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
-@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("plan_name", all_plans_for("torchrun"))
 def test_torchrun_script_parses(plan_name: str, tmp_path: Path) -> None:
-    plan = PLANS[plan_name]()
+    plan = ALL_PLANS[plan_name]()
     plan_file = plan.save(tmp_path / "plan.yaml")
     argv = _argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a", "MESHPLAN_PLAN": str(plan_file),
                                                            "NODE_RANK": "1"})
@@ -120,9 +135,9 @@ def _megatron_args(words: list[str]) -> dict[str, object]:
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
-@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("plan_name", all_plans_for("megatron"))
 def test_megatron_args(plan_name: str, tmp_path: Path) -> None:
-    plan = PLANS[plan_name]()
+    plan = ALL_PLANS[plan_name]()
     ns = _torchrun_parse(_argv(render(plan, "megatron").text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
     assert ns.training_script == "pretrain_gpt.py"
     args = _megatron_args(ns.training_script_args)
@@ -198,10 +213,13 @@ class _Mpu:
         return self.dp
 
 
-@pytest.mark.parametrize("plan_name", plans_for("deepspeed"))
+@pytest.mark.parametrize("plan_name", all_plans_for("deepspeed"))
 def test_deepspeed_config_loads(plan_name: str, ds_config_cls) -> None:
-    plan = PLANS[plan_name]()
-    raw = json.loads(render(plan, "deepspeed").text)
+    plan = ALL_PLANS[plan_name]()
+    text = _render_or_refusal(plan, "deepspeed")
+    if text is None:
+        return
+    raw = json.loads(text)
     cfg = ds_config_cls(raw, mpu=_Mpu(plan.degrees.dp))
     assert cfg.world_size == plan.degrees.dp
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == \
@@ -229,7 +247,8 @@ def _variant(degrees: dict, **fields):
 
 
 # The reference plans cover MEGATRON_LM and FSDP; these two cover DDP (MULTI_GPU) and ZeRO-2 (DEEPSPEED).
-ACCELERATE_PLANS = {**{k: PLANS[k] for k in plans_for("accelerate")}, "ddp8b": _variant({"dp_shard": 1, "dp_replicate": 8}, zero_stage=0),
+ACCELERATE_PLANS = {**{k: ALL_PLANS[k] for k in all_plans_for("accelerate")},
+                    "ddp8b": _variant({"dp_shard": 1, "dp_replicate": 8}, zero_stage=0),
                     "zero2_8b": _variant({}, zero_stage=2)}
 
 
@@ -268,7 +287,7 @@ def test_accelerate_config_loads(plan_name: str, tmp_path: Path) -> None:
         assert ns.gradient_accumulation_steps == plan.grad_accum
     else:
         assert kind == "MULTI_GPU" and ns.multi_gpu and plan.zero_stage == 0
-    assert ns.mixed_precision == {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype]
+    assert ns.mixed_precision == {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}[plan.dtype]
 
 
 # --- torchtitan -----------------------------------------------------------------------------------------
@@ -306,12 +325,15 @@ def _torchtitan():
     return got
 
 
-@pytest.mark.parametrize("plan_name", plans_for("torchtitan"))
+@pytest.mark.parametrize("plan_name", all_plans_for("torchtitan"))
 def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
     ConfigManager, ParallelDims = _torchtitan()
-    plan = PLANS[plan_name]()
+    plan = ALL_PLANS[plan_name]()
+    text = _render_or_refusal(plan, "torchtitan")
+    if text is None:
+        return
     path = tmp_path / "job.toml"
-    path.write_text(render(plan, "torchtitan").text)
+    path.write_text(text)
     cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
     p, t, d = cfg.parallelism, cfg.training, plan.degrees
     dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
@@ -340,9 +362,9 @@ def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
 
 # --- kubeflow -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("plan_name", plans_for("kubeflow"))
+@pytest.mark.parametrize("plan_name", all_plans_for("kubeflow"))
 def test_kubeflow_manifest(plan_name: str) -> None:
-    plan = PLANS[plan_name]()
+    plan = ALL_PLANS[plan_name]()
     job = yaml.safe_load(render(plan, "kubeflow").text)
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", job["metadata"]["name"])  # RFC 1123 label
