@@ -66,8 +66,15 @@ def cache_path() -> Path:
     return cache_dir() / "calibration-cpu.json"
 
 
-def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
-    """Measure this host now and write the cache atomically. ``progress`` is called before each step."""
+CALIBRATION_STEPS = ("gemm fp32", "gemm bf16", "memory bandwidth", "gloo all-reduce (2 processes)",
+                     "gloo collectives in a step (2 and 4 processes, groups of 2 among 4)",
+                     "time-slicing (4 processes)")
+
+
+def calibrate(progress: Optional[Callable[[str], None]] = None, quick: bool = False) -> Calibration:
+    """Measure this host now and write the cache atomically. ``progress`` is called before each step
+    (``CALIBRATION_STEPS``). ``quick``: fewer in-step gloo calls and one launch per table (~25 s instead of ~2 min on
+    a 2-core host, noisier; ``planner.gloo_in_step.QUICK``); the record says so."""
     import torch
 
     step = progress or (lambda _s: None)
@@ -82,7 +89,7 @@ def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
     times = measure_gloo_allreduce()
     link, check = fit_link(times)
     step("gloo collectives in a step (2 and 4 processes, groups of 2 among 4)")
-    in_step = measure_gloo_in_step()
+    in_step = measure_gloo_in_step(quick)
     step("time-slicing (4 processes)")
     slicing = measure_time_slicing(max(STEP_GROUPS))
     llc, llc_src = llc_bytes()
@@ -101,7 +108,7 @@ def calibrate(progress: Optional[Callable[[str], None]] = None) -> Calibration:
                  "sm_count": "os.cpu_count() (logical CPUs)", "l2_bytes": llc_src, "clock_hz": clock_src},
     )
     record = {"version": CACHE_VERSION, "fingerprint": host_fingerprint(), "created": when,
-              "wall_s": time.perf_counter() - t0, "torch_threads_used": 1,
+              "wall_s": time.perf_counter() - t0, "torch_threads_used": 1, "quick": quick,
               "device": device_to_dict(dev),
               "link": {"name": link.name, "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
                        "latency_s": link.latency_s},
@@ -132,13 +139,15 @@ def _read_cache() -> Optional[Calibration]:
     return Calibration(dev, link, dict(record.get("measured", {})), path, cached=True)
 
 
-def load_calibration(force: bool = False, progress: Optional[Callable[[str], None]] = None) -> Calibration:
-    """The cached calibration of this host, measuring it first when absent, stale or ``force``."""
+def load_calibration(force: bool = False, progress: Optional[Callable[[str], None]] = None,
+                     quick: bool = False) -> Calibration:
+    """The cached calibration of this host, measuring it first (``quick``: see :func:`calibrate`) when absent,
+    stale or ``force``."""
     if not force:
         cal = _read_cache()
         if cal is not None:
             return cal
-    return calibrate(progress)
+    return calibrate(progress, quick)
 
 
 def cached_calibration() -> Optional[Calibration]:

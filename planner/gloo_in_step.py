@@ -43,9 +43,14 @@ SHARE_REPS = 8  # chunks per rank (the first is dropped as warm-up)
 BURST_CALLS = 12  # back-to-back all-reduces per burst (a stage's per-tensor gradient averaging holds 10-70)
 BURST_REPS = 12
 STEP_COMPUTE_N = 256  # square fp32 matmul between calls: 2*256^3*8 = 268 MFLOP, about 2.5 ms on one core
+# ``quick``: a first look (and the test suite's one calibration): 20 / 8 calls per size, one launch per table,
+# 4 bursts: ~15 s instead of ~100 s on a 2-core host; its means carry the launch-to-launch drift noted above.
+QUICK = {"reps": 20, "reps_shared": 8, "spawns": 1, "bursts": 4}
+FULL = {"reps": STEP_REPS, "reps_shared": STEP_REPS_SHARED, "spawns": STEP_SPAWNS, "bursts": BURST_REPS}
 
 
-def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, group: int = 0) -> None:
+def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, group: int = 0,
+                 effort: Optional[dict] = None) -> None:
     """One rank of the in-step gloo measurement: compute, then a collective, mean seconds per call per size.
 
     ``group`` > 0: the collectives run in groups of that many consecutive ranks, all groups at once (the data-
@@ -77,7 +82,8 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, gro
             dist.all_gather_into_tensor(bufs[n][1], t, group=pg)  # warm-up: connection and buffers
         calls: dict = {(kind, n): [] for kind in ("allreduce", "allgather") for n in STEP_SIZES}
         dist.barrier()
-        for _ in range(STEP_REPS if pin else STEP_REPS_SHARED):
+        effort = effort or FULL
+        for _ in range(effort["reps"] if pin else effort["reps_shared"]):
             for kind, n in calls:  # round-robin: every size sees the whole launch's drift alike
                 t, out = bufs[n]
                 for _ in range(8):
@@ -97,7 +103,7 @@ def _step_worker(rank: int, world: int, port: int, pin: bool, out_file: str, gro
             # tensor at a time); the calls after the first, whose wake-up the row above holds
             dist.barrier()
             bursts = []
-            for _ in range(BURST_REPS):
+            for _ in range(effort["bursts"]):
                 for _ in range(8):
                     a @ a
                 dist.all_reduce(t, group=pg)
@@ -176,8 +182,9 @@ def measure_time_slicing(world: int) -> Optional[dict]:
             "efficiency": min(1.0, ideal_s / wall_s)}
 
 
-def measure_gloo_in_step() -> dict:
-    """Mean gloo all-reduce / all-gather time per call after compute, {p: {kind: {bytes: s}}} for ``STEP_GROUPS``.
+def measure_gloo_in_step(quick: bool = False) -> dict:
+    """Mean gloo all-reduce / all-gather time per call after compute, {p: {kind: {bytes: s}}} for ``STEP_GROUPS``
+    (``quick``: the ``QUICK`` effort instead of ``FULL``).
 
     Ranks are pinned one per core when there are enough cores, as ``meshplan profile`` pins them; otherwise they
     share the cores unpinned, as a ``local:N`` run with N > cores does.
@@ -192,10 +199,12 @@ def measure_gloo_in_step() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for key, p, group in runs:
             spawns = []
-            for i in range(STEP_SPAWNS):
+            effort = QUICK if quick else FULL
+            for i in range(effort["spawns"]):
                 out = Path(tmp) / f"step{key}.{i}.json"
                 try:
-                    mp.spawn(_step_worker, args=(p, free_port(), p <= cores, str(out), group), nprocs=p, join=True)
+                    mp.spawn(_step_worker, args=(p, free_port(), p <= cores, str(out), group, effort), nprocs=p,
+                             join=True)
                 except Exception as exc:
                     first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
                     raise MeshplanError(f"calibration: {p}-process gloo collectives on 127.0.0.1 failed: "
