@@ -362,6 +362,31 @@ def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
 
 # --- kubeflow -------------------------------------------------------------------------------------------
 
+def _pytorchjob_round_trip(job: dict) -> dict:
+    """The manifest through the kubeflow-training SDK's PyTorchJob model (generated from the training-operator's
+    OpenAPI schema, with the Kubernetes client's pod template): typed, required fields checked, and written back.
+    A key the schema does not know is dropped on the way, so the round trip differs."""
+    from kubeflow.training import ApiClient
+
+    class _Response:  # ApiClient.deserialize reads an HTTP response's .data
+        data = json.dumps(job)
+
+    api = ApiClient()
+    return api.sanitize_for_serialization(api.deserialize(_Response(), "KubeflowOrgV1PyTorchJob"))
+
+
+@pytest.mark.parametrize("plan_name", all_plans_for("kubeflow"))
+def test_kubeflow_manifest_is_a_pytorchjob(plan_name: str) -> None:
+    pytest.importorskip("kubeflow.training", reason="kubeflow-training not installed")
+    job = yaml.safe_load(render(ALL_PLANS[plan_name](), "kubeflow").text)
+    assert _pytorchjob_round_trip(job) == job
+    typo = json.loads(json.dumps(job))
+    typo["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["envv"] = []
+    assert _pytorchjob_round_trip(typo) != typo  # an unknown key is caught
+    with pytest.raises(ValueError):
+        _pytorchjob_round_trip({**job, "spec": {k: v for k, v in job["spec"].items() if k != "pytorchReplicaSpecs"}})
+
+
 @pytest.mark.parametrize("plan_name", all_plans_for("kubeflow"))
 def test_kubeflow_manifest(plan_name: str) -> None:
     plan = ALL_PLANS[plan_name]()
@@ -377,7 +402,7 @@ def test_kubeflow_manifest(plan_name: str) -> None:
         (container,) = r["template"]["spec"]["containers"]
         assert container["name"] == "pytorch"
         assert container["ports"][0]["name"] == "pytorchjob-port"
-        assert container["resources"]["limits"]["nvidia.com/gpu"] == plan.cluster.devices_per_node
+        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == plan.cluster.devices_per_node
         from torch.distributed.run import get_args_parser
 
         ns = get_args_parser().parse_args(container["command"][1:])

@@ -45,7 +45,7 @@ def _replica(plan: Plan, replicas: int) -> dict:
         "command": ["torchrun", torchrun.ENTRY, "--plan", c.default_plan_path(plan)],
         "env": env,
         "ports": [{"name": "pytorchjob-port", "containerPort": PORT}],
-        "resources": {"limits": {"nvidia.com/gpu": per_node}},
+        "resources": {"limits": {"nvidia.com/gpu": str(per_node)}},  # a quantity: int-or-string, typed str
     }
     return {"replicas": replicas, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
 
@@ -57,7 +57,10 @@ def manifest(plan: Plan) -> dict:
         specs["Worker"] = _replica(plan, plan.cluster.nodes - 1)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": c.slug("meshplan-" + plan.name)},
-            "spec": {"nprocPerNode": str(plan.cluster.devices_per_node), "pytorchReplicaSpecs": specs}}
+            # runPolicy: the operator's defaults written out (cleanPodPolicy None: pods are kept for their logs);
+            # the kubeflow-training SDK's PyTorchJobSpec model requires the field
+            "spec": {"nprocPerNode": str(plan.cluster.devices_per_node), "runPolicy": {"cleanPodPolicy": "None"},
+                     "pytorchReplicaSpecs": specs}}
 
 
 def render(plan: Plan) -> str:
