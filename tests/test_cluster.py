@@ -323,12 +323,14 @@ def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
         assert sl is None  # no oversubscription to measure
         assert "2of4" not in m["in_step_s"]
     else:
-        # groups of 2 among 4 ranks on fewer cores: a peer may be descheduled, so a call costs at least what the
-        # same call costs between 2 ranks pinned to their own cores (the 4-byte one: a pure synchronisation)
+        # groups of 2 among 4 ranks on fewer cores: a peer may be descheduled, so a call costs at least the fastest
+        # back-to-back 4-byte all-reduce between 2 ranks (small_s, a pure synchronisation). Not the in-step call of
+        # 2 pinned ranks: with another job on the host those ranks do not own their cores either, and the two
+        # means came out within 5% of each other, either way round, in 3 of 5 calibrations beside bench/plan_speed.
         for kind in ("allreduce", "allgather"):
             row = m["in_step_s"]["2of4"][kind]
             assert len(row) == 4 and all(0 < v < 1 for v in row.values()), (kind, row)
-        assert m["in_step_s"]["2of4"]["allreduce"]["4"] > m["in_step_s"]["2"]["allreduce"]["4"]
+        assert m["in_step_s"]["2of4"]["allreduce"]["4"] > m["small_s"]
         # 4 ranks on fewer cores cannot beat work conservation (chunk x 4 / cores per chunk); efficiency <= 1
         assert sl["world"] == 4 and sl["cores"] == cores and 0.2 < sl["efficiency"] <= 1.0
         assert sl["wall_per_chunk_s"] >= 0.8 * sl["chunk_s"] * 4 / cores
