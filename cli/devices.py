@@ -115,7 +115,7 @@ def cluster(
 @handle_errors
 def calibrate(
     json_out: Annotated[bool, typer.Option("--json", help="Print the calibration as JSON.")] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="Fewer gloo calls per size, one launch per table: ~25 s "
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer gloo calls per size, one launch per table: ~35 s "
                                         "instead of ~2 min on 2 cores, noisier figures.")] = False,
 ) -> None:
     """Measure this host for local:N clusters (GEMM, memory bandwidth, gloo all-reduce) and cache it."""

@@ -73,7 +73,7 @@ CALIBRATION_STEPS = ("gemm fp32", "gemm bf16", "memory bandwidth", "gloo all-red
 
 def calibrate(progress: Optional[Callable[[str], None]] = None, quick: bool = False) -> Calibration:
     """Measure this host now and write the cache atomically. ``progress`` is called before each step
-    (``CALIBRATION_STEPS``). ``quick``: fewer in-step gloo calls and one launch per table (~25 s instead of ~2 min on
+    (``CALIBRATION_STEPS``). ``quick``: fewer in-step gloo calls and one launch per table (34 s instead of 121 s on
     a 2-core host, noisier; ``planner.gloo_in_step.QUICK``); the record says so."""
     import torch
 

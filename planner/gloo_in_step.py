@@ -44,7 +44,8 @@ BURST_CALLS = 12  # back-to-back all-reduces per burst (a stage's per-tensor gra
 BURST_REPS = 12
 STEP_COMPUTE_N = 256  # square fp32 matmul between calls: 2*256^3*8 = 268 MFLOP, about 2.5 ms on one core
 # ``quick``: a first look (and the test suite's one calibration): 20 / 8 calls per size, one launch per table,
-# 4 bursts: ~15 s instead of ~100 s on a 2-core host; its means carry the launch-to-launch drift noted above.
+# 4 bursts: the whole calibration 34 s instead of 121 s on a quiet 2-core host; its means carry the
+# launch-to-launch drift noted above.
 QUICK = {"reps": 20, "reps_shared": 8, "spawns": 1, "bursts": 4}
 FULL = {"reps": STEP_REPS, "reps_shared": STEP_REPS_SHARED, "spawns": STEP_SPAWNS, "bursts": BURST_REPS}
 

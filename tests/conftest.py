@@ -33,8 +33,8 @@ def private_cache():
 def host_calibration(private_cache):
     """One real calibration of this host for ``local:N`` (GEMM, copy, 2- and 4-process gloo) through the CLI, shared
     by every test that plans on ``local:N``: (cache folder, the calibration as ``devices calibrate --json`` prints
-    it). The ``--quick`` calibration (one launch per table, fewer calls: ~25 s on a quiet 2-core host instead of ~2
-    min): the tests assert what holds at any host speed, the accuracy figures are bench/closed_loop.py's, which
+    it). The ``--quick`` calibration (one launch per table, fewer calls: 34 s on a quiet 2-core host instead of 121 s):
+    the tests assert what holds at any host speed, the accuracy figures are bench/closed_loop.py's, which
     calibrates in full."""
     from meshplan.cli.main import app
 
