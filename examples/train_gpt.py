@@ -302,7 +302,8 @@ def check_stage_device(a: argparse.Namespace, pp_rank: int, rank: int, device: t
     return want
 
 
-def write_layout_report(a: argparse.Namespace, mesh, rank: int, world: int, device: torch.device) -> None:
+def write_layout_report(a: argparse.Namespace, mesh, rank: int, world: int, device: torch.device,
+                        planned_device: str) -> None:
     """``<folder>/rank<R>.json``: where this rank landed and what it runs (read back by the export tests)."""
     import json
 
@@ -312,7 +313,7 @@ def write_layout_report(a: argparse.Namespace, mesh, rank: int, world: int, devi
               "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "pp_rank": pp_rank, "first_layer": first,
               "num_layers": count, "tp": a.tp, "pp": a.pp, "dp_replicate": a.dp_replicate, "dp_shard": a.dp_shard,
               "micro_batch": a.micro_batch, "global_batch": a.global_batch, "grad_accum": a.grad_accum,
-              "planned_device": check_stage_device(a, pp_rank, rank, device),
+              "planned_device": planned_device,
               "node_device_env": os.environ.get("MESHPLAN_NODE_DEVICE"),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type}
     os.makedirs(a.layout_report, exist_ok=True)
@@ -401,9 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     dp = a.dp_replicate * a.dp_shard
     a.grad_accum = a.global_batch // (a.micro_batch * dp)
     dp_rank = mesh["dp_replicate"].get_local_rank() * a.dp_shard + mesh["dp_shard"].get_local_rank()
-    check_stage_device(a, mesh["pp"].get_local_rank(), rank, device)
+    planned_device = check_stage_device(a, mesh["pp"].get_local_rank(), rank, device)
     if a.layout_report:
-        write_layout_report(a, mesh, rank, world, device)
+        write_layout_report(a, mesh, rank, world, device, planned_device)
     model, schedule = build(a, mesh, device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     loss_fn = lm_loss(a)

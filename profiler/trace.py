@@ -273,7 +273,7 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         path=label, rank=rank, world_size=world, backend=backend,
         base_ns=int(base), events=events, steps=steps, main_lane=step_lanes[0] if step_lanes else None,
         pg_config=[pg for pg in pg_config if isinstance(pg, dict)],
-        devices=[str(d.get("name")) for d in (props if isinstance(props, list) else []) if isinstance(d, dict)],
+        devices=[str(d.get("name")) for d in props or [] if isinstance(d, dict)],
         hostname=head.host_name,
         warnings=warnings, stream_waits=norm.stream_waits,
         categories={("(none)" if c is None else c): {"events": n, "used": used.get(c, 0), "role": role_of(c),

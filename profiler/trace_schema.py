@@ -166,9 +166,6 @@ class TraceHeader(BaseModel):
 
 def validate_header(header: dict, label: str) -> TraceHeader:
     """The header typed, or one line naming the file and the field (``MeshplanError``)."""
-    if not isinstance(header.get("distributedInfo", {}), (dict, type(None))):
-        raise MeshplanError(f"{label}: distributedInfo: expected an object, "
-                            f"got {type(header['distributedInfo']).__name__}")
     try:
         return TraceHeader.model_validate({k: v for k, v in header.items() if k != "traceEvents"})
     except ValidationError as exc:

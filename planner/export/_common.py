@@ -141,10 +141,11 @@ def heterogeneous_cluster_notes(plan: Plan, target: str, placed: bool = False) -
         per = ", ".join(f"{g.nodes}x{g.devices_per_node}x{g.device}" for g in groups)
         out.append(f"{target}: one processes-per-node count for every node, but the cluster groups differ ({per}); "
                    f"rendered {plan.cluster.devices_per_node} per node")
-    if len({g.device for g in groups}) > 1 and placed:
+    mixed = len({g.device for g in groups}) > 1
+    if mixed and placed:
         out.append(f"{target}: stages pinned to device types by static node ranks; start each node with the "
                    "NODE_RANK the script's table gives its device")
-    elif len({g.device for g in groups}) > 1:
+    elif mixed:
         out.append(f"{target}: the cluster mixes device types ({', '.join(sorted({g.device for g in groups}))}); "
                    "the launcher cannot pin ranks to a device type")
     return out

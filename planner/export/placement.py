@@ -88,13 +88,14 @@ def node_blocks(plan: Plan) -> list[NodeBlock]:
     return blocks
 
 
-def torchrun_static_args(plan: Plan) -> list[str]:
-    """torchrun options with static node ranks (shell words; ``NODE_RANK``/``HEAD_NODE`` set by the script)."""
+def torchrun_static_args(plan: Plan, master: str = '"$HEAD_NODE"') -> list[str]:
+    """torchrun options with static node ranks (shell words; ``NODE_RANK``, ``MASTER_PORT`` and ``master`` set by
+    the script)."""
     blocks = node_blocks(plan)
     nodes = sum(b.nodes for b in blocks)
     per_node = plan.cluster.groups[blocks[0].group].devices_per_node
     return ["--nnodes", str(nodes), "--nproc-per-node", str(per_node), "--node-rank", '"$NODE_RANK"',
-            "--master-addr", '"$HEAD_NODE"', "--master-port", '"$MASTER_PORT"']
+            "--master-addr", master, "--master-port", '"$MASTER_PORT"']
 
 
 def _stage_text(plan: Plan, stages: tuple[int, ...]) -> str:

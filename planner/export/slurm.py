@@ -64,12 +64,9 @@ def _render_hetjob(plan: Plan) -> str:
     devices = ",".join(b.device for b in blocks for _ in range(b.nodes))
     lines.append(f"export MESHPLAN_NODE_DEVICES={c.quote(devices)}")
     # Each task expands its own SLURM_PROCID (the node rank) and device; the batch script must not.
-    per_node = plan.cluster.groups[blocks[0].group].devices_per_node
-    nodes = sum(b.nodes for b in blocks)
+    args = " ".join(placement.torchrun_static_args(plan, master='"$MASTER_ADDR"'))
     task = ('NODE_RANK=$SLURM_PROCID; IFS=, read -ra devs <<< "$MESHPLAN_NODE_DEVICES"; '
-            'export MESHPLAN_NODE_DEVICE="${devs[$NODE_RANK]}"; exec torchrun '
-            f'--nnodes {nodes} --nproc-per-node {per_node} --node-rank "$NODE_RANK" '
-            '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" '
+            f'export MESHPLAN_NODE_DEVICE="${{devs[$NODE_RANK]}}"; exec torchrun {args} '
             f'"${{MESHPLAN_ENTRY:-{torchrun.ENTRY}}}" --plan "$MESHPLAN_PLAN" "$@"')
     groups = ",".join(str(i) for i in range(len(blocks)))
     lines.append("# shellcheck disable=SC2016  # the task's variables are expanded by each task, not here")
