@@ -87,10 +87,10 @@ class ModelTables:
             self.rep.setdefault(model.is_moe_layer(i), i)
         self.shape = {k: layer_shape(model, i) for k, i in self.rep.items()}
 
-    def kind_counts(self, layers: range) -> dict[bool, int]:
-        """``{is_moe: number of such layers}`` in ``layers``."""
-        n_moe = self.moe[layers.stop] - self.moe[layers.start]
-        return {True: n_moe, False: len(layers) - n_moe}
+    def kind_counts(self, chunks: tuple[range, ...]) -> dict[bool, int]:
+        """``{is_moe: number of such layers}`` in the layer ranges ``chunks``."""
+        n_moe = sum(self.moe[r.stop] - self.moe[r.start] for r in chunks)
+        return {True: n_moe, False: sum(len(r) for r in chunks) - n_moe}
 
 
 class TablesCache:
@@ -113,21 +113,17 @@ class TablesCache:
 
 # ---------------------------------------------------------------- parameters and memory per rank
 
-def stage_layers(model, layout: Layout, stage: int) -> range:
-    """The decoder layers of pipeline stage ``stage``: ``layout.pp_layout`` when uneven, else an even split."""
-    if layout.pp_layout:
-        first = sum(layout.pp_layout[:stage])
-        return range(first, first + layout.pp_layout[stage])
-    n = model.num_layers // layout.pp
-    return range(stage * n, (stage + 1) * n)
+def stage_layers(model, layout: Layout, stage: int) -> tuple[range, ...]:
+    """The decoder layers of pipeline rank ``stage``, one range per virtual chunk (``Layout.stage_chunks``)."""
+    return layout.stage_chunks(model.num_layers, stage)
 
 
 def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
     """(dense, routed-expert) parameters held by one rank of pipeline stage ``stage``."""
     model = tb.model
-    r = stage_layers(model, layout, stage)
-    dense = (tb.dense[r.stop] - tb.dense[r.start]) / layout.tp
-    expert = (tb.expert[r.stop] - tb.expert[r.start]) / (layout.ep * layout.tp)
+    chunks = stage_layers(model, layout, stage)
+    dense = sum(tb.dense[r.stop] - tb.dense[r.start] for r in chunks) / layout.tp
+    expert = sum(tb.expert[r.stop] - tb.expert[r.start] for r in chunks) / (layout.ep * layout.expert_tp)
     if stage == 0:
         dense += model.embedding_params / layout.tp
     if stage == layout.pp - 1:
@@ -143,15 +139,16 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     w, g, o = model_state_bytes(dense, expert, layout)
     s = work.seq_len // layout.cp
     b = layout.micro_batch
-    r = stage_layers(model, layout, stage)
-    counts = tb.kind_counts(r)
+    chunks = stage_layers(model, layout, stage)
+    counts = tb.kind_counts(chunks)
+    n_layers = sum(len(r) for r in chunks)
     per_mb = sum(n * activation_bytes_per_layer(tb.shape[k], s, b, layout) for k, n in counts.items() if n)
     act = per_mb * inflight_factor(layout, m, stage)
     if layout.recompute == "full":  # one layer re-materialised during its backward
         act += max(activation_bytes_per_layer(tb.shape[k], s, b, layout.with_(recompute="none"))
                    for k, n in counts.items() if n)
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
-        act += 2 * (dense + expert) / max(1, len(r)) * PARAM_BYTES
+        act += 2 * (dense + expert) / max(1, n_layers) * PARAM_BYTES
     if stage == layout.pp - 1:  # logits (bf16) + fp32 softmax of the vocab-parallel cross-entropy
         act += 6.0 * s * b * model.vocab_size / layout.tp
     return MemoryBreakdown(int(w), int(g), int(o), int(act), RUNTIME_OVERHEAD_BYTES)
@@ -163,7 +160,7 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
     model, dev = work.model, work.cluster.device
     stages = {0, layout.pp - 1}
     if layout.pp_layout:  # an uneven split: the stage holding the most layers may be the peak
-        stages.add(max(range(layout.pp), key=lambda i: layout.pp_layout[i]))
+        stages.add(max(range(layout.pp), key=lambda i: layout.stage_num_layers(model.num_layers, i)))
     mems = [stage_memory(work, tb, layout, st, m) for st in sorted(stages)]
     mem = max(mems, key=lambda x: x.total_bytes)
     limit = int(dev.memory_bytes * USABLE_FRACTION)

@@ -87,7 +87,7 @@ def coll_s(measured: dict, kind: str, nbytes: float, group: int, link, world: in
     return t if t is not None else collective_time_s(kind.removesuffix("_burst"), nbytes, group, link)
 
 
-def _param_shapes(model, layout: Layout, stage: int, layers: range) -> list[tuple[int, ...]]:
+def _param_shapes(model, layout: Layout, stage: int, n_layers: int) -> list[tuple[int, ...]]:
     """Parameter tensor shapes one rank holds (TP splits rows/columns, FSDP2 shards dim 0)."""
     t, h = layout.tp, model.hidden_size
     norm = [(h,), (h,)] if model.norm == "layernorm" else [(h,)]
@@ -102,7 +102,7 @@ def _param_shapes(model, layout: Layout, stage: int, layers: range) -> list[tupl
     per_layer += [(f // t, h)] * (model.mlp_matrices - 1) + [(h, f // t)]
     if model.mlp_bias:
         per_layer += [(f // t,)] * (model.mlp_matrices - 1) + [(h,)]
-    shapes = per_layer * len(layers)
+    shapes = per_layer * n_layers
     if stage == 0:
         shapes += [(model.vocab_size // t, h)]
         rest = model.embedding_params // h - model.vocab_size
@@ -216,7 +216,7 @@ class CpuEstimator:
 
         stage_mb, stage_comm_mb = [], []
         for st in range(pp):
-            n = len(stage_layers(model, layout, st))
+            n = layout.stage_num_layers(model.num_layers, st)
             c = n * (layer_s + tp_host) + (emb_s if st == 0 else 0.0) + (head_s if st == pp - 1 else 0.0)
             stage_mb.append(c)
             stage_comm_mb.append(n * tp_comm + p2p)
@@ -233,8 +233,7 @@ class CpuEstimator:
         # data-parallel gradient sync of the slowest stage's parameters (fp32 gradients, as the trainer keeps them)
         dense, expert = stage_params(tb, layout, slow)
         grad_bytes = (dense + expert) * 4.0
-        layers = stage_layers(model, layout, slow)
-        n_layers = len(layers)
+        n_layers = layout.stage_num_layers(model.num_layers, slow)
         if layout.dp_shard > 1:
             shard_link = cluster.collective_link(*layout.shard_group)
             units = n_layers + 1  # one fully_shard per block + the root
@@ -250,7 +249,7 @@ class CpuEstimator:
                 comm += units * coll("allreduce", grad_bytes / units, layout.dp_replicate, rep_link)
             elif pp > 1 or layout.tp > 1:  # the trainer's own averaging (no DDP on stages / DTensors): per tensor,
                 # back to back after backward: the first call pays the wake-up, the rest the calibrated burst rate
-                for i, shape in enumerate(_param_shapes(model, layout, slow, layers)):
+                for i, shape in enumerate(_param_shapes(model, layout, slow, n_layers)):
                     numel = 1
                     for d in shape:
                         numel *= d
@@ -264,7 +263,7 @@ class CpuEstimator:
                 if last > 0:
                     comm += coll("allreduce", last, layout.dp_replicate, rep_link)
 
-        optimizer = self.bench.measure_optimizer_s(_param_shapes(model, layout, slow, layers))
+        optimizer = self.bench.measure_optimizer_s(_param_shapes(model, layout, slow, n_layers))
         self.bench.flush()
 
         # learned from this host's runs (1 and 0 before a fit): the ratio of the runs' compute to this free-core

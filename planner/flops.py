@@ -13,7 +13,7 @@ from meshplan.core.errors import MeshplanError
 if TYPE_CHECKING:
     from meshplan.planner.model_spec import ModelSpec
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 
 
 def _check_seq(seq_len: int) -> None:
@@ -87,29 +87,36 @@ def megatron_flops_per_token(spec: "ModelSpec", seq_len: int) -> float:
     return 6.0 * (mlp + layers * (proj + core) + mtp + logits)
 
 
-def recompute_flops_per_token(spec: "ModelSpec", seq_len: int, recompute: str) -> float:
+def recompute_flops_per_token(spec: "ModelSpec", seq_len: int, recompute: str, layer_fraction: float = 1.0) -> float:
     """Extra FLOPs per token that activation recomputation adds (the HFU - MFU difference).
 
     ``full``: one more forward of every decoder layer (1/3 of the layer FLOPs; Narayanan et al. §5 / Appendix:
-    "one additional forward pass"), not of the logits. ``selective``: the forward of core attention only
-    (Korthikanti et al. 2022, §5), ``2 * 2 * s * d_q / 2`` per token and layer with the causal mask.
+    "one additional forward pass"), not of the logits; ``full:N`` the same for the ``layer_fraction`` of layers it
+    checkpoints. ``selective``: the forward of core attention only (Korthikanti et al. 2022, §5),
+    ``2 * 2 * s * d_q / 2`` per token and layer with the causal mask. ``op`` (torchtitan's op-level selective
+    checkpointing, ``_save_list`` policy of ``torchtitan/models/llama3/parallelize.py``): every second matmul of a
+    layer is recomputed and attention (SDPA) is saved, i.e. half the forward of the linear layers.
 
     Args:
         spec: The model.
         seq_len: Sequence length, tokens.
-        recompute: ``"none"``, ``"selective"`` or ``"full"``.
+        recompute: ``"none"``, ``"selective"``, ``"full"``, ``"full:N"`` or ``"op"``.
+        layer_fraction: the share of decoder layers ``full:N`` checkpoints (N / layers per pipeline chunk).
     """
     _check_seq(seq_len)
-    if recompute not in RECOMPUTE:
-        raise MeshplanError(f"recompute: must be one of {RECOMPUTE}, got {recompute!r}")
-    if recompute == "none":
+    kind = recompute.split(":", 1)[0]
+    if kind not in RECOMPUTE:
+        raise MeshplanError(f"recompute: must be one of {RECOMPUTE} or full:N, got {recompute!r}")
+    if kind == "none":
         return 0.0
     layers = spec.num_layers + spec.num_mtp_layers
     proj, core = _attention_terms(spec, seq_len)
-    if recompute == "selective":
+    if kind == "selective":
         return 2.0 * layers * core
     logits = 6.0 * spec.hidden_size * spec.vocab_size * (1 + spec.num_mtp_layers)
-    return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0
+    if kind == "op":  # forward = 2 x (MLP + projections + core); half the GEMMs of MLP and projections again
+        return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0 / 2.0 - layers * core
+    return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0 * layer_fraction
 
 
 def hardware_flops_per_token(spec: "ModelSpec", seq_len: int, recompute: str = "none") -> float:

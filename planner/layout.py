@@ -21,8 +21,11 @@ from pydantic import ConfigDict, Field
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.schedules import check_schedule
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")  # plus "full:N" (``recompute_layers``)
 ATTENTION = ("flash", "unfused")
+FP8_RECIPES = ("none", "tensorwise", "delayed", "blockwise", "mxfp8")
+CP_KINDS = ("ring", "allgather", "a2a")
+STACKS = ("megatron", "torchtitan", "eager")
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
 _Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
 
@@ -153,6 +156,28 @@ class Layout(Degrees):
         pp_layout: decoder layers per pipeline stage, first to last (() = pp divides the layers evenly).
             Megatron-LM ``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``:
             Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4), so stages cannot all be equal.
+            With vpp > 1: pp * vpp virtual stages in model-depth order (``stage_chunks``), as Megatron-LM's layout.
+        pipeline_schedule: "" = 1F1B (interleaved when vpp > 1), or "zbh1", "dualpipe" (``planner.schedules``).
+        etp: expert tensor parallelism (Megatron-Core ``--expert-tensor-parallel-size``); 0 = the dense tp. With
+            MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding", Megatron-Core) the expert mesh
+            etp x ep x edp is laid over the same tp x cp x dp ranks of a stage independently of the dense mesh:
+            ep x etp need only divide tp x cp x dp (Qwen3-235B ran EP32 over 16 data-parallel ranks x TP2).
+        fp8: the fp8 recipe of the decoder's linear GEMMs ("none" = all math in the workload's dtype):
+            "tensorwise" (Transformer Engine current scaling), "delayed" (TE DelayedScaling, amax history),
+            "blockwise" (DeepSeek-V3 §3.3.2: 1x128 activation tiles, 128x128 weight blocks), "mxfp8" (OCP MX,
+            32-element blocks, Blackwell tensor cores only).
+        cp_kind: context-parallel attention: "ring" (p2p KV exchange overlapped with the attention blocks,
+            Megatron-Core/TE ``p2p``), "allgather" (KV all-gathered before attention, Llama 3 paper §3.3.2;
+            torch ``context_parallel`` allgather rotation), "a2a" (DeepSpeed-Ulysses all-to-all over heads).
+        stack: the training stack whose kernels run: "megatron" (Megatron-Core + Transformer Engine fused
+            kernels), "torchtitan" (FSDP2, torch.compile fusions), "eager" (HF / plain FSDP code: unfused norms,
+            activations and residuals, one PyTorch kernel per op).
+        moe_overlap: the expert all-to-alls overlapped with computation (MegaScale-MoE §4, Comet; DeepSeek-V3
+            DualPipe's forward/backward chunk pairing), instead of sitting on the critical path.
+        moe_capacity: token-dropping capacity factor (each expert takes at most capacity x its balanced share,
+            padded to it); 0 = dropless routing.
+        moe_imbalance: dropless routing: tokens of the busiest local expert group over the balanced share
+            (1.0 = perfectly balanced, as the dev set's "fake balanced gate" runs).
     """
 
     micro_batch: int = 1
@@ -161,12 +186,69 @@ class Layout(Degrees):
     sequence_parallel: bool = False
     attention: str = "flash"
     pp_layout: tuple[int, ...] = ()
-    pipeline_schedule: str = ""  # "" = 1F1B, interleaved when vpp > 1; or zbh1, dualpipe (planner.schedules)
+    pipeline_schedule: str = ""
+    etp: int = 0
+    fp8: str = "none"
+    cp_kind: str = "ring"
+    stack: str = "megatron"
+    moe_overlap: bool = False
+    moe_capacity: float = 0.0
+    moe_imbalance: float = 1.0
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
         """The layout with ``degrees`` and the other decisions given by name."""
         return cls(**{n: getattr(degrees, n) for n in DEGREE_NAMES}, **decisions)
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallelism in effect (``etp``, or the dense tp when 0)."""
+        return self.etp or self.tp
+
+    @property
+    def ep_group(self) -> MeshGroup:
+        """Expert parallelism: Megatron-Core's expert rank order is etp fastest, then ep, then expert-dp, over
+        the tp x cp x dp ranks of a stage, so the EP group has stride etp (= tp without folding)."""
+        return MeshGroup(self.ep, self.expert_tp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism: the stage's tp x cp x dp ranks over etp x ep."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
+
+    @property
+    def expert_shard_group(self) -> MeshGroup:
+        """ZeRO / FSDP sharding of expert states: the part of expert-dp inside dp_shard x cp x tp."""
+        return MeshGroup(max(1, self.dp_shard * self.cp * self.tp // (self.ep * self.expert_tp)),
+                         self.ep * self.expert_tp)
+
+    @property
+    def recompute_kind(self) -> str:
+        """``none``, ``selective``, ``full`` (all layers or ``full:N``) or ``op``."""
+        return self.recompute.split(":", 1)[0]
+
+    @property
+    def recompute_layers(self) -> int:
+        """``full:N``: layers fully recomputed per stage (per chunk when interleaved); 0 = every layer."""
+        head, _, n = self.recompute.partition(":")
+        return int(n) if head == "full" and n else 0
+
+    def stage_chunks(self, num_layers: int, stage: int) -> tuple[range, ...]:
+        """The decoder layers pipeline rank ``stage`` holds, one range per virtual chunk.
+
+        Virtual stage ``v * pp + stage`` is chunk ``v`` of rank ``stage`` (Megatron-LM's interleaved order, model
+        depth = virtual stage order); ``pp_layout`` holds pp * vpp entries in that order when vpp > 1.
+        """
+        n = self.pp * self.vpp
+        sizes = self.pp_layout or (num_layers // n,) * n
+        starts = [0]
+        for k in sizes[:-1]:
+            starts.append(starts[-1] + k)
+        return tuple(range(starts[v * self.pp + stage], starts[v * self.pp + stage] + sizes[v * self.pp + stage])
+                     for v in range(self.vpp))
+
+    def stage_num_layers(self, num_layers: int, stage: int) -> int:
+        return sum(len(r) for r in self.stage_chunks(num_layers, stage))
 
     @property
     def schedule(self) -> str:
@@ -195,20 +277,19 @@ class Layout(Degrees):
         if num_kv_heads % self.tp and self.tp % num_kv_heads:
             raise MeshplanError(f"tp={self.tp} and the {num_kv_heads} KV heads: neither divides the other")
         if self.pp_layout:
-            if len(self.pp_layout) != self.pp or min(self.pp_layout) < 1 or sum(self.pp_layout) != num_layers:
-                raise MeshplanError(f"pp_layout {format_pp_layout(self.pp_layout)}: needs pp={self.pp} stages of "
-                                    f">= 1 layer adding up to the {num_layers} layers (sum {sum(self.pp_layout)}, "
+            n = self.pp * self.vpp
+            if len(self.pp_layout) != n or min(self.pp_layout) < 1 or sum(self.pp_layout) != num_layers:
+                what = f"pp={self.pp} stages" if self.vpp == 1 else f"pp*vpp = {n} virtual stages"
+                raise MeshplanError(f"pp_layout {format_pp_layout(self.pp_layout)}: needs {what} of >= 1 layer "
+                                    f"adding up to the {num_layers} layers (sum {sum(self.pp_layout)}, "
                                     f"{len(self.pp_layout)} stages)")
-            if self.vpp > 1:
-                raise MeshplanError(f"vpp={self.vpp} with uneven stages {format_pp_layout(self.pp_layout)}: "
-                                    "interleaving needs equal chunks here")
         elif num_layers % self.pp:
             raise MeshplanError(f"pp={self.pp} does not divide the {num_layers} layers (give the layers per stage: "
                                 f"--fix pp_layout=..., e.g. {format_pp_layout(balanced_split(num_layers, self.pp))})")
         if self.vpp > 1:
             if self.pp == 1:
                 raise MeshplanError(f"vpp={self.vpp} needs pipeline parallelism (pp=1)")
-            if num_layers % (self.pp * self.vpp):
+            if not self.pp_layout and num_layers % (self.pp * self.vpp):
                 raise MeshplanError(
                     f"pp({self.pp}) * vpp({self.vpp}) = {self.pp * self.vpp} does not divide the {num_layers} layers")
         if self.pp > 1 or self.pipeline_schedule:
@@ -216,20 +297,40 @@ class Layout(Degrees):
         if seq_len % (2 * self.cp) and self.cp > 1:
             raise MeshplanError(f"cp={self.cp}: seq_len {seq_len} must be divisible by 2*cp={2 * self.cp} "
                                 "(load-balanced causal context parallelism)")
-        if self.ep > 1:
+        if self.ep > 1 or self.etp:
             if num_experts == 0:
-                raise MeshplanError(f"ep={self.ep} but the model has no experts")
+                raise MeshplanError(f"ep={self.ep}, etp={self.etp} but the model has no experts")
             if num_experts % self.ep:
                 raise MeshplanError(f"ep={self.ep} does not divide the {num_experts} experts")
-            if (self.dp_shard * self.cp) % self.ep:
-                raise MeshplanError(f"ep={self.ep} must divide dp_shard*cp = {self.dp_shard}*{self.cp} "
-                                    f"= {self.dp_shard * self.cp} (experts borrow data-parallel ranks)")
+            dense = self.tp * self.cp * self.dp
+            if self.etp < 0 or dense % (self.ep * self.expert_tp):
+                raise MeshplanError(f"ep({self.ep}) * etp({self.expert_tp}) = {self.ep * self.expert_tp} must "
+                                    f"divide tp*cp*dp = {self.tp}*{self.cp}*{self.dp} = {dense} (the expert mesh "
+                                    "folds over a stage's ranks)")
+        if self.fp8 not in FP8_RECIPES:
+            raise MeshplanError(f"fp8 '{self.fp8}' is not one of {', '.join(FP8_RECIPES)}")
+        if self.cp_kind not in CP_KINDS:
+            raise MeshplanError(f"cp_kind '{self.cp_kind}' is not one of {', '.join(CP_KINDS)}")
+        if self.cp_kind == "a2a" and self.cp > 1 and (num_heads // self.tp) % self.cp:
+            raise MeshplanError(f"cp_kind a2a (Ulysses) splits heads: cp={self.cp} must divide the "
+                                f"{num_heads // self.tp} heads per tp rank ({num_heads} heads / tp={self.tp})")
+        if self.stack not in STACKS:
+            raise MeshplanError(f"stack '{self.stack}' is not one of {', '.join(STACKS)}")
+        if self.moe_capacity < 0 or not 1.0 <= self.moe_imbalance <= 64.0:
+            raise MeshplanError(f"moe_capacity {self.moe_capacity} must be >= 0 (0 = dropless) and "
+                                f"moe_imbalance {self.moe_imbalance} within [1, 64]")
         if self.zero_stage not in (0, 1, 2, 3):
             raise MeshplanError(f"zero stage {self.zero_stage} is not one of 0, 1, 2, 3")
         if self.zero_stage == 0 and self.dp_shard > 1:
             raise MeshplanError(f"dp_shard={self.dp_shard} shards states, which needs zero stage 1-3 (got 0)")
-        if self.recompute not in RECOMPUTE:
-            raise MeshplanError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)}")
+        if self.recompute_kind not in RECOMPUTE or (":" in self.recompute and not re.fullmatch(
+                r"full:[1-9]\d*", self.recompute)):
+            raise MeshplanError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)} or full:N")
+        if self.recompute_layers:
+            per_chunk = min(self.pp_layout) if self.pp_layout else num_layers // (self.pp * self.vpp)
+            if self.recompute_layers > per_chunk:
+                raise MeshplanError(f"recompute full:{self.recompute_layers}: a pipeline chunk holds only "
+                                    f"{per_chunk} layers (pp={self.pp}, vpp={self.vpp})")
         if self.attention not in ATTENTION:
             raise MeshplanError(f"attention '{self.attention}' is not one of {', '.join(ATTENTION)}")
         if self.sequence_parallel and self.tp == 1:

@@ -7,7 +7,7 @@ exporters (``planner.export``) and of ``meshplan check``. Its degrees are ``plan
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -27,13 +27,18 @@ PLAN_SCHEMA_VERSION = 1
 # launcher names and classes.
 MODEL_TYPE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
-Recompute = Literal["none", "selective", "full"]
+# none, Megatron selective (core attention), full (every layer), full:N (N layers per stage, Megatron
+# --recompute-method block --recompute-num-layers N), op (torchtitan's op-level selective checkpointing)
+Recompute = Annotated[str, Field(pattern=r"^(none|selective|full|op|full:[1-9][0-9]{0,3})$")]
+Fp8Recipe = Literal["none", "tensorwise", "delayed", "blockwise", "mxfp8"]
+CpKind = Literal["ring", "allgather", "a2a"]
+Stack = Literal["megatron", "torchtitan", "eager"]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zbh1", "dualpipe"]
 Attention = Literal["flash", "unfused"]
 _ATTENTION_NOTE = "attention="  # how plans before the ``attention`` field recorded it (a note, parsed back)
 
-__all__ = ["Attention", "Breakdown", "BucketCompression", "ClusterRef", "Degrees", "DeviceGroupRef", "ModelRef",
-           "Plan", "Prediction", "Recompute", "Schedule", "Stage", "load_plan"]
+__all__ = ["Attention", "Breakdown", "BucketCompression", "ClusterRef", "CpKind", "Degrees", "DeviceGroupRef",
+           "Fp8Recipe", "ModelRef", "Plan", "Prediction", "Recompute", "Schedule", "Stack", "Stage", "load_plan"]
 
 
 class _Frozen(BaseModel):
@@ -149,6 +154,16 @@ class Plan(_Frozen):
     schedule: Schedule = "1f1b"
     attention: Attention = "flash"
     dtype: str = "bf16"
+    # Decisions added after plan schema 1 was first written; left out of the file while at their default, so plans
+    # of older meshplan versions and their golden exports stay byte-identical (``planner.layout.Layout`` documents
+    # each field).
+    etp: int = Field(0, ge=0)
+    fp8: Fp8Recipe = "none"
+    cp_kind: CpKind = "ring"
+    stack: Stack = "megatron"
+    moe_overlap: bool = False
+    moe_capacity: float = Field(0.0, ge=0.0, le=64.0)
+    moe_imbalance: float = Field(1.0, ge=1.0, le=64.0)
     layer_precision: Optional[tuple[str, ...]] = None
     stages: Optional[tuple[Stage, ...]] = None
     compression: Optional[tuple[BucketCompression, ...]] = None
@@ -188,7 +203,11 @@ class Plan(_Frozen):
         return "layers " + ", ".join(f"{a}-{b} {p}" if a != b else f"{a} {p}" for a, b, p in runs)
 
     def to_yaml(self) -> str:
-        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        data = self.model_dump(mode="json")
+        for key, default in OPTIONAL_DECISIONS.items():
+            if data.get(key) == default:
+                del data[key]
+        text = yaml.safe_dump(data, sort_keys=False)
         summary = self.precision_summary()
         if summary:  # the precision that runs, at the top: `dtype` below is the activations' and the 16-bit layers'
             text = f"# precision per layer: {summary} (dtype below: activations and KV cache)\n" + text
@@ -208,6 +227,10 @@ class Plan(_Frozen):
     def save(self, path: str | Path) -> Path:
         """Write the plan as YAML atomically."""
         return write_atomic(path, self.to_yaml())
+
+
+OPTIONAL_DECISIONS = {"etp": 0, "fp8": "none", "cp_kind": "ring", "stack": "megatron", "moe_overlap": False,
+                      "moe_capacity": 0.0, "moe_imbalance": 1.0}
 
 
 def load_plan(path: str | Path) -> Plan:

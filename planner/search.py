@@ -118,12 +118,20 @@ def describe(layout: Layout) -> str:
     if layout.pipeline_schedule in ("zbh1", "dualpipe"):
         parts.append(layout.pipeline_schedule)
     if layout.cp > 1:
-        parts.append(f"cp={layout.cp}")
+        parts.append(f"cp={layout.cp}" + (f"({layout.cp_kind})" if layout.cp_kind != "ring" else ""))
     if layout.ep > 1:
         parts.append(f"ep={layout.ep}")
+    if layout.etp:
+        parts.append(f"etp={layout.etp}")
     parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"]
     if layout.sequence_parallel:
         parts.append("sp")
+    if layout.fp8 != "none":
+        parts.append(f"fp8={layout.fp8}")
+    if layout.moe_overlap:
+        parts.append("moe_overlap")
+    if layout.stack != "megatron":
+        parts.append(f"stack={layout.stack}")
     return " ".join(parts)
 
 
@@ -149,7 +157,9 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         global_batch=work.global_batch, micro_batch=layout.micro_batch, seq_len=work.seq_len,
         degrees=layout.degrees,
         sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage, recompute=layout.recompute,
-        schedule=layout.schedule, attention=layout.attention, dtype=work.dtype,
+        schedule=layout.schedule, attention=layout.attention, dtype=work.dtype, etp=layout.etp, fp8=layout.fp8,
+        cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
+        moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance,
         stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
@@ -160,7 +170,7 @@ def _stages(layout: Layout):
     """Uneven pipeline stages as the plan's ``stages`` (all on the one device group); ``None`` when even."""
     if not layout.pp_layout:
         return None
-    firsts = [sum(layout.pp_layout[:i]) for i in range(layout.pp)]
+    firsts = [sum(layout.pp_layout[:i]) for i in range(len(layout.pp_layout))]
     return tuple(Stage(first_layer=f, num_layers=n, device_group=0) for f, n in zip(firsts, layout.pp_layout))
 
 
@@ -181,7 +191,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "dp": layout.dp, "tp": layout.tp,
         "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "sp": layout.sequence_parallel,
         "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,
-        "attention": layout.attention,
+        "attention": layout.attention, "etp": layout.expert_tp, "fp8": layout.fp8, "cp_kind": layout.cp_kind,
+        "stack": layout.stack, "moe_overlap": layout.moe_overlap, "schedule": layout.schedule,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
         "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
         "mfu": est.mfu, "peak_memory_bytes": est.memory.total_bytes,
@@ -203,4 +214,6 @@ def plan_layout(plan: Plan) -> Layout:
     return Layout.of(plan.degrees, micro_batch=plan.micro_batch, zero_stage=plan.zero_stage,
                      recompute=plan.recompute, sequence_parallel=plan.sequence_parallel, attention=plan.attention,
                      pp_layout=split,
-                     pipeline_schedule=plan.schedule if plan.schedule in ("zbh1", "dualpipe") else "")
+                     pipeline_schedule=plan.schedule if plan.schedule in ("zbh1", "dualpipe") else "",
+                     etp=plan.etp, fp8=plan.fp8, cp_kind=plan.cp_kind, stack=plan.stack, moe_overlap=plan.moe_overlap,
+                     moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance)

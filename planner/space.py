@@ -6,16 +6,23 @@ pinned combination that breaks a rule is reported by ``Layout.validate`` with th
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
+from itertools import product
 from typing import Iterator, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import ATTENTION, RECOMPUTE, Layout, balanced_split, parse_pp_layout
+from meshplan.planner.layout import (ATTENTION, CP_KINDS, FP8_RECIPES, RECOMPUTE, STACKS, Layout, balanced_split,
+                                    parse_pp_layout)
 from meshplan.planner.schedules import SCHEDULES
 
-FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "vpp", "schedule", "cp", "ep", "sp", "mbs",
-            "zero", "recompute",
-            "attention")
+FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "first_stage_layers", "last_stage_layers",
+            "vpp", "schedule", "cp", "cp_kind", "ep", "etp", "sp", "mbs", "zero", "recompute", "attention", "fp8",
+            "stack", "moe_overlap", "moe_capacity", "moe_imbalance")
+BOOL_KEYS = ("sp", "moe_overlap")
+FLOAT_KEYS = ("moe_capacity", "moe_imbalance")
+CHOICE_KEYS = {"attention": ATTENTION, "fp8": FP8_RECIPES, "cp_kind": CP_KINDS, "stack": STACKS,
+               "schedule": SCHEDULES}
 MAX_VPP = 8
 MAX_CP = 32
 MBS_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -46,6 +53,15 @@ class Pins:
     attention: Optional[str] = None
     pp_layout: Optional[tuple[int, ...]] = None
     schedule: Optional[str] = None
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    etp: Optional[int] = None
+    fp8: Optional[str] = None
+    cp_kind: Optional[str] = None
+    stack: Optional[str] = None
+    moe_overlap: Optional[bool] = None
+    moe_capacity: Optional[float] = None
+    moe_imbalance: Optional[float] = None
 
     @classmethod
     def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
@@ -92,23 +108,28 @@ def parse_fix(text: str | None) -> Pins:
         if key not in FIX_KEYS:
             raise MeshplanError(f"--fix key '{key}' is unknown (known: {', '.join(FIX_KEYS)})")
         if key == "recompute":
-            if val not in RECOMPUTE:
-                raise MeshplanError(f"--fix recompute={val}: expected one of {', '.join(RECOMPUTE)}")
+            if val not in RECOMPUTE and not re.fullmatch(r"full:[1-9]\d{0,3}", val):
+                raise MeshplanError(f"--fix recompute={val}: expected one of {', '.join(RECOMPUTE)} or full:N "
+                                    "(N layers per stage)")
             out[key] = val
-        elif key == "attention":
-            if val not in ATTENTION:
-                raise MeshplanError(f"--fix attention={val}: expected one of {', '.join(ATTENTION)}")
-            out[key] = val
-        elif key == "schedule":
-            if val.lower() not in SCHEDULES:
-                raise MeshplanError(f"--fix schedule={val}: expected one of {', '.join(SCHEDULES)}")
+        elif key in CHOICE_KEYS:
+            if val.lower() not in CHOICE_KEYS[key]:
+                raise MeshplanError(f"--fix {key}={val}: expected one of {', '.join(CHOICE_KEYS[key])}")
             out[key] = val.lower()
         elif key == "pp_layout":
             out[key] = parse_pp_layout(val)
-        elif key == "sp":
+        elif key in BOOL_KEYS:
             if val.lower() not in ("true", "false", "1", "0", "on", "off"):
-                raise MeshplanError(f"--fix sp={val}: expected true or false")
+                raise MeshplanError(f"--fix {key}={val}: expected true or false")
             out[key] = val.lower() in ("true", "1", "on")
+        elif key in FLOAT_KEYS:
+            try:
+                out[key] = float(val)
+            except ValueError:
+                raise MeshplanError(f"--fix {key}={val}: expected a number") from None
+            lo, hi = (0.0, 64.0) if key == "moe_capacity" else (1.0, 64.0)
+            if not lo <= out[key] <= hi:  # also refuses nan
+                raise MeshplanError(f"--fix {key}={val}: must be within [{lo:g}, {hi:g}]")
         else:
             try:
                 out[key] = int(val)
@@ -116,6 +137,8 @@ def parse_fix(text: str | None) -> Pins:
                 raise MeshplanError(f"--fix {key}={val}: expected an integer") from None
             if out[key] < (0 if key == "zero" else 1):
                 raise MeshplanError(f"--fix {key}={val}: must be >= {0 if key == 'zero' else 1}")
+    if "pp_layout" in out and ("first_stage_layers" in out or "last_stage_layers" in out):
+        raise MeshplanError("--fix pp_layout and first_stage_layers/last_stage_layers: give one or the other")
     return Pins(**out)
 
 
@@ -137,6 +160,9 @@ def space_size_bound(model, world_size: int, devices_per_node: int, global_batch
         "vpp": 1 if "vpp" in fix else MAX_VPP,
         "zero x dp_shard": 1 if "dp_shard" in fix else (1 if "zero" in fix else 4) * n_div,
         "ep": 1 if "ep" in fix or not model.num_experts else len(divisors(model.num_experts)),
+        "etp": 1 if "etp" in fix or not model.num_experts else 2,
+        "moe_overlap": 1 if "moe_overlap" in fix or not model.num_experts else 2,
+        "cp_kind": 1 if "cp_kind" in fix else len(CP_KINDS),
         "recompute": 1 if "recompute" in fix else len(RECOMPUTE),
         "mbs": 1 if "mbs" in fix else sum(1 for b in MBS_CHOICES if global_batch % b == 0),
     }
@@ -161,42 +187,87 @@ def check_space_size(model, world_size: int, devices_per_node: int, global_batch
     return total
 
 
+def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, ...]:
+    """Layers per (virtual) stage for ``pp`` stages x ``vpp`` chunks, in model-depth order: the pinned
+    ``pp_layout``; Megatron's first/last stage counts (``--decoder-first/last-pipeline-num-layers``: the rest spread
+    evenly over the other stages, each stage's layers evenly over its chunks); or, when pp x vpp does not divide
+    the layers, ``layout.balanced_split`` over the pp x vpp virtual stages (Megatron's account-for-embedding/loss
+    split). ``()`` = even stages.
+
+    Raises:
+        MeshplanError: first/last stage layers that leave the other stages (or chunks) an uneven share.
+    """
+    if fix.pp_layout is not None:
+        return fix.pp_layout
+    first, last = fix.first_stage_layers, fix.last_stage_layers
+    if first is None and last is None:
+        n = pp * vpp
+        return () if model_layers % n == 0 else balanced_split(model_layers, n)
+    ends = [x for x in (first, last) if x is not None]
+    middle = pp - len(ends)
+    rest = model_layers - sum(ends)
+    if middle < 1 or rest < middle or rest % middle:
+        raise MeshplanError(f"first_stage_layers={first} last_stage_layers={last}: the other {middle} of pp={pp} "
+                            f"stages would share {rest} of the {model_layers} layers unevenly")
+    stages = ((first,) if first is not None else ()) + (rest // middle,) * middle + (
+        (last,) if last is not None else ())
+    if any(k % vpp for k in stages):
+        raise MeshplanError(f"first_stage_layers={first} last_stage_layers={last}: stages of "
+                            f"{'+'.join(map(str, stages))} layers do not split evenly over vpp={vpp} chunks")
+    return tuple(k // vpp for _ in range(vpp) for k in stages)
+
+
+def recompute_choices(fix: Pins) -> list[str]:
+    """Recompute variants a free search tries: none, Megatron selective, torchtitan op-level, full."""
+    return fix.choices("recompute", ["none", "selective", "op", "full"])
+
+
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
-                      fix: Pins) -> Iterator[Layout]:
+                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
     """Yield every layout that divides evenly (memory is checked by the caller).
 
     Unpinned TP stays inside one node and is a divisor of the head counts; unpinned CP is used only when
     the local sequence stays at least 1024 tokens. Pinned values are yielded even when they break a rule,
-    so that ``Layout.validate`` reports why.
+    so that ``Layout.validate`` reports why. ``fp8_recipes``: the recipes a free ``fp8`` tries (the workload's
+    dtype decides: ``planner.planning``).
     """
     L, E = model.num_layers, model.num_experts
     tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
                              and model.num_heads % t == 0
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
+    fp8s = fix.choices("fp8", list(fp8_recipes))
+    stacks = fix.choices("stack", ["megatron"])
+    moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0))
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
         # free: pp dividing the layers (uneven stages for every other pp would make the DeepSeek-V3 search 5x
         # longer, 4 -> 23 s: bench/plan_speed.py); a pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over
         # 61) gets uneven stages, the split chosen below
         pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
+        etps = fix.choices("etp", [0] + ([1] if tp > 1 else [])) if E else fix.choices("etp", [0])
         for pp in pps:
             rest2 = rest // pp if rest % pp == 0 else 0
             cps = fix.choices("cp", [c for c in divisors(rest2) if c <= MAX_CP
                                      and (c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= 1024))]) \
                 if rest2 else []
+            split1 = stage_split(L, pp, 1, fix)
+            uneven = bool(split1) or "first_stage_layers" in fix or "last_stage_layers" in fix
+            # free vpp: chunks dividing the layers; with uneven stages, chunks of >= 2 layers on the lightest stage
+            chunked = [v for v in range(2, MAX_VPP + 1) if (min(split1 or (L // pp,)) >= 2 * v if uneven
+                                                             else L % (pp * v) == 0)] if pp > 1 else []
+            if fix.pp_layout is not None:  # a pinned layout fixes the chunk count too
+                chunked = [len(fix.pp_layout) // pp] if len(fix.pp_layout) > pp else []
+            sched = fix.schedule or ""
+            vpps = fix.choices("vpp", chunked if sched == "interleaved" else
+                               [1] if sched in ("zbh1", "dualpipe", "1f1b") else [1] + chunked)
             for cp in cps:
                 dp = rest2 // cp if rest2 % cp == 0 else 0
                 if "dp" in fix and fix.dp != dp:
                     continue
                 if not dp:
                     continue
-                # uneven stages (pp does not divide the layers, or pinned): first and last stages lighter by the
-                # embedding and output layer they carry (layout.balanced_split); no interleaving over them
-                split = fix.pp_layout if "pp_layout" in fix else (() if L % pp == 0 else balanced_split(L, pp))
-                chunked = [v for v in range(2, MAX_VPP + 1) if L % (pp * v) == 0] if pp > 1 and not split else []
-                sched = fix.schedule or ""
-                vpps = fix.choices("vpp", chunked if sched == "interleaved" else
-                                   [1] if sched in ("zbh1", "dualpipe", "1f1b") else [1] + chunked)
+                cp_kinds = fix.choices("cp_kind", ["ring", "allgather"] + (
+                    ["a2a"] if (model.num_heads // tp) % cp == 0 else []) if cp > 1 else ["ring"])
                 for zero in fix.choices("zero", [0, 1, 2, 3]):
                     if zero == 0:
                         shards = fix.choices("dp_shard", [1])
@@ -208,21 +279,24 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                         dp_rep = fix.choices("dp_replicate", [dp // dp_shard if dp % dp_shard == 0 else 0])[0]
                         if dp_rep < 1:
                             continue
-                        eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1
-                                                       and (dp_shard * cp) % e == 0] if E else [1])
-                        for ep in eps:
-                            sps = fix.choices("sp", [tp > 1])
-                            for vpp in vpps:
-                                for rc in fix.choices("recompute", list(RECOMPUTE)):
-                                    for sp in sps:
-                                        for att in fix.choices("attention", ["flash"]):
-                                            for mbs in fix.choices("mbs", [b for b in MBS_CHOICES
-                                                                           if global_batch % (b * dp) == 0]):
-                                                yield Layout(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp,
-                                                             pp=pp, vpp=vpp, cp=cp, ep=ep, micro_batch=mbs,
-                                                             zero_stage=zero, recompute=rc,
-                                                             sequence_parallel=sp, attention=att,
-                                                             pp_layout=split, pipeline_schedule=sched)
+                        for etp in etps:
+                            folded = tp * cp * dp // (etp or tp)
+                            eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1 and folded % e == 0]
+                                              if E else [1])
+                            for ep in eps:
+                                sps = fix.choices("sp", [tp > 1])
+                                overlaps = fix.choices("moe_overlap", [False, True] if ep > 1 else [False])
+                                for vpp, rc, sp, att, ck, f8, st, mo in product(
+                                        vpps, recompute_choices(fix), sps, fix.choices("attention", ["flash"]),
+                                        cp_kinds, fp8s, stacks, overlaps):
+                                    split = split1 if vpp == 1 else stage_split(L, pp, vpp, fix)
+                                    for mbs in fix.choices("mbs", [b for b in MBS_CHOICES
+                                                                   if global_batch % (b * dp) == 0]):
+                                        yield Layout(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp,
+                                                     vpp=vpp, cp=cp, ep=ep, micro_batch=mbs, zero_stage=zero,
+                                                     recompute=rc, sequence_parallel=sp, attention=att,
+                                                     pp_layout=split, pipeline_schedule=sched, etp=etp,
+                                                     fp8=f8, cp_kind=ck, stack=st, moe_overlap=mo, **moe_kw)
 
 
 def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: Pins) -> str:
