@@ -220,6 +220,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                               "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
         if row.get("num_experts"):
             needs.append(Need("etp", "1", "expert tensor parallel 1 (TP 1)", {}, implied=True))
+            needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "
+                              "with another micro-batch's compute (no DualPipe in AutoModel)", {}, implied=True))
     else:  # torchtitan: FSDP2 (+TP), bf16 (none of the dev rows carries Float8)
         facts = TORCHTITAN_FACTS[name]
         zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)
@@ -236,8 +238,10 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                               {"recompute": "selective"}))
         else:
             recompute = "full"
-        needs.append(Need("stack", "torchtitan", "FSDP2" + (" + torch.compile" if facts["compile"] else
-                                                             ", eager"), {}))
+        needs.append(Need("stack", "torchtitan" if facts["compile"] else "eager",
+                          "FSDP2 + torch.compile" if facts["compile"] else
+                          "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "
+                          "run one kernel per op", {}))
         if facts.get("device"):
             needs.append(Need("device", facts["device"], "not in meshplan's catalogue (80 GB HBM3, 700 W)",
                               {"device": "H100"}))
@@ -245,11 +249,14 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
     if L % pp or (vpp > 1 and L % (pp * vpp)):
-        needs.append(Need("pp_layout", f"{L} layers over pp={pp} x vpp={vpp}",
-                          "uneven stages (Megatron first/last stage layers or an explicit layout)", None))
+        from meshplan.planner.layout import balanced_split, format_pp_layout
+
+        needs.append(Need("pp_layout", format_pp_layout(balanced_split(L, pp * vpp)),
+                          f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the "
+                          "split; Megatron's account-for-embedding/loss split assumed", None))
     if ep > 1 and (dp * cp) % ep:
-        needs.append(Need("ep_folding", f"ep={ep} over dp={dp} x cp={cp}", "expert mesh folded independently "
-                          "of the dense mesh", None))
+        needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
+                          "the dense mesh (MoE parallel folding)", None))
     cfg = _config_path(row, runs_dir)
     if cfg and "approx" in cfg:
         needs.append(Need("arch", Path(cfg).stem, row.get("notes", "").split("arch approx for meshplan: ")[-1], {}))

@@ -25,6 +25,15 @@ if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CL
 
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 
+# fp8 GEMM time per scaling recipe (``OpSpec.impl``), relative to the per-tensor scaled GEMM the measurements and the
+# learned model cover. Block-wise scaling (DeepSeek-V3 §3.3.2: 128x128 weight blocks, 1x128 activation tiles) has a
+# scale per K-block, applied in the GEMM main loop rather than the epilogue (CUTLASS PR #1932 "Blockwise Scaling for
+# FP8": "it must be applied during the mainloop, impacting performance"): on H100 (500 W) block-scaled GEMMs ran
+# 828-870 TFLOP/s where row-scaled ones ran 1083-1141 on the same three large shapes (pytorch/FBGEMM PR #2546),
+# i.e. 1 / 0.75 the time. Tensor-wise, delayed and MXFP8 (hardware block scales on Blackwell) scale in the epilogue
+# or in the tensor core: no extra GEMM time.
+FP8_RECIPE_TIME = {"blockwise": 1 / 0.75}
+
 
 def shipped_model_dir() -> Path:
     """Folder of the default model shipped in the package (``costmodel/data/model``)."""
@@ -100,22 +109,24 @@ class Pricer:
             from meshplan.costmodel.collective_model import predict_collective
 
             return predict_collective(op.kind, op.bytes, op.group_size, link, model=cm), "learned collective"
+        slow = FP8_RECIPE_TIME.get(op.impl, 1.0) if op.kind in ("matmul", "bmm") else 1.0
         if self.model is None:
-            return roofline_predict(op, device), "roofline (no learned model)"
+            return roofline_predict(op, device) * slow, "roofline (no learned model)"
         key = (op, device)
         hit = self._memo.get(key)
         if hit is None:
             if len(self._memo) >= MEMO_MAX:
                 self._memo.clear()
             sec, src = self.model.predict_ops([op], device)
-            hit = self._memo[key] = (float(sec[0]), str(src[0]))
+            hit = self._memo[key] = (float(sec[0]) * slow, str(src[0]))
         return hit
 
     def predict_batch(self, ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]):
         """Latency (s) of many compute ops at once (numpy array): the fast path of the solvers' problem builders."""
         import numpy as np
 
+        slow = np.array([FP8_RECIPE_TIME.get(o.impl, 1.0) if o.kind in ("matmul", "bmm") else 1.0 for o in ops])
         if self.model is None:
             devs = device if isinstance(device, list) else [device] * len(ops)
-            return np.array([roofline_predict(o, d) for o, d in zip(ops, devs)])
-        return self.model.predict_ops(ops, device)[0]
+            return np.array([roofline_predict(o, d) for o, d in zip(ops, devs)]) * slow
+        return self.model.predict_ops(ops, device)[0] * slow

@@ -118,6 +118,17 @@ def stage_layers(model, layout: Layout, stage: int) -> tuple[range, ...]:
     return layout.stage_chunks(model.num_layers, stage)
 
 
+def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]) -> dict[bool, int]:
+    """``{is_moe: layers of ``chunks`` whose recompute runs}``: every layer, except under ``full:N``, where
+    Megatron's block method recomputes the first N layers of each virtual chunk (``--recompute-method block``)."""
+    n = layout.recompute_layers
+    if layout.recompute_kind == "none":
+        return {True: 0, False: 0}
+    if not n:
+        return tb.kind_counts(chunks)
+    return tb.kind_counts(tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks))
+
+
 def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
     """(dense, routed-expert) parameters held by one rank of pipeline stage ``stage``."""
     model = tb.model
@@ -142,11 +153,23 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     chunks = stage_layers(model, layout, stage)
     counts = tb.kind_counts(chunks)
     n_layers = sum(len(r) for r in chunks)
-    per_mb = sum(n * activation_bytes_per_layer(tb.shape[k], s, b, layout) for k, n in counts.items() if n)
+    fp8 = layout.fp8 != "none" or work.dtype == "fp8"
+    keep = layout.with_(recompute="none")
+    rec = recomputed_counts(tb, layout, chunks)
+    per_mb = 0.0
+    for k, n in counts.items():
+        if n:
+            per_mb += rec[k] * activation_bytes_per_layer(tb.shape[k], s, b, layout, fp8)
+            per_mb += (n - rec[k]) * activation_bytes_per_layer(tb.shape[k], s, b, keep, fp8)
     act = per_mb * inflight_factor(layout, m, stage)
-    if layout.recompute == "full":  # one layer re-materialised during its backward
-        act += max(activation_bytes_per_layer(tb.shape[k], s, b, layout.with_(recompute="none"))
-                   for k, n in counts.items() if n)
+    if layout.recompute_kind in ("full", "op"):  # one layer re-materialised during its backward
+        act += max(activation_bytes_per_layer(tb.shape[k], s, b, keep, fp8) for k, n in counts.items() if n)
+    if fp8:
+        # Transformer Engine keeps an fp8 copy of each linear weight and of its transpose (Hopper's fp8 GEMMs take
+        # only the "TN" layout, so the backward needs the transposed copy): 2 B per parameter, cast once per step;
+        # under FSDP only for the layers gathered at the moment
+        held = (dense + expert) if layout.zero_stage < 3 else 2 * (dense + expert) / max(1, n_layers)
+        w += 2.0 * held
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * PARAM_BYTES
     if stage == layout.pp - 1:  # logits (bf16) + fp32 softmax of the vocab-parallel cross-entropy
@@ -181,5 +204,7 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
 def time_key(layout: Layout) -> Layout:
     """The fields that change one micro-batch's per-layer time (the estimators' cache key)."""
     return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, micro_batch=layout.micro_batch,
-                  recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
-                  attention=layout.attention)
+                  recompute=layout.recompute_kind, sequence_parallel=layout.sequence_parallel,
+                  attention=layout.attention, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
+                  fp8=layout.fp8, cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
+                  moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance)

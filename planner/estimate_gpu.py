@@ -23,14 +23,23 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.estimate import (Estimate, TablesCache, Workload, finish_estimate, stage_layers, stage_params,
-                                       time_key)
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate import (Estimate, TablesCache, Workload, finish_estimate, recomputed_counts,
+                                       stage_layers, stage_params, time_key)
 from meshplan.planner.layout import Layout
 from meshplan.planner.memory import GRAD_BYTES, PARAM_BYTES
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.schedules import bubble_s
 
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
+# SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
+# are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
+COMM_SMS = 20
+
+
+def comm_sm_share(device) -> float:
+    """Share of the device's SMs that overlapped communication takes from compute (0 on devices without SMs)."""
+    return min(1.0, COMM_SMS / device.sm_count) if device.sm_count else 0.0
 
 
 class GpuEstimator:
@@ -57,8 +66,9 @@ class GpuEstimator:
 
     # ---- one micro-batch
     def _layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
-                     tp_link, ep_link, cp_link) -> tuple[float, float, float, float]:
-        """(fwd compute, bwd compute, recompute, exposed comm fwd+bwd) of one layer for one micro-batch, s."""
+                     tp_link, ep_link, cp_link) -> tuple[float, float, float, float, float]:
+        """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
+        recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds)."""
         k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link)
         hit = self._layer.get(k)
         if hit is not None:
@@ -67,24 +77,36 @@ class GpuEstimator:
         lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
         fwd = sum(predict(op, device) for op in lo.compute)
         bwd = sum(self._bwd_s(op, device) for op in lo.compute)
-        if key.recompute == "full":
+        kind = key.recompute_kind
+        if kind == "full":
             re = fwd
-        elif key.recompute == "selective":
+        elif kind == "selective":
             re = sum(predict(op, device) for op in lo.core_attention)
+        elif kind == "op":
+            re = sum(predict(op, device) for op in lo.op_recompute)
         else:
             re = 0.0
-        n_fwd = 2.0 if key.recompute == "full" else 1.0  # forward collectives run again during full recompute
-        comm = 0.0
-        for kind, nbytes in lo.tp_comm:
-            comm += (n_fwd + 1.0) * collective_time_s(kind, nbytes, key.tp, tp_link)  # + backward mirror
-        for kind, nbytes in lo.ep_comm:
-            comm += (n_fwd + 1.0) * collective_time_s(kind, nbytes, key.ep, ep_link)
+        tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
+        ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
+        cp = 0.0
         if lo.cp_comm:
-            attn_fwd = sum(predict(op, device) for op in lo.core_attention)
-            for kind, nbytes in lo.cp_comm:  # ring attention overlaps the KV exchange with attention blocks
-                c = collective_time_s(kind, nbytes, key.cp, cp_link)
-                comm += max(0.0, c - attn_fwd) * (1.0 + n_fwd)
-        out = self._layer[k] = (fwd, bwd, re, comm)
+            c = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
+            if key.cp_kind == "ring":  # each KV block's transfer hides behind the previous block's attention
+                c = max(0.0, c - sum(predict(op, device) for op in lo.core_attention))
+            cp = c
+        if ep and key.moe_overlap:
+            # the dispatch/combine all-to-alls overlap the layer's other work (MegaScale-MoE §4; DeepSeek-V3
+            # §3.2.2 pairs one micro-batch's all-to-all with another's compute); what the compute cannot cover stays
+            # exposed, and the compute it overlaps runs on the SMs the communication kernels leave
+            hide = fwd + bwd
+            exposed = max(0.0, 2 * ep - hide)
+            ep_cost = exposed + min(2 * ep, hide) * comm_sm_share(device)
+            ep_re = max(0.0, ep - fwd) + min(ep, fwd) * comm_sm_share(device)
+        else:
+            ep_cost, ep_re = 2 * ep, ep
+        comm = 2 * tp + 2 * cp + ep_cost  # forward and the backward mirror
+        comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        out = self._layer[k] = (fwd, bwd, re, comm, comm_re)
         return out
 
     def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
@@ -111,12 +133,13 @@ class GpuEstimator:
         cp_link = cluster.collective_link(*layout.cp_group)
         pp_link = cluster.collective_link(*layout.pp_neighbours)
 
+        if layout.fp8 == "mxfp8" and not dev.supports("mxfp8"):
+            raise MeshplanError(f"fp8=mxfp8 needs MX-format tensor cores (Blackwell); {dev.name} has none "
+                                "(use tensorwise, delayed or blockwise)")
         tb = self.tables(model)
         key = time_key(layout)
         times = {k: self._layer_times(tb, dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link)
                  for k in tb.rep}
-        kinds = {k: sum(t[:3]) for k, t in times.items()}
-        kcomm = {k: t[3] for k, t in times.items()}
         emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
 
         # p2p activations per micro-batch boundary (Megatron scatter/gather: 1/t of the tensor crosses nodes)
@@ -125,10 +148,13 @@ class GpuEstimator:
 
         stage_compute, stage_comm, stage_bwd = [], [], []
         for st in range(pp):
-            counts = tb.kind_counts(stage_layers(model, layout, st))
-            c = sum(kinds[k] * n for k, n in counts.items() if n)
-            q = sum(kcomm[k] * n for k, n in counts.items() if n)
-            stage_bwd.append(sum((times[k][1] + times[k][2]) * n for k, n in counts.items() if n))
+            chunks = stage_layers(model, layout, st)
+            counts = tb.kind_counts(chunks)
+            rec = recomputed_counts(tb, layout, chunks)
+            c = sum((times[k][0] + times[k][1]) * n + times[k][2] * rec[k] for k, n in counts.items() if n)
+            q = sum(times[k][3] * n + (times[k][4] * rec[k] if layout.recompute_kind == "full" else 0.0)
+                    for k, n in counts.items() if n)
+            stage_bwd.append(sum(times[k][1] * n + times[k][2] * rec[k] for k, n in counts.items() if n))
             if st == 0:
                 c += emb
             if st == pp - 1:
@@ -142,28 +168,39 @@ class GpuEstimator:
         compute = m * stage_compute[slow]
         comm_exposed = m * stage_comm[slow]
 
-        # gradient sync over the data-parallel (x context-parallel) group
+        # gradient sync: dense parameters over the data-parallel (x context-parallel) group, routed experts over
+        # the expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel folding)
         dense, expert = stage_params(tb, layout, slow)
-        grad_bytes = (dense + expert) * GRAD_BYTES
-        if layout.zero_stage == 3:
-            shard, _ = layout.shard_group
-            shard_link = cluster.collective_link(*layout.shard_group)
-            pbytes = (dense + expert) * PARAM_BYTES
-            per_mb_comm = (2 * collective_time_s("allgather", pbytes, shard, shard_link)
-                           + collective_time_s("reducescatter", grad_bytes, shard, shard_link))
-            fsdp_exposed = m * max(0.0, per_mb_comm - stage_compute[slow])
-            rep_link = cluster.collective_link(*layout.replicate_group)
-            rep = collective_time_s("allreduce", grad_bytes / shard, layout.dp_replicate, rep_link)
-            dp_exposed = fsdp_exposed + max(rep * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1.0)),
-                                            rep - stage_compute[slow] * 2 / 3)
-        else:
-            dp_group = layout.grad_group
-            sync = collective_time_s("allreduce", grad_bytes, dp_group.size, cluster.collective_link(*dp_group))
-            last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
-            dp_exposed = max(sync * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1.0)), sync - last_bwd)
+        groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
+        if expert:
+            eshard = layout.expert_shard_group
+            groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
+                           max(1, layout.expert_dp // eshard.size)))
+        last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
+        grad_total = (dense + expert) * GRAD_BYTES
+        dp_exposed = 0.0
+        for params, grad_group, shard_group, replicas in groups:
+            grad_bytes = params * GRAD_BYTES
+            bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
+            if layout.zero_stage == 3:
+                shard = shard_group[0]
+                shard_link = cluster.collective_link(*shard_group)
+                per_mb_comm = (2 * collective_time_s("allgather", params * PARAM_BYTES, shard, shard_link)
+                               + collective_time_s("reducescatter", grad_bytes, shard, shard_link))
+                dp_exposed += m * max(0.0, per_mb_comm - stage_compute[slow] * params / (dense + expert))
+                rep_link = cluster.collective_link(replicas, shard_group[1] * shard)
+                rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
+                dp_exposed += max(rep * bucket, rep - last_bwd * params / (dense + expert))
+            else:
+                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], cluster.collective_link(*grad_group))
+                dp_exposed += max(sync * bucket, sync - last_bwd * params / (dense + expert))
 
         opt_numel = (dense + expert) / (layout.shard_group.size if layout.zero_stage >= 1 else 1)
         optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
+        if layout.fp8 != "none" or work.dtype == "fp8":
+            # the fp8 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
+            # them across the micro-batches of a step (``is_first_microbatch``)
+            optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(dense + expert),), "bf16"), dev)
 
         step = m * t_max + bubble + dp_exposed + optimizer
         return finish_estimate(work, tb, layout, m, step=step, compute_s=compute,

@@ -52,12 +52,13 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout)
 
     Args:
         dense_params: parameters held by this rank outside routed experts (already divided by tp and pp).
-        expert_params: routed-expert parameters held by this rank (already divided by ep, tp and pp).
-        layout: ZeRO stage applies over dp_shard*cp for dense parameters and dp_shard*cp/ep for experts.
+        expert_params: routed-expert parameters held by this rank (already divided by ep, etp and pp).
+        layout: ZeRO stage applies over dp_shard*cp for dense parameters and over the expert-data-parallel part of
+            dp_shard*cp*tp / (ep*etp) for experts (``Layout.expert_shard_group``).
     """
     z = layout.zero_stage
     shard = layout.dp_shard * layout.cp if z > 0 else 1
-    eshard = max(1, shard // layout.ep) if z > 0 else 1
+    eshard = layout.expert_shard_group.size if z > 0 else 1
     w = g = o = 0.0
     copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
@@ -108,43 +109,84 @@ def layer_shape(model, layer: int) -> LayerShape:
     )
 
 
-def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout) -> float:
+def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, fp8: bool = False) -> float:
     """Activation bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022, §4.1).
 
     With the GPT layer of the paper (q=kv=v=h, ffn=4h, dropout, unfused attention) this reduces exactly to
     sbh(34 + 5as/h) for t=1, sbh(10 + 24/t + 5as/(ht)) under TP and sbh/t(34 + 5as/h) under TP+SP.
+
+    ``recompute``: ``full`` keeps the layer input only (``full:N`` applies per layer: the caller counts which
+    layers are recomputed, ``recompute_layer_bytes``); ``op`` keeps what torchtitan's op-level policy saves
+    (``op_saved_bytes``). ``fp8``: Transformer Engine saves the fp8 cast of each linear layer's input for its
+    weight gradient (1 B instead of 2 B per element: QKV, projection, FC1 and FC2 inputs).
+    MoE: routed token copies scale with the busiest rank's load (``moe_imbalance`` or ``moe_capacity``) and, under
+    expert tensor parallelism, are gathered over etp (``etp / tp`` of the tokens at ``1 / etp`` of the width).
     """
     t = layout.tp
     sp = layout.sequence_parallel
     h = ls.hidden
     sbh = s * b * h
     rep = t if sp else 1  # tensors outside the TP region: sharded only under sequence parallelism
-    if layout.recompute == "full":
+    kind = layout.recompute_kind
+    if kind == "full":
         return 2.0 * sbh / rep  # only the layer input is kept
+    if kind == "op":
+        return op_saved_bytes(ls, s, b, layout)
+    lin = 1.0 if fp8 else 2.0  # bytes per element of a saved linear-layer input
     drop = 1.0 if ls.dropout else 0.0
     out = 4.0 * sbh / rep  # two norm inputs
     # attention
-    out += 2.0 * sbh / rep  # QKV input
+    out += lin * sbh / rep  # QKV input
     out += 2.0 * s * b * (ls.q_dim + ls.kv_dim) / t  # Q, K
     out += 2.0 * s * b * ls.v_dim / t  # V
-    if layout.attention == "unfused" and layout.recompute != "selective":
+    if layout.attention == "unfused" and kind != "selective":
         a_sq = ls.heads * s * s * b / t
         out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
     elif layout.attention == "flash":
         out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
-    out += 2.0 * s * b * ls.q_dim / t  # projection input (attention output)
+    out += lin * s * b * ls.q_dim / t  # projection input (attention output)
     out += drop * sbh / rep  # attention dropout mask
     # MLP
-    out += 2.0 * sbh / rep  # MLP input
-    per_ffn = 8.0 if ls.gated else 4.0  # SwiGLU: gate, up, act, product; GeLU: input, output (2 bytes each)
+    out += lin * sbh / rep  # MLP input
+    per_ffn = (6.0 + lin) if ls.gated else (2.0 + lin)  # SwiGLU: gate, up, act, product (FC2 input); GeLU: in, out
     if ls.experts_per_token:
         k = ls.experts_per_token
-        out += 2.0 * k * sbh / t  # dispatched token copies
-        out += per_ffn * k * s * b * ls.ffn / t
+        load = _moe_load(layout)
+        etp = layout.expert_tp
+        out += 2.0 * k * load * s * b * h * etp / t  # dispatched token copies at full width (FC1's input)
+        out += per_ffn * k * load * s * b * ls.ffn / t
         out += per_ffn * s * b * ls.shared_ffn / t
     else:
         out += per_ffn * s * b * ls.ffn / t
     out += drop * sbh / rep  # MLP dropout mask
+    return out
+
+
+def _moe_load(layout: Layout) -> float:
+    """The busiest expert rank's tokens over the balanced share (capacity when dropping, else imbalance)."""
+    return layout.moe_capacity if layout.moe_capacity > 0 else layout.moe_imbalance
+
+
+def op_saved_bytes(ls: LayerShape, s: int, b: int, layout: Layout) -> float:
+    """Bytes torchtitan's op-level selective checkpointing keeps per layer (``selective_ac_option='op'``).
+
+    Its policy (``_save_list`` in ``torchtitan/models/llama3/infra/parallelize.py``) saves the outputs of SDPA and of
+    every second ``mm`` of a layer, and recomputes the rest from the layer input. A Llama layer runs wq, wk, wv,
+    wo, then w1, w3, w2, so the outputs of wq, wv, w1, w2 are saved with SDPA's output and log-sum-exp.
+    """
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    sbh = s * b * ls.hidden
+    out = 2.0 * sbh / rep  # the layer input
+    out += 2.0 * s * b * (ls.q_dim + ls.v_dim) / t  # wq and wv outputs
+    out += 2.0 * s * b * ls.q_dim / t + 4.0 * ls.heads * s * b / t  # SDPA output and log-sum-exp
+    out += 2.0 * sbh / rep  # wo's output is recomputed; w2's (the block output) is saved
+    if ls.experts_per_token:
+        k = ls.experts_per_token * _moe_load(layout)
+        out += 2.0 * k * s * b * ls.hidden * layout.expert_tp / t  # routed token copies (all-to-all outputs)
+        out += 2.0 * k * s * b * ls.ffn / t + 2.0 * s * b * ls.shared_ffn / t  # w1 outputs
+    else:
+        out += 2.0 * s * b * ls.ffn / t  # w1 output
     return out
 
 
