@@ -242,9 +242,11 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                           "FSDP2 + torch.compile" if facts["compile"] else
                           "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "
                           "run one kernel per op", {}))
-        if facts.get("device"):
-            needs.append(Need("device", facts["device"], "not in meshplan's catalogue (80 GB HBM3, 700 W)",
-                              {"device": "H100"}))
+        if facts.get("device"):  # the catalogue's 500 W HBM2e part (costmodel/data/devices.yaml, sourced there)
+            device = "H100-SXM-96GB-500W"
+            assumptions.append(f"device {facts['device']} -> {device}" + (
+                "" if "500" in facts["device"] else " (doc A says 'lower TDP' without the figure: taken as the "
+                "500 W part of doc B)"))
     if vpp > 1:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]

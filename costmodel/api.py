@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshplan.costmodel.attention import fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
@@ -109,6 +110,10 @@ class Pricer:
             from meshplan.costmodel.collective_model import predict_collective
 
             return predict_collective(op.kind, op.bytes, op.group_size, link, model=cm), "learned collective"
+        if op.kind == "attention" and op.impl:
+            t = fused_attention_s(op, device)
+            if t is not None:
+                return t, f"published {op.impl} curve"
         slow = FP8_RECIPE_TIME.get(op.impl, 1.0) if op.kind in ("matmul", "bmm") else 1.0
         if self.model is None:
             return roofline_predict(op, device) * slow, "roofline (no learned model)"
@@ -126,7 +131,14 @@ class Pricer:
         import numpy as np
 
         slow = np.array([FP8_RECIPE_TIME.get(o.impl, 1.0) if o.kind in ("matmul", "bmm") else 1.0 for o in ops])
+        devs = device if isinstance(device, list) else [device] * len(ops)
         if self.model is None:
-            devs = device if isinstance(device, list) else [device] * len(ops)
-            return np.array([roofline_predict(o, d) for o, d in zip(ops, devs)]) * slow
-        return self.model.predict_ops(ops, device)[0] * slow
+            out = np.array([roofline_predict(o, d) for o, d in zip(ops, devs)]) * slow
+        else:
+            out = self.model.predict_ops(ops, device)[0] * slow
+        for i, (o, d) in enumerate(zip(ops, devs)):
+            if o.kind == "attention" and o.impl:
+                t = fused_attention_s(o, d)
+                if t is not None:
+                    out[i] = t
+        return out

@@ -22,7 +22,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.schedules import check_schedule
 
 RECOMPUTE = ("none", "selective", "full", "op")  # plus "full:N" (``recompute_layers``)
-ATTENTION = ("flash", "unfused")
+# "flash": the stack's fused attention (Megatron/TE: cuDNN; torchtitan and eager: SDPA's FlashAttention-2), or a
+# named kernel (costmodel.attention); "unfused": materialised scores (Megatron-LM 2021)
+ATTENTION = ("flash", "flash2", "flash3", "cudnn", "flex", "unfused")
 FP8_RECIPES = ("none", "tensorwise", "delayed", "blockwise", "mxfp8")
 CP_KINDS = ("ring", "allgather", "a2a")
 STACKS = ("megatron", "torchtitan", "eager")
@@ -151,8 +153,10 @@ class Layout(Degrees):
         zero_stage: 0-3 over the dp_shard group (3 = FSDP full shard). 0 requires dp_shard == 1.
         recompute: "none", "selective" (core attention, Korthikanti et al. 2022) or "full".
         sequence_parallel: Megatron SP (norms/dropout sharded over TP); needs tp > 1.
-        attention: "flash" (FlashAttention, no s x s scores stored) or "unfused" (materialised scores, as in
-            Megatron-LM 2021: fused scale-mask-softmax, separate dropout).
+        attention: "flash" (the stack's fused attention kernel, no s x s scores stored: cuDNN through Transformer
+            Engine for megatron, PyTorch SDPA's FlashAttention-2 for torchtitan and eager), a named fused kernel
+            ("flash2", "flash3", "cudnn", "flex"), or "unfused" (materialised scores, as in Megatron-LM 2021: fused
+            scale-mask-softmax, separate dropout).
         pp_layout: decoder layers per pipeline stage, first to last (() = pp divides the layers evenly).
             Megatron-LM ``--decoder-first/last-pipeline-num-layers`` or ``--pipeline-model-parallel-layout``:
             Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4), so stages cannot all be equal.

@@ -142,7 +142,7 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, f
     if layout.attention == "unfused" and kind != "selective":
         a_sq = ls.heads * s * s * b / t
         out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
-    elif layout.attention == "flash":
+    elif layout.attention != "unfused":
         out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
     out += lin * s * b * ls.q_dim / t  # projection input (attention output)
     out += drop * sbh / rep  # attention dropout mask

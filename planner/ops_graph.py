@@ -110,8 +110,9 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
     attn_heads, attn_s = a_t, s
     if layout.cp > 1 and layout.cp_kind == "a2a":  # Ulysses: full sequence, heads split over the CP group
         attn_heads, attn_s = max(1, a_t // cp), seq_len
-    if layout.attention == "flash":
-        attn_core.append(OpSpec("attention", (b, attn_heads, attn_s, seq_len, d), act, causal=True))
+    if layout.attention != "unfused":
+        attn_core.append(OpSpec("attention", (b, attn_heads, attn_s, seq_len, d), act, causal=True,
+                                impl=attention_impl(layout)))
     else:  # materialised scores: full s x s (the causal mask is applied, not skipped), Megatron 2021
         bh = b * attn_heads
         attn_core.append(OpSpec("bmm", (bh, attn_s, seq_len, d), act))
@@ -167,6 +168,19 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
             cp_comm = [("allgather", kv_bytes * cp)]
     return LayerOps(tuple(ops), tuple(attn_core), tuple(tp_comm), tuple(ep_comm), tuple(cp_comm),
                     _op_recompute(ops, attn_core), tuple(experts))
+
+
+STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "flash2", "eager": "flash2"}
+
+
+def attention_impl(layout: Layout) -> str:
+    """The fused attention kernel that runs: the one named, or the stack's. Megatron-Core calls Transformer Engine's
+    ``DotProductAttention``, which picks cuDNN fused attention on Hopper; torchtitan and HF code call PyTorch SDPA,
+    whose flash backend is FlashAttention-2 (``costmodel.attention`` prices each). FlexAttention ("flex") is
+    compiled Triton, priced by the learned model / roofline."""
+    if layout.attention == "flex":
+        return "flex"
+    return layout.attention if layout.attention != "flash" else STACK_ATTENTION[layout.stack]
 
 
 def _expert_load(layout: Layout) -> float:

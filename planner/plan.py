@@ -34,7 +34,7 @@ Fp8Recipe = Literal["none", "tensorwise", "delayed", "blockwise", "mxfp8"]
 CpKind = Literal["ring", "allgather", "a2a"]
 Stack = Literal["megatron", "torchtitan", "eager"]
 Schedule = Literal["1f1b", "interleaved", "gpipe", "zbh1", "dualpipe"]
-Attention = Literal["flash", "unfused"]
+Attention = Literal["flash", "flash2", "flash3", "cudnn", "flex", "unfused"]
 _ATTENTION_NOTE = "attention="  # how plans before the ``attention`` field recorded it (a note, parsed back)
 
 __all__ = ["Attention", "Breakdown", "BucketCompression", "ClusterRef", "CpKind", "Degrees", "DeviceGroupRef",

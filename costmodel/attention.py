@@ -1,0 +1,100 @@
+"""Achieved speed of fused attention kernels (FlashAttention-2, FlashAttention-3, cuDNN) by sequence length.
+
+Fused attention is one kernel whose speed depends on the implementation far more than on the shape: on an H100 the
+same causal attention runs at 333 TFLOP/s with FlashAttention-2 (Ampere-style ``mma.sync``, no TMA/WGMMA) and at 602
+with FlashAttention-3 (Shah et al. 2024). The training stack decides which runs (``planner.ops_graph``: Megatron-Core
+through Transformer Engine -> cuDNN fused attention; PyTorch SDPA's flash backend in torchtitan and HF code ->
+FlashAttention-2), and ``OpSpec.impl`` carries it here. No op-level dataset in ../shared measures fused attention on
+these GPUs, so the published kernel benchmarks below are the measurements.
+
+Sources (BF16, head dim 128, FLOPs counted as 4 s^2 d h forward, halved when causal, backward 2.5x forward):
+  * H100 SXM5 80GB: FlashAttention-3 paper (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao 2024, arXiv:2407.08608),
+    Figure 5 (forward, causal, head dim 128) and Figure 6 (backward, head dim 128): FlashAttention-2, cuDNN and
+    FlashAttention-3 at sequence lengths 512 .. 16k (batch x seq = 16k tokens, hidden 2048).
+  * A100 80GB SXM4: FlashAttention-2 paper (Dao 2023, arXiv:2307.08691) §4.1: forward "up to 73%" and backward
+    "up to 63%" of the theoretical peak; the curve over sequence length is taken with the H100 FlashAttention-2
+    curve's shape (both kernels are the same code, limited by the same non-matmul work at short sequences).
+    FlashAttention-3 and cuDNN's Hopper kernels do not exist on Ampere: they fall back to FlashAttention-2.
+  * FlexAttention (torch.compile-generated Triton): PyTorch blog "FlexAttention: The Flexibility of PyTorch with the
+    Performance of FlashAttention" (Aug 2024): "90% of FlashAttention2's performance in the forward pass and 85%
+    in the backward pass" (H100): the FlashAttention-2 curve times those shares.
+Other devices have no published curve here and keep the learned model's / roofline's price.
+Units: TFLOP/s in the tables, seconds returned.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.ops import OpSpec
+
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+H100_SXM_BF16_PEAK_TFLOPS = 989.4  # the figures below are on this device; other Hopper parts scale by their peak
+HOPPER_TFLOPS = {  # FA3 paper Fig. 5 (forward, causal) / Fig. 6 (backward, no mask), H100 SXM5, head dim 128
+    "flash2": {"fwd": (191, 260, 298, 319, 333, 335), "bwd": (214, 260, 291, 310, 318, 322)},
+    "cudnn": {"fwd": (315, 410, 484, 518, 529, 539), "bwd": (305, 408, 465, 499, 518, 516)},
+    "flash3": {"fwd": (292, 423, 521, 579, 602, 616), "bwd": (316, 424, 501, 542, 559, 561)},
+}
+# FA3 paper Fig. 5, forward without the mask: the causal/unmasked ratio at each length is the masking overhead (tiles
+# on the diagonal, fewer tiles to balance), applied to the backward too, which the paper shows unmasked only
+HOPPER_FWD_UNMASKED = {"flash2": (309, 350, 362, 368, 370, 370), "cudnn": (497, 574, 617, 609, 600, 595),
+                       "flash3": (467, 565, 625, 638, 646, 648)}
+AMPERE_FA2_PLATEAU = {"fwd": 0.73, "bwd": 0.63}  # FA2 paper §4.1: share of the A100's 312 TFLOP/s peak
+HOPPER = frozenset({"H100-SXM", "H100-PCIe", "H800", "H200", "H100-SXM-96GB-500W"})
+AMPERE = frozenset({"A100-80GB", "A100-40GB", "A100-PCIe-40GB", "A100-PCIe-80GB"})
+FUSED_IMPLS = ("flash2", "flash3", "cudnn", "flex")
+FLEX_SHARE_OF_FA2 = {"fwd": 0.90, "bwd": 0.85}  # PyTorch FlexAttention blog, Aug 2024
+
+
+def _interp(seq: float, values: tuple[float, ...]) -> float:
+    """Linear in log2(sequence length) between the published points; flat beyond them."""
+    x = math.log2(max(SEQ_LENS[0], min(SEQ_LENS[-1], seq)))
+    xs = [math.log2(s) for s in SEQ_LENS]
+    i = min(len(xs) - 2, max(0, bisect.bisect_right(xs, x) - 1))
+    f = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return values[i] + f * (values[i + 1] - values[i])
+
+
+def _curve(impl: str, pass_: str, causal: bool) -> tuple[float, ...]:
+    """The H100 TFLOP/s of ``impl`` per ``SEQ_LENS`` for one pass, with or without the causal mask."""
+    vals = HOPPER_TFLOPS[impl][pass_]
+    if pass_ == "bwd" and causal:
+        mask = [c / u for c, u in zip(HOPPER_TFLOPS[impl]["fwd"], HOPPER_FWD_UNMASKED[impl])]
+        return tuple(v * r for v, r in zip(vals, mask))
+    if pass_ == "fwd" and not causal:
+        return HOPPER_FWD_UNMASKED[impl]
+    return vals
+
+
+def attention_tflops(impl: str, device: DeviceSpec, seq: float, backward: bool,
+                     causal: bool = True) -> float | None:
+    """Achieved TFLOP/s of ``impl`` on ``device`` at key length ``seq``, or ``None`` when no curve applies."""
+    if impl not in FUSED_IMPLS or device.vendor != "nvidia":
+        return None
+    pass_ = "bwd" if backward else "fwd"
+    if impl == "flex":
+        fa2 = attention_tflops("flash2", device, seq, backward, causal)
+        return None if fa2 is None else fa2 * FLEX_SHARE_OF_FA2[pass_]
+    peak = device.peak_flops.get("bf16", 0.0) / 1e12
+    if device.name in HOPPER:
+        return _interp(seq, _curve(impl, pass_, causal)) * peak / H100_SXM_BF16_PEAK_TFLOPS
+    if device.name in AMPERE:  # FlashAttention-3 / cuDNN's Hopper kernels fall back to FlashAttention-2
+        curve = _curve("flash2", pass_, causal)
+        return _interp(seq, curve) / max(curve) * AMPERE_FA2_PLATEAU[pass_] * peak
+    return None
+
+
+def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
+    """Seconds of a fused-attention ``op`` from the published curves (``None``: no curve for it).
+
+    The sequence length that sets the kernel's efficiency is the shorter of the query and key lengths: a context-
+    parallel ring runs blocks of the local length.
+    """
+    if op.kind != "attention" or op.dtype not in ("bf16", "fp16"):
+        return None
+    _, _, s_q, s_kv, _ = op.shape
+    tflops = attention_tflops(op.impl, device, min(s_q, s_kv), op.backward, op.causal)
+    if not tflops:
+        return None
+    return op.flops / (tflops * 1e12)
