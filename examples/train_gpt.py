@@ -222,6 +222,8 @@ def apply_plan(a: argparse.Namespace) -> None:
     unsupported = {k: v for k, v in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)) if v != 1}
     if unsupported or plan.schedule == "interleaved":
         sys.exit(f"{a.plan}: train_gpt.py does not implement {unsupported or 'the interleaved schedule'}")
+    if plan.recompute not in ("none", "selective", "full"):  # full:N, op
+        sys.exit(f"{a.plan}: train_gpt.py does not implement recompute={plan.recompute}")
     a.dp_replicate, a.dp_shard, a.tp, a.pp = d.dp_replicate, d.dp_shard, d.tp, d.pp
     a.micro_batch, a.global_batch, a.seq_len = plan.micro_batch, plan.global_batch, plan.seq_len
     a.recompute, a.schedule = plan.recompute, plan.schedule
@@ -231,6 +233,9 @@ def apply_plan(a: argparse.Namespace) -> None:
     a.dtype = plan.dtype if plan.dtype in ("fp32", "bf16", "fp16") else "fp32"
     if a.dtype != plan.dtype:
         print(f"train_gpt.py: {a.plan}: dtype {plan.dtype} is not implemented; training in fp32", file=sys.stderr)
+    elif plan.fp8 != "none":
+        print(f"train_gpt.py: {a.plan}: fp8 recipe {plan.fp8} is not implemented; GEMMs in {a.dtype}",
+              file=sys.stderr)
     a.zero_stage = plan.zero_stage
     if plan.sequence_parallel:
         print(f"train_gpt.py: {a.plan}: sequence parallelism is not implemented; running plain TP", file=sys.stderr)

@@ -57,6 +57,24 @@ BAD = [
     # Accelerate's Megatron plugin has no ZeRO-3 with pipelining.
     (with_(plan_mixed(), zero_stage=3), ["accelerate"],
      "no ZeRO-3/FSDP option"),
+    # Issue 12 decisions a target cannot express: refused in one line naming the decision.
+    (with_(plan_llama70b(), recompute="op", schedule="1f1b", degrees={"vpp": 1}), ["megatron"],
+     "megatron: recompute=op (torchtitan's op-level selective checkpointing) has no Megatron flag"),
+    (with_(plan_llama70b(), recompute="full:11", schedule="1f1b", degrees={"vpp": 1}), ["torchtitan"],
+     "torchtitan: recompute=full:11: no k makes layer-level selective AC (every k-th layer) recompute 11 layers"),
+    (with_(plan_llama70b(), fp8="blockwise"), ["torchtitan", "accelerate", "deepspeed"], "fp8 recipe blockwise"),
+    (with_(plan_fsdp8b(), fp8="mxfp8"), ["accelerate", "deepspeed"], "fp8 recipe mxfp8"),
+    (with_(plan_llama70b(), cp_kind="a2a", degrees={"dp_shard": 2, "cp": 2}), ["torchtitan"],
+     "torchtitan: cp_kind a2a (Ulysses all-to-all over heads) with cp=2"),
+    (with_(plan_dsv3(), etp=4, degrees={"ep": 32}), ["torchtitan"],
+     "torchtitan: etp=4 with tp=2: ParallelDims supports expert tensor parallelism 1 or tp only"),
+    (with_(plan_dsv3(), etp=1, degrees={"ep": 512}), list(TARGETS), "num_experts=256 is not divisible by ep=512"),
+    (with_(plan_dsv3(), etp=4, degrees={"ep": 128}), list(TARGETS), "ep*etp = 128*4 must divide tp*cp*dp = 2*1*128"),
+    (with_(plan_llama70b(), etp=2), list(TARGETS), "etp=2 but model 'Llama-3.1-70B' has no experts"),
+    (with_(plan_dsv3(), moe_overlap=True, recompute="full"), ["megatron"],
+     "megatron: moe_overlap (--overlap-moe-expert-parallel-comm) cannot run with recompute=full"),
+    (with_(plan_dsv3(), moe_overlap=True, degrees={"ep": 1}), ["megatron"],
+     "megatron: moe_overlap (--overlap-moe-expert-parallel-comm) needs ep > 1"),
 ]
 
 
@@ -108,13 +126,66 @@ def test_compression_mapping() -> None:
 
 
 def test_fp8_spellings() -> None:
+    """``dtype: fp8`` without an ``fp8`` recipe (plans of before the field) is Transformer Engine's delayed scaling:
+    Megatron --fp8-recipe delayed with TE's amax defaults, Accelerate's TE backend; torchtitan runs tensorwise and
+    says so."""
     p = with_(plan_fsdp8b(), dtype="fp8")
     meg = render(p, "megatron").text
-    assert "--fp8-format hybrid" in meg and "--fp8-recipe tensorwise" in meg and "--bf16" in meg
-    tt = tomllib.loads(render(p, "torchtitan").text)
-    assert tt["model"]["converters"] == ["quantize.linear.float8"]
-    assert tt["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
-    assert "mixed_precision: fp8" in render(p, "accelerate").text
+    assert "--fp8-format hybrid" in meg and "--fp8-recipe delayed" in meg and "--bf16" in meg
+    assert "--fp8-amax-history-len 1024" in meg and "--fp8-amax-compute-algo max" in meg
+    tt = render(p, "torchtitan")
+    doc = tomllib.loads(tt.text)
+    assert doc["model"]["converters"] == ["quantize.linear.float8"]
+    assert doc["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
+    assert any("fp8 recipe delayed" in w for w in tt.warnings)
+    acc = render(p, "accelerate").text
+    assert "mixed_precision: fp8" in acc and "backend: TE" in acc
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_fp8_recipe_spellings(recipe: str) -> None:
+    """An fp8 recipe on a bf16 plan: Megatron --bf16 + --fp8-recipe; torchtitan's float8 / mx converter."""
+    p = with_(plan_fsdp8b(), fp8=recipe)
+    meg = render(p, "megatron").text
+    assert f"--fp8-format hybrid --fp8-recipe {recipe}" in " ".join(meg.split()) and "--bf16" in meg
+    assert "--fp8-amax-history-len" not in meg
+    if recipe == "blockwise":
+        return
+    doc = tomllib.loads(render(p, "torchtitan").text)
+    section = "mx" if recipe == "mxfp8" else "float8"
+    assert doc["model"]["converters"] == [f"quantize.linear.{section}"]
+    assert doc["quantize"]["linear"][section]["recipe_name"] == ("mxfp8_cublas" if recipe == "mxfp8" else recipe)
+
+
+def test_issue12_spellings() -> None:
+    """etp, cp_kind, moe_capacity / moe_overlap and full:N as each target spells them."""
+    moe = with_(plan_dsv3(), etp=1, moe_capacity=1.25, moe_overlap=True)
+    meg = " ".join(render(moe, "megatron").text.split())
+    assert "--expert-model-parallel-size 64 --expert-tensor-parallel-size 1" in meg
+    assert "--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity --moe-token-drop-policy probs" in meg
+    assert "--overlap-moe-expert-parallel-comm" in meg
+    assert "expert_tensor_parallel_degree = 1" in render(moe, "torchtitan").text
+    assert json.loads(render(moe, "deepspeed").text)["expert_parallel"]["expert_tensor_parallel_size"] == 1
+    for t in ("torchtitan", "deepspeed", "accelerate", "torchrun"):
+        warns = render(moe, t).warnings
+        assert any(w.startswith(f"{t}: moe_overlap") for w in warns), (t, warns)
+        assert any(w.startswith(f"{t}: moe_capacity=1.25") for w in warns), (t, warns)
+    cp = with_(plan_fsdp8b(), degrees={"dp_shard": 4, "cp": 2}, global_batch=32)
+    for kind, megatron_type, rotate in (("ring", "p2p", "alltoall"), ("allgather", "all_gather", "allgather")):
+        p = with_(cp, cp_kind=kind)
+        assert f"--cp-comm-type {megatron_type}" in render(p, "megatron").text
+        assert f'context_parallel_rotate_method = "{rotate}"' in render(p, "torchtitan").text
+        assert f"parallelism_config_cp_comm_strategy: {rotate}" in render(p, "accelerate").text
+    assert "--cp-comm-type a2a" in render(with_(cp, cp_kind="a2a"), "megatron").text
+    assert any("cp_kind=ring" in w for w in render(cp, "deepspeed").warnings)
+    full2 = with_(plan_llama70b(), recompute="full:2")
+    assert "--recompute-method block --recompute-num-layers 2" in " ".join(render(full2, "megatron").text.split())
+    assert 'selective_ac_option = "5"' in render(full2, "torchtitan").text  # 20 layers per rank: every 5th = 2 x vpp 2
+    assert any("recompute=full:2" in w for w in render(full2, "deepspeed").warnings)
+    stack = with_(plan_llama70b(), stack="eager")
+    for t in ("megatron", "torchtitan"):
+        assert any(w.startswith(f"{t}: stack=eager") for w in render(stack, t).warnings), t
+    assert not any("stack=" in w for w in render(stack, "torchrun").warnings)  # the example trainer is eager
 
 
 def test_hsdp_spellings() -> None:

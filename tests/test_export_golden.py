@@ -101,6 +101,40 @@ VARIANTS = {
     "no-sp": lambda: _variant(sequence_parallel=False),
     "fp16-zero0": lambda: _variant(dtype="fp16", zero_stage=0, degrees=dict(dp_replicate=4, tp=8, pp=4, vpp=2)),
 }
+
+
+def _stages(*layers: int) -> tuple[Stage, ...]:
+    """Contiguous stages of the given layer counts, in model (virtual stage) order."""
+    return tuple(Stage(first_layer=sum(layers[:i]), num_layers=n) for i, n in enumerate(layers))
+
+
+def _moe_variant(**update) -> Plan:
+    degrees = update.pop("degrees", None)
+    base = plan_dsv3()
+    return base.model_copy(update={**update, **({"degrees": Degrees(**degrees)} if degrees else {})})
+
+
+_ONE_F_ONE_B = dict(recompute="none", schedule="1f1b", degrees=dict(dp_shard=4, tp=8, pp=4))
+# Issue 12 decisions, one at a time: uneven (and interleaved uneven) pipelines, recompute full:N and op, fp8 recipes,
+# cp comm kinds, the priced stack, and on DeepSeek-V3 expert-TP folding, token-dropping capacity and EP overlap.
+# Not golden (no reference plan changes): read back by each target's parser, or refused in one line.
+VARIANTS.update({
+    "uneven-interleaved": lambda: _variant(stages=_stages(9, 10, 10, 11, 10, 10, 10, 10)),
+    "uneven-1f1b": lambda: _variant(**_ONE_F_ONE_B, stages=_stages(19, 21, 21, 19)),
+    "recompute-full2": lambda: _variant(**{**_ONE_F_ONE_B, "recompute": "full:2"}),
+    "recompute-full2-interleaved": lambda: _variant(recompute="full:2"),
+    "recompute-op": lambda: _variant(**{**_ONE_F_ONE_B, "recompute": "op"}),
+    "fp8-tensorwise": lambda: _variant(fp8="tensorwise"),
+    "fp8-blockwise": lambda: _variant(fp8="blockwise"),
+    "fp8-mxfp8": lambda: _variant(fp8="mxfp8"),
+    "cp2-allgather": lambda: _variant(cp_kind="allgather", degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
+    "cp2-a2a": lambda: _variant(cp_kind="a2a", degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
+    "stack-torchtitan": lambda: _variant(stack="torchtitan"),
+    "moe-etp1": lambda: _moe_variant(etp=1),
+    "moe-fold-ep256": lambda: _moe_variant(etp=1, degrees=dict(dp_shard=128, tp=2, ep=256)),
+    "moe-capacity": lambda: _moe_variant(moe_capacity=1.25, moe_imbalance=1.3),
+    "moe-overlap": lambda: _moe_variant(moe_overlap=True),
+})
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.planner.export import render
+from meshplan.planner.export import _common
 from tests.test_export_golden import PLANS, VARIANTS
-from tests.test_export_parsers import BASH, _argv, _megatron_args, _torchrun_parse
+from tests.test_export_parsers import BASH, _argv, _megatron_args, _render_or_refusal, _torchrun_parse
 
 core = pytest.importorskip("megatron.core", reason="megatron-core not installed")
 
@@ -94,7 +94,10 @@ def _layers_per_stage(cfg) -> list[int]:
 @pytest.mark.parametrize("plan_name", list(ALL))
 def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path) -> None:
     plan = ALL[plan_name]()
-    ns = _torchrun_parse(_argv(render(plan, "megatron").text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
+    text = _render_or_refusal(plan, "megatron")  # recompute op: refused in one line naming it
+    if text is None:
+        return
+    ns = _torchrun_parse(_argv(text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
     cfg, args = _transformer_config(_megatron_args(ns.training_script_args))  # raises on what Megatron refuses
     d = plan.degrees
     vpp = cfg.virtual_pipeline_model_parallel_size or 1
@@ -102,7 +105,7 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
         (d.tp, d.pp, d.vpp, d.cp)
     assert (cfg.expert_model_parallel_size, cfg.sequence_parallel) == (d.ep, plan.sequence_parallel)
     if d.ep > 1:
-        assert cfg.expert_tensor_parallel_size == d.tp
+        assert cfg.expert_tensor_parallel_size == (plan.etp or d.tp)
     world = int(ns.nnodes) * int(ns.nproc_per_node)
     assert world == d.world_size and world // (d.tp * d.pp * d.cp) == d.dp
     assert (args["micro_batch_size"], args["global_batch_size"]) == (plan.micro_batch, plan.global_batch)
@@ -110,11 +113,21 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
     assert cfg.num_layers == plan.model.num_layers
     if plan.stages:
         assert _layers_per_stage(cfg) == [s.num_layers for s in plan.stages]
-    assert (cfg.recompute_granularity or "none") == plan.recompute
+    assert (cfg.recompute_granularity or "none") == plan.recompute.split(":")[0]
     if plan.recompute == "full":
         assert (cfg.recompute_method, cfg.recompute_num_layers) == ("uniform", 1)  # every layer recomputed
-    want = {"bf16": (True, False, None), "fp16": (False, True, None), "fp8": (True, False, "hybrid")}[plan.dtype]
-    assert (cfg.bf16, cfg.fp16, cfg.fp8) == want
+    elif plan.recompute.startswith("full:"):  # the first N layers of every stage / virtual chunk
+        assert (cfg.recompute_method, cfg.recompute_num_layers) == ("block", _common.recompute_layers(plan))
+    recipe = _common.fp8_recipe(plan)
+    want = {"bf16": (True, False), "fp16": (False, True), "fp8": (True, False)}[plan.dtype]
+    assert (cfg.bf16, cfg.fp16) == want
+    assert (cfg.fp8, cfg.fp8_recipe if cfg.fp8 else "none") == (("hybrid", recipe) if recipe != "none" else
+                                                                 (None, "none"))
+    if d.cp > 1:
+        assert cfg.cp_comm_type == {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}[plan.cp_kind]
+    assert (cfg.moe_expert_capacity_factor or 0) == plan.moe_capacity
+    assert cfg.moe_pad_expert_input_to_capacity == bool(plan.moe_capacity)
+    assert cfg.overlap_moe_expert_parallel_comm == plan.moe_overlap
     assert (cfg.num_moe_experts or 0) == plan.model.num_experts
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshplan.planner.export import placement, render
+from meshplan.planner.export import _common, placement, render
 from meshplan.planner.plan import load_plan
 from tests.helpers import shared_path
 from tests.test_export_golden import ALL_PLANS, PLANS, all_plans_for
@@ -60,7 +60,9 @@ def _render_or_refusal(plan, target: str) -> str | None:
         msg = str(exc)
         assert "\n" not in msg and msg.startswith(f"{target}: "), msg
         d = plan.degrees
-        assert any(w in msg for w in (plan.dtype, plan.recompute, plan.schedule, f"cp={d.cp}", f"zero_stage")), msg
+        named = (plan.dtype, plan.recompute, plan.schedule, f"cp={d.cp}", "zero_stage", f"fp8 recipe {plan.fp8}",
+                 f"fp8 recipe {_common.fp8_recipe(plan)}", f"cp_kind {plan.cp_kind}", f"etp={plan.etp}", "moe_overlap")
+        assert any(w in msg for w in named), msg
         return None
 
 
@@ -116,7 +118,12 @@ def _megatron_flags_from_notes() -> set[str]:
     # Plain add_argument flags of megatron/training/arguments.py (NVIDIA/Megatron-LM) that the notes do not list
     # (--use-rope-scaling: store_true, "Apply rope scaling as used in llama3.x"; --rope-scaling-factor: float,
     # default 8.0).
-    return flags | {"--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor"}
+    # The issue 12 flags below are generated from megatron-core 0.16.1 TransformerConfig / ModelParallelConfig fields
+    # of the same names (test_export_megatron_core builds the config from them): --moe-expert-capacity-factor,
+    # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm.
+    return flags | {"--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
+                    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
+                    "--overlap-moe-expert-parallel-comm"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:
@@ -138,7 +145,10 @@ def _megatron_args(words: list[str]) -> dict[str, object]:
 @pytest.mark.parametrize("plan_name", all_plans_for("megatron"))
 def test_megatron_args(plan_name: str, tmp_path: Path) -> None:
     plan = ALL_PLANS[plan_name]()
-    ns = _torchrun_parse(_argv(render(plan, "megatron").text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
+    text = _render_or_refusal(plan, "megatron")
+    if text is None:
+        return
+    ns = _torchrun_parse(_argv(text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
     assert ns.training_script == "pretrain_gpt.py"
     args = _megatron_args(ns.training_script_args)
     unknown = set(args) - _megatron_flags_from_notes()
@@ -160,13 +170,22 @@ def test_megatron_args(plan_name: str, tmp_path: Path) -> None:
     assert int(args["--num-layers"]) == m.num_layers and int(args["--hidden-size"]) == m.hidden_size
     assert int(args["--vocab-size"]) == m.vocab_size and int(args["--seq-length"]) == plan.seq_len
     assert ("--sequence-parallel" in args) == plan.sequence_parallel
-    assert args.get("--recompute-granularity", "none") == plan.recompute
-    if plan.recompute == "full":  # method/num-layers iff granularity full (validate_args)
-        assert "--recompute-method" in args and "--recompute-num-layers" in args
+    assert args.get("--recompute-granularity", "none") == plan.recompute.split(":")[0]
+    if plan.recompute.startswith("full"):  # method/num-layers iff granularity full (validate_args)
+        n = _common.recompute_layers(plan)
+        assert (args["--recompute-method"], int(args["--recompute-num-layers"])) == (("block", n) if n else
+                                                                                     ("uniform", 1))
     else:
         assert "--recompute-method" not in args
+    recipe = _common.fp8_recipe(plan)
+    assert args.get("--fp8-recipe", "none") == recipe and ("--fp8-format" in args) == (recipe != "none")
+    if d.cp > 1:
+        assert args["--cp-comm-type"] == {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}[plan.cp_kind]
+    assert float(args.get("--moe-expert-capacity-factor", 0)) == plan.moe_capacity
+    assert ("--overlap-moe-expert-parallel-comm" in args) == plan.moe_overlap
     if d.ep > 1:
         assert int(args["--expert-model-parallel-size"]) == d.ep and int(args["--num-experts"]) % d.ep == 0
+        assert int(args["--expert-tensor-parallel-size"]) == (plan.etp or d.tp)
         assert world % (int(args["--expert-tensor-parallel-size"]) * d.ep * pp) == 0
     # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1 on Hopper unless an FSDP is in use.
     needs_env = (tp > 1 or cp > 1) and "--use-megatron-fsdp" not in args
@@ -230,6 +249,8 @@ def test_deepspeed_config_loads(plan_name: str, ds_config_cls) -> None:
         assert cfg.tensor_parallel_config.autotp_size == plan.degrees.tp
     if plan.degrees.ep > 1:
         assert cfg.expert_parallel_config.enabled and cfg.expert_parallel_config.autoep_size == plan.degrees.ep
+        if plan.etp:  # AutoEP folding (module_inject/auto_ep_config.py); its default is 1
+            assert cfg.expert_parallel_config.expert_tensor_parallel_size == plan.etp
     assert cfg.zero_config.zero_quantized_gradients == ("int8" in {b.method for b in plan.compression or ()}
                                                          and plan.zero_stage == 3)
     # The parser is strict where meshplan relies on it: a batch that does not multiply out is rejected.
@@ -258,8 +279,11 @@ def test_accelerate_config_loads(plan_name: str, tmp_path: Path) -> None:
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
     plan = ACCELERATE_PLANS[plan_name]()
+    text = _render_or_refusal(plan, "accelerate")
+    if text is None:
+        return
     path = tmp_path / "accelerate.yaml"
-    path.write_text(render(plan, "accelerate").text)
+    path.write_text(text)
     ns = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
     ns, defaults, _ = _validate_launch_command(ns)
     assert ns.num_processes == plan.cluster.world_size and ns.num_machines == plan.cluster.nodes
@@ -282,12 +306,21 @@ def test_accelerate_config_loads(plan_name: str, tmp_path: Path) -> None:
         assert ns.megatron_lm_num_micro_batches == plan.grad_accum
         if d.ep > 1:
             assert ns.megatron_lm_expert_model_parallel_size == d.ep
+            assert ns.megatron_lm_expert_tensor_parallel_size == (plan.etp or d.tp)
+        if plan.recompute.startswith("full"):
+            n = _common.recompute_layers(plan)
+            assert (ns.megatron_lm_recompute_method, ns.megatron_lm_recompute_num_layers) == \
+                (("block", n) if n else ("uniform", 1))
     elif kind == "DEEPSPEED":
         assert ns.use_deepspeed and ns.zero_stage == plan.zero_stage
         assert ns.gradient_accumulation_steps == plan.grad_accum
     else:
         assert kind == "MULTI_GPU" and ns.multi_gpu and plan.zero_stage == 0
-    assert ns.mixed_precision == {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}[plan.dtype]
+    recipe = _common.fp8_recipe(plan)
+    want = "fp8" if recipe != "none" else {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype]
+    assert ns.mixed_precision == want
+    if recipe != "none":  # TE builds DelayedScaling; AO is torchao's tensorwise float8
+        assert ns.fp8_backend == {"delayed": "TE", "tensorwise": "AO"}[recipe]
 
 
 # --- torchtitan -----------------------------------------------------------------------------------------
@@ -349,7 +382,32 @@ def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
     assert t.local_batch_size // (n_mb if d.pp > 1 else 1) == plan.micro_batch
     assert accum * n_mb == plan.grad_accum  # same number of micro-batches per step as the plan
     assert t.seq_len == plan.seq_len
-    assert cfg.activation_checkpoint.mode == plan.recompute
+    ac = cfg.activation_checkpoint
+    if plan.recompute in ("none", "full"):
+        assert ac.mode == plan.recompute
+    elif _common.recompute_layers(plan):
+        # layer-level SAC checkpoints every k-th block of a rank (torchtitan/distributed/activation_checkpoint.py):
+        # N layers per virtual chunk on every pipeline rank, as the plan's full:N
+        k = int(ac.selective_ac_option)
+        assert ac.mode == "selective"
+        assert {n // k for n in _common.rank_layers(plan)} == {_common.recompute_layers(plan) * d.vpp}
+    else:
+        assert (ac.mode, ac.selective_ac_option) == ("selective", "op")
+    if d.pp > 1:
+        want = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}.get(plan.schedule, "1F1B")
+        assert p.pipeline_parallel_schedule == want
+    if d.cp > 1:
+        assert p.context_parallel_rotate_method == {"ring": "alltoall", "allgather": "allgather"}[plan.cp_kind]
+    if d.ep > 1:
+        assert dims.etp == (plan.etp or d.tp)
+    recipe = _common.fp8_recipe(plan)
+    if recipe == "mxfp8":
+        assert cfg.model.converters == ["quantize.linear.mx"] and cfg.quantize.linear.mx.recipe_name == "mxfp8_cublas"
+    elif recipe != "none":  # delayed runs tensorwise (named in the warnings)
+        assert cfg.model.converters == ["quantize.linear.float8"]
+        assert cfg.quantize.linear.float8.recipe_name == "tensorwise"
+    else:
+        assert cfg.model.converters == []
     if d.pp > 1 and p.pipeline_parallel_layers_per_stage:
         # torchtitan/distributed/pipeline_parallel.py: stages = ceil((L + first_less + last_less) / lps)
         stages = math.ceil((plan.model.num_layers + p.pipeline_parallel_first_stage_less_layers

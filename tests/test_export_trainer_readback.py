@@ -30,11 +30,13 @@ def test_trainer_runs_what_the_plan_says_or_stops(plan_name: str, tmp_path: Path
     d = plan.degrees
     try:
         a = _trainer().parse_args(["--plan", str(path)])
-    except SystemExit as stop:  # cp / ep / vpp / interleaved: not implemented by the example trainer
+    except SystemExit as stop:  # cp / ep / vpp / interleaved / recompute full:N, op: not implemented by the trainer
         msg = str(stop.code)
         assert str(path) in msg and "does not implement" in msg, msg
-        missing = [k for k, v in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)) if v > 1]
-        assert missing and all(any(f"no {k}" in w for w in warnings) for k in missing), (msg, warnings)
+        missing = [f"no {k}" for k, v in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)) if v > 1]
+        if plan.recompute not in ("none", "selective", "full"):
+            missing.append(f"no recompute={plan.recompute}")
+        assert missing and all(any(k in w for w in warnings) for k in missing), (msg, warnings)
         return
     assert (a.dp_replicate, a.dp_shard, a.tp, a.pp) == (d.dp_replicate, d.dp_shard, d.tp, d.pp)
     assert (a.micro_batch, a.global_batch, a.seq_len) == (plan.micro_batch, plan.global_batch, plan.seq_len)
@@ -46,5 +48,7 @@ def test_trainer_runs_what_the_plan_says_or_stops(plan_name: str, tmp_path: Path
     err = capsys.readouterr().err
     if a.dtype != plan.dtype:  # fp8: the trainer says so on stderr, and so does the export
         assert plan.dtype in err and any(plan.dtype in w for w in warnings)
+    elif plan.fp8 != "none":  # an fp8 recipe on 16-bit GEMMs: named on stderr and in the export's warnings
+        assert f"fp8 recipe {plan.fp8}" in err and any(f"fp8 ({plan.fp8} recipe)" in w for w in warnings)
     if plan.sequence_parallel:
         assert "sequence parallelism is not implemented" in err

@@ -7,7 +7,13 @@ Conventions of the plan (``planner/plan.py``, ``planner/memory.py``) that all ta
   ``dp_shard > 1`` with ``zero_stage == 0`` is contradictory;
 * grad accumulation = global_batch / (micro_batch * dp), dp = dp_replicate * dp_shard (Megatron, DeepSpeed and
   TorchTitan all use this identity; exports.md sections (b), (c), (d));
-* ep borrows ranks from dp_shard * cp (experts stay tensor-parallel over tp, i.e. expert-TP = tp).
+* ep borrows ranks from dp_shard * cp (experts stay tensor-parallel over tp, i.e. expert-TP = tp), unless the plan
+  sets ``etp``: then the expert mesh etp x ep folds over a stage's tp x cp x dp ranks (MoE parallel folding).
+
+The decisions added after plan schema 1 (``etp``, ``fp8``, ``cp_kind``, ``stack``, ``moe_overlap``, ``moe_capacity``,
+``recompute`` full:N / op) are read through the helpers below, so every target reads them alike: ``expert_tp``,
+``fp8_recipe`` (a ``dtype: fp8`` plan of before the field means delayed scaling), ``recompute_layers``,
+``stack_notes`` and ``moe_notes`` (the one-line warnings of a target that cannot carry them).
 
 Messages never name the plan file: the caller (CLI) prefixes it.
 """
@@ -85,13 +91,18 @@ def check_plan(plan: Plan) -> None:
     if plan.schedule == "interleaved" and d.vpp < 2:
         fail(f"schedule='interleaved' needs vpp >= 2 virtual stages per rank (vpp={d.vpp})")
     m = plan.model
+    if plan.etp and m.num_experts == 0:
+        fail(f"etp={plan.etp} but model {m.name!r} has no experts")
     if d.ep > 1:
         if m.num_experts == 0:
             fail(f"ep={d.ep} but model {m.name!r} has no experts")
         if m.num_experts % d.ep:
             fail(f"num_experts={m.num_experts} is not divisible by ep={d.ep}")
-        if (d.dp_shard * d.cp) % d.ep:
+        if not plan.etp and (d.dp_shard * d.cp) % d.ep:
             fail(f"ep={d.ep} must divide dp_shard*cp = {d.dp_shard}*{d.cp} = {d.dp_shard * d.cp}")
+    if plan.etp and (d.tp * d.cp * d.dp) % (d.ep * plan.etp):
+        fail(f"ep*etp = {d.ep}*{plan.etp} must divide tp*cp*dp = {d.tp}*{d.cp}*{d.dp} = {d.tp * d.cp * d.dp} "
+             "(the expert mesh folds over a stage's ranks)")
     if plan.stages is not None:
         total = sum(s.num_layers for s in plan.stages)
         if total != m.num_layers:
@@ -105,6 +116,71 @@ def check_plan(plan: Plan) -> None:
     if plan.layer_precision is not None and len(plan.layer_precision) != m.num_layers:
         fail(f"layer_precision has {len(plan.layer_precision)} entries but num_layers={m.num_layers}")
     dtype_of(plan)
+
+
+def expert_tp(plan: Plan) -> int:
+    """Expert tensor parallelism in effect: the plan's ``etp``, or the dense tp when 0."""
+    return plan.etp or plan.degrees.tp
+
+
+def fp8_recipe(plan: Plan) -> str:
+    """The fp8 recipe of the decoder GEMMs: ``none``, ``tensorwise``, ``delayed``, ``blockwise`` or ``mxfp8``. A plan
+    with ``dtype: fp8`` and no ``fp8`` field (written before the field existed) means Transformer Engine's delayed
+    scaling."""
+    if plan.fp8 != "none":
+        return plan.fp8
+    return "delayed" if dtype_of(plan) == "fp8" else "none"
+
+
+def recompute_layers(plan: Plan) -> int:
+    """``full:N``: layers fully recomputed per pipeline stage (per virtual chunk when interleaved); 0 otherwise."""
+    head, _, n = plan.recompute.partition(":")
+    return int(n) if head == "full" and n else 0
+
+
+def stage_layers(plan: Plan) -> list[int]:
+    """Decoder layers per (virtual) pipeline stage in model order: the plan's ``stages``, else an even split into
+    pp * vpp stages."""
+    if plan.stages:
+        return [s.num_layers for s in plan.stages]
+    n = plan.degrees.pp * plan.degrees.vpp
+    return [plan.model.num_layers // n] * n
+
+
+def rank_layers(plan: Plan) -> list[int]:
+    """Decoder layers each pipeline rank holds (virtual stage v * pp + r is chunk v of rank r)."""
+    pp, per_stage = plan.degrees.pp, stage_layers(plan)
+    return [sum(per_stage[r::pp]) for r in range(pp)]
+
+
+# What each target's launched job runs (the kernels ``stack`` prices): Megatron-Core + Transformer Engine, torchtitan's
+# FSDP2 + torch.compile, or the user's / example trainer's eager PyTorch.
+STACK_RUNS = {"megatron": "Megatron-Core with Transformer Engine's fused kernels",
+              "torchtitan": "torchtitan's FSDP2 and torch.compile fusions",
+              "eager": "eager PyTorch model code (one kernel per op)"}
+
+
+def stack_notes(plan: Plan, target: str, runs: str) -> list[str]:
+    """A warning when the plan priced another stack's kernels than the target's job runs. ``stack: megatron`` is also
+    what every plan written before the field holds, so only a stack chosen otherwise is named."""
+    if plan.stack == "megatron" or plan.stack == runs:
+        return []
+    return [f"{target}: stack={plan.stack}: the plan priced {STACK_RUNS[plan.stack]}, but the job runs "
+            f"{STACK_RUNS[runs]}; the predicted step time does not carry over (re-plan with --fix stack={runs})"]
+
+
+def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False) -> list[str]:
+    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity``: it can)."""
+    if not plan.model.num_experts:
+        return []
+    out = []
+    if plan.moe_overlap and not overlap:
+        out.append(f"{target}: moe_overlap: no option overlaps the expert all-to-all with computation here; it runs "
+                   "on the critical path, which the plan did not price")
+    if plan.moe_capacity and not capacity:
+        out.append(f"{target}: moe_capacity={plan.moe_capacity:g}: no token-dropping capacity factor here; routing "
+                   "runs dropless (the plan priced padded, capacity-bounded experts)")
+    return out
 
 
 def layers_evenly_split(plan: Plan) -> bool:

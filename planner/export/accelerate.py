@@ -11,6 +11,11 @@ Which ``distributed_type`` a plan becomes:
   accepted with FSDP2);
 * ZeRO-1/2 over plain data parallelism -> ``DEEPSPEED`` with an inline ``deepspeed_config``;
 * otherwise ``MULTI_GPU`` (DDP), or ``NO`` on one device.
+
+Decisions of issue 12: the fp8 recipe -> ``fp8_config`` backend TE (delayed scaling, Accelerate's ``TERecipeKwargs``)
+or AO (torchao float8, tensorwise); blockwise and mxfp8 refused (no config key). ``cp_kind`` -> FSDP2's
+``parallelism_config_cp_comm_strategy`` (ring = torch's ``alltoall`` rotation). ``etp`` and ``recompute full:N`` ->
+the Megatron-LM plugin's expert-TP and block recompute keys. The rest is named as not carried.
 """
 from __future__ import annotations
 
@@ -22,6 +27,16 @@ from meshplan.planner.plan import Plan
 
 EXTENSION = "yaml"
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}
+# plan fp8 recipe -> fp8_config (Accelerate's TE backend builds DelayedScaling; AO is torchao's tensorwise float8)
+FP8_CONFIG = {"delayed": {"backend": "TE", "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "max"},
+              "tensorwise": {"backend": "AO"}}
+# plan cp_kind -> parallelism_config_cp_comm_strategy (torch context parallel rotation)
+CP_COMM = {"ring": "alltoall", "allgather": "allgather"}
+
+
+def mixed_precision(plan: Plan) -> str:
+    """``mixed_precision``: fp8 whenever the plan runs its GEMMs in fp8, else the plan's dtype."""
+    return "fp8" if c.fp8_recipe(plan) != "none" else MIXED_PRECISION[c.dtype_of(plan)]
 
 
 def distributed_type(plan: Plan) -> str:
@@ -47,6 +62,10 @@ def check(plan: Plan) -> None:
         if prod != plan.cluster.world_size:
             c.fail(f"accelerate: parallelism_config dp_replicate*dp_shard*tp*cp = {prod} != num_processes "
                    f"{plan.cluster.world_size}")
+    recipe = c.fp8_recipe(plan)
+    if recipe != "none" and recipe not in FP8_CONFIG:
+        c.fail(f"accelerate: fp8 recipe {recipe} has no fp8_config key (backends TE: delayed scaling, AO: "
+               "tensorwise); re-plan with --fix fp8=delayed or tensorwise, or export to megatron")
     if kind == "MEGATRON_LM":
         if plan.model.num_layers % d.pp:
             c.fail(f"accelerate: Megatron-LM needs num_layers={plan.model.num_layers} divisible by pp={d.pp}")
@@ -59,6 +78,19 @@ def unsupported(plan: Plan) -> list[str]:
     d = plan.degrees
     kind = distributed_type(plan)
     out = c.common_notes(plan, "accelerate")
+    out += c.stack_notes(plan, "accelerate", "megatron" if kind == "MEGATRON_LM" else "eager")
+    out += c.moe_notes(plan, "accelerate")
+    if plan.recompute == "op":
+        out.append("accelerate: recompute=op (op-level selective checkpointing) has no config key; not applied")
+    if kind != "MEGATRON_LM" and c.recompute_layers(plan):
+        out.append(f"accelerate: recompute={plan.recompute}: activation checkpointing is whole-model here; rendered "
+                   "as full recompute of every layer")
+    if d.cp > 1 and kind == "FSDP" and plan.cp_kind == "a2a":
+        out.append("accelerate: cp_kind=a2a (Ulysses) is parallelism_config_sp_* under DeepSpeed, not FSDP2; "
+                   "rendered torch context parallel with the ring rotation")
+    if d.cp > 1 and kind == "MEGATRON_LM" and plan.cp_kind != "ring":
+        out.append(f"accelerate: cp_kind={plan.cp_kind}: megatron_lm_config has no cp comm type; Megatron's p2p ring "
+                   "runs")
     if kind in ("FSDP", "MULTI_GPU", "NO"):
         out.append(f"accelerate: micro_batch={plan.micro_batch} and grad_accum={plan.grad_accum} are set in the "
                    f"script (DataLoader batch size, Accelerator(gradient_accumulation_steps={plan.grad_accum}))")
@@ -98,20 +130,19 @@ def config(plan: Plan) -> dict:
     """The config as a dict (key order = output order)."""
     d, m = plan.degrees, plan.model
     kind = distributed_type(plan)
-    dt = c.dtype_of(plan)
     cfg: dict = {"compute_environment": "LOCAL_MACHINE", "distributed_type": kind,
-                 "mixed_precision": MIXED_PRECISION[dt], "num_machines": plan.cluster.nodes,
+                 "mixed_precision": mixed_precision(plan), "num_machines": plan.cluster.nodes,
                  "num_processes": plan.cluster.world_size, "machine_rank": 0, "rdzv_backend": "static",
                  "same_network": True, "use_cpu": False}
-    if dt == "fp8":
-        cfg["fp8_config"] = {"backend": "TE", "fp8_format": "HYBRID"}
+    if c.fp8_recipe(plan) in FP8_CONFIG:
+        cfg["fp8_config"] = dict(FP8_CONFIG[c.fp8_recipe(plan)])
     if kind == "FSDP":
         cfg["fsdp_config"] = {
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": plan.zero_stage == 3,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_transformer_layer_cls_to_wrap": c.HF_LAYER_CLASS.get(m.model_type, "DecoderLayer"),
-            "fsdp_activation_checkpointing": plan.recompute == "full",
+            "fsdp_activation_checkpointing": plan.recompute.startswith("full"),
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_offload_params": False,
@@ -123,6 +154,8 @@ def config(plan: Plan) -> dict:
                 "parallelism_config_tp_size": d.tp,
                 "parallelism_config_cp_size": d.cp,
             }
+            if d.cp > 1:
+                cfg["parallelism_config"]["parallelism_config_cp_comm_strategy"] = CP_COMM.get(plan.cp_kind, "alltoall")
     elif kind == "DEEPSPEED":
         cfg["deepspeed_config"] = {
             "zero_stage": plan.zero_stage,
@@ -141,11 +174,14 @@ def config(plan: Plan) -> dict:
         if plan.recompute == "full":
             mc.update({"megatron_lm_recompute_granularity": "full", "megatron_lm_recompute_method": "uniform",
                        "megatron_lm_recompute_num_layers": 1})
+        elif c.recompute_layers(plan):
+            mc.update({"megatron_lm_recompute_granularity": "full", "megatron_lm_recompute_method": "block",
+                       "megatron_lm_recompute_num_layers": c.recompute_layers(plan)})
         if d.cp > 1:
             mc["megatron_lm_context_parallel_size"] = d.cp
         if d.ep > 1:
             mc["megatron_lm_expert_model_parallel_size"] = d.ep
-            mc["megatron_lm_expert_tensor_parallel_size"] = d.tp
+            mc["megatron_lm_expert_tensor_parallel_size"] = c.expert_tp(plan)
         cfg["megatron_lm_config"] = mc
     return cfg
 

@@ -14,6 +14,10 @@ Keys and rules: deepspeedai/DeepSpeed @ edaa72212672 / PyPI deepspeed 0.19.8 (``
   exports.md are gone from the installed 0.19.8 (not in ``DEEPSPEED_OPTIMIZERS``, no ``runtime/fp16/onebit``;
   the engine would look the name up in ``torch.optim`` and fail), so int8 under ZeRO 0-2 is reported as
   unsupported instead of rendered.
+* Decisions of issue 12: ``etp`` -> AutoEP ``expert_parallel.expert_tensor_parallel_size`` (AutoEP folds the expert
+  mesh over AutoTP, ``module_inject/auto_ep_config.py``); cp is Ulysses, so ``cp_kind`` ring / allgather is named
+  as not carried; ``recompute full:N`` runs as full (PipelineModule checkpoints every layer) and ``op`` as nothing,
+  both named; an fp8 recipe is refused (no key); ``stack``, ``moe_overlap``, ``moe_capacity`` named.
 """
 from __future__ import annotations
 
@@ -59,15 +63,25 @@ def check(plan: Plan) -> None:
         # Ulysses all-to-all splits heads across the sequence-parallel group.
         c.fail(f"deepspeed: Ulysses sequence_parallel_size={d.cp} must divide "
                f"num_attention_heads={plan.model.num_attention_heads}")
-    if c.dtype_of(plan) == "fp8":
-        c.fail("deepspeed: the config has no fp8 key (FP8 comes from Transformer Engine in the model code); "
-               "use dtype bf16 in the plan or another target")
+    if c.fp8_recipe(plan) != "none":
+        c.fail(f"deepspeed: the config has no fp8 key for the plan's fp8 recipe {c.fp8_recipe(plan)} (FP8 comes from "
+               "Transformer Engine in the model code); re-plan with --fix fp8=none or use another target")
 
 
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions a ds_config cannot carry."""
     d = plan.degrees
     out = c.common_notes(plan, "deepspeed")
+    out += c.stack_notes(plan, "deepspeed", "eager")
+    out += c.moe_notes(plan, "deepspeed")
+    if d.cp > 1 and plan.cp_kind != "a2a":
+        out.append(f"deepspeed: cp_kind={plan.cp_kind}: DeepSpeed's sequence parallelism is Ulysses (all-to-all over "
+                   f"heads, cp_kind a2a); rendered sequence_parallel_size={d.cp} as Ulysses")
+    if c.recompute_layers(plan):
+        out.append(f"deepspeed: recompute={plan.recompute} ({c.recompute_layers(plan)} layers per stage) has no config "
+                   "key; rendered as full recompute of every layer")
+    if plan.recompute == "op":
+        out.append("deepspeed: recompute=op (op-level selective checkpointing) has no config key; not applied")
     if d.pp > 1:
         out.append(f"deepspeed: pp={d.pp} is not a config key; build PipelineModule(num_stages={d.pp}) in code")
     if d.pp > 1 and plan.schedule == "gpipe":
@@ -129,12 +143,15 @@ def config(plan: Plan) -> dict:
         cfg["tensor_parallel"] = {"autotp_size": d.tp}
     if d.ep > 1:
         cfg["expert_parallel"] = {"enabled": True, "autoep_size": d.ep}
+        if plan.etp:
+            cfg["expert_parallel"]["expert_tensor_parallel_size"] = plan.etp
     if d.cp > 1:
         cfg["sequence_parallel_size"] = d.cp
         cfg["data_parallel_size"] = d.dp
+    full = plan.recompute.startswith("full")
     if d.pp > 1:
-        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if plan.recompute == "full" else 0}
-    if plan.recompute == "full":
+        cfg["pipeline"] = {"activation_checkpoint_interval": 1 if full else 0}
+    if full:
         cfg["activation_checkpointing"] = {"partition_activations": d.tp > 1, "cpu_checkpointing": False,
                                            "contiguous_memory_optimization": False,
                                            "synchronize_checkpoint_boundary": False}

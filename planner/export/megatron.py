@@ -5,6 +5,18 @@ Flag names and the cross-field rules of ``validate_args`` are from NVIDIA/Megatr
 ``--qk-layernorm`` are plain ``add_argument`` flags of the same file. DP is not a flag: Megatron derives
 dp = world / (tp * pp * cp). Data, tokenizer, optimizer and schedule arguments are the user's: the script appends
 its own command-line arguments ("$@") after the rendered ones.
+
+The decisions of issue 12 carried (flag names checked against megatron-core 0.16.1's ``TransformerConfig`` /
+``ModelParallelConfig`` fields, whose names the parser's flags are generated from): uneven and interleaved pipelines
+as ``--pipeline-model-parallel-layout`` (one entry per virtual stage, so it is exact for any split; the
+first/last-stage flags only express a split whose middle stages are equal and cannot be combined with it), ``etp`` as
+``--expert-tensor-parallel-size`` (MoE parallel folding), the fp8 recipe as ``--fp8-recipe`` (delayed with Transformer
+Engine's DelayedScaling defaults for the amax history), ``cp_kind`` as ``--cp-comm-type p2p|all_gather|a2a``,
+``moe_capacity`` as ``--moe-expert-capacity-factor`` + ``--moe-pad-expert-input-to-capacity`` (padded, as priced)
++ ``--moe-token-drop-policy probs``, ``moe_overlap`` as ``--overlap-moe-expert-parallel-comm`` (the combined 1F1B
+EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs Transformer Engine's grouped GEMM),
+``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``. Refused in one line: ``recompute op``
+(Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
 
@@ -15,6 +27,8 @@ from meshplan.planner.plan import Plan
 
 EXTENSION = "sh"
 ENTRY = "pretrain_gpt.py"
+# plan cp_kind -> TransformerConfig.cp_comm_type ("p2p" ring, "all_gather", "a2a" Ulysses)
+CP_COMM_TYPE = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}
 
 
 def check(plan: Plan) -> None:
@@ -41,8 +55,21 @@ def check(plan: Plan) -> None:
     if m.num_experts and d.tp > 1 and not plan.sequence_parallel:
         # validate_args: "When using MoE and tensor parallelism, sequence parallelism must be used."
         c.fail(f"megatron: MoE with tp={d.tp} needs sequence_parallel=true")
-    if d.ep > 1 and world % (d.tp * d.ep * d.pp):
-        c.fail(f"megatron: world {world} is not divisible by expert_tp*ep*pp = {d.tp}*{d.ep}*{d.pp}")
+    etp = c.expert_tp(plan)
+    if d.ep > 1 and world % (etp * d.ep * d.pp):
+        c.fail(f"megatron: world {world} is not divisible by expert_tp*ep*pp = {etp}*{d.ep}*{d.pp}")
+    if plan.recompute == "op":
+        c.fail("megatron: recompute=op (torchtitan's op-level selective checkpointing) has no Megatron flag; "
+               "Megatron's selective recompute keeps every GEMM output and recomputes core attention (re-plan with "
+               "--fix recompute=selective, or export to torchtitan)")
+    if plan.moe_overlap and m.num_experts:
+        # TransformerConfig.__post_init__ asserts these for overlap_moe_expert_parallel_comm (megatron-core 0.16.1).
+        why = ("needs ep > 1" if d.ep == 1 else
+               f"needs vpp > 1 with pp={d.pp} (the combined 1F1B schedule)" if d.pp > 1 and d.vpp == 1 else
+               f"cannot run with recompute={plan.recompute}" if plan.recompute.startswith("full") else
+               f"needs bf16 or fp16, not {plan.dtype}" if c.dtype_of(plan) == "fp32" else "")
+        if why:
+            c.fail(f"megatron: moe_overlap (--overlap-moe-expert-parallel-comm) {why}")
     if d.cp > 1 and plan.seq_len % (2 * d.cp):
         # Load-balanced CP splits the sequence into 2*cp chunks (megatron/core/utils.get_batch_on_this_cp_rank).
         c.fail(f"megatron: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp}")
@@ -61,6 +88,8 @@ def _uses_fsdp(plan: Plan) -> bool:
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions Megatron-LM's arguments cannot carry."""
     out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
+    out += c.stack_notes(plan, "megatron", "megatron")
+    out += c.moe_notes(plan, "megatron", overlap=True, capacity=True)
     if plan.schedule == "gpipe" and plan.degrees.pp > 1:
         out.append("megatron: no GPipe schedule; Megatron runs 1F1B (interleaved when vpp > 1)")
     kinds = c.mixed_layer_precision(plan)
@@ -114,14 +143,21 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--pipeline-model-parallel-layout", c.quote(_layout(plan))]
     elif d.vpp > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", str(plan.model.num_layers // (d.pp * d.vpp))]
-    if d.ep > 1:
-        # The plan keeps experts tensor-parallel over tp (ep borrows from dp_shard*cp), so expert-TP = tp.
-        a += ["--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(d.tp)]
+    if d.cp > 1:
+        a += ["--cp-comm-type", CP_COMM_TYPE[plan.cp_kind]]
+    if d.ep > 1 or (plan.etp and plan.model.num_experts):
+        # Expert TP is the plan's etp (MoE parallel folding), else the dense tp (ep borrows from dp_shard*cp).
+        a += ["--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(c.expert_tp(plan))]
+    if plan.moe_overlap and plan.model.num_experts:
+        a.append("--overlap-moe-expert-parallel-comm")
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif c.recompute_layers(plan):  # the first N layers of every stage / virtual chunk
+        a += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+              str(c.recompute_layers(plan))]
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
     if plan.zero_stage >= 1 and _shards_over(plan) > 1:
@@ -140,7 +176,12 @@ def parallel_args(plan: Plan) -> list[str]:
     elif dt == "fp16":
         a.append("--fp16")
     elif dt == "fp8":
-        a += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+        a.append("--bf16")
+    recipe = c.fp8_recipe(plan)
+    if recipe != "none":  # e4m3 forward, e5m2 gradients; the rest of the model in the 16-bit dtype above
+        a += ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
+        if recipe == "delayed":  # Transformer Engine DelayedScaling's own defaults (Megatron's are 1, most_recent)
+            a += ["--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
     if c.compression_methods(plan) & {"bf16"}:
         a.append("--grad-reduce-in-bf16")
     return a
@@ -196,6 +237,9 @@ def model_args(plan: Plan) -> list[str]:
             pattern = _run_length([1 if i in set(m.moe_layers) else 0 for i in range(m.num_layers)])
             a += ["--moe-layer-freq", c.quote(pattern)]
         a += ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+        if plan.moe_capacity:  # token dropping, each expert padded to its capacity (as the plan prices it)
+            a += ["--moe-expert-capacity-factor", f"{plan.moe_capacity:g}", "--moe-pad-expert-input-to-capacity",
+                  "--moe-token-drop-policy", "probs"]
     return a
 
 

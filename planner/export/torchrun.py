@@ -27,6 +27,8 @@ def unsupported(plan: Plan) -> list[str]:
     """Decisions that neither torchrun nor examples/train_gpt.py's flags express."""
     d = plan.degrees
     out = c.common_notes(plan, "torchrun", placed=placement.is_heterogeneous_pipeline(plan))
+    out += c.stack_notes(plan, "torchrun", "eager")
+    out += c.moe_notes(plan, "torchrun")
     # examples/train_gpt.py implements dp (DDP / FSDP2), tp, pp with 1f1b|gpipe; the rest needs another framework.
     for name, value in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)):
         if value > 1:
@@ -37,8 +39,12 @@ def unsupported(plan: Plan) -> list[str]:
     if any(b.two_level or b.where == "cpu" for b in plan.compression or ()):
         out.append("torchrun: the DDP hook compresses whole buckets on the device; the plan's two-level / CPU "
                    "placement of compression is not applied")
-    if c.dtype_of(plan) == "fp8":
-        out.append(f"torchrun: {ENTRY} trains in fp32/bf16/fp16; the plan's fp8 is not applied")
+    if c.fp8_recipe(plan) != "none":
+        out.append(f"torchrun: {ENTRY} trains in fp32/bf16/fp16; the plan's fp8 ({c.fp8_recipe(plan)} recipe) is "
+                   "not applied")
+    if plan.recompute not in ("none", "selective", "full"):
+        out.append(f"torchrun: {ENTRY} has no recompute={plan.recompute} (it stops at launch); use the megatron or "
+                   "torchtitan target")
     if c.mixed_layer_precision(plan):
         out.append(f"torchrun: {ENTRY} trains every layer in {plan.dtype}; per-layer precision is not applied")
     return out

@@ -11,6 +11,20 @@ Batch mapping: torchtitan's ``local_batch_size`` is per DP rank per optimizer mi
 pipeline microbatches of ``pipeline_parallel_microbatch_size``; grad-accum = global / (local * dp). Without PP the
 plan's micro-batch is the local batch and accumulation covers the rest; with PP the pipeline itself runs the
 plan's grad_accum microbatches, so local = micro * grad_accum and no accumulation steps remain.
+
+The decisions of issue 12 (names from v0.2.2's ``job_config.py``): the layer split per virtual stage as
+``pipeline_parallel_layers_per_stage`` (even) or ``module_fqns_per_model_part`` (uneven, one part per virtual stage in
+model order, which is torchtitan's looped stage order: rank r runs stages r, r + pp, ...); the schedule as
+``pipeline_parallel_schedule`` 1F1B / Interleaved1F1B / GPipe / LoopedBFS (ZB-H1 and DualPipe have no one-chunk
+counterpart here: ``InterleavedZeroBubble`` needs two chunks per rank, ``ZBVZeroBubble`` and ``DualPipeV`` are
+V-shaped with one parameter copy, so the plan's schedule is named as not launched); the fp8 recipe as the
+``quantize.linear.float8`` converter (tensorwise; delayed scaling is gone from torchao, so delayed runs tensorwise
+with a warning) or ``quantize.linear.mx`` (mxfp8), blockwise refused; recompute as ``activation_checkpoint``
+(op: selective ``op``; full:N: selective every k-th layer when that recomputes N layers per chunk on every rank,
+else refused); ``etp`` as ``expert_tensor_parallel_degree`` (1 or tp only, ``ParallelDims``); ``cp_kind`` as
+``context_parallel_rotate_method`` (ring = ``alltoall`` rotation, allgather = ``allgather``; Ulysses refused);
+``moe_overlap`` and ``moe_capacity`` named as not carried (v0.2.2 overlaps the expert all-to-all under DualPipeV only;
+its routing is dropless).
 """
 from __future__ import annotations
 
@@ -33,6 +47,11 @@ FLAVORS = {
     "qwen3": ("0.6B", "1.7B", "4B", "8B", "14B", "32B", "30B-A3B", "235B-A22B"),
 }
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# plan cp_kind -> context_parallel_rotate_method (torch's "alltoall" rotation passes KV shards around the ring)
+ROTATE = {"ring": "alltoall", "allgather": "allgather"}
+# plan fp8 recipe -> (converter, its section, recipe_name); "delayed" runs tensorwise (warned), blockwise is refused
+FP8 = {"tensorwise": ("quantize.linear.float8", "tensorwise"), "delayed": ("quantize.linear.float8", "tensorwise"),
+       "mxfp8": ("quantize.linear.mx", "mxfp8_cublas")}
 # Multi-stage (looped) counterparts used when vpp > 1.
 MULTI_STAGE = {"1f1b": "Interleaved1F1B", "interleaved": "Interleaved1F1B", "gpipe": "LoopedBFS"}
 
@@ -58,6 +77,17 @@ def _batches(plan: Plan) -> tuple[int, int]:
 
 def _schedule(plan: Plan) -> str:
     return (MULTI_STAGE if plan.degrees.vpp > 1 else SCHEDULES).get(plan.schedule, "1F1B")  # c.common_notes
+
+
+def _ac_every(plan: Plan) -> int:
+    """``full:N`` as torchtitan's layer-level selective AC: the k for which checkpointing every k-th layer of a rank
+    (``selective_ac_option = k``; torchtitan counts the rank's blocks, ``_layer_sac_count % k == 0``) recomputes
+    N layers per virtual chunk on every pipeline rank, i.e. floor(layers of rank / k) == N * vpp; 0 when none does."""
+    n, vpp, per_rank = c.recompute_layers(plan), plan.degrees.vpp, c.rank_layers(plan)
+    for k in range(1, max(per_rank) + 1):
+        if all(layers // k == n * vpp for layers in per_rank):
+            return k
+    return 0
 
 
 def check(plan: Plan) -> None:
@@ -95,8 +125,23 @@ def check(plan: Plan) -> None:
         # models/llama3/infra/parallelize.py: without FSDP, dp_replicate means DDP, which must be the only dimension.
         c.fail(f"torchtitan: dp_replicate={d.dp_replicate} without dp_shard/cp is DDP, which v0.2.2 cannot combine "
                f"with tp={d.tp}/pp={d.pp} (\"DDP has not supported > 1D parallelism\"); shard instead (zero_stage>=1)")
-    if d.ep > 1 and (d.dp_shard * d.cp * d.tp) % (d.tp * d.ep):
-        c.fail(f"torchtitan: dp_shard*cp*tp = {d.dp_shard * d.cp * d.tp} is not divisible by etp*ep = {d.tp}*{d.ep}")
+    etp = c.expert_tp(plan)
+    if d.ep > 1 and etp not in (1, d.tp):
+        c.fail(f"torchtitan: etp={etp} with tp={d.tp}: ParallelDims supports expert tensor parallelism 1 or tp only")
+    if d.ep > 1 and (d.dp_shard * d.cp * d.tp) % (etp * d.ep):
+        c.fail(f"torchtitan: dp_shard*cp*tp = {d.dp_shard * d.cp * d.tp} is not divisible by etp*ep = {etp}*{d.ep}")
+    recipe = c.fp8_recipe(plan)
+    if recipe == "blockwise":
+        c.fail("torchtitan: fp8 recipe blockwise (128x128 weight blocks, 1x128 activation tiles) has no v0.2.2 "
+               "converter (quantize.linear.float8 is tensorwise/rowwise, quantize.linear.mx is mxfp8); export to "
+               "megatron or re-plan with --fix fp8=tensorwise")
+    if plan.cp_kind == "a2a" and d.cp > 1:
+        c.fail(f"torchtitan: cp_kind a2a (Ulysses all-to-all over heads) with cp={d.cp}: v0.2.2's context parallelism "
+               "rotates KV shards (allgather or ring) only; export to megatron or deepspeed")
+    if c.recompute_layers(plan) and not _ac_every(plan):
+        c.fail(f"torchtitan: recompute={plan.recompute}: no k makes layer-level selective AC (every k-th layer) "
+               f"recompute {c.recompute_layers(plan) * d.vpp} layers on every pipeline rank (layers per rank "
+               f"{c.rank_layers(plan)}); export to megatron (--recompute-method block)")
     if d.cp > 1 and plan.seq_len % (2 * d.cp):
         c.fail(f"torchtitan: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp} (head-tail load balancer)")
 
@@ -105,6 +150,12 @@ def unsupported(plan: Plan) -> list[str]:
     """Plan decisions the v0.2.2 TOML cannot carry."""
     d, m = plan.degrees, plan.model
     out = c.common_notes(plan, "torchtitan")
+    out += c.stack_notes(plan, "torchtitan", "torchtitan")
+    # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
+    out += c.moe_notes(plan, "torchtitan")
+    if c.fp8_recipe(plan) == "delayed":
+        out.append("torchtitan: fp8 recipe delayed (amax history) has no torchao counterpart; rendered tensorwise "
+                   "(current scaling, one amax per tensor per step)")
     name = MODEL_NAME.get(m.model_type)
     if name is None:
         out.append(f"torchtitan: v0.2.2 ships no model for model_type {m.model_type!r} "
@@ -128,6 +179,16 @@ def unsupported(plan: Plan) -> list[str]:
     return out
 
 
+def _activation_checkpoint(plan: Plan) -> dict:
+    """``[activation_checkpoint]``: none / full as they are; Megatron-style selective (core attention) and op both as
+    op-level selective AC (the closest torchtitan has); full:N as layer-level selective every k-th layer."""
+    if plan.recompute in ("none", "full"):
+        return {"mode": plan.recompute}
+    if c.recompute_layers(plan):
+        return {"mode": "selective", "selective_ac_option": str(_ac_every(plan))}
+    return {"mode": "selective", "selective_ac_option": "op"}
+
+
 def sections(plan: Plan) -> dict[str, dict]:
     """The job config as ``{section: {key: value}}`` (dotted section names, output order)."""
     d, m = plan.degrees, plan.model
@@ -137,8 +198,9 @@ def sections(plan: Plan) -> dict[str, dict]:
     flavor = _flavor(plan, name)
     if flavor:
         model["flavor"] = flavor
-    if dt == "fp8":
-        model["converters"] = ["quantize.linear.float8"]
+    recipe = c.fp8_recipe(plan)
+    if recipe in FP8:
+        model["converters"] = [FP8[recipe][0]]
     local, pp_mbs = _batches(plan)
     training = {"local_batch_size": local, "global_batch_size": plan.global_batch, "seq_len": plan.seq_len,
                 "mixed_precision_param": "float32" if dt == "fp32" else "bfloat16",
@@ -167,15 +229,15 @@ def sections(plan: Plan) -> dict[str, dict]:
             par["module_fqns_per_model_part"] = parts
         par["pipeline_parallel_microbatch_size"] = pp_mbs
     par["context_parallel_degree"] = d.cp
+    if d.cp > 1:
+        par["context_parallel_rotate_method"] = ROTATE[plan.cp_kind]
     par["expert_parallel_degree"] = d.ep
     if d.ep > 1:
-        par["expert_tensor_parallel_degree"] = d.tp  # experts stay tensor-parallel over tp (plan convention)
-    ac: dict = {"mode": plan.recompute}
-    if plan.recompute == "selective":
-        ac["selective_ac_option"] = "op"
-    out = {"model": model, "training": training, "parallelism": par, "activation_checkpoint": ac}
-    if dt == "fp8":
-        out["quantize.linear.float8"] = {"recipe_name": "tensorwise", "filter_fqns": ["output"]}
+        par["expert_tensor_parallel_degree"] = c.expert_tp(plan)  # the plan's etp, else experts stay over tp
+    out = {"model": model, "training": training, "parallelism": par,
+           "activation_checkpoint": _activation_checkpoint(plan)}
+    if recipe in FP8:
+        out[FP8[recipe][0]] = {"recipe_name": FP8[recipe][1], "filter_fqns": ["output"]}
     return out
 
 
