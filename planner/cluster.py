@@ -140,6 +140,33 @@ class ClusterSpec:
         name = nic.name if per_node == 1 else f"{nic.name}x{per_node}"
         return Link(name, bw, max(nic.latency_s, g.intra_link.latency_s))
 
+    def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0) -> Link:
+        """The link an all-to-all over ``group_size`` ranks ``stride`` apart sees, as one effective bandwidth.
+
+        Unlike a ring, an all-to-all gets no help from the node's other NICs: every rank sends ``(p - k) / p`` of
+        its data to ranks on other nodes through its own NIC share and ``(k - 1) / p`` over NVLink to the ``k - 1``
+        members on its node, both at once. The time ``max(inter bytes / NIC, intra bytes / NVLink)`` is returned
+        as the bandwidth the alpha-beta all-to-all formula (``(p - 1)/p * n / B``) needs to give it.
+
+        ``dedup_topk``: a dispatcher that sends each token once per remote node and forwards it to the experts there
+        over NVLink (DeepEP's internode kernels, DeepSeek-V3 §3.2.2) moves, per routed copy, only
+        ``E[distinct remote nodes] / topk`` of the inter-node bytes; with ``topk`` experts spread uniformly over the
+        ``N`` nodes a node receives none of them with probability ``(1 - 1/N)^topk``.
+        """
+        ring = self.collective_link(group_size, stride, group_index)
+        g = self.groups[group_index]
+        if group_size == 1 or stride * group_size <= g.devices_per_node:
+            return ring
+        nic = g.nic_link or self.inter_link
+        k = max(1, min(group_size, g.devices_per_node // stride))  # members per node
+        p = group_size
+        inter = (p - k) / p
+        if dedup_topk:
+            nodes = p / k
+            inter = min(inter, (nodes - 1) * (1 - (1 - 1 / nodes) ** dedup_topk) / dedup_topk)
+        per_byte = max(inter / nic.bandwidth_bytes_per_s, (k - 1) / p / g.intra_link.bandwidth_bytes_per_s)
+        return Link(f"{nic.name}-a2a", (p - 1) / p / per_byte, ring.latency_s)
+
     def with_inter_bandwidth(self, bytes_per_s: float) -> "ClusterSpec":
         """The same cluster with the per-GPU inter-node bandwidth set to ``bytes_per_s`` (``--net 25Gbps``)."""
         if not bytes_per_s > 0 or not math.isfinite(bytes_per_s):

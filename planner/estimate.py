@@ -19,7 +19,7 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.flops import recompute_flops_per_token
 from meshplan.planner.layout import Layout
-from meshplan.planner.memory import (PARAM_BYTES, RUNTIME_OVERHEAD_BYTES, USABLE_FRACTION, MemoryBreakdown,
+from meshplan.planner.memory import (PARAM_BYTES, USABLE_FRACTION, MemoryBreakdown, runtime_overhead_bytes,
                                      activation_bytes_per_layer, inflight_factor, layer_shape, model_state_bytes)
 
 
@@ -172,9 +172,21 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         w += 2.0 * held
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * PARAM_BYTES
-    if stage == layout.pp - 1:  # logits (bf16) + fp32 softmax of the vocab-parallel cross-entropy
-        act += 6.0 * s * b * model.vocab_size / layout.tp
-    return MemoryBreakdown(int(w), int(g), int(o), int(act), RUNTIME_OVERHEAD_BYTES)
+    if stage == layout.pp - 1:
+        act += logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+    return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
+
+
+def logits_bytes_per_element(layout: Layout) -> float:
+    """Peak bytes per logit at the start of backward, when every activation is still held.
+
+    Megatron's vocab-parallel cross-entropy keeps the bf16 logits and computes the fp32 softmax in place (2 + 4).
+    PyTorch code (torchtitan, HF) computes ``F.cross_entropy(logits.float(), labels)`` outside the compiled blocks
+    (torchtitan compiles each TransformerBlock, not the loss: ``apply_compile`` in ``parallelize_llama.py``):
+    log-softmax keeps its fp32 output (4), and its backward holds the incoming fp32 gradient (4) while writing the
+    fp32 gradient of the logits (4): 12 bytes per logit at the peak.
+    """
+    return 6.0 if layout.stack == "megatron" else 12.0
 
 
 def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, step: float, compute_s: float,
@@ -207,4 +219,5 @@ def time_key(layout: Layout) -> Layout:
                   recompute=layout.recompute_kind, sequence_parallel=layout.sequence_parallel,
                   attention=layout.attention, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
                   fp8=layout.fp8, cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
-                  moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance)
+                  moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance,
+                  moe_dispatcher=layout.moe_dispatcher)

@@ -17,6 +17,7 @@ Units: seconds, bytes, FLOPs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from meshplan.costmodel.api import Pricer
@@ -35,6 +36,20 @@ DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
 # are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
 COMM_SMS = 20
+
+
+# GPU-to-GPU speed variation of one SKU: Sinha et al., "Not All GPUs Are Created Equal" (SC'22, arXiv:2208.11035),
+# measured over >90% of the GPUs of five clusters (thousands each), "8% (max 22%) average performance variation"
+# between GPUs of the same SKU. Read as the range of a normal spread over ~4,000 GPUs (expected range
+# 2 sigma sqrt(2 ln 4000) = 8.1 sigma), sigma = 1%. A synchronous step runs at its slowest rank: for N ranks the
+# expected maximum of N draws is sigma sqrt(2 ln N) above the mean (+2.0% at 8 GPUs, +3.7% at 1,024, +4.4% at
+# 16,384): an effect that grows with scale.
+GPU_SPEED_SIGMA = 0.01
+
+
+def straggler_slowdown(world_size: int) -> float:
+    """Expected extra time of the slowest of ``world_size`` ranks, as a fraction of the mean rank's."""
+    return GPU_SPEED_SIGMA * math.sqrt(2 * math.log(world_size)) if world_size > 1 else 0.0
 
 
 def comm_sm_share(device) -> float:
@@ -129,8 +144,9 @@ class GpuEstimator:
         m = layout.num_microbatches(work.global_batch)
         pp, vpp = layout.pp, layout.vpp
         tp_link = cluster.collective_link(*layout.tp_group)
-        ep_link = cluster.collective_link(*layout.ep_group)
-        cp_link = cluster.collective_link(*layout.cp_group)
+        ep_link = cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
+                                        if layout.moe_dispatcher == "deepep" else 0)
+        cp_link = (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group)
         pp_link = cluster.collective_link(*layout.pp_neighbours)
 
         if layout.fp8 == "mxfp8" and not dev.supports("mxfp8"):
@@ -178,7 +194,7 @@ class GpuEstimator:
                            max(1, layout.expert_dp // eshard.size)))
         last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
         grad_total = (dense + expert) * GRAD_BYTES
-        dp_exposed = 0.0
+        dp_exposed = hidden = 0.0
         for params, grad_group, shard_group, replicas in groups:
             grad_bytes = params * GRAD_BYTES
             bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
@@ -187,13 +203,19 @@ class GpuEstimator:
                 shard_link = cluster.collective_link(*shard_group)
                 per_mb_comm = (2 * collective_time_s("allgather", params * PARAM_BYTES, shard, shard_link)
                                + collective_time_s("reducescatter", grad_bytes, shard, shard_link))
-                dp_exposed += m * max(0.0, per_mb_comm - stage_compute[slow] * params / (dense + expert))
+                out = m * max(0.0, per_mb_comm - stage_compute[slow] * params / (dense + expert))
                 rep_link = cluster.collective_link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
-                dp_exposed += max(rep * bucket, rep - last_bwd * params / (dense + expert))
+                rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
+                dp_exposed += out + rep_out
+                hidden += m * per_mb_comm - out + rep - rep_out
             else:
                 sync = collective_time_s("allreduce", grad_bytes, grad_group[0], cluster.collective_link(*grad_group))
-                dp_exposed += max(sync * bucket, sync - last_bwd * params / (dense + expert))
+                out = max(sync * bucket, sync - last_bwd * params / (dense + expert))
+                dp_exposed += out
+                hidden += sync - out
+        # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
+        dp_exposed += hidden * comm_sm_share(dev)
 
         opt_numel = (dense + expert) / (layout.shard_group.size if layout.zero_stage >= 1 else 1)
         optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
@@ -202,6 +224,9 @@ class GpuEstimator:
             # them across the micro-batches of a step (``is_first_microbatch``)
             optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(dense + expert),), "bf16"), dev)
 
-        step = m * t_max + bubble + dp_exposed + optimizer
+        # the slowest of the job's ranks sets the pace of every synchronous step
+        straggle = m * t_max * straggler_slowdown(layout.world_size)
+        compute += straggle
+        step = m * t_max + straggle + bubble + dp_exposed + optimizer
         return finish_estimate(work, tb, layout, m, step=step, compute_s=compute,
                                exposed_comm_s=comm_exposed + dp_exposed, bubble_s=bubble, other_s=optimizer)

@@ -28,6 +28,7 @@ ATTENTION = ("flash", "flash2", "flash3", "cudnn", "flex", "unfused")
 FP8_RECIPES = ("none", "tensorwise", "delayed", "blockwise", "mxfp8")
 CP_KINDS = ("ring", "allgather", "a2a")
 STACKS = ("megatron", "torchtitan", "eager")
+MOE_DISPATCHERS = ("alltoall", "deepep")
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
 _Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
 
@@ -173,11 +174,16 @@ class Layout(Degrees):
         cp_kind: context-parallel attention: "ring" (p2p KV exchange overlapped with the attention blocks,
             Megatron-Core/TE ``p2p``), "allgather" (KV all-gathered before attention, Llama 3 paper §3.3.2;
             torch ``context_parallel`` allgather rotation), "a2a" (DeepSpeed-Ulysses all-to-all over heads).
-        stack: the training stack whose kernels run: "megatron" (Megatron-Core + Transformer Engine fused
-            kernels), "torchtitan" (FSDP2, torch.compile fusions), "eager" (HF / plain FSDP code: unfused norms,
-            activations and residuals, one PyTorch kernel per op).
+        stack: the kernel set that runs (the parallelism is the other decisions'): "megatron" (Transformer
+            Engine's fused kernels: norms, SwiGLU, cuDNN attention, vocab-parallel cross-entropy; Megatron-Core,
+            NeMo, AutoModel's TE backend), "torchtitan" (torch.compile per block, SDPA attention, PyTorch
+            cross-entropy), "eager" (HF / plain PyTorch code: unfused norms, activations and residuals, one kernel
+            per op).
         moe_overlap: the expert all-to-alls overlapped with computation (MegaScale-MoE §4, Comet; DeepSeek-V3
             DualPipe's forward/backward chunk pairing), instead of sitting on the critical path.
+        moe_dispatcher: how routed tokens travel: "alltoall" (NCCL all-to-all, one copy per routed expert; Megatron's
+            alltoall dispatcher) or "deepep" (DeepEP: one copy per destination node over the NICs, forwarded to its
+            experts over NVLink; Megatron ``--moe-token-dispatcher-type flex --moe-enable-deepep``).
         moe_capacity: token-dropping capacity factor (each expert takes at most capacity x its balanced share,
             padded to it); 0 = dropless routing.
         moe_imbalance: dropless routing: tokens of the busiest local expert group over the balanced share
@@ -198,6 +204,7 @@ class Layout(Degrees):
     moe_overlap: bool = False
     moe_capacity: float = 0.0
     moe_imbalance: float = 1.0
+    moe_dispatcher: str = "alltoall"
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -320,6 +327,8 @@ class Layout(Degrees):
                                 f"{num_heads // self.tp} heads per tp rank ({num_heads} heads / tp={self.tp})")
         if self.stack not in STACKS:
             raise MeshplanError(f"stack '{self.stack}' is not one of {', '.join(STACKS)}")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise MeshplanError(f"moe_dispatcher '{self.moe_dispatcher}' is not one of {', '.join(MOE_DISPATCHERS)}")
         if self.moe_capacity < 0 or not 1.0 <= self.moe_imbalance <= 64.0:
             raise MeshplanError(f"moe_capacity {self.moe_capacity} must be >= 0 (0 = dropless) and "
                                 f"moe_imbalance {self.moe_imbalance} within [1, 64]")

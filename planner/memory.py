@@ -22,8 +22,31 @@ GiB = 1024**3
 PARAM_BYTES = 2  # bf16/fp16 weights
 GRAD_BYTES = 2  # gradients in the param dtype (ZeRO paper; FSDP2/DDP default reduce dtype)
 OPTIMIZER_BYTES = 12  # Adam: fp32 master + m + v (ZeRO paper K = 12)
-RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context, NCCL buffers, cuBLAS workspace (measured 0.5-1.5 GiB on A100/H100)
-USABLE_FRACTION = 0.95  # allocator fragmentation headroom: a plan must fit in 95% of device memory
+# What a rank may allocate, term by term (issue 13 item 3: the refusal margin is explained, not a fudge):
+# - torch's ``total_memory`` reads the datasheet capacity, taken as GiB, to ~1% (H100 80GB: 79.2 of 80 GiB; the
+#   convention of costmodel/data/devices.yaml), so a plan must fit in 99% of ``memory_bytes``;
+# - outside PyTorch's allocator: the CUDA context with cuBLAS/cuDNN handles and workspaces (0.5-1.5 GiB measured on
+#   A100/H100 processes before any tensor, the figure this model used as a whole before; 0.75 GiB taken) and NCCL's
+#   buffers per communicator: NCCL_BUFFSIZE 4 MiB (NCCL's documented default) per channel and protocol, up to 32
+#   channels x 2 protocols = 256 MiB for each process group the layout uses (tp, cp, dp, pp, ep, expert-dp);
+# - inside it: fragmentation of the caching allocator. Model states are allocated once, in large buffers; the
+#   activations of a step are allocated and freed in a different order in backward, and freed blocks are cached and
+#   split, so the reserved pool outgrows them: 5% of the activation bytes is held back.
+USABLE_FRACTION = 0.99
+CONTEXT_BYTES = 0.75 * GiB
+NCCL_COMM_BYTES = 2 * 32 * 4 * 1024**2
+ACTIVATION_FRAGMENTATION = 0.05
+RUNTIME_OVERHEAD_BYTES = int(CONTEXT_BYTES + 2 * NCCL_COMM_BYTES)  # a layout of two process groups (the solvers')
+
+
+def runtime_overhead_bytes(layout: Layout, activation_bytes: float) -> int:
+    """Bytes a rank holds beyond model states and activations: CUDA context, NCCL buffers of each process group the
+    layout uses, allocator fragmentation of the activations (the terms above)."""
+    groups = [layout.tp, layout.cp, layout.dp, layout.pp, layout.ep]
+    if layout.ep > 1:
+        groups.append(layout.expert_dp)
+    comms = sum(1 for g in groups if g > 1)
+    return int(CONTEXT_BYTES + comms * NCCL_COMM_BYTES + ACTIVATION_FRAGMENTATION * activation_bytes)
 
 
 @dataclass(frozen=True)
@@ -148,7 +171,10 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, f
     out += drop * sbh / rep  # attention dropout mask
     # MLP
     out += lin * sbh / rep  # MLP input
-    per_ffn = (6.0 + lin) if ls.gated else (2.0 + lin)  # SwiGLU: gate, up, act, product (FC2 input); GeLU: in, out
+    # SwiGLU: FC1's gate and up outputs (the activation's input) and the product (FC2's input); eager code also keeps
+    # SiLU(gate), a separate kernel's output (fused kernels, TE's / Megatron's bias_swiglu or inductor's, recompute
+    # it). GeLU: input and output (FC2's input).
+    per_ffn = (4.0 + lin + (2.0 if layout.stack == "eager" else 0.0)) if ls.gated else (2.0 + lin)
     if ls.experts_per_token:
         k = ls.experts_per_token
         load = _moe_load(layout)

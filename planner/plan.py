@@ -164,6 +164,7 @@ class Plan(_Frozen):
     moe_overlap: bool = False
     moe_capacity: float = Field(0.0, ge=0.0, le=64.0)
     moe_imbalance: float = Field(1.0, ge=1.0, le=64.0)
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
     layer_precision: Optional[tuple[str, ...]] = None
     stages: Optional[tuple[Stage, ...]] = None
     compression: Optional[tuple[BucketCompression, ...]] = None
@@ -230,7 +231,7 @@ class Plan(_Frozen):
 
 
 OPTIONAL_DECISIONS = {"etp": 0, "fp8": "none", "cp_kind": "ring", "stack": "megatron", "moe_overlap": False,
-                      "moe_capacity": 0.0, "moe_imbalance": 1.0}
+                      "moe_capacity": 0.0, "moe_imbalance": 1.0, "moe_dispatcher": "alltoall"}
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -130,6 +130,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"fp8={layout.fp8}")
     if layout.moe_overlap:
         parts.append("moe_overlap")
+    if layout.moe_dispatcher != "alltoall":
+        parts.append(f"moe_dispatcher={layout.moe_dispatcher}")
     if layout.stack != "megatron":
         parts.append(f"stack={layout.stack}")
     return " ".join(parts)
@@ -159,7 +161,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage, recompute=layout.recompute,
         schedule=layout.schedule, attention=layout.attention, dtype=work.dtype, etp=layout.etp, fp8=layout.fp8,
         cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
-        moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance,
+        moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance, moe_dispatcher=layout.moe_dispatcher,
         stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
@@ -216,4 +218,5 @@ def plan_layout(plan: Plan) -> Layout:
                      pp_layout=split,
                      pipeline_schedule=plan.schedule if plan.schedule in ("zbh1", "dualpipe") else "",
                      etp=plan.etp, fp8=plan.fp8, cp_kind=plan.cp_kind, stack=plan.stack, moe_overlap=plan.moe_overlap,
-                     moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance)
+                     moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance,
+                     moe_dispatcher=plan.moe_dispatcher)
