@@ -40,6 +40,9 @@ def plan(
                                                 "host learned from its runs)")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON object: plan_path, schema_version, "
                                            "warnings and the ranked plans (best first)")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Break the best plan down (also into the plan file): "
+                                          "per stage compute by op class, exposed comm by collective and link, "
+                                          "bubble, the efficiency each op class was priced at")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from meshplan.planner.host import load_host
@@ -60,11 +63,12 @@ def plan(
         outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
                            out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
                            quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
-                           error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host)
+                           error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host,
+                           explain=explain)
     if json_out:
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
-                    "plans": outcome.rows})
+                    "plans": outcome.rows, **({"explain": outcome.plan.explain} if explain else {})})
         return
     table = Table(title=outcome.title)
     cols = ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB")
@@ -83,7 +87,35 @@ def plan(
     console.print(table)
     for note in outcome.notes:
         console.print(note, highlight=False)
+    if explain and outcome.plan.explain:
+        render_explain(outcome.plan.explain)
     console.print(f"best plan written to [bold]{outcome.path}[/bold]")
+
+
+def render_explain(ex: dict) -> None:
+    """The best plan's breakdown (``planner.explain``) as rich tables that wrap."""
+    step = Table(title=f"why {ex['step_time_s']:.3f} s per step (slowest stage: {ex['slowest_stage']})")
+    step.add_column("part", overflow="fold")
+    step.add_column("s", justify="right")
+    for part, sec in ex["step_s"].items():
+        step.add_row(part, f"{sec:.3f}")
+    console.print(step)
+    stages = Table(title="per stage, seconds per step")
+    for col in ("stage", "layers", "compute by op class", "exposed comm by collective and link"):
+        stages.add_column(col, overflow="fold", justify="right" if col in ("stage", "layers") else "left")
+    for st in ex["stages"]:
+        stages.add_row(str(st["stage"]), str(st["layers"]),
+                       "\n".join(f"{k}: {v:.3f}" for k, v in st["compute_s"].items()),
+                       "\n".join(f"{k}: {v:.3f}" for k, v in st["exposed_comm_s"].items()) or "-")
+    console.print(stages)
+    eff = Table(title="efficiency each op class was priced at (stage 0)")
+    for col in ("op class", "achieved", "of peak"):
+        eff.add_column(col, overflow="fold", justify="left" if col == "op class" else "right")
+    for cls, e in ex["efficiency_stage0"].items():
+        unit = "TFLOP/s" if e["unit"] == "FLOP/s" else "GB/s"
+        scale = 1e12 if e["unit"] == "FLOP/s" else 1e9
+        eff.add_row(cls, f"{e['achieved'] / scale:,.0f} {unit}", f"{100 * e['of_peak']:.1f}%")
+    console.print(eff)
 
 
 def register(app: typer.Typer) -> None:

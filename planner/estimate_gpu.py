@@ -80,10 +80,11 @@ class GpuEstimator:
         return 2.0 * self.pricer.predict(op, device)  # memory-bound ops: read grad + saved input, write grad
 
     # ---- one micro-batch
-    def _layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
-                     tp_link, ep_link, cp_link) -> tuple[float, float, float, float, float]:
+    def layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
+                    tp_link, ep_link, cp_link) -> tuple[float, ...]:
         """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
-        recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds)."""
+        recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, and the exposed comm fwd+bwd of the
+        tp, ep and cp groups, which add up to the fourth)."""
         k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link)
         hit = self._layer.get(k)
         if hit is not None:
@@ -121,7 +122,7 @@ class GpuEstimator:
             ep_cost, ep_re = 2 * ep, ep
         comm = 2 * tp + 2 * cp + ep_cost  # forward and the backward mirror
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
-        out = self._layer[k] = (fwd, bwd, re, comm, comm_re)
+        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, 2 * tp, ep_cost, 2 * cp)
         return out
 
     def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
@@ -154,7 +155,7 @@ class GpuEstimator:
                                 "(use tensorwise, delayed or blockwise)")
         tb = self.tables(model)
         key = time_key(layout)
-        times = {k: self._layer_times(tb, dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link)
+        times = {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link)
                  for k in tb.rep}
         emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
 

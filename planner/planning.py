@@ -20,7 +20,9 @@ from meshplan.core.version import meshplan_version
 from meshplan.costmodel.api import Pricer
 from meshplan.planner.cluster import load_cluster
 from meshplan.planner.estimate import Estimator, Workload
+from meshplan.planner.estimate_gpu import GpuEstimator
 from meshplan.planner.estimators import estimator_for
+from meshplan.planner.explain import explain_gpu
 from meshplan.planner.host import Host
 from meshplan.planner.model_spec import load_model
 from meshplan.planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
@@ -71,11 +73,13 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
              progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans"),
              workload: str = "train", quality_budget: float | None = None, compress: bool = False,
              net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
-             sensitivity: Path | None = None, costmodel: Path | None = None, host: Host = Host()) -> PlanOutcome:
+             sensitivity: Path | None = None, costmodel: Path | None = None, host: Host = Host(),
+             explain: bool = False) -> PlanOutcome:
     """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``).
 
     ``costmodel``: the model folder that prices operators (``None``: the shipped one). ``host``: this host's
-    calibration and learned terms (``planner.host.load_host``), needed by ``local:N`` clusters.
+    calibration and learned terms (``planner.host.load_host``), needed by ``local:N`` clusters. ``explain``: the best
+    plan carries ``planner.explain``'s breakdown (GPU clusters).
     """
     if global_batch < 1:
         raise MeshplanError(f"--global-batch {global_batch} must be >= 1")
@@ -115,6 +119,10 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     result = search(work, fixes, top=top, progress=progress, estimator=estimator)
     best_layout, best_est = result.ranked[0]
     plan = to_plan(work, best_layout, best_est, nm, model, estimator.name)
+    if explain:
+        if not isinstance(estimator, GpuEstimator):
+            raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
+        plan = plan.model_copy(update={"explain": explain_gpu(estimator, work, best_layout)})
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
     if compress:

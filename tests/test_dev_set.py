@@ -155,11 +155,17 @@ def test_parameter_counts_of_the_mapped_configs(rows, runs_dir, name, total, tol
     assert abs(m.num_params - total) <= tol, f"{name}: {m.num_params / 1e9:.3f}B vs {source}"
 
 
-def test_every_row_is_reported(runs_dir, rows):
-    """No row is dropped: hybrid Mamba rows (and only they) are out of scope; every other row is priced, refused
-    with the miss in GiB, or not expressible naming the missing decision (DeepSeek-V3 and Kimi-K2: 61 layers
-    over PP4/PP8, the uneven stages issue 12 describes)."""
-    results, summary = dev_set.run(runs_dir)
+@pytest.fixture(scope="module")
+def priced(runs_dir):
+    """The whole dev set priced once (bench/dev_set.py's run: each row through plan_job with its layout pinned)."""
+    return dev_set.run(runs_dir)
+
+
+def test_every_row_is_reported(runs_dir, rows, priced):
+    """No row is dropped: hybrid Mamba rows (and only they) are out of scope; every other row is priced or refused
+    with the miss in GiB, and none is inexpressible (issue 12 item 9: DeepSeek-V3 PP4 x VPP8 over 61 layers, Kimi-K2
+    PP8 x VPP4, Qwen3 / GPT-OSS expert meshes, torchtitan's op-level checkpointing are all written with --fix)."""
+    results, summary = priced
     assert [r.name for r in results] == [r["name"] for r in rows]
     out = {r.name for r in results if r.status == "out of scope"}
     assert out == {r["name"] for r in rows if str(r.get("meshplan_can_express", "yes")).startswith("no")}
@@ -169,7 +175,45 @@ def test_every_row_is_reported(runs_dir, rows):
             assert math.isfinite(r.error) and r.predicted_step_s > 0, r.name
         if r.status == "refused OOM":
             assert r.memory_gib > r.memory_limit_gib, r.name
-    missing = {r.name: r.detail.split(" (")[0] for r in results if r.status == "not expressible"}
-    for name in ("automodel-dsv3-256", "automodel-dsv3-1024", "automodel-kimik2-256"):
-        assert missing.get(name) == "pp_layout", (name, missing.get(name))
+    missing = {r.name: r.detail for r in results if r.status == "not expressible"}
+    assert not missing
     assert summary[-1]["rows"] == len(rows) - len(out)
+
+
+# Rows meshplan still refuses as out of memory, and why (issue 13 item 3; BENCHMARKS.md "Dev set"): both are NeMo
+# 24.07 runs whose optimizer the table does not state. apex's DistributedFusedAdam as NeMo configures it keeps fp32
+# master weights (12 B per parameter with Adam's moments); the runs fit only if it stores 16-bit remainders or
+# the fp8 weights have no cached transpose, neither of which the source says.
+STILL_REFUSED = {
+    "nemo2407-nemotron-340b": "FLOP-equivalent approximate architecture; 3.0 GiB over with fp8 weight copies",
+    "nemo2407-sft-llama2-70b": "dp=1 leaves 16 B per parameter unsharded (fp8_params, stated, is not modelled)",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(r["name"], marks=pytest.mark.xfail(strict=True, reason=STILL_REFUSED[r["name"]]))
+    if r["name"] in STILL_REFUSED else r["name"]
+    for r in map(json.loads, shared_path("published_runs", "dev_runs.jsonl").read_text().splitlines())
+    if not str(r.get("meshplan_can_express", "yes")).startswith("no")])
+def test_published_layout_is_expressed_and_fits(name, priced, rows):
+    """Each published run, with the layout its source quotes (``published.quote`` of dev_runs.jsonl, checked cell by
+    cell in test_layout_matches_the_quoted_table_row), is written with --fix and priced, not refused as out of
+    memory (issue 12 item 9)."""
+    results, _ = priced
+    (r,) = [x for x in results if x.name == name]
+    row = _by_name(rows)[name]
+    quote = row["published"].get("quote") or dev_set.TORCHTITAN_FACTS[name]["quote"]  # torchtitan: the harness
+    assert r.status == "priced", (name, r.status, r.detail, quote)  # priced = fits in the device's memory
+    assert r.predicted_step_s > 0 and r.memory_gib > 0
+
+
+# The dev set's accuracy, per source, as measured on 2026-11-25 (BENCHMARKS.md "Dev set"): a regression guard,
+# not the target (issue 13 asks <= 8% per source). Error = (predicted - published) / published step time.
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.10, "S1f": 0.08, "S5": 0.20, "T": 0.08}
+
+
+def test_accuracy_per_source_does_not_regress(priced):
+    _, summary = priced
+    got = {x["source"]: x["mean_abs_error"] for x in summary if x["source"] in MEAN_ABS_ERROR_AT_MOST}
+    for src, bound in MEAN_ABS_ERROR_AT_MOST.items():
+        assert got[src] <= bound, (src, got[src], bound)

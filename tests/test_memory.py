@@ -80,15 +80,17 @@ def _korthikanti_gqa_bytes(s: int, b: int, t: int, h: int, a: int, a_kv: int, d:
     * V, the input of the attention over values: 2sb(a_kv d), **the value dimension a_kv x d** (the paper's 2sbh
       is MHA's a x d); FlashAttention stores no s x s scores (the paper's 5as^2b) but the fp32 log-sum-exp, 4asb;
     * the output projection's input 2sb(a d);
-    * SwiGLU's gate, up, activation and product, 4 x 2sb ffn (the paper's 4h GeLU MLP keeps 2 x 8sbh); no
-      dropout masks (Llama trains without dropout).
+    * SwiGLU's gate and up outputs and the product, 3 x 2sb ffn: Megatron-Core's fused SwiGLU
+      (``megatron/core/fusions/fused_bias_swiglu.py``, ``SwiGLUFunction``) saves only its input and recomputes SiLU
+      in backward, and FC2 saves the product (the paper's 4h GeLU MLP keeps 2 x 8sbh); no dropout masks (Llama
+      trains without dropout).
     """
     tensors = (4 * s * b * h + 2 * s * b * h + 2 * s * b * h  # norms, QKV input, MLP input
                + 2 * s * b * a * d + 2 * s * b * a_kv * d  # Q, K
                + 2 * s * b * a_kv * d  # V: value dimension a_kv * d
                + 4 * a * s * b  # flash attention's fp32 log-sum-exp
                + 2 * s * b * a * d  # projection input
-               + 8 * s * b * ffn)  # SwiGLU
+               + 6 * s * b * ffn)  # SwiGLU
     return tensors / t
 
 

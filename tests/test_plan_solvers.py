@@ -35,8 +35,10 @@ def test_serving_with_quality_budget(runner, tmp_path):
     assert plan.layer_precision and len(plan.layer_precision) == 28
 
 
+# Llama-3.1-70B in 16 bits (131.4 GiB of weights) does not fit on 3xT4+1xA100 (128 GiB): serving it needs quantizing.
+# (On 4xT4+1xA100, 144 GiB, it fits since the memory limit counts its terms explicitly: planner/memory.py.)
 def test_impossible_quality_budget_exits_2(runner, tmp_path):
-    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "3xT4+1xA100", "--workload", "serve",
                "--quality-budget", "0", "--global-batch", "8", "--seq-len", "512")
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output and "error:" in res.stderr
@@ -89,7 +91,7 @@ def test_serving_lowers_precision_only_when_asked(runner, tmp_path):
 
 
 def test_serving_a_model_that_needs_quantizing_says_so(runner, tmp_path):
-    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "4xT4+1xA100", "--workload", "serve",
+    res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "3xT4+1xA100", "--workload", "serve",
                "--global-batch", "8", "--seq-len", "512")
     assert res.exit_code == 2 and "--quality-budget" in res.output and len(res.output.strip().splitlines()) == 1
 
