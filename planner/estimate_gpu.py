@@ -27,7 +27,7 @@ from meshplan.costmodel.ops import OpSpec
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate import (Estimate, TablesCache, Workload, finish_estimate, recomputed_counts,
                                        stage_layers, stage_params, time_key)
-from meshplan.planner.layout import Layout
+from meshplan.planner.layout import Layout, weighted_split
 from meshplan.planner.memory import GRAD_BYTES, PARAM_BYTES
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.schedules import bubble_s
@@ -136,6 +136,26 @@ class GpuEstimator:
             hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
                                    sum(predict(o, device) + self._bwd_s(o, device) for o in head))
         return hit
+
+    def time_balanced_split(self, work: Workload, layout: Layout) -> tuple[int, ...]:
+        """Layers per (virtual) stage balanced by predicted time rather than layer count (issue 12 item 1):
+        dense and MoE layers, and the embedding and the output layer + loss on the first and last stages, weigh
+        what one micro-batch of each costs on this layout (``planner.layout.weighted_split``)."""
+        model, dev = work.model, work.cluster.device
+        cluster = work.cluster
+        tb = self.tables(model)
+        key = time_key(layout)
+        links = (cluster.collective_link(*layout.tp_group),
+                 cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
+                                       if layout.moe_dispatcher == "deepep" else 0),
+                 (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
+        per_kind = {}
+        for moe in tb.rep:
+            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links)
+            per_kind[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
+        weights = [per_kind[model.is_moe_layer(i)] for i in range(model.num_layers)]
+        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
+        return weighted_split(weights, layout.pp * layout.vpp, emb, head)
 
     # ---- the estimate
     def estimate(self, work: Workload, layout: Layout) -> Estimate:

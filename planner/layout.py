@@ -398,6 +398,53 @@ def balanced_split(num_layers: int, pp: int, first_extra: float = 1.0, last_extr
     return tuple(cap)
 
 
+def weighted_split(weights: list[float], stages: int, first_extra: float = 0.0,
+                   last_extra: float = 0.0) -> tuple[int, ...]:
+    """Layers per stage (contiguous, >= 1 each) minimising the heaviest stage, when layer ``i`` costs
+    ``weights[i]`` and the first and last stages also carry ``first_extra`` / ``last_extra`` (embedding; output
+    layer and loss), all in the same unit (seconds per micro-batch: the split balanced by predicted stage time).
+
+    Bisects the bottleneck and fills stages greedily left to right, leaving at least one layer for each stage to
+    come: for contiguous min-max partitions the greedy fill is feasible whenever any split is (checked against
+    brute force in tests/test_uneven_pipeline.py).
+    """
+    n = len(weights)
+    if stages < 1 or n < stages:
+        raise MeshplanError(f"pp={stages}: needs at least one of the {n} layers per stage")
+
+    def fill(limit: float) -> list[int] | None:
+        out, i = [], 0
+        for st in range(stages):
+            extra = (first_extra if st == 0 else 0.0) + (last_extra if st == stages - 1 else 0.0)
+            room_left = n - i - (stages - st - 1)  # layers this stage may take
+            if st == stages - 1:
+                take = n - i
+                if extra + sum(weights[i:]) > limit + 1e-12:
+                    return None
+            else:
+                load, take = extra, 0
+                while take < room_left and load + weights[i + take] <= limit + 1e-12:
+                    load += weights[i + take]
+                    take += 1
+                if take == 0:
+                    return None
+            out.append(take)
+            i += take
+        return out
+
+    lo = max(max(weights), first_extra + weights[0], last_extra + weights[-1])
+    hi = sum(weights) + first_extra + last_extra
+    best = fill(hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        got = fill(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    return tuple(best)
+
+
 def format_pp_layout(layers: tuple[int, ...]) -> str:
     """``7+8*14+7``: runs of equal stages written ``n*k`` (the ``--fix pp_layout`` syntax)."""
     out, i = [], 0

@@ -66,3 +66,51 @@ def test_a_pinned_split_is_used_and_a_wrong_one_refused(runner, tmp_path):
     r = runner.invoke(app, [*six, "--fix", "tp=2,pp=3"])
     assert r.exit_code == 0, r.output
     assert tuple(s.num_layers for s in load_plan(tmp_path / "p.yaml").stages) == balanced_split(32, 3)
+
+
+def _heaviest(split, weights, first, last):
+    out, i = [], 0
+    for k, n in enumerate(split):
+        out.append(sum(weights[i:i + n]) + (first if k == 0 else 0) + (last if k == len(split) - 1 else 0))
+        i += n
+    return max(out)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_time_balanced_split_is_optimal_against_brute_force(seed):
+    """Issue 12 item 1: the split balanced by predicted stage time. ``weighted_split`` reaches the smallest heaviest
+    stage of every contiguous split (all compositions enumerated), with first/last extras (embedding, head)."""
+    import random
+
+    from meshplan.planner.layout import weighted_split
+
+    rng = random.Random(seed)
+    n, pp = rng.randint(4, 11), rng.randint(2, 4)
+    weights = [rng.choice([1.0, 1.0, 2.5]) * rng.uniform(0.8, 1.2) for _ in range(n)]  # dense and MoE layers
+    first, last = rng.uniform(0, 2), rng.uniform(0, 3)
+    best = min(_heaviest(split, weights, first, last)
+               for cuts in itertools.combinations(range(1, n), pp - 1)
+               for split in [tuple(b - a for a, b in zip((0,) + cuts, cuts + (n,)))])
+    got = weighted_split(weights, pp, first, last)
+    assert sum(got) == n and len(got) == pp and min(got) >= 1
+    assert _heaviest(got, weights, first, last) == pytest.approx(best, rel=1e-9)
+
+
+def test_deepseek_v3_split_follows_predicted_time_not_layer_count():
+    """DeepSeek-V3's first three layers are dense (cheap) and its output layer over 129,280 tokens is dear: the
+    time-balanced split of 61 layers on 16 stages gives the first stage more layers and the last fewer than the
+    layer-count split (3+3+4*13+3 with embedding and loss counted as one layer each)."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.estimate import Workload
+    from meshplan.planner.estimate_gpu import GpuEstimator
+    from meshplan.planner.layout import Layout
+    from meshplan.planner.model_spec import load_model
+
+    m = load_model("deepseek-v3")
+    est = GpuEstimator(Pricer.shipped())
+    work = Workload(m, load_cluster("256x8xH100"), 2048, 4096, "bf16")
+    lay = Layout(dp_replicate=16, tp=8, pp=16, micro_batch=1, sequence_parallel=True)
+    split = est.time_balanced_split(work, lay)
+    even = balanced_split(m.num_layers, 16)
+    assert sum(split) == 61 and split[0] > even[0] and split[-1] <= even[-1]
