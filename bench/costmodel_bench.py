@@ -2,6 +2,7 @@
 
 Usage (from the repository root, ``../shared`` beside it):
     python bench/costmodel_bench.py [--train] [--splits neusight,vidur-h100,vidur-network] [--json OUT] [--no-blend]
+    python bench/costmodel_bench.py --splits lodo-gemm   # GEMM leave-one-device-out, one row per GPU (issue 13 item 4)
 
 ``--train`` retrains the default model into a temporary folder and reports wall and CPU seconds (the shipped
 model is rebuilt by ``meshplan costmodel train --data ../shared/kernels --out costmodel/data/model``).
@@ -70,7 +71,54 @@ def bench_predict(n: int = 100_000) -> dict:
     single = (time.perf_counter() - t0) / 2000
     return {"load_s": round(load_s, 3), "batch_us_per_prediction": round(per * 1e6, 2), "batch_size": n,
             "single_call_us_uncached": round(single * 1e6, 1),
-            "learned_fraction": round(float(np.mean(src == "learned")), 3)}
+            "learned_fraction": round(float(np.mean(np.char.startswith(src.astype(str), "learned"))), 3)}
+
+
+def lodo_gemm(data: Path, blend_unseen: bool = True) -> list[dict]:
+    """GEMM (matmul + bmm) leave-one-device-out: every GPU with >= 50 GEMM rows is held out in turn (none of its rows
+    reach training, blend selection included); 200 trees, 20k rows per class as the ``leave-one-device-out`` split."""
+    from meshplan.costmodel.datasets import load
+    from meshplan.costmodel.datasets.devices import resolve_many
+    from meshplan.costmodel.eval import _as_model
+    from meshplan.costmodel.train import ape, prepare, train_models
+
+    table, _ = load([data])
+    g = table.select((table.source != "local") & np.isin(table.op, ("matmul", "bmm")))
+    rows = []
+    for dev in sorted(set(g.device)):
+        s = g.device == dev
+        if s.sum() < 50:
+            continue
+        te = g.select(s)
+        m = _as_model(train_models(prepare(g.select(~s)), n_estimators=200, max_rows_per_kind=20000,
+                                   kinds=("matmul", "bmm"), blend_unseen=blend_unseen))
+        specs, _ = resolve_many(te.device)
+        pred, _ = m.predict_arrays(te.op, te.b, te.m, te.n, te.k, te.dtype, te.device, specs)
+        e = ape(pred, te.latency_s)
+        r = {"device": dev, "n": int(len(e)), "mape": round(float(e.mean()), 1),
+             "median_ape": round(float(np.median(e)), 1),
+             "median_ratio": round(float(np.median(pred / te.latency_s)), 2)}
+        for op in ("matmul", "bmm"):
+            if (te.op == op).any():
+                r[op] = round(float(e[te.op == op].mean()), 1)
+        rows.append(r | {"_ape": e})
+    return rows
+
+
+def print_lodo_gemm(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("held-out GPU", "rows", "GEMM MAPE %", "matmul", "bmm", "median APE %", "median pred/meas", "<= 15%"):
+        t.add_column(c, justify="right" if c != "held-out GPU" else "left")
+    for r in rows:
+        t.add_row(r["device"], str(r["n"]), str(r["mape"]), str(r.get("matmul", "")), str(r.get("bmm", "")),
+                  str(r["median_ape"]), str(r["median_ratio"]), "yes" if r["mape"] <= 15 else "no")
+    e = np.concatenate([r["_ape"] for r in rows])
+    t.add_row("row-weighted", str(len(e)), f"{e.mean():.1f}", "", "", f"{np.median(e):.1f}", "", "")
+    t.add_row("median GPU", "", f"{np.median([r['mape'] for r in rows]):.1f}", "", "", "", "", "")
+    Console(width=140).print(t)
 
 
 def main() -> None:
@@ -91,6 +139,12 @@ def main() -> None:
     from meshplan.costmodel.eval import evaluate
 
     for split in [s for s in args.splits.split(",") if s]:
+        if split == "lodo-gemm":
+            t0 = time.perf_counter()
+            rows = lodo_gemm(Path(args.data), blend_unseen=not args.no_blend)
+            print_lodo_gemm(rows, f"GEMM leave-one-device-out ({time.perf_counter() - t0:.0f} s)")
+            out[split] = [{k: v for k, v in r.items() if k != "_ape"} for r in rows]
+            continue
         data = [Path(args.local)] if split == "local" else [Path(args.data)]
         t0 = time.perf_counter()
         rows = evaluate(split, data, blend_unseen=not args.no_blend)

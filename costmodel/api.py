@@ -7,6 +7,10 @@ two pricers in one process never see each other's model or prices.
 
 The learned model predicts a ratio over the ideal roofline and is clipped so it never predicts below it; ops
 outside its trained range are priced by the calibrated roofline (``predict_with_source`` says which was used).
+On a GPU the model never trained on (an unseen class signature), a learned price clipped to the roofline bound or
+above 3x it has its own source string (``learned (unseen device, ...)``) and is collected in ``Pricer.warnings``
+(one line per device, op class and reason, with a count) for the planner or CLI to report; library code prints
+nothing.
 """
 from __future__ import annotations
 
@@ -51,6 +55,31 @@ class Pricer:
     def __init__(self, model: "LearnedModel | None" = None):
         self.model = model
         self._memo: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
+        self._flags: dict[tuple[str, str, str], int] = {}  # (device, op class, source) -> ops flagged
+
+    def _note(self, sources, ops: list[OpSpec], devices: list[DeviceSpec]) -> None:
+        """Count the ops whose source flags an unseen-device price (``learned (unseen device, ...)``)."""
+        for src, o, d in zip(sources, ops, devices):
+            if str(src).startswith("learned (unseen device"):
+                key = (d.name, o.kind, str(src))
+                self._flags[key] = self._flags.get(key, 0) + 1
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per (device, op class, reason) this pricer flagged since it was made or last cleared: a learned
+        price on a device the model never trained on that was clipped to the roofline bound or lies above 3x it
+        (``costmodel.learned.SOURCE_UNSEEN_CLIPPED`` / ``SOURCE_UNSEEN_ABOVE``). Each distinct op counts once
+        (repeat prices come from the memo)."""
+        out = []
+        for (dev, kind, src), n in sorted(self._flags.items()):
+            why = src[src.index(", ") + 2:-1] if ", " in src else src
+            out.append(f"{dev}: {n} {kind} op(s) {why} by a cost model not trained on this device "
+                       f"(roofline bound: costmodel.features; verify with a profiled run)")
+        return out
+
+    def clear_warnings(self) -> None:
+        """Forget the flagged prices (``warnings`` becomes empty)."""
+        self._flags.clear()
 
     @classmethod
     def shipped(cls) -> "Pricer":
@@ -100,7 +129,9 @@ class Pricer:
         return self.predict_with_source(op, device, link)[0]
 
     def predict_with_source(self, op: OpSpec, device: DeviceSpec, link: Link | None = None) -> tuple[float, str]:
-        """``(seconds, source)``: source is ``learned``, ``roofline (...)`` or ``alpha-beta``/``learned collective``."""
+        """``(seconds, source)``: source is ``learned``, ``learned (unseen device, clipped to roofline)``,
+        ``learned (unseen device, above 3x roofline)`` (both also noted in :attr:`warnings`), ``roofline (...)``,
+        ``calibrated (costmodel fit)`` or ``alpha-beta``/``learned collective``."""
         if op.is_collective:
             if link is None:
                 raise ValueError(f"collective {op.kind} needs a link to be priced")
@@ -124,6 +155,7 @@ class Pricer:
                 self._memo.clear()
             sec, src = self.model.predict_ops([op], device)
             hit = self._memo[key] = (float(sec[0]) * slow, str(src[0]))
+            self._note(src, [op], [device])
         return hit
 
     def predict_batch(self, ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]):
@@ -135,7 +167,9 @@ class Pricer:
         if self.model is None:
             out = np.array([roofline_predict(o, d) for o, d in zip(ops, devs)]) * slow
         else:
-            out = self.model.predict_ops(ops, device)[0] * slow
+            sec, src = self.model.predict_ops(ops, devs)
+            self._note(src, ops, devs)
+            out = sec * slow
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
                 t = fused_attention_s(o, d)

@@ -32,6 +32,9 @@ class DeviceSpec:
         sm_count: Streaming multiprocessors (compute units on AMD, cores on CPU).
         l2_bytes: Last-level on-chip cache, bytes.
         clock_hz: Boost clock, Hz.
+        base_clock_hz: Datasheet base clock, Hz (0 = not published). With ``tdp_w`` it gives the clock a dense
+            GEMM sustains under the board power limit (:meth:`sustained_clock_hz`).
+        tdp_w: Board power limit (TDP / max board power), watts (0 = not published).
         family: Default node/link family (``dgx-h100``, ``dgx-a100``, ``pcie``, ...), see cluster presets.
         launch_s: Fixed cost of one op call, seconds (framework dispatch + launch; ``collect`` measures it on this
             machine's CPU). 0 = not measured: GPUs use ``costmodel.api.KERNEL_LAUNCH_S`` in the calibrated roofline.
@@ -49,11 +52,28 @@ class DeviceSpec:
     clock_hz: float
     family: str = "pcie"
     launch_s: float = 0.0
+    base_clock_hz: float = 0.0
+    tdp_w: float = 0.0
     aliases: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
 
     def __hash__(self) -> int:  # dict fields are not hashable; the name is unique in the catalogue
         return hash(self.name)
+
+    @property
+    def sustained_clock_hz(self) -> float:
+        """Clock a long dense GEMM sustains, Hz: the base clock on boards limited to PCIe slot power
+        (``tdp_w <= SLOT_POWER_W``: Tesla P4, T4, L4 — passively cooled, no auxiliary power connector), the boost
+        clock otherwise (or when the base clock / TDP is not published).
+
+        NVIDIA specifies the base clock as the clock held at the board power limit under a sustained full load;
+        the boost clock is opportunistic. Measured fp32 GEMMs above 2^36 FLOPs (NeuSight) reach a median 0.34
+        (L4) and 0.39 (T4) of the boost-clock peak against base/boost = 0.39 / 0.37, while 250-700 W boards reach
+        0.67-0.90 of it (costmodel/data/model/README.md, "Unseen GPUs").
+        """
+        if self.base_clock_hz > 0 and 0 < self.tdp_w <= SLOT_POWER_W:
+            return min(self.base_clock_hz, self.clock_hz)
+        return self.clock_hz
 
     def supports(self, dtype: str) -> bool:
         return dtype in self.peak_flops
@@ -75,7 +95,11 @@ class DeviceSpec:
 VENDORS = ("nvidia", "amd", "cpu")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 _REQUIRED = ("name", "vendor", "peak_flops", "memory_bytes", "mem_bw_bytes_per_s", "sm_count", "l2_bytes", "clock_hz")
-_OPTIONAL = ("family", "aliases", "sources", "launch_s")
+_OPTIONAL = ("family", "aliases", "sources", "launch_s", "base_clock_hz", "tdp_w")
+# PCIe CEM slot power, watts: a board drawing no more has no auxiliary power connector and (P4/T4/L4) passive
+# cooling, and runs dense math at its base clock (``DeviceSpec.sustained_clock_hz``). PCI Express Card
+# Electromechanical Specification rev. 4.0, sec. 4.2: 75 W for a x16 graphics card from the slot.
+SLOT_POWER_W = 75.0
 
 
 def _positive(origin: str, name: str, key: str, value, cast):
@@ -126,6 +150,8 @@ def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
         clock_hz=_positive(origin, name, "clock_hz", d["clock_hz"], float),
         family=str(d.get("family", "pcie")),
         launch_s=_positive(origin, name, "launch_s", d["launch_s"], float) if "launch_s" in d else 0.0,
+        base_clock_hz=_positive(origin, name, "base_clock_hz", d["base_clock_hz"], float) if "base_clock_hz" in d else 0.0,
+        tdp_w=_positive(origin, name, "tdp_w", d["tdp_w"], float) if "tdp_w" in d else 0.0,
         aliases=tuple(str(a) for a in d.get("aliases", ()) or ()),
         sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
     )
@@ -145,6 +171,8 @@ def device_to_dict(dev: DeviceSpec) -> dict:
         "l2_bytes": dev.l2_bytes,
         "clock_hz": dev.clock_hz,
         **({"launch_s": dev.launch_s} if dev.launch_s else {}),
+        **({"base_clock_hz": dev.base_clock_hz} if dev.base_clock_hz else {}),
+        **({"tdp_w": dev.tdp_w} if dev.tdp_w else {}),
         "sources": dict(dev.sources),
     }
 
@@ -235,6 +263,7 @@ def dataset_supplement() -> dict[str, DeviceSpec]:
             name=d["name"], vendor=d["vendor"], peak_flops={k: float(v) for k, v in d["peak_flops"].items()},
             memory_bytes=int(float(d["memory_bytes"])), mem_bw_bytes_per_s=float(d["mem_bw_bytes_per_s"]),
             sm_count=int(d["sm_count"]), l2_bytes=int(float(d["l2_bytes"])), clock_hz=float(d["clock_hz"]),
+            base_clock_hz=float(d.get("base_clock_hz", 0.0)), tdp_w=float(d.get("tdp_w", 0.0)),
             sources={"all": d.get("source", "")},
         )
     return out

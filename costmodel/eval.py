@@ -24,7 +24,7 @@ import numpy as np
 from meshplan.costmodel.datasets import load
 from meshplan.costmodel.datasets.devices import canonical, resolve_many
 from meshplan.costmodel.datasets.table import KernelTable
-from meshplan.costmodel.learned import FORMAT, SOURCE_LEARNED, LearnedModel
+from meshplan.costmodel.learned import FORMAT, LearnedModel, is_learned
 from meshplan.costmodel.train import ape, prepare, train_models
 from meshplan.core.errors import MeshplanError
 
@@ -66,7 +66,7 @@ def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows
         s = (test.device == dev) & (test.op == op)
         r = {"device": dev, "op": op} | metrics(pred[s], test.latency_s[s])
         r["roofline_mape"] = round(float(ape(roof[s], test.latency_s[s]).mean()), 2)
-        r["fallback_frac"] = round(float((src[s] != SOURCE_LEARNED).mean()), 3)
+        r["fallback_frac"] = round(float((~is_learned(src[s])).mean()), 3)
         rows.append(r)
     if progress:
         progress()

@@ -24,6 +24,7 @@ from meshplan.costmodel.devices import DeviceSpec, device_from_dict
 from meshplan.costmodel.features import (FEATURES, blend, calibrated_roofline_s, device_columns, device_signature,
                                          feature_matrix, flops_bytes, signature_seen)
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
+from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
 from meshplan.core.errors import MeshplanError, validation_line
 
 FORMAT = "meshplan-costmodel/1"  # metadata.json "format" of a model folder (written by costmodel.train)
@@ -33,6 +34,22 @@ SOURCE_NO_MODEL = "roofline (no model for this op class)"
 SOURCE_RANGE = "roofline (outside the trained range)"
 SOURCE_DEVICE = "roofline (device class not trained on)"
 SOURCE_CALIBRATED = "calibrated (costmodel fit)"
+# A learned price on a GPU whose class signature the model never trained on (``features.device_signature``) that
+# left the physical band [roofline bound, UNSEEN_MAX_ROOFLINE x it]: below is clipped to the bound, above is kept
+# and flagged (``costmodel.api.Pricer.warnings`` collects both for the planner to report).
+SOURCE_UNSEEN_CLIPPED = "learned (unseen device, clipped to roofline)"
+SOURCE_UNSEEN_ABOVE = "learned (unseen device, above 3x roofline)"
+# Upper edge of the band, in multiples of the roofline bound plus the GPU launch floor
+# (``costmodel.roofline.KERNEL_LAUNCH_S``: no kernel finishes faster than its launch, and without the floor every
+# microsecond-scale GEMM would be flagged). Measured GEMMs are not clipped there: 29% of the 181k measured GEMM rows
+# of ../shared/kernels lie above 3x it (small NeuSight shapes near the ~20-30 us timing floor; P100/V100/A100-PCIe
+# train rows), so a price above it is plausible but unverified for a device the trees never saw, and is reported.
+UNSEEN_MAX_ROOFLINE = 3.0
+
+
+def is_learned(source) -> np.ndarray:
+    """True where a source string says the trees priced the op (plain or flagged on an unseen device)."""
+    return np.char.startswith(np.asarray(source, dtype=str), SOURCE_LEARNED)
 
 
 def file_sha256(path: Path) -> str:
@@ -240,18 +257,26 @@ class LearnedModel:
                 # roofline with the weights chosen by leave-one-signature-out at training time
                 # (costmodel.train.unseen_device_weight).
                 ud = info.get("unseen_device", {})
-                if min(ud.get("weight", 1.0), ud.get("weight_small", 1.0)) < 1.0 and "signatures" in info:
-                    new = ~signature_seen(sig[use], info["signatures"]) & (dev["is_cpu"][use] == 0)
-                    if new.any():
-                        u = use[new]
-                        tile, wave_s = ud.get("tile"), ud.get("wave_s", 0.0)
-                        partner = cal[u] if not (tile or wave_s) else calibrated_roofline_s(
-                            op[u], flops[u], nbytes[u], {c: v[u] for c, v in dev.items()},
-                            (np.asarray(b, dtype=np.float64)[u], np.asarray(m, dtype=np.float64)[u],
-                             np.asarray(n, dtype=np.float64)[u]), tuple(tile) if tile else None, wave_s)
-                        w = ud.get("weight", 1.0)
-                        w_rows = np.where(roof[u] < ud.get("split_roofline_s", 0.0), ud.get("weight_small", w), w)
-                        out[u] = blend(roof[u], log_ratio[new], partner, w_rows)
+                new = (~signature_seen(sig[use], info["signatures"]) if "signatures" in info
+                       else np.zeros(len(use), dtype=bool)) & (dev["is_cpu"][use] == 0)
+                if min(ud.get("weight", 1.0), ud.get("weight_small", 1.0)) < 1.0 and new.any():
+                    u = use[new]
+                    tile, wave_s = ud.get("tile"), ud.get("wave_s", 0.0)
+                    partner = cal[u] if not (tile or wave_s) else calibrated_roofline_s(
+                        op[u], flops[u], nbytes[u], {c: v[u] for c, v in dev.items()},
+                        (np.asarray(b, dtype=np.float64)[u], np.asarray(m, dtype=np.float64)[u],
+                         np.asarray(n, dtype=np.float64)[u]), tuple(tile) if tile else None, wave_s)
+                    w = ud.get("weight", 1.0)
+                    w_rows = np.where(roof[u] < ud.get("split_roofline_s", 0.0), ud.get("weight_small", w), w)
+                    out[u] = blend(roof[u], log_ratio[new], partner, w_rows)
+                if new.any():
+                    # The band check of a device the trees never saw: the trees alone below the roofline bound are
+                    # clipped to it (blend / the clip above) and flagged; a price above 3x the bound (+ launch floor) is
+                    # flagged. Seen devices keep the plain source.
+                    u = use[new]
+                    source[u[out[u] <= roof[u] * (1.0 + 1e-9)]] = SOURCE_UNSEEN_CLIPPED
+                    high = out[u] > UNSEEN_MAX_ROOFLINE * (roof[u] + KERNEL_LAUNCH_S)
+                    source[u[high]] = SOURCE_UNSEEN_ABOVE
         # Calibrations fitted on profiled runs of a device (costmodel.refit, `meshplan costmodel fit --out`) take
         # precedence for that device.
         for dev_name, kinds in self.meta.get("calibration", {}).items():

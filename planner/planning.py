@@ -128,6 +128,9 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     if compress:
         plan, rows, notes = _choose_compression(work, fixes, plan, best_est, rows, nm, model, error_budget,
                                                 estimator)
+    pricer = getattr(estimator, "pricer", None)
+    if pricer is not None:  # prices on a GPU the cost model never saw that fall outside [roofline, 3x roofline]
+        notes += tuple(f"warning: {w}" for w in pricer.warnings)
     write_checked(path, plan.to_yaml(), before)
     title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
              f"{result.evaluated} layouts fit ({result.wall_s:.2f} s)")

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.costmodel import roofline
 from meshplan.costmodel.devices import get_device
-from meshplan.costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel
+from meshplan.costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel, is_learned
 from meshplan.costmodel.ops import OpSpec
 from meshplan.costmodel.train import ape, prepare, train_models
 from meshplan.core.errors import MeshplanError
@@ -167,7 +167,8 @@ def test_wave_quantisation_and_unseen_gemm_blend():
     dev = get_device("MI300X")  # (304 CUs, 1307 TFLOP/s bf16): no bmm training row has that signature
     ops = [OpSpec("bmm", (int(b), int(s), int(s), 128), "bf16") for b, s in ((8, 256), (64, 1024), (256, 2048))]
     sec, src = m.predict_ops(ops, dev)
-    assert (src == SOURCE_LEARNED).all()
+    # learned, possibly flagged by the unseen-device band check (a small bmm on 304 CUs sits above 3x the bound)
+    assert is_learned(src).all()
     b, mm, n, k = (np.array([o.shape[i] for o in ops], dtype=float) for i in range(4))
     kinds, dt = np.array(["bmm"] * 3, dtype=object), np.array(["bf16"] * 3, dtype=object)
     f, by = flops_bytes(kinds, b, mm, n, k, dt)
