@@ -72,6 +72,8 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
                 exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
                 for kind, t in raw.items():
                     comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
+            if layout.recompute_kind == "full" and rec[moe]:  # forward collectives again in the recompute
+                comm["recomputed forward collectives"] += times[4] * rec[moe] * m
         if layout.pp > 1:
             pp_link = cluster.collective_link(*layout.pp_neighbours)
             act_bytes = 2.0 * layout.micro_batch * work.seq_len / layout.cp * model.hidden_size / layout.tp
