@@ -30,14 +30,33 @@ if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CL
 
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 
-# fp8 GEMM time per scaling recipe (``OpSpec.impl``), relative to the per-tensor scaled GEMM the measurements and the
-# learned model cover. Block-wise scaling (DeepSeek-V3 §3.3.2: 128x128 weight blocks, 1x128 activation tiles) has a
-# scale per K-block, applied in the GEMM main loop rather than the epilogue (CUTLASS PR #1932 "Blockwise Scaling for
-# FP8": "it must be applied during the mainloop, impacting performance"): on H100 (500 W) block-scaled GEMMs ran
-# 828-870 TFLOP/s where row-scaled ones ran 1083-1141 on the same three large shapes (pytorch/FBGEMM PR #2546),
-# i.e. 1 / 0.75 the time. Tensor-wise, delayed and MXFP8 (hardware block scales on Blackwell) scale in the epilogue
-# or in the tensor core: no extra GEMM time.
-FP8_RECIPE_TIME = {"blockwise": 1 / 0.75}
+# fp8 GEMMs, priced from their bf16 twin: no fp8 kernel measurements reach the learned model, and an fp8 GEMM is not
+# simply twice as fast. Its main loop (the K reduction) runs at twice the bf16 rate, but each output tile's fixed
+# work (pipeline fill, the bf16/fp32 epilogue writing C, per-K-block scale promotion) does not shrink, so
+#     t_fp8(m, n, k) = t_bf16(m, n, k) * (1/2 + FP8_FIXED_K / k).
+# FP8_FIXED_K from DeepGEMM's measured fp8 GEMMs on H800-SXM at M=4096 (deepseek-ai/DeepGEMM PR #73: 748, 1166,
+# 1204, 1470 TFLOP/s at K = 512, 1536, 2048, 16384) over the bf16 prices of the same shapes (592, 707, 684, 740):
+# the fixed part solves to 148, 163, 139 K-elements at K <= 2048 (and is lost in the noise at 16384), 150 taken.
+# DeepGEMM is the block-wise recipe of DeepSeek-V3 §3.3 (scales promoted every 128 K-elements in the main loop) and
+# reaches the rates tensor-wise scaling is priced at on large K, so one rule serves every recipe.
+FP8_FIXED_K = 150.0
+
+
+def fp8_time_share(op: OpSpec) -> float:
+    """``t_fp8 / t_bf16`` of an fp8 GEMM (forward: its K; backward: the mean over dgrad's K = n and wgrad's K = m)."""
+    if op.kind == "matmul":
+        m, n, k = op.shape
+    else:
+        _, m, n, k = op.shape
+    ks = (n, m) if op.backward else (k,)
+    return sum(0.5 + FP8_FIXED_K / max(1, kk) for kk in ks) / len(ks)
+
+
+def _bf16_twin(op: OpSpec) -> OpSpec | None:
+    """The same GEMM in bf16, when ``op`` is an fp8 GEMM (priced from it), else ``None``."""
+    if op.kind in ("matmul", "bmm") and op.dtype == "fp8":
+        return OpSpec(op.kind, op.shape, "bf16", backward=op.backward)
+    return None
 
 
 def shipped_model_dir() -> Path:
@@ -145,16 +164,19 @@ class Pricer:
             t = fused_attention_s(op, device)
             if t is not None:
                 return t, f"published {op.impl} curve"
-        slow = FP8_RECIPE_TIME.get(op.impl, 1.0) if op.kind in ("matmul", "bmm") else 1.0
+        twin = _bf16_twin(op)
+        if twin is not None and device.supports("bf16"):
+            sec, src = self.predict_with_source(twin, device)
+            return sec * fp8_time_share(op), f"{src} (bf16 twin, fp8 rule)"
         if self.model is None:
-            return roofline_predict(op, device) * slow, "roofline (no learned model)"
+            return roofline_predict(op, device), "roofline (no learned model)"
         key = (op, device)
         hit = self._memo.get(key)
         if hit is None:
             if len(self._memo) >= MEMO_MAX:
                 self._memo.clear()
             sec, src = self.model.predict_ops([op], device)
-            hit = self._memo[key] = (float(sec[0]) * slow, str(src[0]))
+            hit = self._memo[key] = (float(sec[0]), str(src[0]))
             self._note(src, [op], [device])
         return hit
 
@@ -162,14 +184,19 @@ class Pricer:
         """Latency (s) of many compute ops at once (numpy array): the fast path of the solvers' problem builders."""
         import numpy as np
 
-        slow = np.array([FP8_RECIPE_TIME.get(o.impl, 1.0) if o.kind in ("matmul", "bmm") else 1.0 for o in ops])
         devs = device if isinstance(device, list) else [device] * len(ops)
+        scale = np.ones(len(ops))
+        priced = list(ops)
+        for i, (o, d) in enumerate(zip(ops, devs)):
+            twin = _bf16_twin(o)
+            if twin is not None and d.supports("bf16"):
+                priced[i], scale[i] = twin, fp8_time_share(o)
         if self.model is None:
-            out = np.array([roofline_predict(o, d) for o, d in zip(ops, devs)]) * slow
+            out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale
         else:
-            sec, src = self.model.predict_ops(ops, devs)
-            self._note(src, ops, devs)
-            out = sec * slow
+            sec, src = self.model.predict_ops(priced, devs)
+            self._note(src, priced, devs)
+            out = sec * scale
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
                 t = fused_attention_s(o, d)
