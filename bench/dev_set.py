@@ -203,8 +203,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                           "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
         needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
         if ub:
-            needs.append(Need("tp_comm_overlap", "userbuffers", "ub_tp_comm_overlap: TP collectives overlapped "
-                              "with the GEMMs", {}))
+            needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
+                              "(Transformer Engine userbuffers)", {}))
         if cp > 1:
             needs.append(Need("cp_kind", "ring", "Megatron-Core/TE context parallel, cp_comm_type p2p", {}))
     elif src == "S5":  # NeMo AutoModel: FSDP2 + TE kernels + DeepEP, bf16

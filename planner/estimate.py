@@ -220,4 +220,4 @@ def time_key(layout: Layout) -> Layout:
                   attention=layout.attention, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
                   fp8=layout.fp8, cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
                   moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance,
-                  moe_dispatcher=layout.moe_dispatcher)
+                  moe_dispatcher=layout.moe_dispatcher, tp_overlap=layout.tp_overlap)

@@ -103,6 +103,16 @@ class GpuEstimator:
         else:
             re = 0.0
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
+        if tp and key.tp_overlap:
+            # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
+            # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides
+            # behind the GEMMs, which pay their chunking (tp GEMMs of m/tp rows) and the SMs
+            gemms = [op for op in lo.compute if op.kind == "matmul" and op.shape[0] >= key.tp]
+            whole = sum(predict(op, device) + self._bwd_s(op, device) for op in gemms)
+            chunked = sum(key.tp * (predict(c, device) + self._bwd_s(c, device))
+                          for c in (replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in gemms))
+            hide = whole
+            tp = (max(0.0, 2 * tp - hide) + min(2 * tp, hide) * comm_sm_share(device) + (chunked - whole)) / 2
         ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
         cp = 0.0
         if lo.cp_comm:

@@ -181,6 +181,10 @@ class Layout(Degrees):
             per op).
         moe_overlap: the expert all-to-alls overlapped with computation (MegaScale-MoE §4, Comet; DeepSeek-V3
             DualPipe's forward/backward chunk pairing), instead of sitting on the critical path.
+        tp_overlap: tensor-parallel collectives overlapped with the GEMMs that produce or consume them (Megatron-Core
+            ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan's async tensor parallelism): the
+            all-gather before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks
+            under it. Needs sequence parallelism.
         moe_dispatcher: how routed tokens travel: "alltoall" (NCCL all-to-all, one copy per routed expert; Megatron's
             alltoall dispatcher) or "deepep" (DeepEP: one copy per destination node over the NICs, forwarded to its
             experts over NVLink; Megatron ``--moe-token-dispatcher-type flex --moe-enable-deepep``).
@@ -205,6 +209,7 @@ class Layout(Degrees):
     moe_capacity: float = 0.0
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"
+    tp_overlap: bool = False
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -348,6 +353,9 @@ class Layout(Degrees):
             raise MeshplanError(f"attention '{self.attention}' is not one of {', '.join(ATTENTION)}")
         if self.sequence_parallel and self.tp == 1:
             raise MeshplanError("sequence parallel needs tp > 1")
+        if self.tp_overlap and not self.sequence_parallel:
+            raise MeshplanError(f"tp_overlap overlaps sequence parallelism's all-gather/reduce-scatter: needs sp "
+                                f"(tp={self.tp})")
         per_step = self.micro_batch * self.dp
         if global_batch % per_step:
             raise MeshplanError(

@@ -126,6 +126,8 @@ def describe(layout: Layout) -> str:
     parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"]
     if layout.sequence_parallel:
         parts.append("sp")
+    if layout.tp_overlap:
+        parts.append("tp_overlap")
     if layout.fp8 != "none":
         parts.append(f"fp8={layout.fp8}")
     if layout.moe_overlap:
@@ -162,6 +164,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         schedule=layout.schedule, attention=layout.attention, dtype=work.dtype, etp=layout.etp, fp8=layout.fp8,
         cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
         moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance, moe_dispatcher=layout.moe_dispatcher,
+        tp_overlap=layout.tp_overlap,
         stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
@@ -219,4 +222,4 @@ def plan_layout(plan: Plan) -> Layout:
                      pipeline_schedule=plan.schedule if plan.schedule in ("zbh1", "dualpipe") else "",
                      etp=plan.etp, fp8=plan.fp8, cp_kind=plan.cp_kind, stack=plan.stack, moe_overlap=plan.moe_overlap,
                      moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance,
-                     moe_dispatcher=plan.moe_dispatcher)
+                     moe_dispatcher=plan.moe_dispatcher, tp_overlap=plan.tp_overlap)

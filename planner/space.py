@@ -18,8 +18,8 @@ from meshplan.planner.schedules import SCHEDULES
 
 FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "first_stage_layers", "last_stage_layers",
             "vpp", "schedule", "cp", "cp_kind", "ep", "etp", "sp", "mbs", "zero", "recompute", "attention", "fp8",
-            "stack", "moe_overlap", "moe_dispatcher", "moe_capacity", "moe_imbalance")
-BOOL_KEYS = ("sp", "moe_overlap")
+            "stack", "tp_overlap", "moe_overlap", "moe_dispatcher", "moe_capacity", "moe_imbalance")
+BOOL_KEYS = ("sp", "moe_overlap", "tp_overlap")
 FLOAT_KEYS = ("moe_capacity", "moe_imbalance")
 CHOICE_KEYS = {"attention": ATTENTION, "fp8": FP8_RECIPES, "cp_kind": CP_KINDS, "stack": STACKS,
                "schedule": SCHEDULES, "moe_dispatcher": MOE_DISPATCHERS}
@@ -60,6 +60,7 @@ class Pins:
     cp_kind: Optional[str] = None
     stack: Optional[str] = None
     moe_overlap: Optional[bool] = None
+    tp_overlap: Optional[bool] = None
     moe_dispatcher: Optional[str] = None
     moe_capacity: Optional[float] = None
     moe_imbalance: Optional[float] = None
@@ -239,7 +240,7 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
     fp8s = fix.choices("fp8", list(fp8_recipes))
     stacks = fix.choices("stack", ["megatron"])
     moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0),
-                  moe_dispatcher=fix.get("moe_dispatcher", "alltoall"))
+                  moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False))
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
         # free: pp dividing the layers (uneven stages for every other pp would make the DeepSeek-V3 search 5x
