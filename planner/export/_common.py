@@ -169,11 +169,23 @@ def stack_notes(plan: Plan, target: str, runs: str) -> list[str]:
             f"{STACK_RUNS[runs]}; the predicted step time does not carry over (re-plan with --fix stack={runs})"]
 
 
-def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False) -> list[str]:
-    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity``: it can)."""
+def tp_overlap_notes(plan: Plan, target: str, *, carried: bool = False) -> list[str]:
+    """A warning when the plan priced TP collectives hidden behind the GEMMs and the target cannot overlap them."""
+    if not plan.tp_overlap or carried:
+        return []
+    return [f"{target}: tp_overlap: no option overlaps the tensor-parallel collectives with the GEMMs here; they run "
+            "exposed, which the plan did not price"]
+
+
+def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False,
+              deepep: bool = False) -> list[str]:
+    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep``: it can)."""
     if not plan.model.num_experts:
         return []
     out = []
+    if plan.moe_dispatcher == "deepep" and not deepep:
+        out.append(f"{target}: moe_dispatcher=deepep: no DeepEP dispatcher here; tokens travel by all-to-all, one "
+                   "copy per routed expert (the plan priced one per destination node)")
     if plan.moe_overlap and not overlap:
         out.append(f"{target}: moe_overlap: no option overlaps the expert all-to-all with computation here; it runs "
                    "on the critical path, which the plan did not price")

@@ -89,7 +89,7 @@ def unsupported(plan: Plan) -> list[str]:
     """Plan decisions Megatron-LM's arguments cannot carry."""
     out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
     out += c.stack_notes(plan, "megatron", "megatron")
-    out += c.moe_notes(plan, "megatron", overlap=True, capacity=True)
+    out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
     if plan.schedule == "gpipe" and plan.degrees.pp > 1:
         out.append("megatron: no GPipe schedule; Megatron runs 1F1B (interleaved when vpp > 1)")
     kinds = c.mixed_layer_precision(plan)
@@ -150,6 +150,10 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(c.expert_tp(plan))]
     if plan.moe_overlap and plan.model.num_experts:
         a.append("--overlap-moe-expert-parallel-comm")
+    if plan.moe_dispatcher == "deepep" and plan.model.num_experts:
+        a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    if plan.tp_overlap:
+        a.append("--tp-comm-overlap")
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]

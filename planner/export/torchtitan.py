@@ -153,6 +153,9 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "torchtitan", "torchtitan")
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")
+    if plan.tp_overlap:
+        out.append("torchtitan: tp_overlap as enable_async_tensor_parallel, which acts only with torch.compile on "
+                   "(compile.enable = true)")
     if c.fp8_recipe(plan) == "delayed":
         out.append("torchtitan: fp8 recipe delayed (amax history) has no torchao counterpart; rendered tensorwise "
                    "(current scaling, one amax per tensor per step)")
@@ -209,6 +212,8 @@ def sections(plan: Plan) -> dict[str, dict]:
     if d.dp_shard > 1:
         par["fsdp_reshard_after_forward"] = "default" if plan.zero_stage == 3 else "never"
     par["tensor_parallel_degree"] = d.tp
+    if plan.tp_overlap:
+        par["enable_async_tensor_parallel"] = True
     par["pipeline_parallel_degree"] = d.pp
     if d.pp > 1:
         par["pipeline_parallel_schedule"] = _schedule(plan)
