@@ -30,8 +30,8 @@ CASES = [  # model, cluster, global batch (sequences), seq len
 
 def main(argv: list[str]) -> None:
     repeat = int(argv[argv.index("--repeat") + 1]) if "--repeat" in argv else 1
-    table = Table(title="meshplan plan: full search, all decisions free (wall s: median of fresh processes' "
-                  "equivalent, a new estimator per run)")
+    table = Table(title="meshplan plan: full search, all decisions free (wall s: model + cluster + estimator + "
+                  "search; with --repeat N the median of N)")
     for col in ("model", "cluster", "batch x seq", "candidates", "priced (+bound)", "feasible", "wall s",
                 "best layout", "MFU"):
         table.add_column(col)

@@ -51,7 +51,9 @@ class SearchResult:
 
     ``candidates``: layouts in the space; ``evaluated``: those priced (all of them when ``pruned`` is False);
     ``feasible``: the priced ones that fit; ``bound_evals``: extra pricings of a group's first member at twice the
-    global batch, for its lower bound (``planner.search`` module notes).
+    global batch, for its lower bound (``planner.search`` module notes). ``closest_miss``: the priced candidate
+    that misses memory by the least (when nothing fits, the pruned search prices every group and skips only
+    members that need at least as much memory as one it priced).
     """
 
     ranked: list[tuple[Layout, Estimate]]
@@ -158,6 +160,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     t0 = time.perf_counter()
     model, cluster = work.model, work.cluster
     fix = Pins.of(fix)
+    if top < 1:
+        raise MeshplanError(f"top={top}: a search keeps at least one layout")
     if cluster.is_heterogeneous:
         raise MeshplanError(f"cluster {cluster.spec} is heterogeneous; use the partition solver "
                             "(meshplan plan picks it automatically for mixed clusters)")

@@ -152,10 +152,11 @@ def parse_fix(text: str | None) -> Pins:
 
 
 # The bound below counts the candidates of every tp x pp x cp x dp mesh exactly but for recompute (full:N may be
-# fewer) and the interleaved micro-batch rule: Llama 3.1 405B on 16,384 GPUs 46,104 vs 43,812 enumerated,
-# DeepSeek-V3 700,128 vs 656,472 (the per-decision product it replaced ran 50-130x above). The pruned search
-# prices 2-3% of them (planner.search); a bound past 50M candidates means a search of minutes, so the user is
-# asked to pin decisions instead.
+# fewer) and the interleaved micro-batch rule: Llama 3.1 405B on 16,384 GPUs 56,004 vs 43,812 enumerated,
+# DeepSeek-V3 656,472 vs 656,472 (the per-decision product it replaced ran 50-130x above). The pruned search
+# prices 2% (DeepSeek-V3) to 20% (Llama 3.1 405B) of them, 7-14 thousand pricings a second here
+# (bench/plan_speed.py); a bound past 50M candidates means a search of minutes, so the user is asked to pin
+# decisions instead.
 MAX_LAYOUTS = 50_000_000
 
 
@@ -300,9 +301,9 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
-        # free: pp dividing the layers (uneven stages for every other pp would make the DeepSeek-V3 search 5x
-        # longer, 4 -> 23 s: bench/plan_speed.py); a pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over
-        # 61) gets uneven stages, the split chosen below
+        # free: pp dividing the layers (uneven stages for every pp up to L/2 would make the pruned DeepSeek-V3
+        # search 8x longer, 11.1M candidates in 17.8 s, Llama 3.1 405B 3.6 s: bench/plan_speed.py, 2026-11-25); a
+        # pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over 61) gets uneven stages, the split chosen below
         pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
         etps = fix.choices("etp", [0] + ([1] if tp > 1 else [])) if E else fix.choices("etp", [0])
         for pp in pps:
