@@ -27,7 +27,7 @@ from meshplan.planner.host import Host
 from meshplan.planner.model_spec import load_model
 from meshplan.planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search import layout_row, model_ref, search, to_plan
-from meshplan.planner.space import parse_fix
+from meshplan.planner.space import fp8_recipe_choices, parse_fix
 
 WORKLOADS = ("train", "serve")
 
@@ -116,7 +116,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
             if fixes.get(k, 1) != 1:
                 raise MeshplanError(f"--compress plans pure data parallelism; --fix {k}={fixes.get(k)} conflicts")
         fixes = fixes.with_(tp=1, pp=1, cp=1, ep=1)
-    result = search(work, fixes, top=top, progress=progress, estimator=estimator)
+    result = search(work, fixes, top=top, progress=progress, estimator=estimator,
+                    fp8_recipes=fp8_recipe_choices(dtype, clus.device))
     best_layout, best_est = result.ranked[0]
     plan = to_plan(work, best_layout, best_est, nm, model, estimator.name)
     if explain:
@@ -125,15 +126,19 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
         plan = plan.model_copy(update={"explain": explain_gpu(estimator, work, best_layout)})
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
+    if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
+        notes = (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
     if compress:
-        plan, rows, notes = _choose_compression(work, fixes, plan, best_est, rows, nm, model, error_budget,
-                                                estimator)
+        plan, rows, more = _choose_compression(work, fixes, plan, best_est, rows, nm, model, error_budget,
+                                               estimator)
+        notes += more
     pricer = getattr(estimator, "pricer", None)
     if pricer is not None:  # prices on a GPU the cost model never saw that fall outside [roofline, 3x roofline]
         notes += tuple(f"warning: {w}" for w in pricer.warnings)
     write_checked(path, plan.to_yaml(), before)
     title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
-             f"{result.evaluated} layouts fit ({result.wall_s:.2f} s)")
+             f"{result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
+             f"({result.wall_s:.2f} s)")
     return PlanOutcome(title, rows, plan, path, notes)
 
 

@@ -1,11 +1,15 @@
 """The candidate space: every ``Layout`` whose degrees divide the cluster, model and batch evenly.
 
-``--fix key=value`` pins any decision (``Pins``). Keys: dp (total data parallel), dp_replicate, dp_shard, tp, pp,
-vpp, cp, ep, sp, mbs, zero, recompute, attention. Pinning all of them evaluates exactly one configuration; a
-pinned combination that breaks a rule is reported by ``Layout.validate`` with the numbers.
+``--fix key=value`` pins any decision (``Pins``; keys: ``FIX_KEYS``). Pinning all of them evaluates exactly one
+configuration; a pinned combination that breaks a rule is reported by ``Layout.validate`` with the numbers.
+
+The space comes as ``LayoutGroup`` s (``enumerate_groups``): the candidates that differ only in recomputation and
+in the sharding of the data-parallel states, which the search bounds together (``planner.search``); built per
+tp x pp x cp x dp mesh (``_meshes``), which ``space_size_bound`` counts without building a layout.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields, replace
 from itertools import product
@@ -26,10 +30,15 @@ CHOICE_KEYS = {"attention": ATTENTION, "fp8": FP8_RECIPES, "cp_kind": CP_KINDS, 
 MAX_VPP = 8
 MAX_CP = 32
 MBS_CHOICES = (1, 2, 4, 8, 16, 32)
+FULL_N_FRACTIONS = (4, 2)  # a free search's full:N: N = a quarter and a half of a chunk's layers (Megatron
+# --recompute-num-layers with --recompute-method uniform/block); more N would add candidates priced only when
+# their group lies within the bound (planner.search)
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` >= 1, ascending (O(sqrt n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass(frozen=True)
@@ -144,44 +153,50 @@ def parse_fix(text: str | None) -> Pins:
     return Pins(**out)
 
 
-# The search prices every candidate (about 0.1 ms each here: bench/plan_speed.py, 29,940 DeepSeek-V3 candidates
-# in 4.2 s). The bound below counts each decision's choices independently and runs 50-60x above what the
-# enumeration yields (Llama 3.1 405B on 16,384 GPUs: bound 414,720, enumerated 7,686; DeepSeek-V3: 1,866,240 vs
-# 29,940); a bound past 50M means a search of minutes, so the user is asked to pin decisions instead.
+# The bound below counts the candidates of every tp x pp x cp x dp mesh exactly but for recompute (full:N may be
+# fewer) and the interleaved micro-batch rule: Llama 3.1 405B on 16,384 GPUs 56,004 vs 43,812 enumerated,
+# DeepSeek-V3 656,472 vs 656,472 (the per-decision product it replaced ran 50-130x above). The pruned search
+# prices 2% (DeepSeek-V3) to 20% (Llama 3.1 405B) of them, 7-14 thousand pricings a second here
+# (bench/plan_speed.py); a bound past 50M candidates means a search of minutes, so the user is asked to pin
+# decisions instead.
 MAX_LAYOUTS = 50_000_000
 
 
-def space_size_bound(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins) -> tuple[int, str]:
-    """An upper bound on the candidates ``enumerate_layouts`` yields, from the count of each decision's choices
-    (without enumerating), and the product written out."""
-    n_div = len(divisors(world_size))
-    counts = {
-        "tp": 1 if "tp" in fix else sum(1 for t in divisors(world_size) if t <= devices_per_node),
-        "pp": 1 if "pp" in fix else sum(1 for p in divisors(world_size) if model.num_layers % p == 0),
-        "cp": 1 if "cp" in fix else sum(1 for c in divisors(world_size) if c <= MAX_CP),
-        "vpp": 1 if "vpp" in fix else MAX_VPP,
-        "zero x dp_shard": 1 if "dp_shard" in fix else (1 if "zero" in fix else 4) * n_div,
-        "ep": 1 if "ep" in fix or not model.num_experts else len(divisors(model.num_experts)),
-        "etp": 1 if "etp" in fix or not model.num_experts else 2,
-        "moe_overlap": 1 if "moe_overlap" in fix or not model.num_experts else 2,
-        "cp_kind": 1 if "cp_kind" in fix else len(CP_KINDS),
-        "recompute": 1 if "recompute" in fix else len(RECOMPUTE),
-        "mbs": 1 if "mbs" in fix else sum(1 for b in MBS_CHOICES if global_batch % b == 0),
-    }
-    total = 1
-    for v in counts.values():
-        total *= max(1, v)
-    return total, " x ".join(f"{k} {v}" for k, v in counts.items())
+def space_size_bound(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins,
+                     fp8_recipes: tuple[str, ...] = ("none",), seq_len: int | None = None) -> tuple[int, str]:
+    """An upper bound on the candidates ``enumerate_layouts`` yields, counted per tp x pp x cp x dp mesh
+    (without building a layout), and what it is made of (``seq_len``: ``None`` = any CP degree up to
+    ``MAX_CP``)."""
+    total = meshes = 0
+    most: dict[str, int] = {}
+    n_rc = 1 if "recompute" in fix else len(RECOMPUTE) + len(FULL_N_FRACTIONS)
+    n_f8 = 1 if "fp8" in fix else len(fp8_recipes)
+    seq = seq_len if seq_len is not None else 1024 * 2 * MAX_CP
+    for mesh in _meshes(model, world_size, devices_per_node, global_batch, seq, fix, bound=True):
+        tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds = mesh
+        eps = sum(len(mo) for etp in etps for _, mo in _ep_overlaps(model, fix, tp, cp, dp, etp))
+        mbs = len(fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0]))
+        n = len(shards) * eps * len(vpps) * len(cp_kinds) * n_rc * n_f8 * mbs
+        if n:
+            meshes += 1
+            total += n
+            for k, v in (("zero x dp_shard", len(shards)), ("ep x etp x moe_overlap", eps), ("vpp", len(vpps)),
+                         ("cp_kind", len(cp_kinds)), ("mbs", mbs)):
+                most[k] = max(most.get(k, 0), v)
+    factors = (f"{meshes:,} tp x pp x cp meshes, each up to " + " x ".join(f"{k} {v}" for k, v in most.items())
+               + f" x recompute {n_rc} x fp8 {n_f8}")
+    return total, factors
 
 
 def check_space_size(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins,
-                     limit: int = MAX_LAYOUTS) -> int:
+                     limit: int = MAX_LAYOUTS, fp8_recipes: tuple[str, ...] = ("none",),
+                     seq_len: int | None = None) -> int:
     """Refuse a search whose space could exceed ``limit`` candidates before enumerating it.
 
     Raises:
         MeshplanError: the bound, its factors and what to pin.
     """
-    total, factors = space_size_bound(model, world_size, devices_per_node, global_batch, fix)
+    total, factors = space_size_bound(model, world_size, devices_per_node, global_batch, fix, fp8_recipes, seq_len)
     if total > limit:
         raise MeshplanError(f"the layout space of {model.name} on {world_size} devices holds up to {total:,} "
                             f"candidates ({factors}), more than the {limit:,} a search prices; pin some "
@@ -219,33 +234,78 @@ def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, .
     return tuple(k // vpp for _ in range(vpp) for k in stages)
 
 
-def recompute_choices(fix: Pins) -> list[str]:
-    """Recompute variants a free search tries: none, Megatron selective, torchtitan op-level, full."""
-    return fix.choices("recompute", ["none", "selective", "op", "full"])
+def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
+    """Recompute variants a free search tries: none, Megatron selective, torchtitan op-level, full, and full:N for
+    N = a quarter and a half of the ``chunk_layers`` of the lightest pipeline chunk (when those are >= 1 and short
+    of the whole chunk; ``planner.layout.Layout.recompute_layers``)."""
+    if "recompute" in fix:
+        return [fix.recompute]
+    ns = sorted({chunk_layers // f for f in FULL_N_FRACTIONS if 1 <= chunk_layers // f < chunk_layers})
+    return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
 
 
-def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
-                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
-    """Yield every layout that divides evenly (memory is checked by the caller).
+def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
+    """The fp8 recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer Engine's
+    tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in fp8, plus
+    MXFP8 on devices whose tensor cores scale 32-element blocks (Blackwell: B100/B200/B300/GB200/GB300; none in
+    the shipped catalogue); ``("none",)`` otherwise."""
+    if dtype != "fp8":
+        return ("none",)
+    mx = device.vendor == "nvidia" and device.name.upper().startswith(("B100", "B200", "B300", "GB200", "GB300"))
+    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if mx else ())
 
-    Unpinned TP stays inside one node and is a divisor of the head counts; unpinned CP is used only when
-    the local sequence stays at least 1024 tokens. Pinned values are yielded even when they break a rule,
-    so that ``Layout.validate`` reports why. ``fp8_recipes``: the recipes a free ``fp8`` tries (the workload's
-    dtype decides: ``planner.planning``).
+
+@dataclass(frozen=True)
+class LayoutGroup:
+    """Candidates that share every decision but activation recomputation and the sharding of the data-parallel
+    states: members ``recomputes x shards``, in that order (recompute outer). ``base`` is the first member.
+
+    The search prices a group's members lazily (``planner.search``): per-micro-batch work does not depend on how
+    the data-parallel states are sharded and recomputation only adds to it, which bounds a whole group from one
+    member.
     """
+
+    base: Layout
+    recomputes: tuple[str, ...]
+    shards: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_shard, dp_replicate)
+
+    def __len__(self) -> int:
+        return len(self.recomputes) * len(self.shards)
+
+    def member(self, r: int, s: int) -> Layout:
+        """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
+        z, d, rep = self.shards[s]
+        return replace(self.base, recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
+
+    def layouts(self) -> Iterator[Layout]:
+        for r in range(len(self.recomputes)):
+            for s in range(len(self.shards)):
+                yield self.member(r, s)
+
+
+def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int) -> list[tuple[int, list[bool]]]:
+    """The mesh's expert-parallel degrees (in order), each with its moe_overlap choices: ep x etp folds over the
+    tp x cp x dp ranks of a stage."""
+    E = model.num_experts
+    folded = tp * cp * dp // (etp or tp)
+    eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1 and folded % e == 0] if E else [1])
+    return [(ep, fix.choices("moe_overlap", [False, True] if ep > 1 else [False])) for ep in eps]
+
+
+def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int, fix: Pins,
+            bound: bool = False) -> Iterator[tuple]:
+    """Each tp x pp x cp x dp mesh of the space, in canonical order, with the choices that depend on it:
+    (tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds). ``bound``: for ``space_size_bound`` (no stage splits
+    of interleaved chunks)."""
     L, E = model.num_layers, model.num_experts
     tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
                              and model.num_heads % t == 0
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
-    fp8s = fix.choices("fp8", list(fp8_recipes))
-    stacks = fix.choices("stack", ["megatron"])
-    moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0),
-                  moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False))
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
-        # free: pp dividing the layers (uneven stages for every other pp would make the DeepSeek-V3 search 5x
-        # longer, 4 -> 23 s: bench/plan_speed.py); a pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over
-        # 61) gets uneven stages, the split chosen below
+        # free: pp dividing the layers (uneven stages for every pp up to L/2 would make the pruned DeepSeek-V3
+        # search 8x longer, 11.1M candidates in 17.8 s, Llama 3.1 405B 3.6 s: bench/plan_speed.py, 2026-11-25); a
+        # pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over 61) gets uneven stages, the split chosen below
         pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
         etps = fix.choices("etp", [0] + ([1] if tp > 1 else [])) if E else fix.choices("etp", [0])
         for pp in pps:
@@ -263,6 +323,7 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
             sched = fix.schedule or ""
             vpps = fix.choices("vpp", chunked if sched == "interleaved" else
                                [1] if sched in ("zbh1", "dualpipe", "1f1b") else [1] + chunked)
+            splits = {v: split1 if v == 1 else stage_split(L, pp, v, fix) for v in vpps} if not bound else {}
             for cp in cps:
                 dp = rest2 // cp if rest2 % cp == 0 else 0
                 if "dp" in fix and fix.dp != dp:
@@ -271,35 +332,66 @@ def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batc
                     continue
                 cp_kinds = fix.choices("cp_kind", ["ring", "allgather"] + (
                     ["a2a"] if (model.num_heads // tp) % cp == 0 else []) if cp > 1 else ["ring"])
+                shards = []
                 for zero in fix.choices("zero", [0, 1, 2, 3]):
-                    if zero == 0:
-                        shards = fix.choices("dp_shard", [1])
-                    else:
-                        shards = fix.choices("dp_shard", [d for d in divisors(dp) if d > 1] or [1])
-                    for dp_shard in shards:
+                    for dp_shard in (fix.choices("dp_shard", [1]) if zero == 0 else
+                                     fix.choices("dp_shard", [d for d in divisors(dp) if d > 1] or [1])):
                         if zero > 0 and dp_shard == 1 and cp == 1 and "zero" not in fix:
                             continue  # nothing to shard over: same as zero=0
                         dp_rep = fix.choices("dp_replicate", [dp // dp_shard if dp % dp_shard == 0 else 0])[0]
-                        if dp_rep < 1:
-                            continue
-                        for etp in etps:
-                            folded = tp * cp * dp // (etp or tp)
-                            eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1 and folded % e == 0]
-                                              if E else [1])
-                            for ep in eps:
-                                sps = fix.choices("sp", [tp > 1])
-                                overlaps = fix.choices("moe_overlap", [False, True] if ep > 1 else [False])
-                                for vpp, rc, sp, att, ck, f8, st, mo in product(
-                                        vpps, recompute_choices(fix), sps, fix.choices("attention", ["flash"]),
-                                        cp_kinds, fp8s, stacks, overlaps):
-                                    split = split1 if vpp == 1 else stage_split(L, pp, vpp, fix)
-                                    for mbs in fix.choices("mbs", [b for b in MBS_CHOICES
-                                                                   if global_batch % (b * dp) == 0]):
-                                        yield Layout(dp_replicate=dp_rep, dp_shard=dp_shard, tp=tp, pp=pp,
-                                                     vpp=vpp, cp=cp, ep=ep, micro_batch=mbs, zero_stage=zero,
-                                                     recompute=rc, sequence_parallel=sp, attention=att,
-                                                     pp_layout=split, pipeline_schedule=sched, etp=etp,
-                                                     fp8=f8, cp_kind=ck, stack=st, moe_overlap=mo, **moe_kw)
+                        if dp_rep >= 1:
+                            shards.append((zero, dp_shard, dp_rep))
+                if shards:
+                    yield tp, pp, cp, dp, tuple(shards), etps, vpps, splits, cp_kinds
+
+
+def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
+                     fix: Pins, fp8_recipes: tuple[str, ...] = ("none",)) -> Iterator[LayoutGroup]:
+    """Yield the candidate space as ``LayoutGroup`` s, in the one canonical order (``enumerate_layouts`` is the
+    same order, flat; the search breaks exact ties by it).
+
+    Unpinned TP stays inside one node and is a divisor of the head counts; unpinned CP is used only when
+    the local sequence stays at least 1024 tokens. Pinned values are yielded even when they break a rule,
+    so that ``Layout.validate`` reports why. ``fp8_recipes``: the recipes a free ``fp8`` tries (the workload's
+    dtype decides: ``fp8_recipe_choices``). A free ``stack`` is Megatron-Core's only: the stack is the user's
+    training code, which the export target names (a torchtitan plan is ``--fix stack=torchtitan``), not a knob
+    a layout tunes, and eager code is never the faster one.
+    """
+    L = model.num_layers
+    fp8s = fix.choices("fp8", list(fp8_recipes))
+    stacks = fix.choices("stack", ["megatron"])
+    moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0),
+                  moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False))
+    sched = fix.schedule or ""
+    for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
+                                                                         global_batch, seq_len, fix):
+        z0, d0, r0 = shards[0]
+        sps = fix.choices("sp", [tp > 1])
+        for etp in etps:
+            for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp):
+                for vpp, sp, att, ck, f8, st, mo in product(
+                        vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
+                    split = splits[vpp]
+                    chunk = min(split) if split else L // (pp * vpp)
+                    rcs = tuple(recompute_choices(fix, chunk))
+                    # free vpp > 1 also needs a multiple of pp micro-batches (the interleaved schedule)
+                    for mbs in fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
+                                                   and (vpp == 1 or "vpp" in fix or
+                                                        global_batch // (b * dp) % pp == 0)]):
+                        base = Layout(dp_replicate=r0, dp_shard=d0, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
+                                      micro_batch=mbs, zero_stage=z0, recompute=rcs[0],
+                                      sequence_parallel=sp, attention=att, pp_layout=split,
+                                      pipeline_schedule=sched, etp=etp, fp8=f8, cp_kind=ck, stack=st,
+                                      moe_overlap=mo, **moe_kw)
+                        yield LayoutGroup(base, rcs, shards)
+
+
+def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
+                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
+    """Yield every candidate layout (memory is checked by the caller), in the canonical order of
+    ``enumerate_groups`` (each group's members in turn)."""
+    for g in enumerate_groups(model, world_size, devices_per_node, global_batch, seq_len, fix, fp8_recipes):
+        yield from g.layouts()
 
 
 def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: Pins) -> str:

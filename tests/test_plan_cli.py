@@ -106,15 +106,20 @@ def test_bad_input_one_line_exit_2(case, args, needle, runner, tmp_path):
 
 def test_search_size_is_checked_before_enumerating(runner, tmp_path):
     """720,720 GPUs (240 divisors) leave a space the search would price for minutes: refused at once, with the
-    factors and what to pin; pinning tp and pp brings it back within bounds (issue 16 item 4)."""
+    factors and what to pin; pinning tp and pp brings it back within bounds (issue 16 item 4). The bound counts
+    each tp x pp x cp mesh's candidates (issue 12 item 7), so the case is one with candidates to count: an MoE
+    model (ep x etp x moe_overlap), fp8 (three recipes) and a global batch every data-parallel degree divides."""
     from meshplan.planner.model_spec import load_model
     from meshplan.planner.space import MAX_LAYOUTS, Pins, space_size_bound
 
-    bound, _ = space_size_bound(load_model("llama-3.1-405b"), 720720, 8, 2048, Pins())
+    recipes = ("tensorwise", "delayed", "blockwise")
+    qwen = load_model("qwen3-30b-a3b")
+    bound, _ = space_size_bound(qwen, 720720, 8, 1441440, Pins(), recipes, 8192)
     assert bound > MAX_LAYOUTS
-    args = ["--model", "llama-3.1-405b", "--cluster", "90090x8xH100", "--global-batch", "2048", "--seq-len", "8192"]
+    args = ["--model", "qwen3-30b-a3b", "--cluster", "90090x8xH100", "--global-batch", "1441440", "--seq-len",
+            "8192", "--dtype", "fp8"]
     r = runner.invoke(app, ["plan", *args, "--out", str(tmp_path / "p.yaml")])
     assert r.exit_code == 2 and "holds up to" in r.output and "--fix" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
-    pinned, _ = space_size_bound(load_model("llama-3.1-405b"), 720720, 8, 2048, Pins(tp=8, pp=9))
+    pinned, _ = space_size_bound(qwen, 720720, 8, 1441440, Pins(tp=8, pp=1), recipes, 8192)
     assert pinned <= MAX_LAYOUTS

@@ -37,6 +37,8 @@ def test_split_minimises_the_heaviest_stage_against_brute_force(layers, pp):
 
 
 def test_405b_tp8_pp16_dp128_is_planned_and_exported(runner, tmp_path):
+    """The Llama 3 split (one chunk per rank: vpp=1 pinned; with vpp free the search interleaves, since issue 12
+    lets uneven stages take chunks too, 2*17+3*30+2 over 48 virtual stages)."""
     out = tmp_path / "405b.yaml"
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-405b", "--cluster", "2048x8xH100", "--global-batch", "2048",
                             "--seq-len", "8192", "--fix", "tp=8,pp=16,vpp=1,cp=1,dp=128", "--top", "1", "--json",

@@ -1,0 +1,75 @@
+"""The pruned layout search (branch and bound, ``planner.search`` module notes) finds what pricing every candidate
+finds: the same best layout and the same top-K, on spaces small enough to price in full here (issue 12 item 7).
+
+Each case covers decisions of issue 12: recompute variants with full:N, cp_kind (CP over a 32k sequence), MoE
+etp / ep / moe_overlap, fp8 recipes, uneven interleaved pipelines (pp=3 over 80 layers).
+"""
+from __future__ import annotations
+
+import pytest
+
+from meshplan.planner.cluster import load_cluster
+from meshplan.planner.estimate import Workload
+from meshplan.planner.estimators import estimator_for
+from meshplan.planner.model_spec import load_model
+from meshplan.planner.search import search
+
+CASES = [  # model, cluster, global batch, seq, dtype, pins
+    ("llama-3.1-8b", "2x8xH100", 16, 8192, "bf16", {}),
+    ("llama-3.1-8b", "2x8xH100", 8, 32768, "bf16", {}),
+    ("mixtral-8x7b", "4x8xH100", 32, 4096, "bf16", {"pp": 1, "cp": 1}),
+    ("qwen3-30b-a3b", "4x8xH100", 32, 4096, "fp8", {"tp": 2, "pp": 4, "cp": 1, "mbs": 1}),
+    ("llama-3.1-70b", "3x8xH100", 48, 4096, "bf16", {"pp": 3}),
+]
+
+
+@pytest.mark.parametrize("model,cluster,gb,seq,dtype,fix", CASES, ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in CASES])
+def test_pruned_search_equals_exhaustive(model, cluster, gb, seq, dtype, fix):
+    work = Workload(load_model(model), load_cluster(cluster), gb, seq, dtype)
+    est = estimator_for(work.cluster)
+    full = search(work, fix, top=10, estimator=est, prune=False)
+    fast = search(work, fix, top=10, estimator=est, prune=True)
+    assert fast.pruned and not fast.fallback, fast.fallback
+    assert not full.pruned
+    assert fast.candidates == full.candidates
+    assert fast.evaluated + fast.bound_evals < full.evaluated / 2, (fast.evaluated, fast.bound_evals, full.evaluated)
+    assert fast.ranked[0][0] == full.ranked[0][0]
+    assert [e.step_time_s for _, e in fast.ranked] == [e.step_time_s for _, e in full.ranked]
+    assert [lay for lay, _ in fast.ranked] == [lay for lay, _ in full.ranked]
+
+
+def test_fp8_workload_tries_every_recipe():
+    """``--dtype fp8``: the free search prices Transformer Engine's three recipes (no MXFP8 on an H100)."""
+    from meshplan.planner.space import Pins, enumerate_layouts, fp8_recipe_choices
+
+    work = Workload(load_model("llama-3.1-8b"), load_cluster("1x8xH100"), 8, 4096, "fp8")
+    recipes = fp8_recipe_choices(work.dtype, work.cluster.device)
+    assert recipes == ("tensorwise", "delayed", "blockwise")
+    assert fp8_recipe_choices("bf16", work.cluster.device) == ("none",)
+    seen = {lay.fp8 for lay in enumerate_layouts(work.model, 8, 8, 8, 4096, Pins(tp=8, pp=1), recipes)}
+    assert seen == set(recipes)
+    kinds = {lay.recompute for lay in enumerate_layouts(work.model, 8, 8, 8, 4096, Pins(tp=8, pp=1), recipes)}
+    assert {"none", "selective", "op", "full", "full:8", "full:16"} <= kinds
+
+
+def test_a_broken_assumption_falls_back_to_pricing_everything():
+    """An estimator under which recomputation saves time (contradicting what the bounds assume) is caught on the
+    first pair priced that shows it: the search prices every candidate and says why, and the answer is still
+    exhaustive search's."""
+    from dataclasses import replace
+
+    class Cheating:
+        def __init__(self, inner):
+            self.inner, self.name = inner, inner.name
+
+        def estimate(self, work, layout):
+            est = self.inner.estimate(work, layout)
+            return est if layout.recompute == "none" else replace(est, step_time_s=est.step_time_s / 2,
+                                                                    bubble_s=est.bubble_s / 2)
+
+    work = Workload(load_model("llama-3.1-8b"), load_cluster("1x8xH100"), 16, 4096)
+    est = Cheating(estimator_for(work.cluster))
+    fast = search(work, {}, top=5, estimator=est, prune=True)
+    full = search(work, {}, top=5, estimator=est, prune=False)
+    assert not fast.pruned and "recompute" in fast.fallback
+    assert [(lay, e.step_time_s) for lay, e in fast.ranked] == [(lay, e.step_time_s) for lay, e in full.ranked]
