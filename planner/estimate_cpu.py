@@ -146,6 +146,9 @@ class CpuEstimator:
             priced the plan (``Prediction.costmodel``); the step itself is priced from this host's measurements.
     """
 
+    # what this host's block timings measure (planner.cpu_bench) and examples/train_gpt.py runs: no full:N, no op
+    recompute_kinds = ("none", "selective", "full")
+
     def __init__(self, calibration: Calibration, terms: HostTerms = NEUTRAL_TERMS, pricer: Pricer | None = None):
         self.calibration = calibration
         self.terms = terms

@@ -172,7 +172,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     if estimator is None:
         estimator = estimator_for(cluster)
     groups = list(enumerate_groups(model, cluster.world_size, cluster.devices_per_node, work.global_batch,
-                                   work.seq_len, fix, fp8_recipes))
+                                   work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None)))
     n = sum(len(g) for g in groups)
     if prune is None:
         prune = n > PRUNE_ABOVE

@@ -149,7 +149,8 @@ def test_required_devices_present_with_sources(name):
 # FP32 lanes per SM (FLOP/clock = 2 x lanes), from the architecture whitepapers: GP100/GV100/GA100/TU10x 64,
 # GP104/GA102/AD10x/GH100 128; AMD CDNA matrix FP32: 256 FLOP/clock per CU (CDNA/CDNA2/CDNA3 whitepapers).
 FLOP_PER_CLOCK_PER_SM = {
-    "H100-SXM": 256, "H100-PCIe": 256, "H800": 256, "H200": 256, "A100-80GB": 128, "A100-40GB": 128,
+    "H100-SXM": 256, "H100-PCIe": 256, "H800": 256, "H200": 256, "H100-SXM-96GB-500W": 256, "A100-80GB": 128,
+    "A100-40GB": 128,
     "A100-PCIe-40GB": 128, "A100-PCIe-80GB": 128, "A40": 256, "A10": 256, "L4": 256, "T4": 128,
     "V100-SXM2-32GB": 128, "V100-PCIe-32GB": 128, "P100": 128, "P4": 256,
     "MI300X": 256, "MI250": 256, "MI210": 256, "MI100": 256,
