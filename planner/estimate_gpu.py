@@ -52,6 +52,15 @@ def straggler_slowdown(world_size: int) -> float:
     return GPU_SPEED_SIGMA * math.sqrt(2 * math.log(world_size)) if world_size > 1 else 0.0
 
 
+def group_links(cluster, model, layout: Layout) -> tuple:
+    """(tp, ep, cp) links of ``layout`` on ``cluster``: rings for TP and ring/all-gather CP, the spanned all-to-all
+    for EP (one copy per destination node under DeepEP) and Ulysses CP (``ClusterSpec.alltoall_link``)."""
+    return (cluster.collective_link(*layout.tp_group),
+            cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
+                                  if layout.moe_dispatcher == "deepep" else 0),
+            (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
+
+
 def comm_sm_share(device) -> float:
     """Share of the device's SMs that overlapped communication takes from compute (0 on devices without SMs)."""
     return min(1.0, COMM_SMS / device.sm_count) if device.sm_count else 0.0
@@ -155,10 +164,7 @@ class GpuEstimator:
         cluster = work.cluster
         tb = self.tables(model)
         key = time_key(layout)
-        links = (cluster.collective_link(*layout.tp_group),
-                 cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
-                                       if layout.moe_dispatcher == "deepep" else 0),
-                 (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
+        links = group_links(cluster, model, layout)
         per_kind = {}
         for moe in tb.rep:
             t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links)
@@ -174,10 +180,7 @@ class GpuEstimator:
         dev = cluster.device
         m = layout.num_microbatches(work.global_batch)
         pp, vpp = layout.pp, layout.vpp
-        tp_link = cluster.collective_link(*layout.tp_group)
-        ep_link = cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
-                                        if layout.moe_dispatcher == "deepep" else 0)
-        cp_link = (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group)
+        tp_link, ep_link, cp_link = group_links(cluster, model, layout)
         pp_link = cluster.collective_link(*layout.pp_neighbours)
 
         if layout.fp8 == "mxfp8" and not dev.supports("mxfp8"):

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.planner.estimate import Workload, recomputed_counts, stage_layers, time_key
+from meshplan.planner.estimate_gpu import group_links
 from meshplan.planner.layout import Layout
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 
@@ -30,10 +31,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     m = layout.num_microbatches(work.global_batch)
     key = time_key(layout)
     tb = estimator.tables(model)
-    links = {"tp": cluster.collective_link(*layout.tp_group),
-             "ep": cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
-                                         if layout.moe_dispatcher == "deepep" else 0),
-             "cp": (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group)}
+    links = dict(zip(("tp", "ep", "cp"), group_links(cluster, model, layout)))
     seconds: dict[str, float] = defaultdict(float)  # op class -> seconds on the whole job's critical stage
     work_done: dict[str, float] = defaultdict(float)  # op class -> FLOPs (compute-bound) or bytes (memory-bound)
     stages = []

@@ -63,11 +63,14 @@ def test_a_pinned_split_is_used_and_a_wrong_one_refused(runner, tmp_path):
     for bad, needle in (("pp=4,pp_layout=8*5", "adding up to the 32 layers"), ("pp=4,pp_layout=7+x", "7+8*14+7")):
         r = runner.invoke(app, [*args, "--fix", f"tp=1,{bad}"])
         assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
-    # pp not dividing the 32 layers is searched with the balanced split (it was refused: "does not divide")
+    # pp not dividing the 32 layers is searched (it was refused: "does not divide"), and the split is balanced by
+    # predicted stage time (issue 12 item 1): Llama 3.1's 128,256-token output layer weighs more than a decoder
+    # layer, so the last stage holds fewer layers than Megatron's count split (embedding and loss a layer each)
     six = [a if a != "1x8xH100" else "1x6xH100" for a in args]
     r = runner.invoke(app, [*six, "--fix", "tp=2,pp=3"])
     assert r.exit_code == 0, r.output
-    assert tuple(s.num_layers for s in load_plan(tmp_path / "p.yaml").stages) == balanced_split(32, 3)
+    got = tuple(s.num_layers for s in load_plan(tmp_path / "p.yaml").stages)
+    assert sum(got) == 32 and got[-1] < balanced_split(32, 3)[-1], got
 
 
 def _heaviest(split, weights, first, last):
