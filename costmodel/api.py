@@ -180,6 +180,27 @@ class Pricer:
             self._note(src, [op], [device])
         return hit
 
+    def prime(self, ops: list[OpSpec], device: DeviceSpec) -> None:
+        """Price the compute ops of ``ops`` this pricer has not priced yet on ``device`` in one call of the learned
+        model (its per-call cost dominates single-op pricing), filling the memo ``predict`` reads."""
+        if self.model is None:
+            return
+        todo = []
+        for op in dict.fromkeys(ops):
+            twin = _bf16_twin(op)
+            op = twin if twin is not None and device.supports("bf16") else op
+            if op.is_collective or (op.kind == "attention" and op.impl) or (op, device) in self._memo:
+                continue
+            todo.append(op)
+        if not todo:
+            return
+        if len(self._memo) + len(todo) >= MEMO_MAX:
+            self._memo.clear()
+        sec, src = self.model.predict_ops(todo, device)
+        for op, t, sr in zip(todo, sec, src):
+            self._memo[(op, device)] = (float(t), str(sr))
+        self._note(src, todo, [device] * len(todo))
+
     def predict_batch(self, ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]):
         """Latency (s) of many compute ops at once (numpy array): the fast path of the solvers' problem builders."""
         import numpy as np

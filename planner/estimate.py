@@ -86,6 +86,29 @@ class ModelTables:
         for i in range(model.num_layers):
             self.rep.setdefault(model.is_moe_layer(i), i)
         self.shape = {k: layer_shape(model, i) for k, i in self.rep.items()}
+        self._stage: dict[tuple, tuple] = {}
+        self._flops: dict[tuple, tuple[float, float]] = {}
+
+    def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[bool, int], dict[bool, int]]:
+        """(layer ranges, ``{is_moe: layers}``, ``{is_moe: recomputed layers}``) of pipeline rank ``stage``, cached
+        per split and recompute (the search prices 10^4 layouts over far fewer of them)."""
+        k = (layout.pp, layout.vpp, layout.pp_layout, layout.recompute, stage)
+        hit = self._stage.get(k)
+        if hit is None:
+            chunks = layout.stage_chunks(self.model.num_layers, stage)
+            hit = self._stage[k] = (chunks, self.kind_counts(chunks), recomputed_counts(self, layout, chunks))
+        return hit
+
+    def flops_per_token(self, seq_len: int, layout: Layout) -> tuple[float, float]:
+        """(model FLOPs, recompute FLOPs) per token, cached; ``full:N`` counts the share of layers it recomputes."""
+        k = (seq_len, layout.recompute, layout.pp, layout.vpp, layout.pp_layout)
+        hit = self._flops.get(k)
+        if hit is None:
+            _, counts, rec = self.stage_counts(layout, 0)
+            share = sum(rec.values()) / max(1, sum(counts.values())) if layout.recompute_layers else 1.0
+            hit = self._flops[k] = (self.model.model_flops_per_token(seq_len),
+                                    recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
+        return hit
 
     def kind_counts(self, chunks: tuple[range, ...]) -> dict[bool, int]:
         """``{is_moe: number of such layers}`` in the layer ranges ``chunks``."""
@@ -132,7 +155,7 @@ def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]
 def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
     """(dense, routed-expert) parameters held by one rank of pipeline stage ``stage``."""
     model = tb.model
-    chunks = stage_layers(model, layout, stage)
+    chunks = tb.stage_counts(layout, stage)[0]
     dense = sum(tb.dense[r.stop] - tb.dense[r.start] for r in chunks) / layout.tp
     expert = sum(tb.expert[r.stop] - tb.expert[r.start] for r in chunks) / (layout.ep * layout.expert_tp)
     if stage == 0:
@@ -150,20 +173,19 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     w, g, o = model_state_bytes(dense, expert, layout)
     s = work.seq_len // layout.cp
     b = layout.micro_batch
-    chunks = stage_layers(model, layout, stage)
-    counts = tb.kind_counts(chunks)
+    chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
     fp8 = layout.fp8 != "none" or work.dtype == "fp8"
-    keep = layout.with_(recompute="none")
-    rec = recomputed_counts(tb, layout, chunks)
+    kept = {k: activation_bytes_per_layer(tb.shape[k], s, b, layout, fp8, "none") for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():
         if n:
-            per_mb += rec[k] * activation_bytes_per_layer(tb.shape[k], s, b, layout, fp8)
-            per_mb += (n - rec[k]) * activation_bytes_per_layer(tb.shape[k], s, b, keep, fp8)
+            if rec[k]:
+                per_mb += rec[k] * activation_bytes_per_layer(tb.shape[k], s, b, layout, fp8)
+            per_mb += (n - rec[k]) * kept[k]
     act = per_mb * inflight_factor(layout, m, stage)
     if layout.recompute_kind in ("full", "op"):  # one layer re-materialised during its backward
-        act += max(activation_bytes_per_layer(tb.shape[k], s, b, keep, fp8) for k, n in counts.items() if n)
+        act += max(kept.values())
     if fp8:
         # Transformer Engine keeps an fp8 copy of each linear weight and of its transpose (Hopper's fp8 GEMMs take
         # only the "TN" layout, so the backward needs the transposed copy): 2 B per parameter, cast once per step;
@@ -200,8 +222,9 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
     mem = max(mems, key=lambda x: x.total_bytes)
     limit = int(dev.memory_bytes * USABLE_FRACTION)
     tokens = work.global_batch * work.seq_len
-    model_flops = model.model_flops_per_token(work.seq_len) * tokens
-    extra = recompute_flops_per_token(model, work.seq_len, layout.recompute) * tokens
+    per_token, extra_per_token = tb.flops_per_token(work.seq_len, layout)
+    model_flops = per_token * tokens
+    extra = extra_per_token * tokens
     world = layout.world_size
     return Estimate(
         step_time_s=step, compute_s=compute_s, exposed_comm_s=exposed_comm_s, bubble_s=bubble_s,

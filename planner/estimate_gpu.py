@@ -18,6 +18,7 @@ Units: seconds, bytes, FLOPs.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
 
 from meshplan.costmodel.api import Pricer
@@ -25,8 +26,7 @@ from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate import (Estimate, TablesCache, Workload, finish_estimate, recomputed_counts,
-                                       stage_layers, stage_params, time_key)
+from meshplan.planner.estimate import Estimate, TablesCache, Workload, finish_estimate, stage_params, time_key
 from meshplan.planner.layout import Layout, weighted_split
 from meshplan.planner.memory import GRAD_BYTES, PARAM_BYTES
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
@@ -73,7 +73,12 @@ class GpuEstimator:
         self.pricer = pricer
         self.name = pricer.name
         self.tables = TablesCache()
-        self._layer: dict[tuple, tuple[float, float, float, float]] = {}
+        self._layer: dict[tuple, tuple[float, ...]] = {}
+        self._ops: dict[tuple, tuple] = {}
+        self._per_mb: dict[tuple, tuple] = {}
+        self._bwd: dict[tuple, float] = {}
+        self._link_cluster, self._link_memo = None, {}
+        self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
 
     # ---- operators
@@ -85,7 +90,10 @@ class GpuEstimator:
 
     def _bwd_s(self, op: OpSpec, device) -> float:
         if op.kind in ("matmul", "bmm", "attention"):
-            return self.pricer.predict(replace(op, backward=True), device)
+            hit = self._bwd.get((op, device))
+            if hit is None:
+                hit = self._bwd[(op, device)] = self.pricer.predict(replace(op, backward=True), device)
+            return hit
         return 2.0 * self.pricer.predict(op, device)  # memory-bound ops: read grad + saved input, write grad
 
     # ---- one micro-batch
@@ -98,36 +106,22 @@ class GpuEstimator:
         hit = self._layer.get(k)
         if hit is not None:
             return hit
-        predict = self.pricer.predict
-        lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
-        fwd = sum(predict(op, device) for op in lo.compute)
-        bwd = sum(self._bwd_s(op, device) for op in lo.compute)
-        kind = key.recompute_kind
-        if kind == "full":
-            re = fwd
-        elif kind == "selective":
-            re = sum(predict(op, device) for op in lo.core_attention)
-        elif kind == "op":
-            re = sum(predict(op, device) for op in lo.op_recompute)
-        else:
-            re = 0.0
+        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
+        fwd, bwd = p["fwd"], p["bwd"]
+        re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         if tp and key.tp_overlap:
             # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
             # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides
             # behind the GEMMs, which pay their chunking (tp GEMMs of m/tp rows) and the SMs
-            gemms = [op for op in lo.compute if op.kind == "matmul" and op.shape[0] >= key.tp]
-            whole = sum(predict(op, device) + self._bwd_s(op, device) for op in gemms)
-            chunked = sum(key.tp * (predict(c, device) + self._bwd_s(c, device))
-                          for c in (replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in gemms))
-            hide = whole
-            tp = (max(0.0, 2 * tp - hide) + min(2 * tp, hide) * comm_sm_share(device) + (chunked - whole)) / 2
+            whole, chunked = p["gemm"], p["gemm_chunked"]
+            tp = (max(0.0, 2 * tp - whole) + min(2 * tp, whole) * comm_sm_share(device) + (chunked - whole)) / 2
         ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
         cp = 0.0
         if lo.cp_comm:
             c = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
             if key.cp_kind == "ring":  # each KV block's transfer hides behind the previous block's attention
-                c = max(0.0, c - sum(predict(op, device) for op in lo.core_attention))
+                c = max(0.0, c - p["attn"])
             cp = c
         if ep and key.moe_overlap:
             # the dispatch/combine all-to-alls overlap the layer's other work (MegaScale-MoE §4; DeepSeek-V3
@@ -142,6 +136,76 @@ class GpuEstimator:
         comm = 2 * tp + 2 * cp + ep_cost  # forward and the backward mirror
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
         out = self._layer[k] = (fwd, bwd, re, comm, comm_re, 2 * tp, ep_cost, 2 * cp)
+        return out
+
+    @staticmethod
+    def _stage_times(tb, layout: Layout, times: dict, emb: float, head: float) -> tuple[list, list, list]:
+        """Per pipeline rank, one micro-batch: (compute, exposed layer comm, backward incl. recompute), seconds."""
+        stage_compute, stage_q, stage_bwd = [], [], []
+        for st in range(layout.pp):
+            _, counts, rec = tb.stage_counts(layout, st)
+            c = sum((times[k][0] + times[k][1]) * n + times[k][2] * rec[k] for k, n in counts.items() if n)
+            q = sum(times[k][3] * n + (times[k][4] * rec[k] if layout.recompute_kind == "full" else 0.0)
+                    for k, n in counts.items() if n)
+            stage_bwd.append(sum(times[k][1] * n + times[k][2] * rec[k] for k, n in counts.items() if n))
+            if st == 0:
+                c += emb
+            if st == layout.pp - 1:
+                c += head
+            stage_compute.append(c)
+            stage_q.append(q)
+        return stage_compute, stage_q, stage_bwd
+
+    def _links_of(self, cluster):
+        """``cluster.collective_link``, memoised per (size, stride) for the cluster last asked about."""
+        if self._link_cluster is not cluster:
+            self._link_cluster, self._link_memo = cluster, {}
+        memo = self._link_memo
+
+        def link(size: int, stride: int):
+            hit = memo.get((size, stride))
+            if hit is None:
+                hit = memo[(size, stride)] = cluster.collective_link(size, stride)
+            return hit
+        return link
+
+    def _priced_ops(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str) -> tuple:
+        """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
+        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
+        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
+        # the fields the op lists depend on (not recompute, moe_overlap or the dispatcher; ring and all-gather CP
+        # run the same ops)
+        k = (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
+             key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity, key.moe_imbalance,
+             key.tp_overlap)
+        hit = self._ops.get(k)
+        if hit is not None:
+            return hit
+        predict = self.pricer.predict
+        lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
+        counts: dict = {}
+        for op, n in lo.weighted():
+            counts[op] = counts.get(op, 0) + n
+        chunked = [replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
+                   if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp]
+        every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked]))
+        self.pricer.prime(every + [replace(op, backward=True) for op in every
+                                   if op.kind in ("matmul", "bmm", "attention")], device)
+        f = {op: predict(op, device) for op in counts}
+        b = {op: self._bwd_s(op, device) for op in counts}
+        prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
+                  "bwd": sum(n * b[op] for op, n in counts.items()),
+                  "attn": sum(predict(op, device) for op in lo.core_attention),
+                  "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
+                  # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
+                  "gemm": 0.0, "gemm_chunked": 0.0}
+        if key.tp > 1 and key.tp_overlap:
+            for op, n in counts.items():
+                if op.kind == "matmul" and op.shape[0] >= key.tp:
+                    c = replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:])
+                    prices["gemm"] += n * (f[op] + b[op])
+                    prices["gemm_chunked"] += n * key.tp * (predict(c, device) + self._bwd_s(c, device))
+        out = self._ops[k] = (lo, prices)
         return out
 
     def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
@@ -180,37 +244,37 @@ class GpuEstimator:
         dev = cluster.device
         m = layout.num_microbatches(work.global_batch)
         pp, vpp = layout.pp, layout.vpp
-        tp_link, ep_link, cp_link = group_links(cluster, model, layout)
-        pp_link = cluster.collective_link(*layout.pp_neighbours)
-
+        link = self._links_of(cluster)
+        pp_link = link(*layout.pp_neighbours)
         if layout.fp8 == "mxfp8" and not dev.supports("mxfp8"):
             raise MeshplanError(f"fp8=mxfp8 needs MX-format tensor cores (Blackwell); {dev.name} has none "
                                 "(use tensorwise, delayed or blockwise)")
         tb = self.tables(model)
-        key = time_key(layout)
-        times = {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, tp_link, ep_link, cp_link)
-                 for k in tb.rep}
-        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
+        # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
+        # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
+        sig = (tb, cluster, work.seq_len, work.dtype, layout.tp, layout.cp, layout.ep, layout.micro_batch,
+               layout.recompute_kind, layout.sequence_parallel, layout.attention, layout.expert_tp, layout.fp8,
+               layout.cp_kind, layout.stack, layout.moe_overlap, layout.moe_capacity, layout.moe_imbalance,
+               layout.moe_dispatcher, layout.tp_overlap)
+        per_mb = self._per_mb.get(sig)
+        if per_mb is None:
+            key = time_key(layout)
+            links = group_links(cluster, model, layout)
+            per_mb = self._per_mb[sig] = (
+                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links) for k in tb.rep},
+                self._edge_times(tb, dev, key, work.seq_len, work.dtype))
+        times, (emb, head) = per_mb
 
         # p2p activations per micro-batch boundary (Megatron scatter/gather: 1/t of the tensor crosses nodes)
         act_bytes = 2.0 * layout.micro_batch * work.seq_len / layout.cp * model.hidden_size / layout.tp
         p2p = collective_time_s("sendrecv", act_bytes, 2, pp_link) * vpp * 2 if pp > 1 else 0.0
 
-        stage_compute, stage_comm, stage_bwd = [], [], []
-        for st in range(pp):
-            chunks = stage_layers(model, layout, st)
-            counts = tb.kind_counts(chunks)
-            rec = recomputed_counts(tb, layout, chunks)
-            c = sum((times[k][0] + times[k][1]) * n + times[k][2] * rec[k] for k, n in counts.items() if n)
-            q = sum(times[k][3] * n + (times[k][4] * rec[k] if layout.recompute_kind == "full" else 0.0)
-                    for k, n in counts.items() if n)
-            stage_bwd.append(sum(times[k][1] * n + times[k][2] * rec[k] for k, n in counts.items() if n))
-            if st == 0:
-                c += emb
-            if st == pp - 1:
-                c += head
-            stage_compute.append(c)
-            stage_comm.append(q + p2p)
+        skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
+        stages = self._stages.get(skey)
+        if stages is None:
+            stages = self._stages[skey] = self._stage_times(tb, layout, times, emb, head)
+        stage_compute, stage_q, stage_bwd = stages
+        stage_comm = [q + p2p for q in stage_q]
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]
@@ -234,17 +298,17 @@ class GpuEstimator:
             bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
             if layout.zero_stage == 3:
                 shard = shard_group[0]
-                shard_link = cluster.collective_link(*shard_group)
+                shard_link = link(*shard_group)
                 per_mb_comm = (2 * collective_time_s("allgather", params * PARAM_BYTES, shard, shard_link)
                                + collective_time_s("reducescatter", grad_bytes, shard, shard_link))
                 out = m * max(0.0, per_mb_comm - stage_compute[slow] * params / (dense + expert))
-                rep_link = cluster.collective_link(replicas, shard_group[1] * shard)
+                rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
                 dp_exposed += out + rep_out
                 hidden += m * per_mb_comm - out + rep - rep_out
             else:
-                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], cluster.collective_link(*grad_group))
+                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
                 out = max(sync * bucket, sync - last_bwd * params / (dense + expert))
                 dp_exposed += out
                 hidden += sync - out

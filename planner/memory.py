@@ -132,7 +132,8 @@ def layer_shape(model, layer: int) -> LayerShape:
     )
 
 
-def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, fp8: bool = False) -> float:
+def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, fp8: bool = False,
+                               recompute: str | None = None) -> float:
     """Activation bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022, §4.1).
 
     With the GPT layer of the paper (q=kv=v=h, ffn=4h, dropout, unfused attention) this reduces exactly to
@@ -150,7 +151,7 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, f
     h = ls.hidden
     sbh = s * b * h
     rep = t if sp else 1  # tensors outside the TP region: sharded only under sequence parallelism
-    kind = layout.recompute_kind
+    kind = layout.recompute_kind if recompute is None else recompute  # ``recompute``: the layout's, overridden
     if kind == "full":
         return 2.0 * sbh / rep  # only the layer input is kept
     if kind == "op":

@@ -53,6 +53,18 @@ class LayerOps:
     cp_comm: tuple[tuple[str, float], ...]
     op_recompute: tuple[OpSpec, ...] = ()
     experts: tuple[OpSpec, ...] = ()
+    expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
+
+    def weighted(self) -> list[tuple[OpSpec, int]]:
+        """``compute`` as (op, times it runs), the local experts' GEMMs once each with their count: what a pricer
+        needs without hashing every copy."""
+        one = len(self.experts) // max(1, self.expert_copies)
+        experts = set(map(id, self.experts[:one]))
+        out = [(op, self.expert_copies if id(op) in experts else 1) for op in self.compute
+               if id(op) not in experts]
+        for op in self.experts[:one]:
+            out.append((op, self.expert_copies))
+        return out
 
 
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
@@ -167,7 +179,8 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
         else:  # ring: cp - 1 KV chunks pass each rank; allgather: the whole KV gathered at once (same bytes)
             cp_comm = [("allgather", kv_bytes * cp)]
     return LayerOps(tuple(ops), tuple(attn_core), tuple(tp_comm), tuple(ep_comm), tuple(cp_comm),
-                    _op_recompute(ops, attn_core), tuple(experts))
+                    _op_recompute(ops, attn_core), tuple(experts),
+                    max(1, model.num_experts // layout.ep) if experts else 1)
 
 
 STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "flash2", "eager": "flash2"}
