@@ -123,3 +123,19 @@ def test_search_size_is_checked_before_enumerating(runner, tmp_path):
     assert len(r.output.strip().splitlines()) == 1
     pinned, _ = space_size_bound(qwen, 720720, 8, 1441440, Pins(tp=8, pp=1), recipes, 8192)
     assert pinned <= MAX_LAYOUTS
+
+
+def test_explain_is_printed_and_kept_in_the_plan(runner, tmp_path):
+    """issue 13 item 6: --explain renders the breakdown (per stage compute by op class, exposed comm by collective
+    and link, the efficiency each class was priced at) and writes it into the plan; --json carries it too."""
+    args = ["plan", "--model", "llama-3.1-8b", "--cluster", "2x8xH100", "--global-batch", "64", "--seq-len", "4096",
+            "--fix", "tp=2,pp=2,mbs=1", "--top", "1", "--explain", "--out", str(tmp_path / "p.yaml")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    for needle in ("s per step (slowest stage", "per stage, seconds per step", "allgather on", "nvlink4",
+                   "sendrecv", "efficiency each op class was priced at", "matmul bf16", "attention bf16"):
+        assert needle in r.output, needle
+    plan = load_plan(tmp_path / "p.yaml")
+    assert plan.explain and plan.explain["step_time_s"] == pytest.approx(plan.prediction.step_time_s)
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["explain"]["stages"][0]["compute_s"]
