@@ -88,6 +88,8 @@ class ModelTables:
         self.shape = {k: layer_shape(model, i) for k, i in self.rep.items()}
         self._stage: dict[tuple, tuple] = {}
         self._flops: dict[tuple, tuple[float, float]] = {}
+        self._params: dict[tuple, tuple[float, float]] = {}
+        self._act: dict[tuple, float] = {}
 
     def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[bool, int], dict[bool, int]]:
         """(layer ranges, ``{is_moe: layers}``, ``{is_moe: recomputed layers}``) of pipeline rank ``stage``, cached
@@ -108,6 +110,16 @@ class ModelTables:
             share = sum(rec.values()) / max(1, sum(counts.values())) if layout.recompute_layers else 1.0
             hit = self._flops[k] = (self.model.model_flops_per_token(seq_len),
                                     recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
+        return hit
+
+    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, fp8: bool, recompute: str) -> float:
+        """``planner.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached on the
+        fields it reads."""
+        k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, fp8, layout.expert_tp,
+             layout.moe_capacity, layout.moe_imbalance, layout.stack)
+        hit = self._act.get(k)
+        if hit is None:
+            hit = self._act[k] = activation_bytes_per_layer(self.shape[moe], s, b, layout, fp8, recompute)
         return hit
 
     def kind_counts(self, chunks: tuple[range, ...]) -> dict[bool, int]:
@@ -153,7 +165,16 @@ def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]
 
 
 def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
-    """(dense, routed-expert) parameters held by one rank of pipeline stage ``stage``."""
+    """(dense, routed-expert) parameters held by one rank of pipeline stage ``stage`` (cached per split and
+    tensor/expert sharding)."""
+    k = (layout.pp, layout.vpp, layout.pp_layout, layout.tp, layout.ep, layout.expert_tp, stage)
+    hit = tb._params.get(k)
+    if hit is None:
+        hit = tb._params[k] = _stage_params(tb, layout, stage)
+    return hit
+
+
+def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
     model = tb.model
     chunks = tb.stage_counts(layout, stage)[0]
     dense = sum(tb.dense[r.stop] - tb.dense[r.start] for r in chunks) / layout.tp
@@ -176,12 +197,12 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
     fp8 = layout.fp8 != "none" or work.dtype == "fp8"
-    kept = {k: activation_bytes_per_layer(tb.shape[k], s, b, layout, fp8, "none") for k, n in counts.items() if n}
+    kept = {k: tb.activation_bytes(k, s, b, layout, fp8, "none") for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():
         if n:
             if rec[k]:
-                per_mb += rec[k] * activation_bytes_per_layer(tb.shape[k], s, b, layout, fp8)
+                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, fp8, layout.recompute_kind)
             per_mb += (n - rec[k]) * kept[k]
     act = per_mb * inflight_factor(layout, m, stage)
     if layout.recompute_kind in ("full", "op"):  # one layer re-materialised during its backward
