@@ -106,8 +106,10 @@ class ModelTables:
         k = (seq_len, layout.recompute, layout.pp, layout.vpp, layout.pp_layout)
         hit = self._flops.get(k)
         if hit is None:
-            _, counts, rec = self.stage_counts(layout, 0)
-            share = sum(rec.values()) / max(1, sum(counts.values())) if layout.recompute_layers else 1.0
+            share = 1.0
+            if layout.recompute_layers:  # the layers full:N recomputes, over every stage
+                recomputed = sum(sum(self.stage_counts(layout, st)[2].values()) for st in range(layout.pp))
+                share = recomputed / max(1, self.model.num_layers)
             hit = self._flops[k] = (self.model.model_flops_per_token(seq_len),
                                     recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
         return hit
@@ -174,6 +176,19 @@ def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, fl
     return hit
 
 
+def decoder_params(tb: ModelTables, layout: Layout, stage: int) -> float:
+    """Decoder-layer parameters (dense and routed) one rank of ``stage`` holds: ``stage_params`` without the
+    embedding, the output layer and the final norm (the weights fp8 training casts)."""
+    model = tb.model
+    dense, expert = stage_params(tb, layout, stage)
+    if stage == 0:
+        dense -= model.embedding_params / layout.tp
+    if stage == layout.pp - 1:
+        head = model.lm_head_params or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
+        dense -= (head + model.final_norm_params) / layout.tp
+    return max(0.0, dense) + expert
+
+
 def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
     model = tb.model
     chunks = tb.stage_counts(layout, stage)[0]
@@ -211,7 +226,8 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         # Transformer Engine keeps an fp8 copy of each linear weight and of its transpose (Hopper's fp8 GEMMs take
         # only the "TN" layout, so the backward needs the transposed copy): 2 B per parameter, cast once per step;
         # under FSDP only for the layers gathered at the moment
-        held = (dense + expert) if layout.zero_stage < 3 else 2 * (dense + expert) / max(1, n_layers)
+        linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
+        held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
         w += 2.0 * held
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * PARAM_BYTES

@@ -26,7 +26,8 @@ from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate import Estimate, TablesCache, Workload, finish_estimate, stage_params, time_key
+from meshplan.planner.estimate import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
+                                       time_key)
 from meshplan.planner.layout import Layout, weighted_split
 from meshplan.planner.memory import GRAD_BYTES, PARAM_BYTES
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
@@ -187,7 +188,8 @@ class GpuEstimator:
         for op, n in lo.weighted():
             counts[op] = counts.get(op, 0) + n
         chunked = [replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
-                   if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp]
+                   if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
+                   and op not in lo.experts and op.shape[1] != tb.model.num_experts]
         every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked]))
         self.pricer.prime(every + [replace(op, backward=True) for op in every
                                    if op.kind in ("matmul", "bmm", "attention")], device)
@@ -200,8 +202,11 @@ class GpuEstimator:
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0}
         if key.tp > 1 and key.tp_overlap:
+            routed = set(lo.experts)
             for op, n in counts.items():
-                if op.kind == "matmul" and op.shape[0] >= key.tp:
+                # the attention and dense-MLP GEMMs next to the TP collectives (not the experts, not the router)
+                if op.kind == "matmul" and op.shape[0] >= key.tp and op not in routed \
+                        and op.shape[1] != tb.model.num_experts:
                     c = replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:])
                     prices["gemm"] += n * (f[op] + b[op])
                     prices["gemm_chunked"] += n * key.tp * (predict(c, device) + self._bwd_s(c, device))
@@ -315,12 +320,15 @@ class GpuEstimator:
         # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
         dp_exposed += hidden * comm_sm_share(dev)
 
-        opt_numel = (dense + expert) / (layout.shard_group.size if layout.zero_stage >= 1 else 1)
+        z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
+        opt_numel = (dense / (layout.shard_group.size if z1 else 1)
+                     + expert / (layout.expert_shard_group.size if z1 else 1))
         optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
         if layout.fp8 != "none" or work.dtype == "fp8":
             # the fp8 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
             # them across the micro-batches of a step (``is_first_microbatch``)
-            optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(dense + expert),), "bf16"), dev)
+            linear = decoder_params(tb, layout, slow)
+            optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
 
         # the slowest of the job's ranks sets the pace of every synchronous step
         straggle = m * t_max * straggler_slowdown(layout.world_size)

@@ -153,9 +153,10 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
             activation(T * fs // t, model.gated_mlp)
             ops.extend(mm(T, h, fs // t))
         if layout.ep > 1:
-            # dispatch + combine of the token copies this rank sends, bf16; the busiest rank receives its share
-            # scaled by the routing imbalance (dropless) or the capacity it pads to (token dropping)
-            a2a = 2.0 * T * k * h * _expert_load(layout)
+            # dispatch + combine of the token copies this rank sends (under folding, the T*k*etp/tp its experts
+            # process: expert_ops), bf16; the busiest rank receives its share scaled by the routing imbalance
+            # (dropless) or the capacity it pads to (token dropping)
+            a2a = 2.0 * T * k * layout.expert_tp / t * h * _expert_load(layout)  # the copies this rank computes
             ep_comm = [("alltoall", a2a), ("alltoall", a2a)]
     else:
         f = model.ffn_hidden_size

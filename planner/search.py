@@ -218,10 +218,17 @@ def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
     split_of = getattr(estimator, "time_balanced_split", None)
     if split_of is None or fix.pp_layout is not None or fix.first_stage_layers or fix.last_stage_layers:
         return ranked
+    model = work.model
     out = []
     for lay, est in ranked:
         if lay.pp_layout:
             alt = lay.with_(pp_layout=split_of(work, lay))
+            try:
+                alt.validate(world_size=lay.world_size, num_layers=model.num_layers, num_heads=model.num_heads,
+                             num_kv_heads=model.num_kv_heads, seq_len=work.seq_len, global_batch=work.global_batch,
+                             num_experts=model.num_experts)
+            except MeshplanError:
+                alt = lay  # e.g. a chunk now shorter than recompute full:N asks: keep the count split
             if alt.pp_layout != lay.pp_layout:
                 alt_est = estimator.estimate(work, alt)
                 if alt_est.fits and alt_est.step_time_s < est.step_time_s:

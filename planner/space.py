@@ -219,7 +219,11 @@ def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, .
     first, last = fix.first_stage_layers, fix.last_stage_layers
     if first is None and last is None:
         n = pp * vpp
-        return () if model_layers % n == 0 else balanced_split(model_layers, n)
+        if model_layers % n == 0:
+            return ()
+        if model_layers < n:
+            raise MeshplanError(f"pp({pp}) * vpp({vpp}) = {n} virtual stages: more than the {model_layers} layers")
+        return balanced_split(model_layers, n)
     ends = [x for x in (first, last) if x is not None]
     middle = pp - len(ends)
     rest = model_layers - sum(ends)
@@ -306,24 +310,44 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
         # free: pp dividing the layers (uneven stages for every pp up to L/2 would make the pruned DeepSeek-V3
         # search 8x longer, 11.1M candidates in 17.8 s, Llama 3.1 405B 3.6 s: bench/plan_speed.py, 2026-11-25); a
         # pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over 61) gets uneven stages, the split chosen below
-        pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
+        if fix.pp_layout is not None and "pp" not in fix:  # the pinned layout names the stages (x vpp chunks)
+            pps = [len(fix.pp_layout) // fix.get("vpp", 1)] if rest else []
+        else:
+            pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
         etps = fix.choices("etp", [0] + ([1] if tp > 1 else [])) if E else fix.choices("etp", [0])
         for pp in pps:
             rest2 = rest // pp if rest % pp == 0 else 0
             cps = fix.choices("cp", [c for c in divisors(rest2) if c <= MAX_CP
                                      and (c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= 1024))]) \
                 if rest2 else []
-            split1 = stage_split(L, pp, 1, fix)
+            try:
+                split1 = stage_split(L, pp, 1, fix)
+            except MeshplanError:
+                if "pp" in fix and "vpp" not in fix:
+                    raise
+                split1 = None  # this pp cannot take the pinned split (interleaved below, or another pp)
             uneven = bool(split1) or "first_stage_layers" in fix or "last_stage_layers" in fix
             # free vpp: chunks dividing the layers; with uneven stages, chunks of >= 2 layers on the lightest stage
             chunked = [v for v in range(2, MAX_VPP + 1) if (min(split1 or (L // pp,)) >= 2 * v if uneven
                                                              else L % (pp * v) == 0)] if pp > 1 else []
+            if split1 is None:  # only interleaved chunks can take it, when pinned
+                chunked = list(fix.choices("vpp", []))
             if fix.pp_layout is not None:  # a pinned layout fixes the chunk count too
                 chunked = [len(fix.pp_layout) // pp] if len(fix.pp_layout) > pp else []
             sched = fix.schedule or ""
             vpps = fix.choices("vpp", chunked if sched == "interleaved" else
                                [1] if sched in ("zbh1", "dualpipe", "1f1b") else [1] + chunked)
-            splits = {v: split1 if v == 1 else stage_split(L, pp, v, fix) for v in vpps} if not bound else {}
+            splits = {}
+            if not bound:
+                for v in list(vpps):
+                    try:
+                        splits[v] = split1 if v == 1 and split1 is not None else stage_split(L, pp, v, fix)
+                    except MeshplanError:
+                        if "pp" in fix and "vpp" in fix:
+                            raise  # both pinned: the split's own message is the answer
+                        vpps = [x for x in vpps if x != v]  # a free pp or vpp that cannot take the split
+                if not vpps:
+                    continue
             for cp in cps:
                 dp = rest2 // cp if rest2 % cp == 0 else 0
                 if "dp" in fix and fix.dp != dp:

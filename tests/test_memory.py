@@ -123,3 +123,39 @@ def test_gqa_activation_memory_search_and_solver_agree_with_korthikanti():
     est = GpuEstimator(Pricer.roofline()).estimate(Workload(model, cluster, 64, s), layout)
     per_layer = (est.memory.activations_bytes - 6.0 * s * b * model.vocab_size / t) / model.num_layers
     assert per_layer == pytest.approx(want, rel=1e-6)
+
+
+def test_fp8_weight_copies_cover_the_decoder_linears_only():
+    """Transformer Engine caches an fp8 copy and transpose (2 B) of each decoder linear weight; the embedding and
+    the output layer stay bf16 (review finding: they were counted)."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.estimate import Workload
+    from meshplan.planner.estimate_gpu import GpuEstimator
+    from meshplan.planner.model_spec import load_model
+
+    m = load_model("llama-3.1-8b")
+    est = GpuEstimator(Pricer.shipped())
+    work = Workload(m, load_cluster("1x8xH100"), 64, 4096, "bf16")
+    lay = Layout(dp_replicate=2, tp=4, micro_batch=1, sequence_parallel=True)
+    bf16 = est.estimate(work, lay).memory.weights_bytes
+    fp8 = est.estimate(work, lay.with_(fp8="tensorwise")).memory.weights_bytes
+    decoder = (m.num_params - m.embedding_params - m.lm_head_params - m.final_norm_params) / 4
+    assert fp8 - bf16 == pytest.approx(2 * decoder, rel=1e-6)
+
+
+def test_full_n_counts_the_recompute_flops_of_the_layers_it_recomputes():
+    """full:4 on stages of 5+9+9+9 layers recomputes 4 of each stage's layers: 16 of 32, half of full recompute's
+    extra FLOPs (review finding: stage 0's share, 4/5, was used for the whole job)."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.estimate import Workload
+    from meshplan.planner.estimate_gpu import GpuEstimator
+    from meshplan.planner.model_spec import load_model
+
+    work = Workload(load_model("llama-3.1-8b"), load_cluster("4x8xH100"), 64, 4096, "bf16")
+    est = GpuEstimator(Pricer.shipped())
+    base = Layout(dp_replicate=1, tp=8, pp=4, micro_batch=1, sequence_parallel=True, pp_layout=(5, 9, 9, 9))
+    full = est.estimate(work, base.with_(recompute="full"))
+    part = est.estimate(work, base.with_(recompute="full:4"))
+    assert part.hw_flops - part.model_flops == pytest.approx(0.5 * (full.hw_flops - full.model_flops), rel=1e-9)

@@ -119,3 +119,34 @@ def test_deepseek_v3_split_follows_predicted_time_not_layer_count():
     split = est.time_balanced_split(work, lay)
     even = balanced_split(m.num_layers, 16)
     assert sum(split) == 61 and split[0] > even[0] and split[-1] <= even[-1]
+
+
+@pytest.mark.parametrize("model,cluster,batch,fix,stages", [
+    ("llama-3.1-8b", "4x8xH100", "256", "vpp=2", None),  # a pinned vpp with pp free: the pp that take it
+    ("llama-3.1-8b", "1x8xH100", "64", "pp=4,first_stage_layers=5", [5, 9, 9, 9]),  # vpp free: only vpp=1 takes it
+    ("llama-3.1-405b", "32x8xH100", "512", "pp_layout=7+8*14+7,tp=8", [7] + [8] * 14 + [7]),  # pp from the layout
+    ("qwen2.5-7b", "3x8xH100", "96", "pp=3,tp=4,recompute=full:9", None),  # re-split keeps chunks >= 9 layers
+])
+def test_pinned_splits_with_the_rest_free(runner, tmp_path, model, cluster, batch, fix, stages):
+    """Review findings: a pin that some free pp / vpp cannot take narrows the search instead of ending it; a
+    pinned pp_layout sets pp; the time-balanced re-split never breaks the plan's own rules."""
+    from meshplan.planner.search import plan_layout
+
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "--model", model, "--cluster", cluster, "--global-batch", batch, "--seq-len",
+                            "4096", "--fix", fix, "--top", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = load_plan(out)
+    if stages:
+        assert [s.num_layers for s in plan.stages] == stages
+    lay = plan_layout(plan)
+    lay.validate(world_size=plan.cluster.world_size, num_layers=plan.model.num_layers,
+                 num_heads=plan.model.num_attention_heads, num_kv_heads=plan.model.num_kv_heads, seq_len=4096,
+                 global_batch=plan.global_batch, num_experts=plan.model.num_experts)
+
+
+def test_more_virtual_stages_than_layers_names_pp_times_vpp(runner, tmp_path):
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "4x8xH100", "--global-batch", "256",
+                            "--seq-len", "4096", "--fix", "pp=8,vpp=8", "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and "pp(8) * vpp(8) = 64 virtual stages" in r.output
+    assert len(r.output.strip().splitlines()) == 1
