@@ -191,8 +191,11 @@ class GpuEstimator:
                    if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
                    and op not in lo.experts and op.shape[1] != tb.model.num_experts]
         every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked]))
-        self.pricer.prime(every + [replace(op, backward=True) for op in every
-                                   if op.kind in ("matmul", "bmm", "attention")], device)
+        need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
+        backward = [replace(op, backward=True) for op in need]
+        self.pricer.prime(every + backward, device)
+        for op, bop in zip(need, backward):
+            self._bwd[(op, device)] = self.pricer.predict(bop, device)
         f = {op: predict(op, device) for op in counts}
         b = {op: self._bwd_s(op, device) for op in counts}
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
