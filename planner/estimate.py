@@ -13,7 +13,7 @@ Units: seconds, bytes, FLOPs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
@@ -50,6 +50,8 @@ class Estimate:
     mfu: float
     fits: bool
     memory_limit_bytes: int
+    pipeline_s: Optional[float] = None  # the part that scales with micro-batches (m x the slowest stage's
+    # per-micro-batch time, straggler included), when the estimator separates it: the search's lower bound
 
 
 class Estimator(Protocol):
@@ -249,7 +251,8 @@ def logits_bytes_per_element(layout: Layout) -> float:
 
 
 def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, step: float, compute_s: float,
-                    exposed_comm_s: float, bubble_s: float, other_s: float) -> Estimate:
+                    exposed_comm_s: float, bubble_s: float, other_s: float,
+                    pipeline_s: Optional[float] = None) -> Estimate:
     """The parts of an ``Estimate`` every estimator derives the same way: memory, FLOPs, rates, MFU."""
     model, dev = work.model, work.cluster.device
     stages = {0, layout.pp - 1}
@@ -269,7 +272,7 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
         tokens_per_s=tokens / step, tflops_per_device=model_flops / step / world / 1e12,
         hw_tflops_per_device=(model_flops + extra) / step / world / 1e12,
         mfu=model_flops / step / world / dev.peak(work.dtype), fits=mem.total_bytes <= limit,
-        memory_limit_bytes=limit,
+        memory_limit_bytes=limit, pipeline_s=pipeline_s,
     )
 
 

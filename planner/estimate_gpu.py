@@ -337,5 +337,5 @@ class GpuEstimator:
         straggle = m * t_max * straggler_slowdown(layout.world_size)
         compute += straggle
         step = m * t_max + straggle + bubble + dp_exposed + optimizer
-        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute,
+        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, pipeline_s=m * t_max + straggle,
                                exposed_comm_s=comm_exposed + dp_exposed, bubble_s=bubble, other_s=optimizer)

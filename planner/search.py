@@ -263,6 +263,8 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         if rep is None:
             return None
         s, est = rep
+        if est.pipeline_s is not None:  # the estimator separates it (the GPU estimator): no second pricing
+            return (est.pipeline_s + est.bubble_s) * (1 - _REL)
         extra += 1
         est2 = estimate(work2, g.member(r, s))
         return (est2.step_time_s - est.step_time_s + est.bubble_s) * (1 - _REL)
