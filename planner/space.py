@@ -248,6 +248,34 @@ def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
     return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
 
 
+# What each stack's code runs when the decision is left free ("defaults follow the stack", issue 12 item 5):
+# Megatron-Core has no op-level checkpointing; torchtitan's selective AC is op-level or every-k-layers, its context
+# parallelism rotates by all-gather or ring (torch's alltoall rotation), its float8 converters scale tensor-wise or
+# MX-block-wise; HF code checkpoints whole layers (gradient_checkpointing) and trains without fp8.
+STACK_CAN = {
+    "megatron": {"recompute": ("none", "selective", "full"), "cp_kind": ("ring", "allgather", "a2a"),
+                 "fp8": ("none", "tensorwise", "delayed", "blockwise", "mxfp8")},
+    "torchtitan": {"recompute": ("none", "op", "full"), "cp_kind": ("ring", "allgather"),
+                   "fp8": ("none", "tensorwise", "mxfp8")},
+    "eager": {"recompute": ("none", "full"), "cp_kind": ("ring", "allgather"), "fp8": ("none",)},
+}
+
+
+def stack_runs(stack: str, fix: Pins, **decisions: str) -> bool:
+    """Whether ``stack`` runs each free decision's value (a pinned one is the user's: always tried, and the export
+    target says what it cannot carry). ``full:N`` is full recomputation of N layers per chunk."""
+    can = STACK_CAN.get(stack)
+    if can is None:
+        return True
+    for key, value in decisions.items():
+        if key in fix:
+            continue
+        kind = value.split(":", 1)[0] if key == "recompute" else value
+        if kind not in can[key] or (key == "recompute" and ":" in value and stack == "eager"):
+            return False
+    return True
+
+
 def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
     """The fp8 recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer Engine's
     tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in fp8, plus
@@ -397,11 +425,14 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
             for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp):
                 for vpp, sp, att, ck, f8, st, mo in product(
                         vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
+                    if not stack_runs(st, fix, cp_kind=ck, fp8=f8):
+                        continue
                     split = splits[vpp]
                     chunk = min(split) if split else L // (pp * vpp)
                     rcs = tuple(r for r in recompute_choices(fix, chunk)
-                                if recompute_kinds is None or "recompute" in fix
-                                or r.split(":")[0] in recompute_kinds and (":" not in r or "full:N" in recompute_kinds))
+                                if (recompute_kinds is None or "recompute" in fix
+                                    or r.split(":")[0] in recompute_kinds and (":" not in r or "full:N" in recompute_kinds))
+                                and stack_runs(st, fix, recompute=r))
                     # free vpp > 1 also needs a multiple of pp micro-batches (the interleaved schedule)
                     for mbs in fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
                                                    and (vpp == 1 or "vpp" in fix or

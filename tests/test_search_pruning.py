@@ -48,8 +48,14 @@ def test_fp8_workload_tries_every_recipe():
     assert fp8_recipe_choices("bf16", work.cluster.device) == ("none",)
     seen = {lay.fp8 for lay in enumerate_layouts(work.model, 8, 8, 8, 4096, Pins(tp=8, pp=1), recipes)}
     assert seen == set(recipes)
+    # the stack's own checkpointing (issue 12 item 5, defaults follow the stack): Megatron-Core's (selective is
+    # core attention; no op-level policy), torchtitan's (op-level, whole layers; no Megatron selective)
     kinds = {lay.recompute for lay in enumerate_layouts(work.model, 8, 8, 8, 4096, Pins(tp=8, pp=1), recipes)}
-    assert {"none", "selective", "op", "full", "full:8", "full:16"} <= kinds
+    assert kinds == {"none", "selective", "full", "full:8", "full:16"}
+    titan = {(lay.recompute, lay.fp8) for lay in enumerate_layouts(
+        work.model, 8, 8, 8, 4096, Pins(tp=8, pp=1, stack="torchtitan"), recipes)}
+    assert {r for r, _ in titan} == {"none", "op", "full", "full:8", "full:16"}
+    assert {f for _, f in titan} == {"tensorwise"}  # torchao's float8: no delayed or block-wise recipe
 
 
 def test_a_broken_assumption_falls_back_to_pricing_everything():
