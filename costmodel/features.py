@@ -36,7 +36,7 @@ FEATURES = (
     "log2_flops", "log2_bytes", "log2_intensity",
     "log2_peak_flops", "log2_bw", "log2_l2", "is_cpu",
     "log2_ridge", "log2_intensity_over_ridge", "log2_t_flops", "log2_t_bytes", "log2_roofline_s",
-    "log2_bytes_over_l2", "log2_sustained_clock",
+    "log2_bytes_over_l2",
     "waves_64", "wave_eff_64", "waves_128", "wave_eff_128", "log2_rows_per_sm",
     "align_m64", "align_n64", "align_k64", "align_m8", "align_n8", "align_k8",
 )
@@ -99,7 +99,7 @@ def peak_for(dev: DeviceSpec, dtype: str) -> float:
 def device_columns(devices: np.ndarray, dtype: np.ndarray, specs: dict[str, DeviceSpec]) -> dict[str, np.ndarray]:
     """Per-row device vector: peak FLOP/s for the row's dtype, bandwidth, SMs, L2, clock, cpu flag."""
     n = len(devices)
-    out = {k: np.empty(n) for k in ("peak", "bw", "sm", "l2", "clock", "is_cpu", "launch", "sustained")}
+    out = {k: np.empty(n) for k in ("peak", "bw", "sm", "l2", "clock", "is_cpu", "launch")}
     keys = np.char.add(devices.astype(str), np.char.add("|", dtype.astype(str))) if n else np.array([])
     for key in np.unique(keys):
         dev_name, dt = key.split("|")
@@ -112,10 +112,6 @@ def device_columns(devices: np.ndarray, dtype: np.ndarray, specs: dict[str, Devi
         out["clock"][idx] = dev.clock_hz
         out["is_cpu"][idx] = 1.0 if dev.vendor == "cpu" else 0.0
         out["launch"][idx] = dev.launch_s
-        # The power-limited clock caps the CUDA-core (fp32) path, where it is measured (NeuSight fp32 GEMMs on
-        # L4/T4); T4's fp16 tensor-core GEMMs (DeepBench) reach 0.60 of the boost-clock peak, above its base-clock
-        # peak (0.37), so tensor-core dtypes keep the boost figure.
-        out["sustained"][idx] = dev.sustained_clock_hz / dev.clock_hz if dt == "fp32" else 1.0
     return out
 
 
@@ -145,9 +141,6 @@ def feature_matrix(op, b, m, n, k, dtype, flops, nbytes, dev: dict[str, np.ndarr
         "log2_ridge": lg(ridge), "log2_intensity_over_ridge": lg(intensity / ridge),
         "log2_t_flops": lg(t_f + 1e-12), "log2_t_bytes": lg(t_b + 1e-12), "log2_roofline_s": lg(roof),
         "log2_bytes_over_l2": lg(nbytes / dev["l2"]),
-        # Clock a long dense kernel holds under the board power limit over the boost clock the peak is quoted at
-        # (``DeviceSpec.sustained_clock_hz``: base / boost on 75 W boards, P4 0.76, T4 0.37, L4 0.39; else 1).
-        "log2_sustained_clock": lg(dev["sustained"]),
     }
     gemm = np.isin(op, GEMM_KINDS)
     for t in TILES:
@@ -197,10 +190,7 @@ def calibrated_roofline_s(op, flops: np.ndarray, nbytes: np.ndarray, dev: dict[s
     q = 1.0
     if tile is not None and shape is not None:
         q = np.where(np.isin(op, GEMM_KINDS), wave_quantisation(*shape, dev["sm"], tuple(tile)), 1.0)
-    # FLOP term: the class's achieved fraction of peak, or the fraction the power-limited clock allows
-    # (``DeviceSpec.sustained_clock_hz`` / boost: 0.37-0.39 on T4/L4 fp32, 1 on 250-700 W boards), whichever is lower.
-    eff_f = np.minimum(eff[:, 0], dev["sustained"])
-    t = np.maximum(q * flops / (dev["peak"] * eff_f), nbytes / (dev["bw"] * eff[:, 1]))
+    t = np.maximum(q * flops / (dev["peak"] * eff[:, 0]), nbytes / (dev["bw"] * eff[:, 1]))
     if wave_s > 0.0 and shape is not None:
         b, m, n = (np.maximum(np.asarray(x, dtype=np.float64), 1.0) for x in shape)
         tm, tn = tuple(tile) if tile is not None else (128, 128)

@@ -29,9 +29,10 @@ def linear():
 
 
 def test_power_limited_boards_run_large_fp32_gemms_at_base_clock(linear):
-    """L4 and T4 (70-72 W, slot-powered) hold their base clock under long fp32 GEMMs: the measured time of GEMMs
-    above 2^36 FLOPs sits near the sustained-clock calibrated roofline, and about 2x above the boost-clock one.
-    A 250-400 W board (V100, A100) is unaffected (sustained = boost)."""
+    """L4 and T4 (70-72 W, slot-powered) hold their base clock under long fp32 GEMMs: GEMMs above 2^36 FLOPs run
+    near the base-clock peak the catalogue gives them, about half the boost-clock one. A 250-400 W board (V100,
+    A100) is unaffected (sustained = boost). (The cost-model feature built on this was not kept: it moved NeuSight's
+    held-out H100 bmm from 11.8 to 12.5% MAPE, past issue 4's 12%; BENCHMARKS.md "Unseen GPUs".)"""
     from meshplan.costmodel.train import prepare
 
     for name in ("L4", "T4"):
@@ -45,9 +46,10 @@ def test_power_limited_boards_run_large_fp32_gemms_at_base_clock(linear):
     for name in ("L4", "T4"):
         s = (t.device == name) & (t.flops > 2**36)
         assert s.sum() > 100
-        ratio_now = np.median(t.latency_s[s] / p.cal_s[s])
+        dev = get_device(name)
         eff_boost = np.median(p.roof_s[s] / t.latency_s[s])  # achieved fraction of the boost-clock peak
-        assert 0.7 < ratio_now < 1.5, (name, ratio_now)
+        # the measured rate sits near the base-clock peak (base / boost 0.37-0.39), not the boost one
+        assert 0.7 < eff_boost / (dev.sustained_clock_hz / dev.clock_hz) < 1.5, (name, eff_boost)
         assert eff_boost < 0.5, (name, eff_boost)  # the 0.75 boost-clock efficiency would be ~2x too fast
 
 
@@ -98,10 +100,10 @@ def test_unseen_device_prices_stay_in_band_or_are_flagged(linear, pricer_without
     assert sum(int(w.split()[1]) for w in pricer.warnings) == flagged
     pricer.clear_warnings()
     assert pricer.warnings == []
-    # Against the measured rows: the unseen-device price is within 45% MAPE (trees alone with boost-clock figures:
-    # 59% on all L4 linear rows, costmodel/data/model/README.md).
+    # Against the measured rows: the shipped features (boost-clock figures) leave L4 at 59% MAPE on all its linear
+    # rows (costmodel/data/model/README.md); the band check bounds what it may do, not how close it lands
     ape = np.abs(np.array(pred) - np.array(true)) / np.array(true)
-    assert ape.mean() < 0.45, ape.mean()
+    assert ape.mean() < 0.65, ape.mean()
 
 
 def test_seen_device_is_not_flagged(linear, pricer_without_l4):
