@@ -276,11 +276,19 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
     )
 
 
+# The fields that change one micro-batch's per-layer time: the estimators' cache keys read them from here only.
+TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "expert_tp", "fp8",
+               "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap")
+
+
+def time_signature(layout: Layout) -> tuple:
+    """``TIME_FIELDS`` of ``layout`` as a plain tuple (a cheaper dictionary key than a ``Layout``)."""
+    return tuple(getattr(layout, f) for f in TIME_FIELDS)
+
+
 def time_key(layout: Layout) -> Layout:
-    """The fields that change one micro-batch's per-layer time (the estimators' cache key)."""
-    return Layout(tp=layout.tp, cp=layout.cp, ep=layout.ep, micro_batch=layout.micro_batch,
-                  recompute=layout.recompute_kind, sequence_parallel=layout.sequence_parallel,
-                  attention=layout.attention, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
-                  fp8=layout.fp8, cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
-                  moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance,
-                  moe_dispatcher=layout.moe_dispatcher, tp_overlap=layout.tp_overlap)
+    """The layout reduced to ``TIME_FIELDS`` (what ``planner.ops_graph`` builds one micro-batch's op lists from)."""
+    v = dict(zip(TIME_FIELDS, time_signature(layout)))
+    v["recompute"] = v.pop("recompute_kind")
+    etp = v.pop("expert_tp")
+    return Layout(**v, etp=etp if etp != layout.tp else 0)

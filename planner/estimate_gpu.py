@@ -27,7 +27,7 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
-                                       time_key)
+                                       time_key, time_signature)
 from meshplan.planner.layout import Layout, weighted_split
 from meshplan.planner.memory import GRAD_BYTES, PARAM_BYTES
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
@@ -184,13 +184,14 @@ class GpuEstimator:
             return hit
         predict = self.pricer.predict
         lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
-        counts: dict = {}
-        for op, n in lo.weighted():
-            counts[op] = counts.get(op, 0) + n
-        chunked = [replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
+        counts = lo.weighted()
+        # tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the experts, not the
+        # router), each also priced in tp chunks along the tokens
+        routed = set(lo.experts)
+        chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
                    if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
-                   and op not in lo.experts and op.shape[1] != tb.model.num_experts]
-        every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked]))
+                   and op not in routed and op.shape[1] != tb.model.num_experts}
+        every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
         need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
         backward = [replace(op, backward=True) for op in need]
         self.pricer.prime(every + backward, device)
@@ -204,15 +205,9 @@ class GpuEstimator:
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0}
-        if key.tp > 1 and key.tp_overlap:
-            routed = set(lo.experts)
-            for op, n in counts.items():
-                # the attention and dense-MLP GEMMs next to the TP collectives (not the experts, not the router)
-                if op.kind == "matmul" and op.shape[0] >= key.tp and op not in routed \
-                        and op.shape[1] != tb.model.num_experts:
-                    c = replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:])
-                    prices["gemm"] += n * (f[op] + b[op])
-                    prices["gemm_chunked"] += n * key.tp * (predict(c, device) + self._bwd_s(c, device))
+        for op, c in chunked.items():
+            prices["gemm"] += counts[op] * (f[op] + b[op])
+            prices["gemm_chunked"] += counts[op] * key.tp * (predict(c, device) + self._bwd_s(c, device))
         out = self._ops[k] = (lo, prices)
         return out
 
@@ -260,10 +255,7 @@ class GpuEstimator:
         tb = self.tables(model)
         # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
         # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
-        sig = (tb, cluster, work.seq_len, work.dtype, layout.tp, layout.cp, layout.ep, layout.micro_batch,
-               layout.recompute_kind, layout.sequence_parallel, layout.attention, layout.expert_tp, layout.fp8,
-               layout.cp_kind, layout.stack, layout.moe_overlap, layout.moe_capacity, layout.moe_imbalance,
-               layout.moe_dispatcher, layout.tp_overlap)
+        sig = (tb, cluster, work.seq_len, work.dtype, time_signature(layout))
         per_mb = self._per_mb.get(sig)
         if per_mb is None:
             key = time_key(layout)

@@ -55,15 +55,17 @@ class LayerOps:
     experts: tuple[OpSpec, ...] = ()
     expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
 
-    def weighted(self) -> list[tuple[OpSpec, int]]:
-        """``compute`` as (op, times it runs), the local experts' GEMMs once each with their count: what a pricer
-        needs without hashing every copy."""
-        one = len(self.experts) // max(1, self.expert_copies)
-        experts = set(map(id, self.experts[:one]))
-        out = [(op, self.expert_copies if id(op) in experts else 1) for op in self.compute
-               if id(op) not in experts]
-        for op in self.experts[:one]:
-            out.append((op, self.expert_copies))
+    def weighted(self) -> dict[OpSpec, int]:
+        """``compute`` as {op: times it runs}: equal ops summed, and the local experts' GEMMs (``compute`` holds
+        ``expert_copies`` references to one set of them) counted without hashing every copy."""
+        one = self.experts[:len(self.experts) // max(1, self.expert_copies)]
+        skip = set(map(id, one))
+        out: dict[OpSpec, int] = {}
+        for op in self.compute:
+            if id(op) not in skip:
+                out[op] = out.get(op, 0) + 1
+        for op in one:
+            out[op] = out.get(op, 0) + self.expert_copies
         return out
 
 
