@@ -71,13 +71,27 @@ TORCHTITAN_DOCS = {"A": "pytorch/torchtitan docs/performance.md @ 4d88a8a",
 # (activations_checkpoint_granularity: selective); userbuffer TP-comm overlap (ub_tp_comm_overlap) on where noted;
 # fp8 runs: examples/training/*/h100/*_fp8*.sh set fp8=True, fp8_hybrid=True (TE DelayedScaling, HYBRID format,
 # amax history 1024).
-NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_comm_overlap)
-    "GPT3-5B": ("gpt3/5b", "none", False), "GPT3-20B": ("gpt3/20b", "none", True),
-    "GPT3-175B": ("gpt3/175b", "none", False), "LLAMA2-7B": ("llama/llama2_7b", "none", False),
-    "LLAMA2-13B": ("llama/llama2_13b", "none", False), "LLAMA2-70B": ("llama/llama2_70b", "none", True),
-    "LLAMA3-8B": ("llama/llama3_8b", "none", False), "LLAMA3-70B": ("llama/llama3_70b", "none", True),
-    "Nemotron-8B": ("nemotron/nemotron_8b", "none", True), "Nemotron-22B": ("nemotron/nemotron_22b", "none", True),
-    "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False),
+# Model states under apex's DistributedFusedAdam as NeMo container 24.07 (NeMo r2.0.0rc1) sets it up
+# (nemo/collections/nlp/models/language_modeling/megatron_base_model.py, setup_optimization): the optimizer dtype is
+# the conf's ``optim.dtype`` (default fp32); with a bf16 O2 model and fp32 optimizer NeMo sets
+# store_param_remainders=True (optim_dtype=remainder); with ``optim.dtype: bf16`` (nemotron_340b.yaml and
+# conf/peft/llama/sft.yaml at the tag) the bf16 weights are their own master (optim_dtype=bf16). Gradients live in
+# apex's contiguous grad buffer, sized for every local parameter and kept whole (``_init_grad_buffer``): only the
+# optimizer states are sharded, zero=1. The buffer's dtype is ``grad_sync_dtype`` (default: the optimizer dtype):
+# bf16 where the fp8 example script sets +training.model.optim.grad_sync_dtype=bf16 (every gpt3 and llama h100 fp8
+# script) or the conf does (nemotron_340b, peft sft), fp32 otherwise (nemotron_8b/22b: neither does).
+NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_comm_overlap, optim_dtype, grad_dtype)
+    "GPT3-5B": ("gpt3/5b", "none", False, "remainder", "bf16"),
+    "GPT3-20B": ("gpt3/20b", "none", True, "remainder", "bf16"),
+    "GPT3-175B": ("gpt3/175b", "none", False, "remainder", "bf16"),
+    "LLAMA2-7B": ("llama/llama2_7b", "none", False, "remainder", "bf16"),
+    "LLAMA2-13B": ("llama/llama2_13b", "none", False, "remainder", "bf16"),
+    "LLAMA2-70B": ("llama/llama2_70b", "none", True, "remainder", "bf16"),
+    "LLAMA3-8B": ("llama/llama3_8b", "none", False, "remainder", "bf16"),
+    "LLAMA3-70B": ("llama/llama3_70b", "none", True, "remainder", "bf16"),
+    "Nemotron-8B": ("nemotron/nemotron_8b", "none", True, "remainder", "fp32"),
+    "Nemotron-22B": ("nemotron/nemotron_22b", "none", True, "remainder", "fp32"),
+    "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False, "bf16", "bf16"),
 }
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
 # (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh.
@@ -186,19 +200,28 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     assumptions: list[str] = []
     dtype = "bf16"
     if src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
-        conf, recompute, ub = NEMO_CONF[row["model"].split(" (")[0]]
-        zero, sp = 2, tp > 1
+        conf, recompute, ub, optim_dtype, grad_dtype = NEMO_CONF[row["model"].split(" (")[0]]
+        zero, sp = 1, tp > 1
+        if src == "S1f":  # conf/peft/llama/sft.yaml: optim.dtype bf16, grad_sync_dtype bf16
+            optim_dtype, grad_dtype = "bf16", "bf16"
         assumptions.append(f"launcher conf {conf}.yaml @ NeMo-Framework-Launcher 24.07: distributed_fused_adam "
-                           f"(apex: ZeRO-2, grads and optimizer states sharded) -> zero=2; sp={sp}; "
-                           f"recompute={recompute}")
+                           f"(apex: optimizer states sharded, whole contiguous grad buffer) -> zero=1, "
+                           f"optim_dtype={optim_dtype}, grad_dtype={grad_dtype}; sp={sp}; recompute={recompute}")
+        needs.append(Need("optim_dtype", optim_dtype, "apex DistributedFusedAdam as NeMo r2.0.0rc1 sets it up "
+                          "(store_param_remainders for an fp32 optimizer over bf16 weights; optim.dtype bf16: the "
+                          "bf16 weights are the master)", {}))
+        needs.append(Need("grad_dtype", grad_dtype, "apex grad_sync_dtype (launcher conf / fp8 example script; "
+                          "default: the optimizer dtype)", {}))
         if src == "S1f":
             vpp = NEMO_SFT_VP[row["model"].split(" (")[0]]
             assumptions.append(f"finetuning table has no VP/CP column: cp=1, vpp={vpp} from the launcher's SFT "
                                "example at tag 24.07")
             needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
                               "each packed document, not the whole sequence", {}))
-            needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true), "
-                              "fp32 master copy in the optimizer", {}))
+            needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true) with "
+                              "a bf16 master shard in the optimizer (NeMo: store_params=True): 1 B weights + 6/dp B "
+                              "states where meshplan counts bf16 weights with TE's cached fp8 copies + 4/dp B "
+                              "(equal at dp=1, the 70B row)", {}))
         needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
                           "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
         needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))

@@ -29,6 +29,8 @@ FP8_RECIPES = ("none", "tensorwise", "delayed", "blockwise", "mxfp8")
 CP_KINDS = ("ring", "allgather", "a2a")
 STACKS = ("megatron", "torchtitan", "eager")
 MOE_DISPATCHERS = ("alltoall", "deepep")
+OPTIM_DTYPES = ("fp32", "remainder", "bf16")
+GRAD_DTYPES = ("bf16", "fp32")
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
 _Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
 
@@ -192,6 +194,16 @@ class Layout(Degrees):
             padded to it); 0 = dropless routing.
         moe_imbalance: dropless routing: tokens of the busiest local expert group over the balanced share
             (1.0 = perfectly balanced, as the dev set's "fake balanced gate" runs).
+        optim_dtype: what Adam keeps per parameter beside the 16-bit weights: "fp32" (fp32 master weights and
+            moments, 12 B: the ZeRO paper's K = 12; Megatron's distributed optimizer, DeepSpeed, FSDP), "remainder"
+            (fp32 moments and only the 16 low bits of each fp32 master weight, whose high 16 bits are the bf16
+            weight itself, 10 B: apex ``DistributedFusedAdam(store_param_remainders=True)``, which NeMo picks for
+            bf16 O2 models (``megatron_base_model.py`` @ r2.0.0rc1); Megatron-Core's precision-aware optimizer on
+            Transformer Engine >= 2.1) or "bf16" (bf16 moments and the bf16 weights as their own master, 4 B: apex
+            with ``dtype=bf16``, as NeMo's ``optim.dtype: bf16`` confs run it).
+        grad_dtype: the gradients' buffer and the dtype they are reduced in: "bf16" (2 B per parameter, the ZeRO
+            paper's accounting) or "fp32" (4 B and twice the data-parallel traffic: Megatron-LM's main-grad
+            buffers, ``--accumulate-allreduce-grads-in-fp32``; apex's ``grad_sync_dtype`` fp32).
     """
 
     micro_batch: int = 1
@@ -210,6 +222,8 @@ class Layout(Degrees):
     moe_imbalance: float = 1.0
     moe_dispatcher: str = "alltoall"
     tp_overlap: bool = False
+    optim_dtype: str = "fp32"
+    grad_dtype: str = "bf16"
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -332,6 +346,10 @@ class Layout(Degrees):
                                 f"{num_heads // self.tp} heads per tp rank ({num_heads} heads / tp={self.tp})")
         if self.stack not in STACKS:
             raise MeshplanError(f"stack '{self.stack}' is not one of {', '.join(STACKS)}")
+        if self.optim_dtype not in OPTIM_DTYPES:
+            raise MeshplanError(f"optim_dtype '{self.optim_dtype}' is not one of {', '.join(OPTIM_DTYPES)}")
+        if self.grad_dtype not in GRAD_DTYPES:
+            raise MeshplanError(f"grad_dtype '{self.grad_dtype}' is not one of {', '.join(GRAD_DTYPES)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise MeshplanError(f"moe_dispatcher '{self.moe_dispatcher}' is not one of {', '.join(MOE_DISPATCHERS)}")
         if self.moe_capacity < 0 or not 1.0 <= self.moe_imbalance <= 64.0:

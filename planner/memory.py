@@ -22,6 +22,12 @@ GiB = 1024**3
 PARAM_BYTES = 2  # bf16/fp16 weights
 GRAD_BYTES = 2  # gradients in the param dtype (ZeRO paper; FSDP2/DDP default reduce dtype)
 OPTIMIZER_BYTES = 12  # Adam: fp32 master + m + v (ZeRO paper K = 12)
+# ``Layout.optim_dtype`` -> Adam's bytes per parameter beside the 16-bit weights. "remainder": fp32 m and v plus the
+# int16 low halves of the fp32 master weights (apex DistributedFusedAdam ``param_remainders_shard``, int16; the bf16
+# weight supplies the high half). "bf16": bf16 m and v (apex ``exp_avg_shard``/``exp_avg_sq_shard`` in the optimizer
+# dtype) and no master copy (apex ``store_params=False`` when the optimizer dtype is the model's, NeMo r2.0.0rc1).
+OPTIMIZER_BYTES_BY_DTYPE = {"fp32": OPTIMIZER_BYTES, "remainder": 4 + 4 + 2, "bf16": 2 + 2}
+GRAD_BYTES_BY_DTYPE = {"bf16": GRAD_BYTES, "fp32": 4}  # ``Layout.grad_dtype``
 # What a rank may allocate, term by term (issue 13 item 3: the refusal margin is explained, not a fudge):
 # - torch's ``total_memory`` reads the datasheet capacity, taken as GiB, to ~1% (H100 80GB: 79.2 of 80 GiB; the
 #   convention of costmodel/data/devices.yaml), so a plan must fit in 99% of ``memory_bytes``;
@@ -84,10 +90,11 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout)
     eshard = layout.expert_shard_group.size if z > 0 else 1
     w = g = o = 0.0
     copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
+    grad_b, optim_b = GRAD_BYTES_BY_DTYPE[layout.grad_dtype], OPTIMIZER_BYTES_BY_DTYPE[layout.optim_dtype]
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
         w += n * PARAM_BYTES / (d if z >= 3 else 1)
-        g += n * GRAD_BYTES / (d if z >= 2 else 1)
-        o += n * OPTIMIZER_BYTES / (d if z >= 1 else 1)
+        g += n * grad_b / (d if z >= 2 else 1)
+        o += n * optim_b / (d if z >= 1 else 1)
     return w, g, o
 
 

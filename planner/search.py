@@ -378,6 +378,10 @@ def describe(layout: Layout) -> str:
         parts.append("moe_overlap")
     if layout.moe_dispatcher != "alltoall":
         parts.append(f"moe_dispatcher={layout.moe_dispatcher}")
+    if layout.optim_dtype != "fp32":
+        parts.append(f"optim={layout.optim_dtype}")
+    if layout.grad_dtype != "bf16":
+        parts.append(f"grads={layout.grad_dtype}")
     if layout.moe_capacity:
         parts.append(f"capacity={layout.moe_capacity:g}")
     if layout.moe_imbalance != 1.0:
@@ -412,7 +416,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         schedule=layout.schedule, attention=layout.attention, dtype=work.dtype, etp=layout.etp, fp8=layout.fp8,
         cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
         moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance, moe_dispatcher=layout.moe_dispatcher,
-        tp_overlap=layout.tp_overlap,
+        tp_overlap=layout.tp_overlap, optim_dtype=layout.optim_dtype, grad_dtype=layout.grad_dtype,
         stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
@@ -446,7 +450,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,
         "attention": layout.attention, "etp": layout.expert_tp, "fp8": layout.fp8, "cp_kind": layout.cp_kind,
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
-        "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule,
+        "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
+        "grad_dtype": layout.grad_dtype,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
         "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
@@ -472,4 +477,5 @@ def plan_layout(plan: Plan) -> Layout:
                      pipeline_schedule=plan.schedule if plan.schedule in ("zbh1", "dualpipe") else "",
                      etp=plan.etp, fp8=plan.fp8, cp_kind=plan.cp_kind, stack=plan.stack, moe_overlap=plan.moe_overlap,
                      moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance,
-                     moe_dispatcher=plan.moe_dispatcher, tp_overlap=plan.tp_overlap)
+                     moe_dispatcher=plan.moe_dispatcher, tp_overlap=plan.tp_overlap, optim_dtype=plan.optim_dtype,
+                     grad_dtype=plan.grad_dtype)

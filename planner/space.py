@@ -16,17 +16,19 @@ from itertools import product
 from typing import Iterator, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import (ATTENTION, CP_KINDS, FP8_RECIPES, MOE_DISPATCHERS, RECOMPUTE, STACKS, Layout,
-                                    balanced_split, parse_pp_layout)
+from meshplan.planner.layout import (ATTENTION, CP_KINDS, FP8_RECIPES, GRAD_DTYPES, MOE_DISPATCHERS, OPTIM_DTYPES,
+                                    RECOMPUTE, STACKS, Layout, balanced_split, parse_pp_layout)
 from meshplan.planner.schedules import SCHEDULES
 
 FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "first_stage_layers", "last_stage_layers",
             "vpp", "schedule", "cp", "cp_kind", "ep", "etp", "sp", "mbs", "zero", "recompute", "attention", "fp8",
-            "stack", "tp_overlap", "moe_overlap", "moe_dispatcher", "moe_capacity", "moe_imbalance")
+            "stack", "tp_overlap", "moe_overlap", "moe_dispatcher", "moe_capacity", "moe_imbalance", "optim_dtype",
+            "grad_dtype")
 BOOL_KEYS = ("sp", "moe_overlap", "tp_overlap")
 FLOAT_KEYS = ("moe_capacity", "moe_imbalance")
 CHOICE_KEYS = {"attention": ATTENTION, "fp8": FP8_RECIPES, "cp_kind": CP_KINDS, "stack": STACKS,
-               "schedule": SCHEDULES, "moe_dispatcher": MOE_DISPATCHERS}
+               "schedule": SCHEDULES, "moe_dispatcher": MOE_DISPATCHERS, "optim_dtype": OPTIM_DTYPES,
+               "grad_dtype": GRAD_DTYPES}
 MAX_VPP = 8
 MAX_CP = 32
 MBS_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -73,6 +75,8 @@ class Pins:
     moe_dispatcher: Optional[str] = None
     moe_capacity: Optional[float] = None
     moe_imbalance: Optional[float] = None
+    optim_dtype: Optional[str] = None
+    grad_dtype: Optional[str] = None
 
     @classmethod
     def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
@@ -415,7 +419,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     fp8s = fix.choices("fp8", list(fp8_recipes))
     stacks = fix.choices("stack", ["megatron"])
     moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0),
-                  moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False))
+                  moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False),
+                  optim_dtype=fix.get("optim_dtype", "fp32"), grad_dtype=fix.get("grad_dtype", "bf16"))
     sched = fix.schedule or ""
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):

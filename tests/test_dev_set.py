@@ -180,14 +180,10 @@ def test_every_row_is_reported(runs_dir, rows, priced):
     assert summary[-1]["rows"] == len(rows) - len(out)
 
 
-# Rows meshplan still refuses as out of memory, and why (issue 13 item 3; BENCHMARKS.md "Dev set"): both are NeMo
-# 24.07 runs whose optimizer the table does not state. apex's DistributedFusedAdam as NeMo configures it keeps fp32
-# master weights (12 B per parameter with Adam's moments); the runs fit only if it stores 16-bit remainders or
-# the fp8 weights have no cached transpose, neither of which the source says.
-STILL_REFUSED = {
-    "nemo2407-nemotron-340b": "FLOP-equivalent approximate architecture; 1.9 GiB over with fp8 weight copies",
-    "nemo2407-sft-llama2-70b": "dp=1 leaves 16 B per parameter unsharded (fp8_params, stated, is not modelled)",
-}
+# No row is refused as out of memory since the optimizer states follow what NeMo 24.07 ran (apex DistributedFusedAdam
+# as NeMo r2.0.0rc1 sets it up; bench/dev_set.py NEMO_CONF): the two rows refused before (nemotron-340b by 1.9 GiB,
+# sft-llama2-70b by 13.2 GiB) run ``optim.dtype: bf16`` confs. A row listed here is expected to be refused.
+STILL_REFUSED: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [

@@ -80,6 +80,7 @@ def unsupported(plan: Plan) -> list[str]:
     out = c.common_notes(plan, "accelerate")
     out += c.stack_notes(plan, "accelerate", "megatron" if kind == "MEGATRON_LM" else "eager")
     out += c.moe_notes(plan, "accelerate")
+    out += c.state_dtype_notes(plan, "accelerate")
     out += c.tp_overlap_notes(plan, "accelerate")
     if plan.recompute == "op":
         out.append("accelerate: recompute=op (op-level selective checkpointing) has no config key; not applied")

@@ -74,6 +74,7 @@ def unsupported(plan: Plan) -> list[str]:
     out = c.common_notes(plan, "deepspeed")
     out += c.stack_notes(plan, "deepspeed", "eager")
     out += c.moe_notes(plan, "deepspeed")
+    out += c.state_dtype_notes(plan, "deepspeed")
     out += c.tp_overlap_notes(plan, "deepspeed")
     if d.cp > 1 and plan.cp_kind != "a2a":
         out.append(f"deepspeed: cp_kind={plan.cp_kind}: DeepSpeed's sequence parallelism is Ulysses (all-to-all over "

@@ -90,6 +90,7 @@ def unsupported(plan: Plan) -> list[str]:
     out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
+    out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"))
     if plan.schedule == "gpipe" and plan.degrees.pp > 1:
         out.append("megatron: no GPipe schedule; Megatron runs 1F1B (interleaved when vpp > 1)")
     kinds = c.mixed_layer_precision(plan)
@@ -188,6 +189,12 @@ def parallel_args(plan: Plan) -> list[str]:
             a += ["--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
     if c.compression_methods(plan) & {"bf16"}:
         a.append("--grad-reduce-in-bf16")
+    if plan.optim_dtype == "remainder":  # OptimizerConfig.store_param_remainders defaults to True under it
+        if not any(f in a for f in ("--use-distributed-optimizer", "--use-megatron-fsdp")):
+            a.append("--use-distributed-optimizer")  # the precision-aware optimizer runs inside it (validate_args)
+        a.append("--use-precision-aware-optimizer")
+    if plan.grad_dtype == "fp32":  # Megatron-LM's own choice for --bf16 runs, stated for fp16 ones
+        a.append("--accumulate-allreduce-grads-in-fp32")
     return a
 
 

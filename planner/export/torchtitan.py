@@ -153,6 +153,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "torchtitan", "torchtitan")
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")
+    out += c.state_dtype_notes(plan, "torchtitan")
     if plan.tp_overlap:
         out.append("torchtitan: tp_overlap as enable_async_tensor_parallel, which acts only with torch.compile on "
                    "(compile.enable = true)")
