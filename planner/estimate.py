@@ -208,7 +208,7 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     """Peak bytes on one rank of pipeline stage ``stage`` with ``m`` micro-batches per step."""
     model = work.model
     dense, expert = stage_params(tb, layout, stage)
-    w, g, o = model_state_bytes(dense, expert, layout)
+    w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
     s = work.seq_len // layout.cp
     b = layout.micro_batch
     chunks, counts, rec = tb.stage_counts(layout, stage)

@@ -29,7 +29,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
                                        time_key, time_signature)
 from meshplan.planner.layout import Layout, weighted_split
-from meshplan.planner.memory import GRAD_BYTES_BY_DTYPE, PARAM_BYTES
+from meshplan.planner.memory import PARAM_BYTES, grad_bytes_per_param
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.schedules import bubble_s
 
@@ -291,7 +291,7 @@ class GpuEstimator:
             groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
                            max(1, layout.expert_dp // eshard.size)))
         last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
-        grad_b = GRAD_BYTES_BY_DTYPE[layout.grad_dtype]  # fp32 gradients move twice the bytes
+        grad_b = grad_bytes_per_param(layout, work.dtype)  # fp32 gradients move twice the bytes
         grad_total = (dense + expert) * grad_b
         dp_exposed = hidden = 0.0
         for params, grad_group, shard_group, replicas in groups:

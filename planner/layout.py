@@ -201,9 +201,12 @@ class Layout(Degrees):
             bf16 O2 models (``megatron_base_model.py`` @ r2.0.0rc1); Megatron-Core's precision-aware optimizer on
             Transformer Engine >= 2.1) or "bf16" (bf16 moments and the bf16 weights as their own master, 4 B: apex
             with ``dtype=bf16``, as NeMo's ``optim.dtype: bf16`` confs run it).
-        grad_dtype: the gradients' buffer and the dtype they are reduced in: "bf16" (2 B per parameter, the ZeRO
-            paper's accounting) or "fp32" (4 B and twice the data-parallel traffic: Megatron-LM's main-grad
-            buffers, ``--accumulate-allreduce-grads-in-fp32``; apex's ``grad_sync_dtype`` fp32).
+        grad_dtype: the gradients' buffer and the dtype they are reduced in: "bf16" (2 B per parameter) or "fp32"
+            (4 B and twice the data-parallel traffic; apex's ``grad_sync_dtype`` fp32); "" = the stack's own
+            (``memory.grad_bytes_per_param``): Megatron-Core keeps fp32 main-grad buffers and reduces in fp32 for
+            bf16 and fp8 runs outside FSDP (Megatron-LM ``arguments.py``: "bfloat16 requires gradient accumulation
+            and all-reduce to be done in fp32", unless ``--grad-reduce-in-bf16``); otherwise the ZeRO paper's 2 B
+            (PyTorch DDP/FSDP2 keep fp32 weights and gradients and fp32 moments only: the same 16 B in total).
     """
 
     micro_batch: int = 1
@@ -223,7 +226,7 @@ class Layout(Degrees):
     moe_dispatcher: str = "alltoall"
     tp_overlap: bool = False
     optim_dtype: str = "fp32"
-    grad_dtype: str = "bf16"
+    grad_dtype: str = ""
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -348,7 +351,7 @@ class Layout(Degrees):
             raise MeshplanError(f"stack '{self.stack}' is not one of {', '.join(STACKS)}")
         if self.optim_dtype not in OPTIM_DTYPES:
             raise MeshplanError(f"optim_dtype '{self.optim_dtype}' is not one of {', '.join(OPTIM_DTYPES)}")
-        if self.grad_dtype not in GRAD_DTYPES:
+        if self.grad_dtype and self.grad_dtype not in GRAD_DTYPES:
             raise MeshplanError(f"grad_dtype '{self.grad_dtype}' is not one of {', '.join(GRAD_DTYPES)}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise MeshplanError(f"moe_dispatcher '{self.moe_dispatcher}' is not one of {', '.join(MOE_DISPATCHERS)}")

@@ -28,6 +28,17 @@ OPTIMIZER_BYTES = 12  # Adam: fp32 master + m + v (ZeRO paper K = 12)
 # dtype) and no master copy (apex ``store_params=False`` when the optimizer dtype is the model's, NeMo r2.0.0rc1).
 OPTIMIZER_BYTES_BY_DTYPE = {"fp32": OPTIMIZER_BYTES, "remainder": 4 + 4 + 2, "bf16": 2 + 2}
 GRAD_BYTES_BY_DTYPE = {"bf16": GRAD_BYTES, "fp32": 4}  # ``Layout.grad_dtype``
+
+
+def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
+    """Bytes of one parameter's gradient in its buffer and on the wire: ``Layout.grad_dtype``, or the stack's own
+    when it is "" (Megatron-Core: fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM ``arguments.py``;
+    fp32 runs: fp32; otherwise the ZeRO paper's 2 B)."""
+    if layout.grad_dtype:
+        return GRAD_BYTES_BY_DTYPE[layout.grad_dtype]
+    if dtype == "fp32" or (layout.stack == "megatron" and layout.zero_stage < 3 and dtype in ("bf16", "fp8")):
+        return GRAD_BYTES_BY_DTYPE["fp32"]
+    return GRAD_BYTES
 # What a rank may allocate, term by term (issue 13 item 3: the refusal margin is explained, not a fudge):
 # - torch's ``total_memory`` reads the datasheet capacity, taken as GiB, to ~1% (H100 80GB: 79.2 of 80 GiB; the
 #   convention of costmodel/data/devices.yaml), so a plan must fit in 99% of ``memory_bytes``;
@@ -76,7 +87,8 @@ class MemoryBreakdown:
         return d
 
 
-def model_state_bytes(dense_params: float, expert_params: float, layout: Layout) -> tuple[float, float, float]:
+def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
+                      dtype: str = "bf16") -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes on one rank.
 
     Args:
@@ -90,7 +102,7 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout)
     eshard = layout.expert_shard_group.size if z > 0 else 1
     w = g = o = 0.0
     copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
-    grad_b, optim_b = GRAD_BYTES_BY_DTYPE[layout.grad_dtype], OPTIMIZER_BYTES_BY_DTYPE[layout.optim_dtype]
+    grad_b, optim_b = grad_bytes_per_param(layout, dtype), OPTIMIZER_BYTES_BY_DTYPE[layout.optim_dtype]
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
         w += n * PARAM_BYTES / (d if z >= 3 else 1)
         g += n * grad_b / (d if z >= 2 else 1)

@@ -380,7 +380,7 @@ def describe(layout: Layout) -> str:
         parts.append(f"moe_dispatcher={layout.moe_dispatcher}")
     if layout.optim_dtype != "fp32":
         parts.append(f"optim={layout.optim_dtype}")
-    if layout.grad_dtype != "bf16":
+    if layout.grad_dtype:
         parts.append(f"grads={layout.grad_dtype}")
     if layout.moe_capacity:
         parts.append(f"capacity={layout.moe_capacity:g}")

@@ -420,7 +420,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     stacks = fix.choices("stack", ["megatron"])
     moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0),
                   moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False),
-                  optim_dtype=fix.get("optim_dtype", "fp32"), grad_dtype=fix.get("grad_dtype", "bf16"))
+                  optim_dtype=fix.get("optim_dtype", "fp32"), grad_dtype=fix.get("grad_dtype", ""))
     sched = fix.schedule or ""
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):

@@ -2,7 +2,8 @@
 Megatron-LM" (SC'21), Table 1: GPT 1.7B-1T on up to 3072 A100-80GB (Selene, DGX A100 nodes).
 
 Configurations (degrees, micro-batch, interleaving, full recompute "--activations-checkpoint-method uniform") are
-those of NVIDIA/Megatron-LM examples/academic_paper_scripts/sc21/run_table_1.sh; 2021 Megatron had no sequence
+those of NVIDIA/Megatron-LM examples/academic_paper_scripts/sc21/run_table_1.sh, trained in fp16 (SRUN.sh there:
+``--fp16``; Megatron keeps fp32 main grads only for bf16, so fp16 gradients are reduced); 2021 Megatron had no sequence
 parallelism, no FlashAttention (materialised attention scores) and plain ZeRO-0 data parallelism.
 TFLOP/s are counted as the paper counts them (§5.1, with full recompute):
     F = 96 * B * s * l * h^2 * (1 + s / (6h) + V / (16 l h))
@@ -43,7 +44,7 @@ def test_table1_row(row, runner, tmp_path):
     fix = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},cp=1,ep=1,mbs={mbs},zero=0,recompute=full,sp=false,"
            f"attention=unfused")
     res = runner.invoke(app, ["plan", "--model", f"megatron-gpt-{size}", "--cluster", f"{nodes}x8xA100-80GB",
-                              "--global-batch", str(gbs), "--seq-len", str(SEQ), "--fix", fix, "--json",
+                              "--global-batch", str(gbs), "--seq-len", str(SEQ), "--dtype", "fp16", "--fix", fix, "--json",
                               "--out", str(tmp_path / "p.yaml")])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["plans"]

@@ -7,8 +7,8 @@ optimizer) and ``compute_activation_memory`` (Korthikanti et al. 2022 Table 2 wi
 recomputation: s*b*h*(18 + 4*ffn/h) per layer, the first stage holding every layer's worth; embedding input and
 dropout with pp micro-batches in flight; the interleaving penalty 1 + (p-1)/(p*v), or min(1, m/p) without it; the
 output layer and loss when pp = 1; all over tp). It is transcribed below, not imported: Megatron-LM's training
-package is not on PyPI. meshplan prices the same run with Megatron's gradient dtype (fp32 main grads for bf16,
-``grad_dtype=fp32``) and is compared without its runtime terms (CUDA context, NCCL buffers, fragmentation), which
+package is not on PyPI. meshplan prices the same run with its defaults for the Megatron stack (fp32 main grads for
+bf16, as Megatron-LM keeps them) and is compared without its runtime terms (CUDA context, NCCL buffers, fragmentation), which
 the formula does not have.
 """
 from __future__ import annotations
@@ -51,8 +51,7 @@ def test_megatron_report_theoretical_memory(config, cluster, global_batch, degre
     seq = 2048
     model = load_model(str(shared_path("published_runs", "configs", config)))
     work = Workload(model, load_cluster(cluster), global_batch, seq, "bf16")
-    layout = Layout(micro_batch=1, zero_stage=1, sequence_parallel=True, recompute="selective", grad_dtype="fp32",
-                    **degrees)
+    layout = Layout(micro_batch=1, zero_stage=1, sequence_parallel=True, recompute="selective", **degrees)
     mem = GpuEstimator(Pricer.shipped()).estimate(work, layout).memory
     vpp = degrees.get("vpp")
     states, act = megatron_theoretical_bytes(

@@ -16,8 +16,8 @@ from meshplan.planner.space import parse_fix
 P = 1_000_000_000  # parameters on the rank
 
 
-def _states(d: int, zero: int, **kw) -> float:
-    w, g, o = model_state_bytes(P, 0, Layout(dp_shard=d, zero_stage=zero, **kw))
+def _states(d: int, zero: int, dtype: str = "bf16", **kw) -> float:
+    w, g, o = model_state_bytes(P, 0, Layout(dp_shard=d, zero_stage=zero, **kw), dtype)
     return (w + g + o) / P
 
 
@@ -25,9 +25,15 @@ def _states(d: int, zero: int, **kw) -> float:
 def test_megatron_theoretical_memory_formula(d):
     """Megatron-LM's ``report_theoretical_memory`` (megatron/training/theoretical_memory_usage.py,
     ``compute_weight_and_optimizer_memory``): 18 B per parameter without the distributed optimizer, 6 + 12/dp with
-    it; Megatron keeps bf16 runs' gradients in fp32 main-grad buffers (arguments.py), i.e. grad_dtype=fp32."""
-    assert _states(d, 0, grad_dtype="fp32") == pytest.approx(18)
-    assert _states(d, 1, grad_dtype="fp32") == pytest.approx(6 + 12 / d)
+    it; Megatron keeps bf16 runs' gradients in fp32 main-grad buffers (arguments.py): the Megatron stack's own
+    gradient dtype, for bf16 and fp8 runs; ``grad_dtype=bf16`` is ``--grad-reduce-in-bf16`` (2 B less)."""
+    for dtype in ("bf16", "fp8"):
+        assert _states(d, 0, dtype) == pytest.approx(18)
+        assert _states(d, 1, dtype) == pytest.approx(6 + 12 / d)
+        assert _states(d, 1, dtype, grad_dtype="bf16") == pytest.approx(4 + 12 / d)
+    # FSDP (zero 3) and the PyTorch stacks: the ZeRO paper's 2 + 2 + 12 B, sharded
+    assert _states(d, 3, "bf16") == pytest.approx(16 / d)
+    assert _states(d, 1, "bf16", stack="torchtitan") == pytest.approx(4 + 12 / d)
 
 
 # The shard tensors apex's DistributedFusedAdam allocates per parameter (apex/contrib/optimizers/
@@ -71,7 +77,7 @@ def planned(tmp_path_factory):
     model = str(shared_path("model_configs", "llama-3.1-8b-instruct.json"))
     out = {}
     for name, extra in (("default", ""), ("remainder", ",optim_dtype=remainder"), ("bf16", ",optim_dtype=bf16"),
-                        ("fp32grads", ",grad_dtype=fp32")):
+                        ("fp32grads", ",grad_dtype=fp32"), ("bf16grads", ",grad_dtype=bf16")):
         path = tmp_path_factory.mktemp(name) / "plan.yaml"
         out[name] = plan_job(model, "2x8xH100", 256, 4096, fix="tp=2,pp=1,dp=8,dp_shard=8,dp_replicate=1,cp=1,mbs=1,"
                              f"zero=1,recompute=selective,sp=true{extra}", top=1, name=name, out=path)
@@ -79,8 +85,9 @@ def planned(tmp_path_factory):
 
 
 def test_plans_price_and_record_the_states(planned):
-    """Memory falls by the bytes the states drop; fp32 gradients double the data-parallel traffic; the plan file
-    holds the field only when it differs from the default (plans of older versions stay byte-identical)."""
+    """Memory falls by the bytes the states drop; bf16 gradients halve Megatron's fp32 main grads and their
+    data-parallel traffic; the plan file holds a field only when it differs from the default (plans of older
+    versions stay byte-identical)."""
     from meshplan.planner.plan import load_plan
     from meshplan.planner.search import plan_layout
 
@@ -90,9 +97,10 @@ def test_plans_price_and_record_the_states(planned):
                                                                                                   rel=1e-6)
     assert mem["default"]["optimizer_bytes"] - mem["bf16"]["optimizer_bytes"] == pytest.approx(8 * params / 8,
                                                                                              rel=1e-6)
-    assert mem["fp32grads"]["grads_bytes"] == pytest.approx(2 * mem["default"]["grads_bytes"], rel=1e-6)
-    default, fp32g = planned["default"].plan, planned["fp32grads"].plan
-    assert fp32g.prediction.breakdown.exposed_comm_s >= default.prediction.breakdown.exposed_comm_s
+    assert mem["fp32grads"]["grads_bytes"] == mem["default"]["grads_bytes"]  # Megatron's own: fp32 main grads
+    assert mem["default"]["grads_bytes"] == pytest.approx(2 * mem["bf16grads"]["grads_bytes"], rel=1e-6)
+    default, bf16g = planned["default"].plan, planned["bf16grads"].plan
+    assert bf16g.prediction.breakdown.exposed_comm_s <= default.prediction.breakdown.exposed_comm_s
     assert "optim_dtype" not in default.to_yaml() and "grad_dtype" not in default.to_yaml()
     back = load_plan(planned["remainder"].path)
     assert back.optim_dtype == "remainder" and plan_layout(back).optim_dtype == "remainder"
@@ -119,6 +127,8 @@ def test_megatron_export_reads_back(planned):
     text = render(planned["fp32grads"].plan, "megatron").text
     assert "--accumulate-allreduce-grads-in-fp32" in text
     assert DistributedDataParallelConfig(grad_reduce_in_fp32=True).grad_reduce_in_fp32
+    assert "--grad-reduce-in-bf16" in render(planned["bf16grads"].plan, "megatron").text
+    assert "--grad-reduce-in-bf16" not in render(planned["default"].plan, "megatron").text
     out = render(planned["bf16"].plan, "megatron")
     assert any("optim_dtype=bf16" in w for w in out.warnings)  # Megatron has no bf16-master optimizer
     tt = render(planned["remainder"].plan, "torchtitan")

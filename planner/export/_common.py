@@ -178,7 +178,7 @@ def tp_overlap_notes(plan: Plan, target: str, *, carried: bool = False) -> list[
 
 
 def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp32",),
-                      grads: tuple[str, ...] = ("bf16",)) -> list[str]:
+                      grads: tuple[str, ...] = ()) -> list[str]:
     """Warnings when the plan priced optimizer states or gradients in a precision the target cannot set
     (``optim`` / ``grads``: the ``optim_dtype`` / ``grad_dtype`` values it carries)."""
     from meshplan.planner.memory import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
@@ -188,7 +188,7 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
         out.append(f"{target}: optim_dtype={plan.optim_dtype}: no option keeps Adam's states that way here; the job "
                    f"keeps fp32 master weights and moments ({OPTIMIZER_BYTES_BY_DTYPE['fp32']} B per parameter, the "
                    f"plan priced {OPTIMIZER_BYTES_BY_DTYPE[plan.optim_dtype]} B)")
-    if plan.grad_dtype not in grads:
+    if plan.grad_dtype and plan.grad_dtype not in grads:
         out.append(f"{target}: grad_dtype={plan.grad_dtype}: no option sets the gradients' dtype here; the plan priced "
                    f"{GRAD_BYTES_BY_DTYPE[plan.grad_dtype]} B per parameter and its data-parallel traffic in it")
     return out

@@ -195,6 +195,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--use-precision-aware-optimizer")
     if plan.grad_dtype == "fp32":  # Megatron-LM's own choice for --bf16 runs, stated for fp16 ones
         a.append("--accumulate-allreduce-grads-in-fp32")
+    elif plan.grad_dtype == "bf16" and "--grad-reduce-in-bf16" not in a:
+        a.append("--grad-reduce-in-bf16")
     return a
 
 
