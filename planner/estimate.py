@@ -19,8 +19,8 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.flops import recompute_flops_per_token
 from meshplan.planner.layout import Layout
-from meshplan.planner.memory import (PARAM_BYTES, USABLE_FRACTION, MemoryBreakdown, runtime_overhead_bytes,
-                                     activation_bytes_per_layer, inflight_factor, layer_shape, model_state_bytes)
+from meshplan.planner.memory import (USABLE_FRACTION, MemoryBreakdown, activation_bytes_per_layer, inflight_factor,
+                                     layer_shape, model_state_bytes, param_bytes, runtime_overhead_bytes)
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
         w += 2.0 * held
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
-        act += 2 * (dense + expert) / max(1, n_layers) * PARAM_BYTES
+        act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
     if stage == layout.pp - 1:
         act += logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
     return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))

@@ -29,7 +29,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
                                        time_key, time_signature)
 from meshplan.planner.layout import Layout, weighted_split
-from meshplan.planner.memory import PARAM_BYTES, grad_bytes_per_param
+from meshplan.planner.memory import grad_bytes_per_param, param_bytes
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.schedules import bubble_s
 
@@ -300,7 +300,8 @@ class GpuEstimator:
             if layout.zero_stage == 3:
                 shard = shard_group[0]
                 shard_link = link(*shard_group)
-                per_mb_comm = (2 * collective_time_s("allgather", params * PARAM_BYTES, shard, shard_link)
+                gathered = params * param_bytes(work.dtype)
+                per_mb_comm = (2 * collective_time_s("allgather", gathered, shard, shard_link)
                                + collective_time_s("reducescatter", grad_bytes, shard, shard_link))
                 out = m * max(0.0, per_mb_comm - stage_compute[slow] * params / (dense + expert))
                 rep_link = link(replicas, shard_group[1] * shard)

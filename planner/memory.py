@@ -30,6 +30,12 @@ OPTIMIZER_BYTES_BY_DTYPE = {"fp32": OPTIMIZER_BYTES, "remainder": 4 + 4 + 2, "bf
 GRAD_BYTES_BY_DTYPE = {"bf16": GRAD_BYTES, "fp32": 4}  # ``Layout.grad_dtype``
 
 
+def param_bytes(dtype: str) -> int:
+    """Bytes of one weight as the step holds it: 4 in fp32 runs, else the 16-bit weight (fp8 runs keep it beside
+    Transformer Engine's fp8 copies, counted by ``planner.estimate.stage_memory``)."""
+    return 4 if dtype == "fp32" else PARAM_BYTES
+
+
 def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
     """Bytes of one parameter's gradient in its buffer and on the wire: ``Layout.grad_dtype``, or the stack's own
     when it is "" (Megatron-Core: fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM ``arguments.py``;
@@ -103,8 +109,11 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
     w = g = o = 0.0
     copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
     grad_b, optim_b = grad_bytes_per_param(layout, dtype), OPTIMIZER_BYTES_BY_DTYPE[layout.optim_dtype]
+    param_b = param_bytes(dtype)
+    if dtype == "fp32":  # the fp32 weights are their own master: Adam adds its two fp32 moments only
+        optim_b = 8
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
-        w += n * PARAM_BYTES / (d if z >= 3 else 1)
+        w += n * param_b / (d if z >= 3 else 1)
         g += n * grad_b / (d if z >= 2 else 1)
         o += n * optim_b / (d if z >= 1 else 1)
     return w, g, o
