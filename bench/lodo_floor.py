@@ -289,7 +289,7 @@ def _row(r: dict, i: int) -> dict:
 
 
 def examples(recs: list[dict], n: int) -> list[dict]:
-    """The widest exact-duplicate groups (same op key) of kernels >= 1 ms, one per GPU first."""
+    """The widest exact-duplicate groups (same op key) with a kernel >= 1 ms, one per GPU first."""
     ex = []
     for rec in recs:
         gid, spread, _, r = rec["_groups"]
@@ -445,7 +445,7 @@ def main() -> None:
     print(f"weighted median checked against the exact minimum over breakpoints in all {checked} duplicate groups")
     print_by_file(recs)
     print_near(near)
-    print("Exact duplicates (same op key), kernels >= 1 ms, widest spread first:")
+    print("Exact duplicates (same op key), groups with a kernel >= 1 ms, widest spread first:")
     for e in ex:
         print(f"  {e['device']}: spread {e['spread']:.2f}x")
         _print_rows(e["rows"])
