@@ -225,6 +225,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
                           "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
         needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
+        needs.append(Need("attention", "flash2", "the launcher's env_vars export NVTE_FUSED_ATTN=0 ('Disable cudnn FA "
+                          "until we've tested it more', launcher_scripts/conf/config.yaml @ 24.07): TE's "
+                          "DotProductAttention skips cuDNN fused attention and runs FlashAttention-2", {}))
         if ub:
             needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
                               "(Transformer Engine userbuffers)", {}))

@@ -67,6 +67,21 @@ def comm_sm_share(device) -> float:
     return min(1.0, COMM_SMS / device.sm_count) if device.sm_count else 0.0
 
 
+def te_sp_backward_tp_s(tp_comm, tp: int, link, column_bwd_s: float, device) -> float:
+    """Exposed seconds of one layer's backward TP collectives under sequence parallelism, as Transformer Engine runs
+    them without userbuffers (TE v1.8 ``module/layernorm_linear.py`` and ``module/linear.py`` backward, the version
+    NeMo 24.07 ships): a column-parallel layer (QKV, FC1) re-gathers its saved input shard asynchronously, "Overlap
+    input AG with dgrad", and reduce-scatters its dgrad asynchronously, "Overlap dgrad-RS/AR with wgrad"; a
+    row-parallel layer (attention out, FC2) gathers its grad output synchronously before its GEMMs. So the
+    gathers stay exposed, while the reduce-scatters and as many re-gathers hide behind the column-parallel GEMMs'
+    backward, on the SMs the communication kernels leave (``comm_sm_share``).
+    """
+    gathers = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "allgather")
+    scatters = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "reducescatter")
+    hidden = scatters + gathers  # the dgrad reduce-scatters and the input re-gathers (same bytes as the forward's)
+    return gathers + max(0.0, hidden - column_bwd_s) + min(hidden, column_bwd_s) * comm_sm_share(device)
+
+
 class GpuEstimator:
     """Analytic step-time estimate on accelerators, every op priced by ``pricer`` (memoised per instance)."""
 
@@ -111,12 +126,16 @@ class GpuEstimator:
         fwd, bwd = p["fwd"], p["bwd"]
         re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
+        tp_bwd = tp  # the backward mirrors the forward's collectives
+        if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
+            tp_bwd = te_sp_backward_tp_s(lo.tp_comm, key.tp, tp_link, p["column_bwd"], device)
         if tp and key.tp_overlap:
             # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
             # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides
             # behind the GEMMs, which pay their chunking (tp GEMMs of m/tp rows) and the SMs
             whole, chunked = p["gemm"], p["gemm_chunked"]
             tp = (max(0.0, 2 * tp - whole) + min(2 * tp, whole) * comm_sm_share(device) + (chunked - whole)) / 2
+            tp_bwd = tp
         ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
         cp = 0.0
         if lo.cp_comm:
@@ -134,9 +153,9 @@ class GpuEstimator:
             ep_re = max(0.0, ep - fwd) + min(ep, fwd) * comm_sm_share(device)
         else:
             ep_cost, ep_re = 2 * ep, ep
-        comm = 2 * tp + 2 * cp + ep_cost  # forward and the backward mirror
+        comm = tp + tp_bwd + 2 * cp + ep_cost  # forward and backward
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
-        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, 2 * tp, ep_cost, 2 * cp)
+        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, 2 * cp)
         return out
 
     @staticmethod
@@ -204,7 +223,12 @@ class GpuEstimator:
                   "attn": sum(predict(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
-                  "gemm": 0.0, "gemm_chunked": 0.0}
+                  "gemm": 0.0, "gemm_chunked": 0.0,
+                  # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides
+                  # its collectives behind (te_sp_backward_tp_s)
+                  "column_bwd": sum(n * b[op] for op, n in counts.items() if op.kind == "matmul"
+                                    and op.shape[2] == tb.model.hidden_size and op not in routed
+                                    and op.shape[1] != tb.model.num_experts)}
         for op, c in chunked.items():
             prices["gemm"] += counts[op] * (f[op] + b[op])
             prices["gemm_chunked"] += counts[op] * key.tp * (predict(c, device) + self._bwd_s(c, device))

@@ -35,7 +35,8 @@ class LayerOps:
     Attributes:
         compute: forward compute ops.
         core_attention: the subset recomputed by selective recompute.
-        tp_comm: (kind, bytes) collectives over the TP group in forward (backward mirrors them).
+        tp_comm: (kind, bytes) collectives over the TP group in forward (backward mirrors them; what Transformer
+            Engine hides of them under sequence parallelism: ``estimate_gpu.te_sp_backward_tp_s``).
         ep_comm: (kind, bytes) all-to-alls over the EP group in forward (backward mirrors them), for the busiest
             rank (routing imbalance or capacity included).
         cp_comm: (kind, bytes) KV exchange over the CP group in forward (backward mirrors it: dKV); with

@@ -108,3 +108,31 @@ def test_explain_adds_up_to_the_step():
     assert sum(slow["compute_s"].values()) == pytest.approx(ex["step_s"]["slowest stage compute"], rel=1e-6)
     assert any(k.startswith("ep alltoall") for k in slow["exposed_comm_s"])
     assert all(0 < e["of_peak"] < 1 for e in ex["efficiency_stage0"].values())
+
+
+def test_te_sequence_parallel_backward_hides_the_column_parallel_collectives():
+    """Transformer Engine v1.8 (NeMo 24.07), sequence parallel without userbuffers: forward all-gathers (before QKV
+    and FC1) and reduce-scatters (after attention out and FC2) block; in backward, the row-parallel layers' grad-
+    output all-gathers block, while QKV / FC1 re-gather their input "Overlap input AG with dgrad" and reduce-scatter
+    their dgrad "Overlap dgrad-RS/AR with wgrad" (module/layernorm_linear.py, module/linear.py). On GPT-3 175B at
+    TP 4 (hidden 12288, 2048 tokens) the GEMMs last far longer than the collectives, so the backward exposes the
+    two gathers plus the SMs the hidden collectives hold; a stack outside TE (torchtitan) keeps the mirror."""
+    from meshplan.costmodel.collectives import collective_time_s
+    from meshplan.planner.estimate import time_key
+    from meshplan.planner.estimate_gpu import GpuEstimator, comm_sm_share
+    from meshplan.planner.layout import Layout
+    from meshplan.planner.model_spec import load_model
+
+    cluster = load_cluster("4x8xH100")
+    dev = cluster.device
+    model = load_model("gpt3-175b")
+    est = GpuEstimator(Pricer.shipped())
+    tb = est.tables(model)
+    link = cluster.collective_link(4, 1)
+    full = 2.0 * 2048 * model.hidden_size  # bf16 activations of the 2048-token sequence
+    ag = collective_time_s("allgather", full, 4, link)
+    rs = collective_time_s("reducescatter", full, 4, link)
+    for stack, backward in (("megatron", 2 * ag + 2 * (ag + rs) * comm_sm_share(dev)), ("torchtitan", 2 * ag + 2 * rs)):
+        lay = Layout(tp=4, micro_batch=1, sequence_parallel=True, stack=stack)
+        times = est.layer_times(tb, dev, time_key(lay), False, 2048, "bf16", link, link, link)
+        assert times[5] == pytest.approx(2 * ag + 2 * rs + backward, rel=1e-9)  # forward + backward TP exposed
