@@ -93,6 +93,19 @@ NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_c
     "Nemotron-22B": ("nemotron/nemotron_22b", "none", True, "remainder", "fp32"),
     "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False, "bf16", "bf16"),
 }
+# AutoModel rows whose dev-set ``recompute`` is null (the config at e45812012 sets no activation_checkpointing),
+# read from the config of the run itself: the MoE rows entered docs/performance-summary.md at NVIDIA-NeMo/Automodel
+# 89e3a9fdd ('feat: Add performance summary document (#562)', 2025-10-06; the numbers never changed after), whose
+# configs are examples/benchmark/configs/*.yaml at that commit; the 1024-GPU DeepSeek-V3 config first appears in
+# PR #574 (bdb4dbc72, two days later). AutoModel's activation checkpointing wraps every decoder block whole
+# (components/moe/parallelizer.py apply_ac: ptd_checkpoint_wrapper per block) = recompute=full.
+AUTOMODEL_RUN_AC = {
+    "automodel-gptoss-20b-8": ("full", "examples/benchmark/configs/gptoss_20b_te_deepep.yaml @ 89e3a9fdd: "
+                               "activation_checkpointing: true (global_batch_size 256, local_batch_size 2, ep_size 8: "
+                               "the table's row)"),
+    "automodel-dsv3-1024": ("full", "examples/benchmark/configs/deepseek_v3_te_deepep_1024.yaml @ bdb4dbc72 (its first "
+                            "version, PR #574): activation_checkpointing: true"),
+}
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
 # (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh.
 NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
@@ -237,6 +250,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         # null), meshplan chooses (a free decision), as a user planning that run would let it
         recompute = "full" if said.startswith("full") else ("none" if said or "false" in row.get("notes", "")
                                                               else None)
+        if recompute is None and name in AUTOMODEL_RUN_AC:
+            recompute, where = AUTOMODEL_RUN_AC[name]
+            assumptions.append(f"recompute={recompute}: {where}")
         assumptions.append(f"FSDP2 = zero=3 over the FSDP size {dp}; recompute="
                            f"{recompute or 'not stated: chosen by meshplan'}")
         if "ep" in la:
