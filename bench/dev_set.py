@@ -178,6 +178,11 @@ def published_step_s(row: dict) -> float:
     return derived_step_s(row)
 
 
+def _quote_cells(row: dict) -> list[str]:
+    """The cells of the row's quoted source table row."""
+    return [c.strip() for c in row["published"]["quote"].strip().strip("|").split("|")]
+
+
 def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
     if row.get("config"):
         return str((runs_dir / row["config"]).resolve())
@@ -257,11 +262,17 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                            f"{recompute or 'not stated: chosen by meshplan'}")
         if "ep" in la:
             assumptions.append(f"ep={ep} (table '-', config ep_size)")
-        kernels = [c.strip() for c in row["published"]["quote"].strip().strip("|").split("|")][13]
+        kernels = _quote_cells(row)[13]
         needs.append(Need("stack", "megatron" if "TE" in kernels else "torchtitan",
                           f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 (zero=3) with Transformer Engine's "
                           "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
                           {}))
+        ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
+        if pp > 1 and ga > 1:  # each gradient-accumulation step runs the whole pipeline schedule once
+            needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
+                              "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "
+                              "schedule.step on its local batch (recipes/llm/train_ft.py): one pipeline fill and "
+                              "drain, one FSDP gather and reduce-scatter per run", {}))
         if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
             needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
                               "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))

@@ -205,7 +205,7 @@ def test_published_layout_is_expressed_and_fits(name, priced, rows):
 
 # The dev set's accuracy, per source, as measured on 2026-11-25 (BENCHMARKS.md "Dev set"): a regression guard,
 # not the target (issue 13 asks <= 8% per source). Error = (predicted - published) / published step time.
-MEAN_ABS_ERROR_AT_MOST = {"S1": 0.10, "S1f": 0.08, "S5": 0.11, "T": 0.08}
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.10, "S1f": 0.08, "S5": 0.09, "T": 0.08}
 
 
 def test_accuracy_per_source_does_not_regress(priced):
@@ -233,3 +233,21 @@ def test_automodel_run_configs_are_the_table_rows_and_pin_full_recompute(rows, r
         inp = dev_set.row_needs(r, runs_dir)
         assert recompute == "full" and inp.fix["recompute"] == "full", name
         assert any(where in a for a in inp.assumptions), name
+
+
+def test_automodel_pipelined_rows_run_one_schedule_per_accumulation_step(rows, runs_dir):
+    """AutoModel's benchmark loop runs the pipeline schedule once per gradient-accumulation step: pp_runs = the
+    table's GA cell, and each run's micro-batches x MBS = the table's LBS cell (local batch per run)."""
+    seen = 0
+    for r in rows:
+        inp = dev_set.row_needs(r, runs_dir)
+        if r["source_id"] != "S5" or inp.out_of_scope or inp.fix["pp"] == 1:
+            continue
+        header = _cells(r["published"]["location"].split("header", 1)[1])
+        cell = dict(zip([h.lower() for h in header], _cells(r["published"]["quote"])))
+        runs = int(inp.fix.get("pp_runs", 1))
+        assert runs == int(cell["ga"]), r["name"]
+        micro_batches = inp.global_batch // (inp.fix["mbs"] * inp.fix["dp"])
+        assert micro_batches // runs * inp.fix["mbs"] == int(cell["lbs"]), r["name"]
+        seen += 1
+    assert seen == 3  # DeepSeek-V3 at 256 and 1024 GPUs, Kimi K2
