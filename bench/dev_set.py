@@ -283,6 +283,13 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                               "FlashAttention-2), not TE attention", {}))
         if row.get("num_experts"):
             needs.append(Need("etp", "1", "expert tensor parallel 1 (TP 1)", {}, implied=True))
+            # AutoModel's own MoE models are cast whole to bf16 at initialisation (initialize_weights(dtype=
+            # torch.bfloat16) ends in self.to(dtype): components/models/{deepseek_v3,qwen3_moe,gpt_oss}/model.py
+            # @ 89e3a9fdd, called by components/checkpoint/checkpointing.py) and the configs' optimizer is
+            # torch.optim.Adam, whose moments take the parameter's dtype: bf16 moments, the bf16 weights their own
+            # master (4 B per parameter)
+            needs.append(Need("optim_dtype", "bf16", "bf16 model under torch.optim.Adam (AutoModel @ 89e3a9fdd)",
+                              {}))
             if "DeepEP" in kernels:
                 needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
             needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "

@@ -103,9 +103,14 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
     w = g = o = 0.0
     copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
     grad_b, optim_b = grad_bytes_per_param(layout, dtype), OPTIMIZER_BYTES_BY_DTYPE[layout.optim_dtype]
+    # torch.distributed.pipelining keeps a pipelined FSDP stage gathered, its gradients unreduced, over a schedule
+    # run (PipelineStage.backward_maybe_with_nosync: reshard_after_backward and gradient sync off until a chunk's
+    # last backward): the stage's whole weights and gradients beside their shards
+    run_whole = z >= 3 and layout.pp > 1
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
-        w += n * PARAM_BYTES / (d if z >= 3 else 1)
-        g += n * grad_b / (d if z >= 2 else 1)
+        whole = run_whole and d > 1
+        w += n * PARAM_BYTES / (d if z >= 3 else 1) + (n * PARAM_BYTES if whole else 0.0)
+        g += n * grad_b / (d if z >= 2 else 1) + (n * grad_b if whole else 0.0)
         o += n * optim_b / (d if z >= 1 else 1)
     return w, g, o
 

@@ -68,11 +68,28 @@ def test_a_plan_keeps_pp_runs_and_the_exports_say_they_run_one_schedule(runner, 
     from meshplan.planner.plan import load_plan
 
     out = tmp_path / "p.yaml"
-    r = runner.invoke(app, ["plan", "--model", MODEL, "--cluster", CLUSTER, "--global-batch", "128", "--seq-len",
-                            str(SEQ), "--fix", "dp=16,tp=1,pp=4,mbs=1,zero=3,recompute=full,pp_runs=2",
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", CLUSTER, "--global-batch", "128",
+                            "--seq-len", str(SEQ), "--fix", "dp=16,tp=1,pp=4,mbs=1,zero=3,recompute=full,pp_runs=2",
                             "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert load_plan(out).pp_runs == 2
     r = runner.invoke(app, ["export", str(out), "--to", "torchtitan", "--json"])
     assert r.exit_code == 0, r.output
     assert any("pp_runs=2" in w for w in __import__("json").loads(r.stdout)["warnings"])
+
+
+def test_a_pipelined_fsdp_stage_holds_its_whole_weights_and_gradients_over_a_run():
+    """PipelineStage.backward_maybe_with_nosync: no reshard after backward and no gradient sync until the run's
+    last backward, so the stage's gathered weights and unreduced gradients sit beside their 1/16 shards; the
+    optimizer states stay sharded. Without pipelining FSDP2 holds the shards only (ZeRO-3)."""
+    from meshplan.planner.memory import PARAM_BYTES, grad_bytes_per_param, model_state_bytes
+
+    n, d = 1e9, 16
+    flat = Layout(dp_shard=d, micro_batch=1, zero_stage=3)
+    piped = Layout(dp_shard=d, pp=4, micro_batch=1, zero_stage=3)
+    g = grad_bytes_per_param(piped, "bf16")
+    w0, g0, o0 = model_state_bytes(n, 0, flat)
+    w1, g1, o1 = model_state_bytes(n, 0, piped)
+    assert (w0, g0) == pytest.approx((n * PARAM_BYTES / d, n * g / d))
+    assert (w1, g1) == pytest.approx((n * PARAM_BYTES * (1 + 1 / d), n * g * (1 + 1 / d)))
+    assert o1 == pytest.approx(o0)
