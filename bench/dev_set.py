@@ -93,6 +93,19 @@ NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_c
     "Nemotron-22B": ("nemotron/nemotron_22b", "none", True, "remainder", "fp32"),
     "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False, "bf16", "bf16"),
 }
+# AutoModel rows whose dev-set ``recompute`` is null (the config at e45812012 sets no activation_checkpointing),
+# read from the config of the run itself: the MoE rows entered docs/performance-summary.md at NVIDIA-NeMo/Automodel
+# 89e3a9fdd ('feat: Add performance summary document (#562)', 2025-10-06; the numbers never changed after), whose
+# configs are examples/benchmark/configs/*.yaml at that commit; the 1024-GPU DeepSeek-V3 config first appears in
+# PR #574 (bdb4dbc72, two days later). AutoModel's activation checkpointing wraps every decoder block whole
+# (components/moe/parallelizer.py apply_ac: ptd_checkpoint_wrapper per block) = recompute=full.
+AUTOMODEL_RUN_AC = {
+    "automodel-gptoss-20b-8": ("full", "examples/benchmark/configs/gptoss_20b_te_deepep.yaml @ 89e3a9fdd: "
+                               "activation_checkpointing: true (global_batch_size 256, local_batch_size 2, ep_size 8: "
+                               "the table's row)"),
+    "automodel-dsv3-1024": ("full", "examples/benchmark/configs/deepseek_v3_te_deepep_1024.yaml @ bdb4dbc72 (its first "
+                            "version, PR #574): activation_checkpointing: true"),
+}
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
 # (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh.
 NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
@@ -163,6 +176,11 @@ def published_step_s(row: dict) -> float:
     if row.get("published", {}).get("step_time_s"):
         return float(row["published"]["step_time_s"])
     return derived_step_s(row)
+
+
+def _quote_cells(row: dict) -> list[str]:
+    """The cells of the row's quoted source table row."""
+    return [c.strip() for c in row["published"]["quote"].strip().strip("|").split("|")]
 
 
 def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
@@ -240,15 +258,24 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         # null), meshplan chooses (a free decision), as a user planning that run would let it
         recompute = "full" if said.startswith("full") else ("none" if said or "false" in row.get("notes", "")
                                                               else None)
+        if recompute is None and name in AUTOMODEL_RUN_AC:
+            recompute, where = AUTOMODEL_RUN_AC[name]
+            assumptions.append(f"recompute={recompute}: {where}")
         assumptions.append(f"FSDP2 = zero=3 over the FSDP size {dp}; recompute="
                            f"{recompute or 'not stated: chosen by meshplan'}")
         if "ep" in la:
             assumptions.append(f"ep={ep} (table '-', config ep_size)")
-        kernels = [c.strip() for c in row["published"]["quote"].strip().strip("|").split("|")][13]
+        kernels = _quote_cells(row)[13]
         needs.append(Need("stack", "megatron" if "TE" in kernels else "torchtitan",
                           f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 (zero=3) with Transformer Engine's "
                           "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
                           {}))
+        ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
+        if pp > 1 and ga > 1:  # each gradient-accumulation step runs the whole pipeline schedule once
+            needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
+                              "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "
+                              "schedule.step on its local batch (recipes/llm/train_ft.py): one pipeline fill and "
+                              "drain, one FSDP gather and reduce-scatter per run", {}))
         if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
             needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
                               "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
@@ -259,6 +286,13 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                               "FlashAttention-2), not TE attention", {}))
         if row.get("num_experts"):
             needs.append(Need("etp", "1", "expert tensor parallel 1 (TP 1)", {}, implied=True))
+            # AutoModel's own MoE models are cast whole to bf16 at initialisation (initialize_weights(dtype=
+            # torch.bfloat16) ends in self.to(dtype): components/models/{deepseek_v3,qwen3_moe,gpt_oss}/model.py
+            # @ 89e3a9fdd, called by components/checkpoint/checkpointing.py) and the configs' optimizer is
+            # torch.optim.Adam, whose moments take the parameter's dtype: bf16 moments, the bf16 weights their own
+            # master (4 B per parameter)
+            needs.append(Need("optim_dtype", "bf16", "bf16 model under torch.optim.Adam (AutoModel @ 89e3a9fdd)",
+                              {}))
             if "DeepEP" in kernels:
                 needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
             needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "

@@ -302,7 +302,8 @@ class GpuEstimator:
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]
-        bubble = bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
+        # each schedule run fills and drains the pipeline (layout.pp_runs: AutoModel's gradient accumulation)
+        bubble = layout.pp_runs * bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
         compute = m * stage_compute[slow]
         comm_exposed = m * stage_comm[slow]
 
@@ -324,15 +325,25 @@ class GpuEstimator:
             if layout.zero_stage == 3:
                 shard = shard_group[0]
                 shard_link = link(*shard_group)
-                gathered = params * param_bytes(work.dtype)
-                per_mb_comm = (2 * collective_time_s("allgather", gathered, shard, shard_link)
-                               + collective_time_s("reducescatter", grad_bytes, shard, shard_link))
-                out = m * max(0.0, per_mb_comm - stage_compute[slow] * params / (dense + expert))
+                gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
+                scatter = collective_time_s("reducescatter", grad_bytes, shard, shard_link)
+                share = params / (dense + expert)
+                if pp > 1:
+                    # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an
+                    # FSDP stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward
+                    # (False) and set_requires_gradient_sync(False) until a chunk's last backward, which then runs
+                    # FSDP's post_backward (the reduce-scatter). One gather and one reduce-scatter per run; the
+                    # gather prefetches under the run's compute, the last chunk's reduce-scatter ends the run
+                    runs, comm = layout.pp_runs, gather + scatter
+                    out = runs * (max(0.0, gather - stage_compute[slow] * m / runs * share) + scatter / vpp)
+                else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
+                    runs, comm = m, 2 * gather + scatter
+                    out = runs * max(0.0, comm - stage_compute[slow] * share)
                 rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
                 dp_exposed += out + rep_out
-                hidden += m * per_mb_comm - out + rep - rep_out
+                hidden += runs * comm - out + rep - rep_out
             else:
                 sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
                 out = max(sync * bucket, sync - last_bwd * params / (dense + expert))

@@ -207,6 +207,10 @@ class Layout(Degrees):
             bf16 and fp8 runs outside FSDP (Megatron-LM ``arguments.py``: "bfloat16 requires gradient accumulation
             and all-reduce to be done in fp32", unless ``--grad-reduce-in-bf16``); otherwise the ZeRO paper's 2 B
             (PyTorch DDP/FSDP2 keep fp32 weights and gradients and fp32 moments only: the same 16 B in total).
+        pp_runs: pipeline schedule runs per optimizer step, the step's micro-batches split evenly over them. 1 =
+            Megatron-Core and torchtitan: one schedule over all of a step's micro-batches; AutoModel accumulates
+            gradients over ``global / (local_batch_size * dp)`` runs of its schedule (``recipes/llm/benchmark.py``
+            GA loop, each calling ``schedule.step``), each run filling and draining the pipeline again.
     """
 
     micro_batch: int = 1
@@ -227,6 +231,7 @@ class Layout(Degrees):
     tp_overlap: bool = False
     optim_dtype: str = "fp32"
     grad_dtype: str = ""
+    pp_runs: int = 1
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -327,6 +332,12 @@ class Layout(Degrees):
                     f"pp({self.pp}) * vpp({self.vpp}) = {self.pp * self.vpp} does not divide the {num_layers} layers")
         if self.pp > 1 or self.pipeline_schedule:
             check_schedule(self.schedule, self.pp, self.vpp)
+        m = self.num_microbatches(global_batch)
+        if self.pp_runs < 1 or m % self.pp_runs:
+            raise MeshplanError(f"pp_runs={self.pp_runs} must divide the {m} micro-batches of a step "
+                                f"(global batch {global_batch} / (mbs {self.micro_batch} * dp {self.dp}))")
+        if self.pp_runs > 1 and self.pp == 1:
+            raise MeshplanError(f"pp_runs={self.pp_runs} needs pipeline parallelism (pp=1)")
         if seq_len % (2 * self.cp) and self.cp > 1:
             raise MeshplanError(f"cp={self.cp}: seq_len {seq_len} must be divisible by 2*cp={2 * self.cp} "
                                 "(load-balanced causal context parallelism)")

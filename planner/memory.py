@@ -112,9 +112,14 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
     param_b = param_bytes(dtype)
     if dtype == "fp32":  # the fp32 weights are their own master: Adam adds its two fp32 moments only
         optim_b = 8
+    # torch.distributed.pipelining keeps a pipelined FSDP stage gathered, its gradients unreduced, over a schedule
+    # run (PipelineStage.backward_maybe_with_nosync: reshard_after_backward and gradient sync off until a chunk's
+    # last backward): the stage's whole weights and gradients beside their shards
+    run_whole = z >= 3 and layout.pp > 1
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
-        w += n * param_b / (d if z >= 3 else 1)
-        g += n * grad_b / (d if z >= 2 else 1)
+        whole = run_whole and d > 1
+        w += n * param_b / (d if z >= 3 else 1) + (n * param_b if whole else 0.0)
+        g += n * grad_b / (d if z >= 2 else 1) + (n * grad_b if whole else 0.0)
         o += n * optim_b / (d if z >= 1 else 1)
     return w, g, o
 
