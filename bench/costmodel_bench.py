@@ -74,9 +74,10 @@ def bench_predict(n: int = 100_000) -> dict:
             "learned_fraction": round(float(np.mean(np.char.startswith(src.astype(str), "learned"))), 3)}
 
 
-def lodo_gemm(data: Path, blend_unseen: bool = True) -> list[dict]:
+def lodo_gemm(data: Path, blend_unseen: bool = True, only: tuple[str, ...] = ()) -> list[dict]:
     """GEMM (matmul + bmm) leave-one-device-out: every GPU with >= 50 GEMM rows is held out in turn (none of its rows
-    reach training, blend selection included); 200 trees, 20k rows per class as the ``leave-one-device-out`` split."""
+    reach training, blend selection included); 200 trees, 20k rows per class as the ``leave-one-device-out`` split.
+    ``only``: hold out just these GPUs (each still trains on every other GPU)."""
     from meshplan.costmodel.datasets import load
     from meshplan.costmodel.datasets.devices import resolve_many
     from meshplan.costmodel.eval import _as_model
@@ -87,7 +88,7 @@ def lodo_gemm(data: Path, blend_unseen: bool = True) -> list[dict]:
     rows = []
     for dev in sorted(set(g.device)):
         s = g.device == dev
-        if s.sum() < 50:
+        if s.sum() < 50 or (only and dev not in only):
             continue
         te = g.select(s)
         m = _as_model(train_models(prepare(g.select(~s)), n_estimators=200, max_rows_per_kind=20000,
@@ -128,6 +129,8 @@ def main() -> None:
     ap.add_argument("--splits", default="", help="comma-separated eval splits to run")
     ap.add_argument("--local", default="", help="collect output folder for the 'local' split")
     ap.add_argument("--json", default="", help="write all results to this JSON file")
+    ap.add_argument("--lodo-devices", default="",
+                    help="lodo-gemm: comma-separated GPUs to hold out (default: every GPU with GEMM rows)")
     ap.add_argument("--no-blend", action="store_true",
                     help="price unseen devices by the trees alone (the model before the unseen-device blend)")
     args = ap.parse_args()
@@ -141,7 +144,8 @@ def main() -> None:
     for split in [s for s in args.splits.split(",") if s]:
         if split == "lodo-gemm":
             t0 = time.perf_counter()
-            rows = lodo_gemm(Path(args.data), blend_unseen=not args.no_blend)
+            rows = lodo_gemm(Path(args.data), blend_unseen=not args.no_blend,
+                             only=tuple(d for d in args.lodo_devices.split(",") if d))
             print_lodo_gemm(rows, f"GEMM leave-one-device-out ({time.perf_counter() - t0:.0f} s)")
             out[split] = [{k: v for k, v in r.items() if k != "_ape"} for r in rows]
             continue

@@ -42,6 +42,17 @@ def test_vidur_and_deepbench_rows():
     assert 0.30e-3 < float(np.median(t.latency_s[s])) < 0.36e-3
 
 
+def test_deepbench_keeps_operand_layout():
+    """NN and TN of one shape are distinct rows (up to 3-4x apart, bench/lodo_floor.py); other sources: NaN."""
+    t = load_gemm(shared_path("kernels", "deepbench", "tidy", "gemm.csv"))
+    assert sorted(np.unique(t.trans).tolist()) == [0.0, 1.0, 2.0]  # NN, NT, TN; no TT in DeepBench
+    s = (t.device == "TitanX-Pascal") & (t.m == 8448) & (t.n == 24000) & (t.k == 2816)
+    by = {float(c): float(x) for c, x in zip(t.trans[s], t.latency_s[s])}
+    assert by[2.0] / by[0.0] > 3.0  # TN 348.7 ms vs NN 110.9 ms
+    v, _ = load([shared_path("kernels", "vidur")])
+    assert np.isnan(v.trans).all()
+
+
 def test_missing_column_names_file_and_column(tmp_path):
     src = shared_path("kernels", "neusight", "train", "ln.csv")
     lines = src.read_text().splitlines()

@@ -45,12 +45,16 @@ def load_gemm(path: Path) -> KernelTable:
     check_latency_units(path, "time_ms", lat_s, *MEDIAN_LATENCY_BAND_S)
     dtype = np.array([PRECISION[p] for p in np.array(cols["precision"])[keep][ok]], dtype=object)
     dev = np.array([canonical(d) for d in np.array(cols["device"])[keep][ok]], dtype=object)
+    # Operand layout: NN and TN of one (M, N, K) differ up to 3-4x on these cuBLAS versions (bench/lodo_floor.py).
+    ta, tb = (np.array([v == "T" for v in cols[c]])[keep][ok] if c in cols else np.zeros(len(lat_s), dtype=bool)
+              for c in ("a_trans", "b_trans"))
     rows = len(lat_s)
     op = np.full(rows, "matmul", dtype=object)
     b = np.ones(rows)
     flops, nbytes = flops_bytes(op, b, M[ok], N[ok], K[ok], dtype)
     return KernelTable.from_columns(rows, device=dev, op=op, variant="gemm", dtype=dtype, source="deepbench",
-                                    b=b, m=M[ok], n=N[ok], k=K[ok], flops=flops, bytes=nbytes, latency_s=lat_s)
+                                    b=b, m=M[ok], n=N[ok], k=K[ok], flops=flops, bytes=nbytes, latency_s=lat_s,
+                                    trans=2.0 * ta + tb)
 
 
 def load_allreduce(path: Path) -> KernelTable:

@@ -15,6 +15,8 @@ Columns (one numpy array each, all the same length):
     bytes:      compulsory bytes moved (compute) or payload bytes (collectives).
     latency_s:  measured latency, **seconds** (loaders convert ms / us).
     noise:      relative spread of the measurement (std/median or IQR/median) when the dataset has it, else NaN.
+    trans:      GEMM operand layout where the dataset records it (cuBLAS ``op(A)``/``op(B)``): 0 NN, 1 NT, 2 TN,
+                3 TT; NaN when unknown (every source but DeepBench).
     source:     ``neusight/train``, ``vidur/a100``, ``deepbench``, ``local`` ...
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from meshplan.core.errors import MeshplanError
 
 STR_COLS = ("device", "op", "variant", "dtype", "source")
-NUM_COLS = ("b", "m", "n", "k", "group_size", "nodes", "flops", "bytes", "latency_s", "noise")
+NUM_COLS = ("b", "m", "n", "k", "group_size", "nodes", "flops", "bytes", "latency_s", "noise", "trans")
 
 
 @dataclass
@@ -50,19 +52,20 @@ class KernelTable:
     bytes: np.ndarray
     latency_s: np.ndarray
     noise: np.ndarray
+    trans: np.ndarray
 
     def __len__(self) -> int:
         return len(self.latency_s)
 
     @classmethod
     def from_columns(cls, n_rows: int, **cols) -> "KernelTable":
-        """Build a table; missing numeric columns default to 1 (shape/group) or NaN (noise)."""
+        """Build a table; missing numeric columns default to 1 (shape/group) or NaN (noise, trans)."""
         out = {}
         for name in STR_COLS:
             v = cols.get(name, "")
             out[name] = np.asarray(v, dtype=object) if np.ndim(v) else np.full(n_rows, v, dtype=object)
         for name in NUM_COLS:
-            default = np.nan if name == "noise" else 1.0
+            default = np.nan if name in ("noise", "trans") else 1.0
             v = cols.get(name, default)
             arr = np.asarray(v, dtype=np.float64)
             out[name] = arr if arr.ndim else np.full(n_rows, float(arr))
