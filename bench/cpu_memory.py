@@ -22,6 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = [(2, 256, "none"), (4, 512, "none"), (4, 512, "selective"), (4, 512, "full")]  # micro-batch, seq, recompute
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def allocator_peak_bytes(config: Path, batch: int, seq: int, recompute: str) -> int:
     """Run 2 training steps of the example trainer in this process; the allocator's peak from the trace."""
     from torch.profiler import ProfilerActivity, profile
@@ -29,13 +37,21 @@ def allocator_peak_bytes(config: Path, batch: int, seq: int, recompute: str) -> 
     sys.path.insert(0, str(REPO))
     import examples.train_gpt as trainer
 
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29631"), ("RANK", "0"), ("WORLD_SIZE", "1"),
-                       ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)  # a one-process gloo group, as torchrun would set it
+    group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
+             "LOCAL_RANK": "0"}  # a one-process gloo group, as torchrun would describe it to the trainer
+    saved = {k: os.environ.get(k) for k in group}
+    os.environ.update(group)
     argv = ["--config", str(config), "--seq-len", str(seq), "--micro-batch", str(batch), "--global-batch",
             str(batch), "--steps", "2", "--recompute", recompute]
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        trainer.main(argv)
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            trainer.main(argv)
+    finally:  # leave the caller's environment as it was
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))

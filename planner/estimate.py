@@ -222,8 +222,10 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
                 per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, fp8, layout.recompute_kind)
             per_mb += (n - rec[k]) * kept[k]
     act = per_mb * inflight_factor(layout, m, stage)
-    if layout.recompute_kind in ("full", "op"):  # one layer re-materialised during its backward
-        act += max(kept.values())
+    # one layer re-materialised during its backward
+    remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
+    if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
+        act, remat = 2 * act, 2 * remat
     if fp8:
         # Transformer Engine keeps an fp8 copy of each linear weight and of its transpose (Hopper's fp8 GEMMs take
         # only the "TN" layout, so the backward needs the transposed copy): 2 B per parameter, cast once per step;
@@ -233,9 +235,26 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         w += 2.0 * held
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
+    act += remat
     if stage == layout.pp - 1:
         act += logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+    if grads_born_in_backward(layout, m):  # two peaks: backward's first op (no gradient yet), the optimizer step
+        g, act = (0.0, act) if act >= g else (g, 0.0)
     return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
+
+
+def grads_born_in_backward(layout: Layout, m: int) -> bool:
+    """Whether no gradient exists when a step's backward starts, where its activations peak.
+
+    PyTorch training code frees the gradients between steps (``optimizer.zero_grad()`` sets them to None, the
+    default since PyTorch 2.0; torchtitan's train loop calls it) and autograd's AccumulateGrad allocates each one
+    when its backward runs, so with one micro-batch per step and no pipeline nothing is held yet at the backward's
+    first op (measured on this host: ``bench/cpu_memory.py``). Not so for Megatron-Core (persistent main-grad
+    buffers), for DDP (its reducer's buckets live for the run), or with accumulation (the first micro-batch's
+    gradients are held through the others).
+    """
+    ddp = layout.zero_stage == 0 and layout.dp > 1
+    return layout.stack != "megatron" and m == 1 and layout.pp == 1 and not ddp
 
 
 def logits_bytes_per_element(layout: Layout) -> float:
