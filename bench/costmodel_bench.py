@@ -74,28 +74,40 @@ def bench_predict(n: int = 100_000) -> dict:
             "learned_fraction": round(float(np.mean(np.char.startswith(src.astype(str), "learned"))), 3)}
 
 
-def lodo_gemm(data: Path, blend_unseen: bool = True, only: tuple[str, ...] = ()) -> list[dict]:
-    """GEMM (matmul + bmm) leave-one-device-out: every GPU with >= 50 GEMM rows is held out in turn (none of its rows
-    reach training, blend selection included); 200 trees, 20k rows per class as the ``leave-one-device-out`` split.
-    ``only``: hold out just these GPUs (each still trains on every other GPU)."""
+def gemm_rows(data: Path):
+    """The measured GEMM rows (matmul + bmm, no local ones) the leave-one-device-out split evaluates."""
     from meshplan.costmodel.datasets import load
+
+    table, _ = load([data])
+    return table.select((table.source != "local") & np.isin(table.op, ("matmul", "bmm")))
+
+
+def held_out(g, dev: str, blend_unseen: bool = True):
+    """Train on every GPU of ``g`` but ``dev`` (200 trees, 20k rows per class, as the ``leave-one-device-out``
+    split) and predict ``dev``'s rows: (its rows, predictions, absolute percentage errors)."""
     from meshplan.costmodel.datasets.devices import resolve_many
     from meshplan.costmodel.eval import _as_model
     from meshplan.costmodel.train import ape, prepare, train_models
 
-    table, _ = load([data])
-    g = table.select((table.source != "local") & np.isin(table.op, ("matmul", "bmm")))
+    s = g.device == dev
+    te = g.select(s)
+    m = _as_model(train_models(prepare(g.select(~s)), n_estimators=200, max_rows_per_kind=20000,
+                               kinds=("matmul", "bmm"), blend_unseen=blend_unseen))
+    specs, _ = resolve_many(te.device)
+    pred, _ = m.predict_arrays(te.op, te.b, te.m, te.n, te.k, te.dtype, te.device, specs)
+    return te, pred, ape(pred, te.latency_s)
+
+
+def lodo_gemm(data: Path, blend_unseen: bool = True, only: tuple[str, ...] = ()) -> list[dict]:
+    """GEMM (matmul + bmm) leave-one-device-out: every GPU with >= 50 GEMM rows is held out in turn (none of its rows
+    reach training, blend selection included); 200 trees, 20k rows per class as the ``leave-one-device-out`` split.
+    ``only``: hold out just these GPUs (each still trains on every other GPU)."""
+    g = gemm_rows(data)
     rows = []
     for dev in sorted(set(g.device)):
-        s = g.device == dev
-        if s.sum() < 50 or (only and dev not in only):
+        if (g.device == dev).sum() < 50 or (only and dev not in only):
             continue
-        te = g.select(s)
-        m = _as_model(train_models(prepare(g.select(~s)), n_estimators=200, max_rows_per_kind=20000,
-                                   kinds=("matmul", "bmm"), blend_unseen=blend_unseen))
-        specs, _ = resolve_many(te.device)
-        pred, _ = m.predict_arrays(te.op, te.b, te.m, te.n, te.k, te.dtype, te.device, specs)
-        e = ape(pred, te.latency_s)
+        te, pred, e = held_out(g, dev, blend_unseen)
         r = {"device": dev, "n": int(len(e)), "mape": round(float(e.mean()), 1),
              "median_ape": round(float(np.median(e)), 1),
              "median_ratio": round(float(np.median(pred / te.latency_s)), 2)}

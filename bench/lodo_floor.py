@@ -88,7 +88,7 @@ def gemm_rows(data: Path) -> dict[str, np.ndarray]:
     """lodo_gemm's rows (non-local matmul + bmm of ``costmodel.datasets.load``), each with the file it came from and
     the dataset fields the loaders fold (``kernel``: NeuSight B x M and cuBLAS kernel name, DeepBench transposes).
     Built file by file with the loaders' own functions and checked row for row against ``load``."""
-    from meshplan.costmodel.datasets import deepbench, load, neusight, vidur
+    from meshplan.costmodel.datasets import deepbench, neusight, vidur
     from meshplan.costmodel.datasets.table import read_csv
 
     parts: list[dict] = []
@@ -124,8 +124,9 @@ def gemm_rows(data: Path) -> dict[str, np.ndarray]:
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     # the same rows as bench/costmodel_bench.py lodo_gemm, checked as multisets
-    table, _ = load([data])
-    g = table.select((table.source != "local") & np.isin(table.op, ("matmul", "bmm")))
+    from bench.costmodel_bench import gemm_rows
+
+    g = gemm_rows(data)
 
     def canon(d):
         return sorted(zip(d["device"], d["op"], d["dtype"], d["b"], d["m"], d["n"], d["k"], d["latency_s"]))
@@ -309,25 +310,15 @@ def examples(recs: list[dict], n: int) -> list[dict]:
 
 
 def lodo_by_collection(data: Path, devices: list[str]) -> list[dict]:
-    """``--lodo``: the held-out MAPE of ``bench/costmodel_bench.py`` ``lodo_gemm`` (same protocol: 200 trees, 20k
+    """``--lodo``: the held-out MAPE of ``bench/costmodel_bench.py`` ``lodo_gemm`` (its ``held_out``: 200 trees, 20k
     rows per class, none of the GPU's rows in training) for ``devices``, split by the rows' ``source``
     (``neusight/train``, ``neusight/test``, ``deepbench``, ``vidur/<gpu>``). Retrains once per GPU (5-100 s each)."""
-    from meshplan.costmodel.datasets import load
-    from meshplan.costmodel.datasets.devices import resolve_many
-    from meshplan.costmodel.eval import _as_model
-    from meshplan.costmodel.train import ape, prepare, train_models
+    from bench.costmodel_bench import gemm_rows, held_out
 
-    table, _ = load([data])
-    g = table.select((table.source != "local") & np.isin(table.op, ("matmul", "bmm")))
+    g = gemm_rows(data)
     out = []
     for dev in devices:
-        s = g.device == dev
-        te = g.select(s)
-        m = _as_model(train_models(prepare(g.select(~s)), n_estimators=200, max_rows_per_kind=20000,
-                                   kinds=("matmul", "bmm"), blend_unseen=True))
-        specs, _ = resolve_many(te.device)
-        pred, _ = m.predict_arrays(te.op, te.b, te.m, te.n, te.k, te.dtype, te.device, specs)
-        e = ape(pred, te.latency_s)
+        te, pred, e = held_out(g, dev)
         rec = {"device": dev, "rows": int(len(e)), "mape": float(e.mean()), "by_source": {}}
         for src in sorted(set(te.source)):
             c = te.source == src
