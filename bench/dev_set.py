@@ -80,18 +80,21 @@ TORCHTITAN_DOCS = {"A": "pytorch/torchtitan docs/performance.md @ 4d88a8a",
 # optimizer states are sharded, zero=1. The buffer's dtype is ``grad_sync_dtype`` (default: the optimizer dtype):
 # bf16 where the fp8 example script sets +training.model.optim.grad_sync_dtype=bf16 (every gpt3 and llama h100 fp8
 # script) or the conf does (nemotron_340b, peft sft), fp32 otherwise (nemotron_8b/22b: neither does).
-NEMO_CONF = {  # model column of the table -> (launcher conf, recompute, ub_tp_comm_overlap, optim_dtype, grad_dtype)
-    "GPT3-5B": ("gpt3/5b", "none", False, "remainder", "bf16"),
-    "GPT3-20B": ("gpt3/20b", "none", True, "remainder", "bf16"),
-    "GPT3-175B": ("gpt3/175b", "none", False, "remainder", "bf16"),
-    "LLAMA2-7B": ("llama/llama2_7b", "none", False, "remainder", "bf16"),
-    "LLAMA2-13B": ("llama/llama2_13b", "none", False, "remainder", "bf16"),
-    "LLAMA2-70B": ("llama/llama2_70b", "none", True, "remainder", "bf16"),
-    "LLAMA3-8B": ("llama/llama3_8b", "none", False, "remainder", "bf16"),
-    "LLAMA3-70B": ("llama/llama3_70b", "none", True, "remainder", "bf16"),
-    "Nemotron-8B": ("nemotron/nemotron_8b", "none", True, "remainder", "fp32"),
-    "Nemotron-22B": ("nemotron/nemotron_22b", "none", True, "remainder", "fp32"),
-    "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False, "bf16", "bf16"),
+# Pipeline sends overlapped with compute (``overlap_p2p_comm``, read only by the interleaved schedule; NeMo's
+# default False) as each conf at the tag sets it: True in gpt3/175b, llama2_13b/70b, llama3_70b, nemotron_22b;
+# False in nemotron_340b (with batch_p2p_comm True); the other confs run no interleaved pipeline.
+NEMO_CONF = {  # model column -> (launcher conf, recompute, ub_tp_comm_overlap, optim_dtype, grad_dtype, overlap_p2p)
+    "GPT3-5B": ("gpt3/5b", "none", False, "remainder", "bf16", False),
+    "GPT3-20B": ("gpt3/20b", "none", True, "remainder", "bf16", False),
+    "GPT3-175B": ("gpt3/175b", "none", False, "remainder", "bf16", True),
+    "LLAMA2-7B": ("llama/llama2_7b", "none", False, "remainder", "bf16", False),
+    "LLAMA2-13B": ("llama/llama2_13b", "none", False, "remainder", "bf16", True),
+    "LLAMA2-70B": ("llama/llama2_70b", "none", True, "remainder", "bf16", True),
+    "LLAMA3-8B": ("llama/llama3_8b", "none", False, "remainder", "bf16", False),
+    "LLAMA3-70B": ("llama/llama3_70b", "none", True, "remainder", "bf16", True),
+    "Nemotron-8B": ("nemotron/nemotron_8b", "none", True, "remainder", "fp32", False),
+    "Nemotron-22B": ("nemotron/nemotron_22b", "none", True, "remainder", "fp32", True),
+    "Nemotron-340B": ("nemotron/nemotron_340b", "selective", False, "bf16", "bf16", False),
 }
 # AutoModel rows whose dev-set ``recompute`` is null (the config at e45812012 sets no activation_checkpointing),
 # read from the config of the run itself: the MoE rows entered docs/performance-summary.md at NVIDIA-NeMo/Automodel
@@ -107,7 +110,8 @@ AUTOMODEL_RUN_AC = {
                             "version, PR #574): activation_checkpointing: true"),
 }
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
-# (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh.
+# (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh; the two pipelined ones
+# also set overlap_p2p_comm=true (batch_p2p_comm=false), over conf/peft/llama/sft.yaml's False.
 NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
 
 
@@ -218,7 +222,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     assumptions: list[str] = []
     dtype = "bf16"
     if src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
-        conf, recompute, ub, optim_dtype, grad_dtype = NEMO_CONF[row["model"].split(" (")[0]]
+        conf, recompute, ub, optim_dtype, grad_dtype, p2p = NEMO_CONF[row["model"].split(" (")[0]]
         zero, sp = 1, tp > 1
         if src == "S1f":  # conf/peft/llama/sft.yaml: optim.dtype bf16, grad_sync_dtype bf16
             optim_dtype, grad_dtype = "bf16", "bf16"
@@ -232,6 +236,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                           "default: the optimizer dtype)", {}))
         if src == "S1f":
             vpp = NEMO_SFT_VP[row["model"].split(" (")[0]]
+            p2p = vpp > 1  # the example scripts of the interleaved SFT runs set overlap_p2p_comm=true
             assumptions.append(f"finetuning table has no VP/CP column: cp=1, vpp={vpp} from the launcher's SFT "
                                "example at tag 24.07")
             needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
@@ -246,6 +251,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("attention", "flash2", "the launcher's env_vars export NVTE_FUSED_ATTN=0 ('Disable cudnn FA "
                           "until we've tested it more', launcher_scripts/conf/config.yaml @ 24.07): TE's "
                           "DotProductAttention skips cuDNN fused attention and runs FlashAttention-2", {}))
+        if pp > 1 and vpp > 1:
+            needs.append(Need("pp_overlap", str(p2p).lower(), f"overlap_p2p_comm: {p2p} ({conf}.yaml or the SFT "
+                              "example script at tag 24.07; NeMo's default False)", {}))
         if ub:
             needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
                               "(Transformer Engine userbuffers)", {}))
@@ -271,6 +279,10 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                           "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
                           {}))
         ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
+        if pp > 1:
+            needs.append(Need("pp_overlap", "false", "torch.distributed.pipelining's interleaved schedule "
+                              "(PipelineScheduleMulti._step_microbatches) waits for each time step's batched sends "
+                              "and receives (_wait_batch_p2p(_batch_p2p(ops))) before the next compute", {}))
         if pp > 1 and ga > 1:  # each gradient-accumulation step runs the whole pipeline schedule once
             needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
                               "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "

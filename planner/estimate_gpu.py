@@ -82,6 +82,22 @@ def te_sp_backward_tp_s(tp_comm, tp: int, link, column_bwd_s: float, device) -> 
     return gathers + max(0.0, hidden - column_bwd_s) + min(hidden, column_bwd_s) * comm_sm_share(device)
 
 
+def pp_p2p_s(layout: Layout, hidden_size: int, seq_len: int, pp_link, stage_compute_s: float, device) -> float:
+    """Exposed seconds of one micro-batch's pipeline sends and receives on a stage whose compute for that
+    micro-batch is ``stage_compute_s``: an activation forward and a gradient backward at each of the vpp chunk
+    boundaries (Megatron scatter/gather: 1/tp of the tensor crosses nodes). In line, all of it; overlapped
+    (``Layout.p2p_overlapped``, Megatron-Core ``overlap_p2p_comm``: posted before a chunk's compute, waited for
+    after it), only what the compute cannot cover, plus the SMs the transfer kernels hold while it runs
+    (``comm_sm_share``, as for every hidden collective)."""
+    if layout.pp == 1:
+        return 0.0
+    act_bytes = 2.0 * layout.micro_batch * seq_len / layout.cp * hidden_size / layout.tp
+    raw = collective_time_s("sendrecv", act_bytes, 2, pp_link) * layout.vpp * 2
+    if not layout.p2p_overlapped:
+        return raw
+    return max(0.0, raw - stage_compute_s) + min(raw, stage_compute_s) * comm_sm_share(device)
+
+
 class GpuEstimator:
     """Analytic step-time estimate on accelerators, every op priced by ``pricer`` (memoised per instance)."""
 
@@ -289,16 +305,13 @@ class GpuEstimator:
                 self._edge_times(tb, dev, key, work.seq_len, work.dtype))
         times, (emb, head) = per_mb
 
-        # p2p activations per micro-batch boundary (Megatron scatter/gather: 1/t of the tensor crosses nodes)
-        act_bytes = 2.0 * layout.micro_batch * work.seq_len / layout.cp * model.hidden_size / layout.tp
-        p2p = collective_time_s("sendrecv", act_bytes, 2, pp_link) * vpp * 2 if pp > 1 else 0.0
-
         skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
         stages = self._stages.get(skey)
         if stages is None:
             stages = self._stages[skey] = self._stage_times(tb, layout, times, emb, head)
         stage_compute, stage_q, stage_bwd = stages
-        stage_comm = [q + p2p for q in stage_q]
+        stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
+                      for q, c in zip(stage_q, stage_compute)]
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.planner.estimate import Workload, recomputed_counts, stage_layers, time_key
-from meshplan.planner.estimate_gpu import group_links
+from meshplan.planner.estimate_gpu import group_links, pp_p2p_s
 from meshplan.planner.layout import Layout
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 
@@ -72,15 +72,14 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
                     comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
             if layout.recompute_kind == "full" and rec[moe]:  # forward collectives again in the recompute
                 comm["recomputed forward collectives"] += times[4] * rec[moe] * m
-        if layout.pp > 1:
-            pp_link = cluster.collective_link(*layout.pp_neighbours)
-            act_bytes = 2.0 * layout.micro_batch * work.seq_len / layout.cp * model.hidden_size / layout.tp
-            comm[f"pp sendrecv on {pp_link.name}"] += (collective_time_s("sendrecv", act_bytes, 2, pp_link)
-                                                       * layout.vpp * 2 * m)
         edges = embedding_ops(model, key, work.seq_len, work.dtype) if st == 0 else ()
         edges += head_ops(model, key, work.seq_len, work.dtype) if st == layout.pp - 1 else ()
         for op in edges:
             compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * m
+        if layout.pp > 1:
+            pp_link = cluster.collective_link(*layout.pp_neighbours)
+            comm[f"pp sendrecv on {pp_link.name}"] += m * pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link,
+                                                                   sum(compute.values()) / m, dev)
         stages.append({"stage": st, "layers": sum(counts.values()),
                        "compute_s": _rounded(compute), "exposed_comm_s": _rounded(comm)})
     efficiency = {}

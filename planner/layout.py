@@ -146,6 +146,17 @@ class Degrees:
         return [tuple(v) for _, v in sorted(out.items())]
 
 
+def p2p_overlapped(pp_overlap: bool | None, stack: str, pp: int, schedule: str) -> bool:
+    """Whether a pipeline's sends/receives overlap compute: ``pp_overlap`` where pinned, else the stack's own
+    (Megatron-LM overlaps them in the interleaved schedule, ``overlap_p2p_comm`` on by default; other stacks wait
+    for them in line). The one rule ``Layout`` and the exporters read."""
+    if pp == 1:
+        return False
+    if pp_overlap is not None:
+        return pp_overlap
+    return stack == "megatron" and schedule == "interleaved"
+
+
 @dataclass(frozen=True)
 class Layout(Degrees):
     """Every decision of a homogeneous plan: the degrees and the rest.
@@ -211,6 +222,13 @@ class Layout(Degrees):
             Megatron-Core and torchtitan: one schedule over all of a step's micro-batches; AutoModel accumulates
             gradients over ``global / (local_batch_size * dp)`` runs of its schedule (``recipes/llm/benchmark.py``
             GA loop, each calling ``schedule.step``), each run filling and draining the pipeline again.
+        pp_overlap: the pipeline's activation and gradient sends/receives overlapped with the next chunk's compute
+            (Megatron-Core ``overlap_p2p_comm``: isend/irecv posted before a chunk's compute and waited for after
+            it, ``pipeline_parallel/schedules.py`` interleaved schedule) instead of waited for in line. ``None`` = the
+            stack's own (``p2p_overlapped``): Megatron-LM's training CLI overlaps them wherever the schedule is
+            interleaved (``--no-overlap-p2p-communication`` is the opt-out, ``arguments.py``; it forces the flag off
+            for the non-interleaved 1F1B, whose schedule never reads it); NeMo's confs set
+            ``overlap_p2p_comm`` per model (default False); other stacks wait for each receive in line.
     """
 
     micro_batch: int = 1
@@ -232,11 +250,17 @@ class Layout(Degrees):
     optim_dtype: str = "fp32"
     grad_dtype: str = ""
     pp_runs: int = 1
+    pp_overlap: bool | None = None
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
         """The layout with ``degrees`` and the other decisions given by name."""
         return cls(**{n: getattr(degrees, n) for n in DEGREE_NAMES}, **decisions)
+
+    @property
+    def p2p_overlapped(self) -> bool:
+        """Whether the pipeline sends/receives overlap compute (``pp_overlap``, or the stack's own default)."""
+        return p2p_overlapped(self.pp_overlap, self.stack, self.pp, self.schedule)
 
     @property
     def expert_tp(self) -> int:
@@ -336,6 +360,10 @@ class Layout(Degrees):
         if self.pp_runs < 1 or m % self.pp_runs:
             raise MeshplanError(f"pp_runs={self.pp_runs} must divide the {m} micro-batches of a step "
                                 f"(global batch {global_batch} / (mbs {self.micro_batch} * dp {self.dp}))")
+        if self.pp_overlap and (self.pp == 1 or (self.stack == "megatron" and self.vpp == 1)):
+            raise MeshplanError(f"pp_overlap overlaps the pipeline's sends with the next chunk's compute: it needs an "
+                                f"interleaved pipeline (Megatron-Core reads overlap_p2p_comm only there; pp={self.pp}, "
+                                f"vpp={self.vpp})")
         if self.pp_runs > 1 and self.pp == 1:
             raise MeshplanError(f"pp_runs={self.pp_runs} needs pipeline parallelism (pp=1)")
         if seq_len % (2 * self.cp) and self.cp > 1:

@@ -134,6 +134,7 @@ VARIANTS.update({
     "moe-fold-ep256": lambda: _moe_variant(etp=1, degrees=dict(dp_shard=128, tp=2, ep=256)),
     "moe-capacity": lambda: _moe_variant(moe_capacity=1.25, moe_imbalance=1.3),
     "moe-overlap": lambda: _moe_variant(moe_overlap=True),
+    "pp-overlap-off": lambda: _variant(pp_overlap=False),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.planner.export import _common
+from meshplan.planner.layout import p2p_overlapped
 from tests.test_export_golden import PLANS, VARIANTS
 from tests.test_export_parsers import BASH, _argv, _megatron_args, _render_or_refusal, _torchrun_parse
 
@@ -78,6 +79,11 @@ def _transformer_config(flags: dict[str, object]):
     if args.get("num_layers_per_virtual_pipeline_stage"):  # validate_args
         kw["virtual_pipeline_model_parallel_size"] = (args["num_layers"] // args["pipeline_model_parallel_size"]
                                                       // args["num_layers_per_virtual_pipeline_stage"])
+    if (kw.get("virtual_pipeline_model_parallel_size") or 1) > 1 or "pipeline_model_parallel_layout" in args:
+        # megatron/training/arguments.py: --no-overlap-p2p-communication (store_false, dest overlap_p2p_comm) leaves
+        # the interleaved schedule's p2p overlap on by default, and validate_args sets batch_p2p_comm to its opposite
+        kw["overlap_p2p_comm"] = not args.get("no_overlap_p2p_communication", False)
+        kw["batch_p2p_comm"] = not kw["overlap_p2p_comm"]
     return cls(**kw), args
 
 
@@ -128,6 +134,8 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
     assert (cfg.moe_expert_capacity_factor or 0) == plan.moe_capacity
     assert cfg.moe_pad_expert_input_to_capacity == bool(plan.moe_capacity)
     assert cfg.overlap_moe_expert_parallel_comm == plan.moe_overlap
+    if vpp > 1:  # what the plan priced: overlapped p2p unless pinned off (planner.layout.p2p_overlapped)
+        assert cfg.overlap_p2p_comm == p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule)
     assert (cfg.num_moe_experts or 0) == plan.model.num_experts
 
 

@@ -123,7 +123,7 @@ def _megatron_flags_from_notes() -> set[str]:
     # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm.
     return flags | {"--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
-                    "--overlap-moe-expert-parallel-comm"}
+                    "--overlap-moe-expert-parallel-comm"} | {"--no-overlap-p2p-communication"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:

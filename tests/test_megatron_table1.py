@@ -4,7 +4,9 @@ Megatron-LM" (SC'21), Table 1: GPT 1.7B-1T on up to 3072 A100-80GB (Selene, DGX 
 Configurations (degrees, micro-batch, interleaving, full recompute "--activations-checkpoint-method uniform") are
 those of NVIDIA/Megatron-LM examples/academic_paper_scripts/sc21/run_table_1.sh, trained in fp16 (SRUN.sh there:
 ``--fp16``; Megatron keeps fp32 main grads only for bf16, so fp16 gradients are reduced); 2021 Megatron had no sequence
-parallelism, no FlashAttention (materialised attention scores) and plain ZeRO-0 data parallelism.
+parallelism, no FlashAttention (materialised attention scores), plain ZeRO-0 data parallelism, and its interleaved
+schedule waited for each pipeline send/receive in line (``p2p_communication`` with ``batch_isend_irecv`` and a
+synchronize; ``overlap_p2p_comm`` came to Megatron-Core in 2023): ``pp_overlap=false`` where rows interleave.
 TFLOP/s are counted as the paper counts them (§5.1, with full recompute):
     F = 96 * B * s * l * h^2 * (1 + s / (6h) + V / (16 l h))
 """
@@ -42,7 +44,7 @@ def test_table1_row(row, runner, tmp_path):
     dp = gpus // (tp * pp)
     vpp = layers // pp // lpv if lpv else 1
     fix = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},cp=1,ep=1,mbs={mbs},zero=0,recompute=full,sp=false,"
-           f"attention=unfused")
+           f"attention=unfused" + (",pp_overlap=false" if vpp > 1 else ""))
     res = runner.invoke(app, ["plan", "--model", f"megatron-gpt-{size}", "--cluster", f"{nodes}x8xA100-80GB",
                               "--global-batch", str(gbs), "--seq-len", str(SEQ), "--dtype", "fp16", "--fix", fix, "--json",
                               "--out", str(tmp_path / "p.yaml")])

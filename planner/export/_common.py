@@ -177,6 +177,17 @@ def tp_overlap_notes(plan: Plan, target: str, *, carried: bool = False) -> list[
             "exposed, which the plan did not price"]
 
 
+def pp_overlap_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced the pipeline's sends overlapped with compute and the target's pipeline
+    waits for them in line (every target but Megatron-LM's interleaved schedule)."""
+    from meshplan.planner.layout import p2p_overlapped
+
+    if not p2p_overlapped(plan.pp_overlap, plan.stack, plan.degrees.pp, plan.schedule):
+        return []
+    return [f"{target}: pp_overlap: the pipeline's sends and receives wait in line here; the plan priced them "
+            "overlapped with the next chunk's compute (re-plan with --fix pp_overlap=false to compare)"]
+
+
 def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp32",),
                       grads: tuple[str, ...] = ()) -> list[str]:
     """Warnings when the plan priced optimizer states or gradients in a precision the target cannot set

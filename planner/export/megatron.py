@@ -15,7 +15,8 @@ Engine's DelayedScaling defaults for the amax history), ``cp_kind`` as ``--cp-co
 ``moe_capacity`` as ``--moe-expert-capacity-factor`` + ``--moe-pad-expert-input-to-capacity`` (padded, as priced)
 + ``--moe-token-drop-policy probs``, ``moe_overlap`` as ``--overlap-moe-expert-parallel-comm`` (the combined 1F1B
 EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs Transformer Engine's grouped GEMM),
-``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``. Refused in one line: ``recompute op``
+``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced with its
+sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``. Refused in one line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
 from meshplan.planner.export import torchrun
+from meshplan.planner.layout import p2p_overlapped
 from meshplan.planner.plan import Plan
 
 EXTENSION = "sh"
@@ -70,9 +72,18 @@ def check(plan: Plan) -> None:
                f"needs bf16 or fp16, not {plan.dtype}" if c.dtype_of(plan) == "fp32" else "")
         if why:
             c.fail(f"megatron: moe_overlap (--overlap-moe-expert-parallel-comm) {why}")
+    if d.vpp > 1 and not _p2p_overlapped(plan) and d.pp <= 2:
+        # validate_args: an interleaved pipeline without p2p overlap needs pp > 2 (shared/notes/exports.md (b))
+        c.fail(f"megatron: pp_overlap=false (--no-overlap-p2p-communication) with vpp={d.vpp} needs pp > 2, got "
+               f"pp={d.pp}")
     if d.cp > 1 and plan.seq_len % (2 * d.cp):
         # Load-balanced CP splits the sequence into 2*cp chunks (megatron/core/utils.get_batch_on_this_cp_rank).
         c.fail(f"megatron: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp}")
+
+
+def _p2p_overlapped(plan: Plan) -> bool:
+    """Whether the plan priced its pipeline sends overlapped (``planner.layout.p2p_overlapped``)."""
+    return p2p_overlapped(plan.pp_overlap, plan.stack, plan.degrees.pp, plan.schedule)
 
 
 def _shards_over(plan: Plan) -> int:
@@ -91,6 +102,9 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
     out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"))
+    if plan.pp_overlap and plan.degrees.pp > 1 and plan.degrees.vpp == 1:
+        out.append("megatron: pp_overlap: Megatron-LM overlaps the pipeline's sends only in the interleaved schedule "
+                   "(vpp > 1); this 1F1B job waits for them in line, which the plan did not price")
     if plan.schedule == "gpipe" and plan.degrees.pp > 1:
         out.append("megatron: no GPipe schedule; Megatron runs 1F1B (interleaved when vpp > 1)")
     kinds = c.mixed_layer_precision(plan)
@@ -155,6 +169,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     if plan.tp_overlap:
         a.append("--tp-comm-overlap")
+    if d.vpp > 1 and not _p2p_overlapped(plan):  # Megatron-LM overlaps interleaved p2p by default
+        a.append("--no-overlap-p2p-communication")
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
     a += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]

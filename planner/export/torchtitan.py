@@ -154,6 +154,7 @@ def unsupported(plan: Plan) -> list[str]:
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")
     out += c.state_dtype_notes(plan, "torchtitan")
+    out += c.pp_overlap_notes(plan, "torchtitan")
     if plan.tp_overlap:
         out.append("torchtitan: tp_overlap as enable_async_tensor_parallel, which acts only with torch.compile on "
                    "(compile.enable = true)")
