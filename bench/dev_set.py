@@ -309,6 +309,11 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                 needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
             needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "
                               "with another micro-batch's compute (no DualPipe in AutoModel)", {}, implied=True))
+            if row.get("shared_experts"):
+                needs.append(Need("shared_overlap", "true", "AutoModel MoE.forward runs the shared experts on a side "
+                                  "stream during the routed experts' dispatch and combine (components/moe/layers.py "
+                                  "@ 89e3a9fdd: 'Execute shared experts in a separate stream to overlap compute "
+                                  "with the communication for grouped experts')", {}))
     else:  # torchtitan: FSDP2 (+TP), bf16 (none of the dev rows carries Float8)
         facts = TORCHTITAN_FACTS[name]
         zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)

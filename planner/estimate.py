@@ -297,7 +297,8 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
 
 # The fields that change one micro-batch's per-layer time: the estimators' cache keys read them from here only.
 TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "expert_tp", "fp8",
-               "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap")
+               "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap",
+               "shared_overlap")
 
 
 def time_signature(layout: Layout) -> tuple:

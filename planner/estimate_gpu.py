@@ -169,6 +169,13 @@ class GpuEstimator:
             ep_re = max(0.0, ep - fwd) + min(ep, fwd) * comm_sm_share(device)
         else:
             ep_cost, ep_re = 2 * ep, ep
+            if ep and key.shared_overlap:
+                # the shared experts' forward runs on a side stream while the dispatch and combine move the routed
+                # tokens (AutoModel MoE.forward; Megatron-Core moe_shared_expert_overlap): what it covers leaves the
+                # critical path, on the SMs the communication kernels leave it (``comm_sm_share``); the forward and
+                # its full recompute overlap, the backward stays in line
+                hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
+                ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         comm = tp + tp_bwd + 2 * cp + ep_cost  # forward and backward
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
         out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, 2 * cp)
@@ -238,6 +245,7 @@ class GpuEstimator:
                   "bwd": sum(n * b[op] for op, n in counts.items()),
                   "attn": sum(predict(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
+                  "shared_fwd": sum(f[op] for op in lo.shared),
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0,
                   # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides

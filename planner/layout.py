@@ -229,6 +229,12 @@ class Layout(Degrees):
             interleaved (``--no-overlap-p2p-communication`` is the opt-out, ``arguments.py``; it forces the flag off
             for the non-interleaved 1F1B, whose schedule never reads it); NeMo's confs set
             ``overlap_p2p_comm`` per model (default False); other stacks wait for each receive in line.
+        shared_overlap: an MoE layer's shared experts run on a side stream during the routed tokens' dispatch and
+            combine (Megatron-Core ``--moe-shared-expert-overlap``, default off, alltoall dispatcher only; NeMo
+            AutoModel always: ``components/moe/layers.py`` @ 89e3a9fdd, "Execute shared experts in a separate stream
+            to overlap compute with the communication for grouped experts"). Priced in the forward (and its
+            recompute), where both implementations issue the shared experts before the dispatch; their backward
+            is left in line.
     """
 
     micro_batch: int = 1
@@ -251,6 +257,7 @@ class Layout(Degrees):
     grad_dtype: str = ""
     pp_runs: int = 1
     pp_overlap: bool | None = None
+    shared_overlap: bool = False
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -364,6 +371,9 @@ class Layout(Degrees):
             raise MeshplanError(f"pp_overlap overlaps the pipeline's sends with the next chunk's compute: it needs an "
                                 f"interleaved pipeline (Megatron-Core reads overlap_p2p_comm only there; pp={self.pp}, "
                                 f"vpp={self.vpp})")
+        if self.shared_overlap and self.moe_overlap:
+            raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
+                                "pick one (Megatron-Core asserts against the pair)")
         if self.pp_runs > 1 and self.pp == 1:
             raise MeshplanError(f"pp_runs={self.pp_runs} needs pipeline parallelism (pp=1)")
         if seq_len % (2 * self.cp) and self.cp > 1:

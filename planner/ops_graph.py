@@ -45,6 +45,7 @@ class LayerOps:
             backward: every memory-bound op and every second matmul of the layer (its ``_save_list`` policy saves
             the outputs of SDPA and of alternate ``mm`` calls).
         experts: the routed experts' ops (overlappable with the all-to-all when ``moe_overlap``).
+        shared: the shared experts' forward ops (overlappable with the dispatch/combine when ``shared_overlap``).
     """
 
     compute: tuple[OpSpec, ...]
@@ -55,6 +56,7 @@ class LayerOps:
     op_recompute: tuple[OpSpec, ...] = ()
     experts: tuple[OpSpec, ...] = ()
     expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
+    shared: tuple[OpSpec, ...] = ()
 
     def weighted(self) -> dict[OpSpec, int]:
         """``compute`` as {op: times it runs}: equal ops summed, and the local experts' GEMMs (``compute`` holds
@@ -144,6 +146,7 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
     gate = 2 if model.gated_mlp else 1
     ep_comm: list[tuple[str, float]] = []
     experts: list[OpSpec] = []
+    shared: tuple[OpSpec, ...] = ()
     if model.is_moe_layer(layer):
         k = model.experts_per_token
         fe = model.moe_ffn_hidden_size
@@ -152,9 +155,11 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
         ops.extend(experts)
         if model.shared_expert_ffn_hidden_size:
             fs = model.shared_expert_ffn_hidden_size
+            first = len(ops)
             ops.extend(mm(T, gate * fs // t, h))
             activation(T * fs // t, model.gated_mlp)
             ops.extend(mm(T, h, fs // t))
+            shared = tuple(ops[first:])
         if layout.ep > 1:
             # dispatch + combine of the token copies this rank sends (under folding, the T*k*etp/tp its experts
             # process: expert_ops), bf16; the busiest rank receives its share scaled by the routing imbalance
@@ -184,7 +189,7 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
             cp_comm = [("allgather", kv_bytes * cp)]
     return LayerOps(tuple(ops), tuple(attn_core), tuple(tp_comm), tuple(ep_comm), tuple(cp_comm),
                     _op_recompute(ops, attn_core), tuple(experts),
-                    max(1, model.num_experts // layout.ep) if experts else 1)
+                    max(1, model.num_experts // layout.ep) if experts else 1, shared)
 
 
 STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "flash2", "eager": "flash2"}

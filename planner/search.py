@@ -392,6 +392,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"pp_runs={layout.pp_runs}")
     if layout.pp_overlap is not None:
         parts.append(f"pp_overlap={str(layout.pp_overlap).lower()}")
+    if layout.shared_overlap:
+        parts.append("shared_overlap")
     return " ".join(parts)
 
 
@@ -421,7 +423,8 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         cp_kind=layout.cp_kind, stack=layout.stack, moe_overlap=layout.moe_overlap,
         moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance, moe_dispatcher=layout.moe_dispatcher,
         tp_overlap=layout.tp_overlap, optim_dtype=layout.optim_dtype, grad_dtype=layout.grad_dtype,
-        pp_runs=layout.pp_runs, pp_overlap=layout.pp_overlap, stages=_stages(layout),
+        pp_runs=layout.pp_runs, pp_overlap=layout.pp_overlap, shared_overlap=layout.shared_overlap,
+        stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
     )
@@ -456,6 +459,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
         "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "pp_overlap": layout.p2p_overlapped,
+        "shared_overlap": layout.shared_overlap,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
         "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
@@ -482,4 +486,5 @@ def plan_layout(plan: Plan) -> Layout:
                      etp=plan.etp, fp8=plan.fp8, cp_kind=plan.cp_kind, stack=plan.stack, moe_overlap=plan.moe_overlap,
                      moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance,
                      moe_dispatcher=plan.moe_dispatcher, tp_overlap=plan.tp_overlap, optim_dtype=plan.optim_dtype,
-                     grad_dtype=plan.grad_dtype, pp_runs=plan.pp_runs, pp_overlap=plan.pp_overlap)
+                     grad_dtype=plan.grad_dtype, pp_runs=plan.pp_runs, pp_overlap=plan.pp_overlap,
+                     shared_overlap=plan.shared_overlap)

@@ -23,8 +23,8 @@ from meshplan.planner.schedules import SCHEDULES
 FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "first_stage_layers", "last_stage_layers",
             "vpp", "schedule", "cp", "cp_kind", "ep", "etp", "sp", "mbs", "zero", "recompute", "attention", "fp8",
             "stack", "tp_overlap", "moe_overlap", "moe_dispatcher", "moe_capacity", "moe_imbalance", "optim_dtype",
-            "grad_dtype", "pp_runs", "pp_overlap")
-BOOL_KEYS = ("sp", "moe_overlap", "tp_overlap", "pp_overlap")
+            "grad_dtype", "pp_runs", "pp_overlap", "shared_overlap")
+BOOL_KEYS = ("sp", "moe_overlap", "tp_overlap", "pp_overlap", "shared_overlap")
 FLOAT_KEYS = ("moe_capacity", "moe_imbalance")
 CHOICE_KEYS = {"attention": ATTENTION, "fp8": FP8_RECIPES, "cp_kind": CP_KINDS, "stack": STACKS,
                "schedule": SCHEDULES, "moe_dispatcher": MOE_DISPATCHERS, "optim_dtype": OPTIM_DTYPES,
@@ -79,6 +79,7 @@ class Pins:
     grad_dtype: Optional[str] = None
     pp_runs: Optional[int] = None
     pp_overlap: Optional[bool] = None
+    shared_overlap: Optional[bool] = None
 
     @classmethod
     def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
@@ -423,7 +424,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     moe_kw = dict(moe_capacity=fix.get("moe_capacity", 0.0), moe_imbalance=fix.get("moe_imbalance", 1.0),
                   moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False),
                   optim_dtype=fix.get("optim_dtype", "fp32"), grad_dtype=fix.get("grad_dtype", ""),
-                  pp_runs=fix.get("pp_runs", 1), pp_overlap=fix.pp_overlap)
+                  pp_runs=fix.get("pp_runs", 1), pp_overlap=fix.pp_overlap,
+                  shared_overlap=fix.get("shared_overlap", False))
     sched = fix.schedule or ""
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):

@@ -135,6 +135,7 @@ VARIANTS.update({
     "moe-capacity": lambda: _moe_variant(moe_capacity=1.25, moe_imbalance=1.3),
     "moe-overlap": lambda: _moe_variant(moe_overlap=True),
     "pp-overlap-off": lambda: _variant(pp_overlap=False),
+    "moe-shared-overlap": lambda: _moe_variant(shared_overlap=True),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

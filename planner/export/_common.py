@@ -188,6 +188,15 @@ def pp_overlap_notes(plan: Plan, target: str) -> list[str]:
             "overlapped with the next chunk's compute (re-plan with --fix pp_overlap=false to compare)"]
 
 
+def shared_overlap_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced the shared experts overlapped with the dispatch and the target's MoE code
+    runs them in line (every target but Megatron-LM)."""
+    if not (plan.shared_overlap and plan.model.num_experts):
+        return []
+    return [f"{target}: shared_overlap: no option runs the shared experts beside the token dispatch here; the plan "
+            "priced them overlapped"]
+
+
 def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp32",),
                       grads: tuple[str, ...] = ()) -> list[str]:
     """Warnings when the plan priced optimizer states or gradients in a precision the target cannot set

@@ -16,7 +16,8 @@ Engine's DelayedScaling defaults for the amax history), ``cp_kind`` as ``--cp-co
 + ``--moe-token-drop-policy probs``, ``moe_overlap`` as ``--overlap-moe-expert-parallel-comm`` (the combined 1F1B
 EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs Transformer Engine's grouped GEMM),
 ``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced with its
-sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``. Refused in one line: ``recompute op``
+sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, ``shared_overlap`` as
+``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher, as megatron-core refuses it). Refused in one line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
@@ -72,6 +73,14 @@ def check(plan: Plan) -> None:
                f"needs bf16 or fp16, not {plan.dtype}" if c.dtype_of(plan) == "fp32" else "")
         if why:
             c.fail(f"megatron: moe_overlap (--overlap-moe-expert-parallel-comm) {why}")
+    if plan.shared_overlap and m.num_experts:
+        # TransformerConfig.__post_init__ (megatron-core 0.16.1): moe_shared_expert_overlap "only works with alltoall
+        # token dispatcher", and not beside overlap_moe_expert_parallel_comm
+        why = ("needs shared experts" if not m.num_shared_experts else
+               f"works only with the alltoall dispatcher, not {plan.moe_dispatcher}"
+               if plan.moe_dispatcher != "alltoall" else "")
+        if why:
+            c.fail(f"megatron: shared_overlap (--moe-shared-expert-overlap) {why}")
     if d.vpp > 1 and not _p2p_overlapped(plan) and d.pp <= 2:
         # validate_args: an interleaved pipeline without p2p overlap needs pp > 2 (shared/notes/exports.md (b))
         c.fail(f"megatron: pp_overlap=false (--no-overlap-p2p-communication) with vpp={d.vpp} needs pp > 2, got "
@@ -169,6 +178,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     if plan.tp_overlap:
         a.append("--tp-comm-overlap")
+    if plan.shared_overlap and plan.model.num_experts:
+        a.append("--moe-shared-expert-overlap")
     if d.vpp > 1 and not _p2p_overlapped(plan):  # Megatron-LM overlaps interleaved p2p by default
         a.append("--no-overlap-p2p-communication")
     if plan.sequence_parallel:
