@@ -228,13 +228,15 @@ class Layout(Degrees):
             stack's own (``p2p_overlapped``): Megatron-LM's training CLI overlaps them wherever the schedule is
             interleaved (``--no-overlap-p2p-communication`` is the opt-out, ``arguments.py``; it forces the flag off
             for the non-interleaved 1F1B, whose schedule never reads it); NeMo's confs set
-            ``overlap_p2p_comm`` per model (default False); other stacks wait for each receive in line.
+            ``overlap_p2p_comm`` per model (default False); other stacks wait for each receive in line. Priced by the
+            GPU estimator; ``local:N`` (CPU, gloo) plans keep the sends in line, as gloo's transfers run on the
+            cores the compute needs.
         shared_overlap: an MoE layer's shared experts run on a side stream during the routed tokens' dispatch and
             combine (Megatron-Core ``--moe-shared-expert-overlap``, default off, alltoall dispatcher only; NeMo
             AutoModel always: ``components/moe/layers.py`` @ 89e3a9fdd, "Execute shared experts in a separate stream
             to overlap compute with the communication for grouped experts"). Priced in the forward (and its
             recompute), where both implementations issue the shared experts before the dispatch; their backward
-            is left in line.
+            is left in line. GPU estimator only (no side streams on ``local:N``).
     """
 
     micro_batch: int = 1
@@ -368,9 +370,9 @@ class Layout(Degrees):
             raise MeshplanError(f"pp_runs={self.pp_runs} must divide the {m} micro-batches of a step "
                                 f"(global batch {global_batch} / (mbs {self.micro_batch} * dp {self.dp}))")
         if self.pp_overlap and (self.pp == 1 or (self.stack == "megatron" and self.vpp == 1)):
-            raise MeshplanError(f"pp_overlap overlaps the pipeline's sends with the next chunk's compute: it needs an "
-                                f"interleaved pipeline (Megatron-Core reads overlap_p2p_comm only there; pp={self.pp}, "
-                                f"vpp={self.vpp})")
+            raise MeshplanError(f"pp_overlap overlaps the pipeline's sends with the next chunk's compute: it needs "
+                                f"pp > 1, and under Megatron an interleaved pipeline (Megatron-Core reads "
+                                f"overlap_p2p_comm only there; pp={self.pp}, vpp={self.vpp})")
         if self.shared_overlap and self.moe_overlap:
             raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
                                 "pick one (Megatron-Core asserts against the pair)")

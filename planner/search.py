@@ -458,7 +458,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "attention": layout.attention, "etp": layout.expert_tp, "fp8": layout.fp8, "cp_kind": layout.cp_kind,
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
         "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
-        "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "pp_overlap": layout.p2p_overlapped,
+        "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
         "shared_overlap": layout.shared_overlap,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,

@@ -136,6 +136,7 @@ VARIANTS.update({
     "moe-overlap": lambda: _moe_variant(moe_overlap=True),
     "pp-overlap-off": lambda: _variant(pp_overlap=False),
     "moe-shared-overlap": lambda: _moe_variant(shared_overlap=True),
+    "moe-deepep": lambda: _moe_variant(moe_dispatcher="deepep"),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

@@ -121,10 +121,11 @@ def _megatron_flags_from_notes() -> set[str]:
     # The issue 12 flags below are generated from megatron-core 0.16.1 TransformerConfig / ModelParallelConfig fields
     # of the same names (test_export_megatron_core builds the config from them): --moe-expert-capacity-factor,
     # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm,
-    # --moe-shared-expert-overlap.
+    # --moe-shared-expert-overlap, --moe-flex-dispatcher-backend.
     return flags | {"--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
-                    "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap"}
+                    "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
+                    "--moe-flex-dispatcher-backend"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:

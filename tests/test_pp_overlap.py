@@ -75,7 +75,7 @@ def test_fix_and_validation_say_what_is_wrong():
         parse_fix("pp_overlap=sometimes")
     lay = Layout(dp_shard=8, tp=8, pp=4, zero_stage=1, pp_overlap=True)
     m = load_model(MODEL)
-    with pytest.raises(MeshplanError, match="interleaved pipeline"):
+    with pytest.raises(MeshplanError, match="an interleaved pipeline"):
         lay.validate(world_size=256, num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
                      seq_len=SEQ, global_batch=GBS)
 
@@ -90,6 +90,12 @@ def test_megatron_export_carries_in_line_sends_and_refuses_what_validate_args_re
 
     with pytest.raises(MeshplanError, match="needs pp > 2"):
         render(off.model_copy(update={"degrees": Degrees(dp_shard=8, tp=8, pp=2, vpp=2)}), "megatron")
+    # another stack's in-line default at pp=2: Megatron refuses in-line sends there, so the job keeps its overlap
+    # and the export says the plan priced otherwise
+    titan2 = _variant(stack="torchtitan").model_copy(update={"degrees": Degrees(dp_shard=8, tp=8, pp=2, vpp=2)})
+    res = render(titan2, "megatron")
+    assert "--no-overlap-p2p-communication" not in res.text
+    assert any("priced the pipeline's sends in line" in w for w in res.warnings)
     # targets whose pipeline waits in line say so when the plan priced overlap
     assert any("pp_overlap" in w for w in render(_variant(), "torchtitan").warnings)
     assert not any("pp_overlap" in w for w in render(off, "torchtitan").warnings)

@@ -75,4 +75,6 @@ def test_megatron_export_flag_and_refusal_with_deepep():
     assert "--moe-shared-expert-overlap" not in render(_moe_variant(), "megatron").text
     with pytest.raises(MeshplanError, match="alltoall dispatcher"):
         render(_moe_variant(shared_overlap=True, moe_dispatcher="deepep"), "megatron")
+    with pytest.raises(MeshplanError, match="beside moe_overlap"):  # a plan file that never went through validate
+        render(_moe_variant(shared_overlap=True, moe_overlap=True), "megatron")
     assert any("shared_overlap" in w for w in render(_moe_variant(shared_overlap=True), "torchtitan").warnings)

@@ -23,6 +23,7 @@ import re
 import shlex
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout import p2p_overlapped
 from meshplan.planner.plan import Plan
 
 # Plan.dtype values the exporters understand, mapped to a canonical name.
@@ -180,8 +181,6 @@ def tp_overlap_notes(plan: Plan, target: str, *, carried: bool = False) -> list[
 def pp_overlap_notes(plan: Plan, target: str) -> list[str]:
     """A warning when the plan priced the pipeline's sends overlapped with compute and the target's pipeline
     waits for them in line (every target but Megatron-LM's interleaved schedule)."""
-    from meshplan.planner.layout import p2p_overlapped
-
     if not p2p_overlapped(plan.pp_overlap, plan.stack, plan.degrees.pp, plan.schedule):
         return []
     return [f"{target}: pp_overlap: the pipeline's sends and receives wait in line here; the plan priced them "
@@ -191,7 +190,7 @@ def pp_overlap_notes(plan: Plan, target: str) -> list[str]:
 def shared_overlap_notes(plan: Plan, target: str) -> list[str]:
     """A warning when the plan priced the shared experts overlapped with the dispatch and the target's MoE code
     runs them in line (every target but Megatron-LM)."""
-    if not (plan.shared_overlap and plan.model.num_experts):
+    if not (plan.shared_overlap and plan.model.num_experts and plan.model.num_shared_experts):
         return []
     return [f"{target}: shared_overlap: no option runs the shared experts beside the token dispatch here; the plan "
             "priced them overlapped"]

@@ -15,9 +15,10 @@ Engine's DelayedScaling defaults for the amax history), ``cp_kind`` as ``--cp-co
 ``moe_capacity`` as ``--moe-expert-capacity-factor`` + ``--moe-pad-expert-input-to-capacity`` (padded, as priced)
 + ``--moe-token-drop-policy probs``, ``moe_overlap`` as ``--overlap-moe-expert-parallel-comm`` (the combined 1F1B
 EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs Transformer Engine's grouped GEMM),
-``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced with its
-sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, ``shared_overlap`` as
-``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher, as megatron-core refuses it). Refused in one line: ``recompute op``
+``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced
+with its sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, ``shared_overlap`` as
+``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher or beside moe_overlap, as megatron-core refuses
+it). Refused in one line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
@@ -78,10 +79,11 @@ def check(plan: Plan) -> None:
         # token dispatcher", and not beside overlap_moe_expert_parallel_comm
         why = ("needs shared experts" if not m.num_shared_experts else
                f"works only with the alltoall dispatcher, not {plan.moe_dispatcher}"
-               if plan.moe_dispatcher != "alltoall" else "")
+               if plan.moe_dispatcher != "alltoall" else
+               "cannot run beside moe_overlap (--overlap-moe-expert-parallel-comm)" if plan.moe_overlap else "")
         if why:
             c.fail(f"megatron: shared_overlap (--moe-shared-expert-overlap) {why}")
-    if d.vpp > 1 and not _p2p_overlapped(plan) and d.pp <= 2:
+    if d.vpp > 1 and plan.pp_overlap is False and d.pp <= 2:
         # validate_args: an interleaved pipeline without p2p overlap needs pp > 2 (shared/notes/exports.md (b))
         c.fail(f"megatron: pp_overlap=false (--no-overlap-p2p-communication) with vpp={d.vpp} needs pp > 2, got "
                f"pp={d.pp}")
@@ -90,9 +92,14 @@ def check(plan: Plan) -> None:
         c.fail(f"megatron: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp}")
 
 
-def _p2p_overlapped(plan: Plan) -> bool:
-    """Whether the plan priced its pipeline sends overlapped (``planner.layout.p2p_overlapped``)."""
-    return p2p_overlapped(plan.pp_overlap, plan.stack, plan.degrees.pp, plan.schedule)
+def _sends_in_line(plan: Plan) -> bool:
+    """Whether the job gets ``--no-overlap-p2p-communication``: an interleaved plan that priced its pipeline sends in
+    line (``planner.layout.p2p_overlapped``), except where Megatron refuses in-line sends (pp <= 2) and the plan did
+    not pin them (another stack's default): that job keeps Megatron's overlap, and ``unsupported`` says so."""
+    d = plan.degrees
+    if d.vpp == 1 or p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule):
+        return False
+    return plan.pp_overlap is False or d.pp > 2
 
 
 def _shards_over(plan: Plan) -> int:
@@ -111,6 +118,11 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
     out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"))
+    d = plan.degrees
+    if (d.vpp > 1 and d.pp <= 2 and not _sends_in_line(plan)
+            and not p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule)):
+        out.append(f"megatron: pp_overlap: the plan priced the pipeline's sends in line (stack={plan.stack}); Megatron "
+                   f"overlaps them here, as it refuses in-line sends with vpp > 1 at pp={d.pp}")
     if plan.pp_overlap and plan.degrees.pp > 1 and plan.degrees.vpp == 1:
         out.append("megatron: pp_overlap: Megatron-LM overlaps the pipeline's sends only in the interleaved schedule "
                    "(vpp > 1); this 1F1B job waits for them in line, which the plan did not price")
@@ -180,7 +192,7 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--tp-comm-overlap")
     if plan.shared_overlap and plan.model.num_experts:
         a.append("--moe-shared-expert-overlap")
-    if d.vpp > 1 and not _p2p_overlapped(plan):  # Megatron-LM overlaps interleaved p2p by default
+    if _sends_in_line(plan):  # Megatron-LM overlaps interleaved p2p by default
         a.append("--no-overlap-p2p-communication")
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
@@ -276,7 +288,9 @@ def model_args(plan: Plan) -> list[str]:
         if m.moe_layers and len(m.moe_layers) != m.num_layers:
             pattern = _run_length([1 if i in set(m.moe_layers) else 0 for i in range(m.num_layers)])
             a += ["--moe-layer-freq", c.quote(pattern)]
-        a += ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+        a.append("--moe-grouped-gemm")
+        if plan.moe_dispatcher != "deepep":  # DeepEP's flex dispatcher is set with the parallel flags above
+            a += ["--moe-token-dispatcher-type", "alltoall"]
         if plan.moe_capacity:  # token dropping, each expert padded to its capacity (as the plan prices it)
             a += ["--moe-expert-capacity-factor", f"{plan.moe_capacity:g}", "--moe-pad-expert-input-to-capacity",
                   "--moe-token-drop-policy", "probs"]
