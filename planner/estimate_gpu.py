@@ -338,8 +338,9 @@ class GpuEstimator:
                            max(1, layout.expert_dp // eshard.size)))
         last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
         grad_b = grad_bytes_per_param(layout, work.dtype)  # fp32 gradients move twice the bytes
+        param_dtype, grad_dtype = ("fp32" if work.dtype == "fp32" else "bf16"), ("fp32" if grad_b == 4 else "bf16")
         grad_total = (dense + expert) * grad_b
-        dp_exposed = hidden = 0.0
+        dp_exposed = hidden = fsdp_copies = 0.0
         for params, grad_group, shard_group, replicas in groups:
             grad_bytes = params * grad_b
             bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
@@ -360,6 +361,12 @@ class GpuEstimator:
                 else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
                     runs, comm = m, 2 * gather + scatter
                     out = runs * max(0.0, comm - stage_compute[slow] * share)
+                if layout.fsdp_impl == "torch" and shard > 1:
+                    # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient
+                    # into the reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes
+                    gathers = runs * (1 if pp > 1 else 2)
+                    fsdp_copies += (gathers * self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
+                                    + runs * self.op_time_s(OpSpec("copy", (int(params),), grad_dtype), dev))
                 rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
@@ -376,7 +383,7 @@ class GpuEstimator:
         z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
         opt_numel = (dense / (layout.shard_group.size if z1 else 1)
                      + expert / (layout.expert_shard_group.size if z1 else 1))
-        optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
+        optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev) + fsdp_copies
         if layout.fp8 != "none" or work.dtype == "fp8":
             # the fp8 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
             # them across the micro-batches of a step (``is_first_microbatch``)

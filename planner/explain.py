@@ -98,7 +98,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     step = {"slowest stage compute": slow_compute, "slowest stage exposed comm": slow_comm,
             "slowest of the ranks (straggler)": est.compute_s - slow_compute,
             "gradient sync and overlap cost": est.exposed_comm_s - slow_comm,
-            "pipeline bubble": est.bubble_s, "optimizer and fp8 weight casts": est.other_s}
+            "pipeline bubble": est.bubble_s, "optimizer, fp8 weight casts, FSDP2 copies": est.other_s}
     return {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
             "stages": stages,
             "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}

@@ -31,6 +31,7 @@ STACKS = ("megatron", "torchtitan", "eager")
 MOE_DISPATCHERS = ("alltoall", "deepep")
 OPTIM_DTYPES = ("fp32", "remainder", "bf16")
 GRAD_DTYPES = ("bf16", "fp32")
+FSDP_IMPLS = ("torch", "megatron")
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
 _Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
 
@@ -146,6 +147,12 @@ class Degrees:
         return [tuple(v) for _, v in sorted(out.items())]
 
 
+def fsdp_impl(fsdp: str, stack: str) -> str:
+    """The ZeRO-3 implementation a layout or plan runs: ``fsdp`` where pinned, else the stack's own (Megatron-FSDP
+    under Megatron-Core, torch FSDP2 ``fully_shard`` under torchtitan and plain PyTorch)."""
+    return fsdp or ("megatron" if stack == "megatron" else "torch")
+
+
 def p2p_overlapped(pp_overlap: bool | None, stack: str, pp: int, schedule: str) -> bool:
     """Whether a pipeline's sends/receives overlap compute: ``pp_overlap`` where pinned, else the stack's own
     (Megatron-LM overlaps them in the interleaved schedule, ``overlap_p2p_comm`` on by default; other stacks wait
@@ -237,6 +244,13 @@ class Layout(Degrees):
             to overlap compute with the communication for grouped experts"). Priced in the forward (and its
             recompute), where both implementations issue the shared experts before the dispatch; their backward
             is left in line. GPU estimator only (no side streams on ``local:N``).
+        fsdp: the ZeRO-3 implementation, "" = the stack's own (``fsdp_impl``): "torch" (FSDP2 ``fully_shard``, what
+            torchtitan, AutoModel and plain PyTorch run) copies every gathered parameter out of the all-gather
+            buffer into the unsharded parameters and every gradient into the reduce-scatter buffer on the compute
+            stream (torch ``_fully_shard/_fsdp_collectives.py``: ``foreach_all_gather_copy_out`` runs
+            ``split_with_sizes_copy``, ``foreach_reduce`` runs ``chunk_cat``); "megatron" (Megatron-FSDP, what the
+            Megatron export launches for zero 3) gathers into and reduces from persistent buffers the parameters
+            and gradients are views of, so no copy runs.
     """
 
     micro_batch: int = 1
@@ -260,11 +274,17 @@ class Layout(Degrees):
     pp_runs: int = 1
     pp_overlap: bool | None = None
     shared_overlap: bool = False
+    fsdp: str = ""
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
         """The layout with ``degrees`` and the other decisions given by name."""
         return cls(**{n: getattr(degrees, n) for n in DEGREE_NAMES}, **decisions)
+
+    @property
+    def fsdp_impl(self) -> str:
+        """The ZeRO-3 implementation that runs (``fsdp``, or the stack's own: ``fsdp_impl``)."""
+        return fsdp_impl(self.fsdp, self.stack)
 
     @property
     def p2p_overlapped(self) -> bool:
@@ -373,6 +393,8 @@ class Layout(Degrees):
             raise MeshplanError(f"pp_overlap overlaps the pipeline's sends with the next chunk's compute: it needs "
                                 f"pp > 1, and under Megatron an interleaved pipeline (Megatron-Core reads "
                                 f"overlap_p2p_comm only there; pp={self.pp}, vpp={self.vpp})")
+        if self.fsdp and self.fsdp not in FSDP_IMPLS:
+            raise MeshplanError(f"fsdp '{self.fsdp}' is not one of {', '.join(FSDP_IMPLS)}")
         if self.shared_overlap and self.moe_overlap:
             raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
                                 "pick one (Megatron-Core asserts against the pair)")

@@ -171,6 +171,7 @@ class Plan(_Frozen):
     pp_runs: int = Field(1, ge=1)
     pp_overlap: Optional[bool] = None  # None: the stack's own (``Layout.p2p_overlapped``)
     shared_overlap: bool = False
+    fsdp: Literal["", "torch", "megatron"] = ""  # "" = the stack's own (``Layout.fsdp_impl``)
     explain: Optional[dict] = None  # ``meshplan plan --explain``: planner.explain.explain_gpu's breakdown
     layer_precision: Optional[tuple[str, ...]] = None
     stages: Optional[tuple[Stage, ...]] = None
@@ -240,7 +241,7 @@ class Plan(_Frozen):
 OPTIONAL_DECISIONS = {"etp": 0, "fp8": "none", "cp_kind": "ring", "stack": "megatron", "moe_overlap": False,
                       "moe_capacity": 0.0, "moe_imbalance": 1.0, "moe_dispatcher": "alltoall", "tp_overlap": False,
                       "optim_dtype": "fp32", "grad_dtype": "", "pp_runs": 1, "pp_overlap": None,
-                      "shared_overlap": False, "explain": None}
+                      "shared_overlap": False, "fsdp": "", "explain": None}
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -394,6 +394,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"pp_overlap={str(layout.pp_overlap).lower()}")
     if layout.shared_overlap:
         parts.append("shared_overlap")
+    if layout.fsdp:
+        parts.append(f"fsdp={layout.fsdp}")
     return " ".join(parts)
 
 
@@ -424,7 +426,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance, moe_dispatcher=layout.moe_dispatcher,
         tp_overlap=layout.tp_overlap, optim_dtype=layout.optim_dtype, grad_dtype=layout.grad_dtype,
         pp_runs=layout.pp_runs, pp_overlap=layout.pp_overlap, shared_overlap=layout.shared_overlap,
-        stages=_stages(layout),
+        fsdp=layout.fsdp, stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
     )
@@ -459,7 +461,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
         "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
-        "shared_overlap": layout.shared_overlap,
+        "shared_overlap": layout.shared_overlap, "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
         "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
@@ -487,4 +489,4 @@ def plan_layout(plan: Plan) -> Layout:
                      moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance,
                      moe_dispatcher=plan.moe_dispatcher, tp_overlap=plan.tp_overlap, optim_dtype=plan.optim_dtype,
                      grad_dtype=plan.grad_dtype, pp_runs=plan.pp_runs, pp_overlap=plan.pp_overlap,
-                     shared_overlap=plan.shared_overlap)
+                     shared_overlap=plan.shared_overlap, fsdp=plan.fsdp)

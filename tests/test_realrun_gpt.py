@@ -2,6 +2,8 @@
 
 * DDP, FSDP2 (fully_shard), tensor parallel and pipeline parallel: the replayed step time (median over the
   measured steps) is within 5% of the measured one (issue 3 item 6).
+* FSDP2's copy passes (``Layout.fsdp`` "torch"): per step of the ZeRO-3 run, the traced ``split_with_sizes_copy`` and
+  ``chunk_cat`` move twice and once the model's parameters, as the GPU estimator prices them.
 * The what-if knob (issue 3 item 7): rank 1 straggles by a fixed sleep (the ``meshplan::delay`` CPU op, 40 ms in
   run A); ``name~meshplan::delay@1=4`` replayed from A adds 3 x that sleep. How close it lands on a real run with
   160 ms is a measurement of this host (bench/closed_loop.py), not a test.
@@ -33,7 +35,7 @@ LAYOUTS = {"ddp": [], "fsdp": None, "tp": ["--tp", "2", "--micro-batch", "4"],
 DELAY_A_MS, DELAY_FACTOR = 40.0, 4
 
 
-def small_plan(path: Path, **degrees: int) -> Path:
+def small_plan(path: Path, zero_stage: int = 0, **degrees: int) -> Path:
     """A plan for the SMALL model on local:2 (what `meshplan plan` would write), saved to ``path``."""
     from meshplan.planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 
@@ -44,7 +46,7 @@ def small_plan(path: Path, **degrees: int) -> Path:
                      vocab_size=vocab)
     cluster = ClusterRef(spec="local:2", groups=(DeviceGroupRef(nodes=1, devices_per_node=2, device="cpu"),))
     return Plan(name="small-gpt", model=model, cluster=cluster, global_batch=4, micro_batch=2, seq_len=seq,
-                degrees=Degrees(**degrees), dtype="fp32").save(path)
+                degrees=Degrees(**degrees), dtype="fp32", zero_stage=zero_stage).save(path)
 
 
 def profile_run(out: Path, trainer_args: list[str], warmup: int = 2, steps: int = 6,
@@ -96,7 +98,7 @@ def runs():
             if name == "ddp":  # the DDP run doubles as the what-if baseline A
                 return get("A1")
             if name == "fsdp":
-                plan, args = small_plan(root / "fsdp.yaml", dp_shard=2), []
+                plan, args = small_plan(root / "fsdp.yaml", zero_stage=3, dp_shard=2), []
             elif name in LAYOUTS:
                 args = SMALL + LAYOUTS[name]
             elif name.startswith("A"):
@@ -140,3 +142,35 @@ def test_whatif_knob_moves_the_replay_by_the_injected_change(runs):
     rep = replayed(runs("A1"), what_if=[f"name~meshplan::delay@1={DELAY_FACTOR}"])
     predicted, base = _median(rep, "whatif_s"), _median(rep, "replayed_s")
     assert predicted - base == pytest.approx((DELAY_FACTOR - 1) * DELAY_A_MS / 1e3, rel=0.25)
+
+
+def _fsdp_copy_elements(out: Path) -> dict[str, list[int]]:
+    """Per rank, the elements each FSDP2 copy pass of the traced steps moved: the gathered buffer ``split_with_sizes_copy``
+    reads (world x shard) and the reduce-scatter buffer ``chunk_cat`` writes (its last argument), from the trace's
+    recorded input shapes."""
+    out_elems: dict[str, list[int]] = {"fsdp::split_with_sizes_copy": [], "fsdp::chunk_cat": []}
+    f = out / "rank0.trace.json.gz"
+    for ev in json.loads(gzip.decompress(f.read_bytes()))["traceEvents"]:
+        name = ev.get("name")
+        if name in out_elems:
+            dims = ev["args"]["Input Dims"]
+            buf = dims[0] if name == "fsdp::split_with_sizes_copy" else dims[-1]
+            out_elems[name].append(buf[0] * buf[1])
+    return out_elems
+
+
+def test_fsdp2_copies_every_gathered_parameter_and_gradient(runs):
+    """What meshplan prices for torch FSDP2 (``Layout.fsdp`` "torch", planner/estimate_gpu.py): per micro-batch of a
+    ZeRO-3 model, two copy-outs of every parameter (the forward's gather and the backward's re-gather) and one copy of
+    every gradient into the reduce-scatter buffer. The real FSDP2 run (fully_shard per block and the root,
+    reshard_after_forward=True, one micro-batch per step) does exactly that: its traced copy passes move 2x and 1x
+    the model's parameter count (the GPT-2 count of ``small_plan``, independent of FSDP) per step."""
+    from meshplan.planner.plan import load_plan
+
+    out = runs("fsdp")
+    run = json.loads((out / "run.json").read_text())
+    params = load_plan(run["plan"]).model.num_params
+    moved = _fsdp_copy_elements(out)
+    traced_steps = 6  # profile_run's --steps: the profiler's active window
+    assert sum(moved["fsdp::split_with_sizes_copy"]) == 2 * params * traced_steps
+    assert sum(moved["fsdp::chunk_cat"]) == params * traced_steps

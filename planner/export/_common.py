@@ -23,7 +23,7 @@ import re
 import shlex
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import p2p_overlapped
+from meshplan.planner.layout import fsdp_impl, p2p_overlapped
 from meshplan.planner.plan import Plan
 
 # Plan.dtype values the exporters understand, mapped to a canonical name.
@@ -185,6 +185,17 @@ def pp_overlap_notes(plan: Plan, target: str) -> list[str]:
         return []
     return [f"{target}: pp_overlap: the pipeline's sends and receives wait in line here; the plan priced them "
             "overlapped with the next chunk's compute (re-plan with --fix pp_overlap=false to compare)"]
+
+
+def fsdp_notes(plan: Plan, target: str, runs: str) -> list[str]:
+    """A warning when a ZeRO-3 plan priced another FSDP implementation than the target launches (``runs``: "torch"
+    for FSDP2, "megatron" for Megatron-FSDP): FSDP2's copy passes are in the price or not. As ``stack_notes``: a
+    plan left at ``stack: megatron`` without ``fsdp`` (every plan written before the fields) is not named."""
+    priced = fsdp_impl(plan.fsdp, plan.stack)
+    if plan.zero_stage != 3 or priced == runs or (not plan.fsdp and plan.stack == "megatron"):
+        return []
+    names = {"torch": "torch FSDP2 (fully_shard, with its copy passes)", "megatron": "Megatron-FSDP (no copy passes)"}
+    return [f"{target}: fsdp={priced}: the plan priced {names[priced]}, the job runs {names[runs]}"]
 
 
 def shared_overlap_notes(plan: Plan, target: str) -> list[str]:

@@ -81,6 +81,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "accelerate", "megatron" if kind == "MEGATRON_LM" else "eager")
     out += c.moe_notes(plan, "accelerate")
     out += c.state_dtype_notes(plan, "accelerate")
+    out += c.fsdp_notes(plan, "accelerate", "torch")
     out += c.tp_overlap_notes(plan, "accelerate")
     out += c.pp_overlap_notes(plan, "accelerate")
     out += c.shared_overlap_notes(plan, "accelerate")

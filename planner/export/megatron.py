@@ -118,6 +118,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
     out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"))
+    out += c.fsdp_notes(plan, "megatron", "megatron")
     d = plan.degrees
     if (d.vpp > 1 and d.pp <= 2 and not _sends_in_line(plan)
             and not p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule)):

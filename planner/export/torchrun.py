@@ -30,6 +30,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "torchrun", "eager")
     out += c.moe_notes(plan, "torchrun")
     out += c.state_dtype_notes(plan, "torchrun")
+    out += c.fsdp_notes(plan, "torchrun", "torch")
     out += c.tp_overlap_notes(plan, "torchrun")
     out += c.pp_overlap_notes(plan, "torchrun")
     out += c.shared_overlap_notes(plan, "torchrun")

@@ -154,6 +154,7 @@ def unsupported(plan: Plan) -> list[str]:
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")
     out += c.state_dtype_notes(plan, "torchtitan")
+    out += c.fsdp_notes(plan, "torchtitan", "torch")
     out += c.pp_overlap_notes(plan, "torchtitan")
     out += c.shared_overlap_notes(plan, "torchtitan")
     if plan.tp_overlap:
