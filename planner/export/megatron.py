@@ -97,9 +97,13 @@ def _sends_in_line(plan: Plan) -> bool:
     line (``planner.layout.p2p_overlapped``), except where Megatron refuses in-line sends (pp <= 2) and the plan did
     not pin them (another stack's default): that job keeps Megatron's overlap, and ``unsupported`` says so."""
     d = plan.degrees
-    if d.vpp == 1 or p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule):
+    if d.vpp == 1 or _p2p_priced_overlapped(plan):
         return False
     return plan.pp_overlap is False or d.pp > 2
+
+
+def _p2p_priced_overlapped(plan: Plan) -> bool:
+    return p2p_overlapped(plan.pp_overlap, plan.stack, plan.degrees.pp, plan.schedule)
 
 
 def _shards_over(plan: Plan) -> int:
@@ -120,11 +124,10 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"))
     out += c.fsdp_notes(plan, "megatron", "megatron")
     d = plan.degrees
-    if (d.vpp > 1 and d.pp <= 2 and not _sends_in_line(plan)
-            and not p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule)):
+    if d.vpp > 1 and not _p2p_priced_overlapped(plan) and not _sends_in_line(plan):
         out.append(f"megatron: pp_overlap: the plan priced the pipeline's sends in line (stack={plan.stack}); Megatron "
                    f"overlaps them here, as it refuses in-line sends with vpp > 1 at pp={d.pp}")
-    if plan.pp_overlap and plan.degrees.pp > 1 and plan.degrees.vpp == 1:
+    if plan.pp_overlap and d.pp > 1 and d.vpp == 1:
         out.append("megatron: pp_overlap: Megatron-LM overlaps the pipeline's sends only in the interleaved schedule "
                    "(vpp > 1); this 1F1B job waits for them in line, which the plan did not price")
     if plan.schedule == "gpipe" and plan.degrees.pp > 1:
