@@ -309,6 +309,15 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                               {}))
             if "DeepEP" in kernels:
                 needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
+            # AutoModel's MoE apply_fsdp shards the blocks with MixedPrecisionPolicy(param_dtype=bf16,
+            # reduce_dtype=float32) (components/moe/parallelizer.py @ 89e3a9fdd): dense gradients reduced in fp32;
+            # the routed experts' own fully_shard over the expert-shard mesh takes no policy: bf16
+            needs.append(Need("reduce_dtype", "fp32", "AutoModel MoE apply_fsdp: MixedPrecisionPolicy(reduce_dtype="
+                              "torch.float32)", {}))
+            if (dp * cp * tp) // ep > 1:
+                needs.append(Need("expert_reduce_dtype", "bf16", f"the routed experts' FSDP over "
+                                  f"{(dp * cp * tp) // ep} ranks reduces in bf16 (fully_shard without mp_policy); "
+                                  "meshplan prices every gradient at the one reduce_dtype, fp32", {}))
             needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "
                               "with another micro-batch's compute (no DualPipe in AutoModel)", {}, implied=True))
             if row.get("shared_experts"):
@@ -316,6 +325,10 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                                   "stream during the routed experts' dispatch and combine (components/moe/layers.py "
                                   "@ 89e3a9fdd: 'Execute shared experts in a separate stream to overlap compute "
                                   "with the communication for grouped experts')", {}))
+        else:  # a dense model under FSDP2Manager: its default policy reduces in bf16
+            needs.append(Need("reduce_dtype", "bf16", "AutoModel FSDP2Manager's default MixedPrecisionPolicy("
+                              "reduce_dtype=torch.bfloat16) (components/distributed/config.py @ 2013a4dd6, where the "
+                              "row entered the table; its config sets no mp_policy)", {}))
     else:  # torchtitan: FSDP2 (+TP), bf16 (none of the dev rows carries Float8)
         facts = TORCHTITAN_FACTS[name]
         zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)
@@ -332,6 +345,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                               {"recompute": "selective"}))
         else:
             recompute = "full"
+        needs.append(Need("reduce_dtype", "fp32", "torchtitan reduces gradients in fp32, its only choice "
+                          "(config_manager.py, 2024: --training.mixed_precision_reduce default float32, choices "
+                          "['float32']; FSDP2 MixedPrecisionPolicy.reduce_dtype)", {}))
         needs.append(Need("stack", "torchtitan" if facts["compile"] else "eager",
                           "FSDP2 + torch.compile" if facts["compile"] else
                           "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "

@@ -29,7 +29,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
                                        time_key, time_signature)
 from meshplan.planner.layout import Layout, weighted_split
-from meshplan.planner.memory import grad_bytes_per_param, param_bytes
+from meshplan.planner.memory import param_bytes, reduce_bytes_per_param
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.schedules import bubble_s
 
@@ -337,7 +337,7 @@ class GpuEstimator:
             groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
                            max(1, layout.expert_dp // eshard.size)))
         last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
-        grad_b = grad_bytes_per_param(layout, work.dtype)  # fp32 gradients move twice the bytes
+        grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
         param_dtype, grad_dtype = ("fp32" if work.dtype == "fp32" else "bf16"), ("fp32" if grad_b == 4 else "bf16")
         grad_total = (dense + expert) * grad_b
         dp_exposed = hidden = fsdp_copies = 0.0
@@ -364,9 +364,12 @@ class GpuEstimator:
                 if layout.fsdp_impl == "torch" and shard > 1:
                     # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient
                     # into the reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes
+                    # (a bf16 gradient copied into an fp32 reduce buffer is the 2 -> 4 B conversion the "cast" op
+                    # measures, collect.py's fp32 <-> bf16 kernel)
                     gathers = runs * (1 if pp > 1 else 2)
+                    copy_in = "cast" if grad_dtype != param_dtype else "copy"
                     fsdp_copies += (gathers * self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
-                                    + runs * self.op_time_s(OpSpec("copy", (int(params),), grad_dtype), dev))
+                                    + runs * self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev))
                 rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))

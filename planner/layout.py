@@ -32,6 +32,7 @@ MOE_DISPATCHERS = ("alltoall", "deepep")
 OPTIM_DTYPES = ("fp32", "remainder", "bf16")
 GRAD_DTYPES = ("bf16", "fp32")
 FSDP_IMPLS = ("torch", "megatron")
+REDUCE_DTYPES = ("bf16", "fp32")
 DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
 _Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
 
@@ -153,6 +154,14 @@ def fsdp_impl(fsdp: str, stack: str) -> str:
     return fsdp or ("megatron" if stack == "megatron" else "torch")
 
 
+def reduce_dtype_of(reduce_dtype: str, stack: str) -> str:
+    """The dtype a layout or plan reduces its gradients in over the data-parallel wire: ``reduce_dtype`` where
+    pinned, "fp32" under torchtitan (its only choice: ``training.mixed_precision_reduce: Literal["float32"]``,
+    ``torchtitan/config/job_config.py`` @ 0.2.2, which FSDP2's ``MixedPrecisionPolicy.reduce_dtype`` and its DDP
+    path both follow), else "" = the gradient buffer's own dtype (``memory.grad_bytes_per_param``)."""
+    return reduce_dtype or ("fp32" if stack == "torchtitan" else "")
+
+
 def p2p_overlapped(pp_overlap: bool | None, stack: str, pp: int, schedule: str) -> bool:
     """Whether a pipeline's sends/receives overlap compute: ``pp_overlap`` where pinned, else the stack's own
     (Megatron-LM overlaps them in the interleaved schedule, ``overlap_p2p_comm`` on by default; other stacks wait
@@ -251,6 +260,13 @@ class Layout(Degrees):
             ``split_with_sizes_copy``, ``foreach_reduce`` runs ``chunk_cat``); "megatron" (Megatron-FSDP, what the
             Megatron export launches for zero 3) gathers into and reduces from persistent buffers the parameters
             and gradients are views of, so no copy runs.
+        reduce_dtype: the dtype the data-parallel gradient reduction runs in on the wire, apart from the buffer the
+            gradients are kept in (``grad_dtype``): FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` casts each
+            bf16 gradient up into an fp32 reduce-scatter buffer and keeps the reduced shard in the parameter's own
+            dtype (torch ``_fully_shard/_fsdp_collectives.py`` ``foreach_reduce``); DeepSpeed's
+            ``communication_data_type``. "" = the stack's own (``reduce_dtype_of``): fp32 under torchtitan (its
+            only option), else the gradient buffer's dtype (Megatron-Core reduces its main-grad buffer as is).
+            Doubles the reduce-scatter / all-reduce bytes and FSDP2's gradient copy-in writes at fp32.
     """
 
     micro_batch: int = 1
@@ -275,6 +291,7 @@ class Layout(Degrees):
     pp_overlap: bool | None = None
     shared_overlap: bool = False
     fsdp: str = ""
+    reduce_dtype: str = ""
 
     @classmethod
     def of(cls, degrees: Degrees, **decisions) -> "Layout":
@@ -285,6 +302,11 @@ class Layout(Degrees):
     def fsdp_impl(self) -> str:
         """The ZeRO-3 implementation that runs (``fsdp``, or the stack's own: ``fsdp_impl``)."""
         return fsdp_impl(self.fsdp, self.stack)
+
+    @property
+    def reduce_dtype_priced(self) -> str:
+        """The gradient reduction's wire dtype (``reduce_dtype``, or the stack's own; "" = the buffer's)."""
+        return reduce_dtype_of(self.reduce_dtype, self.stack)
 
     @property
     def p2p_overlapped(self) -> bool:
@@ -395,6 +417,8 @@ class Layout(Degrees):
                                 f"overlap_p2p_comm only there; pp={self.pp}, vpp={self.vpp})")
         if self.fsdp and self.fsdp not in FSDP_IMPLS:
             raise MeshplanError(f"fsdp '{self.fsdp}' is not one of {', '.join(FSDP_IMPLS)}")
+        if self.reduce_dtype and self.reduce_dtype not in REDUCE_DTYPES:
+            raise MeshplanError(f"reduce_dtype '{self.reduce_dtype}' is not one of {', '.join(REDUCE_DTYPES)}")
         if self.shared_overlap and self.moe_overlap:
             raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
                                 "pick one (Megatron-Core asserts against the pair)")

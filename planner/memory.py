@@ -45,6 +45,15 @@ def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
     if dtype == "fp32" or (layout.stack == "megatron" and layout.zero_stage < 3 and dtype in ("bf16", "fp8")):
         return GRAD_BYTES_BY_DTYPE["fp32"]
     return GRAD_BYTES
+
+
+def reduce_bytes_per_param(layout: Layout, dtype: str) -> int:
+    """Bytes of one parameter's gradient on the data-parallel wire: ``Layout.reduce_dtype_priced`` (torchtitan's
+    fp32, a pinned ``reduce_dtype``), else the gradient buffer's own (``grad_bytes_per_param``)."""
+    wire = layout.reduce_dtype_priced
+    return GRAD_BYTES_BY_DTYPE[wire] if wire else grad_bytes_per_param(layout, dtype)
+
+
 # What a rank may allocate, term by term (issue 13 item 3: the refusal margin is explained, not a fudge):
 # - torch's ``total_memory`` reads the datasheet capacity, taken as GiB, to ~1% (H100 80GB: 79.2 of 80 GiB; the
 #   convention of costmodel/data/devices.yaml), so a plan must fit in 99% of ``memory_bytes``;

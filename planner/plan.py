@@ -172,6 +172,7 @@ class Plan(_Frozen):
     pp_overlap: Optional[bool] = None  # None: the stack's own (``Layout.p2p_overlapped``)
     shared_overlap: bool = False
     fsdp: Literal["", "torch", "megatron"] = ""  # "" = the stack's own (``Layout.fsdp_impl``)
+    reduce_dtype: Literal["", "bf16", "fp32"] = ""  # "" = the stack's own (``Layout.reduce_dtype_priced``)
     explain: Optional[dict] = None  # ``meshplan plan --explain``: planner.explain.explain_gpu's breakdown
     layer_precision: Optional[tuple[str, ...]] = None
     stages: Optional[tuple[Stage, ...]] = None
@@ -241,7 +242,8 @@ class Plan(_Frozen):
 OPTIONAL_DECISIONS = {"etp": 0, "fp8": "none", "cp_kind": "ring", "stack": "megatron", "moe_overlap": False,
                       "moe_capacity": 0.0, "moe_imbalance": 1.0, "moe_dispatcher": "alltoall", "tp_overlap": False,
                       "optim_dtype": "fp32", "grad_dtype": "", "pp_runs": 1, "pp_overlap": None,
-                      "shared_overlap": False, "fsdp": "", "explain": None}
+                      "shared_overlap": False, "fsdp": "", "reduce_dtype": "",
+                      "explain": None}
 
 
 def load_plan(path: str | Path) -> Plan:

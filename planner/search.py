@@ -382,6 +382,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"optim={layout.optim_dtype}")
     if layout.grad_dtype:
         parts.append(f"grads={layout.grad_dtype}")
+    if layout.reduce_dtype:
+        parts.append(f"reduce={layout.reduce_dtype}")
     if layout.moe_capacity:
         parts.append(f"capacity={layout.moe_capacity:g}")
     if layout.moe_imbalance != 1.0:
@@ -426,7 +428,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
         moe_capacity=layout.moe_capacity, moe_imbalance=layout.moe_imbalance, moe_dispatcher=layout.moe_dispatcher,
         tp_overlap=layout.tp_overlap, optim_dtype=layout.optim_dtype, grad_dtype=layout.grad_dtype,
         pp_runs=layout.pp_runs, pp_overlap=layout.pp_overlap, shared_overlap=layout.shared_overlap,
-        fsdp=layout.fsdp, stages=_stages(layout),
+        fsdp=layout.fsdp, reduce_dtype=layout.reduce_dtype, stages=_stages(layout),
         prediction=prediction_of(est, costmodel),
         meshplan_version=meshplan_version(),
     )
@@ -462,6 +464,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
         "shared_overlap": layout.shared_overlap, "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
+        "reduce_dtype": layout.reduce_dtype_priced or None,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
         "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
@@ -489,4 +492,4 @@ def plan_layout(plan: Plan) -> Layout:
                      moe_capacity=plan.moe_capacity, moe_imbalance=plan.moe_imbalance,
                      moe_dispatcher=plan.moe_dispatcher, tp_overlap=plan.tp_overlap, optim_dtype=plan.optim_dtype,
                      grad_dtype=plan.grad_dtype, pp_runs=plan.pp_runs, pp_overlap=plan.pp_overlap,
-                     shared_overlap=plan.shared_overlap, fsdp=plan.fsdp)
+                     shared_overlap=plan.shared_overlap, fsdp=plan.fsdp, reduce_dtype=plan.reduce_dtype)

@@ -17,18 +17,19 @@ from typing import Iterator, Mapping, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout import (ATTENTION, CP_KINDS, FP8_RECIPES, FSDP_IMPLS, GRAD_DTYPES, MOE_DISPATCHERS,
-                                    OPTIM_DTYPES, RECOMPUTE, STACKS, Layout, balanced_split, parse_pp_layout)
+                                    OPTIM_DTYPES, RECOMPUTE, REDUCE_DTYPES, STACKS, Layout, balanced_split,
+                                    parse_pp_layout)
 from meshplan.planner.schedules import SCHEDULES
 
 FIX_KEYS = ("dp", "dp_replicate", "dp_shard", "tp", "pp", "pp_layout", "first_stage_layers", "last_stage_layers",
             "vpp", "schedule", "cp", "cp_kind", "ep", "etp", "sp", "mbs", "zero", "recompute", "attention", "fp8",
             "stack", "tp_overlap", "moe_overlap", "moe_dispatcher", "moe_capacity", "moe_imbalance", "optim_dtype",
-            "grad_dtype", "pp_runs", "pp_overlap", "shared_overlap", "fsdp")
+            "grad_dtype", "pp_runs", "pp_overlap", "shared_overlap", "fsdp", "reduce_dtype")
 BOOL_KEYS = ("sp", "moe_overlap", "tp_overlap", "pp_overlap", "shared_overlap")
 FLOAT_KEYS = ("moe_capacity", "moe_imbalance")
 CHOICE_KEYS = {"attention": ATTENTION, "fp8": FP8_RECIPES, "cp_kind": CP_KINDS, "stack": STACKS,
                "schedule": SCHEDULES, "moe_dispatcher": MOE_DISPATCHERS, "optim_dtype": OPTIM_DTYPES,
-               "grad_dtype": GRAD_DTYPES, "fsdp": FSDP_IMPLS}
+               "grad_dtype": GRAD_DTYPES, "fsdp": FSDP_IMPLS, "reduce_dtype": REDUCE_DTYPES}
 MAX_VPP = 8
 MAX_CP = 32
 MBS_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -81,6 +82,7 @@ class Pins:
     pp_overlap: Optional[bool] = None
     shared_overlap: Optional[bool] = None
     fsdp: Optional[str] = None
+    reduce_dtype: Optional[str] = None
 
     @classmethod
     def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
@@ -426,7 +428,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                   moe_dispatcher=fix.get("moe_dispatcher", "alltoall"), tp_overlap=fix.get("tp_overlap", False),
                   optim_dtype=fix.get("optim_dtype", "fp32"), grad_dtype=fix.get("grad_dtype", ""),
                   pp_runs=fix.get("pp_runs", 1), pp_overlap=fix.pp_overlap,
-                  shared_overlap=fix.get("shared_overlap", False), fsdp=fix.get("fsdp", ""))
+                  shared_overlap=fix.get("shared_overlap", False), fsdp=fix.get("fsdp", ""),
+                  reduce_dtype=fix.get("reduce_dtype", ""))
     sched = fix.schedule or ""
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):

@@ -226,10 +226,11 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
     assert lo <= eff["achieved"] / 1e12 <= hi
 
 
-# The dev set's accuracy, per source, as measured on 2026-11-26 after the pipeline-send and shared-expert overlaps
-# and FSDP2's copy passes (BENCHMARKS.md "Dev set": S1 5.5, S1f 5.7, S5 7.8, T 3.1%): a regression guard with a
-# little room, not the target (issue 13 asks <= 8% per source). Error = (predicted - published) / published step time.
-MEAN_ABS_ERROR_AT_MOST = {"S1": 0.06, "S1f": 0.065, "S5": 0.085, "T": 0.04}
+# The dev set's accuracy, per source, as measured on 2026-11-26 after the pipeline-send and shared-expert overlaps,
+# FSDP2's copy passes and the fp32 gradient reduction of torchtitan and AutoModel's MoE blocks (BENCHMARKS.md "Dev
+# set": S1 5.5, S1f 5.7, S5 7.9, T 2.0%): a regression guard with a little room, not the target (issue 13 asks <= 8%
+# per source). Error = (predicted - published) / published step time.
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.06, "S1f": 0.065, "S5": 0.085, "T": 0.03}
 
 
 def test_accuracy_per_source_does_not_regress(priced):

@@ -137,6 +137,8 @@ VARIANTS.update({
     "pp-overlap-off": lambda: _variant(pp_overlap=False),
     "moe-shared-overlap": lambda: _moe_variant(shared_overlap=True),
     "moe-deepep": lambda: _moe_variant(moe_dispatcher="deepep"),
+    "reduce-fp32": lambda: _variant(reduce_dtype="fp32"),
+    "reduce-bf16": lambda: _variant(reduce_dtype="bf16"),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

@@ -255,6 +255,9 @@ def test_deepspeed_config_loads(plan_name: str, ds_config_cls) -> None:
             assert cfg.expert_parallel_config.expert_tensor_parallel_size == plan.etp
     assert cfg.zero_config.zero_quantized_gradients == ("int8" in {b.method for b in plan.compression or ()}
                                                          and plan.zero_stage == 3)
+    if plan.reduce_dtype and not plan.compression:  # the dtype the plan priced its gradient reduction in
+        import torch
+        assert cfg.communication_data_type == {"fp32": torch.float32, "bf16": torch.bfloat16}[plan.reduce_dtype]
     # The parser is strict where meshplan relies on it: a batch that does not multiply out is rejected.
     with pytest.raises(AssertionError):
         ds_config_cls({**raw, "train_batch_size": plan.global_batch + plan.micro_batch}, mpu=_Mpu(plan.degrees.dp))

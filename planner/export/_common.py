@@ -208,9 +208,10 @@ def shared_overlap_notes(plan: Plan, target: str) -> list[str]:
 
 
 def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp32",),
-                      grads: tuple[str, ...] = ()) -> list[str]:
-    """Warnings when the plan priced optimizer states or gradients in a precision the target cannot set
-    (``optim`` / ``grads``: the ``optim_dtype`` / ``grad_dtype`` values it carries)."""
+                      grads: tuple[str, ...] = (), reduce: tuple[str, ...] = ()) -> list[str]:
+    """Warnings when the plan priced optimizer states, gradients or their reduction in a precision the target cannot
+    set (``optim`` / ``grads`` / ``reduce``: the ``optim_dtype`` / ``grad_dtype`` / ``reduce_dtype`` values it
+    carries)."""
     from meshplan.planner.memory import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
 
     out = []
@@ -221,6 +222,10 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
     if plan.grad_dtype and plan.grad_dtype not in grads:
         out.append(f"{target}: grad_dtype={plan.grad_dtype}: no option sets the gradients' dtype here; the plan priced "
                    f"{GRAD_BYTES_BY_DTYPE[plan.grad_dtype]} B per parameter and its data-parallel traffic in it")
+    if plan.reduce_dtype and plan.reduce_dtype not in reduce:
+        out.append(f"{target}: reduce_dtype={plan.reduce_dtype}: no option sets the dtype gradients are reduced in "
+                   f"here; the plan priced the data-parallel traffic at {GRAD_BYTES_BY_DTYPE[plan.reduce_dtype]} B "
+                   "per parameter")
     return out
 
 

@@ -39,7 +39,7 @@ def _comm_dtype(plan: Plan) -> str | None:
         return "fp16"
     if methods == {"bf16"}:
         return "bf16"
-    return None
+    return plan.reduce_dtype or None  # the gradient reduction's dtype, where the plan pins one
 
 
 def _int8(plan: Plan) -> bool:
@@ -74,7 +74,7 @@ def unsupported(plan: Plan) -> list[str]:
     out = c.common_notes(plan, "deepspeed")
     out += c.stack_notes(plan, "deepspeed", "eager")
     out += c.moe_notes(plan, "deepspeed")
-    out += c.state_dtype_notes(plan, "deepspeed")
+    out += c.state_dtype_notes(plan, "deepspeed", reduce=("bf16", "fp32"))
     out += c.tp_overlap_notes(plan, "deepspeed")
     out += c.pp_overlap_notes(plan, "deepspeed")
     out += c.shared_overlap_notes(plan, "deepspeed")

@@ -121,7 +121,11 @@ def unsupported(plan: Plan) -> list[str]:
     out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
-    out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"))
+    out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"),
+                               reduce=("bf16", "fp32"))
+    if plan.reduce_dtype and plan.grad_dtype and plan.reduce_dtype != plan.grad_dtype:
+        out.append(f"megatron: reduce_dtype={plan.reduce_dtype}: Megatron-Core reduces gradients in their buffer's "
+                   f"dtype (grad_dtype={plan.grad_dtype}, which the arguments set)")
     out += c.fsdp_notes(plan, "megatron", "megatron")
     d = plan.degrees
     if d.vpp > 1 and not _p2p_priced_overlapped(plan) and not _sends_in_line(plan):
@@ -238,7 +242,7 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--use-precision-aware-optimizer")
     if plan.grad_dtype == "fp32":  # Megatron-LM's own choice for --bf16 runs, stated for fp16 ones
         a.append("--accumulate-allreduce-grads-in-fp32")
-    elif plan.grad_dtype == "bf16" and "--grad-reduce-in-bf16" not in a:
+    elif "bf16" in (plan.grad_dtype, plan.reduce_dtype) and "--grad-reduce-in-bf16" not in a:
         a.append("--grad-reduce-in-bf16")
     return a
 

@@ -153,7 +153,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.stack_notes(plan, "torchtitan", "torchtitan")
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")
-    out += c.state_dtype_notes(plan, "torchtitan")
+    out += c.state_dtype_notes(plan, "torchtitan", reduce=("fp32",))  # mixed_precision_reduce: float32 only
     out += c.fsdp_notes(plan, "torchtitan", "torch")
     out += c.pp_overlap_notes(plan, "torchtitan")
     out += c.shared_overlap_notes(plan, "torchtitan")
