@@ -107,7 +107,9 @@ def test_explain_adds_up_to_the_step():
     slow = ex["stages"][ex["slowest_stage"]]
     assert sum(slow["compute_s"].values()) == pytest.approx(ex["step_s"]["slowest stage compute"], rel=1e-6)
     assert any(k.startswith("ep alltoall") for k in slow["exposed_comm_s"])
-    assert all(0 < e["of_peak"] < 1 for e in ex["efficiency_stage0"].values())
+    # no class above its peak: the learned model never prices below the ideal roofline (costmodel.features), so a
+    # class priced at that bound reads exactly 1 (H100's residual adds: Vidur measures 97-110% of HBM peak on them)
+    assert all(0 < e["of_peak"] <= 1 + 1e-9 for e in ex["efficiency_stage0"].values())
 
 
 def test_te_sequence_parallel_backward_hides_the_column_parallel_collectives():

@@ -1,0 +1,49 @@
+"""The MLP activation the op list prices is the kernel the stack runs, asked the way it was measured.
+
+Truth: Vidur's H100 profile of Llama-2-7B (``../shared/kernels/vidur``), whose ``mlp_act`` column times the fused
+SwiGLU kernel, SiLU(gate) * up, over [tokens, ffn] outputs. A fused gated MLP must put exactly that one kernel in
+the op list (it was once priced as a binary elementwise op over twice the outputs: 6n bytes moved for a kernel that
+moves 3n), so its learned price lands on the measurement; eager code runs SiLU and the multiply as two kernels."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.devices import get_device
+from meshplan.planner.layout import Layout
+from meshplan.planner.model_spec import load_model
+from meshplan.planner.ops_graph import layer_ops
+from tests.helpers import shared_path
+
+TOKENS = 4096
+
+
+def _measured_mlp_act_s() -> float:
+    """Vidur's median ``mlp_act`` time of Llama-2-7B on H100 at 4096 tokens, TP 1 (ms in the file)."""
+    path = shared_path("kernels", "vidur", "compute", "h100", "Llama-2-7b-hf", "mlp.csv")
+    for row in csv.DictReader(path.open()):
+        if int(float(row["num_tokens"])) == TOKENS and int(float(row["num_tensor_parallel_workers"])) == 1:
+            return float(row["time_stats.mlp_act.median"]) * 1e-3
+    pytest.fail(f"{path}: no row at {TOKENS} tokens, TP 1")
+
+
+def _mlp_activation_ops(stack: str):
+    model = load_model(str(shared_path("published_runs", "configs", "llama2-7b.json")))
+    ops = layer_ops(model, 0, Layout(micro_batch=1, stack=stack), TOKENS).compute
+    n = TOKENS * model.ffn_hidden_size
+    return n, [o for o in ops if o.kind in ("activation", "elementwise") and o.shape[0] == n]
+
+
+def test_fused_swiglu_is_one_kernel_priced_as_measured():
+    n, acts = _mlp_activation_ops("megatron")
+    assert [o.kind for o in acts] == ["activation"], acts
+    priced = Pricer.shipped().predict(acts[0], get_device("H100"))
+    measured = _measured_mlp_act_s()
+    assert priced == pytest.approx(measured, rel=0.10), (priced, measured)
+
+
+def test_eager_swiglu_is_silu_then_multiply():
+    n, acts = _mlp_activation_ops("eager")
+    assert sorted(o.kind for o in acts) == ["activation", "elementwise"], acts
