@@ -18,7 +18,7 @@ from meshplan.costmodel.roofline import KERNEL_LAUNCH_S, ROOFLINE_EFFICIENCY
 # Shape fields of the table per kind (see costmodel.datasets.table): which (b, m, n, k) an OpSpec maps to.
 GEMM_KINDS = ("matmul", "bmm", "attention")
 ROW_KINDS = ("layernorm", "rmsnorm", "softmax", "embedding")
-NUMEL_KINDS = ("elementwise", "activation", "copy", "cast", "optimizer")
+NUMEL_KINDS = ("elementwise", "activation", "swiglu", "copy", "cast", "optimizer")
 
 # Output-tile edge lengths of cuBLAS/CUTLASS GEMM kernels (NeuSight's ``*_sgemm_128x64`` etc. kernel names):
 # the number of tiles and waves (tiles / SMs, rounded up) drives the quantisation effect on efficiency
@@ -77,6 +77,9 @@ def flops_bytes(op, b, m, n, k, dtype) -> tuple[np.ndarray, np.ndarray]:
     ac = sel("activation")
     flops[ac] = m[ac]
     nbytes[ac] = e[ac] * 2.0 * m[ac]
+    sw = sel("swiglu")  # fused SiLU(gate) * up over m outputs: reads gate and up, writes the product
+    flops[sw] = 5.0 * m[sw]
+    nbytes[sw] = e[sw] * 3.0 * m[sw]
     c = sel("copy", "cast")
     flops[c] = m[c]
     nbytes[c] = e[c] * 2.0 * m[c]

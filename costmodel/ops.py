@@ -5,7 +5,7 @@ Shape conventions per kind (all sizes in elements):
     bmm:         (b, m, n, k)
     attention:   (b, heads, s_q, s_kv, d_head)   SDPA / flash, causal unless ``causal=False``
     layernorm, rmsnorm, softmax:  (rows, cols)
-    elementwise, activation, copy, cast, optimizer:  (numel,)
+    elementwise, activation, swiglu, copy, cast, optimizer:  (numel,)   (swiglu: its n outputs)
     embedding:   (tokens, hidden)
     allreduce, allgather, reducescatter, alltoall, sendrecv:  (bytes,) with ``group_size`` participants
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 COMPUTE_KINDS = (
     "matmul", "bmm", "attention", "layernorm", "rmsnorm", "softmax",
-    "elementwise", "activation", "embedding", "optimizer", "copy", "cast",
+    "elementwise", "activation", "swiglu", "embedding", "optimizer", "copy", "cast",
 )
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
@@ -26,8 +26,8 @@ FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")
 MEMORY_BOUND_IMPLS = ("fused", "eager")
 COLLECTIVE_IMPLS = ("ring", "tree", "nvls")
 IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES,
-         **{k: MEMORY_BOUND_IMPLS for k in ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "cast",
-                                             "copy")},
+         **{k: MEMORY_BOUND_IMPLS for k in ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu",
+                                             "cast", "copy")},
          **{k: COLLECTIVE_IMPLS for k in ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")}}
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -100,6 +100,8 @@ def op_flops(op: OpSpec) -> float:
         return 5.0 * s[0] * s[1]
     if k in ("elementwise", "activation", "cast", "copy"):
         return float(s[0])
+    if k == "swiglu":
+        return 5.0 * s[0]  # SiLU (sigmoid: exp, add, divide; times x) and the product, per output
     if k == "optimizer":
         return 12.0 * s[0]  # Adam: ~12 flops / element
     if k == "embedding":
@@ -128,6 +130,8 @@ def op_bytes(op: OpSpec) -> float:
         return e * 3.0 * s[0]  # binary: two inputs, one output
     if k == "activation":
         return e * 2.0 * s[0]  # unary: read one tensor, write one
+    if k == "swiglu":
+        return e * 3.0 * s[0]  # fused gated activation: read gate and up, write their product
     if k in ("copy", "cast"):
         return e * 2.0 * s[0]
     if k == "optimizer":

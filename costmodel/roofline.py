@@ -29,6 +29,7 @@ ROOFLINE_EFFICIENCY: dict[str, tuple[float, float]] = {
     "softmax": (0.80, 0.80),
     "elementwise": (0.80, 0.80),
     "activation": (0.80, 0.80),
+    "swiglu": (0.80, 0.80),
     "embedding": (0.80, 0.60),
     "optimizer": (0.80, 0.80),
     "copy": (0.80, 0.80),

@@ -16,7 +16,8 @@ from meshplan.planner.estimate_gpu import group_links, pp_p2p_s
 from meshplan.planner.layout import Layout
 from meshplan.planner.ops_graph import embedding_ops, head_ops, layer_ops
 
-MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "embedding", "copy", "cast")
+MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
+                "cast")
 
 
 def op_class(op) -> str:

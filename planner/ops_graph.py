@@ -213,21 +213,18 @@ def _expert_load(layout: Layout) -> float:
 def activation_ops(n: float, gated: bool, eager: bool, act: str) -> list[OpSpec]:
     """The MLP activation over ``n`` = tokens x FFN width output elements.
 
-    Fused gated (Megatron-Core's bias-SwiGLU, torch.compile, TE): one kernel, asked as the "activation" class over
-    its n outputs, exactly how the class's measured fused SwiGLU kernels are labelled (Vidur's ``mlp_act``,
-    SiLU(gate) * up over [tokens, ffn/tp] outputs: ``costmodel.datasets.vidur``), so the learned price is the
-    measured kernel's (H100: 139 us at 4096 x 11008, 1.95 TB/s over its 3n reads and writes). Before 2026-11-26 it
-    was priced as a binary elementwise op over 2n elements: 6n reads and writes for a kernel that moves 3n.
-    Eager SwiGLU runs SiLU (n -> n) and then the multiply (2n -> n): two kernels.
-    Plain (bias-)GeLU / squared ReLU move 2n, but stay priced as one binary elementwise op over n (3n): on the
-    GPUs that carry Vidur's rows the "activation" class's trees also hold those gated kernels, labelled with 2n
-    bytes, and would price a unary kernel as a gated one (A100 Table 1's GeLU 1.5x slower); its own class needs
-    the gated rows moved out and the shipped model retrained."""
+    Fused gated (Megatron-Core's bias-SwiGLU, torch.compile, TE): one "swiglu" kernel over its n outputs, reading
+    gate and up and writing their product, the cost model's class for measured fused SwiGLU kernels (Vidur's
+    ``mlp_act``: H100 139 us at 4096 x 11008, 1.95 TB/s over its 3n reads and writes). Eager SwiGLU runs SiLU
+    (n -> n) and then the multiply (2n -> n): two kernels. Plain (bias-)GeLU / squared ReLU: one unary
+    "activation", reading n and writing n. (Before 2026-11-26 a fused gated kernel was priced as a binary op over
+    2n elements, 6n reads and writes for a kernel that moves 3n, and the gated kernels' measurements sat in the
+    unary class.)"""
     if not gated:
-        return [OpSpec("elementwise", (int(n),), act)]  # see above: not the contaminated "activation" class
+        return [OpSpec("activation", (int(n),), act)]
     if eager:
         return [OpSpec("activation", (int(n),), act), OpSpec("elementwise", (int(n),), act)]
-    return [OpSpec("activation", (int(n),), act)]
+    return [OpSpec("swiglu", (int(n),), act)]
 
 
 def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[OpSpec]:

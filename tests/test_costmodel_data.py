@@ -93,7 +93,8 @@ def test_unit_mismatch_detected(tmp_path):
 def test_flops_bytes_agree_with_opspec():
     shapes = {"matmul": (96, 80, 64), "bmm": (3, 96, 80, 64), "attention": (2, 4, 128, 128, 64),
               "layernorm": (64, 512), "rmsnorm": (64, 512), "softmax": (64, 512), "elementwise": (4096,),
-              "activation": (4096,), "embedding": (128, 256), "optimizer": (4096,), "copy": (4096,), "cast": (4096,)}
+              "activation": (4096,), "swiglu": (4096,), "embedding": (128, 256), "optimizer": (4096,),
+              "copy": (4096,), "cast": (4096,)}
     from meshplan.costmodel.learned import op_fields
 
     for kind in COMPUTE_KINDS:
@@ -105,6 +106,8 @@ def test_flops_bytes_agree_with_opspec():
     # Unary activations read one tensor and write one (2 accesses per element); binary elementwise ops read two.
     assert OpSpec("activation", (4096,), "bf16").bytes == 2 * 2 * 4096
     assert OpSpec("elementwise", (4096,), "bf16").bytes == 3 * 2 * 4096
+    # A fused SwiGLU reads gate and up and writes their product: 3 accesses per output element.
+    assert OpSpec("swiglu", (4096,), "bf16").bytes == 3 * 2 * 4096
 
 
 def test_cli_bad_dataset_is_one_line(runner, tmp_path):

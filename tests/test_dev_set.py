@@ -228,10 +228,10 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
 
 # The dev set's accuracy, per source, as measured on 2026-11-26 after the pipeline-send and shared-expert overlaps,
 # FSDP2's copy passes, the fp32 gradient reduction of torchtitan and AutoModel's MoE blocks, and the fused SwiGLU
-# priced once over its outputs (it was counted twice; BENCHMARKS.md "Dev set": S1 5.7, S1f 4.5, S5 7.7, T 3.6%): a
-# regression guard with a little room, not the target (issue 13 asks <= 8% per source). Error = (predicted -
-# published) / published step time.
-MEAN_ABS_ERROR_AT_MOST = {"S1": 0.06, "S1f": 0.05, "S5": 0.085, "T": 0.04}
+# priced once over its outputs, in a cost-model class of its own (it was counted twice, and its measurements sat in
+# the unary class; BENCHMARKS.md "Dev set": S1 5.9, S1f 4.5, S5 7.7, T 4.4%): a regression guard with a little room,
+# not the target (issue 13 asks <= 8% per source). Error = (predicted - published) / published step time.
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.065, "S1f": 0.05, "S5": 0.085, "T": 0.05}
 
 
 def test_accuracy_per_source_does_not_regress(priced):

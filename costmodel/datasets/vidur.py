@@ -44,8 +44,8 @@ def _shape(op: str, T, h, nh, nkv, ffn, tp):
         return "matmul", one, T, 2 * ffn / tp, h
     if op == "mlp_down_proj":
         return "matmul", one, T, h, ffn / tp
-    if op == "mlp_act":  # SiLU(gate) * up on [T, ffn/tp] outputs: an activation (gated), not a plain add
-        return "activation", one, T * ffn / tp, one, one
+    if op == "mlp_act":  # SiLU(gate) * up on [T, ffn/tp] outputs: a fused gated activation (3 passes), not the
+        return "swiglu", one, T * ffn / tp, one, one  # unary "activation" class (2 passes: NeuSight's gelu, relu)
     if op == "add":  # residual add on [T, h]
         return "elementwise", one, T * h, one, one
     raise ValueError(op)
