@@ -28,9 +28,14 @@ def main(kinds: Annotated[str, typer.Option(help="Comma-separated op classes to 
     from meshplan.core.atomic import write_atomic
     from meshplan.costmodel.datasets import load
     from meshplan.costmodel.learned import file_sha256
+    from meshplan.costmodel.ops import COMPUTE_KINDS
     from meshplan.costmodel.train import DEFAULT_MAX_ROWS, data_hashes, prepare, train_models
 
     wanted = tuple(k.strip() for k in kinds.split(",") if k.strip())
+    unknown = [k for k in wanted if k not in COMPUTE_KINDS]
+    if unknown or not wanted:
+        raise SystemExit(f"--kinds: '{unknown[0] if unknown else kinds}' is not an op class "
+                         f"(known: {', '.join(COMPUTE_KINDS)})")
     meta = json.loads((model / "metadata.json").read_text(encoding="utf-8"))
     table, files = load([data])
     hashes = [{"file": f, "sha256": h} for f, h in data_hashes(files, [data])]

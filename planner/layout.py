@@ -228,7 +228,8 @@ class Layout(Degrees):
             bf16 O2 models (``megatron_base_model.py`` @ r2.0.0rc1); Megatron-Core's precision-aware optimizer on
             Transformer Engine >= 2.1) or "bf16" (bf16 moments and the bf16 weights as their own master, 4 B: apex
             with ``dtype=bf16``, as NeMo's ``optim.dtype: bf16`` confs run it).
-        grad_dtype: the gradients' buffer and the dtype they are reduced in: "bf16" (2 B per parameter) or "fp32"
+        grad_dtype: the gradients' buffer, and the dtype they are reduced in unless ``reduce_dtype`` or the stack sets
+            another (torchtitan: fp32): "bf16" (2 B per parameter) or "fp32"
             (4 B and twice the data-parallel traffic; apex's ``grad_sync_dtype`` fp32); "" = the stack's own
             (``memory.grad_bytes_per_param``): Megatron-Core keeps fp32 main-grad buffers and reduces in fp32 for
             bf16 and fp8 runs outside FSDP (Megatron-LM ``arguments.py``: "bfloat16 requires gradient accumulation

@@ -37,11 +37,16 @@ def param_bytes(dtype: str) -> int:
 
 
 def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
-    """Bytes of one parameter's gradient in its buffer and on the wire: ``Layout.grad_dtype``, or the stack's own
-    when it is "" (Megatron-Core: fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM ``arguments.py``;
+    """Bytes of one parameter's gradient in its buffer (and on the wire unless ``Layout.reduce_dtype`` or the stack
+    sets another: ``reduce_bytes_per_param``): ``Layout.grad_dtype``, or the stack's own when it is "" (Megatron-Core,
+    whose buffer takes a pinned ``reduce_dtype``; fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM ``arguments.py``;
     fp32 runs: fp32; otherwise the ZeRO paper's 2 B)."""
     if layout.grad_dtype:
         return GRAD_BYTES_BY_DTYPE[layout.grad_dtype]
+    if layout.stack == "megatron" and layout.reduce_dtype:
+        # Megatron-Core keeps one dtype for the main-grad buffer and its reduction (--grad-reduce-in-bf16 makes
+        # both bf16): a pinned reduction dtype is the buffer's too
+        return GRAD_BYTES_BY_DTYPE[layout.reduce_dtype]
     if dtype == "fp32" or (layout.stack == "megatron" and layout.zero_stage < 3 and dtype in ("bf16", "fp8")):
         return GRAD_BYTES_BY_DTYPE["fp32"]
     return GRAD_BYTES

@@ -29,8 +29,8 @@ def _measured_mlp_act_s() -> float:
     pytest.fail(f"{path}: no row at {TOKENS} tokens, TP 1")
 
 
-def _mlp_activation_ops(stack: str):
-    model = load_model(str(shared_path("published_runs", "configs", "llama2-7b.json")))
+def _mlp_activation_ops(stack: str, config: str = "llama2-7b.json"):
+    model = load_model(str(shared_path("published_runs", "configs", config)))
     ops = layer_ops(model, 0, Layout(micro_batch=1, stack=stack), TOKENS).compute
     n = TOKENS * model.ffn_hidden_size
     return n, [o for o in ops if o.kind in ("activation", "swiglu", "elementwise") and o.shape[0] == n]
@@ -39,6 +39,7 @@ def _mlp_activation_ops(stack: str):
 def test_fused_swiglu_is_one_kernel_priced_as_measured():
     n, acts = _mlp_activation_ops("megatron")
     assert [o.kind for o in acts] == ["swiglu"], acts
+    assert acts[0].bytes == 3 * 2 * n  # reads gate and up, writes their product (bf16)
     priced = Pricer.shipped().predict(acts[0], get_device("H100"))
     measured = _measured_mlp_act_s()
     assert priced == pytest.approx(measured, rel=0.10), (priced, measured)
@@ -47,3 +48,19 @@ def test_fused_swiglu_is_one_kernel_priced_as_measured():
 def test_eager_swiglu_is_silu_then_multiply():
     n, acts = _mlp_activation_ops("eager")
     assert sorted(o.kind for o in acts) == ["activation", "elementwise"], acts
+
+
+def test_plain_gelu_is_one_unary_kernel():
+    n, acts = _mlp_activation_ops("megatron", "gpt3-5b-nemo.json")
+    assert [o.kind for o in acts] == ["activation"], acts
+    assert acts[0].bytes == 2 * 2 * n  # reads n, writes n
+
+
+def test_routed_experts_run_the_fused_swiglu():
+    from meshplan.planner.ops_graph import expert_ops
+
+    model = load_model(str(shared_path("model_configs", "deepseek-v3.json")))
+    ops = expert_ops(model, Layout(dp_shard=64, ep=64, etp=1, micro_batch=1), TOKENS * model.experts_per_token,
+                     "bf16")
+    kinds = {o.kind for o in ops}
+    assert "swiglu" in kinds and "elementwise" not in kinds and "activation" not in kinds, kinds

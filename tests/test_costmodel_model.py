@@ -72,7 +72,8 @@ def test_heldout_shapes_beat_roofline(ln_softmax):
 def test_shipped_model_loads_and_matches_the_train_command():
     m = LearnedModel.load(SHIPPED)
     meta = m.meta
-    assert {"matmul", "bmm", "layernorm", "softmax", "elementwise", "activation", "rmsnorm", "embedding"} <= set(m.kinds)
+    assert {"matmul", "bmm", "layernorm", "softmax", "elementwise", "activation", "swiglu", "rmsnorm",
+            "embedding"} <= set(m.kinds)
     # The training data named in the metadata is the data in ../shared today (sha256 per file).
     from meshplan.costmodel.learned import file_sha256
 

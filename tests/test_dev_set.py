@@ -230,7 +230,9 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
 # FSDP2's copy passes, the fp32 gradient reduction of torchtitan and AutoModel's MoE blocks, and the fused SwiGLU
 # priced once over its outputs, in a cost-model class of its own (it was counted twice, and its measurements sat in
 # the unary class; BENCHMARKS.md "Dev set": S1 5.9, S1f 4.5, S5 7.7, T 4.4%): a regression guard with a little room,
-# not the target (issue 13 asks <= 8% per source). Error = (predicted - published) / published step time.
+# not the target (issue 13 asks <= 8% per source): a ratchet, moved only with a physics change that says why (the
+# S1 and T bounds rose with the SwiGLU fix, whose double count those rows had rested on). Error = (predicted -
+# published) / published step time.
 MEAN_ABS_ERROR_AT_MOST = {"S1": 0.065, "S1f": 0.05, "S5": 0.085, "T": 0.05}
 
 

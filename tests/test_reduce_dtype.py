@@ -127,5 +127,40 @@ def test_exports_carry_or_name_it():
     tt = render(fp32, "torchtitan")
     assert not any("reduce_dtype" in n for n in tt.warnings)
     assert 'mixed_precision_reduce = "float32"' in tt.text
-    # the example trainer (torchrun) has no option for it
-    assert any("reduce_dtype=fp32" in n for n in render(fp32, "torchrun").warnings)
+    # the example trainer (torchrun) keeps fp32 parameters under autocast: it reduces in fp32, and has no bf16 option
+    assert any("reduce_dtype=bf16" in n for n in render(bf16, "torchrun").warnings)
+    assert not any("reduce_dtype" in n for n in render(fp32, "torchrun").warnings)
+    # DeepSpeed is told what a plan left at its stack's own priced: torchtitan's fp32
+    titan = VARIANTS["stack-torchtitan"]()
+    assert json.loads(render(titan, "deepspeed").text).get("communication_data_type") == "fp32"
+
+
+def test_megatron_buffer_follows_a_pinned_reduction_dtype():
+    """Megatron-Core has one dtype for its main-grad buffer and their reduction (--grad-reduce-in-bf16 makes both
+    bf16), so a pinned reduce_dtype sizes the buffer as grad_dtype would; other stacks keep them apart (FSDP2
+    reduces in fp32 into a shard of the parameter's dtype)."""
+    from meshplan.planner.memory import grad_bytes_per_param
+
+    for stack, expect in (("megatron", 2), ("torchtitan", 2), ("eager", 2)):
+        lay = Layout(dp_shard=8, zero_stage=1, stack=stack, reduce_dtype="bf16")
+        assert grad_bytes_per_param(lay, "bf16") == expect, stack
+    assert grad_bytes_per_param(Layout(dp_shard=8, zero_stage=1, stack="megatron"), "bf16") == 4  # fp32 main grads
+    assert grad_bytes_per_param(Layout(dp_shard=8, zero_stage=3, stack="torchtitan", reduce_dtype="fp32"),
+                                "bf16") == 2  # FSDP2: reduced in fp32, kept as the parameter's dtype
+
+
+def test_the_estimator_prices_the_wire_dtype():
+    """torchtitan's fp32 reduction (and FSDP2's copy-in, a cast) costs more than the same FSDP step in bf16."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.cluster import load_cluster
+    from meshplan.planner.estimate import Workload
+    from meshplan.planner.estimate_gpu import GpuEstimator
+    from meshplan.planner.model_spec import load_model
+
+    est = GpuEstimator(Pricer.shipped())
+    work = Workload(load_model("llama-3.1-8b"), load_cluster("2x8xH100"), 64, 8192, "bf16")
+    fp32, bf16 = (est.estimate(work, Layout(dp_shard=16, zero_stage=3, stack="torchtitan", recompute="full",
+                                            reduce_dtype=r)) for r in ("fp32", "bf16"))
+    assert fp32.exposed_comm_s > bf16.exposed_comm_s
+    assert fp32.other_s > bf16.other_s  # the copy-in into the fp32 reduce buffer: a cast, 6 B per element, not 4
+    assert fp32.memory.total_bytes == bf16.memory.total_bytes

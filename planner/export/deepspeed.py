@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 
 from meshplan.planner.export import _common as c
+from meshplan.planner.layout import reduce_dtype_of
 from meshplan.planner.export import placement
 from meshplan.planner.plan import Plan
 
@@ -39,7 +40,7 @@ def _comm_dtype(plan: Plan) -> str | None:
         return "fp16"
     if methods == {"bf16"}:
         return "bf16"
-    return plan.reduce_dtype or None  # the gradient reduction's dtype, where the plan pins one
+    return reduce_dtype_of(plan.reduce_dtype, plan.stack) or None  # the reduction dtype the plan priced, if set
 
 
 def _int8(plan: Plan) -> bool:

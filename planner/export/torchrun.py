@@ -29,7 +29,9 @@ def unsupported(plan: Plan) -> list[str]:
     out = c.common_notes(plan, "torchrun", placed=placement.is_heterogeneous_pipeline(plan))
     out += c.stack_notes(plan, "torchrun", "eager")
     out += c.moe_notes(plan, "torchrun")
-    out += c.state_dtype_notes(plan, "torchrun")
+    # the example trainer keeps fp32 parameters under autocast, with no FSDP mixed-precision policy: its gradients
+    # are reduced in fp32
+    out += c.state_dtype_notes(plan, "torchrun", reduce=("fp32",))
     out += c.fsdp_notes(plan, "torchrun", "torch")
     out += c.tp_overlap_notes(plan, "torchrun")
     out += c.pp_overlap_notes(plan, "torchrun")
