@@ -274,8 +274,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         if "ep" in la:
             assumptions.append(f"ep={ep} (table '-', config ep_size)")
         kernels = _quote_cells(row)[13]
-        needs.append(Need("fsdp", "torch", "AutoModel shards with torch FSDP2 fully_shard (components/moe/parallelizer.py "
-                          "apply_fsdp, components/distributed/parallelizer.py @ 89e3a9fdd), not Megatron-FSDP", {}))
+        needs.append(Need("fsdp", "torch", "AutoModel shards with torch FSDP2 fully_shard (components/moe/"
+                          "parallelizer.py apply_fsdp, components/distributed/parallelizer.py @ 89e3a9fdd), not "
+                          "Megatron-FSDP", {}))
         needs.append(Need("stack", "megatron" if "TE" in kernels else "torchtitan",
                           f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 (zero=3) with Transformer Engine's "
                           "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",

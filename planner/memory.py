@@ -39,8 +39,8 @@ def param_bytes(dtype: str) -> int:
 def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
     """Bytes of one parameter's gradient in its buffer (and on the wire unless ``Layout.reduce_dtype`` or the stack
     sets another: ``reduce_bytes_per_param``): ``Layout.grad_dtype``, or the stack's own when it is "" (Megatron-Core,
-    whose buffer takes a pinned ``reduce_dtype``; fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM ``arguments.py``;
-    fp32 runs: fp32; otherwise the ZeRO paper's 2 B)."""
+    whose buffer takes a pinned ``reduce_dtype``; fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM
+    ``arguments.py``; fp32 runs: fp32; otherwise the ZeRO paper's 2 B)."""
     if layout.grad_dtype:
         return GRAD_BYTES_BY_DTYPE[layout.grad_dtype]
     if layout.stack == "megatron" and layout.reduce_dtype:
