@@ -15,11 +15,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.planner.cluster import load_cluster, parse_bandwidth
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.solve.compression import solve_compression_problem
-from meshplan.planner.solve.partition import solve_partition
-from meshplan.planner.solve.problems import compression_problem, serve_partition_problem, train_partition_problem
+from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
+from meshplan.planner.model.spec import load_model
+from meshplan.planner.search.solve.compression import solve_compression_problem
+from meshplan.planner.search.solve.partition import solve_partition
+from meshplan.planner.search.solve.problems import compression_problem, serve_partition_problem, train_partition_problem
 
 
 def _time(fn, repeats: int):

@@ -30,8 +30,8 @@ def check(
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""
     from meshplan.core.atomic import refuse_overwrite, write_atomic
-    from meshplan.planner.calibrate import load_calibration
-    from meshplan.planner.host import default_terms_path
+    from meshplan.planner.host.calibrate import load_calibration
+    from meshplan.planner.host.terms import default_terms_path
     from meshplan.verify.gate import check_run
     from meshplan.verify.learn import learned_line
     from meshplan.verify.report import junit_xml, markdown, verdict_line

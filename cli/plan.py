@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from meshplan.cli.common import console, err_console, handle_errors, print_json
-from meshplan.planner.plan import PLAN_SCHEMA_VERSION
+from meshplan.planner.plan.schema import PLAN_SCHEMA_VERSION
 
 GiB = 1024**3
 
@@ -45,8 +45,8 @@ def plan(
                                           "bubble, the efficiency each op class was priced at")] = False,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
-    from meshplan.planner.host import load_host
-    from meshplan.planner.planning import plan_job
+    from meshplan.planner.host.terms import load_host
+    from meshplan.planner.search.job import plan_job
 
     if top < 1:
         raise typer.BadParameter("--top must be >= 1")
@@ -93,7 +93,7 @@ def plan(
 
 
 def render_explain(ex: dict) -> None:
-    """The best plan's breakdown (``planner.explain``) as rich tables that wrap."""
+    """The best plan's breakdown (``planner.estimate.explain``) as rich tables that wrap."""
     step = Table(title=f"why {ex['step_time_s']:.3f} s per step (slowest stage: {ex['slowest_stage']})")
     step.add_column("part", overflow="fold")
     step.add_column("s", justify="right")

@@ -21,8 +21,8 @@ import yaml
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import TARGETS, render
-from meshplan.planner.plan import load_plan
-from meshplan.planner.planning import plan_job
+from meshplan.planner.plan.schema import load_plan
+from meshplan.planner.search.job import plan_job
 
 SHELL_TARGETS = ("torchrun", "megatron", "slurm")
 DATA_TARGETS = {"deepspeed": json.loads, "accelerate": yaml.safe_load, "kubeflow": yaml.safe_load,

@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from meshplan.planner.planning import plan_job
+from meshplan.planner.search.job import plan_job
 from tests.helpers import shared_path
 
 DEVICES = {"NVIDIA_H100_80GB_HBM3": "H100", "NVIDIA_A100-SXM4-40GB": "A100-40GB",

@@ -23,7 +23,7 @@ import yaml
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "yaml"
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}

@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 
 from meshplan.planner.export import _common as c
-from meshplan.planner.layout import reduce_dtype_of
+from meshplan.planner.layout.layout import reduce_dtype_of
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "json"
 

@@ -35,7 +35,7 @@ import tomli_w
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "toml"
 
