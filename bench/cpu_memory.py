@@ -65,7 +65,7 @@ def predicted_bytes(config: Path, batch: int, seq: int, recompute: str) -> dict:
     from meshplan.planner.estimate.base import Workload, stage_memory
     from meshplan.planner.estimate.gpu import GpuEstimator
     from meshplan.planner.layout.layout import Layout
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     model = load_model(str(config))
     # the memory model reads no device figure but its capacity (local:N needs this host's calibration)

@@ -19,7 +19,7 @@ from rich.table import Table  # noqa: E402
 
 from meshplan.planner.cluster.spec import load_cluster  # noqa: E402
 from meshplan.planner.estimate.base import Workload  # noqa: E402
-from meshplan.planner.model.spec import load_model  # noqa: E402
+from meshplan.planner.model.config import load_model  # noqa: E402
 from meshplan.planner.search.exact import describe, search  # noqa: E402
 
 CASES = [  # model, cluster, global batch (sequences), seq len

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from meshplan.cli.common import console, err_console, handle_errors, print_json
+from meshplan.planner.layout.space import fix_help
 from meshplan.planner.plan.schema import PLAN_SCHEMA_VERSION
 
 GiB = 1024**3
@@ -19,7 +20,7 @@ def plan(
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="16x8xH100, 4xT4+1xA100, local:2 or a YAML file")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step")],
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
-    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin decisions: tp=8,pp=4,mbs=1,zero=1,recompute=full")] = None,
+    fix: Annotated[Optional[str], typer.Option("--fix", help=fix_help())] = None,
     top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
@@ -46,10 +47,12 @@ def plan(
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from meshplan.planner.host.terms import load_host
-    from meshplan.planner.search.job import plan_job
+    from meshplan.planner.search.job import PlanRequest, plan_job
 
-    if top < 1:
-        raise typer.BadParameter("--top must be >= 1")
+    request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
+                             top=top, name=name, out=out, quality_budget=quality_budget, compress=compress,
+                             net=net, gen_len=gen_len, error_budget=error_budget, sensitivity=sensitivity,
+                             costmodel=costmodel, explain=explain)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,
@@ -60,11 +63,7 @@ def plan(
                          progress=lambda step: bar.update(task, description=f"calibrating this host: {step}"))
         bar.update(task, description="searching layouts")
         # --costmodel: a missing or corrupt folder is one line, exit 2 (checksums verified)
-        outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
-                           out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
-                           quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
-                           error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host,
-                           explain=explain)
+        outcome = plan_job(request, host, progress=lambda n: bar.update(task, completed=n))
     if json_out:
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),

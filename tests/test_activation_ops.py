@@ -13,7 +13,7 @@ import pytest
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import get_device
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.estimate.ops_graph import layer_ops
 from tests.helpers import shared_path
 

@@ -9,7 +9,7 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 
 

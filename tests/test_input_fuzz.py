@@ -21,7 +21,7 @@ from meshplan.cli.main import app
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import parse_bandwidth, parse_size
 from meshplan.planner.cluster.spec import load_cluster
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.plan.schema import load_plan
 from meshplan.planner.layout.space import parse_fix
 from tests.helpers import REPO

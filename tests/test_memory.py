@@ -102,7 +102,7 @@ def test_gqa_activation_memory_search_and_solver_agree_with_korthikanti():
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.gpu import GpuEstimator
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
     from meshplan.planner.search.solve.problems import train_partition_problem
 
     model = load_model("llama-3.1-70b")
@@ -133,7 +133,7 @@ def test_fp8_weight_copies_cover_the_decoder_linears_only():
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.gpu import GpuEstimator
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     m = load_model("llama-3.1-8b")
     est = GpuEstimator(Pricer.shipped())
@@ -152,7 +152,7 @@ def test_full_n_counts_the_recompute_flops_of_the_layers_it_recomputes():
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.gpu import GpuEstimator
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     work = Workload(load_model("llama-3.1-8b"), load_cluster("4x8xH100"), 64, 4096, "bf16")
     est = GpuEstimator(Pricer.shipped())

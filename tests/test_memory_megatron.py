@@ -20,7 +20,7 @@ from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from tests.helpers import shared_path
 
 

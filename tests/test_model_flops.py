@@ -6,7 +6,7 @@ import pytest
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.flops import (hardware_flops_per_token, megatron_flops_per_iteration, narayanan_flops_per_iteration,
                            recompute_flops_per_token)
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from tests.helpers import shared_path
 
 

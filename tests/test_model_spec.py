@@ -6,7 +6,8 @@ import json
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.model.spec import ModelSpec, list_presets, load_model
+from meshplan.planner.model.config import list_presets, load_model
+from meshplan.planner.model.spec import ModelSpec
 from tests.helpers import shared_path
 
 # Golden totals and active counts: shared/model_configs/PROVENANCE.md ("Sanity numbers"), which cross-checks them

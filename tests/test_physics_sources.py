@@ -95,7 +95,7 @@ def test_explain_adds_up_to_the_step():
     from meshplan.planner.estimate.gpu import GpuEstimator
     from meshplan.planner.estimate.explain import explain_gpu
     from meshplan.planner.layout.layout import Layout
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     est = GpuEstimator(Pricer.shipped())
     work = Workload(load_model("mixtral-8x7b"), load_cluster("4x8xH100"), 256, 4096, "bf16")
@@ -123,7 +123,7 @@ def test_te_sequence_parallel_backward_hides_the_column_parallel_collectives():
     from meshplan.planner.estimate.base import time_key
     from meshplan.planner.estimate.gpu import GpuEstimator, comm_sm_share
     from meshplan.planner.layout.layout import Layout
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     cluster = load_cluster("4x8xH100")
     dev = cluster.device

@@ -20,7 +20,7 @@ from meshplan.planner.estimate.gpu import comm_sm_share, straggler_slowdown
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.layout.space import parse_fix
 
 MODEL, CLUSTER, SEQ, GBS = "llama-3.1-70b", "8x8xH100", 4096, 128

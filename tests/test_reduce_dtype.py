@@ -155,7 +155,7 @@ def test_the_estimator_prices_the_wire_dtype():
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.gpu import GpuEstimator
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     est = GpuEstimator(Pricer.shipped())
     work = Workload(load_model("llama-3.1-8b"), load_cluster("2x8xH100"), 64, 8192, "bf16")

@@ -11,7 +11,7 @@ import pytest
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.select import estimator_for
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.search.exact import search
 
 CASES = [  # model, cluster, global batch, seq, dtype, pins

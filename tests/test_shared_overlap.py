@@ -18,7 +18,7 @@ from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.layout.space import parse_fix
 

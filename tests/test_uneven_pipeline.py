@@ -110,7 +110,7 @@ def test_deepseek_v3_split_follows_predicted_time_not_layer_count():
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.gpu import GpuEstimator
     from meshplan.planner.layout.layout import Layout
-    from meshplan.planner.model.spec import load_model
+    from meshplan.planner.model.config import load_model
 
     m = load_model("deepseek-v3")
     est = GpuEstimator(Pricer.shipped())

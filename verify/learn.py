@@ -1,4 +1,4 @@
-"""Learning from its own runs (issue 6 item 5) for the CPU path: the host's compute ratio and sync waits.
+"""Learning from its own runs for the CPU path: the host's compute ratio and sync waits.
 
 ``planner.estimate.cpu`` prices a step from blocks timed on a free core (the fastest repetition), the calibrated
 in-step collectives and counted framework work; ``meshplan check --contention`` scales the CPU part by the run's
@@ -38,7 +38,7 @@ from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Estimate, Workload
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.host.terms import NEUTRAL_TERMS, TERMS, HostTerms, clamp_scale, host_terms_record
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
 from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.planner.plan.build import plan_layout
 from meshplan.profiler.runs import load_run

@@ -152,7 +152,7 @@ class TablesCache:
 
 # ---------------------------------------------------------------- parameters and memory per rank
 
-def stage_layers(model, layout: Layout, stage: int) -> tuple[range, ...]:
+def stage_layer_ranges(model, layout: Layout, stage: int) -> tuple[range, ...]:
     """The decoder layers of pipeline rank ``stage``, one range per virtual chunk (``Layout.stage_chunks``)."""
     return layout.stage_chunks(model.num_layers, stage)
 

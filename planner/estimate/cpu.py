@@ -56,7 +56,7 @@ from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import DTYPE_BYTES, OpSpec
 from meshplan.planner.host.calibrate import Calibration, host_bench
-from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, finish_estimate, stage_layers, stage_params,
+from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, finish_estimate, stage_layer_ranges, stage_params,
                                        time_key)
 from meshplan.planner.host.gloo_in_step import in_step_collective_s
 from meshplan.planner.host.terms import NEUTRAL_TERMS, HostTerms

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from meshplan.costmodel.collectives import collective_time_s
-from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layers, time_key
+from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
@@ -37,7 +37,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     work_done: dict[str, float] = defaultdict(float)  # op class -> FLOPs (compute-bound) or bytes (memory-bound)
     stages = []
     for st in range(layout.pp):
-        chunks = stage_layers(model, layout, st)
+        chunks = stage_layer_ranges(model, layout, st)
         counts = tb.kind_counts(chunks)
         rec = recomputed_counts(tb, layout, chunks)
         compute: dict[str, float] = defaultdict(float)

@@ -273,9 +273,9 @@ class GpuEstimator:
         return hit
 
     def time_balanced_split(self, work: Workload, layout: Layout) -> tuple[int, ...]:
-        """Layers per (virtual) stage balanced by predicted time rather than layer count (issue 12 item 1):
+        """Layers per (virtual) stage balanced by predicted time rather than layer count:
         dense and MoE layers, and the embedding and the output layer + loss on the first and last stages, weigh
-        what one micro-batch of each costs on this layout (``planner.layout.layout.weighted_split``)."""
+        what one micro-batch of each costs on this layout (``planner.layout.splits.weighted_split``)."""
         model, dev = work.model, work.cluster.device
         cluster = work.cluster
         tb = self.tables(model)

@@ -54,7 +54,7 @@ def reduce_bytes_per_param(layout: Layout, dtype: str) -> int:
     return GRAD_BYTES_BY_DTYPE[wire] if wire else grad_bytes_per_param(layout, dtype)
 
 
-# What a rank may allocate, term by term (issue 13 item 3: the refusal margin is explained, not a fudge):
+# What a rank may allocate, term by term (the refusal margin explained term by term, not a fudge):
 # - torch's ``total_memory`` reads the datasheet capacity, taken as GiB, to ~1% (H100 80GB: 79.2 of 80 GiB; the
 #   convention of costmodel/data/devices.yaml), so a plan must fit in 99% of ``memory_bytes``;
 # - outside PyTorch's allocator: the CUDA context with cuBLAS/cuDNN handles and workspaces (0.5-1.5 GiB measured on

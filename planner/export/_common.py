@@ -140,7 +140,7 @@ def recompute_layers(plan: Plan) -> int:
     return int(n) if head == "full" and n else 0
 
 
-def stage_layers(plan: Plan) -> list[int]:
+def layers_per_stage(plan: Plan) -> list[int]:
     """Decoder layers per (virtual) pipeline stage in model order: the plan's ``stages``, else an even split into
     pp * vpp stages."""
     if plan.stages:
@@ -151,7 +151,7 @@ def stage_layers(plan: Plan) -> list[int]:
 
 def rank_layers(plan: Plan) -> list[int]:
     """Decoder layers each pipeline rank holds (virtual stage v * pp + r is chunk v of rank r)."""
-    pp, per_stage = plan.degrees.pp, stage_layers(plan)
+    pp, per_stage = plan.degrees.pp, layers_per_stage(plan)
     return [sum(per_stage[r::pp]) for r in range(pp)]
 
 

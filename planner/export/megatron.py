@@ -6,7 +6,7 @@ Flag names and the cross-field rules of ``validate_args`` are from NVIDIA/Megatr
 dp = world / (tp * pp * cp). Data, tokenizer, optimizer and schedule arguments are the user's: the script appends
 its own command-line arguments ("$@") after the rendered ones.
 
-The decisions of issue 12 carried (flag names checked against megatron-core 0.16.1's ``TransformerConfig`` /
+The further decisions carried (flag names checked against megatron-core 0.16.1's ``TransformerConfig`` /
 ``ModelParallelConfig`` fields, whose names the parser's flags are generated from): uneven and interleaved pipelines
 as ``--pipeline-model-parallel-layout`` (one entry per virtual stage, so it is exact for any split; the
 first/last-stage flags only express a split whose middle stages are equal and cannot be combined with it), ``etp`` as

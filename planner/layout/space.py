@@ -71,6 +71,21 @@ class _PinRules:
         return replace(self, **kw)
 
 
+def fix_help() -> str:
+    """``meshplan plan --fix``'s help: the syntax, then every key with its choices (``docs/decisions.md`` has more)."""
+    def values(key: str) -> str:
+        d = BY_FIX_KEY.get(key)
+        if d is None or d.kind in ("int", "float"):
+            return "N" if d is None or d.kind == "int" else "X"
+        if d.kind in ("bool", "tristate"):
+            return "true | false"
+        if d.kind == "recompute":
+            return " | ".join(RECOMPUTE) + " | full:N"
+        return "7+8*14+7" if d.kind == "stages" else " | ".join(map(str, d.choices))
+    return ("Pin decisions, key=value[,key=value...] (see docs/decisions.md): "
+            + "; ".join(f"{k}={values(k)}" for k in FIX_KEYS))
+
+
 def _pin_type(key: str) -> type:
     d = BY_FIX_KEY.get(key)
     if d is None:

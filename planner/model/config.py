@@ -312,7 +312,16 @@ def _load_preset(canonical: str, mtp: bool) -> ModelSpec:
 
 
 def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
-    """See :func:`planner.model.spec.load_model`."""
+    """A model from a preset name/alias (see ``meshplan models``) or a path to a HF ``config.json``.
+
+    Args:
+        name_or_path: Preset name, alias or HF id of a preset, a ``config.json`` path, or a folder holding one.
+        mtp: Count DeepSeek-V3's multi-token-prediction modules (off by default: training plans use the
+            671B main model).
+
+    Raises:
+        MeshplanError: file not found, malformed JSON, unknown ``model_type``, missing or invalid field.
+    """
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise MeshplanError(f"model {name_or_path!r}: give a preset name or a config.json path")
     path = Path(name_or_path).expanduser()
@@ -336,7 +345,8 @@ def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
 
 
 def list_presets() -> list[dict[str, Any]]:
-    """See :func:`planner.model.spec.list_presets`."""
+    """Bundled presets: ``name``, ``model_type``, ``num_params``, ``active_params``, ``source`` (upstream
+    checkpoint or paper), ``aliases``; sorted by type, then size."""
     entries, _ = _index()
     out = []
     for name in entries:

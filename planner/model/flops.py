@@ -6,13 +6,10 @@ step. "Model FLOPs" (MFU numerator) exclude recomputation; "hardware FLOPs" (HFU
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.decisions import RECOMPUTE
 
-if TYPE_CHECKING:
-    from meshplan.planner.model.spec import ModelSpec
 
 
 def _check_seq(seq_len: int) -> None:
@@ -20,7 +17,7 @@ def _check_seq(seq_len: int) -> None:
         raise MeshplanError(f"seq_len: must be a positive integer, got {seq_len!r}")
 
 
-def _attention_terms(spec: "ModelSpec", seq_len: int) -> tuple[float, float]:
+def _attention_terms(spec, seq_len: int) -> tuple[float, float]:
     """(projection multiply-adds per token per layer, core-attention multiply-adds per token per layer).
 
     Core attention is QK^T plus AV, halved by the causal mask (each token attends to s/2 keys on average).
@@ -45,7 +42,7 @@ def _attention_terms(spec: "ModelSpec", seq_len: int) -> tuple[float, float]:
     return proj, core
 
 
-def _layer_counts(spec: "ModelSpec") -> tuple[int, int]:
+def _layer_counts(spec) -> tuple[int, int]:
     """(dense MLP layers, MoE layers), MTP modules included with the kind of the last layer (as Megatron does)."""
     moe = len(spec.moe_layers)
     dense = spec.num_layers - moe
@@ -57,7 +54,7 @@ def _layer_counts(spec: "ModelSpec") -> tuple[int, int]:
     return dense, moe
 
 
-def megatron_flops_per_token(spec: "ModelSpec", seq_len: int) -> float:
+def megatron_flops_per_token(spec, seq_len: int) -> float:
     """Model FLOPs per token, forward + backward, causal attention, no recompute.
 
     Mirrors ``num_floating_point_operations`` / ``transformer_flops`` in NVIDIA/Megatron-LM
@@ -86,7 +83,7 @@ def megatron_flops_per_token(spec: "ModelSpec", seq_len: int) -> float:
     return 6.0 * (mlp + layers * (proj + core) + mtp + logits)
 
 
-def recompute_flops_per_token(spec: "ModelSpec", seq_len: int, recompute: str, layer_fraction: float = 1.0) -> float:
+def recompute_flops_per_token(spec, seq_len: int, recompute: str, layer_fraction: float = 1.0) -> float:
     """Extra FLOPs per token that activation recomputation adds (the HFU - MFU difference).
 
     ``full``: one more forward of every decoder layer (1/3 of the layer FLOPs; Narayanan et al. §5 / Appendix:
@@ -118,12 +115,12 @@ def recompute_flops_per_token(spec: "ModelSpec", seq_len: int, recompute: str, l
     return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0 * layer_fraction
 
 
-def hardware_flops_per_token(spec: "ModelSpec", seq_len: int, recompute: str = "none") -> float:
+def hardware_flops_per_token(spec, seq_len: int, recompute: str = "none") -> float:
     """Model FLOPs plus recomputation FLOPs per token (the HFU numerator)."""
     return megatron_flops_per_token(spec, seq_len) + recompute_flops_per_token(spec, seq_len, recompute)
 
 
-def megatron_flops_per_iteration(spec: "ModelSpec", batch: int, seq_len: int) -> float:
+def megatron_flops_per_iteration(spec, batch: int, seq_len: int) -> float:
     """Model FLOPs of one step over ``batch`` sequences of ``seq_len`` tokens (fwd + bwd, no recompute)."""
     if not isinstance(batch, int) or batch <= 0:
         raise MeshplanError(f"batch: must be a positive integer, got {batch!r}")

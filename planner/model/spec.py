@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.model.flops import megatron_flops_per_token
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -289,8 +290,6 @@ class ModelSpec:
         Returns:
             FLOPs per token.
         """
-        from meshplan.planner.model.flops import megatron_flops_per_token
-
         return megatron_flops_per_token(self, seq_len)
 
     # ---- output --------------------------------------------------------------------------------------------
@@ -312,27 +311,3 @@ class ModelSpec:
     def with_mtp(self, num_mtp_layers: int) -> "ModelSpec":
         """Copy with ``num_mtp_layers`` MTP modules counted (0 switches MTP off)."""
         return dataclasses.replace(self, num_mtp_layers=num_mtp_layers)
-
-
-def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
-    """A model from a preset name/alias (see ``meshplan models``) or a path to a HF ``config.json``.
-
-    Args:
-        name_or_path: Preset name, alias or HF id of a preset, a ``config.json`` path, or a folder holding one.
-        mtp: Count DeepSeek-V3's multi-token-prediction modules (off by default: training plans use the
-            671B main model).
-
-    Raises:
-        MeshplanError: file not found, malformed JSON, unknown ``model_type``, missing or invalid field.
-    """
-    from meshplan.planner.model.config import load_model as _load
-
-    return _load(name_or_path, mtp=mtp)
-
-
-def list_presets() -> list[dict[str, Any]]:
-    """Bundled presets: ``name``, ``model_type``, ``num_params``, ``active_params``, ``source`` (upstream
-    checkpoint or paper), ``aliases``; sorted by type, then size."""
-    from meshplan.planner.model.config import list_presets as _list
-
-    return _list()

@@ -211,8 +211,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
 
 
 def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
-    """Each ranked layout whose uneven split the user left free, re-split by predicted stage time (issue 12 item 1:
-    ``GpuEstimator.time_balanced_split``; the space splits by layer count, embedding and loss a layer each) and
+    """Each ranked layout whose uneven split the user left free, re-split by predicted stage time
+    (``GpuEstimator.time_balanced_split``; the space splits by layer count, embedding and loss a layer each) and
     kept when that is faster and fits; re-ranked."""
     split_of = getattr(estimator, "time_balanced_split", None)
     if split_of is None or fix.pp_layout is not None or fix.first_stage_layers or fix.last_stage_layers:

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -18,19 +18,90 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import canonical_dtype, parse_bandwidth
 from meshplan.core.version import meshplan_version
 from meshplan.costmodel.api import Pricer
-from meshplan.planner.cluster.spec import load_cluster
-from meshplan.planner.estimate.base import Estimator, Workload
+from meshplan.planner.cluster.spec import ClusterSpec, load_cluster
+from meshplan.planner.estimate.base import Estimate, Estimator, Workload
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.estimate.explain import explain_gpu
 from meshplan.planner.host.terms import Host
-from meshplan.planner.model.spec import load_model
+from meshplan.planner.model.config import load_model
+from meshplan.planner.model.spec import ModelSpec
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.search.exact import layout_row, search
-from meshplan.planner.layout.space import fp8_recipe_choices, parse_fix
+from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
+from meshplan.planner.search.solve.columns import base_dtype
+from meshplan.planner.search.solve.compression import solve_compression
+from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
 
 WORKLOADS = ("train", "serve")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How a plan is answered and written, beside what is planned (``PlanRequest``)."""
+
+    top: int = 10
+    """How many ranked layouts to return."""
+    name: Optional[str] = None
+    """The plan's name (``None``: the model's, ``plan_name``)."""
+    out: Optional[Path] = None
+    """Where the best plan is written (``None``: ``plans_dir/<name>.yaml``)."""
+    plans_dir: Path = Path("plans")
+    costmodel: Optional[Path] = None
+    """The cost-model folder that prices operators (``None``: the shipped one)."""
+    explain: bool = False
+    """The best plan carries ``planner.estimate.explain``'s breakdown (GPU clusters)."""
+    quality_budget: Optional[float] = None
+    """Bound on the summed per-layer quantization sensitivity (the precision solver; ``None``: 16-bit layers)."""
+    sensitivity: Optional[Path] = None
+    """Measured per-layer indicators (``meshplan profile --sensitivity``) for the precision solver."""
+    gen_len: int = 128
+    """Tokens generated per request (serving)."""
+    compress: bool = False
+    """Choose gradient compression per bucket (ByteComp) for plain data parallelism."""
+    error_budget: Optional[float] = None
+    """Bound on the gradient compression error."""
+    net: Optional[str] = None
+    """Inter-node bandwidth per GPU that replaces the cluster's (e.g. ``25Gbps``)."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """One planning job, handed from the CLI through planning, search and the solvers: the application (model,
+    batch, sequence, workload, dtype), the system (cluster), the decisions the user fixed, and the options."""
+
+    model: str
+    """A preset name or the path of a HF ``config.json``."""
+    cluster: str
+    """A shorthand (``16x8xH100``, ``4xT4+1xA100``, ``local:2``), a preset or a cluster YAML file."""
+    global_batch: int
+    """Sequences per optimizer step (requests per batch when serving)."""
+    seq_len: int
+    """Tokens per sequence (prompt length when serving)."""
+    fix: Pins = field(default_factory=Pins)
+    """The decisions pinned (``--fix``, ``planner.layout.space.parse_fix``)."""
+    dtype: Optional[str] = None
+    """Math dtype (``None``: bf16 on accelerators, fp32 on ``local:N`` CPUs)."""
+    workload: str = "train"
+    """``train`` or ``serve`` (LLM-PQ style)."""
+    options: PlanOptions = field(default_factory=PlanOptions)
+
+    @classmethod
+    def of(cls, model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | Pins | None = None,
+           dtype: str | None = None, workload: str = "train", **options) -> "PlanRequest":
+        """A request from ``meshplan plan``'s arguments: ``fix`` as the ``--fix`` text, ``options`` by
+        ``PlanOptions`` field."""
+        pins = fix if isinstance(fix, Pins) else parse_fix(fix)
+        return cls(model, cluster, global_batch, seq_len, pins, dtype, workload, PlanOptions(**options))
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--global-batch", self.global_batch), ("--seq-len", self.seq_len),
+                            ("--top", self.options.top), ("--gen-len", self.options.gen_len)):
+            if value < 1:
+                raise MeshplanError(f"{flag} {value} must be >= 1")
+        if self.workload not in WORKLOADS:
+            raise MeshplanError(f"--workload {self.workload}: expected one of {', '.join(WORKLOADS)}")
 
 
 @dataclass
@@ -42,6 +113,20 @@ class PlanOutcome:
     plan: Plan
     path: Path
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A request with its inputs loaded: the model, the cluster, the estimator that prices, the plan's file."""
+
+    request: PlanRequest
+    spec: ModelSpec
+    cluster: ClusterSpec
+    estimator: Estimator
+    dtype: str
+    name: str
+    path: Path
+    before: object  # the plan file's state when the job began (``core.atomic.file_state``)
 
 
 def plan_name(model_arg: str) -> str:
@@ -69,59 +154,59 @@ def check_plan_name(name: str) -> str:
     return name
 
 
-def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | None = None,
-             top: int = 10, dtype: str | None = None, name: str | None = None, out: Path | None = None,
-             progress: Optional[Callable[[int], None]] = None, plans_dir: Path = Path("plans"),
-             workload: str = "train", quality_budget: float | None = None, compress: bool = False,
-             net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
-             sensitivity: Path | None = None, costmodel: Path | None = None, host: Host = Host(),
-             explain: bool = False) -> PlanOutcome:
-    """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``).
+def plan_job(request: PlanRequest, host: Host = Host(),
+             progress: Optional[Callable[[int], None]] = None) -> PlanOutcome:
+    """Plan ``request`` and write the best plan (``PlanOptions.out``, default ``plans/<name>.yaml``).
 
-    ``costmodel``: the model folder that prices operators (``None``: the shipped one). ``host``: this host's
-    calibration and learned terms (``planner.host.terms.load_host``), needed by ``local:N`` clusters. ``explain``: the best
-    plan carries ``planner.estimate.explain``'s breakdown (GPU clusters).
+    ``host``: this host's calibration and learned terms (``planner.host.terms.load_host``), needed by ``local:N``
+    clusters. ``progress``: called with the count of layouts priced so far.
     """
-    if global_batch < 1:
-        raise MeshplanError(f"--global-batch {global_batch} must be >= 1")
-    if seq_len < 1:
-        raise MeshplanError(f"--seq-len {seq_len} must be >= 1")
-    if workload not in WORKLOADS:
-        raise MeshplanError(f"--workload {workload}: expected one of {', '.join(WORKLOADS)}")
-    fixes = parse_fix(fix)
-    spec = load_model(model)
-    clus = load_cluster(cluster, calibration=host.calibration)
-    estimator = estimator_for(clus, Pricer.from_dir(costmodel), host.terms)
-    if net:
-        clus = clus.with_inter_bandwidth(parse_bandwidth(net))
-    if dtype is not None:
-        dtype = canonical_dtype(dtype)  # bfloat16 -> bf16, float16 -> fp16
-    if dtype is None:  # bf16 mixed precision on accelerators; fp32 on CPU ranks (local:N), as PyTorch trains there
-        dtype = "fp32" if all(g.device.vendor == "cpu" for g in clus.groups) else "bf16"
-    nm = check_plan_name(name) if name is not None else plan_name(model)
-    path = Path(out) if out else plans_dir / f"{nm}.yaml"
-    refuse_overwrite(path, {"--model": model if Path(model).exists() else None,
-                            "--cluster": cluster if Path(cluster).exists() else None,
-                            "--sensitivity": sensitivity}, "--out")
-    before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
-    if workload == "serve" or clus.is_heterogeneous or quality_budget is not None or sensitivity:
-        if fixes.pinned():
+    job = _load_job(request, host)
+    if request.workload == "serve" or job.cluster.is_heterogeneous or job.request.options.quality_budget is not None \
+            or request.options.sensitivity:
+        if request.fix.pinned():
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
-        return _solver_plan(spec, clus, model, nm, path, global_batch, seq_len, workload, quality_budget,
-                            gen_len, dtype, estimator, sensitivity, before)
-    clus.device.peak(dtype)  # refuses a dtype the device lacks, naming the device
-    work = Workload(spec, clus, global_batch, seq_len, dtype)
-    if compress:
+        return _solver_plan(job)
+    return _search_plan(job, progress)
+
+
+def _load_job(request: PlanRequest, host: Host) -> _Job:
+    """Load the model and cluster, choose the estimator and the dtype, and claim the plan's file."""
+    opts = request.options
+    spec = load_model(request.model)
+    clus = load_cluster(request.cluster, calibration=host.calibration)
+    estimator = estimator_for(clus, Pricer.from_dir(opts.costmodel), host.terms)
+    if opts.net:
+        clus = clus.with_inter_bandwidth(parse_bandwidth(opts.net))
+    dtype = canonical_dtype(request.dtype) if request.dtype is not None else None  # bfloat16 -> bf16
+    if dtype is None:  # bf16 mixed precision on accelerators; fp32 on CPU ranks (local:N), as PyTorch trains there
+        dtype = "fp32" if all(g.device.vendor == "cpu" for g in clus.groups) else "bf16"
+    name = check_plan_name(opts.name) if opts.name is not None else plan_name(request.model)
+    path = Path(opts.out) if opts.out else opts.plans_dir / f"{name}.yaml"
+    refuse_overwrite(path, {"--model": request.model if Path(request.model).exists() else None,
+                            "--cluster": request.cluster if Path(request.cluster).exists() else None,
+                            "--sensitivity": opts.sensitivity}, "--out")
+    before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
+    return _Job(request, spec, clus, estimator, dtype, name, path, before)
+
+
+def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOutcome:
+    """The homogeneous layout search (and ``--compress``'s choice), the best plan written."""
+    req, opts, clus, estimator = job.request, job.request.options, job.cluster, job.estimator
+    clus.device.peak(job.dtype)  # refuses a dtype the device lacks, naming the device
+    work = Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype)
+    fixes = req.fix
+    if opts.compress:
         for k in ("tp", "pp", "cp", "ep"):
             if fixes.get(k, 1) != 1:
                 raise MeshplanError(f"--compress plans pure data parallelism; --fix {k}={fixes.get(k)} conflicts")
         fixes = fixes.with_(tp=1, pp=1, cp=1, ep=1)
-    result = search(work, fixes, top=top, progress=progress, estimator=estimator,
-                    fp8_recipes=fp8_recipe_choices(dtype, clus.device))
+    result = search(work, fixes, top=opts.top, progress=progress, estimator=estimator,
+                    fp8_recipes=fp8_recipe_choices(job.dtype, clus.device))
     best_layout, best_est = result.ranked[0]
-    plan = to_plan(work, best_layout, best_est, nm, model, estimator.name)
-    if explain:
+    plan = to_plan(work, best_layout, best_est, job.name, req.model, estimator.name)
+    if opts.explain:
         if not isinstance(estimator, GpuEstimator):
             raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
         plan = plan.model_copy(update={"explain": explain_gpu(estimator, work, best_layout)})
@@ -129,23 +214,22 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     notes: tuple[str, ...] = ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
         notes = (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
-    if compress:
-        plan, rows, more = _choose_compression(work, fixes, plan, best_est, rows, nm, model, error_budget,
-                                               estimator)
+    if opts.compress:
+        plan, rows, more = _choose_compression(job, work, fixes, plan, best_est, rows)
         notes += more
     pricer = getattr(estimator, "pricer", None)
     if pricer is not None:  # prices on a GPU the cost model never saw that fall outside [roofline, 3x roofline]
         notes += tuple(f"warning: {w}" for w in pricer.warnings)
-    write_checked(path, plan.to_yaml(), before)
-    title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
-             f"{result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
+    write_checked(job.path, plan.to_yaml(), job.before)
+    title = (f"{job.spec.name} on {clus.spec}: global batch {req.global_batch}, seq {req.seq_len} — "
+             f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
              f"({result.wall_s:.2f} s)")
-    return PlanOutcome(title, rows, plan, path, notes)
+    return PlanOutcome(title, rows, plan, job.path, notes)
 
 
-def _choose_compression(work: Workload, fixes, best: Plan, best_est, rows: list[dict], name: str, model_arg: str,
-                        error_budget, estimator: Estimator) -> tuple[Plan, list[dict], tuple[str, ...]]:
-    """ZeRO or compression, decided in one model (issue 15): what a job compresses is the gradient all-reduce of
+def _choose_compression(job: _Job, work: Workload, fixes: Pins, best: Plan, best_est: Estimate,
+                        rows: list[dict]) -> tuple[Plan, list[dict], tuple[str, ...]]:
+    """ZeRO or compression, decided in one model: what a job compresses is the gradient all-reduce of
     plain DDP (the DDP communication hook, ``planner.export.comm_hook``: ZeRO/FSDP reduce-scatter gradients and gather
     parameters, which no launcher's hook compresses). The best DDP layout (``dp_shard=1, zero=0``) is priced with
     the compression the hook applies (one level, on the GPU); the plan is that one when it beats the best layout
@@ -155,13 +239,13 @@ def _choose_compression(work: Workload, fixes, best: Plan, best_est, rows: list[
                             f"{fixes.get('zero', 0)} / dp_shard={fixes.get('dp_shard', 1)} shard gradients instead "
                             "(drop them, or drop --compress)")
     try:
-        ddp = search(work, fixes.with_(dp_shard=1, zero=0), top=1, estimator=estimator)
+        ddp = search(work, fixes.with_(dp_shard=1, zero=0), top=1, estimator=job.estimator)
     except MeshplanError as exc:
         note = f"compression: not chosen; plain DDP, the layout gradient compression applies to, has no plan ({exc})"
         return best, rows, (note,)
     ddp_layout, ddp_est = ddp.ranked[0]
-    compressed, notes = _with_compression(to_plan(work, ddp_layout, ddp_est, name, model_arg, estimator.name), work,
-                                          ddp_est, error_budget, estimator)
+    ddp_plan = to_plan(work, ddp_layout, ddp_est, job.name, job.request.model, job.estimator.name)
+    compressed, notes = _with_compression(job, ddp_plan, work, ddp_est)
     step = compressed.prediction.step_time_s
     if compressed.compression and step < best_est.step_time_s:
         p = compressed.prediction
@@ -173,13 +257,12 @@ def _choose_compression(work: Workload, fixes, best: Plan, best_est, rows: list[
     return best, rows, (f"compression: not chosen ({why}); the plan is the best layout, uncompressed",)
 
 
-def _with_compression(plan: Plan, work: Workload, est, error_budget,
-                      estimator: Estimator) -> tuple[Plan, tuple[str, ...]]:
-    from meshplan.planner.search.solve.compression import solve_compression
-
+def _with_compression(job: _Job, plan: Plan, work: Workload, est: Estimate) -> tuple[Plan, tuple[str, ...]]:
+    """``plan`` with the per-bucket compression the solver chooses, and its saving applied to the prediction."""
     # only what a launcher applies: one-level, on-GPU choices (the DDP hook; targets name the rest unapplied)
-    res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len, error_budget=error_budget,
-                            estimator=estimator, hook_choices_only=True)
+    res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len,
+                            error_budget=job.request.options.error_budget, estimator=job.estimator,
+                            hook_choices_only=True)
     saving = max(0.0, res.baseline_step_s - res.step_s)
     saving = min(saving, est.exposed_comm_s)  # never more than the exposed communication there is
     step = est.step_time_s - saving
@@ -200,18 +283,16 @@ def _with_compression(plan: Plan, work: Workload, est, error_budget,
                                    "notes": plan.notes + (note,)}), (note,)
 
 
-def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
-                 dtype, estimator: Estimator, sensitivity=None, before=None) -> PlanOutcome:
-    from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
-
+def _solver_plan(job: _Job) -> PlanOutcome:
+    """The CP-SAT solvers' plan (heterogeneous clusters, serving, per-layer precision)."""
+    quality_budget = job.request.options.quality_budget
     asked = quality_budget is not None
     if not asked:
-        # Precision is lowered only when asked (issue 15): without --quality-budget no layer may cost quality, so
-        # every layer keeps the 16-bit reference precision (each lower one has a positive indicator).
+        # Precision is lowered only when asked: without --quality-budget no layer may cost quality, so every layer
+        # keeps the 16-bit reference precision (each lower one has a positive indicator).
         quality_budget = 0.0
     try:
-        return _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget,
-                               gen_len, dtype, estimator, sensitivity, before)
+        return _solve_and_save(job, quality_budget)
     except MeshplanError as exc:
         if asked:
             raise
@@ -219,17 +300,12 @@ def _solver_plan(spec, clus, model_arg, name, path, global_batch, seq_len, workl
                             "--quality-budget to allow fp8/int8/int4 layers)", exc.exit_code) from None
 
 
-def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, workload, quality_budget, gen_len,
-                    dtype, estimator: Estimator, sensitivity=None, before=None) -> PlanOutcome:
-    from meshplan.planner.search.solve.columns import base_dtype
-    from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
-
-    if workload == "serve":
-        res = solve_serve(spec, clus, global_batch, seq_len, gen_len, quality_budget=quality_budget,
-                          sensitivity=sensitivity, estimator=estimator)
-    else:
-        res = solve_hetero_train(spec, clus, global_batch, seq_len, quality_budget=quality_budget,
-                                 sensitivity=sensitivity, estimator=estimator)
+def _solve_and_save(job: _Job, quality_budget: float) -> PlanOutcome:
+    """Solve, write the plan and return its rows: the solution and the solvers' baselines."""
+    res = _solve(job, quality_budget)
+    spec, clus, req = job.spec, job.cluster, job.request
+    global_batch, seq_len, workload, gen_len = req.global_batch, req.seq_len, req.workload, req.options.gen_len
+    name, model_arg, dtype = job.name, req.model, job.dtype
     fields = res.plan_fields()
     world = clus.world_size
     if dtype in ("bf16", "fp16"):  # the 16-bit type every device has (T4, V100: fp16), as the solver priced it
@@ -255,13 +331,13 @@ def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, wo
                       hw_tflops_per_device=flops / res.time_s / world / 1e12, mfu=flops / res.time_s / peak_sum,
                       peak_memory_bytes=int(max(mem)),
                       breakdown=Breakdown(compute_s=res.time_s, exposed_comm_s=0.0, bubble_s=0.0),
-                      costmodel=estimator.name)
+                      costmodel=job.estimator.name)
     plan = Plan(name=name, model=model_ref(spec, model_arg), cluster=clus.to_ref(), global_batch=global_batch,
                 micro_batch=max(1, fields["micro_batch"]), seq_len=seq_len,
                 degrees=Degrees(dp_replicate=dp, tp=tp, pp=pp), dtype=dtype,
                 layer_precision=fields["layer_precision"], stages=fields["stages"], prediction=pred,
                 meshplan_version=meshplan_version(), notes=notes + (f"workload={res.workload}",))
-    write_checked(path, plan.to_yaml(), before)
+    write_checked(job.path, plan.to_yaml(), job.before)
     row = {"layout": _solver_layout(res), "workload": res.workload, "step_time_s": res.time_s,
            "tokens_per_s": res.tokens_per_s, "tflops_per_device": pred.tflops_per_device, "mfu": pred.mfu,
            "peak_memory_bytes": pred.peak_memory_bytes, "quality": res.quality, "dp_replicate": dp, "dp_shard": 1,
@@ -271,7 +347,18 @@ def _solve_and_save(spec, clus, model_arg, name, path, global_batch, seq_len, wo
                     for k, v in res.baselines.items()]
     title = (f"{spec.name} on {clus.spec} ({res.workload}): batch {global_batch}, seq {seq_len} — CP-SAT "
              f"{res.status.status}" + (" (time limit hit)" if res.status.hit_time_limit else ""))
-    return PlanOutcome(title, rows, plan, path, notes)
+    return PlanOutcome(title, rows, plan, job.path, notes)
+
+
+def _solve(job: _Job, quality_budget: float):
+    """The solver's result for ``job`` (serving: LLM-PQ; training: the heterogeneous partition or QSync)."""
+    req = job.request
+    if req.workload == "serve":
+        return solve_serve(job.spec, job.cluster, req.global_batch, req.seq_len, req.options.gen_len,
+                           quality_budget=quality_budget, sensitivity=req.options.sensitivity,
+                           estimator=job.estimator)
+    return solve_hetero_train(job.spec, job.cluster, req.global_batch, req.seq_len, quality_budget=quality_budget,
+                              sensitivity=req.options.sensitivity, estimator=job.estimator)
 
 
 def _solver_layout(res) -> str:

@@ -25,10 +25,10 @@ def reference_specs(plans_dir: Path = PLANS_DIR) -> dict[str, dict]:
 
 
 def regenerate(name: str, args: dict, tmp_dir: Path) -> Plan:
-    from meshplan.planner.search.job import plan_job
+    from meshplan.planner.search.job import PlanRequest, plan_job
 
-    out = plan_job(args["model"], args["cluster"], int(args["global_batch"]), int(args["seq_len"]),
-                   fix=args.get("fix"), top=1, name=name, out=tmp_dir / f"{name}.yaml")
+    out = plan_job(PlanRequest.of(args["model"], args["cluster"], int(args["global_batch"]), int(args["seq_len"]),
+                   fix=args.get("fix"), top=1, name=name, out=tmp_dir / f"{name}.yaml"))
     return load_plan(out.path)
 
 

@@ -145,7 +145,7 @@ def solve_serve(model, cluster, batch: int, prompt_len: int, gen_len: int, quali
     problem = pbs.serve_partition_problem(model, cluster, batch, prompt_len, gen_len, precisions, quality_budget,
                                           micro_batches=micro_batches, sensitivity=sensitivity,
                                           estimator=estimator)
-    # deterministic: the same request gives a byte-identical plan (issue 15), ties among optima included
+    # deterministic: the same request gives a byte-identical plan, ties among optima included
     sol = solve_partition(problem, time_limit_s=time_limit_s, num_workers=num_workers, deterministic=True)
     return _pipeline_result("serve", problem, sol, float(batch * gen_len), "generated tokens per batch")
 
