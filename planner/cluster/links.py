@@ -8,6 +8,8 @@ import difflib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from types import MappingProxyType
+from typing import Mapping
 
 import yaml
 
@@ -53,8 +55,8 @@ def nic_share_bytes_per_s(line_bytes_per_s: float, efficiency: float, nics_per_n
 
 
 @lru_cache(maxsize=1)
-def link_families() -> dict[str, LinkFamily]:
-    """All link families from the packaged ``links.yaml``, keyed by family name."""
+def link_families() -> Mapping[str, LinkFamily]:
+    """All link families from the packaged ``links.yaml``, keyed by family name (read-only: it is cached)."""
     text = resources.files("meshplan.planner").joinpath(PRESET_DIR, "links.yaml").read_text(encoding="utf-8")
     out = {}
     for key, fam in yaml.safe_load(text)["families"].items():
@@ -69,7 +71,7 @@ def link_families() -> dict[str, LinkFamily]:
             inter_name=inter["name"],
             inter_latency_s=float(inter["latency_us"]) / 1e6,
         )
-    return out
+    return MappingProxyType(out)
 
 
 def get_family(name: str, where: str = "link family") -> LinkFamily:

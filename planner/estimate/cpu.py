@@ -56,7 +56,7 @@ from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import DTYPE_BYTES, OpSpec
 from meshplan.planner.host.calibrate import Calibration, host_bench
-from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, finish_estimate, stage_layer_ranges, stage_params,
+from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, finish_estimate, stage_params,
                                        time_key)
 from meshplan.planner.host.gloo_in_step import in_step_collective_s
 from meshplan.planner.host.terms import NEUTRAL_TERMS, HostTerms
@@ -233,10 +233,51 @@ class CpuEstimator:
         # 64 ms, the other stage's own time 42 ms (its last stage holds the LM head and loss).
         bubble = sum(per_mb) - per_mb[slow]
 
-        # data-parallel gradient sync of the slowest stage's parameters (fp32 gradients, as the trainer keeps them)
+        n_layers = layout.stage_num_layers(model.num_layers, slow)
+        comm, compute = self._dp_sync(work, layout, tb, slow, m, coll, tiny, comm, compute)
+        optimizer = self.bench.measure_optimizer_s(_param_shapes(model, layout, slow, n_layers))
+        self.bench.flush()
+
+        # learned from this host's runs (1 and 0 before a fit): the ratio of the runs' compute to this free-core
+        # pricing, on all CPU work (the bubble is the other stages' compute), and the wait per collective (a
+        # pipeline stage's wait for its neighbour is the bubble, priced above)
+        scale = self.terms.compute_scale
+        compute, bubble, optimizer = (x * scale for x in (compute, bubble, optimizer))
+        stage_mb = [x * scale for x in stage_mb]
+        comm += sync_points(layout, m, n_layers) * self.terms.sync_wait_s
+        step = compute + comm + bubble + optimizer
+        if world > cores:
+            compute, bubble, optimizer = self._shared_cores(layout, m, stage_mb, slow, compute, bubble, optimizer,
+                                                            world, cores)
+            step = compute + comm + bubble + optimizer
+
+        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, exposed_comm_s=comm,
+                               bubble_s=bubble, other_s=optimizer)
+
+    def _shared_cores(self, layout: Layout, m: int, stage_mb: list[float], slow: int, compute: float, bubble: float,
+                      optimizer: float, world: int, cores: int) -> tuple[float, float, float]:
+        """More ranks than cores: the ranks' busy time (everything but the bubble, when a stage sleeps in recv)
+        shares the cores, so the step lasts at least sum(busy) / cores (work conservation); stretched evenly.
+        CPU work only: the collectives' wall time was measured under the same oversubscription."""
+        pp = layout.pp
+        fsdp_host = compute - m * stage_mb[slow]
+        per_rank_busy = [m * stage_mb[st] + fsdp_host + optimizer for st in range(pp)]
+        total_busy = sum(per_rank_busy) * (world // pp)
+        busy_slow = compute + optimizer
+        sl = self.measured.get("time_slicing") or {}
+        eff = float(sl["efficiency"]) if sl.get("world") == world and sl.get("cores") == cores else 1.0
+        stretch = max(1.0, total_busy / cores / busy_slow / max(eff, 0.1))
+        return tuple(x * stretch for x in (compute, bubble, optimizer))
+
+    def _dp_sync(self, work: Workload, layout: Layout, tb, slow: int, m: int, coll, tiny: float, comm: float,
+                 compute: float) -> tuple[float, float]:
+        """``comm`` and ``compute`` with the data-parallel gradient sync of pipeline stage ``slow``'s parameters
+        added (fp32 gradients, as the trainer keeps them): FSDP2 per unit, HSDP, the trainer's own averaging or
+        DDP's buckets."""
+        model, cluster, pp = work.model, work.cluster, layout.pp
+        n_layers = layout.stage_num_layers(model.num_layers, slow)
         dense, expert = stage_params(tb, layout, slow)
         grad_bytes = (dense + expert) * 4.0
-        n_layers = layout.stage_num_layers(model.num_layers, slow)
         if layout.dp_shard > 1:
             shard_link = cluster.collective_link(*layout.shard_group)
             units = n_layers + 1  # one fully_shard per block + the root
@@ -266,30 +307,4 @@ class CpuEstimator:
                 if last > 0:
                     comm += coll("allreduce", last, layout.dp_replicate, rep_link)
 
-        optimizer = self.bench.measure_optimizer_s(_param_shapes(model, layout, slow, n_layers))
-        self.bench.flush()
-
-        # learned from this host's runs (1 and 0 before a fit): the ratio of the runs' compute to this free-core
-        # pricing, on all CPU work (the bubble is the other stages' compute), and the wait per collective (a
-        # pipeline stage's wait for its neighbour is the bubble, priced above)
-        scale = self.terms.compute_scale
-        compute, bubble, optimizer = (x * scale for x in (compute, bubble, optimizer))
-        stage_mb = [x * scale for x in stage_mb]
-        comm += sync_points(layout, m, n_layers) * self.terms.sync_wait_s
-        step = compute + comm + bubble + optimizer
-        # More ranks than cores: the ranks' busy time (everything but the bubble, when a stage sleeps in recv)
-        # shares the cores, so the step lasts at least sum(busy) / cores (work conservation); stretched evenly.
-        if world > cores:
-            # CPU work only: the collectives' wall time was measured under the same oversubscription
-            fsdp_host = compute - m * stage_mb[slow]
-            per_rank_busy = [m * stage_mb[st] + fsdp_host + optimizer for st in range(pp)]
-            total_busy = sum(per_rank_busy) * (world // pp)
-            busy_slow = compute + optimizer
-            sl = self.measured.get("time_slicing") or {}
-            eff = float(sl["efficiency"]) if sl.get("world") == world and sl.get("cores") == cores else 1.0
-            stretch = max(1.0, total_busy / cores / busy_slow / max(eff, 0.1))
-            compute, bubble, optimizer = (x * stretch for x in (compute, bubble, optimizer))
-            step = compute + comm + bubble + optimizer
-
-        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, exposed_comm_s=comm,
-                               bubble_s=bubble, other_s=optimizer)
+        return comm, compute

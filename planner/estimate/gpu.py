@@ -329,61 +329,10 @@ class GpuEstimator:
         compute = m * stage_compute[slow]
         comm_exposed = m * stage_comm[slow]
 
-        # gradient sync: dense parameters over the data-parallel (x context-parallel) group, routed experts over
-        # the expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel folding)
-        dense, expert = stage_params(tb, layout, slow)
-        groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
-        if expert:
-            eshard = layout.expert_shard_group
-            groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
-                           max(1, layout.expert_dp // eshard.size)))
-        last_bwd = (stage_compute[slow] + stage_comm[slow]) * 2 / 3
-        grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
-        param_dtype, grad_dtype = ("fp32" if work.dtype == "fp32" else "bf16"), ("fp32" if grad_b == 4 else "bf16")
-        grad_total = (dense + expert) * grad_b
-        dp_exposed = hidden = fsdp_copies = 0.0
-        for params, grad_group, shard_group, replicas in groups:
-            grad_bytes = params * grad_b
-            bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
-            if layout.zero_stage == 3:
-                shard = shard_group[0]
-                shard_link = link(*shard_group)
-                gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
-                scatter = collective_time_s("reducescatter", grad_bytes, shard, shard_link)
-                share = params / (dense + expert)
-                if pp > 1:
-                    # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an
-                    # FSDP stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward
-                    # (False) and set_requires_gradient_sync(False) until a chunk's last backward, which then runs
-                    # FSDP's post_backward (the reduce-scatter). One gather and one reduce-scatter per run; the
-                    # gather prefetches under the run's compute, the last chunk's reduce-scatter ends the run
-                    runs, comm = layout.pp_runs, gather + scatter
-                    out = runs * (max(0.0, gather - stage_compute[slow] * m / runs * share) + scatter / vpp)
-                else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
-                    runs, comm = m, 2 * gather + scatter
-                    out = runs * max(0.0, comm - stage_compute[slow] * share)
-                if layout.fsdp_impl == "torch" and shard > 1:
-                    # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient
-                    # into the reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes
-                    # (a bf16 gradient copied into an fp32 reduce buffer is the 2 -> 4 B conversion the "cast" op
-                    # measures, collect.py's fp32 <-> bf16 kernel)
-                    gathers = runs * (1 if pp > 1 else 2)
-                    copy_in = "cast" if grad_dtype != param_dtype else "copy"
-                    fsdp_copies += (gathers * self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
-                                    + runs * self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev))
-                rep_link = link(replicas, shard_group[1] * shard)
-                rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
-                rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
-                dp_exposed += out + rep_out
-                hidden += runs * comm - out + rep - rep_out
-            else:
-                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
-                out = max(sync * bucket, sync - last_bwd * params / (dense + expert))
-                dp_exposed += out
-                hidden += sync - out
-        # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
-        dp_exposed += hidden * comm_sm_share(dev)
+        dp_exposed, fsdp_copies = self._grad_sync_s(work, layout, tb, slow, stage_compute[slow] + stage_comm[slow],
+                                                     stage_compute[slow], m)
 
+        dense, expert = stage_params(tb, layout, slow)
         z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
         opt_numel = (dense / (layout.shard_group.size if z1 else 1)
                      + expert / (layout.expert_shard_group.size if z1 else 1))
@@ -400,3 +349,77 @@ class GpuEstimator:
         step = m * t_max + straggle + bubble + dp_exposed + optimizer
         return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, pipeline_s=m * t_max + straggle,
                                exposed_comm_s=comm_exposed + dp_exposed, bubble_s=bubble, other_s=optimizer)
+
+    def _grad_sync_s(self, work: Workload, layout: Layout, tb, slow: int, stage_s: float, compute_s: float,
+                     m: int) -> tuple[float, float]:
+        """(exposed gradient-sync seconds per step, FSDP2's copy passes) of pipeline stage ``slow``, whose
+        per-micro-batch time is ``stage_s`` (``compute_s`` of it compute).
+
+        Dense parameters sync over the data-parallel (x context-parallel) group, routed experts over the
+        expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel folding).
+        """
+        link = self._links_of(work.cluster)
+        dense, expert = stage_params(tb, layout, slow)
+        groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
+        if expert:
+            eshard = layout.expert_shard_group
+            groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
+                           max(1, layout.expert_dp // eshard.size)))
+        last_bwd = stage_s * 2 / 3
+        grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
+        grad_total = (dense + expert) * grad_b
+        dp_exposed = hidden = fsdp_copies = 0.0
+        for params, grad_group, shard_group, replicas in groups:
+            grad_bytes = params * grad_b
+            bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
+            share = params / (dense + expert)
+            if layout.zero_stage == 3:
+                out, comm_hidden, copies = self._zero3_sync_s(work, layout, params, grad_b, shard_group, compute_s,
+                                                              m, share)
+                shard = shard_group[0]
+                fsdp_copies += copies
+                rep_link = link(replicas, shard_group[1] * shard)
+                rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
+                rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
+                dp_exposed += out + rep_out
+                hidden += comm_hidden + rep - rep_out
+            else:
+                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
+                out = max(sync * bucket, sync - last_bwd * params / (dense + expert))
+                dp_exposed += out
+                hidden += sync - out
+        # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
+        return dp_exposed + hidden * comm_sm_share(work.cluster.device), fsdp_copies
+
+    def _zero3_sync_s(self, work: Workload, layout: Layout, params: float, grad_b: int, shard_group, compute_s: float,
+                      m: int, share: float) -> tuple[float, float, float]:
+        """ZeRO-3 / FSDP of ``params`` (``share`` of the stage's): (exposed gathers and reduce-scatters, the
+        hidden part, FSDP2's copy passes), seconds per step."""
+        dev, link = work.cluster.device, self._links_of(work.cluster)
+        shard = shard_group[0]
+        shard_link = link(*shard_group)
+        gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
+        scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
+        if layout.pp > 1:
+            # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
+            # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
+            # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
+            # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
+            # run's compute, the last chunk's reduce-scatter ends the run
+            runs, comm = layout.pp_runs, gather + scatter
+            out = runs * (max(0.0, gather - compute_s * m / runs * share) + scatter / layout.vpp)
+        else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
+            runs, comm = m, 2 * gather + scatter
+            out = runs * max(0.0, comm - compute_s * share)
+        copies = 0.0
+        if layout.fsdp_impl == "torch" and shard > 1:
+            # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient into the
+            # reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes (a bf16 gradient
+            # copied into an fp32 reduce buffer is the 2 -> 4 B conversion the "cast" op measures, collect.py's
+            # fp32 <-> bf16 kernel)
+            param_dtype, grad_dtype = ("fp32" if work.dtype == "fp32" else "bf16"), ("fp32" if grad_b == 4 else "bf16")
+            gathers = runs * (1 if layout.pp > 1 else 2)
+            copy_in = "cast" if grad_dtype != param_dtype else "copy"
+            copies = (gathers * self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
+                      + runs * self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev))
+        return out, runs * comm - out, copies

@@ -10,7 +10,7 @@ parallelism, Korthikanti et al. 2022 §4.2.2) after attention and after the MLP,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout.layout import Layout
@@ -72,34 +72,57 @@ class LayerOps:
         return out
 
 
+@dataclass
+class _LayerBuild:
+    """One layer's op list as it is built: the shapes every block reads, and the ops so far."""
+
+    model: object
+    layout: Layout
+    seq_len: int
+    dtype: str
+    ops: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lay = self.layout
+        self.t, self.cp, self.b = lay.tp, lay.cp, lay.micro_batch
+        self.s = self.seq_len // self.cp
+        self.T = self.b * self.s  # tokens on this rank
+        self.h = self.model.hidden_size
+        self.a_t = max(1, self.model.num_heads // self.t)
+        self.d = self.model.head_dim
+        self.Tn = self.T // self.t if lay.sequence_parallel else self.T  # rows of the ops outside the TP region
+        self.act, self.mm = _precisions(self.dtype, lay.fp8)
+        self.drop = has_dropout(self.model)
+        self.eager = lay.stack == "eager"
+
+    def ew(self, n: float) -> OpSpec:
+        return OpSpec("elementwise", (int(n),), self.act)
+
+    def norm(self, rows: int, width: int) -> None:
+        kind = "rmsnorm" if self.model.norm == "rmsnorm" else "layernorm"
+        self.ops.append(OpSpec(kind, (int(rows), int(width)), self.act))
+        if self.eager:
+            self.ops.extend(self.ew(rows * width) for _ in range(EAGER_NORM_EXTRA_PASSES))
+
+    def activation(self, n: float, gated: bool) -> None:
+        self.ops.extend(activation_ops(n, gated, self.eager, self.act))
+
+
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
     """Ops of decoder layer ``layer`` for one micro-batch on one rank."""
-    t, cp, b = layout.tp, layout.cp, layout.micro_batch
-    s = seq_len // cp
-    T = b * s  # tokens on this rank
-    h = model.hidden_size
-    a = model.num_heads
-    a_t = max(1, a // t)
-    d = model.head_dim
-    norm_kind = "rmsnorm" if model.norm == "rmsnorm" else "layernorm"
-    Tn = T // t if layout.sequence_parallel else T  # rows of the ops outside the TP region
-    ops: list[OpSpec] = []
-    attn_core: list[OpSpec] = []
-    act, mm = _precisions(dtype, layout.fp8)
-    ew = lambda n: OpSpec("elementwise", (int(n),), act)  # noqa: E731
-    drop = has_dropout(model)
-    eager = layout.stack == "eager"
+    lb = _LayerBuild(model, layout, seq_len, dtype)
+    attn_core, v_out, kv_bytes = _attention_block(lb)
+    experts, shared, ep_comm = _mlp_block(lb, layer)
+    return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb)), tuple(ep_comm),
+                    tuple(_cp_comm(lb, v_out, kv_bytes)), _op_recompute(lb.ops, attn_core), tuple(experts),
+                    max(1, model.num_experts // layout.ep) if experts else 1, shared)
 
-    def norm(rows: int, width: int) -> None:
-        ops.append(OpSpec(norm_kind, (int(rows), int(width)), act))
-        if eager:
-            ops.extend(ew(rows * width) for _ in range(EAGER_NORM_EXTRA_PASSES))
 
-    def activation(n: float, gated: bool) -> None:
-        ops.extend(activation_ops(n, gated, eager, act))
-
-    # --- attention block ---
-    norm(Tn, h)
+def _attention_block(lb: _LayerBuild) -> tuple[list[OpSpec], int, float]:
+    """The attention block's ops, appended to ``lb.ops``: (core attention ops, output projection width, KV bytes
+    of this rank)."""
+    model, ops, mm, T, h, a_t, d = lb.model, lb.ops, lb.mm, lb.T, lb.h, lb.a_t, lb.d
+    lb.norm(lb.Tn, h)
     if model.q_lora_rank or model.kv_lora_rank:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
         qk = model.head_dim
         rope = model.qk_rope_head_dim
@@ -115,47 +138,56 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
         kv_bytes = 2.0 * T * (model.kv_lora_rank + rope)
         rope_width = a_t * rope + rope
     else:
-        kv = max(1, model.num_kv_heads // t) * d
+        kv = max(1, model.num_kv_heads // lb.t) * d
         ops.extend(mm(T, a_t * d + 2 * kv, h))
         v_out = a_t * d
         kv_bytes = 2.0 * T * 2 * kv
         rope_width = a_t * d + kv
     if not model.position_embeddings:  # rotary embeddings on q and k
-        ops.extend(ew(T * rope_width) for _ in range(EAGER_ROPE_PASSES if eager else 1))
-    attn_heads, attn_s = a_t, s
-    if layout.cp > 1 and layout.cp_kind == "a2a":  # Ulysses: full sequence, heads split over the CP group
-        attn_heads, attn_s = max(1, a_t // cp), seq_len
-    if layout.attention != "unfused":
-        attn_core.append(OpSpec("attention", (b, attn_heads, attn_s, seq_len, d), act, causal=True,
-                                impl=attention_impl(layout)))
-    else:  # materialised scores: full s x s (the causal mask is applied, not skipped), Megatron 2021
-        bh = b * attn_heads
-        attn_core.append(OpSpec("bmm", (bh, attn_s, seq_len, d), act))
-        attn_core.append(OpSpec("softmax", (bh * attn_s, seq_len), act))
-        if drop:
-            attn_core.append(ew(bh * attn_s * seq_len))
-        attn_core.append(OpSpec("bmm", (bh, attn_s, d, seq_len), act))
+        ops.extend(lb.ew(T * rope_width) for _ in range(EAGER_ROPE_PASSES if lb.eager else 1))
+    attn_core = _core_attention(lb)
     ops.extend(attn_core)
     ops.extend(mm(T, h, v_out))
-    ops.append(ew(Tn * h * (2 if drop else 1)))  # (dropout +) residual add
+    ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
+    return attn_core, v_out, kv_bytes
 
-    # --- MLP / MoE block ---
-    norm(Tn, h)
+
+def _core_attention(lb: _LayerBuild) -> list[OpSpec]:
+    """Scores, softmax and the weighted sum: one fused kernel, or the materialised s x s ops (Megatron 2021)."""
+    layout, seq_len, b, d = lb.layout, lb.seq_len, lb.b, lb.d
+    attn_heads, attn_s = lb.a_t, lb.s
+    if layout.cp > 1 and layout.cp_kind == "a2a":  # Ulysses: full sequence, heads split over the CP group
+        attn_heads, attn_s = max(1, lb.a_t // lb.cp), seq_len
+    if layout.attention != "unfused":
+        return [OpSpec("attention", (b, attn_heads, attn_s, seq_len, d), lb.act, causal=True,
+                       impl=attention_impl(layout))]
+    bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
+    core = [OpSpec("bmm", (bh, attn_s, seq_len, d), lb.act), OpSpec("softmax", (bh * attn_s, seq_len), lb.act)]
+    if lb.drop:
+        core.append(lb.ew(bh * attn_s * seq_len))
+    core.append(OpSpec("bmm", (bh, attn_s, d, seq_len), lb.act))
+    return core
+
+
+def _mlp_block(lb: _LayerBuild, layer: int) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:
+    """The MLP or MoE block's ops, appended to ``lb.ops``: (routed expert ops, shared expert ops, expert
+    all-to-alls)."""
+    model, layout, ops, mm, T, h, t = lb.model, lb.layout, lb.ops, lb.mm, lb.T, lb.h, lb.t
+    lb.norm(lb.Tn, h)
     gate = 2 if model.gated_mlp else 1
     ep_comm: list[tuple[str, float]] = []
     experts: list[OpSpec] = []
     shared: tuple[OpSpec, ...] = ()
     if model.is_moe_layer(layer):
         k = model.experts_per_token
-        fe = model.moe_ffn_hidden_size
-        ops.append(OpSpec("matmul", (T, model.num_experts, h), act))  # router: tiny, kept in 16 bits
-        experts = expert_ops(model, layout, T * k, dtype)
+        ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
+        experts = expert_ops(model, layout, T * k, lb.dtype)
         ops.extend(experts)
         if model.shared_expert_ffn_hidden_size:
             fs = model.shared_expert_ffn_hidden_size
             first = len(ops)
             ops.extend(mm(T, gate * fs // t, h))
-            activation(T * fs // t, model.gated_mlp)
+            lb.activation(T * fs // t, model.gated_mlp)
             ops.extend(mm(T, h, fs // t))
             shared = tuple(ops[first:])
         if layout.ep > 1:
@@ -167,27 +199,31 @@ def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf1
     else:
         f = model.ffn_hidden_size
         ops.extend(mm(T, gate * f // t, h))
-        activation(T * f // t, model.gated_mlp)
+        lb.activation(T * f // t, model.gated_mlp)
         ops.extend(mm(T, h, f // t))
-    ops.append(ew(Tn * h * (2 if drop else 1)))
+    ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))
+    return experts, shared, ep_comm
 
-    tp_comm: list[tuple[str, float]] = []
-    if t > 1:
-        full = 2.0 * T * h  # bf16 activations of the full sequence shard
-        if layout.sequence_parallel:
-            tp_comm = [("allgather", full), ("reducescatter", full)] * 2
-        else:
-            tp_comm = [("allreduce", full)] * 2
-    cp_comm: list[tuple[str, float]] = []
-    if cp > 1:
-        if layout.cp_kind == "a2a":  # q, k, v in and the output back, each an all-to-all of this rank's share
-            qkv_bytes = 2.0 * T * (a_t * d + 2 * max(1, model.num_kv_heads // t) * d)
-            cp_comm = [("alltoall", qkv_bytes), ("alltoall", 2.0 * T * v_out)]
-        else:  # ring: cp - 1 KV chunks pass each rank; allgather: the whole KV gathered at once (same bytes)
-            cp_comm = [("allgather", kv_bytes * cp)]
-    return LayerOps(tuple(ops), tuple(attn_core), tuple(tp_comm), tuple(ep_comm), tuple(cp_comm),
-                    _op_recompute(ops, attn_core), tuple(experts),
-                    max(1, model.num_experts // layout.ep) if experts else 1, shared)
+
+def _tp_comm(lb: _LayerBuild) -> list[tuple[str, float]]:
+    """Tensor parallelism's collectives per layer: bf16 activations of the full sequence shard."""
+    if lb.t == 1:
+        return []
+    full = 2.0 * lb.T * lb.h
+    if lb.layout.sequence_parallel:
+        return [("allgather", full), ("reducescatter", full)] * 2
+    return [("allreduce", full)] * 2
+
+
+def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, float]]:
+    """Context parallelism's collectives per layer."""
+    if lb.cp == 1:
+        return []
+    if lb.layout.cp_kind == "a2a":  # q, k, v in and the output back, each an all-to-all of this rank's share
+        qkv_bytes = 2.0 * lb.T * (lb.a_t * lb.d + 2 * max(1, lb.model.num_kv_heads // lb.t) * lb.d)
+        return [("alltoall", qkv_bytes), ("alltoall", 2.0 * lb.T * v_out)]
+    # ring: cp - 1 KV chunks pass each rank; allgather: the whole KV gathered at once (same bytes)
+    return [("allgather", kv_bytes * lb.cp)]
 
 
 STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "flash2", "eager": "flash2"}

@@ -15,12 +15,14 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import yaml
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.hf_config import check_hf_config
+from meshplan.core.frozen import freeze
 from meshplan.planner.model.spec import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets" / "models"
@@ -286,15 +288,15 @@ def read_config(path: Path) -> Any:
 
 # ---- presets -----------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
-def _index() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """(presets by canonical name, lower-cased name/alias -> canonical name) from ``index.yaml``."""
+def _index() -> tuple[Mapping[str, Mapping[str, Any]], Mapping[str, str]]:
+    """(presets by canonical name, lower-cased name/alias -> canonical name) from ``index.yaml``, read-only (cached)."""
     data = yaml.safe_load(PRESET_INDEX.read_text(encoding="utf-8"))["presets"]
     lookup: dict[str, str] = {}
     for name, entry in data.items():
         for key in [name, *entry.get("aliases", [])]:
             if lookup.setdefault(key.lower(), name) != name:
                 raise MeshplanError(f"{PRESET_INDEX}: alias {key!r} names two presets")
-    return data, lookup
+    return freeze(data), MappingProxyType(lookup)
 
 
 def preset_names() -> list[str]:

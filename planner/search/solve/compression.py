@@ -116,13 +116,28 @@ def solve_compression_problem(problem: CompressionProblem, time_limit_s: float =
         MeshplanError: empty or inconsistent input, or an error budget below the least achievable error
             (the message gives both numbers).
     """
+    _check_problem(problem)
+    t0 = time.perf_counter()
+    m, runs, orders, counts = _flow_shop_model(problem)
+    solver = make_solver(time_limit_s, num_workers)
+    code = solver.solve(m)
+    wall = time.perf_counter() - t0
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if code == cp_model.INFEASIBLE:
+            raise MeshplanError(f"compression error budget {problem.error_budget:g} admits no plan")
+        raise MeshplanError(f"compression: no plan found within the {time_limit_s:g} s time limit")
+    return _solution(problem, solver, code, wall, runs, orders, counts)
+
+
+def _check_problem(problem: CompressionProblem) -> None:
+    """Refuse empty or inconsistent input, and an error budget below the least achievable error."""
     N = len(problem.backward_s)
     if N == 0 or len(problem.choices) != N or len(problem.sizes_bytes) != N:
         raise MeshplanError(f"compression: {N} buckets but {len(problem.choices)} choice lists and "
                             f"{len(problem.sizes_bytes)} sizes")
     if any(not c for c in problem.choices):
         raise MeshplanError("compression: a bucket has no candidate choice")
-    tq, eq = problem.time_quantum_s, problem.error_quantum
+    eq = problem.error_quantum
     if problem.error_budget is not None and not problem.error_budget >= 0:
         raise MeshplanError(f"compression error budget {problem.error_budget:g}: must be a number >= 0")
     if problem.error_budget is not None:
@@ -130,7 +145,11 @@ def solve_compression_problem(problem: CompressionProblem, time_limit_s: float =
         if sum(min(ticks_up(c.error, eq) for c in cs) for cs in problem.choices) > ticks_down(problem.error_budget, eq):
             raise MeshplanError(f"compression error budget {problem.error_budget:g} admits no plan: the least "
                                 f"achievable error is {least:.4g} ({least - problem.error_budget:.4g} over)")
-    t0 = time.perf_counter()
+
+
+def _flow_shop_model(problem: CompressionProblem) -> tuple[cp_model.CpModel, list, list, list]:
+    """The CP-SAT model: (model, runs of identical buckets, each run's choices in Johnson's order, their counts)."""
+    N, tq, eq = len(problem.backward_s), problem.time_quantum_s, problem.error_quantum
     m = cp_model.CpModel()
     keep = [_pareto(problem, b) for b in range(N)]
     runs = _runs(problem)
@@ -189,13 +208,13 @@ def solve_compression_problem(problem: CompressionProblem, time_limit_s: float =
                   for ri, (s0, _) in enumerate(runs) for k, v in zip(orders[ri], counts[ri]))
               <= ticks_down(problem.error_budget, eq))
     m.minimize(end)
-    solver = make_solver(time_limit_s, num_workers)
-    code = solver.solve(m)
-    wall = time.perf_counter() - t0
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if code == cp_model.INFEASIBLE:
-            raise MeshplanError(f"compression error budget {problem.error_budget:g} admits no plan")
-        raise MeshplanError(f"compression: no plan found within the {time_limit_s:g} s time limit")
+    return m, runs, orders, counts
+
+
+def _solution(problem: CompressionProblem, solver, code: int, wall: float, runs: list, orders: list,
+              counts: list) -> CompressionSolution:
+    """The solver's choice per bucket, re-simulated in seconds, with its status."""
+    tq = problem.time_quantum_s
     choice = []
     for ri in range(len(runs)):
         for k, v in zip(orders[ri], counts[ri]):

@@ -132,32 +132,11 @@ def solve_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
             hit_limit = True
             bounds.append(lb)
             continue
-        model = PartitionModel(problem, i, cutoff=None if best is None else best[0] - 1)
-        start = _heuristic(problem, i)
-        if start is not None:
-            model.hint(start[1], start[2])
-        solver = make_solver(left, num_workers, deterministic)
-        code = solver.solve(model.m)
+        best, bound, hit, unknown = _solve_option(problem, i, best, lb, left, num_workers, deterministic)
         solves += 1
-        if code == cp_model.UNKNOWN and start is not None:  # out of time: keep the heuristic plan if it is better
-            obj = ticks(start[0], tq)
-            if best is None or obj < best[0]:
-                best = (obj, i, start[1], start[2])
-            hit_limit = True
-            bounds.append(max(lb, int(solver.best_objective_bound)))
-            continue
-        if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            obj = int(round(solver.objective_value))
-            runs, precs = model.extract(solver)
-            best = (obj, i, runs, precs)
-            bounds.append(int(solver.best_objective_bound))
-            hit_limit |= code == cp_model.FEASIBLE
-        elif code == cp_model.INFEASIBLE:
-            bounds.append(best[0] if best is not None else None)
-        else:  # UNKNOWN: time ran out before any plan of this option was found
-            hit_limit, any_unknown = True, True
-            bounds.append(max(lb, int(solver.best_objective_bound)) if best is None else
-                          min(best[0], max(lb, int(solver.best_objective_bound))))
+        bounds.append(bound)
+        hit_limit |= hit
+        any_unknown |= unknown
     wall = time.perf_counter() - t0
     if best is None:
         if any_unknown or hit_limit:
@@ -177,6 +156,34 @@ def solve_partition(problem: PartitionProblem, time_limit_s: float = 10.0,
         solves=solves,
     )
     return PartitionSolution(i, runs, precs, ev, status, label=problem.options[i].label)
+
+
+def _solve_option(problem: PartitionProblem, i: int, best, lb: int, left_s: float, num_workers: Optional[int],
+                  deterministic: bool) -> tuple:
+    """Solve option ``i`` within ``left_s``, starting from the heuristic plan: (the best plan so far as
+    ``(ticks, option, runs, precisions)``, this option's bound in ticks or ``None``, whether time ran out, whether
+    it ran out before any plan of this option was found)."""
+    tq = problem.time_quantum_s
+    model = PartitionModel(problem, i, cutoff=None if best is None else best[0] - 1)
+    start = _heuristic(problem, i)
+    if start is not None:
+        model.hint(start[1], start[2])
+    solver = make_solver(left_s, num_workers, deterministic)
+    code = solver.solve(model.m)
+    if code == cp_model.UNKNOWN and start is not None:  # out of time: keep the heuristic plan if it is better
+        obj = ticks(start[0], tq)
+        if best is None or obj < best[0]:
+            best = (obj, i, start[1], start[2])
+        return best, max(lb, int(solver.best_objective_bound)), True, False
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        runs, precs = model.extract(solver)
+        best = (int(round(solver.objective_value)), i, runs, precs)
+        return best, int(solver.best_objective_bound), code == cp_model.FEASIBLE, False
+    if code == cp_model.INFEASIBLE:
+        return best, best[0] if best is not None else None, False, False
+    # UNKNOWN: time ran out before any plan of this option was found
+    bound = max(lb, int(solver.best_objective_bound))
+    return best, bound if best is None else min(best[0], bound), True, True
 
 
 def _diagnose(problem: PartitionProblem, time_limit_s: float, num_workers: Optional[int]) -> None:

@@ -39,27 +39,45 @@ class PartitionModel:
     def __init__(self, problem: PartitionProblem, option: int, goal: str = "time",
                  enforce_quality: bool = True, cutoff: Optional[int] = None):
         self.problem, self.option = problem, option
-        opt = problem.options[option]
-        tq, mq, qq = problem.time_quantum_s, problem.memory_quantum_bytes, problem.quality_quantum
-        L, G, P = problem.num_layers, len(problem.groups), len(problem.precisions)
+        self.opt = opt = problem.options[option]
+        L = problem.num_layers
         K = self.K = min(L, sum(max(0, g.max_stages) for g in problem.groups))
         if K == 0:
             raise MeshplanError("partition: the cluster offers no stage units (every group has max_stages 0)")
-        self.blocks = blocks = _blocks(problem, opt)
-        m = self.m = cp_model.CpModel()
-
-        def ok(l, g, p):
-            return (problem.groups[g].max_stages > 0 and opt.static_bytes[l][g][p] is not None
-                    and all(ph.layer_time_s[l][g][p] is not None for ph in opt.phases))
-
-        for (s, _) in blocks:
-            if not any(ok(s, g, p) for g in range(G) for p in range(P)):
+        self.blocks = _blocks(problem, opt)
+        self.m = cp_model.CpModel()
+        for (s, _) in self.blocks:
+            if not any(self._ok(s, g, p) for g in range(len(problem.groups)) for p in range(len(problem.precisions))):
                 raise MeshplanError(f"partition: layer {s} has no device group and precision that can run it")
-        # positions: boundaries, group choice, prefix of used positions
+        self._add_positions()
+        self._add_counts()
+        self._add_memory(goal)
+        self._add_quality(enforce_quality)
+        self._add_time()
+        m = self.m
+        if goal == "time":
+            if cutoff is not None:
+                m.add(self.time_obj <= cutoff)
+            m.minimize(self.time_obj)
+        elif goal == "quality":
+            m.minimize(self.quality)
+        else:
+            m.minimize(self.overflow)
+
+    def _ok(self, layer: int, g: int, p: int) -> bool:
+        """Whether group ``g`` can run ``layer`` at precision ``p``."""
+        opt = self.opt
+        return (self.problem.groups[g].max_stages > 0 and opt.static_bytes[layer][g][p] is not None
+                and all(ph.layer_time_s[layer][g][p] is not None for ph in opt.phases))
+
+    def _add_positions(self) -> None:
+        """Positions: boundaries ``P``, group choice ``y``, a prefix of used positions."""
+        problem, m, K = self.problem, self.m, self.K
+        L, G = problem.num_layers, len(problem.groups)
         self.P = bnd = [m.new_constant(0)] + [m.new_int_var(0, L, f"P{k}") for k in range(1, K)] + [m.new_constant(L)]
         self.y = y = [[m.new_bool_var(f"y{k}_{g}") if problem.groups[g].max_stages > 0 else None for g in range(G)]
                       for k in range(K)]
-        used = []
+        self.used = used = []
         for k in range(K):
             u = sum(v for v in y[k] if v is not None)
             m.add(u <= 1)
@@ -71,9 +89,13 @@ class PartitionModel:
         for g in range(G):
             if problem.groups[g].max_stages > 0:
                 m.add(sum(y[k][g] for k in range(K)) <= problem.groups[g].max_stages)
-        # block/position overlap and its split into (group, precision) counts
+
+    def _add_counts(self) -> None:
+        """Block/position overlap and its split into (group, precision) counts ``n``."""
+        problem, m, K, bnd, y = self.problem, self.m, self.K, self.P, self.y
+        L, G, P = problem.num_layers, len(problem.groups), len(problem.precisions)
         self.n = n = {}
-        for bi, (s, e) in enumerate(blocks):
+        for bi, (s, e) in enumerate(self.blocks):
             size = e - s
             for k in range(K):
                 hi = m.new_int_var(0, L, "")
@@ -85,15 +107,20 @@ class PartitionModel:
                 cells = []
                 for g in range(G):
                     for p in range(P):
-                        if ok(s, g, p):
+                        if self._ok(s, g, p):
                             v = n[bi, k, g, p] = m.new_int_var(0, size, f"n{bi}_{k}_{g}_{p}")
                             m.add(v <= size * y[k][g])
                             cells.append(v)
                 m.add(sum(cells) == c)
-        for bi, (s, e) in enumerate(blocks):  # redundant: every layer of a block is placed
+        for bi, (s, e) in enumerate(self.blocks):  # redundant: every layer of a block is placed
             m.add(sum(v for key, v in n.items() if key[0] == bi) == e - s)
-        keys_k = [[key for key in n if key[1] == k] for k in range(K)]
-        # memory per position: static + activation x micro-batches in flight (1F1B: min(cap, stages from here on))
+        self.keys_k = [[key for key in n if key[1] == k] for k in range(K)]
+
+    def _add_memory(self, goal: str) -> None:
+        """Memory per position: static + activation x micro-batches in flight (1F1B: min(cap, stages from here
+        on)); ``goal == "overflow"`` measures by how much the capacity is missed instead."""
+        problem, opt, m, n, blocks, y = self.problem, self.opt, self.m, self.n, self.blocks, self.y
+        G, mq = len(problem.groups), problem.memory_quantum_bytes
         static_t = {key: ticks_up(opt.static_bytes[blocks[key[0]][0]][key[2]][key[3]], mq) for key in n}
         act_t = {key: ticks_up(opt.act_bytes[blocks[key[0]][0]][key[2]][key[3]] or 0.0, mq) for key in n}
         has_act = any(act_t.values())
@@ -101,64 +128,74 @@ class PartitionModel:
         big_mem = sum(max(static_t[key] + act_t[key] * opt.inflight_cap for key in n if key[0] == bi) * (e - s)
                       for bi, (s, e) in enumerate(blocks))
         self.overflow = m.new_int_var(0, big_mem, "overflow") if goal == "overflow" else 0
-        for k in range(K):
-            mem = sum(static_t[key] * n[key] for key in keys_k[k])
+        for k in range(self.K):
+            mem = sum(static_t[key] * n[key] for key in self.keys_k[k])
             if has_act:
                 f = m.new_int_var(0, max(1, opt.inflight_cap), f"f{k}")
-                m.add_min_equality(f, [sum(used[k:]), max(1, opt.inflight_cap)])
+                m.add_min_equality(f, [sum(self.used[k:]), max(1, opt.inflight_cap)])
                 act_sum = m.new_int_var(0, big_mem, f"act{k}")
-                m.add(act_sum == sum(act_t[key] * n[key] for key in keys_k[k]))
+                m.add(act_sum == sum(act_t[key] * n[key] for key in self.keys_k[k]))
                 act_mem = m.new_int_var(0, big_mem * max(1, opt.inflight_cap), f"actmem{k}")
                 m.add_multiplication_equality(act_mem, [act_sum, f])
                 mem = mem + act_mem
             m.add(mem <= sum(cap_t[g] * y[k][g] for g in range(G) if y[k][g] is not None) + self.overflow)
-        # quality budget
+
+    def _add_quality(self, enforce_quality: bool) -> None:
+        """The summed sensitivity of the chosen precisions, bounded by the quality budget."""
+        problem, n, blocks, qq = self.problem, self.n, self.blocks, self.problem.quality_quantum
         sens_t = {key: ticks_up(problem.sensitivity[blocks[key[0]][0]][key[3]], qq) for key in n}
         self.quality = sum(sens_t[key] * n[key] for key in n)
         if enforce_quality and problem.quality_budget is not None:
-            m.add(self.quality <= ticks_down(problem.quality_budget, qq))
-        # time per phase: sum of stage times + links + (m - 1) * slowest stage or link
+            self.m.add(self.quality <= ticks_down(problem.quality_budget, qq))
+
+    def _add_time(self) -> None:
+        """Time per phase: sum of stage times + links + (m - 1) * slowest stage or link (``time_obj``)."""
+        problem, opt, n, blocks = self.problem, self.opt, self.n, self.blocks
         obj_terms = []
         for pi, ph in enumerate(opt.phases):
-            tt = {key: ticks(ph.layer_time_s[blocks[key[0]][0]][key[2]][key[3]], tq) for key in n}
-            stage_t = [sum(tt[key] * n[key] for key in keys_k[k]) for k in range(K)]
-            link_t = [[ticks(ph.link_time_s[g][h], tq) for h in range(G)] for g in range(G)]
-            max_link = max((x for row in link_t for x in row), default=0)
-            bc = []
-            for k in range(K - 1):
-                if max_link == 0:
-                    break
-                c = m.new_int_var(0, max_link, f"link{pi}_{k}")
-                for g in range(G):
-                    for h in range(G):
-                        if link_t[g][h] > 0 and y[k][g] is not None and y[k + 1][h] is not None:
-                            m.add(c >= link_t[g][h] * (y[k][g] + y[k + 1][h] - 1))
-                bc.append(c)
+            tt = {key: ticks(ph.layer_time_s[blocks[key[0]][0]][key[2]][key[3]], problem.time_quantum_s)
+                  for key in n}
+            stage_t = [sum(tt[key] * n[key] for key in self.keys_k[k]) for k in range(self.K)]
+            bc, max_link = self._link_terms(pi, ph)
             term = sum(stage_t) + sum(bc)
             if ph.num_micro_batches > 1:
-                big_t = sum(max(tt[key] for key in n if key[0] == bi) * (e - s) for bi, (s, e) in enumerate(blocks))
-                mx = m.new_int_var(0, big_t + max_link, f"max{pi}")
-                for k in range(K):
-                    m.add(mx >= stage_t[k])
-                for c in bc:
-                    m.add(mx >= c)
-                # redundant cut (load balance): group g's stages share its layers' time, so
-                # max_stages[g] * slowest >= time of the layers on g. Tightens the LP bound.
-                for g in range(G):
-                    if problem.groups[g].max_stages > 0:
-                        m.add(problem.groups[g].max_stages * mx
-                              >= sum(tt[key] * n[key] for key in n if key[2] == g))
-                term = term + (ph.num_micro_batches - 1) * mx
+                term = term + (ph.num_micro_batches - 1) * self._slowest(pi, tt, stage_t, bc, max_link)
             obj_terms.append(ph.weight * term)
         self.time_obj = sum(obj_terms)
-        if goal == "time":
-            if cutoff is not None:
-                m.add(self.time_obj <= cutoff)
-            m.minimize(self.time_obj)
-        elif goal == "quality":
-            m.minimize(self.quality)
-        else:
-            m.minimize(self.overflow)
+
+    def _link_terms(self, pi: int, ph) -> tuple[list, int]:
+        """(the transfer time between each pair of neighbouring positions, the longest link time) of phase ``pi``."""
+        problem, m, y = self.problem, self.m, self.y
+        G, tq = len(problem.groups), problem.time_quantum_s
+        link_t = [[ticks(ph.link_time_s[g][h], tq) for h in range(G)] for g in range(G)]
+        max_link = max((x for row in link_t for x in row), default=0)
+        bc = []
+        for k in range(self.K - 1):
+            if max_link == 0:
+                break
+            c = m.new_int_var(0, max_link, f"link{pi}_{k}")
+            for g in range(G):
+                for h in range(G):
+                    if link_t[g][h] > 0 and y[k][g] is not None and y[k + 1][h] is not None:
+                        m.add(c >= link_t[g][h] * (y[k][g] + y[k + 1][h] - 1))
+            bc.append(c)
+        return bc, max_link
+
+    def _slowest(self, pi: int, tt: dict, stage_t: list, bc: list, max_link: int):
+        """The slowest stage or link of phase ``pi``, with the load-balance cut that tightens its LP bound."""
+        problem, m, n = self.problem, self.m, self.n
+        big_t = sum(max(tt[key] for key in n if key[0] == bi) * (e - s) for bi, (s, e) in enumerate(self.blocks))
+        mx = m.new_int_var(0, big_t + max_link, f"max{pi}")
+        for k in range(self.K):
+            m.add(mx >= stage_t[k])
+        for c in bc:
+            m.add(mx >= c)
+        # redundant cut (load balance): group g's stages share its layers' time, so
+        # max_stages[g] * slowest >= time of the layers on g. Tightens the LP bound.
+        for g in range(len(problem.groups)):
+            if problem.groups[g].max_stages > 0:
+                m.add(problem.groups[g].max_stages * mx >= sum(tt[key] * n[key] for key in n if key[2] == g))
+        return mx
 
     def hint(self, runs: Sequence[StageRun], precisions: Sequence[str]) -> None:
         """Give CP-SAT a complete starting solution (e.g. from :func:`_heuristic`)."""
