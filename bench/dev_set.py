@@ -115,6 +115,14 @@ AUTOMODEL_RUN_AC = {
 NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
 
 
+# The stack profile each source's runs were launched with (``meshplan stacks``): a row is priced from its table's
+# facts plus its profile, and what it needs beyond both is a per-row setting, printed and counted. The torchtitan
+# rows (2024-12, torchtitan 4d88a8a / 820504e) take the 0.2.2 profile, the nearest shipped: the values it sets
+# (FSDP2, fp32 reduction, eager kernels without torch.compile, in-line pipeline sends) held then too
+# (config_manager.py of 2024: mixed_precision_reduce choices ['float32']).
+SOURCE_PROFILE = {"S1": "nemo@24.07", "S1f": "nemo@24.07", "S5": "automodel@89e3a9fdd", "T": "torchtitan@0.2.2"}
+
+
 @dataclass(frozen=True)
 class Need:
     """One decision a row needs, in the ``--fix`` vocabulary.
@@ -129,6 +137,7 @@ class Need:
     why: str
     fallback: Optional[dict] = field(default_factory=dict)
     implied: bool = False
+    stated: bool = False  # the row's own table states it (a quoted cell), so it is a fact, not a per-row setting
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,9 @@ class RowInputs:
     missing: tuple[Need, ...] = ()  # needs with no fallback: the row is not expressible
     assumptions: tuple[str, ...] = ()
     out_of_scope: str = ""
+    profile: str = ""  # the stack profile the row is priced with (SOURCE_PROFILE)
+    from_profile: tuple[str, ...] = ()  # the needs its profile already sets, key=value
+    per_row: tuple[str, ...] = ()  # the settings beyond the table's facts and the profile, key=value: why
 
     @property
     def fix_string(self) -> str:
@@ -224,6 +236,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     if src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
         conf, recompute, ub, optim_dtype, grad_dtype, p2p = NEMO_CONF[row["model"].split(" (")[0]]
         zero, sp = 1, tp > 1
+        dtype = "fp8"  # the table's "at FP8 precision": meshplan's fp8 workload (linear GEMMs in fp8, TE's recipe)
         if src == "S1f":  # conf/peft/llama/sft.yaml: optim.dtype bf16, grad_sync_dtype bf16
             optim_dtype, grad_dtype = "bf16", "bf16"
         assumptions.append(f"launcher conf {conf}.yaml @ NeMo-Framework-Launcher 24.07: distributed_fused_adam "
@@ -258,7 +271,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
                               "(Transformer Engine userbuffers)", {}))
         if cp > 1:
-            needs.append(Need("cp_kind", "ring", "Megatron-Core/TE context parallel, cp_comm_type p2p", {}))
+            needs.append(Need("cp_kind", "ring", "Megatron-Core/TE context parallel, cp_comm_type p2p", {},
+                              implied=True))
     elif src == "S5":  # NeMo AutoModel: FSDP2 + TE kernels + DeepEP, bf16
         zero, sp = 3, False
         said = str(la.get("recompute", row.get("recompute") or ""))
@@ -290,12 +304,13 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
                               "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "
                               "schedule.step on its local batch (recipes/llm/train_ft.py): one pipeline fill and "
-                              "drain, one FSDP gather and reduce-scatter per run", {}))
+                              "drain, one FSDP gather and reduce-scatter per run", {}, stated=True))
         if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
             needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
                               "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
         if "FlexAttn" in kernels:
-            needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {}))
+            needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {},
+                              stated=True))
         elif cp > 1:
             needs.append(Need("attention", "flash2", "torch context_parallel runs PyTorch SDPA (flash backend: "
                               "FlashAttention-2), not TE attention", {}))
@@ -338,12 +353,12 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         if facts["ac"] == "op":
             recompute = "selective"
             needs.append(Need("recompute", "op", "torchtitan selective_ac_option='op': saves matmul outputs "
-                              "except every second mm, and SDPA", {"recompute": "selective"}))
+                              "except every second mm, and SDPA", {"recompute": "selective"}, stated=True))
         elif facts["ac"] == "layer":
             recompute = "selective"
             needs.append(Need("recompute", f"full:{row['layers'] // 2}", "torchtitan selective layer AC "
                               "(selective_ac_option='2'): every second layer fully checkpointed",
-                              {"recompute": "selective"}))
+                              {"recompute": "selective"}, stated=True))
         else:
             recompute = "full"
         needs.append(Need("reduce_dtype", "fp32", "torchtitan reduces gradients in fp32, its only choice "
@@ -352,7 +367,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("stack", "torchtitan" if facts["compile"] else "eager",
                           "FSDP2 + torch.compile" if facts["compile"] else
                           "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "
-                          "run one kernel per op", {}))
+                          "run one kernel per op", {}, stated=True))
         if facts.get("device"):  # the catalogue's 500 W HBM2e part (costmodel/data/devices.yaml, sourced there)
             device = "H100-SXM-96GB-500W"
             assumptions.append(f"device {facts['device']} -> {device}" + (
@@ -378,10 +393,18 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                mbs=row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
     if recompute is None:
         del fix["recompute"]
-    approximated, missing = [], []
+    profile = SOURCE_PROFILE[src]
+    stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")))
+    if "attention" in stack_sets:
+        del fix["attention"]  # the stack's attention kernel is the profile's
+    approximated, missing, from_profile, per_row = [], [], [], []
     for nd in needs:
-        if meshplan_accepts(nd.key, nd.value):
+        if meshplan_accepts(nd.key, nd.value) and stack_sets.get(nd.key) == nd.value:
+            from_profile.append(f"{nd.key}={nd.value}")
+        elif meshplan_accepts(nd.key, nd.value):
             fix[nd.key] = nd.value
+            if not (nd.implied or nd.stated):
+                per_row.append(f"{nd.key}={nd.value}: {nd.why}")
         elif nd.fallback is None:
             missing.append(nd)
         else:
@@ -393,7 +416,15 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                 approximated.append(nd)
     gpn = row.get("gpus_per_node") or 8
     return RowInputs(name, src, cfg, f"{n // gpn}x{gpn}x{device}", row["gbs"], row["seq"], dtype, fix, n, step,
-                     tuple(approximated), tuple(missing), tuple(assumptions))
+                     tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
+                     from_profile=tuple(from_profile), per_row=tuple(per_row))
+
+
+def _profile_defaults(profile: str, dtype: str, is_moe: bool) -> dict[str, str]:
+    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text)."""
+    from meshplan.planner.layout.stacks import load_stacks
+
+    return load_stacks().get(profile).defaults(dtype, is_moe)
 
 
 @dataclass
@@ -423,8 +454,9 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
         res.status, res.detail = "out of scope", inp.out_of_scope
         return res
     try:
-        out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
-                       dtype=inp.dtype, name="devset", out=out_dir / f"{inp.name}.yaml"))
+        out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
+                                      stack=inp.profile, top=1, dtype=inp.dtype, name="devset",
+                                      out=out_dir / f"{inp.name}.yaml"))
     except MeshplanError as exc:
         msg = str(exc)
         miss = re.search(r"misses by ([\d.]+) GiB", msg)
@@ -510,6 +542,10 @@ def summarize(results: list[RowResult]) -> list[dict]:
             "mean_abs_error": statistics.fmean(abs(e) for e in errs) if errs else None,
             "worst_error": max(errs, key=abs) if errs else None,
             "median_signed_error": statistics.median(errs) if errs else None,
+            "profiles": sorted({r.inputs.get("profile", "") for r in rs}),
+            "per_row_settings_median": statistics.median(n) if (n := [len(r.inputs.get("per_row", ()))
+                                                                      for r in rs]) else None,
+            "per_row_settings_total": sum(len(r.inputs.get("per_row", ())) for r in rs),
         })
     return out
 
@@ -524,9 +560,9 @@ def _pct(x: Optional[float]) -> str:
     return "" if x is None else f"{100 * x:+.1f}%"
 
 
-ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated")
+ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated", "per-row settings")
 SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
-                   "median signed")
+                   "median signed", "profile", "per-row settings (median)")
 
 
 def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
@@ -537,11 +573,14 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
             continue
         status = r.status if r.status == "priced" else f"{r.status}: {r.detail}"
         approx = ", ".join(a.split(": ")[0] for a in r.inputs.get("approximated", []))
+        per_row = ", ".join(a.split(": ")[0] for a in r.inputs.get("per_row", ()))
         rows.append([r.name, r.source, f"{r.published_step_s:.3f}",
-                     "" if r.predicted_step_s is None else f"{r.predicted_step_s:.3f}", _pct(r.error), status, approx])
+                     "" if r.predicted_step_s is None else f"{r.predicted_step_s:.3f}", _pct(r.error), status, approx,
+                     per_row])
     per_source = [[x["source"], str(x["rows"]), str(x["priced"]), str(x["not_expressible"]), str(x["refused_oom"]),
                    "" if x["mean_abs_error"] is None else f"{100 * x['mean_abs_error']:.1f}%",
-                   _pct(x["worst_error"]), _pct(x["median_signed_error"])] for x in summary]
+                   _pct(x["worst_error"]), _pct(x["median_signed_error"]), ", ".join(x["profiles"]),
+                   f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)"] for x in summary]
     return rows, per_source
 
 
@@ -552,7 +591,8 @@ def render(results: list[RowResult], summary: list[dict], console: Console) -> N
         t = Table(title=title)
         for col in cols:
             t.add_column(col, overflow="fold", justify="left" if col in ("row", "src", "source", "status",
-                                                                          "approximated") else "right")
+                                                                          "approximated", "profile",
+                                                                          "per-row settings") else "right")
         for cells in body:
             t.add_row(*cells)
         console.print(t)

@@ -21,6 +21,8 @@ def plan(
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step")],
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
     fix: Annotated[Optional[str], typer.Option("--fix", help=fix_help())] = None,
+    stack: Annotated[Optional[str], typer.Option("--stack", help="Stack profile NAME[@VERSION] whose defaults the plan "
+                                                 "starts from (`meshplan stacks`); --fix overrides them")] = None,
     top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
@@ -50,7 +52,7 @@ def plan(
     from meshplan.planner.search.job import PlanRequest, plan_job
 
     request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
-                             top=top, name=name, out=out, quality_budget=quality_budget, compress=compress,
+                             stack=stack, top=top, name=name, out=out, quality_budget=quality_budget, compress=compress,
                              net=net, gen_len=gen_len, error_budget=error_budget, sensitivity=sensitivity,
                              costmodel=costmodel, explain=explain)
     show = not json_out and console.is_terminal

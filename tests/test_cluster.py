@@ -293,7 +293,7 @@ def test_calibration_is_cached_and_builds_local_clusters(calibrated):
 
 
 def test_corrupt_cache_is_measured_again_not_trusted(calibrated, monkeypatch):
-    from meshplan.planner import calibrate as calmod
+    from meshplan.planner.host import calibrate as calmod
 
     cache, _ = calibrated
     monkeypatch.setenv("MESHPLAN_CACHE", str(cache / "other"))

@@ -15,7 +15,7 @@ from meshplan.planner.layout.layout import DEGREE_NAMES, Layout
 from meshplan.planner.layout.space import DEGREE_KEYS, FIX_KEYS, STAGE_KEYS, Pins, enumerate_layouts, parse_fix
 from meshplan.planner.model.config import load_model
 from meshplan.planner.plan.build import plan_layout
-from meshplan.planner.plan.schema import OPTIONAL_DECISIONS, Plan, load_plan
+from meshplan.planner.plan.schema import OMIT_AT_DEFAULT, Plan, load_plan
 from tests.helpers import REPO
 
 
@@ -63,7 +63,7 @@ def test_plan_fields_follow_the_registry() -> None:
             continue
         assert d.plan_field in Plan.model_fields, d.name
         if d.plan_optional:
-            assert OPTIONAL_DECISIONS[d.plan_field] == d.default
+            assert OMIT_AT_DEFAULT[d.plan_field] == d.default
             assert Plan.model_fields[d.plan_field].default == d.default
         if d.kind == "choice" and isinstance(d.default, str) and d.plan_field != "schedule":
             enum = set(schema[d.plan_field]["enum"])

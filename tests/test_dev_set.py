@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import statistics
 import sys
 
 import pytest
@@ -215,12 +216,14 @@ FA2_H100_SEQ2048_TFLOPS = (240.0, 298.0)
 def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_path):
     for row in rows:
         if row["source_id"] in ("S1", "S1f"):
-            assert "attention=flash2" in dev_set.row_needs(row, runs_dir).fix_string.split(","), row["name"]
+            inp = dev_set.row_needs(row, runs_dir)  # the NeMo 24.07 profile sets it; no row overrides it
+            assert "attention=flash2" in inp.from_profile and "attention" not in inp.fix, row["name"]
     from meshplan.planner.search.job import PlanRequest, plan_job
 
     inp = dev_set.row_needs(_by_name(rows)["nemo2407-gpt3-5b"], runs_dir)  # seq 2048, head dim 128
     out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
-                   dtype=inp.dtype, name="devset", out=tmp_path / "plan.yaml", explain=True))
+                                  stack=inp.profile, dtype=inp.dtype, name="devset", out=tmp_path / "plan.yaml",
+                                  explain=True))
     eff = out.plan.explain["efficiency_stage0"]["attention bf16 (flash2)"]
     lo, hi = FA2_H100_SEQ2048_TFLOPS
     assert lo <= eff["achieved"] / 1e12 <= hi
@@ -279,3 +282,19 @@ def test_automodel_pipelined_rows_run_one_schedule_per_accumulation_step(rows, r
         assert micro_batches // runs * inp.fix["mbs"] == int(cell["lbs"]), r["name"]
         seen += 1
     assert seen == 3  # DeepSeek-V3 at 256 and 1024 GPUs, Kimi K2
+
+
+def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
+    """Each in-scope row names its source's stack profile; what it needs beyond its table's facts and that profile
+    is listed per row (bench/dev_set.py prints and counts it). Counted 2026-11-26: 35 settings over 30 rows, median
+    1 (S1 22, S1f 9, S5 4, T 0): grad_dtype and the per-conf overlaps of the NeMo launcher confs, the SFT
+    optimizer dtype, AutoModel's unstated uneven pipeline split and its SDPA under context parallelism."""
+    per_row = []
+    for row in rows:
+        inp = dev_set.row_needs(row, runs_dir)
+        if inp.out_of_scope:
+            continue
+        assert inp.profile == dev_set.SOURCE_PROFILE[inp.source]
+        assert not set(k.split("=")[0] for k in inp.from_profile) & set(inp.fix), row["name"]
+        per_row.append(len(inp.per_row))
+    assert len(per_row) == 30 and sum(per_row) <= 35 and statistics.median(per_row) <= 1

@@ -51,6 +51,9 @@ class Decision:
     searched: bool = False  # a free search enumerates it (else it stays at its default unless pinned)
     plan_field: str = ""  # its field in a plan file ("" = not a field of its own)
     plan_optional: bool = True  # left out of a plan file while at its default (plans of older versions load alike)
+    by_stack: bool = False
+    """A stack profile may set it (``planner.layout.stacks``): what a free search leaves at its default, and the
+    kernel choices a stack makes (the kernel set, the attention kernel, the fp8 recipe)."""
 
     @property
     def unset(self) -> object:
@@ -123,14 +126,14 @@ class Decision:
 def decision(default: object, doc: str, *, kind: str = "", fix: str = "", choices: tuple = (),
              lo: float | None = None, hi: float | None = None, stack_own: str = "",
              stack_values: Mapping[str, tuple] | None = None, searched: bool = False, plan: str | None = None,
-             plan_optional: bool = True):
+             plan_optional: bool = True, by_stack: bool | None = None):
     """A ``Decisions`` field: ``default`` and how the decision is pinned, searched and stored (``Decision``)."""
     if not kind:
         kind = ("choice" if choices else "bool" if isinstance(default, bool)
                 else "float" if isinstance(default, float) else "int")
     info = dict(default=default, doc=doc, kind=kind, fix_key=fix, choices=tuple(choices), lo=lo, hi=hi,
                 stack_own=stack_own, stack_values=MappingProxyType(dict(stack_values or {})), searched=searched,
-                plan_field=plan, plan_optional=plan_optional)
+                plan_field=plan, plan_optional=plan_optional, by_stack=not searched if by_stack is None else by_stack)
     return field(default=default, metadata={"decision": info})
 
 
@@ -154,7 +157,7 @@ class Decisions:
     sequence_parallel: bool = decision(False, "Megatron sequence parallelism (norms and dropout sharded over TP)",
                                        fix="sp", searched=True, plan_optional=False)
     """Needs tp > 1; a free search runs it wherever tp > 1."""
-    attention: str = decision("flash", "the fused attention kernel", searched=True, plan_optional=False,
+    attention: str = decision("flash", "the fused attention kernel", searched=True, plan_optional=False, by_stack=True,
                               choices=("flash", "flash2", "flash3", "cudnn", "flex", "unfused"))
     """"flash" is the stack's fused attention (cuDNN through Transformer Engine for megatron, PyTorch SDPA's
     FlashAttention-2 for torchtitan and eager), or a named fused kernel; "unfused" materialises the s x s scores
@@ -175,7 +178,7 @@ class Decisions:
     etp x ep x edp is laid over the same tp x cp x dp ranks of a stage independently of the dense mesh: ep x etp
     need only divide tp x cp x dp (Qwen3-235B ran EP32 over 16 data-parallel ranks x TP2)."""
     fp8: str = decision("none", "the fp8 recipe of the decoder's linear GEMMs (none = the workload's dtype)",
-                        choices=("none", "tensorwise", "delayed", "blockwise", "mxfp8"), searched=True,
+                        choices=("none", "tensorwise", "delayed", "blockwise", "mxfp8"), searched=True, by_stack=True,
                         stack_values={"megatron": ("none", "tensorwise", "delayed", "blockwise", "mxfp8"),
                                       "torchtitan": ("none", "tensorwise", "mxfp8"), "eager": ("none",)})
     """"tensorwise" is Transformer Engine's current scaling, "delayed" TE DelayedScaling (amax history),
@@ -190,7 +193,7 @@ class Decisions:
     all-gathered before attention (Llama 3 paper §3.3.2; torch ``context_parallel``'s allgather rotation); "a2a":
     DeepSpeed-Ulysses all-to-all over heads. torchtitan and HF code have no Ulysses."""
     stack: str = decision("megatron", "the training code, whose kernels run: megatron, torchtitan or eager",
-                          choices=("megatron", "torchtitan", "eager"), searched=True)
+                          choices=("megatron", "torchtitan", "eager"), searched=True, by_stack=True)
     """"megatron": Transformer Engine's fused kernels (norms, SwiGLU, cuDNN attention, vocab-parallel
     cross-entropy; Megatron-Core, NeMo, AutoModel's TE backend); "torchtitan": torch.compile per block, SDPA
     attention, PyTorch cross-entropy; "eager": HF / plain PyTorch code, one kernel per op. It is the user's code,

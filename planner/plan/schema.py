@@ -167,7 +167,7 @@ class _PlanBody(_Frozen):
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json")
-        for key, default in OPTIONAL_DECISIONS.items():
+        for key, default in OMIT_AT_DEFAULT.items():
             if data.get(key) == default:
                 del data[key]
         text = yaml.safe_dump(data, sort_keys=False)
@@ -218,6 +218,8 @@ _PLAN_FIELDS = {
     # The decisions added after plan schema 1 was first written: left out of the file while at their default, so
     # plans of older meshplan versions and their golden exports stay byte-identical.
     **_decision_fields(),
+    # The stack profile the plan was made with (``meshplan plan --stack``, ``planner.layout.stacks``); "" = none.
+    "stack_profile": (str, Field("", pattern=r"^$|^[a-z0-9][a-z0-9._-]*@[A-Za-z0-9][A-Za-z0-9._-]*$")),
     "explain": (Optional[dict], None),  # ``meshplan plan --explain``: planner.estimate.explain's breakdown
     "layer_precision": (Optional[tuple[str, ...]], None),
     "stages": (Optional[tuple[Stage, ...]], None),
@@ -231,8 +233,8 @@ _PLAN_FIELDS = {
 Plan = create_model("Plan", __base__=_PlanBody, __module__=__name__, **_PLAN_FIELDS)
 Plan.__doc__ = """Every decision meshplan makes for one job (``planner.layout.decisions``), the workload, the
 prediction and the versions that made it."""
-OPTIONAL_DECISIONS = {**{d.plan_field: d.default for d in DECISIONS.values() if d.plan_field and d.plan_optional},
-                      "explain": None}
+OMIT_AT_DEFAULT = {**{d.plan_field: d.default for d in DECISIONS.values() if d.plan_field and d.plan_optional},
+                   "stack_profile": "", "explain": None}
 """Plan fields left out of the file while at these values."""
 
 

@@ -30,6 +30,7 @@ from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, 
 from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.search.exact import layout_row, search
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
+from meshplan.planner.layout.stacks import load_stacks
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.solve.compression import solve_compression
 from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
@@ -85,15 +86,19 @@ class PlanRequest:
     """Math dtype (``None``: bf16 on accelerators, fp32 on ``local:N`` CPUs)."""
     workload: str = "train"
     """``train`` or ``serve`` (LLM-PQ style)."""
+    stack: Optional[str] = None
+    """A stack profile, ``name[@version]`` (``planner.layout.stacks``): its values are the defaults ``fix``
+    overrides."""
     options: PlanOptions = field(default_factory=PlanOptions)
 
     @classmethod
     def of(cls, model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | Pins | None = None,
-           dtype: str | None = None, workload: str = "train", **options) -> "PlanRequest":
+           dtype: str | None = None, workload: str = "train", stack: str | None = None,
+           **options) -> "PlanRequest":
         """A request from ``meshplan plan``'s arguments: ``fix`` as the ``--fix`` text, ``options`` by
         ``PlanOptions`` field."""
         pins = fix if isinstance(fix, Pins) else parse_fix(fix)
-        return cls(model, cluster, global_batch, seq_len, pins, dtype, workload, PlanOptions(**options))
+        return cls(model, cluster, global_batch, seq_len, pins, dtype, workload, stack, PlanOptions(**options))
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch", self.global_batch), ("--seq-len", self.seq_len),
@@ -127,6 +132,8 @@ class _Job:
     name: str
     path: Path
     before: object  # the plan file's state when the job began (``core.atomic.file_state``)
+    fix: Pins  # the request's pins over the stack profile's values
+    profile: str  # the stack profile's ``name@version`` ("" = none)
 
 
 def plan_name(model_arg: str) -> str:
@@ -188,7 +195,12 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
                             "--cluster": request.cluster if Path(request.cluster).exists() else None,
                             "--sensitivity": opts.sensitivity}, "--out")
     before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
-    return _Job(request, spec, clus, estimator, dtype, name, path, before)
+    fix, profile = request.fix, ""
+    if request.stack:
+        prof = load_stacks().get(request.stack)
+        defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, spec.is_moe).items()))
+        fix, profile = Pins(**{**defaults.pinned(), **request.fix.pinned()}), prof.ref
+    return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, profile)
 
 
 def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOutcome:
@@ -196,7 +208,7 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     req, opts, clus, estimator = job.request, job.request.options, job.cluster, job.estimator
     clus.device.peak(job.dtype)  # refuses a dtype the device lacks, naming the device
     work = Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype)
-    fixes = req.fix
+    fixes = job.fix
     if opts.compress:
         for k in ("tp", "pp", "cp", "ep"):
             if fixes.get(k, 1) != 1:
@@ -220,6 +232,8 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     pricer = getattr(estimator, "pricer", None)
     if pricer is not None:  # prices on a GPU the cost model never saw that fall outside [roofline, 3x roofline]
         notes += tuple(f"warning: {w}" for w in pricer.warnings)
+    if job.profile:
+        plan = plan.model_copy(update={"stack_profile": job.profile})
     write_checked(job.path, plan.to_yaml(), job.before)
     title = (f"{job.spec.name} on {clus.spec}: global batch {req.global_batch}, seq {req.seq_len} — "
              f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "

@@ -1,0 +1,36 @@
+"""``meshplan stacks``: the stack profiles ``meshplan plan --stack`` starts from, with the sources of their values."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from meshplan.cli.common import console, handle_errors, print_json
+from meshplan.planner.layout.stacks import load_stacks
+
+
+@handle_errors
+def stacks(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the profiles as JSON.")] = False,
+) -> None:
+    """List the stack profiles: each value a stack sets by default, with the file and version that says so."""
+    cat = load_stacks()
+    if json_out:
+        print_json([{**p.model_dump(mode="json"), "ref": p.ref, "default": cat.newest[p.name] == p.version}
+                    for p in cat.profiles.values()])
+        return
+    for prof in cat.profiles.values():
+        newest = " (default)" if cat.newest[prof.name] == prof.version else ""
+        table = Table(title=f"{prof.ref}{newest}: {prof.title}", caption=f"read at {prof.source}")
+        for col in ("--fix", "value", "when", "source"):
+            table.add_column(col, overflow="fold", no_wrap=col in ("--fix", "value"))
+        for v in prof.values:
+            table.add_row(v.key, v.value, v.when or "always", v.source)
+        for u in prof.unpriced:
+            table.add_row("(not priced)", "", "", f"{u.what} [{u.source}]")
+        console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("stacks")(stacks)

@@ -1,0 +1,136 @@
+"""Stack profiles: what a training stack does by default, at one version, each value citing the stack's own file.
+
+A profile (``planner/presets/stacks/<name>@<version>.yaml``) names, for the decisions of ``decisions.DECISIONS``
+that the stack fixes by default, the value it runs and the file and version that say so; a value may hold only for
+an fp8 workload or only for MoE (or dense) models (``when``). What the stack does that meshplan does not price
+(CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its source, so a user sees it was not forgotten.
+
+``meshplan plan --stack NAME[@VERSION]`` plans with the profile's values as defaults: ``--fix`` overrides any of
+them; the plan records the profile (``Plan.stack_profile``). ``meshplan stacks`` lists them with their sources.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from types import MappingProxyType
+from typing import Mapping, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from meshplan.core.errors import MeshplanError, validation_line
+from meshplan.planner.layout.decisions import BY_FIX_KEY
+
+STACKS_DIR = "presets/stacks"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProfileValue(_Frozen):
+    """One decision's default under a stack: its ``--fix`` key, the ``--fix`` text of the value and where the stack
+    says it."""
+
+    key: str
+    value: str
+    source: str = Field(min_length=8)
+    when: Optional[str] = Field(None, pattern=r"^(fp8|moe|dense)$")
+    """Holds only for an fp8 workload, or only for MoE / dense models; ``None``: always."""
+
+
+class Unpriced(_Frozen):
+    """Something the stack does by default that meshplan does not price, and where it says so."""
+
+    what: str
+    source: str = Field(min_length=8)
+
+
+class StackProfile(_Frozen):
+    """A training stack at one version (``name@version``)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    title: str
+    source: str = Field(min_length=8)
+    """The repository and the tag or commit every value below was read at."""
+    values: tuple[ProfileValue, ...]
+    """At most one that holds per ``--fix`` key for any workload (``when`` tells them apart)."""
+    unpriced: tuple[Unpriced, ...] = ()
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def defaults(self, dtype: str, is_moe: bool) -> dict[str, str]:
+        """``{--fix key: value text}`` of what the profile sets for a ``dtype`` workload of a MoE or dense model."""
+        return {v.key: v.value for v in self.values if _holds(v.when, dtype, is_moe)}
+
+
+def _holds(when: Optional[str], dtype: str, is_moe: bool) -> bool:
+    return {None: True, "fp8": dtype == "fp8", "moe": is_moe, "dense": not is_moe}[when]
+
+
+def _read(name: str) -> StackProfile:
+    path = resources.files("meshplan.planner").joinpath(STACKS_DIR, name)
+    try:
+        prof = StackProfile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except ValidationError as exc:
+        raise MeshplanError(f"{STACKS_DIR}/{name}: not a stack profile: {validation_line(exc)}") from None
+    for val in prof.values:
+        if val.key not in BY_FIX_KEY:
+            raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is not a decision (known: {', '.join(BY_FIX_KEY)})")
+        if not BY_FIX_KEY[val.key].by_stack:
+            raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is the search's to choose, not a stack default")
+        BY_FIX_KEY[val.key].parse(val.value)  # a value the decision refuses is refused here, by name
+    for dtype, moe in (("bf16", False), ("bf16", True), ("fp8", False), ("fp8", True)):
+        holding = [v.key for v in prof.values if _holds(v.when, dtype, moe)]
+        if len(holding) != len(set(holding)):
+            raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "
+                                f"{'MoE' if moe else 'dense'} workload")
+    return prof
+
+
+@dataclass(frozen=True)
+class StackCatalogue:
+    """Every shipped profile, and which version of each stack is its default (the newest)."""
+
+    profiles: Mapping[str, StackProfile]
+    newest: Mapping[str, str]
+
+    def get(self, ref: str) -> StackProfile:
+        """The profile ``name`` (its newest version) or ``name@version``.
+
+        Raises:
+            MeshplanError: an unknown stack or version, naming the known ones.
+        """
+        name, _, version = ref.strip().lower().partition("@")
+        if name not in self.newest:
+            raise MeshplanError(f"--stack {ref}: unknown stack (known: {', '.join(sorted(self.newest))})")
+        key = f"{name}@{version or self.newest[name]}"
+        if key not in self.profiles:
+            known = sorted(p.version for p in self.profiles.values() if p.name == name)
+            raise MeshplanError(f"--stack {ref}: no profile of {name} at {version} (known: {', '.join(known)})")
+        return self.profiles[key]
+
+
+def load_stacks() -> StackCatalogue:
+    """The shipped profiles (``planner/presets/stacks``), read and checked against the decision registry."""
+    folder = resources.files("meshplan.planner").joinpath(STACKS_DIR)
+    profiles = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            prof = _read(entry.name)
+            if entry.name != f"{prof.ref}.yaml":
+                raise MeshplanError(f"{STACKS_DIR}/{entry.name}: holds {prof.ref}; name the file {prof.ref}.yaml")
+            profiles[prof.ref] = prof
+    newest: dict[str, str] = {}
+    for prof in profiles.values():
+        if prof.name not in newest or _version_key(prof.version) > _version_key(newest[prof.name]):
+            newest[prof.name] = prof.version
+    return StackCatalogue(MappingProxyType(profiles), MappingProxyType(newest))
+
+
+def _version_key(version: str) -> tuple:
+    """Numeric parts compare as numbers (25.09 < 26.06.01; 0.2.2 < 0.16.1)."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in version.replace("-", ".").split("."))

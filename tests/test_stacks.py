@@ -1,0 +1,89 @@
+"""Stack profiles (``planner.layout.stacks``): each value is read back from the stack's own code where the stack
+is installed here (torchtitan 0.2.2, megatron-core 0.16.1: the test extras), every profile loads against the
+decision registry, and ``--stack`` plans start from the profile while ``--fix`` overrides it."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout.decisions import BY_FIX_KEY
+from meshplan.planner.layout.stacks import load_stacks
+from meshplan.planner.search.job import PlanRequest, plan_job
+from tests.test_export_parsers import _torchtitan
+
+
+def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
+    cat = load_stacks()
+    assert {"nemo", "torchtitan", "automodel", "megatron-lm"} <= set(cat.newest)
+    for prof in cat.profiles.values():
+        assert prof.values, prof.ref
+        for v in prof.values:
+            assert BY_FIX_KEY[v.key].by_stack, (prof.ref, v.key)
+            assert "@" in v.source or prof.version in v.source or "torch.distributed" in v.source, (prof.ref, v.key)
+
+
+def test_torchtitan_profile_is_torchtitans_own_defaults() -> None:
+    """Read back from torchtitan 0.2.2's own JobConfig dataclasses."""
+    _torchtitan()  # loads torchtitan's config modules without its GPU kernels, or skips
+    from torchtitan.config.job_config import Compile, Parallelism, Training
+
+    prof = load_stacks().get("torchtitan@0.2.2")
+    got = prof.defaults("fp8", False)
+    assert got["reduce_dtype"] == {"float32": "fp32"}[Training().mixed_precision_reduce]
+    assert got["stack"] == ("torchtitan" if Compile().enable else "eager")
+    assert got["tp_overlap"] == str(Parallelism().enable_async_tensor_parallel).lower()
+    assert Parallelism().context_parallel_rotate_method in BY_FIX_KEY["cp_kind"].choices
+
+
+def test_megatron_lm_profile_is_megatron_cores_own_defaults() -> None:
+    """Read back from megatron-core 0.16.1's own config dataclasses (the core_r0.16 line the profile cites)."""
+    core = pytest.importorskip("megatron.core", reason="megatron-core not installed (the test extras have it)")
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    assert core is not None
+    got = load_stacks().get("megatron-lm").defaults("fp8", False)
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+    assert got["fp8"] == defaults["fp8_recipe"]
+    mp = {f.name: f.default for f in dataclasses.fields(ModelParallelConfig)}
+    assert got["tp_overlap"] == str(mp["tp_comm_overlap"]).lower()
+    opt = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)}
+    assert got["optim_dtype"] == ("fp32" if not opt["use_precision_aware_optimizer"] else "remainder")
+
+
+def test_a_profile_value_that_is_the_searchs_to_choose_is_refused(tmp_path, monkeypatch) -> None:
+    from meshplan.planner.layout import stacks
+
+    bad = tmp_path / "x@1.yaml"
+    bad.write_text(yaml.safe_dump({"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1",
+                                   "values": [{"key": "tp", "value": "8", "source": "somewhere @ v1"}]}))
+    monkeypatch.setattr(stacks, "resources", type("R", (), {"files": staticmethod(lambda _: tmp_path.parent)}))
+    monkeypatch.setattr(stacks, "STACKS_DIR", tmp_path.name)
+    with pytest.raises(MeshplanError, match="'tp' is not a decision"):
+        stacks.load_stacks()
+
+
+def test_unknown_stack_or_version_is_one_line() -> None:
+    with pytest.raises(MeshplanError, match="known: automodel"):
+        load_stacks().get("no-such-stack")
+    with pytest.raises(MeshplanError, match="no profile of nemo at 1.0"):
+        load_stacks().get("nemo@1.0")
+
+
+def test_plan_starts_from_the_profile_and_fix_overrides_it(tmp_path) -> None:
+    mesh = "tp=1,pp=1,cp=1,ep=8,mbs=1,zero=3,recompute=full"  # the layout pinned: the profile's decisions stay free
+    plan = plan_job(PlanRequest.of("qwen3-30b-a3b", "1x8xH100", 512, 4096, stack="automodel", fix=mesh, top=1,
+                                   out=tmp_path / "a.yaml")).plan
+    assert plan.stack_profile.startswith("automodel@")
+    assert (plan.fsdp, plan.moe_dispatcher, plan.reduce_dtype, plan.optim_dtype) == ("torch", "deepep", "fp32",
+                                                                                      "bf16")
+    plan = plan_job(PlanRequest.of("qwen3-30b-a3b", "1x8xH100", 512, 4096, stack="automodel",
+                                   fix=mesh + ",moe_dispatcher=alltoall", top=1, out=tmp_path / "b.yaml")).plan
+    assert plan.moe_dispatcher == "alltoall" and plan.fsdp == "torch"
+    plain = plan_job(PlanRequest.of("qwen3-30b-a3b", "1x8xH100", 512, 4096, fix=mesh, top=1,
+                                    out=tmp_path / "c.yaml")).plan
+    assert plain.stack_profile == "" and "stack_profile" not in (tmp_path / "c.yaml").read_text()
