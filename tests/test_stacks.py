@@ -17,7 +17,10 @@ from tests.test_export_parsers import _torchtitan
 
 def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
     cat = load_stacks()
-    assert {"nemo", "torchtitan", "automodel", "megatron-lm"} <= set(cat.newest)
+    assert {"nemo", "torchtitan", "automodel", "megatron-lm", "megatron-bridge"} <= set(cat.newest)
+    bridge = sorted(p.version for p in cat.profiles.values() if p.name == "megatron-bridge")
+    assert bridge == ["25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01"]
+    assert cat.get("megatron-bridge").version == "26.06.01"  # the newest is the default
     for prof in cat.profiles.values():
         assert prof.values, prof.ref
         for v in prof.values:
