@@ -95,7 +95,8 @@ def plan(
 
 def render_explain(ex: dict) -> None:
     """The best plan's breakdown (``planner.estimate.explain``) as rich tables that wrap."""
-    step = Table(title=f"why {ex['step_time_s']:.3f} s per step (slowest stage: {ex['slowest_stage']})")
+    profile = f", stack profile {ex['stack_profile']}" if ex.get("stack_profile") else ""
+    step = Table(title=f"why {ex['step_time_s']:.3f} s per step (slowest stage: {ex['slowest_stage']}{profile})")
     step.add_column("part", overflow="fold")
     step.add_column("s", justify="right")
     for part, sec in ex["step_s"].items():

@@ -221,7 +221,8 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     if opts.explain:
         if not isinstance(estimator, GpuEstimator):
             raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
-        plan = plan.model_copy(update={"explain": explain_gpu(estimator, work, best_layout)})
+        explained = explain_gpu(estimator, work, best_layout)
+        plan = plan.model_copy(update={"explain": {**explained, "stack_profile": job.profile or None}})
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
