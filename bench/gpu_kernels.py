@@ -166,6 +166,12 @@ def fp8_grouped(a8, w8_enk, offs, tpe: int, path: str):
                                      out_dtype=torch.bfloat16) for i in range(e)]
 
 
+def bf16_wgrad(a, dy, offs):
+    """Weight gradient of every local expert in one call: dW_e = A_e^T dY_e, the token dimension split by offs
+    (2-D x 2-D grouped GEMM; output [E, K, N]). A^T is a transposed view, as autograd hands it over."""
+    return lambda: torch._grouped_mm(a.t(), dy, offs=offs)
+
+
 def dense_ref(a, w_enk, dtype: str):
     """One GEMM of the same M x K x N as the whole grouped call (so the same FLOPs): the dense rate to compare to."""
     w = w_enk[0].t()
@@ -191,6 +197,15 @@ def pick_paths(device) -> dict:
         found["errors"]["torch._grouped_mm"] = error_line(exc)
     a8, w8 = a.to(FP8), w.to(FP8)
     ref8 = torch.cat([a8[i * tpe:(i + 1) * tpe].float() @ w8[i].t().float() for i in range(e)])
+    dy = torch.randn(e * tpe, n, device=device, dtype=torch.bfloat16)
+    ref_w = torch.stack([a[i * tpe:(i + 1) * tpe].float().t() @ dy[i * tpe:(i + 1) * tpe].float() for i in range(e)])
+    found["wgrad"] = None
+    try:
+        got = bf16_wgrad(a, dy, offs)().float()
+        found["wgrad_rel_err"] = float((got - ref_w).abs().max() / ref_w.abs().max())
+        found["wgrad"] = "torch._grouped_mm (2-D x 2-D)"
+    except Exception as exc:  # noqa: BLE001
+        found["errors"]["wgrad"] = error_line(exc)
     found["fp8"] = None
     for path in ("torch._scaled_grouped_mm", "F.scaled_grouped_mm (rowwise)", "loop of torch._scaled_mm (tensorwise)"):
         try:
@@ -211,8 +226,21 @@ def gemm_case(clock, a, w, offs, tpe, dtype, paths) -> dict:
     make = bf16_grouped if dtype == "bf16" else fp8_grouped
     grouped = clock.median_ms(make(a, w, offs, tpe, paths[dtype]))
     dense = clock.median_ms(dense_ref(a, w, dtype))
-    return {"m_total": m, "k": k, "n": n, "flops": flops, "path": paths[dtype], "grouped": grouped,
+    return {"pass": "fwd", "m_total": m, "k": k, "n": n, "flops": flops, "path": paths[dtype], "grouped": grouped,
             "grouped_tflops": rate(flops, grouped["median_ms"]) / 1e12, "dense": dense,
+            "dense_tflops": rate(flops, dense["median_ms"]) / 1e12,
+            "grouped_over_dense": dense["median_ms"] / grouped["median_ms"]}
+
+
+def wgrad_case(clock, a, dy, offs) -> dict:
+    """bf16 weight gradient; the dense reference is one [K, M] x [M, N] GEMM (same FLOPs, one output)."""
+    m, k = a.shape
+    n = dy.shape[1]
+    flops = 2.0 * m * k * n
+    grouped = clock.median_ms(bf16_wgrad(a, dy, offs))
+    dense = clock.median_ms(lambda: torch.mm(a.t(), dy))
+    return {"pass": "wgrad", "m_total": m, "k": k, "n": n, "flops": flops, "path": "torch._grouped_mm (2-D x 2-D)",
+            "grouped": grouped, "grouped_tflops": rate(flops, grouped["median_ms"]) / 1e12, "dense": dense,
             "dense_tflops": rate(flops, dense["median_ms"]) / 1e12,
             "grouped_over_dense": dense["median_ms"] / grouped["median_ms"]}
 
@@ -228,7 +256,9 @@ def gemm_section(clock, guard, plan, log) -> dict:
                 break
             w_up, w_down = expert_weights(e, h, 2 * ffn, clock.device), expert_weights(e, ffn, h, clock.device)
             top = e * max(plan["tokens_per_expert"])
-            x, mid = (torch.randn(top, c, device=clock.device, dtype=torch.bfloat16) for c in (h, ffn))
+            x, mid, dy_up, dy_down = (torch.randn(top, c, device=clock.device, dtype=torch.bfloat16)
+                                      for c in (h, ffn, 2 * ffn, h))
+            grads = {"gate_up": dy_up, "down": dy_down}
             for dtype in ("bf16", "fp8"):
                 if paths[dtype] is None:
                     continue
@@ -247,8 +277,13 @@ def gemm_section(clock, guard, plan, log) -> dict:
                         if "grouped" in rec:
                             log(f"{label}: {rec['grouped_tflops']:.0f} TFLOP/s grouped, "
                                 f"{rec['dense_tflops']:.0f} dense")
+                        if dtype == "bf16" and paths["wgrad"]:
+                            rec = attempt(log, label + " wgrad", lambda: wgrad_case(
+                                clock, acts[proj][:e * tpe], grads[proj][:e * tpe], offsets(e, tpe, clock.device)))
+                            rec.update(model=name, experts_local=e, tokens_per_expert=tpe, proj=proj, dtype=dtype)
+                            records.append(rec)
                 del ws, acts
-            del w_up, w_down, x, mid
+            del w_up, w_down, x, mid, dy_up, dy_down, grads
             empty_cache()
     return {"paths": paths, "records": records}
 
@@ -293,15 +328,25 @@ def permute_fns(x, probs, idx):
     def unpermute():
         out = torch.zeros_like(x)
         return out.index_add_(0, src, y * w)
-    return {"permute": permute, "gather_only": lambda: x.index_select(0, src), "unpermute": unpermute}
+
+    inverse = torch.argsort(order)
+    pk = probs.unsqueeze(-1).to(x.dtype)
+
+    def unpermute_gather_sum():
+        """Deterministic alternative (no atomics): gather rows back to token-major order, weight, sum over top-k."""
+        return (y.index_select(0, inverse).view(-1, topk, x.shape[1]) * pk).sum(dim=1)
+    return {"permute": permute, "gather_only": lambda: x.index_select(0, src), "unpermute": unpermute,
+            "unpermute_gather_sum": unpermute_gather_sum}
 
 
 def permute_bytes(tokens: int, hidden: int, topk: int) -> dict:
-    """Unique bytes each kernel must move (bf16 rows): gather reads T*k rows and writes them; unpermute reads the T*k
-    rows and writes T rows. Index and probability traffic is left out (under 1% at these widths)."""
-    rows = 2 * hidden
-    return {"permute": 2 * tokens * topk * rows, "gather_only": 2 * tokens * topk * rows,
-            "unpermute": tokens * topk * rows + tokens * rows}
+    """Unique bytes each kernel must move (bf16 rows): the gather reads each of the T token rows (a row picked k times
+    is read from HBM once at best) and writes T*k rows; unpermute reads the T*k rows and writes T rows. Index and
+    probability traffic is left out (under 1% at these widths)."""
+    row_bytes = 2 * hidden
+    gather = tokens * row_bytes + tokens * topk * row_bytes
+    back = tokens * topk * row_bytes + tokens * row_bytes
+    return {"permute": gather, "gather_only": gather, "unpermute": back, "unpermute_gather_sum": back}
 
 
 def permute_section(clock, guard, plan, log) -> dict:
@@ -409,19 +454,21 @@ def transpose_cast(x):
 
 
 def compiled(fn, log):
-    """torch.compile with dynamic shapes, so every size reuses one compiled kernel; None if it cannot compile."""
+    """torch.compile with static shapes (each size compiled for itself: dynamic-shape kernels ran at half the
+    bandwidth in a first run); None if it cannot compile."""
     try:
-        return torch.compile(fn, dynamic=True)
+        return torch.compile(fn, dynamic=False)
     except Exception as exc:  # noqa: BLE001
         log(f"torch.compile unavailable: {error_line(exc)}")
         return None
 
 
 def fp8_section(clock, guard, plan, log) -> dict:
-    """Bytes counted: each unique byte once (read the bf16 tensor, write the fp8 one, 3 bytes per element); eager
-    code makes several passes, so its rate against this count shows what fusion would save."""
+    """Bytes counted: each unique byte once (read the bf16 tensor, write the fp8 one, 3 bytes per element; amax alone
+    reads 2); eager code makes several passes, so its rate against this count shows what fusion would save."""
     records = []
-    variants = {"cast_eager": cast_tensorwise, "transpose_cast_eager": transpose_cast}
+    variants = {"amax_eager": lambda x: x.abs().amax(), "cast_eager": cast_tensorwise,
+                "transpose_cast_eager": transpose_cast}
     if plan["compile"] and guard.left(need_s=40):
         variants.update(cast_compiled=compiled(cast_tensorwise, log),
                         transpose_cast_compiled=compiled(transpose_cast, log))
@@ -431,9 +478,10 @@ def fp8_section(clock, guard, plan, log) -> dict:
                 break
             x = torch.randn(numel // 4096, 4096, device=clock.device, dtype=torch.bfloat16)
             rec = attempt(log, f"fp8 {variant} n={numel}", lambda: clock.median_ms(lambda: fn(x)))
-            rec.update(op=variant, numel=numel, bytes=3 * numel)
+            nbytes = 2 * numel if variant.startswith("amax") else 3 * numel
+            rec.update(op=variant, numel=numel, bytes=nbytes)
             if "median_ms" in rec:
-                rec["gbps"] = rate(3 * numel, rec["median_ms"]) / 1e9
+                rec["gbps"] = rate(nbytes, rec["median_ms"]) / 1e9
                 log(f"fp8 {variant} n={numel}: {rec['median_ms']:.3f} ms {rec['gbps']:.0f} GB/s")
             records.append(rec)
             del x
@@ -570,6 +618,8 @@ def conventions() -> dict:
                       "routing (every local expert gets tokens_per_expert rows); fp8 operands already cast",
         "attention_flops": "causal forward = 4*b*s^2*hq*d/2; backward = 2.5 x forward (FlashAttention-2 convention)",
         "bytes": "unique bytes: each input read once, each output written once",
+        "compile": "torch.compile(dynamic=False): the first call per shape compiles (first_call_ms); the median "
+                   "is over later calls",
     }
 
 
@@ -586,6 +636,8 @@ def run(args, log) -> dict:
         guard = Guard(SECTION_BUDGET_S[name], deadline)
         section = attempt(log, f"section {name}", lambda: SECTIONS[name](clock, guard, plan, log))
         section["guard"] = guard.summary()
+        if device.type == "cuda":
+            section["nvidia_smi_after"] = nvidia_smi()
         result["sections"][name] = section
         write_atomic(Path(args.out), json.dumps(result, indent=1) + "\n")
         log(f"section {name} done in {section['guard']['used_s']} s")
