@@ -3,7 +3,7 @@
 Prices each measured case the way the planner does (``planner`` expert ops: a grouped GEMM is ``experts_local``
 GEMMs of ``tokens_per_expert`` rows; fused attention from the published curves by implementation; memory-bound
 kernels by op class) and prints predicted / measured medians, grouped by what moves the ratio. Reads only; the
-measurements are not fed back into the model.
+measurements are not fed back into the model. ``--tables`` prints the measured medians as markdown instead.
 
     python bench/gpu_kernels_vs_costmodel.py [--data costmodel/data/measured/nvidia-h200.json] [--device H200]
 """
@@ -70,10 +70,80 @@ def memory_ratios(records, pricer, dev, OpSpec) -> list:
     return rows
 
 
+def cast_ratios(records, pricer, dev, OpSpec) -> list:
+    """Tensorwise fp8 cast as the planner prices it (a cast of n elements plus the amax read, priced as a copy of n/2
+    elements: the same bytes) against the measured eager and compiled casts."""
+    rows = []
+    for r in records:
+        if r["op"] in ("cast_eager", "cast_compiled"):
+            n = r["numel"]
+            cast = pricer.predict(OpSpec("cast", (n,), "bf16"), dev)
+            amax = pricer.predict(OpSpec("copy", (n // 2,), "bf16"), dev)
+            rows.append((r["op"], n, (cast + amax) * 1e3 / r["median_ms"]))
+    return rows
+
+
+def med(values) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def gemm_table(records) -> list[str]:
+    """Median over models and experts_local of the grouped TFLOP/s, and of grouped over dense, by tokens per expert."""
+    cols = (("bf16", "fwd"), ("bf16", "wgrad"), ("fp8", "fwd"))
+    lines = ["| tokens/expert | " + " | ".join(f"{d} {p}: grouped TFLOP/s (x dense)" for d, p in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for tpe in sorted({r["tokens_per_expert"] for r in records}):
+        cells = []
+        for dtype, pass_ in cols:
+            sel = [r for r in records if (r["dtype"], r["pass"], r["tokens_per_expert"]) == (dtype, pass_, tpe)]
+            cells.append(f"{med([r['grouped_tflops'] for r in sel]):.0f} "
+                         f"({med([r['grouped_over_dense'] for r in sel]):.2f})")
+        lines.append(f"| {tpe} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def attention_table(records) -> list[str]:
+    seqs = sorted({r["seq"] for r in records})
+    lines = ["| backend, head dim | pass | " + " | ".join(f"{s // 1024}k" for s in seqs) + " |",
+             "|---|---" + "|---" * len(seqs) + "|"]
+    for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
+        for d in (128, 64):
+            for p in ("fwd", "bwd"):
+                by = {r["seq"]: r[f"{p}_tflops"] for r in records if (r["backend"], r["head_dim"]) == (backend, d)}
+                lines.append(f"| {backend} d{d} | {p} | " + " | ".join(f"{by[s]:.0f}" for s in seqs) + " |")
+    return lines
+
+
+def permute_table(records, tokens: int) -> list[str]:
+    ops = ("permute", "gather_only", "unpermute", "unpermute_gather_sum", "router_softmax_topk")
+    lines = [f"| model (T={tokens}) | " + " | ".join(f"{o} ms (GB/s)" for o in ops) + " |", "|---" * 6 + "|"]
+    for model in dict.fromkeys(r["model"] for r in records):
+        by = {r["op"]: r for r in records if r["model"] == model and r["tokens"] == tokens}
+        lines.append(f"| {model} | " + " | ".join(f"{by[o]['median_ms']:.2f} ({by[o]['gbps']:.0f})" for o in ops)
+                     + " |")
+    return lines
+
+
+def simple_table(records, key, label) -> list[str]:
+    lines = [f"| {label} | median ms | GB/s (unique bytes) |", "|---|---|---|"]
+    lines += [f"| {key(r)} | {r['median_ms']:.3f} | {r['gbps']:.0f} |" for r in records]
+    return lines
+
+
+def print_tables(sec) -> None:
+    print("\n".join(gemm_table(sec["gemm"]["records"])), end="\n\n")
+    print("\n".join(attention_table(sec["attention"]["records"])), end="\n\n")
+    print("\n".join(permute_table(sec["permute"]["records"], 65536)), end="\n\n")
+    print("\n".join(simple_table(sec["fp8cast"]["records"], lambda r: f"{r['op']} {r['numel'] >> 20}M", "op")),
+          end="\n\n")
+    print("\n".join(simple_table(sec["memory"]["records"], lambda r: f"{r['op']} {r['variant']} {r['shape']}", "op")))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT / "costmodel" / "data" / "measured" / "nvidia-h200.json")
     ap.add_argument("--device", default="H200")
+    ap.add_argument("--tables", action="store_true", help="print the measured medians as markdown tables instead")
     args = ap.parse_args(argv)
     from meshplan.costmodel.api import Pricer
     from meshplan.costmodel.attention import fused_attention_s
@@ -84,8 +154,11 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         print(f"--data {args.data}: cannot read measurements ({exc})", file=sys.stderr)
         return 2
-    pricer, dev = Pricer.shipped(), resolve(args.device)
     sec = data["sections"]
+    if args.tables:
+        print_tables(sec)
+        return 0
+    pricer, dev = Pricer.shipped(), resolve(args.device)
     print("grouped expert GEMM, forward: predicted / measured (median over models and experts_local)")
     for (dtype, tpe), v in sorted(gemm_ratios(sec["gemm"]["records"], pricer, dev, OpSpec).items()):
         print(f"  {dtype:5} tokens/expert {tpe:5}: grouped {statistics.median(v['grouped']):.2f}"
@@ -96,6 +169,9 @@ def main(argv=None) -> int:
     print("memory-bound: predicted / measured")
     for op, variant, shape, ratio in memory_ratios(sec["memory"]["records"], pricer, dev, OpSpec):
         print(f"  {op:13} {variant:14} {shape!s:18} {ratio:.2f}")
+    print("fp8 tensorwise cast (amax + cast): predicted / measured")
+    for op, n, ratio in cast_ratios(sec["fp8cast"]["records"], pricer, dev, OpSpec):
+        print(f"  {op:14} {n >> 20:4}M {ratio:.2f}")
     return 0
 
 
