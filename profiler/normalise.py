@@ -1,4 +1,4 @@
-"""Raw trace events -> :class:`profiler.trace.Event` records, as they stream by (no raw event is kept).
+"""Raw trace events -> :class:`profiler.events.Event` records, as they stream by (no raw event is kept).
 
 Device comm ops are typed from their metadata, else (in :meth:`Normaliser.finish`) from the collective
 annotation (``nccl:*``, ``hccl:*`` ...) around their launch, else from their name. Every field is type-checked:
@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from meshplan.profiler.categories import (collective_type, comm_type_hint, is_comm_annotation, is_comm_kernel,
                                           is_cpu_collective)
+from meshplan.profiler.events import Event
 
 _DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2,
                 "c10::bfloat16": 2, "int": 4, "int32": 4, "long int": 8, "int64": 8, "long": 8, "bool": 1,
@@ -74,9 +75,7 @@ class Normaliser:
     """Accumulates events of one trace; :meth:`finish` returns them typed, ranked and sorted."""
 
     def __init__(self, intern: Callable[[str], str]) -> None:
-        from meshplan.profiler.trace import Event
-
-        self.Event = Event
+        self.Event = Event  # bound once: add() runs per raw event
         self.shape_cache: dict = {}
         self.intern = intern
         self.events: list = []
