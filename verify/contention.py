@@ -16,9 +16,8 @@ and wait ops excluded: their time depends on peers, not on the core). 1.0 = the 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
-from meshplan.profiler.runs import load_run
+from meshplan.profiler.runs import Run
 
 MIN_REPEATS = 5  # an (op, shapes) group needs this many calls for its fastest one to be a free-core time
 MIN_CALLS = 50  # fewer qualifying calls on a rank: no estimate for that rank
@@ -46,8 +45,8 @@ def rank_contention(trace) -> float | None:
     return traced / fastest
 
 
-def run_contention(run_dir: str | Path) -> tuple[float | None, dict[int, float]]:
-    """(median factor over ranks, factor per rank) of a profiled run folder; (None, {}) without repeated ops."""
-    run = load_run(run_dir)
+def run_contention(run: Run) -> tuple[float | None, dict[int, float]]:
+    """(median factor over ranks, factor per rank) of a profiled run's traces (:func:`profiler.runs.load_run`);
+    (None, {}) without repeated ops."""
     per = {r: f for r, t in sorted(run.ranks.items()) if (f := rank_contention(t)) is not None}
     return (statistics.median(per.values()) if per else None), per
