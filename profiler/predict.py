@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from meshplan.profiler.graph import compile_graph
+from meshplan.profiler.dataflow_graph import compile_graph
 from meshplan.profiler.replay import replay
 
 _FIELDS = ("duration_s", "release_s", "gap_s")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.graph import CompiledGraph, compile_graph
+from meshplan.profiler.dataflow_graph import CompiledGraph, compile_graph
 
 
 @dataclass
@@ -52,7 +52,7 @@ def replay(G: nx.DiGraph | CompiledGraph) -> Timeline:
     """Replay a graph.
 
     Args:
-        G: A graph from :func:`profiler.tracegraph.build_graph` or :class:`profiler.graph.GraphBuilder`, or its
+        G: A graph from :func:`profiler.trace_to_graph.build_graph` or :class:`profiler.dataflow_graph.GraphBuilder`, or its
             compiled form.
 
     Returns:

@@ -21,7 +21,7 @@ from meshplan.profiler.match import match_collectives
 from meshplan.profiler.replay import Timeline, replay
 from meshplan.profiler.runs import Run, load_run
 from meshplan.profiler.timeline import write_timeline
-from meshplan.profiler.tracegraph import build_graph
+from meshplan.profiler.trace_to_graph import build_graph
 from meshplan.profiler.predict import Prediction, held_out_check
 from meshplan.profiler.runs import _ranges
 from meshplan.profiler.summary import inputs_report

@@ -1,4 +1,4 @@
-"""Measured run -> global dataflow graph (the node/edge schema is in :mod:`profiler.graph`).
+"""Measured run -> global dataflow graph (the node/edge schema is in :mod:`profiler.dataflow_graph`).
 
 Per rank and step:
 
@@ -37,7 +37,7 @@ from collections import defaultdict
 
 import networkx as nx
 
-from meshplan.profiler.graph import GraphBuilder
+from meshplan.profiler.dataflow_graph import GraphBuilder
 from meshplan.profiler.match import CollGroup, channel_of
 from meshplan.profiler.runs import Run
 from meshplan.profiler.trace import SYNC_CALLS, Event, RankTrace
