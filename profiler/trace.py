@@ -30,7 +30,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.categories import ROLES, collective_type, role_of, why_not_used  # noqa: F401 (re-export)
@@ -86,6 +86,46 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     seen: dict[Any, int] = {}
     used: dict[Any, int] = {}
     n_seen = [0, 0]  # events, malformed events
+    header = stream_trace(path, _event_sink(norm, steps, step_lanes, seen, used, n_seen))
+    if not n_seen[0]:
+        raise MeshplanError(f"{label}: not a Kineto trace: traceEvents is empty")
+    if not norm.events and not steps:
+        cats = ", ".join(f"{c} {n}" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:5] if c)
+        raise MeshplanError(f"{label}: not a Kineto trace: {n_seen[0]} events but no host op, device op or runtime "
+                            f"event (categories: {cats or 'none'})")
+    head = validate_header(header, label)
+    dist = head.distributedInfo
+    warnings: list[str] = []
+    rank = _rank_of(dist.rank if dist else None, label, warnings)
+    world = dist.world_size if dist else None
+    if world is not None and rank >= world:
+        raise MeshplanError(f"{label}: distributedInfo.rank {rank} is not below world_size {world}")
+    pg_config = (dist.pg_config if dist else None) or []
+    base = head.baseTimeNanoseconds or 0
+    backend = dist.backend if dist else None
+    warnings += _dropped_event_warnings(header, label)
+    if n_seen[1]:
+        warnings.append(f"{label}: {n_seen[1]} event(s) with a field of the wrong type (ts, dur, name) skipped")
+    events = norm.finish(rank)
+    props = head.deviceProperties
+    rt = RankTrace(
+        path=label, rank=rank, world_size=world, backend=backend,
+        base_ns=int(base), events=events, steps=steps, main_lane=step_lanes[0] if step_lanes else None,
+        pg_config=[pg for pg in pg_config if isinstance(pg, dict)],
+        devices=[str(d.get("name")) for d in props or [] if isinstance(d, dict)],
+        hostname=head.host_name,
+        warnings=warnings, stream_waits=norm.stream_waits,
+        categories=_category_counts(seen, used),
+        step_source="ProfilerStep markers" if steps else None)
+    apply_step_cut(rt, step_at)
+    return rt
+
+
+def _event_sink(norm: Normaliser, steps: dict[int, tuple[float, float]], step_lanes: list[str],
+                seen: dict[Any, int], used: dict[Any, int], n_seen: list[int]) -> Callable[[dict], None]:
+    """The callback :func:`profiler.jsonstream.stream_trace` hands each raw event to (the hot path of ingestion):
+    ``ProfilerStep#N`` markers go to ``steps`` (their threads to ``step_lanes``), every other event of a used
+    category to ``norm``; ``seen``/``used`` count events per raw category, ``n_seen`` [events, malformed ones]."""
     roles, _isfinite = ROLES, math.isfinite
 
     def on_event(ev: dict) -> None:
@@ -123,50 +163,35 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         else:
             n_seen[1] += 1
 
-    header = stream_trace(path, on_event)
-    if not n_seen[0]:
-        raise MeshplanError(f"{label}: not a Kineto trace: traceEvents is empty")
-    if not norm.events and not steps:
-        cats = ", ".join(f"{c} {n}" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:5] if c)
-        raise MeshplanError(f"{label}: not a Kineto trace: {n_seen[0]} events but no host op, device op or runtime "
-                            f"event (categories: {cats or 'none'})")
-    head = validate_header(header, label)
-    dist = head.distributedInfo
-    warnings: list[str] = []
-    rank = dist.rank if dist else None
+    return on_event
+
+
+def _rank_of(rank: int | None, label: str, warnings: list[str]) -> int:
+    """``distributedInfo.rank``, else the rank in the file name, else 0 (with a warning)."""
     if rank is None:
         rank = rank_from_name(label)
         if rank is None:
             rank = 0
             warnings.append(f"{label}: no distributedInfo.rank and no rank in the file name; assuming rank 0")
-    world = dist.world_size if dist else None
-    if world is not None and rank >= world:
-        raise MeshplanError(f"{label}: distributedInfo.rank {rank} is not below world_size {world}")
-    pg_config = (dist.pg_config if dist else None) or []
-    base = head.baseTimeNanoseconds or 0
-    backend = dist.backend if dist else None
+    return rank
+
+
+def _dropped_event_warnings(header: dict, label: str) -> list[str]:
+    """One warning per ``Out-of-range = N`` (N > 0) line of the profiler's own log in the trace header."""
+    out = []
     for key in ("INFO", "ERROR", "WARNING"):
         lines = header.get(key) or []
         for line in lines if isinstance(lines, list) else [lines]:
             m = _OUT_OF_RANGE.search(line) if isinstance(line, str) else None
             if m and int(m.group(1)) > 0:
-                warnings.append(f"{label}: the profiler dropped {m.group(1)} out-of-range events (its log says so); "
-                                f"ops may be missing")
-    if n_seen[1]:
-        warnings.append(f"{label}: {n_seen[1]} event(s) with a field of the wrong type (ts, dur, name) skipped")
-    events = norm.finish(rank)
-    props = head.deviceProperties
-    rt = RankTrace(
-        path=label, rank=rank, world_size=world, backend=backend,
-        base_ns=int(base), events=events, steps=steps, main_lane=step_lanes[0] if step_lanes else None,
-        pg_config=[pg for pg in pg_config if isinstance(pg, dict)],
-        devices=[str(d.get("name")) for d in props or [] if isinstance(d, dict)],
-        hostname=head.host_name,
-        warnings=warnings, stream_waits=norm.stream_waits,
-        categories={("(none)" if c is None else c): {"events": n, "used": used.get(c, 0), "role": role_of(c),
-                                                     **({} if used.get(c) else {"why": why_not_used(c)})}
-                    for c, n in sorted(seen.items(), key=lambda kv: -kv[1])},
-        step_source="ProfilerStep markers" if steps else None)
-    apply_step_cut(rt, step_at)
-    return rt
+                out.append(f"{label}: the profiler dropped {m.group(1)} out-of-range events (its log says so); "
+                           f"ops may be missing")
+    return out
+
+
+def _category_counts(seen: dict, used: dict) -> dict[str, dict]:
+    """``RankTrace.categories``: per raw category, events seen and kept, its role, and why it was not used."""
+    return {("(none)" if c is None else c): {"events": n, "used": used.get(c, 0), "role": role_of(c),
+                                             **({} if used.get(c) else {"why": why_not_used(c)})}
+            for c, n in sorted(seen.items(), key=lambda kv: -kv[1])}
 
