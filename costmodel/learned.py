@@ -153,7 +153,8 @@ class LearnedModel:
             raise MeshplanError(f"{mpath}: corrupt metadata ({exc})") from None
         _check_meta(meta, mpath)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise MeshplanError(f"{mpath}: not a meshplan cost model (format {meta.get('format') if isinstance(meta, dict) else '?'}, expected {FORMAT})")
+            found = meta.get("format") if isinstance(meta, dict) else "?"
+            raise MeshplanError(f"{mpath}: not a meshplan cost model (format {found}, expected {FORMAT})")
         if meta.get("features") != list(FEATURES):
             raise MeshplanError(f"{mpath}: model features differ from this meshplan version's; retrain the model")
         boosters = {}

@@ -1,4 +1,5 @@
-"""Per-rank entry point that ``meshplan profile`` hands to torchrun: ``python -m meshplan.profiler._bootstrap SCRIPT ARGS``.
+"""Per-rank entry point that ``meshplan profile`` hands to torchrun:
+``python -m meshplan.profiler._bootstrap SCRIPT ARGS``.
 
 It pins the rank to its core, starts :class:`profiler.capture.Capture` before the script's first line, installs a
 global optimizer-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) so step boundaries are

@@ -10,8 +10,8 @@ folder only when the run succeeded (the previous run is kept until then); a fail
 ``OUT.failed`` with its ``launch.log``.
 
 Pinning: on this kind of shared host a 2-rank gloo run's median step varied 120-196 ms unpinned and 117-138 ms
-pinned (issue 6, "This machine is noisy"), so each local rank gets its own core whenever there are enough cores,
-and a run with more ranks than cores is flagged as unfit for timing.
+pinned, so each local rank gets its own core whenever there are enough cores, and a run with more ranks than
+cores is flagged as unfit for timing.
 """
 from __future__ import annotations
 

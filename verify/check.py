@@ -1,9 +1,9 @@
 """``meshplan check PLAN RUN``: does a measured run keep the step time and memory its plan predicted?
 
 How the run is read and matched to the plan: ``verify.measured``. Noise: the spread of the measured steps is
-``(p90 - p10) / median``; when it exceeds the tolerance the verdict cannot be trusted and a warning says so (issue
-6: derive tolerances from the measured spread). Memory: compared when the run records a peak (``run.json``
-``peak_memory_bytes`` or ``max_rss_bytes`` per rank); otherwise reported as not recorded. ``check_run`` is the
+``(p90 - p10) / median``; when it exceeds the tolerance the verdict cannot be trusted and a warning says so.
+Memory: compared when the run records a peak (``run.json`` ``peak_memory_bytes`` or ``max_rss_bytes`` per rank);
+otherwise reported as not recorded. ``check_run`` is the
 whole command: the host contention measured from the run (``verify.contention``), the check, and optionally
 learning this host's terms from the run (``verify.learn``).
 """

@@ -2,10 +2,10 @@
 
 A ``local:N`` plan prices its compute with single-thread timings (``planner.host.cpu_bench.HostBench``, the fastest of
 several repetitions: the speed of a free core). On a shared machine other people's processes take a share of
-every core and evict its caches, so the same run can be 1.3-3x slower an hour later (issue 6: "This machine is
-noisy"). The run's own trace says how much: an operator that runs many times with the same input shapes
-(``aten::addmm`` of one layer shape, ``aten::gelu`` ...) takes its free-core time when undisturbed and longer
-when the core was taken or its caches were cold, so per rank
+every core and evict its caches, so the same run can be 1.3-3x slower an hour later. The run's own trace says
+how much: an operator that runs many times with the same input shapes (``aten::addmm`` of one layer shape,
+``aten::gelu`` ...) takes its free-core time when undisturbed and longer when the core was taken or its caches
+were cold, so per rank
 
     contention = sum(traced durations) / sum(count x fastest traced duration)      over (op, shapes) groups
 
