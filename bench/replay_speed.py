@@ -2,7 +2,8 @@
 
 1. Replay speed: a synthetic data-parallel graph of ``--ranks`` ranks and >= ``--ops`` ops (per rank a host lane
    launching a compute kernel per layer, and a gradient all-reduce across all ranks every ``--bucket-every``
-   layers) is built with :class:`profiler.graph.GraphBuilder`, compiled and replayed; ops/s = ops / replay time.
+   layers) is built with :class:`profiler.dataflow_graph.GraphBuilder`, compiled and replayed; ops/s = ops / replay
+   time.
 2. Ingest memory: a ``--trace-mb`` Kineto trace is made by repeating the real events of one rank of the 8-rank
    DLRM trace (``../shared/traces/param_dlrm_8rank``) with shifted timestamps and fresh ids, then parsed by
    :func:`profiler.trace.load_trace` in a fresh subprocess, whose peak RSS (``resource.getrusage``) is reported.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from meshplan.profiler.graph import GraphBuilder  # noqa: E402
+from meshplan.profiler.dataflow_graph import GraphBuilder  # noqa: E402
 from meshplan.profiler.replay import replay  # noqa: E402
 
 SHARED = Path(os.environ.get("MESHPLAN_SHARED") or REPO.parent / "shared")

@@ -94,8 +94,8 @@ def eval_cmd(
     model: Annotated[Optional[Path], typer.Option("--model", help="Model folder whose recipe is evaluated.")] = None,
     data: Annotated[Optional[list[Path]], typer.Option("--data", help="Dataset folder (repeatable).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer trees and rows (fast, less accurate).")] = False,
-    no_blend: Annotated[bool, typer.Option("--no-blend", help="Price unseen devices by the trees alone "
-                                                              "(no shrinkage toward the calibrated roofline).")] = False,
+    no_blend: Annotated[bool, typer.Option("--no-blend", help="Price unseen devices by the trees alone (no "
+                                           "shrinkage toward the calibrated roofline).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print rows as JSON.")] = False,
 ) -> None:
     """Held-out accuracy per device and op class: the split's training rows only are used to fit."""
@@ -110,8 +110,8 @@ def eval_cmd(
         print_json(rows)
         return
     t = Table(title=f"split {split}: held-out error (%)", box=box.SIMPLE_HEAD)
-    cols = ["device", "op", "n", "mape", "median_ape", "p90_ape"] + [c for c in ("roofline_mape", "fallback_frac",
-                                                                                 "noise_floor_pct") if rows and c in rows[0]]
+    cols = ["device", "op", "n", "mape", "median_ape", "p90_ape"] + [
+        c for c in ("roofline_mape", "fallback_frac", "noise_floor_pct") if rows and c in rows[0]]
     for c in cols:
         t.add_column(c, justify="left" if c in ("device", "op") else "right")
     for r in rows:
@@ -159,7 +159,8 @@ def fit_cmd(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the op model calibrated on the runs' op "
                                                 "records here (use it with `meshplan plan --costmodel DIR`).")] = None,
     model: Annotated[Optional[Path], typer.Option("--model", help="Base model (default: the shipped one).")] = None,
-    device_dir: Annotated[Optional[Path], typer.Option("--device-json", help="collect folder with device.json.")] = None,
+    device_dir: Annotated[Optional[Path], typer.Option("--device-json",
+                                                       help="collect folder with device.json.")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="Device the runs ran on (default: the GPU "
                                                   "their traces name, else this host's CPU).")] = None,
     host_terms: Annotated[Optional[Path], typer.Option("--host-terms", help="The host's terms file to update "

@@ -1,6 +1,7 @@
 """``meshplan profile``: run an unmodified training script under torchrun with the profiler attached."""
 from __future__ import annotations
 
+import os
 import shlex
 import statistics
 import sys
@@ -69,7 +70,8 @@ def profile(
     cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
                        node_rank=node_rank, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                        rdzv_id=rdzv_id, warmup=warmup, steps=steps, unprofiled=unprofiled, pin=pin, plan=from_plan,
-                       plan_world_size=plan_world, stop_when_done=not keep_running, show_output=show_output)
+                       plan_world_size=plan_world, stop_when_done=not keep_running, show_output=show_output,
+                       environ=dict(os.environ))
     command = shlex.join(["meshplan", *sys.argv[1:]]) if sys.argv and "meshplan" in sys.argv[0] else None
     with Progress(TextColumn("[bold]profiling[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as bar:

@@ -31,9 +31,10 @@ def replay_cmd(
     what_if: Annotated[Optional[list[str]], typer.Option(
         "--what-if", help="Knob KEY=VALUE, repeatable or comma-separated: compute=0.8, comm=0.5, "
                           "name~allreduce=0, bandwidth=2, stragglers=median, bucket=25MB; KEY@RANKS limits it to "
-                          "ranks (compute@1=2). A knob that matches no op is an error. JSON: steps[].whatif_s.")] = None,
-    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write a timeline of the replay beside the "
-                                                                        "measured trace (never over an input).")] = None,
+                          "ranks (compute@1=2). A knob that matches no op is an error. JSON: "
+                          "steps[].whatif_s.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write a timeline of the replay beside "
+                                                     "the measured trace (never over an input).")] = None,
     timeline_format: Annotated[str, typer.Option("--timeline-format", help="perfetto (Perfetto protobuf, "
                                                  ".pftrace) or chrome (Chrome trace JSON).")] = "perfetto",
     step: Annotated[Optional[int], typer.Option("--step", help="Step whose critical path is shown "

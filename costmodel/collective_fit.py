@@ -20,7 +20,7 @@ PARAMS = dict(max_depth=6, eta=0.1, subsample=0.9, tree_method="hist", nthread=2
 ROUNDS = 300
 
 
-def fit_link(nbytes: np.ndarray, t_s: np.ndarray) -> tuple[float, float]:
+def fit_alpha_bandwidth(nbytes: np.ndarray, t_s: np.ndarray) -> tuple[float, float]:
     """Fit ``t = alpha + n / B`` minimising relative error. Returns ``(alpha_s, bandwidth_bytes_per_s)``."""
     A = np.column_stack([np.ones_like(nbytes), nbytes]) / t_s[:, None]
     coef, *_ = np.linalg.lstsq(A, np.ones_like(t_s), rcond=None)
@@ -35,7 +35,7 @@ def link_table(table: KernelTable) -> dict[str, dict]:
         for level, nodes in (("intra", 1), ("inter", 2)):
             sel = (table.op == "sendrecv") & (table.device == net) & (table.nodes == nodes)
             if sel.sum() >= 10:
-                a, b = fit_link(table.m[sel], table.latency_s[sel])
+                a, b = fit_alpha_bandwidth(table.m[sel], table.latency_s[sel])
                 links[f"{net}/{level}"] = {"alpha_s": a, "bw": b, "n": int(sel.sum())}
     return links
 

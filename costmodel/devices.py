@@ -150,7 +150,8 @@ def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
         clock_hz=_positive(origin, name, "clock_hz", d["clock_hz"], float),
         family=str(d.get("family", "pcie")),
         launch_s=_positive(origin, name, "launch_s", d["launch_s"], float) if "launch_s" in d else 0.0,
-        base_clock_hz=_positive(origin, name, "base_clock_hz", d["base_clock_hz"], float) if "base_clock_hz" in d else 0.0,
+        base_clock_hz=(_positive(origin, name, "base_clock_hz", d["base_clock_hz"], float)
+                       if "base_clock_hz" in d else 0.0),
         tdp_w=_positive(origin, name, "tdp_w", d["tdp_w"], float) if "tdp_w" in d else 0.0,
         aliases=tuple(str(a) for a in d.get("aliases", ()) or ()),
         sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},

@@ -77,7 +77,8 @@ def _network(table: KernelTable) -> list[dict]:
     from meshplan.costmodel import collective_fit as F
     from meshplan.costmodel.collective_model import CollectiveModel
 
-    coll = table.select(np.isin(table.op, ("allreduce", "sendrecv")) & np.char.endswith(table.device.astype(str), "_dgx"))
+    coll = table.select(np.isin(table.op, ("allreduce", "sendrecv"))
+                        & np.char.endswith(table.device.astype(str), "_dgx"))
     if len(coll) == 0:
         raise MeshplanError("vidur-network: no Vidur network rows in the data (expected vidur/network/*/*.csv)")
     rows = []
@@ -104,7 +105,8 @@ def _local(table: KernelTable, progress=None, blend_unseen: bool = True) -> list
     loc = table.select(table.source == "local")
     if len(loc) == 0:
         raise MeshplanError("local: no local measurements in the data (run `meshplan costmodel collect --out DIR`)")
-    keys = np.array([f"{o}|{b}|{m}|{n}|{k}|{d}" for o, b, m, n, k, d in zip(loc.op, loc.b, loc.m, loc.n, loc.k, loc.dtype)])
+    keys = np.array([f"{o}|{b}|{m}|{n}|{k}|{d}"
+                     for o, b, m, n, k, d in zip(loc.op, loc.b, loc.m, loc.n, loc.k, loc.dtype)])
     uniq = np.unique(keys)
     held = np.random.default_rng(0).choice(uniq, max(1, len(uniq) // 4), replace=False)
     te = np.isin(keys, held)

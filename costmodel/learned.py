@@ -153,7 +153,8 @@ class LearnedModel:
             raise MeshplanError(f"{mpath}: corrupt metadata ({exc})") from None
         _check_meta(meta, mpath)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise MeshplanError(f"{mpath}: not a meshplan cost model (format {meta.get('format') if isinstance(meta, dict) else '?'}, expected {FORMAT})")
+            found = meta.get("format") if isinstance(meta, dict) else "?"
+            raise MeshplanError(f"{mpath}: not a meshplan cost model (format {found}, expected {FORMAT})")
         if meta.get("features") != list(FEATURES):
             raise MeshplanError(f"{mpath}: model features differ from this meshplan version's; retrain the model")
         boosters = {}
@@ -277,15 +278,19 @@ class LearnedModel:
                     source[u[out[u] <= roof[u] * (1.0 + 1e-9)]] = SOURCE_UNSEEN_CLIPPED
                     high = out[u] > UNSEEN_MAX_ROOFLINE * (roof[u] + KERNEL_LAUNCH_S)
                     source[u[high]] = SOURCE_UNSEEN_ABOVE
-        # Calibrations fitted on profiled runs of a device (costmodel.refit, `meshplan costmodel fit --out`) take
-        # precedence for that device.
+        self._apply_calibrations(op, devices, roof, out, source)
+        return out, source
+
+    def _apply_calibrations(self, op: np.ndarray, devices: np.ndarray, roof: np.ndarray, out: np.ndarray,
+                            source: np.ndarray) -> None:
+        """Calibrations fitted on profiled runs of a device (costmodel.refit, `meshplan costmodel fit --out`) take
+        precedence for that device: ``out`` and ``source`` are overwritten on its rows."""
         for dev_name, kinds in self.meta.get("calibration", {}).items():
             for kind, c in kinds.items():
                 sel = (devices == dev_name) & (op == kind)
                 if sel.any():
                     out[sel] = c["overhead_s"] + max(1.0, c["roofline_multiple"]) * roof[sel]
                     source[sel] = SOURCE_CALIBRATED
-        return out, source
 
     def predict_ops(self, ops: list[OpSpec], device: DeviceSpec | list[DeviceSpec]) -> tuple[np.ndarray, np.ndarray]:
         """Latency (s) and source of each compute op on ``device`` (one device, or one per op).

@@ -1,4 +1,5 @@
-"""Per-rank entry point that ``meshplan profile`` hands to torchrun: ``python -m meshplan.profiler._bootstrap SCRIPT ARGS``.
+"""Per-rank entry point that ``meshplan profile`` hands to torchrun:
+``python -m meshplan.profiler._bootstrap SCRIPT ARGS``.
 
 It pins the rank to its core, starts :class:`profiler.capture.Capture` before the script's first line, installs a
 global optimizer-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) so step boundaries are
@@ -18,7 +19,7 @@ from typing import Any, Optional
 
 import meshplan.profiler.capture as capture_mod
 from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_STEPS, ENV_STOP, ENV_UNPROFILED, ENV_WARMUP, Capture,
-                              CaptureDone, _env_int)
+                                       CaptureDone, RankEnv, _env_int)
 
 
 def pin_to_core(local_rank: int, cores_spec: str) -> Optional[int]:
@@ -59,10 +60,14 @@ def main(argv: list[str]) -> int:
         print("usage: python -m meshplan.profiler._bootstrap SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     script = Path(argv[0])
-    cap = Capture(os.environ[ENV_OUT], warmup=_env_int(ENV_WARMUP, 2), steps=_env_int(ENV_STEPS, 8),
-                  stop_when_done=os.environ.get(ENV_STOP, "1") == "1", merge=False,
-                  unprofiled=_env_int(ENV_UNPROFILED, 0))
-    cap.pinned_core = pin_to_core(cap.local_rank, os.environ.get(ENV_CORES, ""))
+    # This runs under torchrun inside the user's process: the environment is the one channel through which
+    # `meshplan profile` (profiler.capture_launch) and torchrun hand each rank its settings. It is read here, at
+    # this entry point only, and the values are passed down.
+    env = os.environ
+    cap = Capture(env[ENV_OUT], warmup=_env_int(env, ENV_WARMUP, 2), steps=_env_int(env, ENV_STEPS, 8),
+                  stop_when_done=env.get(ENV_STOP, "1") == "1", merge=False,
+                  unprofiled=_env_int(env, ENV_UNPROFILED, 0), launch=RankEnv.from_environ(env))
+    cap.pinned_core = pin_to_core(cap.local_rank, env.get(ENV_CORES, ""))
 
     import torch.optim.optimizer as optim_mod
 

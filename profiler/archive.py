@@ -1,6 +1,6 @@
 """Extract a trace archive (``.tar``, ``.tar.gz``, ``.tgz``, ``.zip``) into a temporary folder, bounded.
 
-Hostile archives (issue 16): a 2 MB zip that expands to GBs, a tar.gz bomb, path traversal, links. Members are
+Hostile archives: a 2 MB zip that expands to GBs, a tar.gz bomb, path traversal, links. Members are
 streamed to disk in chunks with a byte budget (``max(MIN_BUDGET_BYTES, MAX_RATIO × archive size)``, the same
 budget rule as single traces, :mod:`profiler.jsonstream`) and a member-count limit, whatever sizes the headers
 claim; only regular files under the archive root are written (tarfile's ``data`` filter, and the same check for

@@ -30,8 +30,9 @@ import os
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
@@ -57,12 +58,33 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.trace.json.gz"
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name, "")
     try:
         return int(value) if value else default
     except ValueError:
         raise MeshplanError(f"${name}={value!r}: expected an integer") from None
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """What a rank learns from its launcher: torchrun's ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``, and the plan
+    path (``$MESHPLAN_PLAN``) that ``meshplan profile --from-plan`` or an exported launch script hands the script.
+
+    Read once, by the entry point that runs inside the user's process (:func:`capture`,
+    :func:`profiler._bootstrap.main`), with :meth:`from_environ`, and passed down from there.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    plan: Optional[str] = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "RankEnv":
+        """The launcher's settings in ``environ`` (unset: rank 0 of 1, no plan)."""
+        return cls(rank=_env_int(environ, "RANK", 0), local_rank=_env_int(environ, "LOCAL_RANK", 0),
+                   world_size=_env_int(environ, "WORLD_SIZE", 1), plan=environ.get(ENV_PLAN) or None)
 
 
 def capture_steps(warmup: int, steps: int, unprofiled: int) -> int:
@@ -93,18 +115,20 @@ class Capture:
         out_dir: Run folder.
         warmup: Steps skipped before measuring (>= 0).
         steps: Steps measured (>= 1).
-        rank: Global rank; defaults to ``$RANK`` (0 when unset).
+        rank: Global rank; defaults to ``launch.rank``.
         record_shapes: Record input shapes of ops (needed by the cost model).
         stop_when_done: Raise :class:`CaptureDone` from :meth:`step` once the trace is written (and the
             unprofiled steps are timed).
         unprofiled: Steps timed after the traced window with the profiler stopped (>= 0).
         merge: On :meth:`stop`, write ``run.json`` once every rank's record is present (library form; the
             launcher merges itself and turns this off).
+        launch: The launcher's settings (:meth:`RankEnv.from_environ`, read by the entry point); torch.distributed
+            replaces rank and world size once the script has initialised it.
     """
 
     def __init__(self, out_dir: str | os.PathLike, warmup: int = 2, steps: int = 8, rank: Optional[int] = None,
                  record_shapes: bool = True, stop_when_done: bool = False, merge: bool = True,
-                 unprofiled: int = 0):
+                 unprofiled: int = 0, launch: RankEnv = RankEnv()):
         if warmup < 0:
             raise MeshplanError(f"warmup={warmup}: must be >= 0")
         if steps < 1:
@@ -115,9 +139,10 @@ class Capture:
         self.out_dir = Path(out_dir)
         self.warmup = warmup
         self.steps = steps
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.local_rank = _env_int("LOCAL_RANK", 0)
-        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.rank = launch.rank if rank is None else rank
+        self.local_rank = launch.local_rank
+        self.world_size = launch.world_size
+        self.plan = launch.plan
         self.record_shapes = record_shapes
         self.stop_when_done = stop_when_done
         self.merge = merge
@@ -324,7 +349,7 @@ class Capture:
         records = read_rank_records(self.out_dir)
         if len(records) == self.world_size and all(r.get("world_size") == self.world_size
                                                    for r in records.values()):
-            write_run_json(self.out_dir, records)
+            write_run_json(self.out_dir, records, plan=self.plan)
 
 
 def _peak_memory_bytes() -> int | None:
@@ -373,7 +398,10 @@ def capture(out_dir: str | os.PathLike, warmup: int = 2, steps: int = 8,
     """
     if _BOOTSTRAP_ACTIVE:
         return _Passive()
-    return Capture(out_dir, warmup=warmup, steps=steps, record_shapes=record_shapes, unprofiled=unprofiled)
+    # The user's script calls this inside its own process under torchrun: the environment is the channel the
+    # launcher talks through (RANK, LOCAL_RANK, WORLD_SIZE, MESHPLAN_PLAN), read here, at the entry point, only.
+    return Capture(out_dir, warmup=warmup, steps=steps, record_shapes=record_shapes, unprofiled=unprofiled,
+                   launch=RankEnv.from_environ(os.environ))
 
 
 def read_rank_records(out_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
@@ -389,13 +417,14 @@ def read_rank_records(out_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
 
 
 def write_run_json(out_dir: str | os.PathLike, records: dict[int, dict[str, Any]],
-                   extra: Optional[dict[str, Any]] = None) -> Path:
+                   extra: Optional[dict[str, Any]] = None, plan: Optional[str] = None) -> Path:
     """Merge rank records into ``run.json`` (atomically).
 
     Args:
         out_dir: Run folder.
         records: Rank records by rank (see :meth:`Capture.record`).
         extra: Launcher fields (command, argv, script, plan, nproc...) merged on top.
+        plan: Path of the plan the run followed (``RankEnv.plan``), or None.
 
     Returns:
         Path of ``run.json``.
@@ -421,7 +450,7 @@ def write_run_json(out_dir: str | os.PathLike, records: dict[int, dict[str, Any]
                               if records[k].get("peak_memory_bytes") is not None},
         "traces": {str(k): records[k]["trace"] for k in ranks if records[k].get("trace")},
         "ranks_missing": [r for r in range(world) if r not in records],
-        "command": None, "argv": None, "plan": os.environ.get(ENV_PLAN) or None,
+        "command": None, "argv": None, "plan": plan,
     }
     if extra:
         run.update(extra)

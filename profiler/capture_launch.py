@@ -10,8 +10,8 @@ folder only when the run succeeded (the previous run is kept until then); a fail
 ``OUT.failed`` with its ``launch.log``.
 
 Pinning: on this kind of shared host a 2-rank gloo run's median step varied 120-196 ms unpinned and 117-138 ms
-pinned (issue 6, "This machine is noisy"), so each local rank gets its own core whenever there are enough cores,
-and a run with more ranks than cores is flagged as unfit for timing.
+pinned, so each local rank gets its own core whenever there are enough cores, and a run with more ranks than
+cores is flagged as unfit for timing.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
@@ -59,6 +59,8 @@ class LaunchConfig:
             sets nproc per node.
         stop_when_done: End the script once the measured steps are written.
         show_output: Stream the ranks' output instead of writing it to ``launch.log``.
+        environ: Environment the ranks start from (``meshplan profile`` passes its own); the capture's
+            ``MESHPLAN_CAPTURE_*`` settings, the plan path and the package's folder on ``PYTHONPATH`` are added.
     """
 
     script: Path
@@ -78,6 +80,7 @@ class LaunchConfig:
     plan_world_size: Optional[int] = None
     stop_when_done: bool = True
     show_output: bool = False
+    environ: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -257,7 +260,7 @@ def _launch_into(cfg: LaunchConfig, out: Path, final: Path, cores: list[int], wa
     """Run torchrun with the ranks writing into ``out``; returns the command. Raises MeshplanError on failure."""
     cmd = torchrun_command(cfg)
     pkg_root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ)
+    env = dict(cfg.environ)
     total = capture_steps(cfg.warmup, cfg.steps, cfg.unprofiled)
     env.update({ENV_OUT: str(out.resolve()), ENV_WARMUP: str(cfg.warmup), ENV_STEPS: str(cfg.steps),
                 ENV_CORES: ",".join(map(str, cores)), ENV_STOP: "1" if cfg.stop_when_done else "0",

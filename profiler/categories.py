@@ -86,7 +86,8 @@ _CPU_COMM_PREFIXES = ("gloo:", "mpi:", "ucc:")
 
 
 def role_of(cat: object) -> str | None:
-    """Role of a category (``host``, ``annotation``, ``runtime``, ``device``, ``copy``, ``sync``), None when not used."""
+    """Role of a category (``host``, ``annotation``, ``runtime``, ``device``, ``copy``, ``sync``), None when not
+    used."""
     if not isinstance(cat, str):
         return None
     r = ROLES.get(cat)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.profiler.graph import KIND_NAMES
+from meshplan.profiler.dataflow_graph import KIND_NAMES
 from meshplan.profiler.replay import Timeline
 
 

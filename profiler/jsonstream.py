@@ -5,7 +5,7 @@ once). This reader walks the top-level object itself, keeps a bounded text windo
 at a time with :meth:`json.JSONDecoder.raw_decode` and hands it to the caller, so the caller's compact records
 are the only thing that grows. Standard library only (no ijson needed).
 
-Bounds (hostile input, issue 16): one JSON value (an event, a header field) may hold at most
+Bounds (hostile input): one JSON value (an event, a header field) may hold at most
 ``MAX_VALUE_CHARS`` characters, so a gzip bomb that decompresses to one 2 GiB string is refused after 64 Mi
 characters instead of filling memory; the decompressed text may be at most ``max_bytes`` (default: a budget from
 the compressed size, :func:`byte_budget`); nesting deeper than the decoder's recursion limit is refused. Each is

@@ -1,4 +1,4 @@
-"""Raw trace events -> :class:`profiler.trace.Event` records, as they stream by (no raw event is kept).
+"""Raw trace events -> :class:`profiler.events.Event` records, as they stream by (no raw event is kept).
 
 Device comm ops are typed from their metadata, else (in :meth:`Normaliser.finish`) from the collective
 annotation (``nccl:*``, ``hccl:*`` ...) around their launch, else from their name. Every field is type-checked:
@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from meshplan.profiler.categories import (collective_type, comm_type_hint, is_comm_annotation, is_comm_kernel,
                                           is_cpu_collective)
+from meshplan.profiler.events import Event
 
 _DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2,
                 "c10::bfloat16": 2, "int": 4, "int32": 4, "long int": 8, "int64": 8, "long": 8, "bool": 1,
@@ -70,13 +71,30 @@ def parse_ranks(v: Any) -> tuple[int, ...] | None:
     return None
 
 
+def _kernel_collective(name: str, args: dict, nbytes: float, intern: Callable[[str], str]
+                       ) -> tuple[str, str | None, int | None, tuple[int, ...] | None, float]:
+    """(type, process group, sequence number, group ranks, payload bytes) of a comm kernel: from the metadata it
+    carries (``Collective name``, ``In msg nelems``, ``Process Group Name``, ``Seq``), else from its name."""
+    cname = args.get("Collective name")
+    coll = collective_type(cname) if isinstance(cname, str) else None
+    coll = coll or comm_type_hint(name) or collective_type(
+        name.split("(")[0].replace("ncclKernel", "").replace("ncclDevKernel", "")) or "collective"
+    nel = _num(args.get("In msg nelems"))
+    if nel is not None and nel >= 0:
+        nbytes = nel * _DTYPE_BYTES.get(str(args.get("dtype", "float")).lower(), 4)
+    pgn = args.get("Process Group Name")
+    pg = intern(str(pgn)[:200]) if isinstance(pgn, (str, int)) else None
+    s = _num(args.get("Seq"))
+    s = _num(args.get("seq")) if s is None else s
+    seq = int(s) if s is not None else None
+    return coll, pg, seq, parse_ranks(args.get("Process Group Ranks")), nbytes
+
+
 class Normaliser:
     """Accumulates events of one trace; :meth:`finish` returns them typed, ranked and sorted."""
 
     def __init__(self, intern: Callable[[str], str]) -> None:
-        from meshplan.profiler.trace import Event
-
-        self.Event = Event
+        self.Event = Event  # bound once: add() runs per raw event
         self.shape_cache: dict = {}
         self.intern = intern
         self.events: list = []
@@ -112,19 +130,7 @@ class Normaliser:
             nbytes = _num(args.get("bytes")) or _num(args.get("size")) or 0.0
             coll = pg = seq = granks = None
             if kind == "comm":
-                cname = args.get("Collective name")
-                coll = collective_type(cname) if isinstance(cname, str) else None
-                coll = coll or comm_type_hint(name) or collective_type(
-                    name.split("(")[0].replace("ncclKernel", "").replace("ncclDevKernel", "")) or "collective"
-                nel = _num(args.get("In msg nelems"))
-                if nel is not None and nel >= 0:
-                    nbytes = nel * _DTYPE_BYTES.get(str(args.get("dtype", "float")).lower(), 4)
-                pgn = args.get("Process Group Name")
-                pg = intern(str(pgn)[:200]) if isinstance(pgn, (str, int)) else None
-                s = _num(args.get("Seq"))
-                s = _num(args.get("seq")) if s is None else s
-                seq = int(s) if s is not None else None
-                granks = parse_ranks(args.get("Process Group Ranks"))
+                coll, pg, seq, granks, nbytes = _kernel_collective(name, args, nbytes, intern)
             events.append(Event(-1, lane, kind, cat, name, ts, dur, None, max(0.0, nbytes), coll, pg, seq, granks,
                                 corr))
             return True

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from meshplan.profiler.graph import compile_graph
+from meshplan.profiler.dataflow_graph import compile_graph
 from meshplan.profiler.replay import replay
 
 _FIELDS = ("duration_s", "release_s", "gap_s")
 
 
 @dataclass
-class Prediction:
+class HeldOutCheck:
     """Result of the held-out check.
 
     Attributes:
@@ -57,11 +57,11 @@ def _keys(G: nx.DiGraph) -> dict:
     return out
 
 
-def held_out_check(G: nx.DiGraph, fit_steps: int | None = None) -> Prediction | None:
+def held_out_check(G: nx.DiGraph, fit_steps: int | None = None) -> HeldOutCheck | None:
     """Fit per-op values on the first ``fit_steps`` steps (default: half, at least 1) and predict the rest.
 
     Returns:
-        The :class:`Prediction`, or None when the run has fewer than two steps with a measured time.
+        The :class:`HeldOutCheck`, or None when the run has fewer than two steps with a measured time.
     """
     meas = {s: v.get("measured_s") for s, v in G.graph.get("steps", {}).items() if v.get("measured_s")}
     steps = sorted(meas)
@@ -103,5 +103,5 @@ def held_out_check(G: nx.DiGraph, fit_steps: int | None = None) -> Prediction | 
         m = meas[s]
         rows.append({"step": s, "measured_s": m, "predicted_s": p, "error": (p - m) / m if p is not None else None})
     errs = [abs(r["error"]) for r in rows if r["error"] is not None]
-    return Prediction(fit, held, rows, statistics.median(errs) if errs else None,
+    return HeldOutCheck(fit, held, rows, statistics.median(errs) if errs else None,
                       unfitted / total if total else 0.0)

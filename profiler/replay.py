@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.graph import CompiledGraph, compile_graph
+from meshplan.profiler.dataflow_graph import CompiledGraph, compile_graph
 
 
 @dataclass
@@ -52,8 +52,8 @@ def replay(G: nx.DiGraph | CompiledGraph) -> Timeline:
     """Replay a graph.
 
     Args:
-        G: A graph from :func:`profiler.tracegraph.build_graph` or :class:`profiler.graph.GraphBuilder`, or its
-            compiled form.
+        G: A graph from :func:`profiler.trace_to_graph.build_graph` or
+            :class:`profiler.dataflow_graph.GraphBuilder`, or its compiled form.
 
     Returns:
         The :class:`Timeline`.
@@ -126,20 +126,30 @@ def replay(G: nx.DiGraph | CompiledGraph) -> Timeline:
             if not indeg[j]:
                 push(j)
     if done < n:
-        stuck = [g for g in range(len(groups)) if gpend[g] > 0]
-        if stuck:
-            g = stuck[0]
-            m = groups[g][0]
-            waiting = sorted({cg.rank[x] for x in groups[g] if indeg[x] == 0})
-            raise MeshplanError(f"replay deadlock: collective {cg.coll_type[m] or cg.name[m]!r} (group of "
-                                f"{len(groups[g])} ranks) never gets all participants ready; ready on ranks "
-                                f"{waiting[:8]} - collectives issued in different orders?")
-        raise MeshplanError(f"replay deadlock: {n - done} of {n} ops never became ready (dependency cycle)")
+        raise _deadlock(cg, gpend, indeg, done)
+    return Timeline(graph=cg, start_s=start, end_s=end, cause=cause, steps=_step_ends(cg.step, end))
+
+
+def _deadlock(cg: CompiledGraph, gpend: list[int], indeg: list[int], done: int) -> MeshplanError:
+    """Why a replay stopped with ops never ready: the first collective still missing participants, else a cycle."""
+    groups = cg.groups
+    stuck = [g for g in range(len(groups)) if gpend[g] > 0]
+    if stuck:
+        g = stuck[0]
+        m = groups[g][0]
+        waiting = sorted({cg.rank[x] for x in groups[g] if indeg[x] == 0})
+        return MeshplanError(f"replay deadlock: collective {cg.coll_type[m] or cg.name[m]!r} (group of "
+                             f"{len(groups[g])} ranks) never gets all participants ready; ready on ranks "
+                             f"{waiting[:8]} - collectives issued in different orders?")
+    return MeshplanError(f"replay deadlock: {cg.n - done} of {cg.n} ops never became ready (dependency cycle)")
+
+
+def _step_ends(step: list[int], end: list[float]) -> dict[int, float]:
+    """step -> the latest end of its ops, seconds, in step order."""
     steps: dict[int, float] = {}
-    st = cg.step
-    for i in range(n):
-        s = st[i]
+    for i in range(len(step)):
+        s = step[i]
         e = end[i]
         if e > steps.get(s, -1.0):
             steps[s] = e
-    return Timeline(graph=cg, start_s=start, end_s=end, cause=cause, steps=dict(sorted(steps.items())))
+    return dict(sorted(steps.items()))

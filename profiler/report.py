@@ -21,8 +21,8 @@ from meshplan.profiler.match import match_collectives
 from meshplan.profiler.replay import Timeline, replay
 from meshplan.profiler.runs import Run, load_run
 from meshplan.profiler.timeline import write_timeline
-from meshplan.profiler.tracegraph import build_graph
-from meshplan.profiler.predict import Prediction, held_out_check
+from meshplan.profiler.trace_to_graph import build_graph
+from meshplan.profiler.predict import HeldOutCheck, held_out_check
 from meshplan.profiler.runs import _ranges
 from meshplan.profiler.summary import inputs_report
 from meshplan.profiler.whatif import apply_whatif, check_knobs, parse_knobs
@@ -183,7 +183,7 @@ def replay_report(a: Analysis, what_if: list[str] | None = None, cp_step: int | 
     return out
 
 
-def _prediction_doc(pred: Prediction | None, n_steps: int) -> dict[str, Any]:
+def _prediction_doc(pred: HeldOutCheck | None, n_steps: int) -> dict[str, Any]:
     if pred is None:
         return {"available": False, "why": f"the run has {n_steps} step(s) with a measured time; the held-out "
                                            f"check needs at least 2 (cut steps with --steps-at if the trace has "

@@ -133,11 +133,15 @@ def _peek_rank(path: Path) -> int | None:
 
 
 def discover(root: Path, source: str, label_root: str | None = None, ranks: list[int] | None = None,
-             origin: Path | None = None) -> Discovery:
-    """The traces in a folder: those ``run.json`` lists, or every ``.json``/``.json.gz`` (others skipped)."""
+             origin: Path | None = None, run_json: dict | None = None) -> Discovery:
+    """The traces in a folder: those ``run.json`` lists, or every ``.json``/``.json.gz`` (others skipped).
+
+    ``run_json``: the folder's ``run.json`` when the caller has already read it (None: read here if present).
+    """
     from meshplan.profiler.capture import load_run_json
 
-    run_json = load_run_json(root) if (root / RUN_JSON).is_file() else None
+    if run_json is None and (root / RUN_JSON).is_file():
+        run_json = load_run_json(root)
     want = set(ranks) if ranks is not None else None
     tasks: list[Task] = []
     skipped: list[tuple[str, str]] = []
@@ -179,7 +183,7 @@ def discover(root: Path, source: str, label_root: str | None = None, ranks: list
 def load_run(path: str | os.PathLike, allow_empty: bool = False, *, step_at: str | None = None,
              ranks: list[int] | None = None, workers: int | None = None, ray: str | None = None,
              cache_dir: str | os.PathLike | None = None,
-             progress: Callable[[int, int], None] | None = None) -> Run:
+             progress: Callable[[int, int], None] | None = None, run_json: dict | None = None) -> Run:
     """Load a run from a folder, an archive (``.tar``, ``.tar.gz``, ``.tgz``, ``.zip``) or a single trace file.
 
     Args:
@@ -191,13 +195,15 @@ def load_run(path: str | os.PathLike, allow_empty: bool = False, *, step_at: str
         workers, ray: Parallel ingestion (:func:`profiler.ingest.run_tasks`).
         cache_dir: Parquet cache of parsed traces (None: no cache).
         progress: Called with (files done, files) while ingesting.
+        run_json: The folder's ``run.json`` as already read (:func:`profiler.capture.load_run_json`), so it is not
+            read again; None: read here when present.
 
     Raises:
         MeshplanError: Path missing, no Kineto trace found, traces of different runs mixed, a duplicated rank,
             a rank missing from a ``meshplan profile`` run folder, or a malformed trace.
     """
     results, disc = ingest_run(path, step_at=step_at, ranks=ranks, workers=workers, ray=ray, cache_dir=cache_dir,
-                               progress=progress, want="table")
+                               progress=progress, want="table", run_json=run_json)
     traces = [to_trace(r) for r in results if r.error is None]
     if ranks is not None:
         traces = [t for t in traces if t.rank in set(ranks)]
@@ -220,14 +226,15 @@ def load_run(path: str | os.PathLike, allow_empty: bool = False, *, step_at: str
 def ingest_run(path: str | os.PathLike, *, step_at: str | None = None, ranks: list[int] | None = None,
                workers: int | None = None, ray: str | None = None, cache_dir: str | os.PathLike | None = None,
                progress: Callable[[int, int], None] | None = None,
-               want: str = "table") -> tuple[list[Ingested], Discovery]:
+               want: str = "table", run_json: dict | None = None) -> tuple[list[Ingested], Discovery]:
     """Discover and ingest a run's traces (archives extracted for the duration). Files that are not Kineto traces
-    come back with ``error`` set; any other malformed trace raises."""
+    come back with ``error`` set; any other malformed trace raises. ``run_json``: a folder's ``run.json`` as
+    already read (see :func:`load_run`)."""
     p = Path(path)
     if not p.exists():
         raise MeshplanError(f"{p}: no such file or folder")
     if p.is_dir():
-        disc = discover(p, str(p), ranks=ranks)
+        disc = discover(p, str(p), ranks=ranks, run_json=run_json)
         return _ingest(disc, step_at, workers, ray, cache_dir, progress, want), disc
     if is_archive(p):
         with extracted(p) as tmp:

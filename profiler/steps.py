@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import bisect
 import difflib
-from typing import TYPE_CHECKING
 
 from meshplan.core.errors import MeshplanError
-
-if TYPE_CHECKING:
-    from meshplan.profiler.trace import RankTrace
+from meshplan.profiler.events import RankTrace
 
 OPTIMIZER = "optimizer"
 _MAX_STEPS = 1_000_000
 
 
-def apply_step_cut(t: "RankTrace", step_at: str | None) -> None:
+def apply_step_cut(t: RankTrace, step_at: str | None) -> None:
     """Replace the trace's steps by steps cut at ``step_at`` (None: keep markers), then assign events to steps."""
     if step_at is not None:
         text = step_at.strip()
@@ -74,7 +71,7 @@ def _dedupe(marks: list, at_end: bool) -> list[tuple[float, str]]:
     return out
 
 
-def check_marker_order(t: "RankTrace") -> None:
+def check_marker_order(t: RankTrace) -> None:
     """``ProfilerStep#N`` markers must follow one another: a step that starts before the previous one ends
     (swapped or overlapping timestamps) cannot be replayed as steps. Raises MeshplanError naming both."""
     order = sorted(t.steps.items())
@@ -84,7 +81,7 @@ def check_marker_order(t: "RankTrace") -> None:
                                 f"({s0 + d0:.0f} µs): step markers overlap or are out of order")
 
 
-def assign_steps(t: "RankTrace") -> None:
+def assign_steps(t: RankTrace) -> None:
     """Give every event the step it belongs to; fill ``empty_steps``.
 
     Host events: the step whose window [start, next step's start) holds their start. Device events: the step of

@@ -26,7 +26,7 @@ import networkx as nx
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.critical_path import critical_path
-from meshplan.profiler.graph import KIND_NAMES
+from meshplan.profiler.dataflow_graph import KIND_NAMES
 from meshplan.profiler.replay import Timeline
 
 FORMATS = ("perfetto", "chrome")

@@ -26,21 +26,19 @@ analyses need is kept, strings are interned and shapes shared, and the file is s
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.categories import ROLES, collective_type, role_of, why_not_used  # noqa: F401 (re-export)
+from meshplan.profiler.events import KINDS, Event, RankTrace  # noqa: F401 (re-export)
 from meshplan.profiler.jsonstream import stream_trace
 from meshplan.profiler.normalise import Normaliser
+from meshplan.profiler.steps import apply_step_cut
 from meshplan.profiler.trace_schema import MAX_WORLD_SIZE, validate_header  # noqa: F401 (re-export)
-
-KINDS = ("compute", "comm", "host", "memcpy")
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OUT_OF_RANGE = re.compile(r"Out-of-range = (\d+)")
@@ -49,115 +47,6 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy",
               "cuStreamSynchronize", "cuCtxSynchronize", "synchronizeStream", "synchronizeDevice")
-
-
-class Event:
-    """One normalised trace event (times in µs on this rank's own clock, relative to its ``base_ns``).
-
-    Attributes:
-        rank: Global rank.
-        lane: ``thread:<tid>`` for host threads, ``stream:<device>:<stream>`` for device queues,
-            ``thread:<tid>:p2p-<send|recv>-<peer>`` for CPU point-to-point transfers issued by that thread.
-        kind: ``compute``, ``comm``, ``host`` or ``memcpy``.
-        cat: Category normalised to today's CUDA names whatever the vendor or vintage: ``cpu_op`` (host ops),
-            ``user_annotation``, ``cuda_runtime`` (any runtime call: CUDA, HIP, MTIA, XPU ...), ``cuda_driver``,
-            ``kernel`` (any device op), ``gpu_memcpy``, ``gpu_memset``.
-        name: Op / kernel name.
-        ts_us, dur_us: Start and duration, microseconds.
-        shapes: ``Input Dims`` frozen to nested tuples (shared between equal shapes), or None.
-        bytes: Payload bytes of a collective / memcpy (0 when unknown).
-        coll: Normalised collective type for comm events and collective enqueue ops, else None.
-        pg: Process-group name when the trace carries it.
-        seq: Per-process-group sequence number (2026+ traces), else None.
-        group_ranks: Participating global ranks when the trace names them, else None.
-        corr: ``correlation`` id (launch <-> kernel), else None.
-        peer: For point-to-point ops, the other rank when the trace says (``c10d::send`` inputs), else None.
-        step: Step number the event belongs to (filled by :func:`profiler.steps.assign_steps`).
-    """
-
-    __slots__ = ("rank", "lane", "kind", "cat", "name", "ts_us", "dur_us", "shapes", "bytes", "coll", "pg", "seq",
-                 "group_ranks", "corr", "step", "peer")
-
-    def __init__(self, rank: int, lane: str, kind: str, cat: str, name: str, ts_us: float, dur_us: float,
-                 shapes: Any = None, nbytes: float = 0.0, coll: str | None = None, pg: str | None = None,
-                 seq: int | None = None, group_ranks: tuple[int, ...] | None = None, corr: int | None = None):
-        self.rank, self.lane, self.kind, self.cat, self.name = rank, lane, kind, cat, name
-        self.ts_us, self.dur_us, self.shapes, self.bytes = ts_us, dur_us, shapes, nbytes
-        self.coll, self.pg, self.seq, self.group_ranks, self.corr = coll, pg, seq, group_ranks, corr
-        self.step: int | None = None
-        self.peer: int | None = None
-
-    @property
-    def end_us(self) -> float:
-        return self.ts_us + self.dur_us
-
-    def __repr__(self) -> str:
-        return (f"Event(r{self.rank} {self.lane} {self.kind} {self.name[:40]!r} ts={self.ts_us:.3f} "
-                f"dur={self.dur_us:.3f})")
-
-
-@dataclass
-class RankTrace:
-    """One rank's parsed trace.
-
-    Attributes:
-        path: Source file (or ``archive!member``).
-        rank, world_size, backend: From ``distributedInfo`` (or the file name).
-        base_ns: ``baseTimeNanoseconds`` (0 for old absolute-µs traces); absolute ns = base_ns + ts_us * 1000.
-        events: Kept events, sorted by ``ts_us``.
-        steps: step number -> (start_us, dur_us) on the stepping thread.
-        main_lane: Lane of the step markers (the training thread).
-        pg_config: ``distributedInfo.pg_config`` when present.
-        devices: Device names from ``deviceProperties``.
-        warnings: Problems found while loading (dropped-event log lines, rank guessed ...).
-        stream_waits: (wait call correlation, waiting stream, recorded stream, record call correlation) for every
-            ``cudaStreamWaitEvent`` the trace describes (``cuda_sync`` events of newer traces).
-        categories: raw category -> {"events": n seen, "used": n kept, "role": role or None, "why": reason when
-            not used}; the ``(none)`` entry counts metadata/flow/instant events without a category.
-        step_source: ``ProfilerStep`` markers, ``cut at <op>``, or None (no steps: one step 0).
-        empty_steps: Steps whose marker holds no op of the rank (replayed as idle).
-    """
-
-    path: str
-    rank: int
-    world_size: int | None
-    backend: str | None
-    base_ns: int
-    events: list[Event]
-    steps: dict[int, tuple[float, float]]
-    main_lane: str | None
-    pg_config: list[dict] = field(default_factory=list)
-    devices: list[str] = field(default_factory=list)
-    hostname: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    stream_waits: list[tuple[int, int, int, int]] = field(default_factory=list)
-    categories: dict[str, dict] = field(default_factory=dict)
-    step_source: str | None = None
-    empty_steps: list[int] = field(default_factory=list)
-    file_bytes: int = 0
-
-    @functools.cached_property
-    def has_gpu(self) -> bool:
-        """True when the trace holds device (accelerator queue) activity."""
-        return any(e.lane.startswith("stream:") for e in self.events)
-
-    def counts_by_kind(self) -> dict[str, int]:
-        out = {k: 0 for k in KINDS}
-        for e in self.events:
-            out[e.kind] += 1
-        return out
-
-    def shift(self, delta_us: float) -> None:
-        """Move every timestamp by ``delta_us`` (used to undo or, in tests, to inject clock skew)."""
-        for e in self.events:
-            e.ts_us += delta_us
-        self.steps = {n: (s + delta_us, d) for n, (s, d) in self.steps.items()}
-
-    def assign_steps(self) -> None:
-        """Give every event the step it belongs to (see :func:`profiler.steps.assign_steps`)."""
-        from meshplan.profiler.steps import assign_steps
-
-        assign_steps(self)
 
 
 def rank_from_name(path: str | Path) -> int | None:
@@ -190,8 +79,6 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         MeshplanError: Truncated gzip, malformed JSON, a header field of the wrong type, or a JSON that is not a
             Kineto trace.
     """
-    from meshplan.profiler.steps import apply_step_cut
-
     label = label or str(path)
     norm = Normaliser(sys.intern)
     steps: dict[int, tuple[float, float]] = {}
@@ -199,6 +86,46 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     seen: dict[Any, int] = {}
     used: dict[Any, int] = {}
     n_seen = [0, 0]  # events, malformed events
+    header = stream_trace(path, _event_sink(norm, steps, step_lanes, seen, used, n_seen))
+    if not n_seen[0]:
+        raise MeshplanError(f"{label}: not a Kineto trace: traceEvents is empty")
+    if not norm.events and not steps:
+        cats = ", ".join(f"{c} {n}" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:5] if c)
+        raise MeshplanError(f"{label}: not a Kineto trace: {n_seen[0]} events but no host op, device op or runtime "
+                            f"event (categories: {cats or 'none'})")
+    head = validate_header(header, label)
+    dist = head.distributedInfo
+    warnings: list[str] = []
+    rank = _rank_of(dist.rank if dist else None, label, warnings)
+    world = dist.world_size if dist else None
+    if world is not None and rank >= world:
+        raise MeshplanError(f"{label}: distributedInfo.rank {rank} is not below world_size {world}")
+    pg_config = (dist.pg_config if dist else None) or []
+    base = head.baseTimeNanoseconds or 0
+    backend = dist.backend if dist else None
+    warnings += _dropped_event_warnings(header, label)
+    if n_seen[1]:
+        warnings.append(f"{label}: {n_seen[1]} event(s) with a field of the wrong type (ts, dur, name) skipped")
+    events = norm.finish(rank)
+    props = head.deviceProperties
+    rt = RankTrace(
+        path=label, rank=rank, world_size=world, backend=backend,
+        base_ns=int(base), events=events, steps=steps, main_lane=step_lanes[0] if step_lanes else None,
+        pg_config=[pg for pg in pg_config if isinstance(pg, dict)],
+        devices=[str(d.get("name")) for d in props or [] if isinstance(d, dict)],
+        hostname=head.host_name,
+        warnings=warnings, stream_waits=norm.stream_waits,
+        categories=_category_counts(seen, used),
+        step_source="ProfilerStep markers" if steps else None)
+    apply_step_cut(rt, step_at)
+    return rt
+
+
+def _event_sink(norm: Normaliser, steps: dict[int, tuple[float, float]], step_lanes: list[str],
+                seen: dict[Any, int], used: dict[Any, int], n_seen: list[int]) -> Callable[[dict], None]:
+    """The callback :func:`profiler.jsonstream.stream_trace` hands each raw event to (the hot path of ingestion):
+    ``ProfilerStep#N`` markers go to ``steps`` (their threads to ``step_lanes``), every other event of a used
+    category to ``norm``; ``seen``/``used`` count events per raw category, ``n_seen`` [events, malformed ones]."""
     roles, _isfinite = ROLES, math.isfinite
 
     def on_event(ev: dict) -> None:
@@ -236,50 +163,35 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         else:
             n_seen[1] += 1
 
-    header = stream_trace(path, on_event)
-    if not n_seen[0]:
-        raise MeshplanError(f"{label}: not a Kineto trace: traceEvents is empty")
-    if not norm.events and not steps:
-        cats = ", ".join(f"{c} {n}" for c, n in sorted(seen.items(), key=lambda kv: -kv[1])[:5] if c)
-        raise MeshplanError(f"{label}: not a Kineto trace: {n_seen[0]} events but no host op, device op or runtime "
-                            f"event (categories: {cats or 'none'})")
-    head = validate_header(header, label)
-    dist = head.distributedInfo
-    warnings: list[str] = []
-    rank = dist.rank if dist else None
+    return on_event
+
+
+def _rank_of(rank: int | None, label: str, warnings: list[str]) -> int:
+    """``distributedInfo.rank``, else the rank in the file name, else 0 (with a warning)."""
     if rank is None:
         rank = rank_from_name(label)
         if rank is None:
             rank = 0
             warnings.append(f"{label}: no distributedInfo.rank and no rank in the file name; assuming rank 0")
-    world = dist.world_size if dist else None
-    if world is not None and rank >= world:
-        raise MeshplanError(f"{label}: distributedInfo.rank {rank} is not below world_size {world}")
-    pg_config = (dist.pg_config if dist else None) or []
-    base = head.baseTimeNanoseconds or 0
-    backend = dist.backend if dist else None
+    return rank
+
+
+def _dropped_event_warnings(header: dict, label: str) -> list[str]:
+    """One warning per ``Out-of-range = N`` (N > 0) line of the profiler's own log in the trace header."""
+    out = []
     for key in ("INFO", "ERROR", "WARNING"):
         lines = header.get(key) or []
         for line in lines if isinstance(lines, list) else [lines]:
             m = _OUT_OF_RANGE.search(line) if isinstance(line, str) else None
             if m and int(m.group(1)) > 0:
-                warnings.append(f"{label}: the profiler dropped {m.group(1)} out-of-range events (its log says so); "
-                                f"ops may be missing")
-    if n_seen[1]:
-        warnings.append(f"{label}: {n_seen[1]} event(s) with a field of the wrong type (ts, dur, name) skipped")
-    events = norm.finish(rank)
-    props = head.deviceProperties
-    rt = RankTrace(
-        path=label, rank=rank, world_size=world, backend=backend,
-        base_ns=int(base), events=events, steps=steps, main_lane=step_lanes[0] if step_lanes else None,
-        pg_config=[pg for pg in pg_config if isinstance(pg, dict)],
-        devices=[str(d.get("name")) for d in props or [] if isinstance(d, dict)],
-        hostname=head.host_name,
-        warnings=warnings, stream_waits=norm.stream_waits,
-        categories={("(none)" if c is None else c): {"events": n, "used": used.get(c, 0), "role": role_of(c),
-                                                     **({} if used.get(c) else {"why": why_not_used(c)})}
-                    for c, n in sorted(seen.items(), key=lambda kv: -kv[1])},
-        step_source="ProfilerStep markers" if steps else None)
-    apply_step_cut(rt, step_at)
-    return rt
+                out.append(f"{label}: the profiler dropped {m.group(1)} out-of-range events (its log says so); "
+                           f"ops may be missing")
+    return out
+
+
+def _category_counts(seen: dict, used: dict) -> dict[str, dict]:
+    """``RankTrace.categories``: per raw category, events seen and kept, its role, and why it was not used."""
+    return {("(none)" if c is None else c): {"events": n, "used": used.get(c, 0), "role": role_of(c),
+                                             **({} if used.get(c) else {"why": why_not_used(c)})}
+            for c, n in sorted(seen.items(), key=lambda kv: -kv[1])}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
+from meshplan.profiler.dataflow_graph import GraphBuilder
 from meshplan.profiler.fusion import rebucket_allreduces
-from meshplan.profiler.graph import GraphBuilder
 from meshplan.profiler.replay import replay
 from meshplan.profiler.report import analyze_run
 from meshplan.profiler.whatif import apply_whatif, fit_alpha_beta, parse_knob

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
-from meshplan.profiler.runs import load_run
+from meshplan.profiler.runs import Run
 
 PHASES = ("compute_s", "exposed_comm_s", "bubble_s")
 P2P = ("sendrecv", "send", "recv", "isend", "irecv")  # profiler.trace collective types of point-to-point ops
@@ -117,13 +116,8 @@ class MeasuredBreakdown:
                 "bubble_s": self.bubble_s}
 
 
-def measured_breakdown(run_dir: str | Path) -> MeasuredBreakdown:
-    """Load the run's traces (profiler-core) and split every rank's steps into phases.
-
-    Raises:
-        MeshplanError: the folder holds no readable trace (from :func:`profiler.runs.load_run`).
-    """
-    run = load_run(run_dir)
+def measured_breakdown(run: Run) -> MeasuredBreakdown:
+    """Split every rank's steps of a run's traces (:func:`profiler.runs.load_run`) into phases."""
     rows: list[StepPhases] = []
     for trace in run.ranks.values():
         for s in sorted(trace.steps):

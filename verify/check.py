@@ -1,9 +1,9 @@
 """``meshplan check PLAN RUN``: does a measured run keep the step time and memory its plan predicted?
 
 How the run is read and matched to the plan: ``verify.measured``. Noise: the spread of the measured steps is
-``(p90 - p10) / median``; when it exceeds the tolerance the verdict cannot be trusted and a warning says so (issue
-6: derive tolerances from the measured spread). Memory: compared when the run records a peak (``run.json``
-``peak_memory_bytes`` or ``max_rss_bytes`` per rank); otherwise reported as not recorded. ``check_run`` is the
+``(p90 - p10) / median``; when it exceeds the tolerance the verdict cannot be trusted and a warning says so.
+Memory: compared when the run records a peak (``run.json`` ``peak_memory_bytes`` or ``max_rss_bytes`` per rank);
+otherwise reported as not recorded. ``check_run`` is the
 whole command: the host contention measured from the run (``verify.contention``), the check, and optionally
 learning this host's terms from the run (``verify.learn``).
 """
@@ -16,8 +16,9 @@ from typing import Optional
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate.cpu import world_cores
 from meshplan.planner.plan.schema import Plan, load_plan
+from meshplan.profiler.runs import Run
 from meshplan.verify.breakdown import measured_breakdown
-from meshplan.verify.measured import identity_mismatches, load_measured
+from meshplan.verify.measured import ProfiledRun, identity_mismatches, profiled
 
 PHASE_LABEL = {"compute_s": "compute", "exposed_comm_s": "exposed comm", "bubble_s": "bubble"}
 
@@ -78,13 +79,14 @@ class CheckResult:
         return d
 
 
-def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
+def check(plan_path: str | Path, run_path: str | Path | ProfiledRun, tolerance: float = 0.15,
           breakdown: bool = True, contention: Optional[float] = None) -> CheckResult:
     """Compare a plan's prediction with a measured run.
 
     Args:
         plan_path: Plan YAML with a prediction.
-        run_path: ``meshplan profile`` run folder (run.json + one trace per rank).
+        run_path: ``meshplan profile`` run folder (run.json + one trace per rank), or that folder as already
+            read (:class:`verify.measured.ProfiledRun`, so that one read serves every analysis of the command).
         tolerance: Allowed relative step-time error (fraction).
         breakdown: Also split the measured steps into phases from the traces (slower: loads every trace).
         contention: Host contention factor (``verify.contention.run_contention``, 1.0 = free cores): when
@@ -100,7 +102,9 @@ def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
     plan = load_plan(plan_path)
     if plan.prediction is None:
         raise MeshplanError(f"{plan_path}: the plan has no prediction to check (re-run `meshplan plan`)")
-    run = load_measured(run_path)
+    read = profiled(run_path)
+    run_path = read.path
+    run = read.measured
     diffs, warns = identity_mismatches(plan, run)
     if diffs:
         raise MeshplanError(f"{run_path}: not a run of {plan_path}: " + "; ".join(diffs))
@@ -141,7 +145,7 @@ def check(plan_path: str | Path, run_path: str | Path, tolerance: float = 0.15,
     if run.peak_memory_bytes is None:
         res.warnings.append("the run records no peak memory; memory not compared")
     if breakdown:
-        _add_phases(res, plan, run_path)
+        _add_phases(res, plan, read.traces)
     return res
 
 
@@ -156,8 +160,8 @@ def _own_oversubscription(plan: Plan) -> float:
     return max(1.0, plan.degrees.world_size / world_cores(None))
 
 
-def _add_phases(res: CheckResult, plan: Plan, run_path) -> None:
-    mb = measured_breakdown(run_path)
+def _add_phases(res: CheckResult, plan: Plan, traces: Run) -> None:
+    mb = measured_breakdown(traces)
     b = plan.prediction.breakdown
     f = res.contention or 1.0
     predicted = {"compute_s": f * (b.compute_s + b.other_s), "exposed_comm_s": b.exposed_comm_s,

@@ -2,10 +2,10 @@
 
 A ``local:N`` plan prices its compute with single-thread timings (``planner.host.cpu_bench.HostBench``, the fastest of
 several repetitions: the speed of a free core). On a shared machine other people's processes take a share of
-every core and evict its caches, so the same run can be 1.3-3x slower an hour later (issue 6: "This machine is
-noisy"). The run's own trace says how much: an operator that runs many times with the same input shapes
-(``aten::addmm`` of one layer shape, ``aten::gelu`` ...) takes its free-core time when undisturbed and longer
-when the core was taken or its caches were cold, so per rank
+every core and evict its caches, so the same run can be 1.3-3x slower an hour later. The run's own trace says
+how much: an operator that runs many times with the same input shapes (``aten::addmm`` of one layer shape,
+``aten::gelu`` ...) takes its free-core time when undisturbed and longer when the core was taken or its caches
+were cold, so per rank
 
     contention = sum(traced durations) / sum(count x fastest traced duration)      over (op, shapes) groups
 
@@ -16,9 +16,8 @@ and wait ops excluded: their time depends on peers, not on the core). 1.0 = the 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
-from meshplan.profiler.runs import load_run
+from meshplan.profiler.runs import Run
 
 MIN_REPEATS = 5  # an (op, shapes) group needs this many calls for its fastest one to be a free-core time
 MIN_CALLS = 50  # fewer qualifying calls on a rank: no estimate for that rank
@@ -46,8 +45,8 @@ def rank_contention(trace) -> float | None:
     return traced / fastest
 
 
-def run_contention(run_dir: str | Path) -> tuple[float | None, dict[int, float]]:
-    """(median factor over ranks, factor per rank) of a profiled run folder; (None, {}) without repeated ops."""
-    run = load_run(run_dir)
+def run_contention(run: Run) -> tuple[float | None, dict[int, float]]:
+    """(median factor over ranks, factor per rank) of a profiled run's traces (:func:`profiler.runs.load_run`);
+    (None, {}) without repeated ops."""
     per = {r: f for r, t in sorted(run.ranks.items()) if (f := rank_contention(t)) is not None}
     return (statistics.median(per.values()) if per else None), per

@@ -11,6 +11,7 @@ from meshplan.planner.host.terms import read_host_terms
 from meshplan.verify.check import CheckResult, check, parse_tolerance
 from meshplan.verify.contention import run_contention
 from meshplan.verify.learn import fit_run, save_terms, terms_of
+from meshplan.verify.measured import ProfiledRun
 
 
 @dataclass
@@ -41,16 +42,17 @@ def check_run(plan: str | Path, run: str | Path, tolerance: str | float = "15%",
         MeshplanError: unreadable inputs, a run of another job, ``learn`` on a plan that is not ``local:N``.
     """
     tol = parse_tolerance(tolerance)
+    read = ProfiledRun(run)  # run.json parsed once and the traces loaded once, for every step below
     notices = []
     factor = None
     if contention:
-        factor = run_contention(run)[0]
+        factor = run_contention(read.traces)[0]
         if factor is None:
             notices.append("--contention: the run's traces hold too few repeated operators; prediction not scaled")
-    out = GateResult(check(plan, run, tol, breakdown=breakdown, contention=factor), notices)
+    out = GateResult(check(plan, read, tol, breakdown=breakdown, contention=factor), notices)
     if learn:
         if terms_path is None or calibration_of is None:
             raise ValueError("learn needs the host's terms file and a way to get its calibration")
-        fitted = fit_run(plan, run, calibration_of(), read_host_terms(terms_path))
+        fitted = fit_run(plan, read, calibration_of(), read_host_terms(terms_path))
         out.learned, out.learned_path = fitted, save_terms(terms_path, terms_of(fitted), [str(run)])
     return out

@@ -41,17 +41,17 @@ from meshplan.planner.host.terms import NEUTRAL_TERMS, TERMS, HostTerms, clamp_s
 from meshplan.planner.model.config import load_model
 from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.planner.plan.build import plan_layout
-from meshplan.profiler.runs import load_run
+from meshplan.profiler.runs import Run
 from meshplan.verify.breakdown import P2P
 from meshplan.verify.check import check
 from meshplan.verify.contention import run_contention
-from meshplan.verify.measured import launched_plan_path, load_measured
+from meshplan.verify.measured import ProfiledRun, launched_plan_path, profiled
 
 MIN_SYNC_POINTS = 8  # collectives per step a run needs to teach sync_wait_s
 
 
-def _sync_points_per_step(run_dir, rank: int) -> float:
-    t = load_run(run_dir).ranks[rank]
+def _sync_points_per_step(traces: Run, rank: int) -> float:
+    t = traces.ranks[rank]
     counts = {s: 0 for s in t.steps}
     for e in t.events:
         if e.kind == "comm" and e.step in counts and e.coll not in P2P:  # p2p waits are the bubble
@@ -66,13 +66,13 @@ def unfitted_estimate(plan: Plan, calibration: Calibration) -> Estimate:
     return estimator_for(cluster, terms=NEUTRAL_TERMS).estimate(work, plan_layout(plan))
 
 
-def fit_run(plan_path: str | Path, run_dir: str | Path, calibration: Calibration,
+def fit_run(plan_path: str | Path, run_dir: str | Path | ProfiledRun, calibration: Calibration,
             before: HostTerms = NEUTRAL_TERMS) -> dict:
     """The terms one measured run of a ``local:N`` plan teaches (nothing is stored).
 
     Args:
         plan_path: The plan the run was launched with.
-        run_dir: The ``meshplan profile`` folder.
+        run_dir: The ``meshplan profile`` folder, or that folder as already read (``verify.measured.ProfiledRun``).
         calibration: This host's calibration (``planner.host.calibrate``), to re-price the plan.
         before: The terms learned before; the ones this run does not teach are kept.
 
@@ -88,14 +88,15 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, calibration: Calibration
     if not is_local_spec(plan.cluster.spec):
         raise MeshplanError(f"{plan_path}: --learn fits the local:N CPU path; this plan is for "
                             f"{plan.cluster.spec}")
-    f, _ = run_contention(run_dir)
+    run = profiled(run_dir)
+    f, _ = run_contention(run.traces)
     if f is None:
-        raise MeshplanError(f"{run_dir}: the traces hold too few repeated operators (record_shapes off?), so the "
+        raise MeshplanError(f"{run.path}: the traces hold too few repeated operators (record_shapes off?), so the "
                             f"run's contention is unknown")
-    res = check(plan_path, run_dir, 1.0, breakdown=True, contention=None)
+    res = check(plan_path, run, 1.0, breakdown=True, contention=None)
     meas = {p["phase"]: p["measured_s"] for p in res.phases}
     b = unfitted_estimate(plan, calibration)  # the plan re-priced without any learned term
-    n = _sync_points_per_step(run_dir, res.breakdown_rank)
+    n = _sync_points_per_step(run.traces, res.breakdown_rank)
     m = plan.grad_accum
     layers = plan.model.num_layers // plan.degrees.pp  # layers of a stage (train_gpt splits them evenly)
     predicted_compute = b.compute_s + b.other_s
@@ -124,10 +125,10 @@ def terms_of(fit: dict) -> HostTerms:
     return HostTerms(**{k: fit[k] for k in TERMS})
 
 
-def local_plan_of_run(run_dir: str | Path):
+def local_plan_of_run(run_dir: str | Path | ProfiledRun):
     """The ``local:N`` plan file a profiled run was launched with (``meshplan profile --from-plan``), or None."""
     try:
-        run = load_measured(run_dir)
+        run = profiled(run_dir).measured
     except MeshplanError:
         return None  # a bare trace or folder of traces: no run.json, so no plan
     found = launched_plan_path(run)
@@ -153,10 +154,11 @@ def fit_runs_local(runs: list[str | Path], calibration_of, before: HostTerms = N
     for r in runs:
         if not Path(r).exists():
             raise MeshplanError(f"{r}: run folder not found")
-        plan = local_plan_of_run(r)
+        read = ProfiledRun(r)  # run.json and the traces read once for both steps
+        plan = local_plan_of_run(read)
         if plan is not None:
             cal = cal if cal is not None else calibration_of()
-            per.append({"run": str(r), "plan": str(plan), **fit_run(plan, r, cal, before)})
+            per.append({"run": str(r), "plan": str(plan), **fit_run(plan, read, cal, before)})
     if not per:
         return {"runs": []}
     terms = before

@@ -9,6 +9,7 @@ The run must be the plan's job: its world size, model shape, batch and layout ar
 """
 from __future__ import annotations
 
+import functools
 import shlex
 import statistics
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Optional
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.profiler.capture import RUN_JSON, load_run_json
+from meshplan.profiler.runs import Run, load_run
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -49,16 +51,28 @@ class MeasuredRun:
         return self.traced_median_s - self.median_s if self.unprofiled else 0.0
 
 
+def _folder_of(run_dir: str | Path) -> Path:
+    p = Path(run_dir)
+    return p if p.is_dir() or not p.exists() else p.parent  # a run folder, or its run.json
+
+
 def load_measured(run_dir: str | Path) -> MeasuredRun:
     """The measured steps of a ``meshplan profile`` folder (its ``run.json``).
 
     Raises:
         MeshplanError: no run.json, or no step times in it.
     """
-    p = Path(run_dir)
-    folder = p if p.is_dir() or not p.exists() else p.parent  # a run folder, or its run.json
+    folder = _folder_of(run_dir)
+    return measured_of(load_run_json(folder), folder)  # the one reader of run.json (profiler.capture)
+
+
+def measured_of(rec: dict, folder: Path) -> MeasuredRun:
+    """The measured steps of a run folder from its ``run.json`` as read (:func:`profiler.capture.load_run_json`).
+
+    Raises:
+        MeshplanError: no step times in it.
+    """
     f = folder / RUN_JSON
-    rec = load_run_json(folder)  # the one reader of run.json (profiler.capture)
     times = rec.get("step_times_s")
     if not isinstance(times, dict) or not times or not all(isinstance(v, list) and v for v in times.values()):
         raise MeshplanError(f"{f}: no measured step times (step_times_s) for every rank")
@@ -94,6 +108,36 @@ def load_measured(run_dir: str | Path) -> MeasuredRun:
             break
     world = int(rec.get("world_size") or len(times))
     return MeasuredRun(folder, world, step, med, spread, peak, rec, traced_med, unprofiled, note)
+
+
+class ProfiledRun:
+    """A ``meshplan profile`` folder read once for every analysis of one command: its ``run.json`` parsed on first
+    use (:attr:`record`, :attr:`measured`), its traces loaded on first use (:attr:`traces`), both kept."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = path  # as the user gave it (messages and the check's report name it so)
+        self.folder = _folder_of(path)
+
+    @functools.cached_property
+    def record(self) -> dict:
+        """``run.json``, validated (:func:`profiler.capture.load_run_json`)."""
+        return load_run_json(self.folder)
+
+    @functools.cached_property
+    def measured(self) -> MeasuredRun:
+        """The measured steps (:func:`load_measured`)."""
+        return measured_of(self.record, self.folder)
+
+    @functools.cached_property
+    def traces(self) -> Run:
+        """The run's traces (:func:`profiler.runs.load_run`), handed the ``run.json`` already read."""
+        p = Path(self.path)
+        return load_run(p, run_json=self.record if p.is_dir() and (p / RUN_JSON).is_file() else None)
+
+
+def profiled(run: str | Path | ProfiledRun) -> ProfiledRun:
+    """``run`` as a :class:`ProfiledRun` (a path is read on first use; a ProfiledRun is passed along)."""
+    return run if isinstance(run, ProfiledRun) else ProfiledRun(run)
 
 
 MIN_UNPROFILED = 3  # unprofiled steps per rank needed to judge on them (else the traced steps are used)

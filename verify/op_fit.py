@@ -147,8 +147,8 @@ def rows_from_run(run_dir: str | Path, device: str, traces: list | None = None) 
                                     b=b, m=m, n=n, k=k, flops=flops, bytes=nbytes, latency_s=lat, noise=noise)
 
 
-def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str | Path, device_dir: str | Path | None = None,
-             device: str | None = None) -> dict:
+def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str | Path,
+             device_dir: str | Path | None = None, device: str | None = None) -> dict:
     """Calibrate on ``runs`` and save to ``out_dir``; returns a summary (rows per op, device).
 
     Args:

@@ -1,4 +1,4 @@
-"""Measured run -> global dataflow graph (the node/edge schema is in :mod:`profiler.graph`).
+"""Measured run -> global dataflow graph (the node/edge schema is in :mod:`profiler.dataflow_graph`).
 
 Per rank and step:
 
@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import networkx as nx
 
-from meshplan.profiler.graph import GraphBuilder
+from meshplan.profiler.dataflow_graph import GraphBuilder
 from meshplan.profiler.match import CollGroup, channel_of
 from meshplan.profiler.runs import Run
 from meshplan.profiler.trace import SYNC_CALLS, Event, RankTrace
@@ -119,20 +120,49 @@ def _origin_us(run: Run, s: int, by_rank_step: dict) -> float:
     return min(e.ts_us for r in run.ranks for e in by_rank_step.get((r, s), [])[:1] or [])
 
 
+@dataclass
+class _StepNodes:
+    """What one rank-step's nodes are known by while they are added (ids of trace events -> node ids)."""
+
+    anchor_node: dict[int, int] = field(default_factory=dict)  # id(runtime/enqueue event) -> host node ending there
+    node_meas: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> measured (start, end) µs
+    wait_edges: list[tuple[Event, int]] = field(default_factory=list)  # (op waited for, wait node)
+    ev_node: dict[int, int] = field(default_factory=dict)  # id(device / comm event) -> node
+    pending: list[tuple[Event, int, float, list[int]]] = field(default_factory=list)  # device ops to explain
+    n_partial: int = 0
+
+
+def _coll_id(g: CollGroup | None) -> str | None:
+    return None if g is None else "c:" + "/".join(str(x) for x in g.key)
+
+
+def _pair_cpu_collectives(evs: list[Event], cpu_comm: list[Event]) -> list[tuple[Event, Event]]:
+    """(comm event, its enqueue op): the k-th ``c10d::`` op of a type <-> the k-th comm event of that type."""
+    pairs: list[tuple[Event, Event]] = []
+    if not cpu_comm:
+        return pairs
+    enq = defaultdict(list)
+    for e in evs:
+        if e.kind == "host" and e.coll and e.name.startswith("c10d::"):
+            enq[e.coll].append(e)
+    comm_by = defaultdict(list)
+    for e in cpu_comm:
+        comm_by[e.coll].append(e)
+    for typ, lst in comm_by.items():
+        for c, q in zip(lst, enq.get(typ, [])):
+            if q.ts_us <= c.ts_us + SLACK_US:
+                pairs.append((c, q))
+    return pairs
+
+
 def _add_rank_step(b: GraphBuilder, t: RankTrace, s: int, evs: list[Event], origin: float,
                    member_of: dict[int, CollGroup], transfer: dict[int, float]) -> int:
     """Add one rank's ops of one step. Returns the number of partial collective members."""
-    cpu_only = not t.has_gpu
-    us = 1e-6
-    rank = t.rank
     device_ops = [e for e in evs if e.lane.startswith("stream:") or e.kind == "comm"]
     ends_sorted = sorted(device_ops, key=lambda e: e.end_us)
     end_keys = [e.end_us for e in ends_sorted]
     runtime_by_corr = {e.corr: e for e in evs if e.cat in ("cuda_runtime", "cuda_driver") and e.corr is not None}
     launched = {id(runtime_by_corr[e.corr]) for e in device_ops if e.corr in runtime_by_corr}
-    # CPU collectives: k-th enqueue op of a type <-> k-th comm event of that type on the rank.
-    enq_for: dict[int, Event] = {}
-    enq_pairs: list[tuple[Event, Event]] = []
     host_lanes = {e.lane for e in evs if not e.lane.startswith("stream:") and e.kind != "comm"}
     # gloo point-to-point ops run on the calling (training) thread: they sit inline in its host chain.
     inline = defaultdict(list)
@@ -140,19 +170,8 @@ def _add_rank_step(b: GraphBuilder, t: RankTrace, s: int, evs: list[Event], orig
         if e.lane in host_lanes:
             inline[e.lane].append(e)
     cpu_comm = [e for e in device_ops if not e.lane.startswith("stream:") and e.lane not in host_lanes]
-    if cpu_comm:
-        enq = defaultdict(list)
-        for e in evs:
-            if e.kind == "host" and e.coll and e.name.startswith("c10d::"):
-                enq[e.coll].append(e)
-        comm_by = defaultdict(list)
-        for e in cpu_comm:
-            comm_by[e.coll].append(e)
-        for typ, lst in comm_by.items():
-            for c, q in zip(lst, enq.get(typ, [])):
-                if q.ts_us <= c.ts_us + SLACK_US:
-                    enq_for[id(c)] = q
-                    enq_pairs.append((c, q))
+    enq_pairs = _pair_cpu_collectives(evs, cpu_comm)
+    enq_for = {id(c): q for c, q in enq_pairs}
     # The collective starts inside its c10d op (after argument checks and bucket copies): cut the host thread
     # where the comm thread picked the work up, or at the op's end if that came first.
     # Idle host gaps count as waits only for CPU collectives (a gloo wait leaves no event); on GPU ranks host gaps
@@ -164,53 +183,14 @@ def _add_rank_step(b: GraphBuilder, t: RankTrace, s: int, evs: list[Event], orig
     for e in evs:
         if not e.lane.startswith("stream:") and e.kind != "comm":
             host_by_lane[e.lane].append(e)
-    anchor_node: dict[int, int] = {}  # id(runtime or enqueue event) -> host node ending at its launch point
-    node_meas: dict[int, tuple[float, float]] = {}
-    wait_edges: list[tuple[Event, int]] = []
-    ev_node: dict[int, int] = {}
-    n_partial = 0
+    nodes = _StepNodes()
     step_win = t.steps.get(s)
     for lane, hev in host_by_lane.items():
         is_main = lane == t.main_lane and step_win is not None
         lo = step_win[0] if is_main else min(e.ts_us for e in hev)
         hi = max(step_win[0] + step_win[1] if is_main else 0.0, max(e.end_us for e in hev))
         segs = _segments(hev, lo, hi, launched, enqueue_at, ends_sorted, end_keys, cpu_ends, inline.get(lane, []))
-        kind = "compute" if cpu_only else "host"
-        role = "main" if is_main else "thread"
-        seen: dict[str, int] = defaultdict(int)
-        first = True
-        for seg in segs:
-            t0, t1, name, anchors, waited, comm = seg
-            if comm is not None:
-                g = member_of.get(id(comm))
-                partial = id(comm) not in transfer
-                n_partial += partial
-                nid = b.add_op(rank, lane, "comm", comm.name, (comm.dur_us if partial else transfer[id(comm)]) * us,
-                               step=s, release_s=(t0 - origin) * us if first else 0.0,
-                               coll=None if g is None else "c:" + "/".join(str(x) for x in g.key),
-                               coll_type=comm.coll, nbytes=comm.bytes, partial=partial,
-                               measured_start_s=(t0 - origin) * us, measured_end_s=(t1 - origin) * us,
-                               peer=(role, comm.name, seen[comm.name]))
-                seen[comm.name] += 1
-                ev_node[id(comm)] = nid
-            elif waited is not None:
-                d = max(0.0, t1 - max(t0, waited.end_us))
-                nid = b.add_op(rank, lane, "host", f"wait:{waited.name[:60]}", d * us, step=s,
-                               release_s=(t0 - origin) * us if first else 0.0, wait=True,
-                               measured_start_s=(t0 - origin) * us, measured_end_s=(t1 - origin) * us,
-                               peer=(role, "wait", seen["wait"]))
-                seen["wait"] += 1
-                wait_edges.append((waited, nid))
-            else:
-                nid = b.add_op(rank, lane, kind, name, (t1 - t0) * us, step=s,
-                               release_s=(t0 - origin) * us if first else 0.0,
-                               measured_start_s=(t0 - origin) * us, measured_end_s=(t1 - origin) * us,
-                               peer=(role, name, seen[name]))
-                seen[name] += 1
-            first = False
-            node_meas[nid] = (t0, t1)
-            for a in anchors:
-                anchor_node[id(a)] = nid
+        _add_host_lane(b, nodes, t, s, lane, segs, origin, "main" if is_main else "thread", member_of, transfer)
     if step_win is not None and t.main_lane not in host_by_lane:
         _add_idle(b, t, s, origin)  # the training thread recorded nothing in this step (e.g. a thinned trace)
     event_dep = _stream_event_deps(t, device_ops, runtime_by_corr)
@@ -219,47 +199,96 @@ def _add_rank_step(b: GraphBuilder, t: RankTrace, s: int, evs: list[Event], orig
     for e in device_ops:
         if e.lane not in host_lanes:
             dev_by_lane[e.lane].append(e)
-    pending: list[tuple[Event, int, float]] = []
     for lane, lst in dev_by_lane.items():
-        lst.sort(key=lambda e: e.ts_us)
-        role = channel_of(lst[0]) if lst[0].kind == "comm" else "stream" + lane.rsplit(":", 1)[-1]
-        seen = defaultdict(int)
-        for e in lst:
-            deps, dep_type = [], "launch"
-            src = runtime_by_corr.get(e.corr) if e.corr is not None else None
-            if src is not None and id(src) in anchor_node:
-                deps.append(anchor_node[id(src)])
-            q = enq_for.get(id(e))
-            if q is not None and id(q) in anchor_node:
-                deps.append(anchor_node[id(q)])
-                dep_type = "enqueue"
-            g = member_of.get(id(e))
-            partial = e.kind == "comm" and id(e) not in transfer
-            if e.kind == "comm":
-                n_partial += partial
-                dur = e.dur_us if partial else transfer[id(e)]
-                coll = None if g is None else "c:" + "/".join(str(x) for x in g.key)
-            else:
-                dur, coll = e.dur_us, None
-            nid = b.add_op(rank, lane, e.kind, e.name, dur * us, deps=deps, step=s, dep_type=dep_type,
-                           coll=coll, coll_type=e.coll, nbytes=e.bytes, partial=partial, shapes=e.shapes,
-                           measured_start_s=(e.ts_us - origin) * us, measured_end_s=(e.end_us - origin) * us,
-                           peer=(role, e.name, seen[e.name]))
-            seen[e.name] += 1
-            ev_node[id(e)] = nid
-            node_meas[nid] = (e.ts_us, e.end_us)
-            dep_end = max([node_meas[d][1] for d in deps] or [float("-inf")])
-            if id(e) in event_dep:
-                dep_end = max(dep_end, event_dep[id(e)].end_us)
-            pending.append((e, nid, dep_end, deps))
-    for waited, nid in wait_edges:
-        if id(waited) in ev_node:
-            b.add_dep(ev_node[id(waited)], nid, "wait")
+        _add_device_lane(b, nodes, t.rank, s, lane, lst, origin, runtime_by_corr, enq_for, event_dep, member_of,
+                         transfer)
+    for waited, nid in nodes.wait_edges:
+        if id(waited) in nodes.ev_node:
+            b.add_dep(nodes.ev_node[id(waited)], nid, "wait")
     for target, src in event_dep.items():
-        if target in ev_node and id(src) in ev_node:
-            b.add_dep(ev_node[id(src)], ev_node[target], "event")
-    _explain_starts(b, pending, ev_node, ends_sorted, end_keys, origin, node_meas)
-    return n_partial
+        if target in nodes.ev_node and id(src) in nodes.ev_node:
+            b.add_dep(nodes.ev_node[id(src)], nodes.ev_node[target], "event")
+    _explain_starts(b, nodes.pending, nodes.ev_node, ends_sorted, end_keys, origin, nodes.node_meas)
+    return nodes.n_partial
+
+
+def _add_host_lane(b: GraphBuilder, nodes: _StepNodes, t: RankTrace, s: int, lane: str, segs: list, origin: float,
+                   role: str, member_of: dict[int, CollGroup], transfer: dict[int, float]) -> None:
+    """One host thread's segments (:func:`_segments`) as nodes: inline collectives, waits, and host work."""
+    us = 1e-6
+    rank = t.rank
+    kind = "compute" if not t.has_gpu else "host"
+    seen: dict[str, int] = defaultdict(int)
+    first = True
+    for seg in segs:
+        t0, t1, name, anchors, waited, comm = seg
+        if comm is not None:
+            partial = id(comm) not in transfer
+            nodes.n_partial += partial
+            nid = b.add_op(rank, lane, "comm", comm.name, (comm.dur_us if partial else transfer[id(comm)]) * us,
+                           step=s, release_s=(t0 - origin) * us if first else 0.0,
+                           coll=_coll_id(member_of.get(id(comm))),
+                           coll_type=comm.coll, nbytes=comm.bytes, partial=partial,
+                           measured_start_s=(t0 - origin) * us, measured_end_s=(t1 - origin) * us,
+                           peer=(role, comm.name, seen[comm.name]))
+            seen[comm.name] += 1
+            nodes.ev_node[id(comm)] = nid
+        elif waited is not None:
+            d = max(0.0, t1 - max(t0, waited.end_us))
+            nid = b.add_op(rank, lane, "host", f"wait:{waited.name[:60]}", d * us, step=s,
+                           release_s=(t0 - origin) * us if first else 0.0, wait=True,
+                           measured_start_s=(t0 - origin) * us, measured_end_s=(t1 - origin) * us,
+                           peer=(role, "wait", seen["wait"]))
+            seen["wait"] += 1
+            nodes.wait_edges.append((waited, nid))
+        else:
+            nid = b.add_op(rank, lane, kind, name, (t1 - t0) * us, step=s,
+                           release_s=(t0 - origin) * us if first else 0.0,
+                           measured_start_s=(t0 - origin) * us, measured_end_s=(t1 - origin) * us,
+                           peer=(role, name, seen[name]))
+            seen[name] += 1
+        first = False
+        nodes.node_meas[nid] = (t0, t1)
+        for a in anchors:
+            nodes.anchor_node[id(a)] = nid
+
+
+def _add_device_lane(b: GraphBuilder, nodes: _StepNodes, rank: int, s: int, lane: str, lst: list[Event],
+                     origin: float, runtime_by_corr: dict, enq_for: dict[int, Event], event_dep: dict[int, Event],
+                     member_of: dict[int, CollGroup], transfer: dict[int, float]) -> None:
+    """One device stream's ops (or a comm thread's CPU collectives) as nodes, in start order, each depending on the
+    host node that launched or enqueued it; their starts are explained later (:func:`_explain_starts`)."""
+    us = 1e-6
+    lst.sort(key=lambda e: e.ts_us)
+    role = channel_of(lst[0]) if lst[0].kind == "comm" else "stream" + lane.rsplit(":", 1)[-1]
+    seen: dict[str, int] = defaultdict(int)
+    for e in lst:
+        deps, dep_type = [], "launch"
+        src = runtime_by_corr.get(e.corr) if e.corr is not None else None
+        if src is not None and id(src) in nodes.anchor_node:
+            deps.append(nodes.anchor_node[id(src)])
+        q = enq_for.get(id(e))
+        if q is not None and id(q) in nodes.anchor_node:
+            deps.append(nodes.anchor_node[id(q)])
+            dep_type = "enqueue"
+        partial = e.kind == "comm" and id(e) not in transfer
+        if e.kind == "comm":
+            nodes.n_partial += partial
+            dur = e.dur_us if partial else transfer[id(e)]
+            coll = _coll_id(member_of.get(id(e)))
+        else:
+            dur, coll = e.dur_us, None
+        nid = b.add_op(rank, lane, e.kind, e.name, dur * us, deps=deps, step=s, dep_type=dep_type,
+                       coll=coll, coll_type=e.coll, nbytes=e.bytes, partial=partial, shapes=e.shapes,
+                       measured_start_s=(e.ts_us - origin) * us, measured_end_s=(e.end_us - origin) * us,
+                       peer=(role, e.name, seen[e.name]))
+        seen[e.name] += 1
+        nodes.ev_node[id(e)] = nid
+        nodes.node_meas[nid] = (e.ts_us, e.end_us)
+        dep_end = max([nodes.node_meas[d][1] for d in deps] or [float("-inf")])
+        if id(e) in event_dep:
+            dep_end = max(dep_end, event_dep[id(e)].end_us)
+        nodes.pending.append((e, nid, dep_end, deps))
 
 
 def _stream_event_deps(t: RankTrace, device_ops: list[Event], runtime_by_corr: dict) -> dict[int, Event]:
@@ -321,10 +350,8 @@ def _explain_starts(b: GraphBuilder, pending, ev_node, ends_sorted, end_keys, or
             b.set(nid, release_s=(e.ts_us - origin) * 1e-6)
 
 
-def _segments(hev: list[Event], lo: float, hi: float, launched: set, enqueue_at: dict, ends_sorted: list[Event],
-              end_keys: list[float], cpu_ends: tuple[list[Event], list[float]], inline: list[Event]):
-    """Cut one host thread's [lo, hi] into (t0, t1, name, anchors, waited_event|None, comm_event|None) segments."""
-    hev = sorted(hev, key=lambda e: (e.ts_us, -e.dur_us))
+def _tops_and_busy(hev: list[Event]) -> tuple[list[Event], list[list[float]]]:
+    """(top-level CPU ops, busy intervals [start, end] of the thread) of a thread's events in start order."""
     tops: list[Event] = []
     cur_end = float("-inf")
     busy: list[list[float]] = []
@@ -336,7 +363,16 @@ def _segments(hev: list[Event], lo: float, hi: float, launched: set, enqueue_at:
             busy[-1][1] = max(busy[-1][1], e.end_us)
         else:
             busy.append([e.ts_us, e.end_us])
-    cuts: list[tuple[float, int, object]] = []  # (time, order, payload)
+    return tops, busy
+
+
+def _cut_points(hev: list[Event], tops: list[Event], busy: list[list[float]], launched: set, enqueue_at: dict,
+                ends_sorted: list[Event], end_keys: list[float], cpu_ends: tuple[list[Event], list[float]],
+                inline: list[Event]) -> list[tuple[float, int, object]]:
+    """Where a host thread is cut, as (time, order, payload), sorted: top-level op boundaries (no payload),
+    waits (``("wait", end, waited op, call|None)``), launch/enqueue points (``("anchor", event)``) and inline
+    collectives (``("comm", end, event)``); at one time, order 0 comes first."""
+    cuts: list[tuple[float, int, object]] = []
     for e in tops:
         cuts.append((e.ts_us, 1, None))
         cuts.append((e.end_us, 1, None))
@@ -361,6 +397,15 @@ def _segments(hev: list[Event], lo: float, hi: float, launched: set, enqueue_at:
     for e in inline:
         cuts.append((e.ts_us, 0, ("comm", e.end_us, e)))
     cuts.sort(key=lambda c: (c[0], c[1]))
+    return cuts
+
+
+def _segments(hev: list[Event], lo: float, hi: float, launched: set, enqueue_at: dict, ends_sorted: list[Event],
+              end_keys: list[float], cpu_ends: tuple[list[Event], list[float]], inline: list[Event]):
+    """Cut one host thread's [lo, hi] into (t0, t1, name, anchors, waited_event|None, comm_event|None) segments."""
+    hev = sorted(hev, key=lambda e: (e.ts_us, -e.dur_us))
+    tops, busy = _tops_and_busy(hev)
+    cuts = _cut_points(hev, tops, busy, launched, enqueue_at, ends_sorted, end_keys, cpu_ends, inline)
     top_starts = [e.ts_us for e in tops]
 
     def name_at(t: float) -> str:

@@ -1,6 +1,6 @@
 """The global dataflow graph: one ``networkx.DiGraph`` for a measured run or a hypothetical plan.
 
-A measured trace (:func:`profiler.tracegraph.build_graph`) and a planner's synthetic schedule
+A measured trace (:func:`profiler.trace_to_graph.build_graph`) and a planner's synthetic schedule
 (:class:`GraphBuilder`) produce the same kind of graph, and :mod:`profiler.replay` replays both.
 
 Node attributes (node ids are ints):
