@@ -77,8 +77,9 @@ def sync(source: Path) -> int:
             dest.write_bytes(stored)
         keep.add(dest)
         rows.append(f"{dest.relative_to(DATA).as_posix()}\t{rel}\t{len(raw)}\t{sha256(raw)}")
+    tops = {rule.split("/")[0] for rule, _ in RULES}
     for p in DATA.rglob("*"):
-        if p.is_file() and p not in keep and p.name != "README.md" and "__pycache__" not in p.parts:
+        if p.is_file() and p not in keep and p.name != "README.md" and p.relative_to(DATA).parts[0] in tops:
             p.unlink()
     MANIFEST.write_text("path\tsource\tbytes\tsha256\n" + "\n".join(rows) + "\n", encoding="utf-8")
     return len(rows)
@@ -100,10 +101,10 @@ def check(source: Path | None = None) -> list[str]:
             problems.append(f"data/{path}: content differs from MANIFEST.tsv (sha256 {sha256(got)[:12]})")
         if source is not None and (source / rel).is_file() and (source / rel).read_bytes() != got:
             problems.append(f"data/{path}: differs from {source / rel} (run data/sync.py --from {source})")
+    tops = {rule.split("/")[0] for rule, _ in RULES}  # a folder of one's own beside them (collect output) is left be
     for p in DATA.rglob("*"):
         rel = p.relative_to(DATA).as_posix()
-        if p.is_file() and rel not in listed and p.name not in ("README.md", "sync.py", "MANIFEST.tsv") \
-                and "__pycache__" not in p.parts:
+        if p.is_file() and rel.split("/")[0] in tops and rel not in listed and p.name != "README.md":
             problems.append(f"data/{rel}: not in MANIFEST.tsv")
     return problems
 
