@@ -1,11 +1,11 @@
 """Cost-model benchmark: training time, load time, per-prediction time, and the held-out eval tables.
 
-Usage (from the repository root, ``../shared`` beside it):
+Usage (from the repository root):
     python bench/costmodel_bench.py [--train] [--splits neusight,vidur-h100,vidur-network] [--json OUT] [--no-blend]
     python bench/costmodel_bench.py --splits lodo-gemm   # GEMM leave-one-device-out, one row per GPU
 
 ``--train`` retrains the default model into a temporary folder and reports wall and CPU seconds (the shipped
-model is rebuilt by ``meshplan costmodel train --data ../shared/kernels --out costmodel/data/model``).
+model is rebuilt by ``meshplan costmodel train --data data/kernels --out costmodel/data/model``).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def gemm_rows(data: Path):
     """The measured GEMM rows (matmul + bmm, no local ones) the leave-one-device-out split evaluates."""
     from meshplan.costmodel.datasets import load
 
-    table, _ = load([data])
+    table = load([data]).table
     return table.select((table.source != "local") & np.isin(table.op, ("matmul", "bmm")))
 
 
@@ -136,7 +136,7 @@ def print_lodo_gemm(rows: list[dict], title: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "kernels"))
+    ap.add_argument("--data", default=str(REPO / "data" / "kernels"))
     ap.add_argument("--train", action="store_true", help="time a full retrain of the default model")
     ap.add_argument("--splits", default="", help="comma-separated eval splits to run")
     ap.add_argument("--local", default="", help="collect output folder for the 'local' split")

@@ -1,6 +1,6 @@
 """Peak memory of real CPU training steps, as PyTorch's own allocator counts it, against meshplan's prediction.
 
-    python bench/cpu_memory.py            # GPT-2 124M (../shared/model_configs/gpt2.json), fp32, one process
+    python bench/cpu_memory.py            # GPT-2 124M (data/model_configs/gpt2.json), fp32, one process
 
 Each case runs ``examples/train_gpt.py`` (the trainer ``local:N`` plans launch) for 2 steps in this process under
 ``torch.profiler`` with ``profile_memory=True``; the allocator's peak is the largest "Total Allocated" of the trace's
@@ -80,7 +80,7 @@ def main() -> None:
     from rich.table import Table
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, default=REPO.parent / "shared" / "model_configs" / "gpt2.json")
+    p.add_argument("--config", type=Path, default=REPO / "data" / "model_configs" / "gpt2.json")
     a = p.parse_args()
     table = Table(title=f"PyTorch CPU allocator peak vs meshplan ({a.config.name}, fp32, AdamW, 1 process)")
     for col in ("micro-batch", "seq", "recompute", "allocator MiB", "predicted MiB", "error", "of which states MiB"):

@@ -1,6 +1,6 @@
-"""The dev set: every published run of ``../shared/published_runs/dev_runs.jsonl`` priced with its own layout.
+"""The dev set: every published run of ``data/published_runs/dev_runs.jsonl`` priced with its own layout.
 
-Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: ../shared/published_runs by default)
+Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
 Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.search.job.plan_job``, the library
 call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
@@ -17,7 +17,6 @@ missing decision. Nothing is fitted here: the harness only maps rows to inputs a
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 import tempfile
@@ -32,8 +31,8 @@ from rich.table import Table
 from meshplan.core.errors import MeshplanError
 
 REPO = Path(__file__).resolve().parents[1]
-# ../shared beside the repository, as tests/helpers.py finds it (MESHPLAN_SHARED overrides, e.g. in a worktree)
-DEFAULT_RUNS = Path(os.environ.get("MESHPLAN_SHARED") or REPO.parent / "shared") / "published_runs"
+# the repository's copy of the published runs (data/README.md); ../shared/published_runs is where new ones arrive
+DEFAULT_RUNS = REPO / "data" / "published_runs"
 GiB = 1024**3
 
 # What the torchtitan ("T") rows of dev_runs.jsonl leave out, read from their sources. Keyed by row name; every

@@ -1,7 +1,7 @@
 """Oracle floor of the GEMM leave-one-device-out MAPE: the best MAPE any predictor could reach on each GPU's rows.
 
-Usage (from the repository root, ``../shared`` beside it; 5-8 s on 2 shared cores, no training):
-    python bench/lodo_floor.py [--data ../shared/kernels] [--examples 5] [--json OUT]
+Usage (from the repository root; 5-8 s on 2 shared cores, no training):
+    python bench/lodo_floor.py [--data data/kernels] [--examples 5] [--json OUT]
     python bench/lodo_floor.py --lodo P4,P100   # also retrain lodo_gemm for these GPUs, MAPE per collection (slow)
 
 What the floor means. ``bench/costmodel_bench.py --splits lodo-gemm`` (issue 13 item 4, target <= 15% on every GPU)
@@ -89,7 +89,7 @@ def gemm_rows(data: Path) -> dict[str, np.ndarray]:
     the dataset fields the loaders fold (``kernel``: NeuSight B x M and cuBLAS kernel name, DeepBench transposes).
     Built file by file with the loaders' own functions and checked row for row against ``load``."""
     from meshplan.costmodel.datasets import deepbench, neusight, vidur
-    from meshplan.costmodel.datasets.table import read_csv
+    from meshplan.costmodel.datasets.table import read_csv, table_files, table_name
 
     parts: list[dict] = []
 
@@ -107,7 +107,7 @@ def gemm_rows(data: Path) -> dict[str, np.ndarray]:
             continue
         t = neusight.load_file(f, s)
         fold = np.array([f"B={b} M={m}" for b, m in zip(cols["B"], cols["M"])], dtype=object)
-        add(t, str(f.relative_to(data)), fold, np.array(cols["Kernel Name"], dtype=object))
+        add(t, str(table_name(f).relative_to(data)), fold, np.array(cols["Kernel Name"], dtype=object))
     f = data / "deepbench" / "tidy" / "gemm.csv"
     cols = read_csv(f, ("device", "precision", "M", "N", "K", "time_ms", "tflops_reported", "a_trans", "b_trans"))
     keep = np.array([p in deepbench.PRECISION and d.startswith("NV_") for p, d in zip(cols["precision"], cols["device"])])
@@ -118,9 +118,9 @@ def gemm_rows(data: Path) -> dict[str, np.ndarray]:
     fold = np.array([f"{cols['a_trans'][i]}{cols['b_trans'][i]}" for i in sel], dtype=object)
     kname = np.array([f"{cols['suite'][i]}:{cols['application'][i]}" for i in sel], dtype=object)
     add(deepbench.load_gemm(f), str(f.relative_to(data)), fold, kname)
-    for f in sorted((data / "vidur" / "compute").glob("*/*/mlp.csv")):
+    for f in table_files(data / "vidur" / "compute", "*/*/mlp.csv"):
         t = vidur.load_compute(f, f.parent.parent.name)
-        add(t, str(f.relative_to(data)), t.variant.astype(object), t.variant.astype(object))
+        add(t, str(table_name(f).relative_to(data)), t.variant.astype(object), t.variant.astype(object))
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     # the same rows as bench/costmodel_bench.py lodo_gemm, checked as multisets
@@ -411,7 +411,7 @@ def _print_rows(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "kernels"))
+    ap.add_argument("--data", default=str(REPO / "data" / "kernels"))
     ap.add_argument("--examples", type=int, default=5, help="example groups / pairs to print")
     ap.add_argument("--json", default="", help="write the results to this JSON file")
     ap.add_argument("--lodo", default="", help="comma-separated GPUs to hold out and retrain for (slow), reporting "

@@ -5,7 +5,7 @@
    layers) is built with :class:`profiler.dataflow_graph.GraphBuilder`, compiled and replayed; ops/s = ops / replay
    time.
 2. Ingest memory: a ``--trace-mb`` Kineto trace is made by repeating the real events of one rank of the 8-rank
-   DLRM trace (``../shared/traces/param_dlrm_8rank``) with shifted timestamps and fresh ids, then parsed by
+   DLRM trace (``data/traces/param_dlrm_8rank``) with shifted timestamps and fresh ids, then parsed by
    :func:`profiler.trace.load_trace` in a fresh subprocess, whose peak RSS (``resource.getrusage``) is reported.
 
 3. Scale (issue 14, item 4): a synthetic job of ``--job-ranks`` (>= 256) ranks made from the 8 real DLRM rank
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -42,8 +41,7 @@ from rich.table import Table  # noqa: E402
 from meshplan.profiler.dataflow_graph import GraphBuilder  # noqa: E402
 from meshplan.profiler.replay import replay  # noqa: E402
 
-SHARED = Path(os.environ.get("MESHPLAN_SHARED") or REPO.parent / "shared")
-DLRM = SHARED / "traces" / "param_dlrm_8rank" / "dlrm_kineto.tar.gz"
+DLRM = REPO / "data" / "traces" / "param_dlrm_8rank" / "dlrm_kineto.tar.gz"
 
 
 def synthetic_graph(ranks: int, ops: int, bucket_every: int = 10, seed: int = 0) -> GraphBuilder:

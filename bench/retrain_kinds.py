@@ -1,11 +1,11 @@
 """Retrain some op classes of the shipped cost model in place, the others untouched.
 
-`meshplan costmodel train --data ../shared/kernels --out DIR` retrains every class; a change that moves rows between
+`meshplan costmodel train --data data/kernels --out DIR` retrains every class; a change that moves rows between
 classes (e.g. Vidur's fused SwiGLU from "activation" to "swiglu") needs only those classes refitted, and refitting
 the GEMM classes would move issue 4's NeuSight gates for nothing. Same code path as `train` (``prepare``,
 ``train_models`` with the default row cap, same seeds), so the refitted classes equal a full retrain's.
 
-    python bench/retrain_kinds.py --kinds activation,swiglu [--model costmodel/data/model] [--data ../shared/kernels]
+    python bench/retrain_kinds.py --kinds activation,swiglu [--model costmodel/data/model] [--data data/kernels]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 def main(kinds: Annotated[str, typer.Option(help="Comma-separated op classes to refit")],
          model: Annotated[Path, typer.Option(help="Model folder to update")] = ROOT / "costmodel" / "data" / "model",
-         data: Annotated[Path, typer.Option(help="Dataset root")] = ROOT.parent / "shared" / "kernels") -> None:
+         data: Annotated[Path, typer.Option(help="Dataset root")] = ROOT / "data" / "kernels") -> None:
     from meshplan.core.atomic import write_atomic
     from meshplan.costmodel.datasets import load
     from meshplan.costmodel.learned import file_sha256
@@ -37,11 +37,11 @@ def main(kinds: Annotated[str, typer.Option(help="Comma-separated op classes to 
         raise SystemExit(f"--kinds: '{unknown[0] if unknown else kinds}' is not an op class "
                          f"(known: {', '.join(COMPUTE_KINDS)})")
     meta = json.loads((model / "metadata.json").read_text(encoding="utf-8"))
-    table, files = load([data])
-    hashes = [{"file": f, "sha256": h} for f, h in data_hashes(files, [data])]
+    ds = load([data])
+    hashes = [{"file": f, "sha256": h} for f, h in data_hashes(list(ds.files), [data])]
     if hashes != meta["data"]:
         raise SystemExit(f"{data}: not the data the model in {model} was trained on (sha256 differ)")
-    fresh = train_models(prepare(table), max_rows_per_kind=DEFAULT_MAX_ROWS, kinds=wanted)
+    fresh = train_models(prepare(ds.table, ds.measured), max_rows_per_kind=DEFAULT_MAX_ROWS, kinds=wanted)
     out = Table(title=f"refitted classes of {model.name}")
     for col in ("class", "rows", "devices", "train MAPE %", "before"):
         out.add_column(col)

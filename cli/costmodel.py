@@ -24,7 +24,7 @@ def _progress() -> Progress:
 def _paths(data: list[Path] | None, extra: list[Path] | None) -> list[Path]:
     out = list(data or []) + list(extra or [])
     if not out:
-        raise MeshplanError("--data: give at least one dataset folder (e.g. ../shared/kernels)")
+        raise MeshplanError("--data: give at least one dataset folder (e.g. data/kernels of a meshplan checkout)")
     return out
 
 
@@ -92,7 +92,8 @@ def eval_cmd(
     split: Annotated[str, typer.Option("--split", help="neusight, vidur-h100, vidur-network, "
                                                        "leave-one-device-out, local, unseen-device:NAME.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Model folder whose recipe is evaluated.")] = None,
-    data: Annotated[Optional[list[Path]], typer.Option("--data", help="Dataset folder (repeatable).")] = None,
+    data: Annotated[Optional[list[Path]], typer.Option(
+        "--data", help="Dataset folder (repeatable; default data/kernels, run from the repository root).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer trees and rows (fast, less accurate).")] = False,
     no_blend: Annotated[bool, typer.Option("--no-blend", help="Price unseen devices by the trees alone (no "
                                            "shrinkage toward the calibrated roofline).")] = False,
@@ -101,7 +102,7 @@ def eval_cmd(
     """Held-out accuracy per device and op class: the split's training rows only are used to fit."""
     from meshplan.costmodel.eval import evaluate
 
-    paths = list(data or []) or [Path("../shared/kernels")]
+    paths = list(data or []) or [Path("data/kernels")]  # the repository's kernel tables, from its root
     with _progress() as prog:
         task = prog.add_task(f"split {split}", total=None)
         rows = evaluate(split, paths, progress=lambda: prog.advance(task), quick=quick, blend_unseen=not no_blend,

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from meshplan.core.atomic import write_atomic
+from meshplan.costmodel.datasets.local import load as load_local
 
 HIDDEN = (256, 512, 1024, 2048)
 TOKENS = (32, 128, 512)
@@ -271,9 +272,7 @@ def collect(out_dir: str | Path, quick: bool = False, device: str = "cpu", threa
 def collect_summary(out_dir: str | Path, **kw) -> dict:
     """``collect(out_dir, **kw)`` (``meshplan costmodel collect``), then what it wrote: ``{"out", "rows", "device",
     "median_noise_pct"}`` (the median relative spread of the repeats, %)."""
-    from meshplan.costmodel.datasets.local import load
-
     collect(out_dir, **kw)
-    table, _ = load(Path(out_dir))
+    table, _, _ = load_local(Path(out_dir))
     return {"out": str(out_dir), "rows": len(table), "device": str(table.device[0]) if len(table) else None,
             "median_noise_pct": round(float(100 * np.nanmedian(table.noise)), 2)}

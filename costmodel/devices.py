@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Iterable
+from types import MappingProxyType
+from typing import Iterable, Mapping
 
 import yaml
 
@@ -44,7 +45,7 @@ class DeviceSpec:
 
     name: str
     vendor: str
-    peak_flops: dict[str, float]
+    peak_flops: Mapping[str, float]
     memory_bytes: int
     mem_bw_bytes_per_s: float
     sm_count: int
@@ -55,9 +56,22 @@ class DeviceSpec:
     base_clock_hz: float = 0.0
     tdp_w: float = 0.0
     aliases: tuple[str, ...] = ()
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
 
-    def __hash__(self) -> int:  # dict fields are not hashable; the name is unique in the catalogue
+    def __post_init__(self) -> None:
+        # Read-only views of copies: a spec handed out by the cached catalogue cannot be changed by its reader.
+        for name in ("peak_flops", "sources"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def __getstate__(self) -> dict:  # pickle and deepcopy cannot copy a mappingproxy: hand them plain dicts
+        return {k: dict(v) if isinstance(v, MappingProxyType) else v for k, v in self.__dict__.items()}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+        self.__post_init__()
+
+    def __hash__(self) -> int:  # mapping fields are not hashable; the name is unique in the catalogue
         return hash(self.name)
 
     @property
@@ -179,8 +193,8 @@ def device_to_dict(dev: DeviceSpec) -> dict:
 
 
 @lru_cache(maxsize=1)
-def catalogue() -> dict[str, DeviceSpec]:
-    """All devices of the packaged catalogue, keyed by canonical name.
+def catalogue() -> Mapping[str, DeviceSpec]:
+    """All devices of the packaged catalogue, keyed by canonical name (read-only: the value is cached).
 
     Raises:
         MeshplanError: the packaged file is malformed or two devices share a name or alias.
@@ -196,7 +210,7 @@ def catalogue() -> dict[str, DeviceSpec]:
             if owner != dev.name:
                 raise MeshplanError(f"{origin}: name/alias '{key}' of {dev.name} is already used by {owner}")
         out[dev.name] = dev
-    return out
+    return MappingProxyType(out)
 
 
 def _norm(s: str) -> str:
@@ -255,8 +269,9 @@ DATASET_NAMES: dict[str, str] = {
 
 
 @lru_cache(maxsize=1)
-def dataset_supplement() -> dict[str, DeviceSpec]:
-    """Older GPUs of the public datasets (``data/dataset_devices.yaml``, datasheet figures), by lower-case name."""
+def dataset_supplement() -> Mapping[str, DeviceSpec]:
+    """Older GPUs of the public datasets (``data/dataset_devices.yaml``, datasheet figures), by lower-case name
+    (read-only: the value is cached)."""
     text = resources.files("meshplan.costmodel").joinpath("data/dataset_devices.yaml").read_text(encoding="utf-8")
     out = {}
     for d in yaml.safe_load(text)["devices"]:
@@ -267,7 +282,7 @@ def dataset_supplement() -> dict[str, DeviceSpec]:
             base_clock_hz=float(d.get("base_clock_hz", 0.0)), tdp_w=float(d.get("tdp_w", 0.0)),
             sources={"all": d.get("source", "")},
         )
-    return out
+    return MappingProxyType(out)
 
 
 @lru_cache(maxsize=None)

@@ -21,11 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
+from meshplan.costmodel import collective_fit as F
+from meshplan.costmodel.collective_model import CollectiveModel
 from meshplan.costmodel.datasets import load
 from meshplan.costmodel.datasets.devices import canonical, resolve_many
 from meshplan.costmodel.datasets.table import KernelTable
+from meshplan.costmodel.devices import DeviceSpec, get_device
+from meshplan.costmodel.features import FEATURES
 from meshplan.costmodel.learned import FORMAT, LearnedModel, is_learned
-from meshplan.costmodel.train import ape, prepare, train_models
+from meshplan.costmodel.ops import COMPUTE_KINDS
+from meshplan.costmodel.train import RANGE_MARGIN_HI, RANGE_MARGIN_LO, ape, prepare, train_models
 from meshplan.core.errors import MeshplanError
 
 SPLITS = ("neusight", "vidur-h100", "vidur-network", "leave-one-device-out", "local", "unseen-device:NAME")
@@ -38,24 +43,20 @@ def metrics(pred_s: np.ndarray, true_s: np.ndarray) -> dict:
 
 
 def _as_model(models: dict) -> LearnedModel:
-    from meshplan.costmodel.features import FEATURES
-    from meshplan.costmodel.train import RANGE_MARGIN_HI, RANGE_MARGIN_LO
-
     meta = {"format": FORMAT, "features": list(FEATURES), "range_margin_log2": [RANGE_MARGIN_LO, RANGE_MARGIN_HI],
             "kinds": {k: {kk: vv for kk, vv in v.items() if kk != "model"} for k, v in models.items()}}
     return LearnedModel(Path("."), meta, {k: v["model"] for k, v in models.items()})
 
 
 def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows=None, progress=None,
-              blend_unseen: bool = True) -> list[dict]:
-    """Train on ``train``, report per (device, op) on ``test`` (``blend_unseen=False``: trees alone, for A/B)."""
-    prep = prepare(train)
+              blend_unseen: bool = True, measured: tuple[DeviceSpec, ...] = ()) -> list[dict]:
+    """Train on ``train``, report per (device, op) on ``test`` (``blend_unseen=False``: trees alone, for A/B;
+    ``measured``: the devices ``collect`` measured, which the rows may name)."""
+    prep = prepare(train, measured)
     model = _as_model(train_models(prep, n_estimators=n_estimators, max_rows_per_kind=max_rows,
                                    blend_unseen=blend_unseen))
-    specs, missing = resolve_many(test.device)
+    specs, missing = resolve_many(test.device, measured)
     test = test.select(~np.isin(test.device, missing))
-    from meshplan.costmodel.ops import COMPUTE_KINDS
-
     test = test.select(np.isin(test.op, COMPUTE_KINDS))
     pred, src = model.predict_arrays(test.op, test.b, test.m, test.n, test.k, test.dtype, test.device, specs)
     # The calibrated roofline alone on the same rows, for comparison (notes/costmodel.md sec. 5.7 item 4).
@@ -74,11 +75,7 @@ def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows
 
 
 def _network(table: KernelTable) -> list[dict]:
-    from meshplan.costmodel import collective_fit as F
-    from meshplan.costmodel.collective_model import CollectiveModel
-
-    coll = table.select(np.isin(table.op, ("allreduce", "sendrecv"))
-                        & np.char.endswith(table.device.astype(str), "_dgx"))
+    coll = table.select(np.isin(table.op, ("allreduce", "sendrecv")) & np.char.endswith(table.device.astype(str), "_dgx"))
     if len(coll) == 0:
         raise MeshplanError("vidur-network: no Vidur network rows in the data (expected vidur/network/*/*.csv)")
     rows = []
@@ -101,7 +98,8 @@ def _network(table: KernelTable) -> list[dict]:
     return rows
 
 
-def _local(table: KernelTable, progress=None, blend_unseen: bool = True) -> list[dict]:
+def _local(table: KernelTable, measured: tuple[DeviceSpec, ...], progress=None,
+           blend_unseen: bool = True) -> list[dict]:
     loc = table.select(table.source == "local")
     if len(loc) == 0:
         raise MeshplanError("local: no local measurements in the data (run `meshplan costmodel collect --out DIR`)")
@@ -110,7 +108,8 @@ def _local(table: KernelTable, progress=None, blend_unseen: bool = True) -> list
     uniq = np.unique(keys)
     held = np.random.default_rng(0).choice(uniq, max(1, len(uniq) // 4), replace=False)
     te = np.isin(keys, held)
-    rows = _fit_eval(loc.select(~te), loc.select(te), progress=progress, blend_unseen=blend_unseen)
+    rows = _fit_eval(loc.select(~te), loc.select(te), progress=progress, blend_unseen=blend_unseen,
+                     measured=measured)
     for r in rows:
         s = (loc.device == r["device"]) & (loc.op == r["op"])
         r["noise_floor_pct"] = round(float(100 * np.nanmedian(loc.noise[s])), 2)
@@ -123,7 +122,7 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
 
     Args:
         split: One of ``SPLITS`` (``unseen-device:H100`` etc.).
-        data: Dataset folders (``../shared/kernels``, a ``collect`` output).
+        data: Dataset folders (``data/kernels``, a ``collect`` output).
         progress: Called once per trained fold.
         quick: Fewer trees and rows (for tests); the figures in BENCHMARKS.md use ``quick=False``.
         blend_unseen: ``False`` prices unseen devices by the trees alone (the pre-blend model, for before/after).
@@ -139,7 +138,8 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
     name = split.split(":", 1)[0]
     if name not in {s.split(":")[0] for s in SPLITS}:
         raise MeshplanError(f"unknown split '{split}' (known: {', '.join(SPLITS)})")
-    table, _ = load(list(data), collectives=(name == "vidur-network"))
+    ds = load(list(data), collectives=(name == "vidur-network"))
+    table = ds.table
     if name == "neusight":
         ns = table.select(np.char.startswith(table.source.astype(str), "neusight/"))
         if len(ns) == 0:
@@ -156,14 +156,12 @@ def evaluate(split: str, data: list[str | Path], progress=None, quick: bool = Fa
     if name == "vidur-network":
         return _network(table)
     if name == "local":
-        return _local(table, progress, blend_unseen)
+        return _local(table, ds.measured, progress, blend_unseen)
     gpus = table.select(table.source != "local")
     if name == "unseen-device":
         target = split.split(":", 1)[1] if ":" in split else ""
         specs, _ = resolve_many([canonical(target)] if target else [])
         if not specs:
-            from meshplan.costmodel.devices import get_device
-
             get_device(target)  # raises the catalogue's "unknown device" message
         dev_name = canonical(target) if canonical(target) in set(gpus.device) else next(iter(specs.values())).name
         if dev_name not in set(gpus.device):

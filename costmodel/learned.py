@@ -42,7 +42,7 @@ SOURCE_UNSEEN_ABOVE = "learned (unseen device, above 3x roofline)"
 # Upper edge of the band, in multiples of the roofline bound plus the GPU launch floor
 # (``costmodel.roofline.KERNEL_LAUNCH_S``: no kernel finishes faster than its launch, and without the floor every
 # microsecond-scale GEMM would be flagged). Measured GEMMs are not clipped there: 29% of the 181k measured GEMM rows
-# of ../shared/kernels lie above 3x it (small NeuSight shapes near the ~20-30 us timing floor; P100/V100/A100-PCIe
+# of data/kernels lie above 3x it (small NeuSight shapes near the ~20-30 us timing floor; P100/V100/A100-PCIe
 # train rows), so a price above it is plausible but unverified for a device the trees never saw, and is reported.
 UNSEEN_MAX_ROOFLINE = 3.0
 

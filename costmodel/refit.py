@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from meshplan.costmodel.datasets.table import KernelTable
+from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.learned import LearnedModel, file_sha256
 from meshplan.costmodel.train import prepare
 from meshplan.core.atomic import write_atomic
@@ -73,14 +74,15 @@ def affine_fit(roof_s: np.ndarray, lat_s: np.ndarray) -> tuple[float, float]:
     return float(a), float(c)
 
 
-def refit(base: LearnedModel, rows: KernelTable) -> LearnedModel:
-    """A new model: ``base`` plus a per-(device, op class) calibration fitted on ``rows``.
+def refit(base: LearnedModel, rows: KernelTable, measured: tuple[DeviceSpec, ...] = ()) -> LearnedModel:
+    """A new model: ``base`` plus a per-(device, op class) calibration fitted on ``rows`` (``measured``: the devices
+    ``collect`` measured that the rows may name, e.g. this host's CPU; catalogue devices resolve by name).
 
     For each op class with at least ``MIN_SHAPES`` distinct shapes in the run, ``t = overhead + multiple *
     roofline`` is fitted on that device's rows
     (``affine_fit``); queries for that device and class use it ("calibrated"), others keep the base model.
     """
-    prep = prepare(rows)
+    prep = prepare(rows, measured)
     if len(prep.table) == 0:
         raise MeshplanError(f"device {rows.device[0]} is unknown; pass a collect folder with its device.json")
     meta = json.loads(json.dumps(base.meta))

@@ -14,7 +14,7 @@ from meshplan.costmodel.ops import OpSpec
 # Fraction of peak FLOP/s and of peak memory bandwidth reached by each op class on large shapes.
 # Physical constants, not fitted to any single benchmark row:
 #  - matmul 0.75 FLOP efficiency: the median of Vidur's measured fp16 Llama-2 GEMMs at 4096 tokens is 0.76 of
-#    dense peak on A100 and 0.72 on H100 (../shared/kernels/vidur compute/*/mlp.csv, TP 1-8 shard shapes).
+#    dense peak on A100 and 0.72 on H100 (data/kernels/vidur compute/*/mlp.csv, TP 1-8 shard shapes).
 #  - bmm 0.70: batched GEMMs with small per-head matrices run below large GEMMs.
 #  - attention 0.60: FlashAttention-2 forward+backward reaches 50-70% of peak on A100 (Dao 2023, Fig. 4-6).
 #  - memory-bound ops 0.80 of HBM bandwidth: STREAM-like kernels on HBM2e/HBM3 (Jia et al. 2018,

@@ -5,10 +5,12 @@ max(flops / peak, bytes / bw) (notes/costmodel.md sec. 5.1). Predictions are cli
 never predicts below the roofline bound. Saved as xgboost UBJSON (one file per kind) plus ``metadata.json``
 (features, data files and their sha256, per-kind training ranges and metrics, sha256 of every model file).
 No pickle anywhere. The shipped default is rebuilt by
-``meshplan costmodel train --data ../shared/kernels --out costmodel/data/model``.
+``meshplan costmodel train --data data/kernels --out costmodel/data/model`` (the repository's copy of the kernel
+tables, ``data/README.md``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
+from meshplan.costmodel import collective_fit
+from meshplan.costmodel.datasets import load
 from meshplan.costmodel.datasets.devices import resolve_many
-from meshplan.costmodel.datasets.table import KernelTable
-from meshplan.costmodel.devices import device_to_dict
+from meshplan.costmodel.datasets.table import KernelTable, table_bytes, table_name
+from meshplan.costmodel.devices import DeviceSpec, device_to_dict
 from meshplan.costmodel.features import (FEATURES, GEMM_KINDS, blend, calibrated_roofline_s, device_columns,
                                          device_signature, feature_matrix)
 from meshplan.costmodel.learned import FORMAT, file_sha256
@@ -85,10 +89,11 @@ class Prepared:
     skipped_devices: list[str] = field(default_factory=list)
 
 
-def prepare(table: KernelTable) -> Prepared:
-    """Featurise the compute rows of ``table`` whose device is known; drop (and list) the others."""
+def prepare(table: KernelTable, measured: tuple[DeviceSpec, ...] = ()) -> Prepared:
+    """Featurise the compute rows of ``table`` whose device is known (to the catalogues or ``measured``: the devices
+    ``collect`` measured, ``datasets.Dataset.measured``); drop (and list) the others."""
     comp = table.select(np.isin(table.op, COMPUTE_KINDS))
-    specs, missing = resolve_many(comp.device)
+    specs, missing = resolve_many(comp.device, measured)
     if missing:
         comp = comp.select(~np.isin(comp.device, missing))
     dev = device_columns(comp.device, comp.dtype, specs)
@@ -259,17 +264,21 @@ def save(models: dict[str, dict], out_dir: Path, data_files: list[tuple[str, str
 
 
 def data_hashes(files: list[str], roots: list[str | Path]) -> list[tuple[str, str]]:
-    """``(path relative to its data root's parent, sha256)`` for each file: no absolute paths in metadata."""
+    """``(path relative to its data root's parent, sha256)`` for each file: no absolute paths in metadata.
+
+    A compressed table is recorded by its own name and the sha256 of its content (``gemm.csv.xz`` as ``gemm.csv``),
+    so a model trained on the repository's compressed copy names the same data as one trained on the plain files.
+    """
     out = []
     for f in files:
         fp = Path(f).resolve()
-        rel = fp.name
+        rel = table_name(fp).name
         for r in roots:
             rp = Path(r).resolve()
             if rp in fp.parents:
-                rel = str(fp.relative_to(rp.parent))
+                rel = str(table_name(fp).relative_to(rp.parent))
                 break
-        out.append((rel, file_sha256(fp)))
+        out.append((rel, hashlib.sha256(table_bytes(fp)).hexdigest()))
     return out
 
 
@@ -280,13 +289,11 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     Returns:
         The metadata dict that was written (plus ``seconds``).
     """
-    from meshplan.costmodel import collective_fit
-    from meshplan.costmodel.datasets import load
-
     refuse_overlap(out_dir, {"--data": list(data)}, "--out")
     t0 = time.perf_counter()
-    table, files = load([Path(p) for p in data])
-    prep = prepare(table)
+    ds = load([Path(p) for p in data])
+    table = ds.table
+    prep = prepare(table, ds.measured)
     if len(prep.table) == 0:
         raise MeshplanError(f"{', '.join(map(str, data))}: no compute rows with a known device to train on")
     models = train_models(prep, progress=progress, n_estimators=n_estimators,
@@ -294,9 +301,9 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
     coll = collective_fit.fit(table)
     # Devices measured by `collect` (this machine's CPU) are in no catalogue: keep their vectors with the model so
     # that `costmodel predict --device cpu-1t --model DIR` can price them later, in another process.
-    specs, _ = resolve_many(prep.table.device[prep.table.source == "local"])
+    specs, _ = resolve_many(prep.table.device[prep.table.source == "local"], ds.measured)
     extra = {"collectives": coll, "skipped_devices": prep.skipped_devices,
              **({"measured_devices": [device_to_dict(d) for _, d in sorted(specs.items())]} if specs else {}),
              "train_seconds": round(time.perf_counter() - t0, 2)}
-    save(models, Path(out_dir), data_hashes(files, data), extra)
+    save(models, Path(out_dir), data_hashes(list(ds.files), data), extra)
     return json.loads((Path(out_dir) / "metadata.json").read_text(encoding="utf-8"))

@@ -1,24 +1,30 @@
-"""The one helper tests use to reach real data in ``../shared`` (found relative to the repository)."""
+"""The one helper tests use to reach real public data: the repository's ``data/`` (``data/README.md``)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import IO
 
 import pytest
 
+from meshplan.costmodel.datasets.table import open_table, table_file
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
+PUBLIC_DATA = REPO / "data"
 
 
-def shared_dir() -> Path:
-    """``../shared`` beside the repository root (override with ``MESHPLAN_SHARED``)."""
-    env = os.environ.get("MESHPLAN_SHARED")
-    return Path(env) if env else REPO.parent / "shared"
+def data_path(*parts: str) -> Path:
+    """Path inside the repository's ``data/``: a folder, a file, or a table stored compressed beside its name
+    (``gemm.csv`` finds ``gemm.csv.xz``; read it with :func:`open_data`). Skips the test, with the path in the
+    reason, when a checkout lacks it."""
+    p = PUBLIC_DATA.joinpath(*parts)
+    found = p if p.exists() else table_file(p)
+    if found is None:
+        pytest.skip(f"public data not in this checkout: {p} (data/sync.py --from ../shared copies it)",
+                    allow_module_level=True)  # also from a module-level parametrize list
+    return found
 
 
-def shared_path(*parts: str) -> Path:
-    """Path inside ``../shared``; skips the test with a clear reason when the folder is absent."""
-    p = shared_dir().joinpath(*parts)
-    if not p.exists():
-        pytest.skip(f"shared data not found: {p}")
-    return p
+def open_data(*parts: str) -> IO[str]:
+    """Text handle on a table in ``data/``, decompressed when it is stored compressed."""
+    return open_table(data_path(*parts))

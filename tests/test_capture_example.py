@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from tests.helpers import REPO, shared_path
+from tests.helpers import REPO, data_path
 
 
 def _trainer():
@@ -28,7 +28,7 @@ def _count(args: list[str]) -> int:
 
 def test_gpt2_parameter_count_is_golden():
     # 124,439,808: openai-community/gpt2, golden count in ../shared/model_configs/PROVENANCE.md.
-    assert _count(["--config", str(shared_path("model_configs", "gpt2.json"))]) == 124_439_808
+    assert _count(["--config", str(data_path("model_configs", "gpt2.json"))]) == 124_439_808
 
 
 def test_tiny_gpt_config_matches_the_planner():

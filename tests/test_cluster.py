@@ -20,7 +20,7 @@ from meshplan.planner.cluster.spec import (
 )
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan.schema import ClusterRef
-from tests.helpers import shared_path
+from tests.helpers import open_data
 
 GB = 1e9
 
@@ -128,7 +128,7 @@ def test_link_families_match_their_documented_arithmetic():
 # ---------------------------------------------------------------- links vs measured NCCL (Vidur)
 
 def _vidur(node: str, kind: str) -> list[dict]:
-    with shared_path("kernels", "vidur", "network", node, f"{kind}.csv").open() as fh:
+    with open_data("kernels", "vidur", "network", node, f"{kind}.csv") as fh:
         return list(csv.DictReader(fh))
 
 

@@ -11,22 +11,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from meshplan.costmodel.datasets.table import table_file
 from meshplan.costmodel.eval import _fit_eval
 from meshplan.costmodel.train import prepare, train_models
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 
 def _neusight(files: tuple[str, ...], gemm: bool = False):
     from meshplan.costmodel.datasets.neusight import load_file
-    from meshplan.costmodel.datasets.table import KernelTable
+    from meshplan.costmodel.datasets.table import KernelTable, table_files
 
-    root = shared_path("kernels", "neusight")
+    root = data_path("kernels", "neusight")
     parts = []
     for split in ("train", "test"):
-        # GEMM training files are per GPU under train/<op>/; everything else is one CSV per split.
-        paths = [root / split / f for f in files] if not (gemm and split == "train") else [
-            p for f in files for p in sorted((root / split / f.removesuffix(".csv")).glob("*.csv"))]
-        parts += [load_file(p, f"neusight/{split}") for p in paths if p.is_file()]
+        # GEMM training files are per GPU under train/<op>/; everything else is one CSV per split (stored plain or
+        # compressed beside its name: table_file / table_files find either).
+        paths = [table_file(root / split / f) for f in files] if not (gemm and split == "train") else [
+            p for f in files for p in table_files(root / split / f.removesuffix(".csv"), "*.csv")]
+        parts += [load_file(p, f"neusight/{split}") for p in paths if p is not None]
     table = KernelTable.concat(parts)
     return table.select(table.source == "neusight/train"), table.select(table.source == "neusight/test")
 
@@ -120,11 +122,12 @@ def test_cli_eval_no_blend_flag(tmp_path, runner):
 
     from meshplan.cli.main import app
 
-    root = shared_path("kernels", "neusight")
+    root = data_path("kernels", "neusight")
     for split in ("train", "test"):
         (tmp_path / "neusight" / split).mkdir(parents=True)
         for f in ("ln.csv", "softmax.csv"):
-            shutil.copy(root / split / f, tmp_path / "neusight" / split / f)
+            src = table_file(root / split / f)
+            shutil.copy(src, tmp_path / "neusight" / split / src.name)
     out = {}
     for flag in ([], ["--no-blend"]):
         res = runner.invoke(app, ["costmodel", "eval", "--split", "neusight", "--data", str(tmp_path), "--json", *flag])

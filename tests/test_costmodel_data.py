@@ -1,7 +1,6 @@
-"""Dataset loaders, units, features and the bad-input paths of the cost model (real ../shared data)."""
+"""Dataset loaders, units, features and the bad-input paths of the cost model (real public data, data/)."""
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -12,12 +11,12 @@ from meshplan.costmodel.datasets.neusight import load_file
 from meshplan.costmodel.features import flops_bytes
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
 from meshplan.core.errors import MeshplanError
-from tests.helpers import shared_path
+from tests.helpers import data_path, open_data
 
 
 def test_neusight_rows_and_units_match_provenance():
-    root = shared_path("kernels", "neusight")
-    t, files = load([root])
+    root = data_path("kernels", "neusight")
+    t = load([root]).table
     # Golden counts from kernels/neusight/PROVENANCE.md: 158,441 kernel latencies in train + test.
     assert len(t) == 158_441
     assert (t.source == "neusight/test").sum() == 13_461 + 8_254 + 4_558 + 533 + 533
@@ -31,7 +30,7 @@ def test_neusight_rows_and_units_match_provenance():
 
 
 def test_vidur_and_deepbench_rows():
-    t, _ = load([shared_path("kernels", "vidur"), shared_path("kernels", "deepbench")])
+    t = load([data_path("kernels", "vidur"), data_path("kernels", "deepbench")]).table
     # Vidur PROVENANCE.md: 6,264 compute rows (9 of the 10 sub-ops loaded; RoPE left out) and 13,916 network rows.
     assert (np.char.startswith(t.source.astype(str), "vidur/") & ~np.isin(t.op, ("allreduce", "sendrecv"))).sum() == 6264 * 9
     assert np.isin(t.op, ("allreduce", "sendrecv")).sum() - (t.source == "deepbench/allreduce").sum() == 13_916
@@ -44,18 +43,18 @@ def test_vidur_and_deepbench_rows():
 
 def test_deepbench_keeps_operand_layout():
     """NN and TN of one shape are distinct rows (up to 3-4x apart, bench/lodo_floor.py); other sources: NaN."""
-    t = load_gemm(shared_path("kernels", "deepbench", "tidy", "gemm.csv"))
+    t = load_gemm(data_path("kernels", "deepbench", "tidy", "gemm.csv"))
     assert sorted(np.unique(t.trans).tolist()) == [0.0, 1.0, 2.0]  # NN, NT, TN; no TT in DeepBench
     s = (t.device == "TitanX-Pascal") & (t.m == 8448) & (t.n == 24000) & (t.k == 2816)
     by = {float(c): float(x) for c, x in zip(t.trans[s], t.latency_s[s])}
     assert by[2.0] / by[0.0] > 3.0  # TN 348.7 ms vs NN 110.9 ms
-    v, _ = load([shared_path("kernels", "vidur")])
+    v = load([data_path("kernels", "vidur")]).table
     assert np.isnan(v.trans).all()
 
 
 def test_missing_column_names_file_and_column(tmp_path):
-    src = shared_path("kernels", "neusight", "train", "ln.csv")
-    lines = src.read_text().splitlines()
+    with open_data("kernels", "neusight", "train", "ln.csv") as fh:
+        lines = fh.read().splitlines()
     header = lines[0].split(",")
     i = header.index("Latency")
     bad = tmp_path / "ln.csv"
@@ -68,8 +67,8 @@ def test_unit_mismatch_detected(tmp_path):
     # Latency written in microseconds instead of ms: median 1000x too large.
     import csv
 
-    src = shared_path("kernels", "neusight", "train", "softmax.csv")
-    rows = list(csv.reader(src.open()))
+    with open_data("kernels", "neusight", "train", "softmax.csv") as fh:
+        rows = list(csv.reader(fh))
     li = rows[0].index("Latency")
     for r in rows[1:]:
         r[li] = str(float(r[li]) * 1000)
@@ -79,7 +78,8 @@ def test_unit_mismatch_detected(tmp_path):
     with pytest.raises(MeshplanError, match=r"softmax\.csv: column 'Latency' unit mismatch"):
         load_file(bad, "neusight/train")
     # DeepBench: time_ms given in seconds disagrees with the file's own tflops_reported.
-    g = list(csv.reader(shared_path("kernels", "deepbench", "tidy", "gemm.csv").open()))
+    with open_data("kernels", "deepbench", "tidy", "gemm.csv") as fh:
+        g = list(csv.reader(fh))
     ti = g[0].index("time_ms")
     for r in g[1:]:
         r[ti] = str(float(r[ti]) / 1000)
@@ -116,7 +116,8 @@ def test_cli_bad_dataset_is_one_line(runner, tmp_path):
     d = tmp_path / "data" / "neusight"
     (d / "train").mkdir(parents=True)
     (d / "test").mkdir()
-    shutil.copy(shared_path("kernels", "neusight", "test", "ln.csv"), d / "test" / "ln.csv")
+    with open_data("kernels", "neusight", "test", "ln.csv") as fh:
+        (d / "test" / "ln.csv").write_text(fh.read())
     (d / "train" / "ln.csv").write_text("OPName,Device,B,H\nln,Tesla T4,1,2\n")
     r = runner.invoke(app, ["costmodel", "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "m")])
     assert r.exit_code == 2

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from meshplan.costmodel.learned import LearnedModel
-from tests.helpers import REPO, shared_path
+from tests.helpers import REPO, data_path
 
 SHIPPED = REPO / "costmodel" / "data" / "model"
 
@@ -78,7 +78,8 @@ def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
     r = runner.invoke(app, ["costmodel", "collect", "--out", str(tmp_path / "cpu"), "--quick", "--repeats", "2",
                             "--json"])
     assert r.exit_code == 0, r.output
-    t, files = load([tmp_path / "cpu"])
+    ds = load([tmp_path / "cpu"])
+    t = ds.table
     assert len(t) == json.loads(r.output)["rows"] >= 20
     # A torch op call costs 0.1-100 us on any CPU (physical bounds, 1000x wide: a unit slip would break them).
     dev = json.loads((tmp_path / "cpu" / "device.json").read_text())
@@ -88,23 +89,21 @@ def test_collect_quick_writes_a_loadable_dataset(tmp_path, runner):
     # (a 4x margin: the quick peak is measured in 0.1 s on a shared machine; a unit slip would be 1000x).
     from meshplan.costmodel.train import prepare
 
-    p = prepare(t)
+    p = prepare(t, ds.measured)
     assert np.mean(p.y > np.log(0.25)) > 0.9
 
 
-def test_model_trained_on_collect_prices_that_device_later(tmp_path, runner, monkeypatch):
+def test_model_trained_on_collect_prices_that_device_later(tmp_path, runner):
     """`collect` -> `train --data DIR` -> `predict --device cpu-1t --model M` in separate commands: the measured
     device travels inside the model's metadata (it is in no catalogue)."""
     from meshplan.cli.main import app
     from meshplan.costmodel.collect import collect
-    from meshplan.costmodel.datasets import devices
-
     collect(tmp_path / "cpu", quick=True, n_random=300, repeats=1, seed=3)
     r = runner.invoke(app, ["costmodel", "train", "--data", str(tmp_path / "cpu"), "--out", str(tmp_path / "m")])
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "m" / "metadata.json").read_text())
     assert [d["name"] for d in meta["measured_devices"]] == ["cpu-1t"] and meta["measured_devices"][0]["launch_s"] > 0
-    monkeypatch.setattr(devices, "_LOCAL", {})  # as in a new process: only the model can say what cpu-1t is
+    # Nothing of the training run stays behind in this process: only the model can say what cpu-1t is.
     bad = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", "64x64x64", "--device", "cpu-1t"])
     assert bad.exit_code == 2 and "unknown device 'cpu-1t'" in bad.output
     rows = [ln.split(",") for ln in (tmp_path / "cpu" / "local.csv").read_text().splitlines()[1:]]
@@ -141,7 +140,7 @@ def test_local_split_unseen_shapes_within_target(tmp_path):
 def test_collectives_heldout_sizes_and_two_node():
     from meshplan.costmodel.eval import evaluate
 
-    rows = evaluate("vidur-network", [shared_path("kernels", "vidur")])
+    rows = evaluate("vidur-network", [data_path("kernels", "vidur")])
     held = [r for r in rows if "held-out sizes" in r["op"]]
     assert {r["device"] for r in held} == {"a100_dgx", "h100_dgx"}
     for r in held:
@@ -171,7 +170,7 @@ def test_gpu_run_rows_from_real_trace():
     from meshplan.verify.op_fit import rows_from_run
     from meshplan.costmodel.train import prepare
 
-    t = rows_from_run(shared_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"), "V100-SXM2-32GB")
+    t = rows_from_run(data_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"), "V100-SXM2-32GB")
     assert {"matmul", "bmm"} <= set(t.op)
     assert resolve("V100-SXM2-32GB").sm_count == 80
     # Kernel times are physical: none beats the V100's ideal roofline, all pay at least a ~2 us kernel floor.
@@ -190,7 +189,7 @@ def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     from meshplan.costmodel.devices import get_device
     from meshplan.verify.op_fit import rows_from_run
 
-    trace = shared_path(*A100_TRACE)
+    trace = data_path(*A100_TRACE)
     r = runner.invoke(app, ["costmodel", "fit", "--runs", str(trace), "--out", str(tmp_path / "cal"), "--json"])
     assert r.exit_code == 0, r.output
     ops = json.loads(r.stdout)["ops"]
@@ -232,7 +231,7 @@ def test_fit_usage_errors_are_one_line(tmp_path, runner):
     assert r.exit_code == 2 and "not a run of a local:N plan" in r.output and "--out" in r.output
     r = runner.invoke(app, ["costmodel", "fit", "--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "run folder not found" in r.output
-    v100_16 = shared_path("traces", "hta_testdata", "trace_diff", "test", "test.json.gz")  # V100-SXM2-16GB
+    v100_16 = data_path("traces", "hta_testdata", "trace_diff", "test", "test.json.gz")  # V100-SXM2-16GB
     r = runner.invoke(app, ["costmodel", "fit", "--runs", str(v100_16), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "pass --device" in r.output and "Tesla V100-SXM2-16GB" in r.output
     assert len(r.output.strip().splitlines()) == 1

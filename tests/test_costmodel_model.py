@@ -13,7 +13,7 @@ from meshplan.costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedMode
 from meshplan.costmodel.ops import OpSpec
 from meshplan.costmodel.train import ape, prepare, train_models
 from meshplan.core.errors import MeshplanError
-from tests.helpers import REPO, shared_path
+from tests.helpers import REPO, data_path
 
 SHIPPED = REPO / "costmodel" / "data" / "model"
 
@@ -21,7 +21,7 @@ SHIPPED = REPO / "costmodel" / "data" / "model"
 @pytest.fixture(scope="module")
 def ln_softmax():
     """NeuSight LayerNorm + softmax rows (train and test splits): small enough to train in a second."""
-    root = shared_path("kernels", "neusight")
+    root = data_path("kernels", "neusight")
     from meshplan.costmodel.datasets.neusight import load_file
     from meshplan.costmodel.datasets.table import KernelTable
 
@@ -74,12 +74,16 @@ def test_shipped_model_loads_and_matches_the_train_command():
     meta = m.meta
     assert {"matmul", "bmm", "layernorm", "softmax", "elementwise", "activation", "swiglu", "rmsnorm",
             "embedding"} <= set(m.kinds)
-    # The training data named in the metadata is the data in ../shared today (sha256 per file).
-    from meshplan.costmodel.learned import file_sha256
+    # The training data named in the metadata is the repository's data/kernels (sha256 of each table's content; the
+    # large tables are stored there xz-compressed beside their names).
+    import hashlib
+    import lzma
 
-    kernels = shared_path("kernels")
+    kernels = data_path("kernels")
     for d in meta["data"]:
-        assert file_sha256(kernels.parent / d["file"]) == d["sha256"], d["file"]
+        plain, packed = kernels.parent / d["file"], kernels.parent / (d["file"] + ".xz")
+        content = plain.read_bytes() if plain.is_file() else lzma.decompress(packed.read_bytes())
+        assert hashlib.sha256(content).hexdigest() == d["sha256"], d["file"]
     # Retrain the small classes with the same code path and compare predictions with the shipped trees. The
     # LayerNorm and softmax rows of the full load are exactly NeuSight's train then test ln/softmax files.
     from meshplan.costmodel.datasets.neusight import load_file

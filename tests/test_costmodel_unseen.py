@@ -1,7 +1,7 @@
 """Unseen GPUs (issue 13 item 4): power-limited clocks in the roofline partner, and the band check that flags a
 learned price on a device the model never trained on.
 
-Truth is measured kernel latencies (NeuSight fp32 GEMMs, ../shared/kernels/neusight); the held-out GPU's rows never
+Truth is measured kernel latencies (NeuSight fp32 GEMMs, data/kernels/neusight); the held-out GPU's rows never
 reach training. Per-device leave-one-device-out figures: ``python bench/costmodel_bench.py --splits lodo-gemm``.
 """
 from __future__ import annotations
@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 
 from meshplan.costmodel.devices import get_device
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 
 def _gemm_rows():
     from meshplan.costmodel.datasets.neusight import load_file
-    from meshplan.costmodel.datasets.table import KernelTable
+    from meshplan.costmodel.datasets.table import KernelTable, table_files
 
-    root = shared_path("kernels", "neusight")
-    parts = [load_file(p, "neusight/train") for p in sorted((root / "train" / "linear").glob("*.csv"))]
+    root = data_path("kernels", "neusight")
+    parts = [load_file(p, "neusight/train") for p in table_files(root / "train" / "linear", "*.csv")]
+    assert len(parts) == 5  # the five training GPUs (data/kernels/neusight/PROVENANCE.md)
     parts.append(load_file(root / "test" / "linear.csv", "neusight/test"))
     return KernelTable.concat(parts)
 

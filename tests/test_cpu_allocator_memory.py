@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, shared_path
+from tests.helpers import REPO, data_path
 
 _spec = importlib.util.spec_from_file_location("cpu_memory", REPO / "bench" / "cpu_memory.py")
 cpu_memory = sys.modules.setdefault("cpu_memory", importlib.util.module_from_spec(_spec))
@@ -42,4 +42,4 @@ def test_small_gpt2_step_within_10_percent_of_the_allocator(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch, seq, recompute", cpu_memory.CASES)
 def test_gpt2_124m_steps_within_10_percent_of_the_allocator(batch, seq, recompute):
-    assert abs(_error(shared_path("model_configs", "gpt2.json"), batch, seq, recompute)) <= 0.10
+    assert abs(_error(data_path("model_configs", "gpt2.json"), batch, seq, recompute)) <= 0.10

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from meshplan.planner.model.config import load_model
-from tests.helpers import REPO, shared_path
+from tests.helpers import REPO, data_path
 
 _spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
 dev_set = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(_spec))  # dataclasses look it up
@@ -25,7 +25,7 @@ _spec.loader.exec_module(dev_set)
 
 @pytest.fixture(scope="module")
 def runs_dir():
-    return shared_path("published_runs")
+    return data_path("published_runs")
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ STILL_REFUSED: dict[str, str] = {}
 @pytest.mark.parametrize("name", [
     pytest.param(r["name"], marks=pytest.mark.xfail(strict=True, reason=STILL_REFUSED[r["name"]]))
     if r["name"] in STILL_REFUSED else r["name"]
-    for r in map(json.loads, shared_path("published_runs", "dev_runs.jsonl").read_text().splitlines())
+    for r in map(json.loads, data_path("published_runs", "dev_runs.jsonl").read_text().splitlines())
     if not str(r.get("meshplan_can_express", "yes")).startswith("no")])
 def test_published_layout_is_expressed_and_fits(name, priced, rows):
     """Each published run, with the layout its source quotes (``published.quote`` of dev_runs.jsonl, checked cell by

@@ -1,4 +1,4 @@
-"""Device catalogue: figures cross-checked against the public spec tables in ../shared, physics, aliases, CLI."""
+"""Device catalogue: figures cross-checked against the public spec tables in data/kernels, physics, aliases, CLI."""
 from __future__ import annotations
 
 import csv
@@ -16,7 +16,7 @@ from meshplan.costmodel.devices import (
     get_device,
 )
 from meshplan.core.errors import MeshplanError
-from tests.helpers import shared_path
+from tests.helpers import data_path, open_data
 
 GIB = 2**30
 MIB = 2**20
@@ -85,12 +85,12 @@ def _shared_figures():
     """(source, row, field, their value, our device) for every figure the shared tables and we both have."""
     out = []
     for stem, name in NEUSIGHT_MAP.items():
-        cfg = json.loads(shared_path("kernels", "neusight", "device_configs", f"{stem}.json").read_text())
+        cfg = json.loads(data_path("kernels", "neusight", "device_configs", f"{stem}.json").read_text())
         fp32 = cfg.get("SingleFLOPs", cfg.get("SingleFLOPsMM"))  # AMD: matrix (MFMA) FP32, as in our catalogue
         for field, v in (("memory_gib", cfg["Dev_Mem"]), ("mem_bw_gbps", cfg["Mem_Bw"]), ("sm_count", cfg["Num_Sm"]),
                          ("clock_mhz", cfg["Freq"]), ("fp32_gflops", fp32), ("l2_mib", cfg["L2Cache"])):
             out.append(("neusight", stem, field, float(v), name))
-    with shared_path("kernels", "device-specs", "cdmpp_device_info.csv").open(encoding="utf-8-sig") as fh:
+    with data_path("kernels", "device-specs", "cdmpp_device_info.csv").open(encoding="utf-8-sig") as fh:
         for row in csv.DictReader(fh):
             row = {k.strip(): (v or "").strip() for k, v in row.items()}
             name = CDMPP_MAP.get(row["device_name"])
@@ -102,7 +102,7 @@ def _shared_figures():
                                       ("mem_bw_gbps", "BW_gbps", 1), ("fp32_gflops", "fp32_tflops", 1000)):
                 if row[col] not in ("", "N/A"):
                     out.append(("cdmpp", row["device_name"], field, float(row[col]) * scale, name))
-    with shared_path("kernels", "device-specs", "habitat_mlp_devices.csv").open() as fh:
+    with data_path("kernels", "device-specs", "habitat_mlp_devices.csv").open() as fh:
         for row in csv.DictReader(fh):
             name = HABITAT_MLP_MAP.get(row["device"])
             if not name:
@@ -112,7 +112,7 @@ def _shared_figures():
                                       ("fp16_gflops", "half", 1000)):
                 if row[col]:
                     out.append(("habitat_mlp", row["device"], field, float(row[col]) * scale, name))
-    habitat = yaml.safe_load(shared_path("kernels", "device-specs", "habitat_devices.yml").read_text())
+    habitat = yaml.safe_load(data_path("kernels", "device-specs", "habitat_devices.yml").read_text())
     for key, name in HABITAT_YML_MAP.items():
         # Only the SM count: Habitat's bandwidth and FLOP/s are its own measurements at base clock (PROVENANCE.md).
         out.append(("habitat_yml", key, "sm_count", float(habitat[key]["num_sms"]), name))
@@ -193,15 +193,15 @@ def test_every_device_name_in_the_public_data_resolves():
         "a100": "A100-80GB", "h100": "H100-SXM", "a40": "A40",
     }
     seen = set()
-    with shared_path("kernels", "neusight", "test", "linear.csv").open() as fh:
+    with open_data("kernels", "neusight", "test", "linear.csv") as fh:
         for row in csv.DictReader(fh):
             seen.add(row["Device"])
     assert seen <= set(expected), seen - set(expected)
     for stem in NEUSIGHT_MAP:  # label folder names use underscores
-        assert shared_path("kernels", "neusight", "labels", stem).is_dir()
+        assert data_path("kernels", "neusight", "labels", stem).is_dir()
         assert get_device(stem).name == NEUSIGHT_MAP[stem]
     for folder in ("a100", "a40", "h100"):
-        assert shared_path("kernels", "vidur", "compute", folder).is_dir()
+        assert data_path("kernels", "vidur", "compute", folder).is_dir()
     for raw, name in expected.items():
         assert get_device(raw).name == name
 
@@ -259,3 +259,26 @@ def test_cli_unknown_device_exits_2(runner):
     res = runner.invoke(app, ["devices", "show", "B300"])
     assert res.exit_code == 2
     assert "unknown device 'B300'" in res.output and "Traceback" not in res.output
+
+
+def test_cached_catalogues_cannot_be_changed_by_a_reader():
+    """``catalogue()`` and ``dataset_supplement()`` are cached: one reader changing what it was handed would change
+    every later reader's devices. The mappings and each spec's figures are read-only; a reader's own copy is its
+    own. Truth: NVIDIA H100 SXM5 datasheet, dense BF16 989.4 TFLOP/s (costmodel/data/devices.yaml cites it)."""
+    import copy
+    import pickle
+    from operator import setitem
+
+    from meshplan.costmodel.devices import dataset_supplement
+
+    h100 = catalogue()["H100-SXM"]
+    for mapping, key, value in ((catalogue(), "H100-SXM", None), (h100.peak_flops, "bf16", 1.0),
+                                (h100.sources, "bf16", "mine"), (dataset_supplement(), "p4", None)):
+        with pytest.raises(TypeError):
+            setitem(mapping, key, value)
+    mine = dict(h100.peak_flops)
+    mine["bf16"] = 1.0
+    clone = copy.deepcopy(h100)  # copies (and pickles, for worker processes) stay read-only and equal
+    assert clone == h100 == pickle.loads(pickle.dumps(h100)) and isinstance(clone.peak_flops, type(h100.peak_flops))
+    assert catalogue()["H100-SXM"].peak_flops["bf16"] == 989.4e12
+    assert "p4" in dataset_supplement() and "H100-SXM" in catalogue()

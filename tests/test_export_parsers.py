@@ -32,7 +32,7 @@ import yaml
 
 from meshplan.planner.export import _common, placement, render
 from meshplan.planner.plan.schema import load_plan
-from tests.helpers import shared_path
+from tests.helpers import data_path
 from tests.test_export_golden import ALL_PLANS, PLANS, all_plans_for
 
 BASH = shutil.which("bash")
@@ -112,7 +112,7 @@ def test_slurm_script_parses(tmp_path: Path) -> None:
 # --- megatron -------------------------------------------------------------------------------------------
 
 def _megatron_flags_from_notes() -> set[str]:
-    notes = shared_path("notes", "exports.md").read_text(encoding="utf-8")
+    notes = data_path("notes", "exports.md").read_text(encoding="utf-8")
     section = notes.split("## (b) Megatron-LM")[1].split("## (c) DeepSpeed")[0]
     flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", section))
     # Plain add_argument flags of megatron/training/arguments.py (NVIDIA/Megatron-LM) that the notes do not list

@@ -21,7 +21,7 @@ from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 
 def megatron_theoretical_bytes(L, h, heads, kv_heads, ffn, vocab, s, b, tp, pp, vpp, dp, microbatches):
@@ -49,7 +49,7 @@ def megatron_theoretical_bytes(L, h, heads, kv_heads, ffn, vocab, s, b, tp, pp, 
 ])
 def test_megatron_report_theoretical_memory(config, cluster, global_batch, degrees):
     seq = 2048
-    model = load_model(str(shared_path("published_runs", "configs", config)))
+    model = load_model(str(data_path("published_runs", "configs", config)))
     work = Workload(model, load_cluster(cluster), global_batch, seq, "bf16")
     layout = Layout(micro_batch=1, zero_stage=1, sequence_parallel=True, recompute="selective", **degrees)
     mem = GpuEstimator(Pricer.shipped()).estimate(work, layout).memory

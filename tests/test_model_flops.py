@@ -7,11 +7,11 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.flops import (hardware_flops_per_token, megatron_flops_per_iteration, narayanan_flops_per_iteration,
                            recompute_flops_per_token)
 from meshplan.planner.model.config import load_model
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 
 def _shared(name):
-    return load_model(str(shared_path("model_configs", name)))
+    return load_model(str(data_path("model_configs", name)))
 
 
 def test_llama_3_1_8b_at_8k_is_51_47_gflop_per_token():
@@ -59,7 +59,7 @@ def test_deepseek_v3_mtp_adds_a_layer_and_a_logits_head():
     # Megatron counts an MTP module as one more layer of the last layer's kind (MoE here), plus its norms (3h),
     # eh_proj (2h^2) and one more logits head. The MoE layer's matmul FLOPs are 6x its active parameters minus
     # norms and router (checked against the golden counts in test_model_spec.py), plus core attention.
-    path = str(shared_path("model_configs", "deepseek-v3.json"))
+    path = str(data_path("model_configs", "deepseek-v3.json"))
     base, mtp = load_model(path), load_model(path, mtp=True)
     s, h, V, E, a = 4096, base.hidden_size, base.vocab_size, base.num_experts, base.num_heads
     layer = 6 * (base.layer_active_params(60) - 2 * h - h * E) + 6 * a * s * (base.head_dim + base.v_head_dim) / 2

@@ -8,7 +8,7 @@ import pytest
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.config import list_presets, load_model
 from meshplan.planner.model.spec import ModelSpec
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 # Golden totals and active counts: shared/model_configs/PROVENANCE.md ("Sanity numbers"), which cross-checks them
 # against the published totals (Llama-3.1-8B "8.03B", Mixtral "46.7B / 12.9B active", DeepSeek-V3 "671B / 37B").
@@ -30,7 +30,7 @@ GOLDEN = {
 @pytest.mark.parametrize("filename", sorted(GOLDEN))
 def test_golden_param_count_from_shared_config(filename):
     total, active = GOLDEN[filename]
-    spec = load_model(str(shared_path("model_configs", filename)))
+    spec = load_model(str(data_path("model_configs", filename)))
     assert spec.num_params == total
     assert spec.active_params == (total if active is None else active)
     # Per-layer pieces add up to the total.
@@ -41,7 +41,7 @@ def test_golden_param_count_from_shared_config(filename):
 def test_deepseek_v3_activated_excluding_embedding_matches_report():
     # DeepSeek-V3 technical report (arXiv:2412.19437) abstract: "671B total parameters with 37B activated";
     # PROVENANCE.md: 36,625,603,584 activated excluding the input embedding (the report's "36.6B").
-    spec = load_model(str(shared_path("model_configs", "deepseek-v3.json")))
+    spec = load_model(str(data_path("model_configs", "deepseek-v3.json")))
     assert spec.active_params - spec.embedding_params == 36_625_603_584
     assert spec.moe_layers == tuple(range(3, 61))  # first_k_dense_replace = 3
     assert spec.ffn_hidden_size == 18432 and spec.head_dim == 192 and spec.v_head_dim == 128
@@ -51,8 +51,8 @@ def test_deepseek_v3_activated_excluding_embedding_matches_report():
 def test_deepseek_v3_with_mtp_matches_hub_size():
     # deepseek-ai/DeepSeek-V3 README: the Hugging Face checkpoint is "685B": 671B main model + the MTP module,
     # whose checkpoint carries its own copies of the embedding and the output head (2*V*h).
-    base = load_model(str(shared_path("model_configs", "deepseek-v3.json")))
-    spec = load_model(str(shared_path("model_configs", "deepseek-v3.json")), mtp=True)
+    base = load_model(str(data_path("model_configs", "deepseek-v3.json")))
+    spec = load_model(str(data_path("model_configs", "deepseek-v3.json")), mtp=True)
     assert spec.num_mtp_layers == 1
     hub_total = spec.num_params + 2 * spec.vocab_size * spec.hidden_size
     assert abs(hub_total - 685e9) / 685e9 < 0.005
@@ -61,7 +61,7 @@ def test_deepseek_v3_with_mtp_matches_hub_size():
 
 def test_gpt2_traps_tied_and_n_inner_default():
     # gpt2-large.json omits n_inner and tie_word_embeddings: class defaults 4h and tied (models.md §2).
-    spec = load_model(str(shared_path("model_configs", "gpt2-large.json")))
+    spec = load_model(str(data_path("model_configs", "gpt2-large.json")))
     assert spec.tied_embeddings and spec.lm_head_params == 0
     assert spec.ffn_hidden_size == 4 * 1280
     assert spec.position_embeddings == 1024 and spec.norm == "layernorm" and not spec.gated_mlp
@@ -69,7 +69,7 @@ def test_gpt2_traps_tied_and_n_inner_default():
 
 def test_qwen3_head_dim_and_kv_class_defaults(tmp_path):
     # Qwen3 class defaults (transformers configuration_qwen3.py): head_dim 128, num_key_value_heads 32.
-    cfg = json.loads(shared_path("model_configs", "qwen3-8b.json").read_text())
+    cfg = json.loads(data_path("model_configs", "qwen3-8b.json").read_text())
     del cfg["head_dim"], cfg["num_key_value_heads"]
     path = tmp_path / "qwen3.json"
     path.write_text(json.dumps(cfg))
@@ -80,7 +80,7 @@ def test_qwen3_head_dim_and_kv_class_defaults(tmp_path):
 
 
 def test_llama_missing_kv_heads_means_mha(tmp_path):
-    cfg = json.loads(shared_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
+    cfg = json.loads(data_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
     del cfg["num_key_value_heads"]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -88,20 +88,20 @@ def test_llama_missing_kv_heads_means_mha(tmp_path):
 
 
 def test_transformers_v5_spellings_give_same_spec(tmp_path):
-    cfg = json.loads(shared_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
+    cfg = json.loads(data_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
     v5 = dict(cfg)
     v5["rope_parameters"] = dict(v5.pop("rope_scaling"), rope_theta=v5.pop("rope_theta"))
     v5["dtype"] = v5.pop("torch_dtype")
     path = tmp_path / "v5.json"
     path.write_text(json.dumps(v5))
-    old, new = load_model(str(shared_path("model_configs", "llama-3.1-8b-instruct.json"))), load_model(str(path))
+    old, new = load_model(str(data_path("model_configs", "llama-3.1-8b-instruct.json"))), load_model(str(path))
     assert new.num_params == old.num_params == 8_030_261_248
     assert new.rope_theta == old.rope_theta == 500000.0
     assert new.dtype == old.dtype == "bfloat16"
 
 
 def test_family_from_architectures_when_model_type_missing(tmp_path):
-    cfg = json.loads(shared_path("model_configs", "mistral-7b-instruct-v0.3.json").read_text())
+    cfg = json.loads(data_path("model_configs", "mistral-7b-instruct-v0.3.json").read_text())
     del cfg["model_type"]
     path = tmp_path / "m.json"
     path.write_text(json.dumps(cfg))
@@ -137,7 +137,7 @@ def test_qwen2_moe_counts_shared_expert_and_gate():
 def test_qwen3_moe_dense_layers_from_mlp_only_layers_and_sparse_step(tmp_path):
     # modeling_qwen3_moe.py: layer i is sparse iff i not in mlp_only_layers and (i+1) % decoder_sparse_step == 0;
     # a dense layer uses intermediate_size (6144) instead of 128 experts of 768 plus the router.
-    cfg = json.loads(shared_path("model_configs", "qwen3-30b-a3b.json").read_text())
+    cfg = json.loads(data_path("model_configs", "qwen3-30b-a3b.json").read_text())
     h = 2048
     moe_minus_dense = (128 * 3 * h * 768 + h * 128) - 3 * h * 6144
     for changes, dense_layers in [({"mlp_only_layers": [0, 47]}, [0, 47]),
@@ -151,7 +151,7 @@ def test_qwen3_moe_dense_layers_from_mlp_only_layers_and_sparse_step(tmp_path):
 
 
 def test_layer_breakdown_mixtral():
-    spec = load_model(str(shared_path("model_configs", "mixtral-8x7b-v0.1.json")))
+    spec = load_model(str(data_path("model_configs", "mixtral-8x7b-v0.1.json")))
     h, f = 4096, 14336
     assert spec.ffn_hidden_size == 0 and spec.moe_ffn_hidden_size == f
     assert all(spec.is_moe_layer(i) for i in range(32))
@@ -181,7 +181,7 @@ def test_preset_copies_match_shared_files():
     from meshplan.planner.model.config import PRESET_DIR
 
     for filename in GOLDEN:
-        assert (PRESET_DIR / filename).read_bytes() == shared_path("model_configs", filename).read_bytes()
+        assert (PRESET_DIR / filename).read_bytes() == data_path("model_configs", filename).read_bytes()
 
 
 def test_gpt3_175b():
@@ -224,7 +224,7 @@ def test_unknown_model_type_names_file_and_supported(tmp_path):
 
 
 def test_missing_required_field(tmp_path):
-    cfg = json.loads(shared_path("model_configs", "qwen3-30b-a3b.json").read_text())
+    cfg = json.loads(data_path("model_configs", "qwen3-30b-a3b.json").read_text())
     del cfg["moe_intermediate_size"]
     path = tmp_path / "q.json"
     path.write_text(json.dumps(cfg))
@@ -233,7 +233,7 @@ def test_missing_required_field(tmp_path):
 
 
 def test_invalid_values(tmp_path):
-    cfg = json.loads(shared_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
+    cfg = json.loads(data_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
     for key, value, msg in [("hidden_size", -1, "'hidden_size' must be an integer >= 1, got -1"),
                             ("num_key_value_heads", 5, "not a multiple of num_key_value_heads 5"),
                             ("tie_word_embeddings", "yes", "'tie_word_embeddings' must be true or false")]:

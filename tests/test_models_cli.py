@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from meshplan.cli.main import app
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 
 def test_models_table_lists_presets(runner):
@@ -34,7 +34,7 @@ def test_models_show_alias_json_with_flops(runner):
 
 
 def test_models_show_file_table(runner):
-    res = runner.invoke(app, ["models", "show", str(shared_path("model_configs", "gpt2.json"))],
+    res = runner.invoke(app, ["models", "show", str(data_path("model_configs", "gpt2.json"))],
                         env={"COLUMNS": "160"})
     assert res.exit_code == 0, res.output
     assert "124,439,808" in res.output  # GPT-2 golden count
@@ -66,7 +66,7 @@ def test_bad_inputs_exit_2_one_line(runner, tmp_path):
                     "gpt_neox")
 
     missing = tmp_path / "missing.json"
-    cfg = json.loads(shared_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
+    cfg = json.loads(data_path("model_configs", "llama-3.1-8b-instruct.json").read_text())
     del cfg["num_hidden_layers"]
     missing.write_text(json.dumps(cfg))
     _one_line_error(runner.invoke(app, ["models", "show", str(missing)]), "missing.json",

@@ -1,4 +1,4 @@
-"""End-to-end training step times measured by NeuSight (Lee et al., ASPLOS'25; ../shared/kernels/neusight/labels)
+"""End-to-end training step times measured by NeuSight (Lee et al., ASPLOS'25; data/kernels/neusight/labels)
 predicted by the planner with the layout pinned (`meshplan plan --fix ...`), single GPU and 4-GPU DP / TP / PP.
 
 NeuSight's measurement (neusight/Tracing/trace.py `measure_e2e`, sitar-lab/NeuSight): HF GPT-2 Large in fp32
@@ -12,14 +12,14 @@ import statistics
 import pytest
 
 from meshplan.planner.search.job import PlanRequest, plan_job
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 DEVICES = {"NVIDIA_H100_80GB_HBM3": "H100", "NVIDIA_A100-SXM4-40GB": "A100-40GB",
            "NVIDIA_A100_80GB_PCIe": "A100-PCIe-80GB", "NVIDIA_L4": "L4", "Tesla_V100-PCIE-32GB": "V100-PCIe-32GB"}
 
 
 def _rows():
-    labels = shared_path("kernels", "neusight", "labels")
+    labels = data_path("kernels", "neusight", "labels")
     rows = []
     for folder, device in DEVICES.items():
         for f in sorted((labels / folder).glob("gpt2_large-train-*.json")):

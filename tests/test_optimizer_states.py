@@ -72,9 +72,9 @@ def test_fix_keys_and_errors():
 def planned(tmp_path_factory):
     """One real ``plan_job`` per setting: Llama 3.1 8B config on 2x8 H100, the layout pinned but the dtypes."""
     from meshplan.planner.search.job import PlanRequest, plan_job
-    from tests.helpers import shared_path
+    from tests.helpers import data_path
 
-    model = str(shared_path("model_configs", "llama-3.1-8b-instruct.json"))
+    model = str(data_path("model_configs", "llama-3.1-8b-instruct.json"))
     out = {}
     for name, extra in (("default", ""), ("remainder", ",optim_dtype=remainder"), ("bf16", ",optim_dtype=bf16"),
                         ("fp32grads", ",grad_dtype=fp32"), ("bf16grads", ",grad_dtype=bf16")):
@@ -89,7 +89,7 @@ def test_plans_price_and_record_the_states(planned):
     data-parallel traffic; the plan file holds a field only when it differs from the default (plans of older
     versions stay byte-identical)."""
     from meshplan.planner.plan.schema import load_plan
-    from meshplan.planner.plan.build import plan_layout
+    from meshplan.planner.plan.schema.build import plan_layout
 
     mem = {k: v.plan.prediction.memory_bytes for k, v in planned.items()}
     params = mem["default"]["weights_bytes"] / 2  # bf16 weights on the rank (no fp8 copies: bf16 run)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, shared_path
+from tests.helpers import REPO, data_path
 
 sys.path.insert(0, str(REPO / "bench" / "peers"))
 import calculon_adapter as ca
@@ -26,13 +26,13 @@ from peer_rows import NotExpressible, load_rows
 
 @pytest.fixture(scope="module")
 def rows():
-    return {r.name: r for r in load_rows(shared_path("published_runs", "dev_runs.jsonl"))}
+    return {r.name: r for r in load_rows(data_path("published_runs", "dev_runs.jsonl"))}
 
 
 def readme_layouts() -> dict[str, dict]:
     """The README's per-source tables: name -> GPUs, TP, PP, VP, CP, EP, DP (None where it says '?'), GBS, MBS, seq."""
     out = {}
-    for line in shared_path("published_runs", "README.md").read_text(encoding="utf-8").splitlines():
+    for line in data_path("published_runs", "README.md").read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         if len(cells) != 9 or not re.match(r"^(nemo|automodel)", cells[0]):
             continue

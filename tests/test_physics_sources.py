@@ -75,12 +75,12 @@ def test_peak_memory_matches_torchtitans_published_memory(tmp_path):
     import importlib.util
     import sys
 
-    from tests.helpers import REPO, shared_path
+    from tests.helpers import REPO, data_path
 
     spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
     dev_set = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(spec))
     spec.loader.exec_module(dev_set)
-    runs = shared_path("published_runs")
+    runs = data_path("published_runs")
     rows = {r["name"]: r for r in dev_set.load_rows(runs)}
     for name in ("row45", "row46", "row52", "row53"):
         res = dev_set.price_row(rows[name], runs, tmp_path)

@@ -5,7 +5,7 @@ import pytest
 
 from meshplan.cli.main import app
 from meshplan.planner.plan.schema import load_plan
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 KEYS = ("step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
         "dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
@@ -66,7 +66,7 @@ def test_table_output_and_plan_file(runner, tmp_path):
 
 
 def test_config_path_model(runner, tmp_path):
-    cfg = shared_path("model_configs", "qwen2.5-7b.json")
+    cfg = data_path("model_configs", "qwen2.5-7b.json")
     res = _plan(runner, tmp_path, "--model", str(cfg), "--cluster", "8xA100", "--global-batch", "32",
                 "--seq-len", "2048", "--json", "--top", "1")
     assert res.exit_code == 0, res.output

@@ -4,14 +4,14 @@ from __future__ import annotations
 from meshplan.profiler.align import estimate_offsets
 from meshplan.profiler.match import match_collectives
 from meshplan.profiler.runs import load_run
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")
 
 
 def test_dlrm_one_host_offsets_near_zero():
     # One node, one clock: PROVENANCE.md says NCCL kernel ends agree within 1-7 µs, so offsets must be ~0.
-    run = load_run(shared_path(*DLRM))
+    run = load_run(data_path(*DLRM))
     groups, warnings = match_collectives(run)
     assert warnings == []
     assert len(groups) == 8 and all(g.complete and len(g.members) == 8 for g in groups)
@@ -21,7 +21,7 @@ def test_dlrm_one_host_offsets_near_zero():
 
 
 def test_dlrm_shifted_rank_recovered():
-    run = load_run(shared_path(*DLRM))
+    run = load_run(data_path(*DLRM))
     run.ranks[5].shift(3000.0)  # rank 5's clock runs 3 ms ahead
     groups, _ = match_collectives(run)
     a = estimate_offsets(run, groups)
@@ -31,7 +31,7 @@ def test_dlrm_shifted_rank_recovered():
 
 def test_reference_rank_shift_moves_everyone_else():
     # Shifting the reference rank (0) by +3 ms is the same as shifting all others by -3 ms.
-    run = load_run(shared_path(*DLRM))
+    run = load_run(data_path(*DLRM))
     run.ranks[0].shift(3000.0)
     groups, _ = match_collectives(run)
     a = estimate_offsets(run, groups)
@@ -41,7 +41,7 @@ def test_reference_rank_shift_moves_everyone_else():
 
 def test_partial_pair_is_not_aligned_and_says_so():
     # 2 sampled ranks of a 128-rank job: no complete collective, so no offsets are invented.
-    run = load_run(shared_path("traces", "hta_testdata", "trace_filter"))
+    run = load_run(data_path("traces", "hta_testdata", "trace_filter"))
     groups, _ = match_collectives(run)
     a = estimate_offsets(run, groups)
     assert a.n_collectives == 0 and a.offsets_us == {0: 0.0, 1: 0.0} and a.unaligned == [0, 1]
@@ -49,7 +49,7 @@ def test_partial_pair_is_not_aligned_and_says_so():
 
 def test_one_offset_per_host():
     # Pretend ranks 4-7 ran on a second host whose clock is 3 ms ahead: one offset for the four of them.
-    run = load_run(shared_path(*DLRM))
+    run = load_run(data_path(*DLRM))
     for r, t in run.ranks.items():
         t.hostname = "hostA" if r < 4 else "hostB"
         if r >= 4:

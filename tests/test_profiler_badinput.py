@@ -13,14 +13,14 @@ from meshplan.cli.main import app
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.report import analyze_run, replay_report
 from meshplan.profiler.runs import load_run
-from tests.helpers import DATA, shared_path
+from tests.helpers import DATA, data_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")
 
 
 def _dlrm_files(dest: Path, ranks) -> dict[int, Path]:
     out = {}
-    with tarfile.open(shared_path(*DLRM)) as tf:
+    with tarfile.open(data_path(*DLRM)) as tf:
         for m in tf.getmembers():
             name = Path(m.name).name
             if m.isfile() and name.startswith("worker"):
@@ -43,7 +43,7 @@ def _cli_error(runner, args) -> str:
 
 
 def test_truncated_gzip(tmp_path, runner):
-    src = shared_path("traces", "hta_testdata", "trace_filter", "sampled_rank-0.json.gz")
+    src = data_path("traces", "hta_testdata", "trace_filter", "sampled_rank-0.json.gz")
     bad = tmp_path / "rank0.json.gz"
     bad.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
     with pytest.raises(MeshplanError, match="truncated or corrupt gzip"):
@@ -73,7 +73,7 @@ def test_json_that_is_not_kineto(tmp_path, runner):
 
 
 def test_execution_trace_is_named_as_such(runner):
-    et = shared_path("traces", "hta_testdata", "execution_trace", "benchmark_simple_add_et.json.gz")
+    et = data_path("traces", "hta_testdata", "execution_trace", "benchmark_simple_add_et.json.gz")
     msg = _cli_error(runner, ["replay", str(et)])
     assert "execution trace" in msg
 
@@ -82,7 +82,7 @@ def test_different_runs_mixed_by_time(tmp_path, runner):
     # DLRM ranks 0-2 (recorded 2023-09) + HTA trace_diff control (rank 3 of 8, recorded 2022-08): same world size,
     # distinct ranks, but their time windows are a year apart.
     _dlrm_files(tmp_path, {0, 1, 2})
-    shutil.copy(shared_path("traces", "hta_testdata", "trace_diff", "control", "control.json.gz"),
+    shutil.copy(data_path("traces", "hta_testdata", "trace_diff", "control", "control.json.gz"),
                 tmp_path / "control.json.gz")
     msg = _cli_error(runner, ["replay", str(tmp_path)])
     assert "different runs mixed" in msg and "control.json.gz" in msg and "rank 3" in msg
@@ -90,7 +90,7 @@ def test_different_runs_mixed_by_time(tmp_path, runner):
 
 def test_different_runs_mixed_by_world_size(tmp_path, runner):
     _dlrm_files(tmp_path, {0, 2})
-    shutil.copy(shared_path("traces", "hta_testdata", "trace_diff", "test", "test.json.gz"), tmp_path / "t.json.gz")
+    shutil.copy(data_path("traces", "hta_testdata", "trace_diff", "test", "test.json.gz"), tmp_path / "t.json.gz")
     msg = _cli_error(runner, ["replay", str(tmp_path)])
     assert "world size 2" in msg and "world size 8" in msg
 
@@ -141,7 +141,7 @@ def test_unmatched_collective_warns_and_replays(tmp_path, runner):
 
 
 def test_folder_with_only_execution_traces(tmp_path, runner):
-    with gzip.open(shared_path("traces", "hta_testdata", "execution_trace", "benchmark_simple_add_et.json.gz")) as fh:
+    with gzip.open(data_path("traces", "hta_testdata", "execution_trace", "benchmark_simple_add_et.json.gz")) as fh:
         (tmp_path / "host_et.json").write_bytes(fh.read())
     msg = _cli_error(runner, ["replay", str(tmp_path)])
     assert "no Kineto trace found" in msg and "host_et.json" in msg

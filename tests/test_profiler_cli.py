@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli.main import app
-from tests.helpers import DATA, shared_path
+from tests.helpers import DATA, data_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")
 
 
 def test_replay_json_contract(runner):
-    res = runner.invoke(app, ["replay", str(shared_path(*DLRM)), "--json", "--what-if", "host=0.5"])
+    res = runner.invoke(app, ["replay", str(data_path(*DLRM)), "--json", "--what-if", "host=0.5"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)
     assert set(rep) >= {"steps", "median_error", "critical_path", "warnings"}
@@ -32,7 +32,7 @@ def test_replay_table_output(runner):
 
 
 def _shared_inputs() -> list[Path]:
-    root = shared_path("traces")
+    root = data_path("traces")
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith((".json.gz", ".tar.gz", ".tgz")))
 
 
@@ -69,14 +69,14 @@ def test_shared_trace_kinds_load_with_summary(runner):
             "chakra_et_samples/1.0.2-chakra.0.0.4.tgz", "chakra_et_samples/feeder_tests_trace.tar.gz",
             "hta_testdata/execution_trace/benchmark_simple_add_et.json.gz",
             "hta_testdata/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz")
-    root = shared_path("traces")
+    root = data_path("traces")
     paths = [root / r for r in rels]
     assert all(p.is_file() for p in paths)
     assert _check_summaries(runner, paths) == 4
 
 
 def test_summary_table_names_non_kineto(runner):
-    res = runner.invoke(app, ["replay", str(shared_path("traces", "chakra_et_samples", "feeder_tests_trace.tar.gz")),
+    res = runner.invoke(app, ["replay", str(data_path("traces", "chakra_et_samples", "feeder_tests_trace.tar.gz")),
                               "--summary"])
     assert res.exit_code == 0
     assert "no Kineto trace" in res.output and "Chakra protobuf" in res.output
@@ -135,7 +135,7 @@ def test_timeline_perfetto_and_chrome(runner, tmp_path):
 
 
 def test_timeline_never_overwrites_an_input(runner, tmp_path):
-    src = shared_path("traces", "external", "hta_triton_a100", "triton_example.json.gz")
+    src = data_path("traces", "external", "hta_triton_a100", "triton_example.json.gz")
     trace = tmp_path / "t.json.gz"
     trace.write_bytes(src.read_bytes())
     before = trace.read_bytes()

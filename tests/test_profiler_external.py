@@ -1,6 +1,6 @@
-"""Every trace set of ../shared/traces/external loads, and its counts match what its README states.
+"""Every trace set of data/traces/external loads, and its counts match what its README states.
 
-Each test cites the README line it checks (``../shared/traces/external/<set>/README.md``); those counts were
+Each test cites the README line it checks (``data/traces/external/<set>/README.md``); those counts were
 taken by their authors with plain ``gzip`` + ``json``, independently of meshplan.
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from meshplan.cli.main import app
 from meshplan.profiler.report import analyze_run, replay_report
 from meshplan.profiler.runs import load_run
-from tests.helpers import shared_path
+from tests.helpers import data_path
 
 EXT = ("traces", "external")
 
 
 def _run(name: str, **kw):
-    return load_run(shared_path(*EXT, name), workers=1, **kw)
+    return load_run(data_path(*EXT, name), workers=1, **kw)
 
 
 def _kernels(t) -> int:
@@ -98,7 +98,7 @@ def test_tracelens_h100(name, step, ms, kernels, instants):
 
 def test_mi250_empty_second_step_replays_idle(runner):
     # README: 220 events; ProfilerStep#1 (9.3 ms) and a stub ProfilerStep#2 (49 µs, no ops: the profiler stopped).
-    p = shared_path(*EXT, "hta_amd_mi250_minitoy")
+    p = data_path(*EXT, "hta_amd_mi250_minitoy")
     run = load_run(p, workers=1)
     t = run.ranks[0]
     assert sum(c["events"] for c in t.categories.values()) == 220
@@ -167,7 +167,7 @@ def test_steps_cut_at_optimizer(name, events, kernels, optimizer_steps):
 
 def test_every_external_set_summarises(runner):
     # README table: 12 sets; each loads with --summary --json and says what it used and what not.
-    sets = sorted(p for p in shared_path(*EXT).iterdir() if p.is_dir())
+    sets = sorted(p for p in data_path(*EXT).iterdir() if p.is_dir())
     assert len(sets) == 12
     for p in sets:
         res = runner.invoke(app, ["replay", str(p), "--summary", "--json", "--workers", "1"])
@@ -195,7 +195,7 @@ HTA = ("traces", "hta_testdata")
                  marks=pytest.mark.slow),  # §5: 2020 AllReduce kernels, 28,010 [memory] instants not used
 ])
 def test_hta_testdata_counts(rel, kernels, steps, nccl):
-    t = load_run(shared_path(*HTA, *rel.split("/")), workers=1).ranks
+    t = load_run(data_path(*HTA, *rel.split("/")), workers=1).ranks
     (t,) = t.values()
     assert _kernels(t) == kernels and t.counts_by_kind()["comm"] == nccl
     if steps is not None:

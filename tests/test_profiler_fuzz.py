@@ -19,7 +19,7 @@ from meshplan.cli.main import app
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.capture import load_run_json
 from meshplan.profiler.runs import load_run
-from tests.helpers import DATA, shared_path
+from tests.helpers import DATA, data_path
 
 COUNTS: Counter = Counter()
 _FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -38,7 +38,7 @@ _HEADER = ["distributedInfo", "baseTimeNanoseconds", "deviceProperties", "host_n
 
 
 def _base_doc() -> dict:
-    src = shared_path("traces", "external", "hta_cuda_event_sync_a100", "event_sync_trace.json.gz")
+    src = data_path("traces", "external", "hta_cuda_event_sync_a100", "event_sync_trace.json.gz")
     return json.loads(gzip.decompress(src.read_bytes()))
 
 

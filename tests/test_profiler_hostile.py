@@ -25,14 +25,14 @@ from meshplan.cli.main import app
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.capture import load_run_json
 from meshplan.profiler.runs import load_run
-from tests.helpers import DATA, REPO, shared_path
+from tests.helpers import DATA, REPO, data_path
 
 GLOO = DATA / "profiler" / "gloo_ddp_2rank"
 
 
 def _doc() -> dict:
     """A real small trace (HTA's cuda_event_sync, one step, 4 kernels) to break."""
-    src = shared_path("traces", "external", "hta_cuda_event_sync_a100", "event_sync_trace.json.gz")
+    src = data_path("traces", "external", "hta_cuda_event_sync_a100", "event_sync_trace.json.gz")
     return json.loads(gzip.decompress(src.read_bytes()))
 
 

@@ -8,7 +8,7 @@ from meshplan.profiler.critical_path import critical_path
 from meshplan.profiler.dataflow_graph import GraphBuilder, compile_graph
 from meshplan.profiler.report import analyze_run, replay_report
 from meshplan.profiler.replay import replay
-from tests.helpers import DATA, shared_path
+from tests.helpers import DATA, data_path
 
 MS = 1e-3
 
@@ -86,7 +86,7 @@ def test_graph_schema_attributes():
 
 @pytest.fixture(scope="module")
 def dlrm_analysis():
-    return analyze_run(shared_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"))
+    return analyze_run(data_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"))
 
 
 def test_dlrm_collective_transfer_is_end_minus_last_start(dlrm_analysis):
@@ -116,7 +116,7 @@ def test_dlrm_replay_within_5_percent(dlrm_analysis):
 
 def test_hta_sampled_pair_within_5_percent_and_partial():
     # HTA trace_filter: ranks 0 and 1 of a 128-rank job, steps 551-552 (PROVENANCE hta_testdata §1).
-    a = analyze_run(shared_path("traces", "hta_testdata", "trace_filter"))
+    a = analyze_run(data_path("traces", "hta_testdata", "trace_filter"))
     rep = replay_report(a)
     assert [s["step"] for s in rep["steps"]] == [551, 552]
     assert all(abs(s["error"]) < 0.05 for s in rep["steps"])

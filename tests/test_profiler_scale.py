@@ -19,7 +19,7 @@ from meshplan.profiler.ingest import run_tasks, task_for
 from meshplan.profiler.report import analyze_run, replay_report
 from meshplan.profiler.runs import load_run
 from meshplan.profiler.summary import summarize_run
-from tests.helpers import DATA, shared_path
+from tests.helpers import DATA, data_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")
 _OLD = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel", "gpu_memcpy": "Memcpy",
@@ -33,7 +33,7 @@ def _signature(run) -> list:
 
 
 def _dlrm_rank0() -> dict:
-    with tarfile.open(shared_path(*DLRM)) as tf:
+    with tarfile.open(data_path(*DLRM)) as tf:
         m = next(m for m in tf.getmembers() if "worker0_" in m.name)
         return json.load(tf.extractfile(m))
 
@@ -71,8 +71,8 @@ def test_old_and_vendor_category_names_load_like_current_ones(tmp_path, table, s
 
 
 def test_parallel_and_cached_ingest_equal_serial(tmp_path):
-    serial = load_run(shared_path(*DLRM), workers=1)
-    pooled = load_run(shared_path(*DLRM), workers=2, cache_dir=tmp_path)
+    serial = load_run(data_path(*DLRM), workers=1)
+    pooled = load_run(data_path(*DLRM), workers=2, cache_dir=tmp_path)
     assert _signature(pooled) == _signature(serial)
     assert len(list(tmp_path.glob("*.parquet"))) == 8
     res = run_tasks([task_for(f, str(f)) for f in sorted((DATA / "profiler" / "gloo_ddp_2rank").glob("*.gz"))],
@@ -81,15 +81,15 @@ def test_parallel_and_cached_ingest_equal_serial(tmp_path):
                       cache_dir=tmp_path, workers=1, want="reductions")
     assert not any(r.cached for r in res) and all(r.cached for r in again)
     assert [r.reductions for r in res] == [r.reductions for r in again]
-    cached = load_run(shared_path(*DLRM), workers=1, cache_dir=tmp_path)  # Parquet, no JSON parse
+    cached = load_run(data_path(*DLRM), workers=1, cache_dir=tmp_path)  # Parquet, no JSON parse
     assert _signature(cached) == _signature(serial)
-    a, b = analyze_run(cached), analyze_run(load_run(shared_path(*DLRM), workers=1))
+    a, b = analyze_run(cached), analyze_run(load_run(data_path(*DLRM), workers=1))
     assert a.timeline.steps == pytest.approx(b.timeline.steps)
 
 
 def test_summary_from_reductions_matches_loaded_counts(tmp_path):
-    s = summarize_run(shared_path(*DLRM), workers=2, cache_dir=tmp_path)
-    run = load_run(shared_path(*DLRM), workers=1)
+    s = summarize_run(data_path(*DLRM), workers=2, cache_dir=tmp_path)
+    run = load_run(data_path(*DLRM), workers=1)
     assert s["ranks"] == list(range(8)) and s["steps"] == [10]
     assert [r["ops"] for r in s["per_rank"]] == [t.counts_by_kind() for t in run.ranks.values()]
 
@@ -105,7 +105,7 @@ def test_damaged_cache_file_is_a_miss(tmp_path):
 def test_sampled_ranks(runner, tmp_path):
     from meshplan.cli.main import app
 
-    res = runner.invoke(app, ["replay", str(shared_path(*DLRM)), "--ranks", "0-1,6,128-135", "--json", "--workers",
+    res = runner.invoke(app, ["replay", str(data_path(*DLRM)), "--ranks", "0-1,6,128-135", "--json", "--workers",
                               "1"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)

@@ -10,14 +10,14 @@ import pytest
 import meshplan.profiler.jsonstream as jsonstream
 from meshplan.profiler.runs import load_run
 from meshplan.profiler.trace import collective_type, load_trace
-from tests.helpers import DATA, shared_path
+from tests.helpers import DATA, data_path
 
 DLRM = ("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz")
 
 
 @pytest.fixture(scope="module")
 def dlrm():
-    return load_run(shared_path(*DLRM))
+    return load_run(data_path(*DLRM))
 
 
 def test_dlrm_ranks_kernels_and_collectives(dlrm):
@@ -43,7 +43,7 @@ def test_dlrm_ranks_kernels_and_collectives(dlrm):
 def test_modern_metadata_and_ns_timestamps():
     # PROVENANCE.md (hta_testdata §2): 21 NCCL kernels with metadata (15 allreduce + 6 broadcast) on stream 40,
     # pg "0" = ranks [0, 1], baseTimeNanoseconds 1711964646000000000, steps 4-6.
-    t = load_trace(shared_path("traces", "hta_testdata", "nccl_parser_config", "nccl_data.json.gz"))
+    t = load_trace(data_path("traces", "hta_testdata", "nccl_parser_config", "nccl_data.json.gz"))
     comm = [e for e in t.events if e.kind == "comm"]
     assert Counter(e.coll for e in comm) == {"allreduce": 15, "broadcast": 6}
     assert {e.pg for e in comm} == {"0"} and {e.group_ranks for e in comm} == {(0, 1)}
@@ -57,7 +57,7 @@ def test_modern_metadata_and_ns_timestamps():
 
 def test_ns_resolution_trace_steps_and_no_comm():
     # PROVENANCE.md (hta_testdata §6): ProfilerStep#101-105, world 1, 0 NCCL kernels, 4350 kernels.
-    t = load_trace(shared_path("traces", "hta_testdata", "ns_resolution_trace",
+    t = load_trace(data_path("traces", "hta_testdata", "ns_resolution_trace",
                                "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"))
     assert sorted(t.steps) == [101, 102, 103, 104, 105]
     c = t.counts_by_kind()
@@ -76,7 +76,7 @@ def test_gloo_cpu_trace():
 
 
 def test_rank_from_file_name_when_distributed_info_missing(tmp_path):
-    src = shared_path("traces", "hta_testdata", "execution_trace", "benchmark_simple_add_trace.json.gz")
+    src = data_path("traces", "hta_testdata", "execution_trace", "benchmark_simple_add_trace.json.gz")
     doc = json.loads(gzip.decompress(src.read_bytes()))
     doc.pop("distributedInfo")
     p = tmp_path / "worker5.pt.trace.json"
@@ -86,7 +86,7 @@ def test_rank_from_file_name_when_distributed_info_missing(tmp_path):
 
 def test_stream_parser_matches_json_load_across_chunk_edges(tmp_path, monkeypatch):
     # Tiny windows split numbers, strings and escapes at every position; the streamed events must equal json.load.
-    src = shared_path("traces", "hta_testdata", "critical_path", "cuda_event_sync_multi_stream",
+    src = data_path("traces", "hta_testdata", "critical_path", "cuda_event_sync_multi_stream",
                       "event_sync_trace.json.gz")
     text = gzip.decompress(src.read_bytes()).decode()
     p = tmp_path / "t.json"
@@ -117,7 +117,7 @@ def test_ingest_memory_is_per_kept_event_not_per_file_byte(tmp_path):
 
     from tests.helpers import REPO
 
-    shared_path(*DLRM)
+    data_path(*DLRM)
     spec = importlib.util.spec_from_file_location("replay_speed", REPO / "bench" / "replay_speed.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

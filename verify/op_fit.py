@@ -167,16 +167,18 @@ def fit_runs(runs: list[str | Path], base_dir: str | Path | None, out_dir: str |
     loaded = load_runs(runs)
     if device is None:
         device = trace_device(loaded)
+    measured = ()  # the CPU the rows were timed on, when it is this host's: in no catalogue, so passed to the refit
     if device is None:
         if device_dir is not None:
-            device = load_device(Path(device_dir) / "device.json").name
+            measured = (load_device(Path(device_dir) / "device.json"),)
         else:
             d = measure_device("cpu", quick=True)
             tmp = Path(out_dir) / "device.json"
             write_atomic(tmp, json.dumps(d, indent=1))
-            device = load_device(tmp).name
+            measured = (load_device(tmp),)
+        device = measured[0].name
     table = KernelTable.concat([rows_from_run(p, device, traces) for p, traces in loaded.items()])
-    model = refit(base, table)
+    model = refit(base, table, measured)
     save_model(model, out_dir)
     ops = {k: int((table.op == k).sum()) for k in sorted(set(table.op))}
     return {"device": device, "rows": int(len(table)), "ops": ops, "out": str(out_dir),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -33,9 +32,8 @@ import simumax_adapter
 from peer_rows import NotExpressible, Prediction, load_rows, summarize
 
 REPO = Path(__file__).resolve().parents[2]
-# ../shared beside the repository, as tests/helpers.py finds it (MESHPLAN_SHARED overrides, e.g. in a worktree)
-SHARED = Path(os.environ.get("MESHPLAN_SHARED") or REPO.parent / "shared")
-DEFAULT_DEV_SET = SHARED / "published_runs" / "dev_runs.jsonl"
+# the repository's copy of the dev set (data/README.md)
+DEFAULT_DEV_SET = REPO / "data" / "published_runs" / "dev_runs.jsonl"
 SIMUMAX_BASES = ("a100", "b200")  # accelerator section of the derived H100 file (simumax_adapter docstring)
 
 

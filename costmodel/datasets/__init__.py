@@ -1,37 +1,50 @@
 """Loaders for the public kernel-latency datasets and this machine's measurements, into one ``KernelTable``.
 
-``load(paths)`` accepts dataset roots (``../shared/kernels`` or one of its sub-folders, or a ``collect``
-output folder) and dispatches to the matching loader by what the folder contains.
+``load(paths)`` accepts dataset roots (the repository's ``data/kernels`` or one of its sub-folders, or a
+``collect`` output folder) and dispatches to the matching loader by what the folder contains. The loaders import
+only ``table`` and ``devices`` of this package, never the package itself, so the package imports them plainly.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from meshplan.costmodel.datasets.table import KernelTable
+from meshplan.costmodel.datasets import deepbench, local, neusight, vidur
+from meshplan.costmodel.datasets.table import MEDIAN_LATENCY_BAND_S, KernelTable
+from meshplan.costmodel.devices import DeviceSpec
 from meshplan.core.errors import MeshplanError
 
-# Plausible median single-op GPU/CPU latency, seconds. A median outside this band means the file's unit is
-# not the one the loader assumes (e.g. microseconds read as milliseconds gives a 1000x larger median).
-MEDIAN_LATENCY_BAND_S = (2e-6, 0.1)
+__all__ = ["Dataset", "KernelTable", "MEDIAN_LATENCY_BAND_S", "load"]
 
 
-def load(paths: list[str | Path], collectives: bool = True) -> tuple[KernelTable, list[str]]:
+@dataclass(frozen=True)
+class Dataset:
+    """What ``load`` read.
+
+    Attributes:
+        table: The normalised rows of every dataset found.
+        files: The files read (for hashing), in load order.
+        measured: The devices ``collect`` measured (each folder's ``device.json``), which no catalogue lists:
+            pass them to ``datasets.devices.resolve`` / ``train.prepare`` so the rows measured on them resolve.
+    """
+
+    table: KernelTable
+    files: tuple[str, ...]
+    measured: tuple[DeviceSpec, ...] = ()
+
+
+def load(paths: list[str | Path], collectives: bool = True) -> Dataset:
     """Load every dataset found under ``paths``.
 
     Args:
-        paths: Folders: ``../shared/kernels`` (all of NeuSight, Vidur, DeepBench), one dataset folder
+        paths: Folders: ``data/kernels`` (all of NeuSight, Vidur, DeepBench), one dataset folder
             (``.../neusight``), or a ``meshplan costmodel collect`` output folder.
         collectives: Also load collective (network) rows.
-
-    Returns:
-        ``(table, files)``: the normalised table and the list of files read (for hashing).
 
     Raises:
         MeshplanError: a path that is no dataset, a missing column or a unit mismatch.
     """
-    from meshplan.costmodel.datasets import deepbench, local, neusight, vidur
-
-    tables, files = [], []
+    tables, files, measured = [], [], []
     for p in paths:
         p = Path(p)
         if not p.exists():
@@ -45,10 +58,11 @@ def load(paths: list[str | Path], collectives: bool = True) -> tuple[KernelTable
                 files += f
                 found = True
         if local.is_dataset(p):
-            t, f = local.load(p)
+            t, f, dev = local.load(p)
             tables.append(t)
             files += f
+            measured.append(dev)
             found = True
         if not found:
             raise MeshplanError(f"{p}: no known dataset here (expected neusight/, vidur/, deepbench/ or local.csv)")
-    return KernelTable.concat(tables), files
+    return Dataset(KernelTable.concat(tables), tuple(str(f) for f in files), tuple(measured))

@@ -1,4 +1,4 @@
-"""DeepBench results (baidu-research/DeepBench, Apache-2.0; ../shared/kernels/deepbench/PROVENANCE.md).
+"""DeepBench results (baidu-research/DeepBench, Apache-2.0; data/kernels/deepbench/README.md).
 
 ``tidy/gemm.csv``: one cuBLAS GEMM ``C[M,N] = op(A)[M,K] op(B)[K,N]`` per row, ``time_ms`` in
 **milliseconds**; the unit is verified against the file's own ``tflops_reported`` (= 2MNK / time).
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets import MEDIAN_LATENCY_BAND_S
 from meshplan.costmodel.datasets.devices import canonical
-from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.datasets.table import (MEDIAN_LATENCY_BAND_S, KernelTable, check_latency_units, read_csv,
+                                               table_file, to_float)
 from meshplan.costmodel.features import flops_bytes
 from meshplan.core.errors import MeshplanError
 
@@ -21,7 +21,7 @@ PRECISION = {"fp32": "fp32", "fp16_in_fp16_mul_fp32_acc": "fp16"}
 
 
 def is_dataset(root: Path) -> bool:
-    return (root / "tidy" / "gemm.csv").is_file()
+    return table_file(root / "tidy" / "gemm.csv") is not None
 
 
 def load_gemm(path: Path) -> KernelTable:
@@ -75,9 +75,10 @@ def load_allreduce(path: Path) -> KernelTable:
 
 
 def load(root: Path, collectives: bool = True) -> tuple[KernelTable, list[str]]:
-    files = [root / "tidy" / "gemm.csv"]
+    files = [table_file(root / "tidy" / "gemm.csv")]
     tables = [load_gemm(files[0])]
-    if collectives and (root / "tidy" / "allreduce.csv").is_file():
-        files.append(root / "tidy" / "allreduce.csv")
-        tables.append(load_allreduce(files[-1]))
+    allreduce = table_file(root / "tidy" / "allreduce.csv")
+    if collectives and allreduce is not None:
+        files.append(allreduce)
+        tables.append(load_allreduce(allreduce))
     return KernelTable.concat(tables), [str(f) for f in files]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets.devices import register_local
 from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.features import flops_bytes
@@ -27,7 +26,7 @@ def is_dataset(root: Path) -> bool:
 
 
 def load_device(path: Path) -> DeviceSpec:
-    """Read ``device.json`` and register the device so the training data's features can resolve it.
+    """Read ``device.json``: the measured device the rows of its folder were timed on (in no catalogue).
 
     Raises:
         MeshplanError: missing file or field.
@@ -44,14 +43,13 @@ def load_device(path: Path) -> DeviceSpec:
                          sources={"all": d.get("source", "measured by meshplan costmodel collect")})
     except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
         raise MeshplanError(f"{path}: bad device file ({type(exc).__name__}: {exc})") from None
-    register_local(dev)
     return dev
 
 
-def load(root: Path, collectives: bool = True) -> tuple[KernelTable, list[str]]:
-    """``local.csv`` (+ ``device.json``) in ``root``."""
+def load(root: Path, collectives: bool = True) -> tuple[KernelTable, list[str], DeviceSpec]:
+    """``local.csv`` and ``device.json`` in ``root``: the rows, the files read and the measured device."""
     root = Path(root)
-    load_device(root / "device.json")
+    dev = load_device(root / "device.json")
     path = root / "local.csv"
     cols = read_csv(path, COLUMNS)
     lat_s = to_float(path, "latency_s", cols["latency_s"])
@@ -64,4 +62,4 @@ def load(root: Path, collectives: bool = True) -> tuple[KernelTable, list[str]]:
                                  variant=np.array(cols["variant"], dtype=object), dtype=dtype, source="local",
                                  b=b, m=m, n=n, k=k, flops=flops, bytes=nbytes, latency_s=lat_s,
                                  noise=to_float(path, "noise", cols["noise"]))
-    return t, [str(path), str(root / "device.json")]
+    return t, [str(path), str(root / "device.json")], dev

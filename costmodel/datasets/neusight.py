@@ -1,4 +1,4 @@
-"""NeuSight kernel latencies (sitar-lab/NeuSight, MIT; ../shared/kernels/neusight/PROVENANCE.md).
+"""NeuSight kernel latencies (sitar-lab/NeuSight, MIT; data/kernels/neusight/README.md).
 
 fp32 (no TF32) CUDA-event timings in **milliseconds** on P4, P100, T4, V100, A100-40GB (train split, small
 shapes) and larger shapes plus A100-80GB, L4, H100 (test split). NeuSight's ``N`` is the contraction dim:
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets import MEDIAN_LATENCY_BAND_S
 from meshplan.costmodel.datasets.devices import canonical
-from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.datasets.table import (MEDIAN_LATENCY_BAND_S, KernelTable, check_latency_units, read_csv,
+                                               table_files, to_float)
 from meshplan.costmodel.features import flops_bytes
+from meshplan.core.errors import MeshplanError
 
 # NeuSight vector-op name -> meshplan kind. Tensor-scalar ops (``addu`` = x + c) read one tensor and write
 # one, like an activation, so they share the unary class; ``add`` etc. read two tensors.
@@ -31,9 +32,9 @@ def is_dataset(root: Path) -> bool:
 
 
 def _files(root: Path) -> list[tuple[Path, str]]:
-    out = [(f, "neusight/train") for f in sorted((root / "train").glob("*/*.csv"))]
-    out += [(f, "neusight/train") for f in sorted((root / "train").glob("*.csv"))]
-    out += [(f, "neusight/test") for f in sorted((root / "test").glob("*.csv"))]
+    out = [(f, "neusight/train") for f in table_files(root / "train", "*/*.csv")]
+    out += [(f, "neusight/train") for f in table_files(root / "train", "*.csv")]
+    out += [(f, "neusight/test") for f in table_files(root / "test", "*.csv")]
     return out
 
 
@@ -43,8 +44,6 @@ def load_file(path: Path, source: str) -> KernelTable:
     Raises:
         MeshplanError: missing column, non-numeric cell, unknown op name, or a latency unit mismatch.
     """
-    from meshplan.core.errors import MeshplanError
-
     head = read_csv(path, ("OPName", "Latency", "Device", "B"))
     gemm = "M" in head
     cols = read_csv(path, ("OPName", "Latency", "Device", "B", "M", "N", "K") if gemm else ("OPName", "Latency", "Device", "B", "H"))

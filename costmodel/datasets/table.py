@@ -22,12 +22,24 @@ Columns (one numpy array each, all the same length):
 from __future__ import annotations
 
 import csv
+import gzip
+import lzma
 from dataclasses import dataclass, fields
+from io import StringIO
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
+from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
+
+# Plausible median single-op GPU/CPU latency, seconds. A median outside this band means the file's unit is
+# not the one the loader assumes (e.g. microseconds read as milliseconds gives a 1000x larger median).
+MEDIAN_LATENCY_BAND_S = (2e-6, 0.1)
+# A table may be stored compressed beside its name (``gemm.csv.xz`` for ``gemm.csv``: the repository's data/ holds
+# the large kernel tables so); every reader below opens whichever is there.
+COMPRESSED = {".xz": lzma.open, ".gz": gzip.open}
 
 STR_COLS = ("device", "op", "variant", "dtype", "source")
 NUM_COLS = ("b", "m", "n", "k", "group_size", "nodes", "flops", "bytes", "latency_s", "noise", "trans")
@@ -91,10 +103,6 @@ class KernelTable:
 
     def write_csv(self, path: Path) -> None:
         """Write the table as CSV (atomically)."""
-        from io import StringIO
-
-        from meshplan.core.atomic import write_atomic
-
         buf = StringIO()
         w = csv.writer(buf)
         names = [f.name for f in fields(self)]
@@ -105,6 +113,54 @@ class KernelTable:
         write_atomic(path, buf.getvalue())
 
 
+def table_file(path: Path) -> Path | None:
+    """The file that holds the table named ``path``: ``path`` itself, else ``path.xz`` or ``path.gz``; None if none."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    return next((p for p in (path.with_name(path.name + s) for s in COMPRESSED) if p.is_file()), None)
+
+
+def table_name(path: Path) -> Path:
+    """The table's own name: ``path`` without a compression suffix (``gemm.csv.xz`` -> ``gemm.csv``)."""
+    path = Path(path)
+    return path.with_suffix("") if path.suffix in COMPRESSED else path
+
+
+def table_files(folder: Path, pattern: str) -> list[Path]:
+    """Files under ``folder`` holding the tables that match ``pattern`` (plain or compressed), in the order of
+    their own names, so a compressed copy loads its rows in the same order as the plain one."""
+    found = {table_name(p): p for s in ("", *COMPRESSED) for p in Path(folder).glob(pattern + s) if p.is_file()}
+    return [found[name] for name in sorted(found)]
+
+
+def open_table(path: Path) -> IO[str]:
+    """Text handle on the table named ``path`` (decompressed as its suffix says).
+
+    Raises:
+        MeshplanError: no file holds it.
+    """
+    found = table_file(path)
+    if found is None:
+        raise MeshplanError(f"{path}: dataset file not found")
+    opener = COMPRESSED.get(found.suffix)
+    if opener is None:
+        return open(found, newline="", encoding="utf-8")
+    return opener(found, "rt", newline="", encoding="utf-8")
+
+
+def table_bytes(path: Path) -> bytes:
+    """The table's content (decompressed), e.g. for the sha256 a model records of its training data."""
+    found = table_file(path)
+    if found is None:
+        raise MeshplanError(f"{path}: dataset file not found")
+    opener = COMPRESSED.get(found.suffix)
+    if opener is None:
+        return found.read_bytes()
+    with opener(found, "rb") as fh:
+        return fh.read()
+
+
 def read_csv(path: Path, required: tuple[str, ...]) -> dict[str, list[str]]:
     """Read a CSV into ``{column: [str values]}``, checking that every ``required`` column is present.
 
@@ -112,15 +168,16 @@ def read_csv(path: Path, required: tuple[str, ...]) -> dict[str, list[str]]:
         MeshplanError: the file is missing, empty or lacks a required column (names file and column).
     """
     path = Path(path)
-    if not path.is_file():
-        raise MeshplanError(f"{path}: dataset file not found")
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise MeshplanError(f"{path}: empty file, expected columns {', '.join(required)}") from None
-        rows = list(reader)
+    try:
+        with open_table(path) as fh:
+            reader = csv.reader(fh)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise MeshplanError(f"{path}: empty file, expected columns {', '.join(required)}") from None
+            rows = list(reader)
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError, UnicodeDecodeError) as exc:
+        raise MeshplanError(f"{path}: not a readable table ({type(exc).__name__}: {exc})") from None
     missing = [c for c in required if c not in header]
     if missing:
         raise MeshplanError(f"{path}: missing column '{missing[0]}' (has: {', '.join(header[:12])})")

@@ -1,4 +1,4 @@
-"""Vidur profiling data (microsoft/vidur, MIT; ../shared/kernels/vidur/PROVENANCE.md).
+"""Vidur profiling data (microsoft/vidur, MIT; data/kernels/vidur/README.md).
 
 compute/<gpu>/<model>/mlp.csv: fp16 per-op times of Llama-2 layer ops at TP-sharded shapes, columns
 ``time_stats.<op>.{min,max,mean,median,std}`` in **milliseconds**. network/<node>/{all_reduce,send_recv}.csv:
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets import MEDIAN_LATENCY_BAND_S
 from meshplan.costmodel.datasets.devices import canonical
-from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
+from meshplan.costmodel.datasets.table import (MEDIAN_LATENCY_BAND_S, KernelTable, check_latency_units, read_csv,
+                                               table_files, to_float)
 from meshplan.costmodel.features import flops_bytes
+from meshplan.core.errors import MeshplanError
 
 SHAPE_COLS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers")
 # Vidur sub-op -> meshplan kind. ``attn_rope`` is left out: a rotary kernel has no OpSpec kind of its own
@@ -81,8 +82,6 @@ def load_network(path: Path, node: str) -> KernelTable:
     kinds = sorted(set(cols["collective"]))
     unknown = [c for c in kinds if c not in COLL_KIND]
     if unknown:
-        from meshplan.core.errors import MeshplanError
-
         raise MeshplanError(f"{path}: column 'collective' has unknown collective '{unknown[0]}'")
     tables = []
     for c in kinds:
@@ -105,11 +104,11 @@ def load_network(path: Path, node: str) -> KernelTable:
 def load(root: Path, collectives: bool = True) -> tuple[KernelTable, list[str]]:
     """Every compute and (optionally) network CSV under ``root``."""
     tables, files = [], []
-    for f in sorted((root / "compute").glob("*/*/mlp.csv")):
+    for f in table_files(root / "compute", "*/*/mlp.csv"):
         tables.append(load_compute(f, f.parent.parent.name))
         files.append(str(f))
     if collectives:
-        for f in sorted((root / "network").glob("*/*.csv")):
+        for f in table_files(root / "network", "*/*.csv"):
             tables.append(load_network(f, f.parent.name))
             files.append(str(f))
     return KernelTable.concat(tables), files
