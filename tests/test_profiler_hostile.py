@@ -163,7 +163,7 @@ def test_bad_run_json(runner, tmp_path, patch, needle):
 
 @pytest.mark.parametrize("raw,needle", [
     (b"\xff\xfe{\x00", "UTF-8"), (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"), (b"[1, 2]", "not an object"),
-    (b"{", "not valid JSON"),
+    (b"{", "malformed JSON"),
 ])
 def test_run_json_unreadable(runner, tmp_path, raw, needle):
     d = _run_folder(tmp_path, raw)
