@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import COUNT, console, err_console, finite_budget, handle_errors, print_json
 from meshplan.planner.plan import PLAN_SCHEMA_VERSION
 
 GiB = 1024**3
@@ -17,17 +17,21 @@ GiB = 1024**3
 def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to a HF config.json")],
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="16x8xH100, 4xT4+1xA100, local:2 or a YAML file")],
-    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step")],
-    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", **COUNT, help="Sequences per optimizer step")],
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", **COUNT,
+                                         help="Tokens per sequence (prompt length to serve)")],
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin decisions: tp=8,pp=4,mbs=1,zero=1,recompute=full")] = None,
-    top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
+    top: Annotated[int, typer.Option("--top", "-k", **COUNT, help="How many ranked plans to show")] = 10,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
-    quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", help="Bound on summed per-layer quantization sensitivity")] = None,
+    quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", callback=finite_budget,
+                                                            help="Bound on summed per-layer quantization "
+                                                            "sensitivity")] = None,
     compress: Annotated[bool, typer.Option("--compress", help="Choose gradient compression per bucket (ByteComp)")] = False,
-    error_budget: Annotated[Optional[float], typer.Option("--error-budget", help="Bound on gradient compression error")] = None,
+    error_budget: Annotated[Optional[float], typer.Option("--error-budget", callback=finite_budget,
+                                                          help="Bound on gradient compression error")] = None,
     net: Annotated[Optional[str], typer.Option("--net", help="Inter-node bandwidth per GPU, e.g. 25Gbps")] = None,
-    gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens generated per request (serve)")] = 128,
+    gen_len: Annotated[int, typer.Option("--gen-len", **COUNT, help="Tokens generated per request (serve)")] = 128,
     sensitivity: Annotated[Optional[Path], typer.Option("--sensitivity", help="Measured indicators from `meshplan profile --sensitivity`")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Plan name (default: the model's)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write the best plan")] = None,

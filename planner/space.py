@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 from itertools import product
 from typing import Iterator, Mapping, Optional
 
+from meshplan.core.bounds import MAX_COUNT
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout import (ATTENTION, CP_KINDS, FP8_RECIPES, FSDP_IMPLS, GRAD_DTYPES, MOE_DISPATCHERS,
                                     OPTIM_DTYPES, RECOMPUTE, REDUCE_DTYPES, STACKS, Layout, balanced_split,
@@ -117,6 +118,7 @@ class Pins:
 def parse_fix(text: str | None) -> Pins:
     """Parse ``tp=8,pp=4,recompute=full`` into ``Pins``; one clear error per bad entry."""
     out: dict[str, object] = {}
+    given: dict[str, str] = {}  # key -> the value as written: a key given twice must agree
     if not text:
         return Pins()
     for item in text.replace(" ", "").split(","):
@@ -128,6 +130,10 @@ def parse_fix(text: str | None) -> Pins:
         key = key.lower().replace("-", "_")
         if key not in FIX_KEYS:
             raise MeshplanError(f"--fix key '{key}' is unknown (known: {', '.join(FIX_KEYS)})")
+        if len(val) > 1000:  # a pp_layout of 256 stages is ~700 characters
+            raise MeshplanError(f"--fix {key}: a value of {len(val):,} characters; expected a short value")
+        if given.setdefault(key, val) != val:
+            raise MeshplanError(f"--fix {key} given twice ({key}={given[key]} and {key}={val}); give it once")
         if key == "recompute":
             if val not in RECOMPUTE and not re.fullmatch(r"full:[1-9]\d{0,3}", val):
                 raise MeshplanError(f"--fix recompute={val}: expected one of {', '.join(RECOMPUTE)} or full:N "
@@ -158,6 +164,8 @@ def parse_fix(text: str | None) -> Pins:
                 raise MeshplanError(f"--fix {key}={val}: expected an integer") from None
             if out[key] < (0 if key == "zero" else 1):
                 raise MeshplanError(f"--fix {key}={val}: must be >= {0 if key == 'zero' else 1}")
+            if out[key] > MAX_COUNT:
+                raise MeshplanError(f"--fix {key}={val}: must be at most {MAX_COUNT}")
     if "pp_layout" in out and ("first_stage_layers" in out or "last_stage_layers" in out):
         raise MeshplanError("--fix pp_layout and first_stage_layers/last_stage_layers: give one or the other")
     return Pins(**out)
