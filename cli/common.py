@@ -29,10 +29,16 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
+# The solvers hand a budget to CP-SAT scaled to integer units (x10^3 and more), and CP-SAT's integers end at 2^63;
+# 10^12 is far above any sum of per-layer or per-bucket indicators and far below that end.
+MAX_BUDGET = 1e12
+
+
 def finite_budget(value: Optional[float]) -> Optional[float]:
-    """Typer callback of a budget option: a finite number >= 0 (``inf`` is no bound: leave the option out)."""
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise typer.BadParameter(f"{value}: expected a finite number >= 0 (leave the option out for no bound)")
+    """Typer callback of a budget option: a finite number in [0, MAX_BUDGET] (no bound: leave the option out)."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_BUDGET):
+        raise typer.BadParameter(f"{value}: expected a finite number in [0, {MAX_BUDGET:g}] (leave the option out "
+                                 "for no bound)")
     return value
 
 

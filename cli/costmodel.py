@@ -44,6 +44,9 @@ def collect_cmd(
 
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device {device}: expected cpu or cuda")
+    from meshplan.core.atomic import check_writable
+
+    check_writable(out / "device.json")  # before the measuring, not after it
     with _progress() as prog:
         task = prog.add_task("measuring", total=None)
         summary = collect_summary(out, quick=quick, device=device, threads=threads, repeats=repeats,

@@ -52,8 +52,10 @@ def plan(
     from meshplan.planner.host import load_host
     from meshplan.planner.planning import plan_job
 
-    if top < 1:
-        raise typer.BadParameter("--top must be >= 1")
+    if out is not None:  # a folder, a path under a file, a read-only folder: said before the search, not after
+        from meshplan.core.atomic import check_writable
+
+        check_writable(out)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,

@@ -38,6 +38,24 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
         raise MeshplanError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Refuse now what ``write_atomic(path, ...)`` would refuse at the end (a folder, a path under a file, a
+    folder that takes no new file): a command that works for minutes before writing says so first. Creates the
+    parent folders, as the write would.
+
+    Raises:
+        MeshplanError: the path and the reason.
+    """
+    dest = Path(path)
+    _prepare(dest)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".probe", dir=dest.parent)
+    except OSError as exc:
+        raise MeshplanError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def _prepare(dest: Path) -> None:
     """Refuse a destination that is a folder; create its parent folders (refused when one is a file)."""
     if dest.is_dir():
@@ -76,7 +94,7 @@ def file_state(path: str | os.PathLike) -> FileState:
     """What a later ``write_atomic(..., expect=...)`` compares against: the file as it is now."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent, or under a file (refused when written)
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
