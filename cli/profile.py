@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import COUNT, INDEX, console, err_console, handle_errors, print_json
+from meshplan.cli.common import console, err_console, handle_errors, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -28,15 +28,14 @@ def register(app: typer.Typer) -> None:
 def profile(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder to write (traces + run.json).")],
-    nproc: Annotated[Optional[int], typer.Option("--nproc", **COUNT,
-                                                 help="Ranks per node (default: plan's, else 1).")] = None,
-    nnodes: Annotated[int, typer.Option("--nnodes", **COUNT, help="Nodes (multi-node needs --rdzv-endpoint).")] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", **INDEX, help="This node's rank.")] = 0,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks per node (default: plan's, else 1).")] = None,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Nodes (multi-node needs --rdzv-endpoint).")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", help="This node's rank.")] = 0,
     rdzv_backend: Annotated[str, typer.Option("--rdzv-backend", help="torchrun rendezvous backend.")] = "c10d",
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT.")] = None,
     rdzv_id: Annotated[str, typer.Option("--rdzv-id", help="Rendezvous job id.")] = "meshplan",
-    warmup: Annotated[int, typer.Option("--warmup", **INDEX, help="Steps skipped before measuring.")] = 2,
-    steps: Annotated[int, typer.Option("--steps", **COUNT, help="Steps measured (traced).")] = 8,
+    warmup: Annotated[int, typer.Option("--warmup", help="Steps skipped before measuring.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Steps measured (traced).")] = 8,
     unprofiled: Annotated[int, typer.Option("--unprofiled-steps", min=0,
                                             help="Steps timed after the traced ones with the profiler stopped "
                                                  "(`meshplan check` judges on them: the profiler's cost per op "

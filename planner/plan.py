@@ -52,7 +52,7 @@ class ModelRef(_Frozen):
     name: str
     source: str  # preset name or path of the config.json it came from
     model_type: str = Field(pattern=MODEL_TYPE_PATTERN)
-    num_params: Count  # 0 = not recorded (exporters never read it)
+    num_params: Count  # 0 = not recorded (hand-made plans in tests)
     hidden_size: PositiveInt
     num_layers: PositiveInt
     num_attention_heads: PositiveInt

@@ -197,3 +197,34 @@ def test_bounds_are_one_line_naming_the_key():
     with pytest.raises(MeshplanError, match=r"^f: x: an integer of 21 digits"):
         check_tree({"x": 10**20}, "f")
     assert loads_json('{"x": 18446744073709551615}', "f") == {"x": 2**64 - 1}  # uint64 max is fine
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"precisions": ["bf16"], "layers": [["x"]]}, "layers: expected rows of 1 numbers >= 0"),
+    ({"precisions": ["bf16"], "layers": 5}, "layers: expected rows"),
+    ({"precisions": ["bf16"], "layers": [[1e999]]}, "layers[0][0]: inf is not a finite number"),
+    ({"precisions": ["bf16"], "layers": [[0.1]] * 2, "x": [[[[0]]]] * 1}, None),
+])
+def test_sensitivity_file_bounds(tmp_path, doc, needle):
+    """``plan --sensitivity FILE``: rows of numbers, finite, within the bounds; a wrong one is one line."""
+    from meshplan.planner.solve.sensitivity import read_sensitivity
+
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    if needle is None:
+        assert read_sensitivity(tmp_path / "s.json", ["bf16"], 4) == [[0.1]] * 4
+        return
+    with pytest.raises(MeshplanError) as exc:
+        read_sensitivity(tmp_path / "s.json", ["bf16"], 4)
+    assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_collective_shape_of_absurd_dimensions_is_not_a_shape(tmp_path):
+    """An ``Input Dims`` of 10^200 x 10^200 on a collective annotation: its bytes would overflow a float; read as
+    no shape (0 bytes), not a traceback."""
+    from meshplan.profiler.trace import load_trace
+
+    ev = {"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce", "pid": 1, "tid": 1, "ts": 100.0,
+          "dur": 10.0, "args": {"Input Dims": [[10**200, 10**200]], "Input type": ["float"]}}
+    step = {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 50.0, "dur": 500.0}
+    (tmp_path / "rank0.json").write_text(json.dumps({"traceEvents": [step, ev]}))
+    assert [e.bytes for e in load_trace(tmp_path / "rank0.json").events] == [0.0]
