@@ -20,8 +20,8 @@ category seen is counted, and the ones not used are reported with the reason (``
 Hostile input (the rules are :mod:`profiler.trace_schema`, published in ``docs/schemas/``): a timed event with a
 field of the wrong type (``ts`` a string, ``dur`` negative, ``args`` a list, ``correlation`` "7", an integer past
 64 bits) refuses the file, naming the event and the field (none of the 623,146 timed events of the 31 traces in
-``../shared`` has one); header fields of the wrong type (``distributedInfo.rank`` "x", ``world_size`` "many" or 1e8, ``baseTimeNanoseconds`` "abc",
-``pg_config`` 5) are refused with the file and field named. Only what the
+``../shared`` has one); header fields of the wrong type (``distributedInfo.rank`` "x", ``world_size`` "many" or
+1e8, ``baseTimeNanoseconds`` "abc", ``pg_config`` 5) are refused with the file and field named. Only what the
 analyses need is kept, strings are interned and shapes shared, and the file is streamed
 (:mod:`profiler.jsonstream`), so memory grows with the kept events, not with the file text.
 """
@@ -179,8 +179,9 @@ def _time_problem(ts: Any, dur: Any) -> str | None:
     """Why an ``X`` event's ``ts``/``dur`` cannot be used (the schema's rules, ``TraceEvent``), else None."""
     for key, v in (("ts", ts), ("dur", dur)):
         if not number_ok(v):
-            got = "an integer past 64 bits" if type(v) is int else ("a boolean" if type(v) is bool else
-                                                                   f"{v!r:.20}" if type(v) is float else type(v).__name__)
+            kind = type(v)
+            got = ("an integer past 64 bits" if kind is int else "a boolean" if kind is bool
+                   else f"{v!r:.20}" if kind is float else kind.__name__)
             return f"{key}: expected a finite number of microseconds, got {got}"
     return "dur: expected >= 0" if dur < 0 else None
 
