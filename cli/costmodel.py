@@ -9,7 +9,7 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import console, handle_errors, print_json
+from meshplan.cli.common import COUNT, console, handle_errors, print_json
 from meshplan.core.errors import MeshplanError
 
 costmodel_app = typer.Typer(help="Learned operator/collective latency model: collect, train, eval, predict, fit.",
@@ -34,8 +34,9 @@ def collect_cmd(
     out: Annotated[Path, typer.Option("--out", help="Output folder (local.csv + device.json).")],
     quick: Annotated[bool, typer.Option("--quick", help="Small grid, short timings (~10 s).")] = False,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    threads: Annotated[int, typer.Option("--threads", help="torch threads (recorded in the device name).")] = 1,
-    repeats: Annotated[int, typer.Option("--repeats", help="Timings per shape (their spread = noise).")] = 3,
+    threads: Annotated[int, typer.Option("--threads", **COUNT,
+                                         help="torch threads (recorded in the device name).")] = 1,
+    repeats: Annotated[int, typer.Option("--repeats", **COUNT, help="Timings per shape (their spread = noise).")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Micro-benchmark this machine's device over LLM-layer / TP-shard shapes plus random shapes."""
@@ -43,6 +44,9 @@ def collect_cmd(
 
     if device not in ("cpu", "cuda"):
         raise MeshplanError(f"--device {device}: expected cpu or cuda")
+    from meshplan.core.atomic import check_writable
+
+    check_writable(out / "device.json")  # before the measuring, not after it
     with _progress() as prog:
         task = prog.add_task("measuring", total=None)
         summary = collect_summary(out, quick=quick, device=device, threads=threads, repeats=repeats,
@@ -60,8 +64,8 @@ def train_cmd(
     out: Annotated[Path, typer.Option("--out", help="Model folder to write.")],
     data: Annotated[Optional[list[Path]], typer.Option("--data", help="Dataset folder (repeatable).")] = None,
     extra: Annotated[Optional[list[Path]], typer.Argument(help="More dataset folders.")] = None,
-    rounds: Annotated[Optional[int], typer.Option("--rounds", help="Boosting rounds per op class.")] = None,
-    max_rows: Annotated[Optional[int], typer.Option("--max-rows", help="Subsample each op class.")] = None,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", **COUNT, help="Boosting rounds per op class.")] = None,
+    max_rows: Annotated[Optional[int], typer.Option("--max-rows", **COUNT, help="Subsample each op class.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the metadata summary as JSON.")] = False,
 ) -> None:
     """Train one xgboost model per op class (+ the collective model) and write it to --out."""
@@ -128,7 +132,7 @@ def predict_cmd(
     device: Annotated[str, typer.Option("--device", help="Device name or alias (H100, A100, T4 ...).")],
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16, fp32, fp8 ...")] = "bf16",
     model: Annotated[Optional[Path], typer.Option("--model", help="Model folder (default: the shipped one).")] = None,
-    group_size: Annotated[int, typer.Option("--group-size", help="Collectives: participants.")] = 8,
+    group_size: Annotated[int, typer.Option("--group-size", **COUNT, help="Collectives: participants.")] = 8,
     link: Annotated[str, typer.Option("--link", help="Collectives: fitted link, e.g. h100_dgx/intra.")] = "",
     backward: Annotated[bool, typer.Option("--backward", help="Price the op's backward.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the prediction as JSON.")] = False,

@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import COUNT, console, err_console, finite_budget, handle_errors, print_json
 from meshplan.planner.layout.space import fix_help
 from meshplan.planner.plan.schema import PLAN_SCHEMA_VERSION
 
@@ -18,19 +18,23 @@ GiB = 1024**3
 def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Preset name or path to a HF config.json")],
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="16x8xH100, 4xT4+1xA100, local:2 or a YAML file")],
-    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step")],
-    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", **COUNT, help="Sequences per optimizer step")],
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", **COUNT,
+                                         help="Tokens per sequence (prompt length to serve)")],
     fix: Annotated[Optional[str], typer.Option("--fix", help=fix_help())] = None,
     stack: Annotated[Optional[str], typer.Option("--stack", help="Stack profile NAME[@VERSION] whose defaults the plan "
                                                  "starts from (`meshplan stacks`); --fix overrides them")] = None,
-    top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
+    top: Annotated[int, typer.Option("--top", "-k", **COUNT, help="How many ranked plans to show")] = 10,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
-    quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", help="Bound on summed per-layer quantization sensitivity")] = None,
+    quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", callback=finite_budget,
+                                                            help="Bound on summed per-layer quantization "
+                                                            "sensitivity")] = None,
     compress: Annotated[bool, typer.Option("--compress", help="Choose gradient compression per bucket (ByteComp)")] = False,
-    error_budget: Annotated[Optional[float], typer.Option("--error-budget", help="Bound on gradient compression error")] = None,
+    error_budget: Annotated[Optional[float], typer.Option("--error-budget", callback=finite_budget,
+                                                          help="Bound on gradient compression error")] = None,
     net: Annotated[Optional[str], typer.Option("--net", help="Inter-node bandwidth per GPU, e.g. 25Gbps")] = None,
-    gen_len: Annotated[int, typer.Option("--gen-len", help="Tokens generated per request (serve)")] = 128,
+    gen_len: Annotated[int, typer.Option("--gen-len", **COUNT, help="Tokens generated per request (serve)")] = 128,
     sensitivity: Annotated[Optional[Path], typer.Option("--sensitivity", help="Measured indicators from `meshplan profile --sensitivity`")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Plan name (default: the model's)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write the best plan")] = None,
@@ -51,10 +55,14 @@ def plan(
     from meshplan.planner.host.terms import load_host
     from meshplan.planner.search.job import PlanRequest, plan_job
 
+    if out is not None:  # a folder, a path under a file, a read-only folder: said before the search, not after
+        from meshplan.core.atomic import check_writable
+
+        check_writable(out)
     request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
-                             stack=stack, top=top, name=name, out=out, quality_budget=quality_budget, compress=compress,
-                             net=net, gen_len=gen_len, error_budget=error_budget, sensitivity=sensitivity,
-                             costmodel=costmodel, explain=explain)
+                             stack=stack, top=top, name=name, out=out, quality_budget=quality_budget,
+                             compress=compress, net=net, gen_len=gen_len, error_budget=error_budget,
+                             sensitivity=sensitivity, costmodel=costmodel, explain=explain)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,

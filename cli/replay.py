@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import console, err_console, handle_errors, print_json
+from meshplan.cli.common import INDEX, console, err_console, handle_errors, print_json
 from meshplan.core.errors import MeshplanError
 
 _STAGES = ("loading traces", "matching collectives", "aligning clocks", "building graph", "replaying")
@@ -37,7 +37,7 @@ def replay_cmd(
                                                      "the measured trace (never over an input).")] = None,
     timeline_format: Annotated[str, typer.Option("--timeline-format", help="perfetto (Perfetto protobuf, "
                                                  ".pftrace) or chrome (Chrome trace JSON).")] = "perfetto",
-    step: Annotated[Optional[int], typer.Option("--step", help="Step whose critical path is shown "
+    step: Annotated[Optional[int], typer.Option("--step", **INDEX, help="Step whose critical path is shown "
                                                                "(default: last).")] = None,
     steps_at: Annotated[Optional[str], typer.Option("--steps-at", help="Cut steps at an op instead of "
                                                     "ProfilerStep# markers: 'optimizer' (each optimizer step ends "

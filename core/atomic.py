@@ -25,9 +25,52 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
 
     Returns:
         The destination path.
+
+    Raises:
+        MeshplanError: ``path`` is a folder, lies under a file, or cannot be written (read-only file system,
+            no permission, disk full): the path and the reason, nothing written.
     """
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _prepare(dest)
+    try:
+        return _write(dest, data)
+    except OSError as exc:
+        raise MeshplanError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Refuse now what ``write_atomic(path, ...)`` would refuse at the end (a folder, a path under a file, a
+    folder that takes no new file): a command that works for minutes before writing says so first. Creates the
+    parent folders, as the write would.
+
+    Raises:
+        MeshplanError: the path and the reason.
+    """
+    dest = Path(path)
+    _prepare(dest)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".probe", dir=dest.parent)
+    except OSError as exc:
+        raise MeshplanError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _prepare(dest: Path) -> None:
+    """Refuse a destination that is a folder; create its parent folders (refused when one is a file)."""
+    if dest.is_dir():
+        raise MeshplanError(f"{dest}: is a folder; expected a file path to write (nothing was written)")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise MeshplanError(f"{dest}: a part of its folder {dest.parent} is a file, not a folder "
+                            "(nothing was written)") from None
+    except OSError as exc:
+        raise MeshplanError(f"{dest}: cannot create its folder {dest.parent} ({exc.strerror or exc}); nothing "
+                            "was written") from None
+
+
+def _write(dest: Path, data: str | bytes) -> Path:
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
@@ -51,7 +94,7 @@ def file_state(path: str | os.PathLike) -> FileState:
     """What a later ``write_atomic(..., expect=...)`` compares against: the file as it is now."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent, or under a file (refused when written)
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -65,13 +108,15 @@ def write_checked(path: str | os.PathLike, data: str | bytes, expect: FileState)
         MeshplanError: ``path`` changed meanwhile, or another meshplan process is writing it now.
     """
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _prepare(dest)
     lock = dest.with_name(f".{dest.name}.lock")
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         raise MeshplanError(f"{dest}: another meshplan process is writing it (lock {lock}); not overwritten "
                             "(remove the lock if no such process runs)") from None
+    except OSError as exc:
+        raise MeshplanError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
     try:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)

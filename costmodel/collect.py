@@ -23,6 +23,7 @@ import numpy as np
 
 from meshplan.core.atomic import write_atomic
 from meshplan.costmodel.datasets.local import load as load_local
+from meshplan.core.errors import MeshplanError
 
 HIDDEN = (256, 512, 1024, 2048)
 TOKENS = (32, 128, 512)
@@ -236,6 +237,8 @@ def collect(out_dir: str | Path, quick: bool = False, device: str = "cpu", threa
     """
     import torch
 
+    if repeats < 1 or (threads is not None and threads < 1):
+        raise MeshplanError(f"--repeats {repeats} / --threads {threads}: expected counts >= 1")
     if threads:
         torch.set_num_threads(threads)
     grid = llm_grid()

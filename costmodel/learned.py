@@ -25,6 +25,7 @@ from meshplan.costmodel.features import (FEATURES, blend, calibrated_roofline_s,
                                          feature_matrix, flops_bytes, signature_seen)
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
 from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
+from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError, validation_line
 
 FORMAT = "meshplan-costmodel/1"  # metadata.json "format" of a model folder (written by costmodel.train)
@@ -147,10 +148,7 @@ class LearnedModel:
         mpath = d / "metadata.json"
         if not mpath.is_file():
             raise MeshplanError(f"{mpath}: model metadata not found (train one with `meshplan costmodel train`)")
-        try:
-            meta = json.loads(mpath.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise MeshplanError(f"{mpath}: corrupt metadata ({exc})") from None
+        meta = load_json_file(mpath)  # nesting, integer size and finite numbers bounded (core.bounds)
         _check_meta(meta, mpath)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else "?"

@@ -5,9 +5,10 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.core.errors import MeshplanError
+from meshplan.core.units import canonical_dtype
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import resolve
-from meshplan.costmodel.ops import COLLECTIVE_KINDS, OP_KINDS, OpSpec
+from meshplan.costmodel.ops import COLLECTIVE_KINDS, DTYPE_BYTES, OP_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 
 SHAPE_DIMS = {"matmul": 3, "bmm": 4, "attention": 5, "layernorm": 2, "rmsnorm": 2, "softmax": 2, "embedding": 2}
@@ -46,6 +47,12 @@ def predict_query(op: str, shape: str, device: str, dtype: str = "bf16", model: 
     """
     if op not in OP_KINDS:
         raise MeshplanError(f"--op {op}: unknown op class (known: {', '.join(OP_KINDS)})")
+    dtype = canonical_dtype(dtype)
+    if dtype not in DTYPE_BYTES:  # an unknown dtype was priced as bf16 before: a figure for a dtype nobody asked
+        raise MeshplanError(f"--dtype {dtype}: unknown dtype (known: {', '.join(DTYPE_BYTES)}, or a PyTorch name "
+                            "such as bfloat16)")
+    if group_size < 1:
+        raise MeshplanError(f"--group-size {group_size}: a collective needs at least 1 participant")
     dims = parse_shape(shape, op)
     pricer = Pricer.from_dir(model)
     measured = pricer.model.measured_devices.values() if pricer.model is not None else ()

@@ -288,7 +288,14 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
 
     Returns:
         The metadata dict that was written (plus ``seconds``).
+
+    Raises:
+        MeshplanError: ``n_estimators`` or ``max_rows_per_kind`` below 1 (zero rounds or rows fit nothing; the
+            subsampling loop never ended on them), no data, or ``out_dir`` overlapping the data.
     """
+    for flag, count in (("--rounds", n_estimators), ("--max-rows", max_rows_per_kind)):
+        if count is not None and count < 1:
+            raise MeshplanError(f"{flag} {count}: expected a count >= 1")
     refuse_overlap(out_dir, {"--data": list(data)}, "--out")
     t0 = time.perf_counter()
     ds = load([Path(p) for p in data])

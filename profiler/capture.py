@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from meshplan.core.atomic import write_atomic
+from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError
 
 RUN_FORMAT = "meshplan-run/1"
@@ -472,22 +473,7 @@ def load_run_json(run_dir: str | os.PathLike) -> dict[str, Any]:
 
     p = Path(run_dir) / RUN_JSON
     try:
-        size = p.stat().st_size
-        if size > MAX_RUN_JSON_BYTES:
-            raise MeshplanError(f"{p}: {size / 1e6:.0f} MB, larger than a run record can be "
-                                f"({MAX_RUN_JSON_BYTES >> 20} MiB)")
-        text = p.read_bytes().decode("utf-8")
-        run = json.loads(text)
+        run = load_json_file(p, max_bytes=MAX_RUN_JSON_BYTES)  # depth, integer size, finite numbers bounded
     except FileNotFoundError:
         raise MeshplanError(f"{p}: not found (is {run_dir} a meshplan run folder?)") from None
-    except IsADirectoryError:
-        raise MeshplanError(f"{p}: is a folder, not a run record") from None
-    except OSError as exc:
-        raise MeshplanError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise MeshplanError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise MeshplanError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise MeshplanError(f"{p}: JSON nested too deeply") from None
     return validate_run_record(run, str(p))

@@ -121,6 +121,9 @@ class _Window:
             except RecursionError:
                 raise MeshplanError(f"{self.label}: JSON nested too deeply (at character {self.pos}); "
                                     f"not a trace event") from None
+            except ValueError as exc:  # an integer of more than 4,300 digits (Python's int parsing limit)
+                raise MeshplanError(f"{self.label}: {str(exc).split(':')[0]} (at character {self.pos}); not a "
+                                    "trace event") from None
             # A number cut at the window edge decodes "successfully" as a shorter number: read on to be sure.
             if end >= len(self.buf) and not self.eof and self.fill(grow=True):
                 continue

@@ -50,7 +50,9 @@ def _freeze(x: Any, cache: dict, depth: int = 0) -> Any:
 
 
 def _numel(dims: Any) -> int:
-    if isinstance(dims, (list, tuple)) and dims and all(_int(d) is not None and d >= 0 for d in dims):
+    """Elements of a shape; 0 when it is not one (a dimension that is not an integer in [0, 2^48): no device holds
+    2^48 elements, and 2^200 x 2^200 would overflow the float its bytes become)."""
+    if isinstance(dims, (list, tuple)) and dims and all(_int(d) is not None and 0 <= d < 2**48 for d in dims):
         n = 1
         for d in dims:
             n *= d

@@ -8,10 +8,13 @@ quoting the input back).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+import shlex
+from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator,
+                      model_validator)
 
+from meshplan.core.bounds import NonNegFloat
 from meshplan.core.errors import MeshplanError, validation_line
 from meshplan.profiler.trace import MAX_WORLD_SIZE
 
@@ -24,6 +27,14 @@ def _finite_positive(name: str, xs: list[float]) -> list[float]:
         if not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
             raise ValueError(f"{name} must be finite and > 0 (got {x!r:.30})")
     return xs
+
+
+def _inside(what: str, name: str) -> str:
+    """A file of the run folder itself: no absolute path, no '..', not empty."""
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith("/") or ".." in parts or not name or len(name) > 255:
+        raise ValueError(f"{what} {name!r:.60} is not a file name inside the run folder")
+    return name
 
 
 class RunRecord(BaseModel):
@@ -42,9 +53,33 @@ class RunRecord(BaseModel):
     step_times_s: dict[str, list[float]]
     unprofiled_steps_requested: int = Field(default=0, ge=0)
     unprofiled_step_times_s: dict[str, list[float]] = Field(default_factory=dict)
-    peak_memory_bytes: dict[str, Optional[float]] = Field(default_factory=dict)
+    peak_memory_bytes: dict[str, Optional[NonNegFloat]] = Field(default_factory=dict)
+    max_rss_bytes: Union[None, NonNegFloat, dict[str, Optional[NonNegFloat]]] = None
     traces: dict[str, str] = Field(default_factory=dict)
     ranks_missing: list[int] = Field(default_factory=list)
+    # what the launcher recorded (profiler.capture_launch): read by verify.measured to find the run's plan and
+    # trainer flags, so typed too (a string where a list belongs was a TypeError there)
+    argv: Union[None, list[StrictStr], StrictStr] = None
+    """The trainer's arguments: a list, or one shell-quoted string (split as a shell would)."""
+    command: Optional[StrictStr] = None
+    torchrun: Optional[list[StrictStr]] = None
+    script: Optional[StrictStr] = None
+    plan: Optional[StrictStr] = None
+    plan_copy: Optional[StrictStr] = None
+    pinned: Optional[StrictBool] = None
+    nproc_per_node: Optional[int] = Field(default=None, ge=1, le=MAX_WORLD_SIZE)
+    nnodes: Optional[int] = Field(default=None, ge=1, le=MAX_WORLD_SIZE)
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_words(cls, v: Union[None, list[str], str]) -> Optional[list[str]]:
+        if isinstance(v, str):
+            try:
+                return shlex.split(v)
+            except ValueError as exc:  # "No closing quotation"
+                raise ValueError(f"not a shell command line ({exc}); expected a list of words or one quoted "
+                                 "string") from None
+        return v
 
     @field_validator("step_times_s", "unprofiled_step_times_s")
     @classmethod
@@ -59,11 +94,13 @@ class RunRecord(BaseModel):
     @classmethod
     def _trace_names(cls, v: dict[str, str]) -> dict[str, str]:
         for k, name in v.items():
-            # a trace file lives inside its run folder: no absolute path, no '..', no hidden path
-            parts = name.replace("\\", "/").split("/")
-            if name.startswith("/") or ".." in parts or not name or len(name) > 255:
-                raise ValueError(f"rank {k}: trace file {name!r:.60} is not a file name inside the run folder")
+            _inside(f"rank {k}: trace file", name)
         return v
+
+    @field_validator("plan_copy")
+    @classmethod
+    def _plan_copy_inside(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _inside("plan copy", v)
 
     @model_validator(mode="after")
     def _ranks_in_world(self) -> "RunRecord":

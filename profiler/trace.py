@@ -17,10 +17,11 @@ category seen is counted, and the ones not used are reported with the reason (``
 * Steps: ``ProfilerStep#N`` ranges; a trace without them gets one warning and, when asked, steps cut at a named
   op or at the optimizer step (:mod:`profiler.steps`).
 
-Hostile input (the rules are :mod:`profiler.trace_schema`, published in ``docs/schemas/``): an event with a field
-of the wrong type (``ts`` a string, ``dur`` negative) is counted as malformed and skipped; header fields of the
-wrong type (``distributedInfo.rank`` "x", ``world_size`` "many" or 1e8, ``baseTimeNanoseconds`` "abc",
-``pg_config`` 5) are refused with the file and field named. Only what the
+Hostile input (the rules are :mod:`profiler.trace_schema`, published in ``docs/schemas/``): a timed event with a
+field of the wrong type (``ts`` a string, ``dur`` negative, ``args`` a list, ``correlation`` "7", an integer past
+64 bits) refuses the file, naming the event and the field (none of the 623,146 timed events of the 31 traces in
+``../shared`` has one); header fields of the wrong type (``distributedInfo.rank`` "x", ``world_size`` "many" or
+1e8, ``baseTimeNanoseconds`` "abc", ``pg_config`` 5) are refused with the file and field named. Only what the
 analyses need is kept, strings are interned and shapes shared, and the file is streamed
 (:mod:`profiler.jsonstream`), so memory grows with the kept events, not with the file text.
 """
@@ -32,12 +33,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from meshplan.core.errors import MeshplanError
+from meshplan.core.errors import MeshplanError, one_line
 from meshplan.profiler.categories import ROLES, collective_type, role_of, why_not_used  # noqa: F401 (re-export)
 from meshplan.profiler.events import KINDS, Event, RankTrace  # noqa: F401 (re-export)
 from meshplan.profiler.jsonstream import stream_trace
 from meshplan.profiler.normalise import Normaliser
 from meshplan.profiler.steps import apply_step_cut
+from meshplan.profiler.trace_schema import ARG_TYPES, arg_problem, number_ok
 from meshplan.profiler.trace_schema import MAX_WORLD_SIZE, validate_header  # noqa: F401 (re-export)
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -55,12 +57,22 @@ def rank_from_name(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _finite(x: Any) -> float | None:
-    """``x`` as a finite float, or None (strings, bools, None, NaN, ±inf: a malformed field)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    v = float(x)
-    return v if math.isfinite(v) else None
+def _bad_event(label: str, index: int, ev: dict, why: str) -> MeshplanError:
+    """One line naming the file, the event (its place in ``traceEvents`` and its name) and the field."""
+    name = ev.get("name")
+    named = f" ({one_line(name)[:60]!r})" if isinstance(name, str) else ""
+    return MeshplanError(f"{label}: traceEvents[{index}]{named}: {why}; not a trace meshplan can read")
+
+
+def _time_problem(ts: Any, dur: Any) -> str | None:
+    """Why an ``X`` event's ``ts``/``dur`` cannot be used (the schema's rules, ``TraceEvent``), else None."""
+    for key, v in (("ts", ts), ("dur", dur)):
+        if not number_ok(v):
+            kind = type(v)
+            got = ("an integer past 64 bits" if kind is int else "a boolean" if kind is bool
+                   else f"{v!r:.20}" if kind is float else kind.__name__)
+            return f"{key}: expected a finite number of microseconds, got {got}"
+    return "dur: expected >= 0" if dur < 0 else None
 
 
 def load_trace(path: str | Path, label: str | None = None, step_at: str | None = None) -> RankTrace:
@@ -76,7 +88,8 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
         The :class:`RankTrace`, events sorted by start time and assigned to steps.
 
     Raises:
-        MeshplanError: Truncated gzip, malformed JSON, a header field of the wrong type, or a JSON that is not a
+        MeshplanError: Truncated gzip, malformed JSON, a timed event's or a header's field of the wrong type (the
+            file, the event and the field named), or a JSON that is not a
             Kineto trace.
     """
     label = label or str(path)
@@ -85,8 +98,8 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     step_lanes: list[str] = []
     seen: dict[Any, int] = {}
     used: dict[Any, int] = {}
-    n_seen = [0, 0]  # events, malformed events
-    header = stream_trace(path, _event_sink(norm, steps, step_lanes, seen, used, n_seen))
+    n_seen = [0]  # events
+    header = stream_trace(path, _event_sink(norm, steps, step_lanes, seen, used, n_seen, label))
     if not n_seen[0]:
         raise MeshplanError(f"{label}: not a Kineto trace: traceEvents is empty")
     if not norm.events and not steps:
@@ -104,8 +117,6 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
     base = head.baseTimeNanoseconds or 0
     backend = dist.backend if dist else None
     warnings += _dropped_event_warnings(header, label)
-    if n_seen[1]:
-        warnings.append(f"{label}: {n_seen[1]} event(s) with a field of the wrong type (ts, dur, name) skipped")
     events = norm.finish(rank)
     props = head.deviceProperties
     rt = RankTrace(
@@ -122,11 +133,13 @@ def load_trace(path: str | Path, label: str | None = None, step_at: str | None =
 
 
 def _event_sink(norm: Normaliser, steps: dict[int, tuple[float, float]], step_lanes: list[str],
-                seen: dict[Any, int], used: dict[Any, int], n_seen: list[int]) -> Callable[[dict], None]:
+                seen: dict[Any, int], used: dict[Any, int], n_seen: list[int],
+                label: str) -> Callable[[dict], None]:
     """The callback :func:`profiler.jsonstream.stream_trace` hands each raw event to (the hot path of ingestion):
     ``ProfilerStep#N`` markers go to ``steps`` (their threads to ``step_lanes``), every other event of a used
-    category to ``norm``; ``seen``/``used`` count events per raw category, ``n_seen`` [events, malformed ones]."""
-    roles, _isfinite = ROLES, math.isfinite
+    category to ``norm``; ``seen``/``used`` count events per raw category, ``n_seen`` [events]. A timed event with
+    a field of the wrong type refuses the file (``label``), naming the event and the field."""
+    roles, _isfinite, arg_types = ROLES, math.isfinite, ARG_TYPES
 
     def on_event(ev: dict) -> None:
         n_seen[0] += 1
@@ -142,15 +155,24 @@ def _event_sink(norm: Normaliser, steps: dict[int, tuple[float, float]], step_la
                 return
         ts = ev.get("ts")
         dur = ev.get("dur", 0.0)
-        if type(ts) is not float or type(dur) is not float or not (_isfinite(ts) and _isfinite(dur)):
-            ts, dur = _finite(ts), _finite(dur)  # ints, or a malformed field
+        if type(ts) is not float or type(dur) is not float or not (_isfinite(ts) and _isfinite(dur)) or dur < 0:
+            why = _time_problem(ts, dur)  # ints (read as floats), or a malformed field
+            if why:
+                raise _bad_event(label, n_seen[0] - 1, ev, why)
+            ts, dur = float(ts), float(dur)
         name = ev.get("name", "")
-        if ts is None or dur is None or dur < 0 or type(name) is not str:
-            n_seen[1] += 1
-            return
+        if type(name) is not str:
+            raise _bad_event(label, n_seen[0] - 1, ev, f"name: expected a string, got {type(name).__name__}")
         args = ev.get("args")
-        if not isinstance(args, dict):
+        if type(args) is not dict:
+            if args is not None:
+                raise _bad_event(label, n_seen[0] - 1, ev, f"args: expected an object, got {type(args).__name__}")
             args = {}
+        for arg, value in args.items():
+            if arg in arg_types:
+                why = arg_problem(arg, value)
+                if why:
+                    raise _bad_event(label, n_seen[0] - 1, ev, why)
         if role in ("host", "annotation"):
             m = _STEP.match(name)
             if m:
@@ -158,10 +180,8 @@ def _event_sink(norm: Normaliser, steps: dict[int, tuple[float, float]], step_la
                 step_lanes.append(f"thread:{ev.get('tid')}")
                 used[key] = used.get(key, 0) + 1
                 return
-        if norm.add(role, cat, sys.intern(name), ts, dur, ev.get("pid"), ev.get("tid"), args):
-            used[key] = used.get(key, 0) + 1
-        else:
-            n_seen[1] += 1
+        norm.add(role, cat, sys.intern(name), ts, dur, ev.get("pid"), ev.get("tid"), args)
+        used[key] = used.get(key, 0) + 1
 
     return on_event
 

@@ -14,9 +14,16 @@ Two kinds of field:
 * **Required for use**: an ``X`` event's ``ts``, ``dur`` (finite, ``dur >= 0``) and ``name`` (a string); the header's
   ``rank``, ``world_size``, ``pg_config`` and ``baseTimeNanoseconds``. A wrong one skips the event (counted and
   warned) or refuses the file, naming the field.
-* **Informational**: everything in ``args`` (``correlation``, ``Collective name``, ``In msg nelems`` ...), the
-  header's ``backend``, ``host_name``, ``deviceProperties``. A value of the wrong type is read as absent, as the
-  profiler wrote nothing there (old PyTorch versions leave most of them out).
+* **Read when present**: the ``args`` keys meshplan reads (``correlation``, ``Collective name``, ``In msg nelems``
+  ...), each of one JSON type (:data:`ARG_TYPES`, checked by :func:`arg_problem`); absent or ``null`` is fine (old
+  PyTorch versions leave most of them out), another type (``args`` a list or a string, a count as a string) refuses
+  the file naming the event and the key. ROCm writes a copy's ``bytes``/``size`` on its runtime events as a decimal
+  string (traces/external/tracelens_mi300_*, hta_amd_mi250_minitoy): accepted, not read.
+* **Informational**: the header's ``backend``, ``host_name``, ``deviceProperties``: a value of the wrong type reads
+  as absent.
+
+Integers are bounded by ``core.bounds.MAX_ABS_INT`` (64 bits) and numbers must be finite, as in every other file
+meshplan reads.
 """
 from __future__ import annotations
 
@@ -24,8 +31,9 @@ import math
 from typing import Annotated, Any, Optional, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError,
-                      WrapValidator, field_validator)
+                      WrapValidator, field_validator, model_validator)
 
+from meshplan.core.bounds import MAX_ABS_INT
 from meshplan.core.errors import MeshplanError, validation_line
 
 # The largest training jobs published run on about 10^5 accelerators; 2^20 leaves an order of magnitude.
@@ -40,10 +48,44 @@ def _absent_if_wrong(value: Any, handler: Any) -> Any:
         return None
 
 
+def number_ok(value: Any) -> bool:
+    """A JSON number meshplan can use: an int within 64 bits or a finite float (no bool, no string)."""
+    t = type(value)
+    return (t is float and math.isfinite(value)) or (t is int and -MAX_ABS_INT < value < MAX_ABS_INT)
+
+
 def _finite(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError("must be a finite number")
+    if not number_ok(value):
+        raise ValueError("must be a finite number (an integer within 64 bits or a float)")
     return float(value)
+
+
+# The args keys meshplan reads and the JSON types each may hold (null always allowed: absent).
+_NUM, _INT = (int, float), (int,)
+ARG_TYPES: dict[str, tuple[type, ...]] = {
+    "correlation": _INT, "stream": (int, str), "Input Dims": (list,), "Input type": (list,),
+    "Collective name": (str,), "In msg nelems": _NUM, "dtype": (str,), "Process Group Name": (str, int),
+    "Process Group Ranks": (list, str), "Seq": _NUM, "seq": _NUM, "bytes": (int, float, str), "size": (int, float, str),
+    "cuda_sync_kind": (str,), "wait_on_stream": _INT, "wait_on_cuda_event_record_corr_id": _INT,
+    "Concrete Inputs": (list,)}
+_DECIMAL_STRING_KEYS = ("bytes", "size")  # ROCm runtime events: "bytes": "128"
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", list: "a list"}
+
+
+def arg_problem(key: str, value: Any) -> str | None:
+    """Why ``args[key]`` cannot be read (None when it can, or when meshplan does not read ``key``)."""
+    allowed = ARG_TYPES.get(key)
+    if allowed is None or value is None:
+        return None
+    t = type(value)
+    if t not in allowed:
+        want = " or ".join(dict.fromkeys(_TYPE_NAMES[a] for a in allowed if not (a is int and float in allowed)))
+        return f"args.{key}: expected {want}, got a {'boolean' if t is bool else type(value).__name__}"
+    if t in _NUM and not number_ok(value):
+        return f"args.{key}: not a finite number within 64 bits"
+    if t is str and key in _DECIMAL_STRING_KEYS and not value.isdigit():
+        return f"args.{key}: expected a count (a number or a string of digits), got {value[:20]!r}"
+    return None
 
 
 Info = WrapValidator(_absent_if_wrong)
@@ -53,48 +95,54 @@ Integral = Annotated[StrictFloat, Field(json_schema_extra={"multipleOf": 1})]
 
 
 class EventArgs(BaseModel):
-    """The ``args`` keys meshplan reads (profiler/normalise.py); every one informational, others kept."""
+    """The ``args`` keys meshplan reads (profiler/normalise.py), each of one JSON type (:data:`ARG_TYPES`); others
+    kept unread."""
 
     model_config = ConfigDict(extra="allow")
 
-    correlation: Annotated[Optional[StrictInt], Info] = None
+    @model_validator(mode="before")
+    @classmethod
+    def _types(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                why = arg_problem(key, value)
+                if why:
+                    raise ValueError(why)
+        return data
+
+    correlation: Optional[StrictInt] = None
     """Launch <-> device-op join key."""
-    stream: Annotated[Optional[Union[StrictInt, StrictStr]], Info] = None
+    stream: Optional[Union[StrictInt, StrictStr]] = None
     """Device queue of a kernel or copy (2021 traces: the tid ``"stream 7"`` instead)."""
-    input_dims: Annotated[Optional[list], Info] = Field(None, alias="Input Dims")
+    input_dims: Optional[list] = Field(None, alias="Input Dims")
     """Shapes of a host op's inputs (nested lists)."""
-    input_type: Annotated[Optional[list], Info] = Field(None, alias="Input type")
+    input_type: Optional[list] = Field(None, alias="Input type")
     """Dtypes of a host op's inputs: the element size of a collective annotation."""
-    collective_name: Annotated[Optional[StrictStr], Info] = Field(None, alias="Collective name")
+    collective_name: Optional[StrictStr] = Field(None, alias="Collective name")
     """Collective type recorded on NCCL kernels and ``nccl:*`` annotations (PyTorch >= 2.2)."""
     in_msg_nelems: Annotated[Optional[Annotated[Number, Field(ge=0)]], Info] = Field(None, alias="In msg nelems")
     """Elements a collective sends (with ``dtype``: its bytes)."""
-    dtype: Annotated[Optional[StrictStr], Info] = None
-    process_group_name: Annotated[Optional[Union[StrictStr, StrictInt]], Info] = Field(None, alias="Process Group Name")
+    dtype: Optional[StrictStr] = None
+    process_group_name: Optional[Union[StrictStr, StrictInt]] = Field(None, alias="Process Group Name")
     process_group_ranks: Annotated[Optional[Union[list[StrictInt], StrictStr]], Info] = Field(
         None, alias="Process Group Ranks")
     """Global ranks of the group: a list, or the string ``"[0, 1]"`` that PyTorch 2.3-2.5 wrote."""
-    seq: Annotated[Optional[Number], Info] = Field(None, alias="Seq")
+    seq: Optional[Number] = Field(None, alias="Seq")
     """Per-process-group sequence number (2026+ traces)."""
-    seq_lower: Annotated[Optional[Number], Info] = Field(None, alias="seq")
+    seq_lower: Optional[Number] = Field(None, alias="seq")
     """The same, as some writers spell it (read when ``Seq`` is absent or not a number)."""
-    bytes: Annotated[Optional[Number], Info] = None
-    """Bytes moved by a copy."""
-    size: Annotated[Optional[Number], Info] = None
+    bytes: Optional[Union[Number, StrictStr]] = None
+    """Bytes moved by a copy (a string of digits on ROCm's runtime events: accepted, not read)."""
+    size: Optional[Union[Number, StrictStr]] = None
     """Bytes moved by a copy, as older traces name it (read when ``bytes`` is absent or 0)."""
-    cuda_sync_kind: Annotated[Optional[StrictStr], Info] = None
+    cuda_sync_kind: Optional[StrictStr] = None
     """``Stream Wait Event`` on the ``cuda_sync`` events of newer traces (pytorch#105187)."""
-    wait_on_stream: Annotated[Optional[StrictInt], Info] = None
+    wait_on_stream: Optional[StrictInt] = None
     """The stream a ``cudaStreamWaitEvent`` waits for."""
-    wait_on_cuda_event_record_corr_id: Annotated[Optional[StrictInt], Info] = None
+    wait_on_cuda_event_record_corr_id: Optional[StrictInt] = None
     """Correlation of the ``cudaEventRecord`` waited for."""
-    concrete_inputs: Annotated[Optional[list], Info] = Field(None, alias="Concrete Inputs")
+    concrete_inputs: Optional[list] = Field(None, alias="Concrete Inputs")
     """Scalar arguments of a host op: ``c10d::send``/``recv_`` carry the peer rank third."""
-
-    @field_validator("in_msg_nelems", "seq", "seq_lower", "bytes", "size")
-    @classmethod
-    def _finite_or_absent(cls, v: Optional[float]) -> Optional[float]:
-        return v if v is None or math.isfinite(v) else None
 
 
 class TraceEvent(BaseModel):
@@ -117,8 +165,8 @@ class TraceEvent(BaseModel):
     """Process, or the device index of a device op."""
     tid: Any = None
     """Thread, or the stream of a device op."""
-    args: Annotated[Optional[EventArgs], Info] = None
-    """Event arguments; not an object reads as none."""
+    args: Optional[EventArgs] = None
+    """Event arguments: an object (or absent)."""
 
 
 class DistributedInfo(BaseModel):

@@ -210,7 +210,7 @@ def test_yaml_alias_bombs_and_huge_files_are_refused(tmp_path, runner):
 
 @pytest.mark.parametrize("key,value,needle", [("hidden_size", 5_000_000_000, "'hidden_size' must be at most 1048576"),
                                               ("num_hidden_layers", "32", "'num_hidden_layers' must be an integer"),
-                                              ("rope_theta", float("inf"), "'rope_theta' must be a positive finite"),
+                                              ("rope_theta", float("inf"), "rope_theta: inf is not a finite number"),
                                               ("vocab_size", 0, "'vocab_size' must be an integer >= 1")])
 def test_config_json_is_typed_at_the_edge(tmp_path, runner, key, value, needle):
     """planner/model/hf_config.py: the keys meshplan reads have types and the bounds of real models; one line, exit 2."""
@@ -243,3 +243,170 @@ def test_cost_model_metadata_is_typed_at_the_edge(tmp_path, runner):
                                 "--model", str(dest)])
         assert r.exit_code == 2 and "metadata.json" in r.output and needle in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+# ---- generated from the option definitions: every int/float option of every command, every output flag ----------
+
+def _commands():
+    """(command words, click command) for every leaf command of the Typer app."""
+    import typer
+
+    out, todo = [], [((), typer.main.get_command(app))]
+    while todo:
+        words, cmd = todo.pop()
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            todo.extend((words + (n,), c) for n, c in subs.items())
+        else:
+            out.append((words, cmd))
+    return sorted(out, key=lambda wc: wc[0])
+
+
+def _numeric_options() -> list[tuple[tuple[str, ...], str, type]]:
+    """(command words, option, int or float) of every numeric option (Typer's declared annotation, unwrapped from
+    Optional)."""
+    kinds = {"int": int, "float": float}
+    return [(w, p.opts[0], kinds[str(p.bare_type())]) for w, c in _commands() for p in c.params
+            if p.opts[0].startswith("--") and str(p.bare_type()) in kinds and not getattr(p, "is_flag", False)]
+
+
+def _bases(tmp: Path) -> dict[tuple[str, ...], list[str]]:
+    """A valid (and quick) invocation of each command the numeric or output options belong to; a command's own
+    bad options are added after it. ``profile`` names a script that does not exist: it must refuse before launching."""
+    from tests.helpers import DATA
+
+    plan = str(REPO / "plans" / "llama-3.1-8b.yaml")
+    return {
+        ("plan",): ["plan", "-m", "llama-3.1-8b", "-c", "1x8xH100", "-b", "64", "-s", "2048", "--top", "1", "--json",
+                    "--out", str(tmp / "p.yaml")],
+        ("export",): ["export", plan, "--to", "torchrun"],
+        ("check",): ["check", plan, str(tmp / "run"), "--no-breakdown"],
+        ("replay",): ["replay", str(DATA / "profiler" / "gloo_ddp_2rank"), "--json", "--no-cache"],
+        ("profile",): ["profile", "--out", str(tmp / "prof"), str(tmp / "no_such_script.py")],
+        ("models", "show"): ["models", "show", "llama-3.1-8b"],
+        ("costmodel", "collect"): ["costmodel", "collect", "--out", str(tmp / "c"), "--quick"],
+        ("costmodel", "train"): ["costmodel", "train", "--out", str(tmp / "m"), "--data", str(tmp / "nodata")],
+        ("costmodel", "predict"): ["costmodel", "predict", "--op", "allreduce", "--shape", "1048576", "--device",
+                                   "H100"],
+    }
+
+
+# Values generated for a numeric option: its edges (0, -1) and beyond any count, as text; floats add inf/nan.
+_INT_VALUES = st.one_of(st.sampled_from(["0", "-1", "-5", str(2**40 + 1), str(2**63), "1" + "0" * 30, "x", ""]),
+                        st.integers(-10**6, 0).map(str), st.integers(2**40 + 1, 2**70).map(str))
+_FLOAT_VALUES = st.one_of(_INT_VALUES, st.sampled_from(["inf", "-inf", "nan", "1e309", "-0.5", "1e-400"]),
+                          st.floats(allow_nan=True, allow_infinity=True).map(repr))
+
+
+class _Hang(Exception):
+    pass
+
+
+def _invoke_bounded(runner, args: list[str], seconds: int = 60):
+    """``runner.invoke`` that fails the test after ``seconds`` (a hang, as ``train --rounds 0`` was)."""
+    import signal
+
+    def _alarm(_sig, _frame):
+        raise _Hang(" ".join(args))
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        return runner.invoke(app, args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _ends_cleanly(res, args: list[str], target: str) -> None:
+    """Exit 0, or 2 with one ``error:`` line or Typer's usage box (a value outside an option's range); no
+    traceback, no hang."""
+    assert not isinstance(res.exception, _Hang), f"hung: {args}"
+    assert res.exception is None or isinstance(res.exception, SystemExit), (args, repr(res.exception))
+    assert res.exit_code in (0, 2), (args, res.exit_code, res.output[-2000:])
+    COUNTS[f"{target} cases"] += 1
+    if res.exit_code == 0:
+        COUNTS[f"{target} ran"] += 1
+        return
+    lines = res.output.strip().splitlines()
+    one_line = len(lines) == 1 and lines[0].startswith("error:")
+    assert one_line or "Usage:" in res.output, (args, res.output[-2000:])
+    COUNTS[f"{target} refused cleanly"] += 1
+
+
+def test_numeric_options_are_found():
+    """The walk sees every command's numeric options (a command added later is fuzzed without editing this)."""
+    found = {(w, o) for w, o, _t in _numeric_options()}
+    assert {(("plan",), "--gen-len"), (("costmodel", "train"), "--rounds"), (("costmodel", "collect"), "--repeats"),
+            (("costmodel", "predict"), "--group-size"), (("plan",), "--quality-budget")} <= found
+    assert {w for w, _o in found} <= set(_bases(Path("/x"))), "a command with numeric options has no base call"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(data=st.data())
+def test_fuzz_numeric_options_from_definitions(runner, tmp_path_factory, data):
+    words, opt, typ = data.draw(st.sampled_from(_numeric_options()))
+    value = data.draw(_FLOAT_VALUES if typ is float else _INT_VALUES)
+    tmp = tmp_path_factory.mktemp("n")
+    args = _bases(tmp)[words] + [opt, value]
+    _ends_cleanly(_invoke_bounded(runner, args), args, "numeric option")
+
+
+def test_every_numeric_option_at_zero_and_negative(runner, tmp_path):
+    """Each numeric option at 0 and -1 (counts of zero or less mean nothing): refused, or a result where 0 is a
+    real value (a rank, a step, a budget)."""
+    for words, opt, _typ in _numeric_options():
+        for value in ("0", "-1"):
+            args = _bases(tmp_path)[words] + [opt, value]
+            _ends_cleanly(_invoke_bounded(runner, args), args, "numeric option at 0/-1")
+
+
+_OUTPUT_NAMES = ("out", "junit", "summary", "timeline")
+_FOLDER_OUTPUTS = {("profile",), ("costmodel", "collect"), ("costmodel", "train"), ("costmodel", "fit")}
+
+
+def _output_flags() -> list[tuple[tuple[str, ...], str]]:
+    return [(w, p.opts[0]) for w, c in _commands() for p in c.params
+            if p.name in _OUTPUT_NAMES and str(p.bare_type()) == "Path" and w in _bases(Path("/x"))]
+
+
+def _bad_outputs(tmp: Path, words: tuple[str, ...], base: list[str]) -> dict[str, str]:
+    """Where an output must not go: a folder (for a file output), a path under a regular file, a file in a
+    read-only folder, and the command's own input. Tests run as root, where chmod does not stop a write: /proc
+    refuses new files to root too, so a path there is the read-only folder."""
+    (tmp / "afile").write_text("x")
+    own_input = next((a for a in base[len(words):] if not a.startswith("-") and Path(a).exists()), None)
+    bad = {"under a file": str(tmp / "afile" / "out"), "read-only folder": "/proc/meshplan-fuzz-out"}
+    if words not in _FOLDER_OUTPUTS:
+        (tmp / "adir").mkdir(exist_ok=True)
+        bad["a folder"] = str(tmp / "adir")
+    if own_input:
+        bad["its own input"] = own_input
+    return bad
+
+
+def test_every_output_flag_at_bad_places(runner, tmp_path):
+    """Every output flag of the commands above at each bad place: one line naming the path, exit 2, nothing
+    written over an input."""
+    from tests.test_check import _plan as make_plan, _run as make_run
+
+    flags = _output_flags()
+    assert {(("plan",), "--out"), (("export",), "--out"), (("check",), "--summary"), (("check",), "--junit"),
+            (("replay",), "--timeline")} <= set(flags)
+    for words, flag in flags:
+        tmp = tmp_path / "_".join(words + (flag.strip("-"),))
+        tmp.mkdir()
+        base = _bases(tmp)[words]
+        if words == ("check",):  # a run of the plan to check
+            plan = make_plan(tmp)
+            make_run(tmp, {"0": [0.2] * 5, "1": [0.2] * 5}, plan=plan)
+            base = ["check", str(plan), str(tmp / "run"), "--no-breakdown"]
+        base = [a for i, a in enumerate(base) if not (a == flag or (i and base[i - 1] == flag))]
+        for place, path in _bad_outputs(tmp, words, base).items():
+            before = Path(path).read_bytes() if Path(path).is_file() else None
+            args = base + [flag, path]
+            res = _invoke_bounded(runner, args, 120)
+            assert res.exit_code == 2, (place, args, res.output[-2000:])
+            _ends_cleanly(res, args, f"output flag at {place}")
+            if before is not None:
+                assert Path(path).read_bytes() == before, (place, args)

@@ -26,8 +26,11 @@ _FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(Heal
 _LONG = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 
 # Values a hostile or broken producer could put in any field.
+# Edges of the bounds in core.bounds: integers of 1,000 digits, nesting 100 deep.
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True,
-                     allow_infinity=True), st.text(max_size=12), st.sampled_from(["many", "1e8", "-3", "", "[0, 1]"]))
+                     allow_infinity=True), st.text(max_size=12),
+                     st.sampled_from(["many", "1e8", "-3", "", "[0, 1]", "train.py --plan 'p.yaml"]),
+                     st.sampled_from([10**1000, -(10**1000), json.loads("[" * 100 + "]" * 100)]))
 _values = st.recursive(_scalars, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c,
                                                                                                 max_size=4)),
                        max_leaves=12)
@@ -88,7 +91,8 @@ def _run_records(draw) -> str:
            "traces": {"0": "rank0.trace.json.gz", "1": "rank1.trace.json.gz"}}
     for _ in range(draw(st.integers(1, 4))):
         key = draw(st.sampled_from(list(run) + ["unprofiled_step_times_s", "hostnames", "pinned_cores",
-                                                "peak_memory_bytes", "warmup_steps_skipped"]))
+                                                "peak_memory_bytes", "warmup_steps_skipped", "argv", "plan",
+                                                "plan_copy", "pinned", "max_rss_bytes", "nproc_per_node"]))
         run[key] = draw(_values)
     return json.dumps(run, allow_nan=True)
 

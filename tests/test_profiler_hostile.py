@@ -74,17 +74,36 @@ def test_bad_base_time(runner, tmp_path, raw):
     _refused(runner, ["replay", str(_write(tmp_path, text)), "--json"], "baseTimeNanoseconds")
 
 
-def test_events_with_wrong_field_types_are_counted_and_skipped(tmp_path):
+@pytest.mark.parametrize("field,value,needle", [
+    ("args", [1, 2], "args: expected an object, got list"), ("args", "x", "args: expected an object, got str"),
+    ("ts", "abc", "ts: expected a finite number"), ("dur", -7, "dur: expected >= 0"),
+    ("name", {"a": 1}, "name: expected a string"), ("ts", 10**1000, "ts: expected a finite number of microseconds, "
+                                                                   "got an integer past 64 bits"),
+    ("args.correlation", "7", "args.correlation: expected an integer, got a str"),
+    ("args.Input Dims", "[[1]]", "args.Input Dims: expected a list"),
+])
+def test_events_with_wrong_field_types_refuse_the_trace(runner, tmp_path, field, value, needle):
+    """A timed event's field of the wrong type is one line naming the file, the event and the field, exit 2."""
     doc = _doc()
-    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
-    xs[0]["args"] = [1, 2]
-    xs[1]["ts"] = "abc"
-    xs[2]["dur"] = -7
-    xs[3]["name"] = {"a": 1}
-    p = _write(tmp_path, json.dumps(doc).replace(f'"ts": {xs[4]["ts"]}', '"ts": 1e309', 1))
-    t = load_run(p, workers=1).ranks[0]
-    assert any("wrong type" in w and "skipped" in w for w in t.warnings)
-    assert t.counts_by_kind()["compute"] == 4  # the four kernels still load
+    i, ev = next((i, e) for i, e in enumerate(doc["traceEvents"]) if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    if field.startswith("args."):
+        ev.setdefault("args", {})[field[5:]] = value
+    else:
+        ev[field] = value
+    sys.set_int_max_str_digits(0)
+    try:
+        p = _write(tmp_path, json.dumps(doc))
+    finally:
+        sys.set_int_max_str_digits(4300)
+    _refused(runner, ["replay", str(p), "--json"], f"traceEvents[{i}]")
+    _refused(runner, ["replay", str(p), "--json"], needle)
+
+
+def test_infinite_ts_refuses_the_trace(runner, tmp_path):
+    doc = _doc()
+    ev = next(e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op")
+    p = _write(tmp_path, json.dumps(doc).replace(f'"ts": {ev["ts"]}', '"ts": 1e309', 1))
+    _refused(runner, ["replay", str(p), "--json"], "ts: expected a finite number of microseconds, got inf")
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -163,7 +182,7 @@ def test_bad_run_json(runner, tmp_path, patch, needle):
 
 @pytest.mark.parametrize("raw,needle", [
     (b"\xff\xfe{\x00", "UTF-8"), (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"), (b"[1, 2]", "not an object"),
-    (b"{", "not valid JSON"),
+    (b"{", "malformed JSON"),
 ])
 def test_run_json_unreadable(runner, tmp_path, raw, needle):
     d = _run_folder(tmp_path, raw)

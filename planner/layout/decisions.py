@@ -17,6 +17,7 @@ from typing import Annotated, Literal, Mapping, Optional
 
 from pydantic import Field
 
+from meshplan.core.bounds import MAX_COUNT
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.splits import parse_pp_layout
 
@@ -96,6 +97,8 @@ class Decision:
             raise MeshplanError(f"--fix {key}={text}: expected one of {', '.join(map(str, self.choices))}")
         if self.lo is not None and out < self.lo:
             raise MeshplanError(f"--fix {key}={text}: must be >= {self.lo:g}")
+        if out > MAX_COUNT:
+            raise MeshplanError(f"--fix {key}={text}: must be at most {MAX_COUNT}")
         return out
 
     def check(self, value: object) -> None:

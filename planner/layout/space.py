@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 from itertools import product
 from typing import Iterator, Mapping, Optional
 
+from meshplan.core.bounds import MAX_COUNT
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.decisions import BY_FIX_KEY, RECOMPUTE, free_defaults, stack_can
 from meshplan.planner.layout.layout import DEGREE_NAMES, Layout
@@ -108,6 +109,8 @@ def _parse_count(key: str, text: str) -> int:
         raise MeshplanError(f"--fix {key}={text}: expected an integer") from None
     if out < 1:
         raise MeshplanError(f"--fix {key}={text}: must be >= 1")
+    if out > MAX_COUNT:
+        raise MeshplanError(f"--fix {key}={text}: must be at most {MAX_COUNT}")
     return out
 
 
@@ -115,6 +118,7 @@ def parse_fix(text: str | None) -> Pins:
     """Parse ``tp=8,pp=4,recompute=full`` into ``Pins``; one clear error per bad entry, and a key given twice with
     two values is refused (neither would silently win)."""
     out: dict[str, object] = {}
+    given: dict[str, str] = {}  # key -> the value as written: a key given twice must agree
     if not text:
         return Pins()
     for item in text.replace(" ", "").split(","):
@@ -126,10 +130,11 @@ def parse_fix(text: str | None) -> Pins:
         key = key.lower().replace("-", "_")
         if key not in FIX_KEYS:
             raise MeshplanError(f"--fix key '{key}' is unknown (known: {', '.join(FIX_KEYS)})")
-        value = BY_FIX_KEY[key].parse(val) if key in BY_FIX_KEY else _parse_count(key, val)
-        if key in out and out[key] != value:
-            raise MeshplanError(f"--fix {key} is given twice, as {out[key]} and {val}: give it once")
-        out[key] = value
+        if len(val) > 1000:  # a pp_layout of 256 stages is ~700 characters
+            raise MeshplanError(f"--fix {key}: a value of {len(val):,} characters; expected a short value")
+        if given.setdefault(key, val) != val:
+            raise MeshplanError(f"--fix {key} given twice ({key}={given[key]} and {key}={val}); give it once")
+        out[key] = BY_FIX_KEY[key].parse(val) if key in BY_FIX_KEY else _parse_count(key, val)
     if "pp_layout" in out and ("first_stage_layers" in out or "last_stage_layers" in out):
         raise MeshplanError("--fix pp_layout and first_stage_layers/last_stage_layers: give one or the other")
     return Pins(**out)

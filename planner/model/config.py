@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import math
 from pathlib import Path
 from types import MappingProxyType
@@ -20,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.hf_config import check_hf_config
 from meshplan.core.frozen import freeze
@@ -273,17 +273,12 @@ def spec_from_config(cfg: Any, *, where: str, name: str, source: str, mtp: bool 
 
 
 def read_config(path: Path) -> Any:
-    """Parse a JSON file; every failure is one ``MeshplanError`` line naming the file."""
+    """Parse a JSON file within ``core.bounds`` (depth, integer size, finite numbers); every failure is one
+    ``MeshplanError`` line naming the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return load_json_file(path)
     except FileNotFoundError:
         raise MeshplanError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MeshplanError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MeshplanError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 
 
 # ---- presets -----------------------------------------------------------------------------------------------

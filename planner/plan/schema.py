@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from meshplan.core.atomic import write_atomic
+from meshplan.core.bounds import BoundedInt, Count, FiniteFloat, NonNegFloat, PositiveInt
 from meshplan.core.yamlio import load_yaml_file
 from meshplan.core.errors import MeshplanError, validation_line
 from meshplan.planner.layout.decisions import DECISIONS, PLAN_SCHEDULES
@@ -44,34 +45,34 @@ class ModelRef(_Frozen):
     name: str
     source: str  # preset name or path of the config.json it came from
     model_type: str = Field(pattern=MODEL_TYPE_PATTERN)
-    num_params: int
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    num_experts: int = 0
-    experts_per_token: int = 0
+    num_params: Count  # 0 = not recorded (hand-made plans in tests)
+    hidden_size: PositiveInt
+    num_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    ffn_hidden_size: PositiveInt
+    vocab_size: PositiveInt
+    num_experts: Count = 0
+    experts_per_token: Count = 0
     # Shape details the launch-config exporters need (planner.export); 0 / None / () = not recorded, and the
     # exporter then leaves the target's default and says so. Names follow planner.model.spec.ModelSpec.
-    head_dim: int = 0  # q/k head dim; 0 = hidden_size / num_attention_heads
-    moe_ffn_hidden_size: int = 0
-    num_shared_experts: int = 0
-    moe_layers: tuple[int, ...] = ()  # indices of MoE layers; () with num_experts > 0 = every layer
+    head_dim: Count = 0  # q/k head dim; 0 = hidden_size / num_attention_heads
+    moe_ffn_hidden_size: Count = 0
+    num_shared_experts: Count = 0
+    moe_layers: tuple[Count, ...] = ()  # indices of MoE layers; () with num_experts > 0 = every layer
     tied_embeddings: Optional[bool] = None
-    q_lora_rank: int = 0  # MLA (DeepSeek-V2/V3); 0 = not MLA
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    rope_theta: float = 0.0  # config.json rope_theta; 0 = not recorded (plans written before it was)
+    q_lora_rank: Count = 0  # MLA (DeepSeek-V2/V3); 0 = not MLA
+    kv_lora_rank: Count = 0
+    qk_rope_head_dim: Count = 0
+    v_head_dim: Count = 0
+    rope_theta: NonNegFloat = 0.0  # config.json rope_theta; 0 = not recorded (plans written before it was)
     rope_scaling_type: str = ""  # "llama3", "yarn", ...; "" = unscaled or not recorded
-    rope_scaling_factor: float = 0.0
+    rope_scaling_factor: NonNegFloat = 0.0
 
 
 class DeviceGroupRef(_Frozen):
-    nodes: int
-    devices_per_node: int
+    nodes: PositiveInt
+    devices_per_node: PositiveInt
     device: str
 
 
@@ -96,18 +97,18 @@ class ClusterRef(_Frozen):
 class Stage(_Frozen):
     """One pipeline stage: a contiguous run of layers on one device group."""
 
-    first_layer: int
-    num_layers: int
-    device_group: int = 0
+    first_layer: Count
+    num_layers: PositiveInt
+    device_group: Count = 0
 
 
 class BucketCompression(_Frozen):
     """Gradient compression of one bucket (ByteComp-style)."""
 
-    bucket: int
-    size_bytes: int
+    bucket: Count
+    size_bytes: Count
     method: Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"] = "none"
-    param: float = 0.0  # top-k ratio or PowerSGD rank
+    param: NonNegFloat = 0.0  # top-k ratio or PowerSGD rank
     two_level: bool = False
     where: Literal["gpu", "cpu"] = "gpu"
 
@@ -115,21 +116,21 @@ class BucketCompression(_Frozen):
 class Breakdown(_Frozen):
     """Per-step time split, seconds. ``compute_s + exposed_comm_s + bubble_s + other_s == step_time_s``."""
 
-    compute_s: float
-    exposed_comm_s: float
-    bubble_s: float
-    other_s: float = 0.0
+    compute_s: FiniteFloat
+    exposed_comm_s: FiniteFloat
+    bubble_s: FiniteFloat
+    other_s: FiniteFloat = 0.0
 
 
 class Prediction(_Frozen):
-    step_time_s: float
-    tokens_per_s: float
-    tflops_per_device: float  # model FLOPs (no recompute) / step / device, in TFLOP/s
-    hw_tflops_per_device: float  # incl. recompute (Narayanan et al. 2021 count), TFLOP/s
-    mfu: float
-    peak_memory_bytes: int
+    step_time_s: NonNegFloat
+    tokens_per_s: NonNegFloat
+    tflops_per_device: NonNegFloat  # model FLOPs (no recompute) / step / device, in TFLOP/s
+    hw_tflops_per_device: NonNegFloat  # incl. recompute (Narayanan et al. 2021 count), TFLOP/s
+    mfu: NonNegFloat
+    peak_memory_bytes: Count
     breakdown: Breakdown
-    memory_bytes: dict[str, int] = Field(default_factory=dict)  # weights, grads, optimizer, activations, ...
+    memory_bytes: dict[str, BoundedInt] = Field(default_factory=dict)  # weights, grads, optimizer, activations, ...
     costmodel: str = "roofline"
 
 

@@ -322,19 +322,23 @@ def read_sensitivity(path, precisions: Sequence[str], num_layers: int) -> list[l
     Raises:
         MeshplanError: missing/invalid file, or a requested precision the file lacks (names both).
     """
-    import json
     from pathlib import Path
+
+    from meshplan.core.bounds import load_json_file
 
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-        cols, rows = list(data["precisions"]), data["layers"]
+        data = load_json_file(p)  # nesting, integer size and finite numbers bounded (core.bounds)
+        cols, rows = [str(c) for c in data["precisions"]], data["layers"]
+        ok = isinstance(rows, list) and rows and all(
+            isinstance(r, list) and len(r) == len(cols)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in r) for r in rows)
     except FileNotFoundError:
         raise MeshplanError(f"{p}: sensitivity file not found") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise MeshplanError(f"{p}: not a sensitivity file ({exc.__class__.__name__}: {exc})") from None
-    if not rows or any(len(r) != len(cols) for r in rows):
-        raise MeshplanError(f"{p}: expected rows of {len(cols)} numbers ({', '.join(cols)})")
+    if not ok:
+        raise MeshplanError(f"{p}: layers: expected rows of {len(cols)} numbers >= 0 ({', '.join(cols)})")
     missing = [q for q in precisions if q not in cols]
     if missing:
         raise MeshplanError(f"{p}: no column for precision {', '.join(missing)} (has {', '.join(cols)})")
