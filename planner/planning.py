@@ -26,7 +26,7 @@ from meshplan.planner.explain import explain_gpu
 from meshplan.planner.host import Host
 from meshplan.planner.model_spec import load_model
 from meshplan.planner.plan import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
-from meshplan.planner.search import layout_row, model_ref, search, to_plan
+from meshplan.planner.search import Priced, layout_row, model_ref, search, to_plan
 from meshplan.planner.space import fp8_recipe_choices, parse_fix
 
 WORKLOADS = ("train", "serve")
@@ -34,13 +34,21 @@ WORKLOADS = ("train", "serve")
 
 @dataclass
 class PlanOutcome:
-    """What the CLI renders: a title, ranked rows (dicts with a ``layout`` string), the written plan."""
+    """What the CLI renders: a title, ranked rows (dicts with a ``layout`` string), the written plan.
+
+    ``priced``: every layout the search priced (``planner.search.Priced``) and ``memory_limit_bytes`` what one
+    may hold; ``breakdown``: ``planner.explain``'s breakdown of the best plan (GPU clusters, when asked for). Empty
+    for solver plans.
+    """
 
     title: str
     rows: list[dict]
     plan: Plan
     path: Path
     notes: tuple[str, ...] = ()
+    priced: tuple[Priced, ...] = ()
+    memory_limit_bytes: int = 0
+    breakdown: Optional[dict] = None
 
 
 def plan_name(model_arg: str) -> str:
@@ -74,12 +82,13 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
              workload: str = "train", quality_budget: float | None = None, compress: bool = False,
              net: str | None = None, gen_len: int = 128, error_budget: float | None = None,
              sensitivity: Path | None = None, costmodel: Path | None = None, host: Host = Host(),
-             explain: bool = False) -> PlanOutcome:
+             explain: bool = False, breakdown: bool = False) -> PlanOutcome:
     """Plan ``model`` on ``cluster`` and write the best plan to ``out`` (default ``plans/<name>.yaml``).
 
     ``costmodel``: the model folder that prices operators (``None``: the shipped one). ``host``: this host's
     calibration and learned terms (``planner.host.load_host``), needed by ``local:N`` clusters. ``explain``: the best
-    plan carries ``planner.explain``'s breakdown (GPU clusters).
+    plan carries ``planner.explain``'s breakdown (GPU clusters). ``breakdown``: the outcome carries it (GPU
+    clusters; the plan only with ``explain``).
     """
     if global_batch < 1:
         raise MeshplanError(f"--global-batch {global_batch} must be >= 1")
@@ -120,10 +129,13 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
                     fp8_recipes=fp8_recipe_choices(dtype, clus.device))
     best_layout, best_est = result.ranked[0]
     plan = to_plan(work, best_layout, best_est, nm, model, estimator.name)
+    why = None
+    if explain and not isinstance(estimator, GpuEstimator):
+        raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
+    if (explain or breakdown) and isinstance(estimator, GpuEstimator):
+        why = explain_gpu(estimator, work, best_layout)
     if explain:
-        if not isinstance(estimator, GpuEstimator):
-            raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
-        plan = plan.model_copy(update={"explain": explain_gpu(estimator, work, best_layout)})
+        plan = plan.model_copy(update={"explain": why})
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
@@ -139,7 +151,8 @@ def plan_job(model: str, cluster: str, global_batch: int, seq_len: int, *, fix: 
     title = (f"{spec.name} on {clus.spec}: global batch {global_batch}, seq {seq_len} — {result.feasible} of "
              f"{result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
              f"({result.wall_s:.2f} s)")
-    return PlanOutcome(title, rows, plan, path, notes)
+    return PlanOutcome(title, rows, plan, path, notes, priced=tuple(result.priced),
+                       memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why)
 
 
 def _choose_compression(work: Workload, fixes, best: Plan, best_est, rows: list[dict], name: str, model_arg: str,
