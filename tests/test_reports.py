@@ -67,8 +67,9 @@ def pages(tmp_path_factory):
     r = runner.invoke(app, args + ["--report", str(tmp / "plan.html")])
     assert r.exit_code == 0, r.output
     out["plan_json"] = json.loads(r.stdout)
-    out["priced"] = len(plan_job("llama-3.1-70b", "8x8xH100", 32, 4096, fix="tp=8,pp=4,vpp=2,mbs=1,cp=1",
-                                 out=tmp / "q.yaml").priced)
+    out["outcome"] = plan_job("llama-3.1-70b", "8x8xH100", 32, 4096, fix="tp=8,pp=4,vpp=2,mbs=1,cp=1",
+                              out=tmp / "q.yaml")
+    out["priced"] = len(out["outcome"].priced)
     # check: three runs of one plan (real gloo traces; the step times of run.json given)
     from tests.test_check import _plan, _run
 
@@ -222,3 +223,23 @@ def test_a_report_path_that_is_a_folder_or_an_input_is_one_line(cmd, tmp_path, r
         r = runner.invoke(app, argv + ["--report", str(bad)])
         assert r.exit_code == 2, r.output
         assert len(r.output.strip().splitlines()) == 1 and "--report" in r.output
+
+
+def test_a_plan_without_an_op_breakdown_still_gets_its_page(pages):
+    # host-measured clusters (local:N) have no per-op breakdown: the page splits the step as the estimate does
+    from meshplan.planner.report import plan_page, plan_report
+
+    o = pages["outcome"]
+    assert o.breakdown is None  # plan_job was not asked for it
+    rep = plan_report(o, 32)
+    html = plan_page(rep)
+    assert rep.stages is None and "the step" in html and html.count("Plotly.newPlot") == 4
+    assert sum(rep.step_parts_s.values()) == pytest.approx(o.plan.prediction.step_time_s)
+
+
+def test_solver_plans_refuse_a_report_before_planning(tmp_path, runner):
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "2x8xH100", "--global-batch", "8",
+                            "--seq-len", "1024", "--workload", "serve", "--out", str(tmp_path / "p.yaml"),
+                            "--report", str(tmp_path / "r.html")])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "solver" in r.output
+    assert not (tmp_path / "p.yaml").exists()
