@@ -71,24 +71,25 @@ def check_page(results: list[CheckResult]) -> str:
     from meshplan.core.htmlpage import Section, page
 
     last = results[-1]
-    word = "PASS" if last.passed else "FAIL"
-    facts = (("verdict", f"{word}: {verdict_line(last)}"), ("plan", last.plan_path), ("run", last.run_path),
-             ("peak memory", f"{last.predicted_peak_bytes / 2**20:,.0f} MiB predicted, "
-                             + (f"{last.measured_peak_bytes / 2**20:,.0f} MiB measured"
-                                if last.measured_peak_bytes is not None else "not recorded by the run")),
-             ("measured steps", f"{last.steps}, spread (p10-p90) {100 * last.spread:.1f}%"
-                                + (" (noisy)" if last.noisy else "")))
+    word = "PASS" if all(r.passed for r in results) else "FAIL"  # as the exit code: the worst run decides
+    verdicts = tuple((f"run {r.run_path}", f"{'PASS' if r.passed else 'FAIL'}: {verdict_line(r)}") for r in results)
+    mem = (f"{last.predicted_peak_bytes / 2**20:,.0f} MiB predicted, "
+           + (f"{last.measured_peak_bytes / 2**20:,.0f} MiB measured" if last.measured_peak_bytes is not None
+              else "not recorded by the run"))
+    steps = f"{last.steps}, spread (p10-p90) {100 * last.spread:.1f}%" + (" (noisy)" if last.noisy else "")
+    facts = verdicts + (("plan", last.plan_path), ("peak memory", mem), ("measured steps", steps))
     facts += tuple(("warning", w) for w in last.warnings)
     sections = [Section("Verdict", facts=facts)]
+    of_last = f" ({last.run_path}, the last run given)" if len(results) > 1 else ""
     if last.phases:
         sections.append(Section(
-            "Predicted against measured, per phase",
+            "Predicted against measured, per phase" + of_last,
             note="Seconds per step. The measured split is the critical rank's "
                  + (f"(rank {last.breakdown_rank}); " if last.breakdown_rank is not None else "; ")
                  + (f"the phase that differs most: {last.moved_phase}." if last.moved_phase else ""),
             figure=_phase_figure(last)))
     else:
-        sections.append(Section("Predicted against measured, per phase",
+        sections.append(Section("Predicted against measured, per phase" + of_last,
                                 note="No phase split: the run was checked without loading its traces "
                                      "(--no-breakdown), or they hold none."))
     sections.append(Section("Measured steps against the prediction",
@@ -100,7 +101,8 @@ def check_page(results: list[CheckResult]) -> str:
                                                             "given) against its prediction and tolerance band; "
                                                             "bars: the measured phases.",
                                 figure=_runs_figure(results)))
-    return page(f"meshplan check: {word}", f"{last.plan_path} against {last.run_path}", sections,
+    against = last.run_path if len(results) == 1 else f"{len(results)} runs"
+    return page(f"meshplan check: {word}", f"{last.plan_path} against {against}", sections,
                 footer="meshplan check --report; figures drawn with Plotly")
 
 
