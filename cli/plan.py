@@ -81,7 +81,7 @@ def plan(
                            error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host,
                            explain=explain, breakdown=report is not None)
     if report is not None:
-        _write_report(report, outcome, global_batch)
+        _write_report(report, outcome)
     if json_out:
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
@@ -109,12 +109,12 @@ def plan(
     console.print(f"best plan written to [bold]{outcome.path}[/bold]")
 
 
-def _write_report(path: Path, outcome, global_batch: int) -> None:
+def _write_report(path: Path, outcome) -> None:
     """The plan report page (``planner.report``), written atomically."""
     from meshplan.core.atomic import write_atomic
     from meshplan.planner.report import plan_page, plan_report
 
-    write_atomic(path, plan_page(plan_report(outcome, global_batch)))
+    write_atomic(path, plan_page(plan_report(outcome)))
     err_console.print(f"report written to {path}", highlight=False)
 
 

@@ -41,7 +41,8 @@ class PlanReport:
 
     ``points``: per priced layout (description, step s, peak bytes, fits, {decision: value}).
     ``stages``: per pipeline stage {"compute_s": {op class: s}, "exposed_comm_s": {link: s}} per step (the
-    ``planner.explain`` breakdown; ``None`` where the estimator has none, e.g. ``local:N``).
+    ``planner.explain`` breakdown; ``None`` where the estimator has none, e.g. ``local:N``). The schedule is
+    drawn for one of the step's ``runs``.
     """
 
     title: str
@@ -56,11 +57,12 @@ class PlanReport:
     schedule: str
     pp: int
     vpp: int
-    microbatches: int
+    microbatches: int  # in one schedule run
+    runs: int = 1  # schedule runs per step (``Layout.pp_runs``), each with its own fill and drain
     facts: tuple[tuple[str, str], ...] = ()
 
 
-def plan_report(outcome, global_batch: int) -> PlanReport:
+def plan_report(outcome) -> PlanReport:
     """The values of ``outcome`` (a ``PlanOutcome`` of the layout search) the page draws.
 
     Raises:
@@ -87,7 +89,9 @@ def plan_report(outcome, global_batch: int) -> PlanReport:
                       best=describe(lay), step_time_s=pred.step_time_s, points=points,
                       memory_limit_bytes=outcome.memory_limit_bytes, memory_bytes=dict(pred.memory_bytes),
                       step_parts_s=parts, stages=tuple(ex["stages"]) if ex else None, schedule=lay.schedule,
-                      pp=lay.pp, vpp=lay.vpp, microbatches=lay.num_microbatches(global_batch), facts=facts)
+                      pp=lay.pp, vpp=lay.vpp,
+                      microbatches=max(1, lay.num_microbatches(plan.global_batch) // lay.pp_runs), runs=lay.pp_runs,
+                      facts=facts)
 
 
 def plan_page(rep: PlanReport) -> str:
@@ -109,13 +113,7 @@ def plan_page(rep: PlanReport) -> str:
                 + "Step: " + ", ".join(f"{k} {v:.3f} s" for k, v in rep.step_parts_s.items() if v) + ".",
                 figure=stage_figure(rep, full)),
         Section(f"Pipeline schedule: {_schedule_name(rep.schedule, rep.vpp)}, {rep.pp} stage(s)",
-                note=why or (f"Which micro-batch each stage runs when, drawn with {drawn} of the step's "
-                             f"{rep.microbatches} micro-batches" + (" (the steady part repeats)"
-                                                                    if drawn < rep.microbatches else "")
-                             + "; forward, backward and weight-gradient passes coloured, the number is the "
-                               "micro-batch" + (", odd chunks lighter" if rep.vpp > 1 else "")
-                             + (", the direction entering at the last rank lighter" if rep.schedule == "dualpipe"
-                                else "") + ". A micro-batch's backward is taken as twice its forward."),
+                note=why or _schedule_note(rep, drawn),
                 figure=schedule_figure(rep, slots) if slots else None),
         Section("Memory on the most loaded device",
                 note="Model states under the plan's ZeRO stage and precision, activations in flight under its "
@@ -222,7 +220,7 @@ def stage_figure(rep: PlanReport, slots: list[Slot]) -> go.Figure:
                                      name=prefix + c, marker_color=PALETTE[colour % len(PALETTE)],
                                      hovertemplate=f"{prefix}{c}: %{{x:.3f}} s<extra></extra>"))
                 colour += 1
-        idle = _idle_per_rank(slots, rep.pp) if slots else [0.0] * rep.pp
+        idle = [i * rep.runs for i in _idle_per_rank(slots, rep.pp)] if slots else [0.0] * rep.pp
         fig.add_trace(go.Bar(y=labels, x=idle, orientation="h", name="bubble (idle)",
                              marker=dict(color="#DDDDDD", pattern=dict(shape="/")),
                              hovertemplate="bubble: %{x:.3f} s<extra></extra>"))
@@ -241,8 +239,7 @@ def stage_figure(rep: PlanReport, slots: list[Slot]) -> go.Figure:
 def schedule_figure(rep: PlanReport, slots: list[Slot]) -> go.Figure:
     """A Gantt chart of ``slots``: one row per pipeline rank, bars at their times, labelled by micro-batch."""
     fig = go.Figure()
-    names = {"F": "forward", "B": "backward" if not any(s.kind == "W" for s in slots) else "backward (input grads)",
-             "W": "weight gradients"}
+    names = {"F": "forward", "B": "backward", "W": "weight gradients (split off the backward)"}
     base = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
     for kind in ("F", "B", "W"):
         ss = [s for s in slots if s.kind == kind]
@@ -260,7 +257,7 @@ def schedule_figure(rep: PlanReport, slots: list[Slot]) -> go.Figure:
                           + " %{customdata[1]}<br>%{base:.3f} to %{x:.3f} s<extra></extra>"))
     styled(fig, 150 + 38 * rep.pp, barmode="overlay", bargap=0.25, xaxis_title="seconds from the step's start",
            uniformtext=dict(minsize=8, mode="hide"))
-    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=[f"rank {r}" for r in range(rep.pp)])
     return fig
 
 
@@ -290,12 +287,12 @@ def _schedule(rep: PlanReport, most: int) -> tuple[list[Slot], int, str]:
         m = max(rep.pp, m - m % rep.pp)
     if rep.schedule == "dualpipe":
         m = max(2 * rep.pp, m - m % 2)
+    per_step = rep.microbatches * rep.runs
     if rep.stages:
-        per_mb = [(sum(s["compute_s"].values()) + sum(s["exposed_comm_s"].values())) / rep.microbatches
-                  for s in rep.stages]
+        per_mb = [(sum(s["compute_s"].values()) + sum(s["exposed_comm_s"].values())) / per_step for s in rep.stages]
     else:
         per_mb = [(rep.step_parts_s.get("compute", 0.0) + rep.step_parts_s.get("exposed communication", 0.0))
-                  / rep.microbatches] * rep.pp
+                  / per_step] * rep.pp
     try:
         slots = schedule_slots(rep.schedule, rep.pp, rep.vpp, m, [t * (1 - BWD_SHARE) for t in per_mb],
                                [t * BWD_SHARE for t in per_mb])
@@ -310,6 +307,16 @@ def _idle_per_rank(slots: list[Slot], pp: int) -> list[float]:
     for s in slots:
         busy[s.rank] += s.end_s - s.start_s
     return [end - b for b in busy]
+
+
+def _schedule_note(rep: PlanReport, drawn: int) -> str:
+    run = "the step's" if rep.runs == 1 else f"each of the step's {rep.runs} schedule runs'"
+    return (f"Which micro-batch each stage runs when, drawn with {drawn} of {run} {rep.microbatches} micro-batches"
+            + (" (the steady part repeats)" if drawn < rep.microbatches else "")
+            + "; forward, backward and weight-gradient passes coloured, the number is the micro-batch"
+            + (", odd chunks lighter" if rep.vpp > 1 else "")
+            + (", the direction entering at the last rank lighter" if rep.schedule == "dualpipe" else "")
+            + ". A micro-batch's backward is taken as twice its forward.")
 
 
 def _schedule_name(schedule: str, vpp: int) -> str:

@@ -232,7 +232,7 @@ def test_a_plan_without_an_op_breakdown_still_gets_its_page(pages):
 
     o = pages["outcome"]
     assert o.breakdown is None  # plan_job was not asked for it
-    rep = plan_report(o, 32)
+    rep = plan_report(o)
     html = plan_page(rep)
     assert rep.stages is None and "the step" in html and html.count("Plotly.newPlot") == 4
     assert sum(rep.step_parts_s.values()) == pytest.approx(o.plan.prediction.step_time_s)
