@@ -2,7 +2,7 @@
 
 Usage (from the repository root, ``../shared`` beside it):
     python bench/costmodel_bench.py [--train] [--splits neusight,vidur-h100,vidur-network] [--json OUT] [--no-blend]
-    python bench/costmodel_bench.py --splits lodo-gemm   # GEMM leave-one-device-out, one row per GPU (issue 13 item 4)
+    python bench/costmodel_bench.py --splits lodo-gemm   # GEMM leave-one-device-out, one row per GPU
 
 ``--train`` retrains the default model into a temporary folder and reports wall and CPU seconds (the shipped
 model is rebuilt by ``meshplan costmodel train --data ../shared/kernels --out costmodel/data/model``).

@@ -5,7 +5,7 @@
 Each case runs ``examples/train_gpt.py`` (the trainer ``local:N`` plans launch) for 2 steps in this process under
 ``torch.profiler`` with ``profile_memory=True``; the allocator's peak is the largest "Total Allocated" of the trace's
 ``[memory]`` events (every tensor PyTorch's CPU allocator holds: weights, gradients, AdamW's moments, activations,
-temporaries). meshplan's prediction is ``planner.estimate.stage_memory`` for the same model, batch, sequence and
+temporaries). meshplan's prediction is ``planner.estimate.base.stage_memory`` for the same model, batch, sequence and
 recompute (stack eager: the trainer's PyTorch code), model states plus activations: the runtime terms (CUDA context,
 NCCL buffers, fragmentation) are not the allocator's. Issue 13 item 3 asks within 10%.
 """
@@ -61,11 +61,11 @@ def allocator_peak_bytes(config: Path, batch: int, seq: int, recompute: str) -> 
 
 def predicted_bytes(config: Path, batch: int, seq: int, recompute: str) -> dict:
     from meshplan.costmodel.api import Pricer
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload, stage_memory
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.layout import Layout
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload, stage_memory
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.model.config import load_model
 
     model = load_model(str(config))
     # the memory model reads no device figure but its capacity (local:N needs this host's calibration)

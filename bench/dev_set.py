@@ -2,13 +2,13 @@
 
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: ../shared/published_runs by default)
 
-Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.planning.plan_job``, the library
+Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.search.job.plan_job``, the library
 call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
 ``NxGxDEVICE`` cluster, dtype, global batch and sequence length. Step time published = the source's seconds per
 step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's convention); signed error =
 (predicted - published) / published, negative = predicted too fast.
 
-``row_needs`` is the one place that says what a row needs, in issue 12's vocabulary (``pp_layout``, ``schedule``,
+``row_needs`` is the one place that says what a row needs, in the decisions' vocabulary (``pp_layout``, ``schedule``,
 ``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
 meshplan's own ``--fix`` parser accepts it; until then the row is priced with the stated fallback (an
 *approximated* decision, listed per row) or, where there is none, reported as *not expressible* with the
@@ -117,7 +117,7 @@ NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
 
 @dataclass(frozen=True)
 class Need:
-    """One decision a row needs, in issue 12's ``--fix`` vocabulary.
+    """One decision a row needs, in the ``--fix`` vocabulary.
 
     ``fallback`` is what meshplan is given while it cannot express the need (``--fix`` entries, plus the special
     keys ``dtype`` and ``device``); ``None`` = no fallback, the row is not expressible. ``implied`` = today's
@@ -157,7 +157,7 @@ class RowInputs:
 
 def meshplan_accepts(key: str, value: str) -> bool:
     """Whether ``--fix key=value`` is understood by meshplan's own parser (the one ``plan_job`` uses)."""
-    from meshplan.planner.space import parse_fix
+    from meshplan.planner.layout.space import parse_fix
 
     try:
         parse_fix(f"{key}={value}")
@@ -362,7 +362,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
     if L % pp or (vpp > 1 and L % (pp * vpp)):
-        from meshplan.planner.layout import balanced_split, format_pp_layout
+        from meshplan.planner.layout.splits import balanced_split, format_pp_layout
 
         needs.append(Need("pp_layout", format_pp_layout(balanced_split(L, pp * vpp)),
                           f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the "
@@ -414,7 +414,7 @@ class RowResult:
 
 def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
     """Price one row through ``plan_job`` with its layout pinned."""
-    from meshplan.planner.planning import plan_job
+    from meshplan.planner.search.job import PlanRequest, plan_job
 
     inp = row_needs(row, runs_dir)
     res = RowResult(inp.name, inp.source, inp.published_step_s, "", inputs=_inputs_dict(inp),
@@ -423,8 +423,8 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
         res.status, res.detail = "out of scope", inp.out_of_scope
         return res
     try:
-        out = plan_job(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
-                       dtype=inp.dtype, name="devset", out=out_dir / f"{inp.name}.yaml")
+        out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
+                       dtype=inp.dtype, name="devset", out=out_dir / f"{inp.name}.yaml"))
     except MeshplanError as exc:
         msg = str(exc)
         miss = re.search(r"misses by ([\d.]+) GiB", msg)
@@ -454,11 +454,11 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
 
 def _diagnose(res: RowResult, inp: RowInputs) -> None:
     """For a refused row: the same layout priced by meshplan's estimator anyway (what it would predict)."""
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimators import estimator_for
-    from meshplan.planner.model_spec import load_model
-    from meshplan.planner.space import enumerate_layouts, parse_fix
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.select import estimator_for
+    from meshplan.planner.model.config import load_model
+    from meshplan.planner.layout.space import enumerate_layouts, parse_fix
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype)
     estimator = estimator_for(work.cluster)

@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, n
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from meshplan.planner.cluster import load_cluster  # noqa: E402
-from meshplan.planner.estimate import Workload  # noqa: E402
-from meshplan.planner.model_spec import load_model  # noqa: E402
-from meshplan.planner.search import describe, search  # noqa: E402
+from meshplan.planner.cluster.spec import load_cluster  # noqa: E402
+from meshplan.planner.estimate.base import Workload  # noqa: E402
+from meshplan.planner.model.config import load_model  # noqa: E402
+from meshplan.planner.search.exact import describe, search  # noqa: E402
 
 CASES = [  # model, cluster, global batch (sequences), seq len
     ("deepseek-v3", "2048x8xH100", 16384, 4096),

@@ -1,4 +1,4 @@
-"""Speed of the CP-SAT solvers on real model/cluster problems (issue 5, "Speed").
+"""Speed of the CP-SAT solvers on real model/cluster problems.
 
 Targets: partition + precision for 80 layers x 4 device groups x 4 precisions under 2 s; compression choice
 for 300 buckets under 100 ms. Each row is the median of ``--repeats`` solves (problem building excluded and
@@ -15,11 +15,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.planner.cluster import load_cluster, parse_bandwidth
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.solve.compression import solve_compression_problem
-from meshplan.planner.solve.partition import solve_partition
-from meshplan.planner.solve.problems import compression_problem, serve_partition_problem, train_partition_problem
+from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
+from meshplan.planner.model.config import load_model
+from meshplan.planner.search.solve.compression import solve_compression_problem
+from meshplan.planner.search.solve.partition import solve_partition
+from meshplan.planner.search.solve.problems import compression_problem, serve_partition_problem, train_partition_problem
 
 
 def _time(fn, repeats: int):

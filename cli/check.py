@@ -37,9 +37,8 @@ def check(
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with each RUN; exit 1 when one is outside the tolerance."""
     from meshplan.core.atomic import refuse_overwrite, write_atomic
-    from meshplan.verify.report import check_page, junit_xml, markdown
-
     from meshplan.core.htmlpage import check_report_path
+    from meshplan.verify.report import check_page, junit_xml, markdown
 
     inputs: dict[str, object] = {"PLAN": plan}
     for run in runs:
@@ -78,8 +77,8 @@ def check(
 def _check_one(plan: Path, run: Path, tolerance: str, no_breakdown: bool, contention: bool, learn: bool,
                host_terms: Optional[Path], quiet: bool):
     """``verify.gate.check_run`` on one run, its notices on stderr; the ``CheckResult``."""
-    from meshplan.planner.calibrate import load_calibration
-    from meshplan.planner.host import default_terms_path
+    from meshplan.planner.host.calibrate import load_calibration
+    from meshplan.planner.host.terms import default_terms_path
     from meshplan.verify.gate import check_run
     from meshplan.verify.learn import learned_line
 

@@ -168,8 +168,8 @@ def fit_cmd(
 ) -> None:
     """Calibrate on profiled runs: this host's step-time figures from runs of local:N plans, and with --out an op
     model fitted on the runs' op records (name, input shapes, durations)."""
-    from meshplan.planner.calibrate import load_calibration
-    from meshplan.planner.host import default_terms_path
+    from meshplan.planner.host.calibrate import load_calibration
+    from meshplan.planner.host.terms import default_terms_path
     from meshplan.verify.fit import fit_from_runs
     from meshplan.verify.learn import learned_line
 

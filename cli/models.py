@@ -7,7 +7,7 @@ import typer
 from rich.table import Table
 
 from meshplan.cli.common import console, handle_errors, print_json
-from meshplan.planner.model_spec import list_presets, load_model
+from meshplan.planner.model.config import list_presets, load_model
 
 models_app = typer.Typer(help="Model presets and normalised model specs.", invoke_without_command=True,
                          no_args_is_help=False)

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from meshplan.cli.common import console, err_console, handle_errors, print_json
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.plan import PLAN_SCHEMA_VERSION
+from meshplan.planner.layout.space import fix_help
+from meshplan.planner.plan.schema import PLAN_SCHEMA_VERSION
 
 GiB = 1024**3
 
@@ -20,7 +21,7 @@ def plan(
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="16x8xH100, 4xT4+1xA100, local:2 or a YAML file")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step")],
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence (prompt length to serve)")],
-    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin decisions: tp=8,pp=4,mbs=1,zero=1,recompute=full")] = None,
+    fix: Annotated[Optional[str], typer.Option("--fix", help=fix_help())] = None,
     top: Annotated[int, typer.Option("--top", "-k", help="How many ranked plans to show")] = 10,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
@@ -50,11 +51,9 @@ def plan(
     = None,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
-    from meshplan.planner.host import load_host
-    from meshplan.planner.planning import plan_job
+    from meshplan.planner.host.terms import load_host
+    from meshplan.planner.search.job import PlanRequest, plan_job
 
-    if top < 1:
-        raise typer.BadParameter("--top must be >= 1")
     if report is not None:
         from meshplan.core.htmlpage import check_report_path
 
@@ -65,6 +64,10 @@ def plan(
         if workload == "serve" or quality_budget is not None or sensitivity is not None:
             raise MeshplanError("--report charts the layout search; --workload serve, --quality-budget and "
                                 "--sensitivity plan with a solver, which prices no layouts to compare")
+    request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
+                             top=top, name=name, out=out, quality_budget=quality_budget, compress=compress,
+                             net=net, gen_len=gen_len, error_budget=error_budget, sensitivity=sensitivity,
+                             costmodel=costmodel, explain=explain, breakdown=report is not None)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,
@@ -75,11 +78,7 @@ def plan(
                          progress=lambda step: bar.update(task, description=f"calibrating this host: {step}"))
         bar.update(task, description="searching layouts")
         # --costmodel: a missing or corrupt folder is one line, exit 2 (checksums verified)
-        outcome = plan_job(model, cluster, global_batch, seq_len, fix=fix, top=top, dtype=dtype, name=name,
-                           out=out, progress=lambda n: bar.update(task, completed=n), workload=workload,
-                           quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
-                           error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, host=host,
-                           explain=explain, breakdown=report is not None)
+        outcome = plan_job(request, host, progress=lambda n: bar.update(task, completed=n))
     if report is not None:
         _write_report(report, outcome)
     if json_out:
@@ -110,16 +109,16 @@ def plan(
 
 
 def _write_report(path: Path, outcome) -> None:
-    """The plan report page (``planner.report``), written atomically."""
+    """The plan report page (``planner.search.report``), written atomically."""
     from meshplan.core.atomic import write_atomic
-    from meshplan.planner.report import plan_page, plan_report
+    from meshplan.planner.search.report import plan_page, plan_report
 
     write_atomic(path, plan_page(plan_report(outcome)))
     err_console.print(f"report written to {path}", highlight=False)
 
 
 def render_explain(ex: dict) -> None:
-    """The best plan's breakdown (``planner.explain``) as rich tables that wrap."""
+    """The best plan's breakdown (``planner.estimate.explain``) as rich tables that wrap."""
     step = Table(title=f"why {ex['step_time_s']:.3f} s per step (slowest stage: {ex['slowest_stage']})")
     step.add_column("part", overflow="fold")
     step.add_column("s", justify="right")

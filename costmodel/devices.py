@@ -1,7 +1,7 @@
 """Device catalogue: ``DeviceSpec`` values loaded from ``costmodel/data/devices.yaml`` (data, with sources).
 
 Units: FLOP/s (dense, no sparsity), bytes, bytes/s, Hz. Each figure's source is kept in the YAML ``sources`` map.
-The catalogue is read-only: a device measured at run time (this host's CPU from ``planner.calibrate``, a CPU a
+The catalogue is read-only: a device measured at run time (this host's CPU from ``planner.host.calibrate``, a CPU a
 model was trained on) is passed where it is needed (``get_device(name, extra=...)``), never added to it.
 Dataset spellings (``Tesla T4``, ``NV_V100``) and the older GPUs of the public datasets
 (``costmodel/data/dataset_devices.yaml``) resolve through :func:`resolve`.

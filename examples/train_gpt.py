@@ -215,7 +215,7 @@ def apply_config(a: argparse.Namespace) -> None:
 def apply_plan(a: argparse.Namespace) -> None:
     """Copy layout, batch and model shape from a meshplan plan onto the flags."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from meshplan.planner.plan import load_plan
+    from meshplan.planner.plan.schema import load_plan
 
     plan = load_plan(a.plan)
     d = plan.degrees
@@ -241,7 +241,7 @@ def apply_plan(a: argparse.Namespace) -> None:
         print(f"train_gpt.py: {a.plan}: sequence parallelism is not implemented; running plain TP", file=sys.stderr)
     a.stages = [(s.first_layer, s.num_layers) for s in plan.stages] if plan.stages else None
     a.stage_devices = [plan.cluster.groups[s.device_group].device for s in plan.stages] if plan.stages else None
-    a.loaded_plan = plan  # its gradient compression becomes a DDP communication hook (planner.comm_hook)
+    a.loaded_plan = plan  # its gradient compression becomes a DDP communication hook (planner.export.comm_hook)
 
 
 def init_distributed() -> tuple[str, torch.device]:
@@ -365,7 +365,7 @@ def build(a: argparse.Namespace, mesh, device: torch.device):
         model = DDP(stage, process_group=mesh["dp_replicate"].get_group())
         plan = getattr(a, "loaded_plan", None)
         if plan is not None and plan.compression:
-            from meshplan.planner.comm_hook import register_plan_hook
+            from meshplan.planner.export.comm_hook import register_plan_hook
 
             register_plan_hook(model, plan, mesh["dp_replicate"].get_group())
     schedule = None

@@ -12,9 +12,9 @@ import pytest
 
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import get_device
-from meshplan.planner.layout import Layout
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.ops_graph import layer_ops
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+from meshplan.planner.estimate.ops_graph import layer_ops
 from tests.helpers import shared_path
 
 TOKENS = 4096
@@ -57,7 +57,7 @@ def test_plain_gelu_is_one_unary_kernel():
 
 
 def test_routed_experts_run_the_fused_swiglu():
-    from meshplan.planner.ops_graph import expert_ops
+    from meshplan.planner.estimate.ops_graph import expert_ops
 
     model = load_model(str(shared_path("model_configs", "deepseek-v3.json")))
     ops = expert_ops(model, Layout(dp_shard=64, ep=64, etp=1, micro_batch=1), TOKENS * model.experts_per_token,

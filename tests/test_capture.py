@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
+from meshplan.planner.plan.schema import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 from tests.helpers import REPO
 
 # A plain DDP script: no meshplan import, its own argument parser (including a --steps of its own that must not

@@ -32,7 +32,7 @@ def test_gpt2_parameter_count_is_golden():
 
 
 def test_tiny_gpt_config_matches_the_planner():
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.model.config import load_model
 
     cfg = REPO / "examples" / "tiny-gpt" / "config.json"
     # Two independent counts: the trainer's real modules and the planner's closed form.

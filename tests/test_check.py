@@ -16,7 +16,7 @@ from meshplan.cli.main import app
 from meshplan.verify.check import check, parse_tolerance
 from meshplan.verify.measured import load_measured
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.plan import (Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction)
+from meshplan.planner.plan.schema import (Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction)
 from meshplan.verify.breakdown import rank_step_phases, summarize
 from meshplan.profiler.trace import Event, RankTrace
 

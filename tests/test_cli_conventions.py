@@ -8,7 +8,7 @@ from importlib import metadata
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.plan import PLAN_SCHEMA_VERSION, load_plan
+from meshplan.planner.plan.schema import PLAN_SCHEMA_VERSION, load_plan
 
 ARGS = ["--model", "llama-3.1-8b", "--cluster", "2x8xH100", "--global-batch", "64", "--seq-len", "4096"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from meshplan.cli.main import app
 from meshplan.costmodel.collectives import collective_time_s
-from meshplan.planner.cluster import (
+from meshplan.planner.cluster.spec import (
     ClusterSpec,
     link_families,
     load_cluster,
@@ -19,7 +19,7 @@ from meshplan.planner.cluster import (
     preset_names,
 )
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.plan import ClusterRef
+from meshplan.planner.plan.schema import ClusterRef
 from tests.helpers import shared_path
 
 GB = 1e9
@@ -277,7 +277,7 @@ def test_calibration_figures_are_physical(calibrated):
 
 
 def test_calibration_is_cached_and_builds_local_clusters(calibrated):
-    from meshplan.planner.calibrate import load_calibration
+    from meshplan.planner.host.calibrate import load_calibration
 
     cache, data = calibrated
     cal = load_calibration()
@@ -341,8 +341,8 @@ def test_in_step_collectives_are_measured_for_2_and_4_ranks(calibrated):
 
 def test_in_step_collective_interpolation_golden():
     """Hand-computed values of the in-step price: interpolation, clipping, extrapolation, missing group."""
-    from meshplan.planner.gloo_in_step import in_step_collective_s
-    from meshplan.planner.host_measure import FIT_BYTES
+    from meshplan.planner.host.gloo_in_step import in_step_collective_s
+    from meshplan.planner.host.measure import FIT_BYTES
 
     fit = [0.002, 0.008]  # s at FIT_BYTES (4 and 16 MiB): 12 MiB per 6 ms = 2 MiB/ms
     m = {"fit_s": fit, "in_step_s": {"2": {"allreduce": {"4": 1e-4, "1000004": 1.1e-3, "2000004": 0.5e-3}}}}

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from meshplan.planner.comm_hook import register_plan_hook
-from meshplan.planner.plan import BucketCompression
+from meshplan.planner.export.comm_hook import register_plan_hook
+from meshplan.planner.plan.schema import BucketCompression
 
 
 class _Plan:  # the hook reads only ``compression``

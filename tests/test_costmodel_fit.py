@@ -212,7 +212,7 @@ def test_gpu_trace_fit_names_its_device_and_feeds_the_planner(tmp_path, runner):
     a = runner.invoke(app, [*common, "--out", str(tmp_path / "a.yaml")])
     b = runner.invoke(app, [*common, "--out", str(tmp_path / "b.yaml"), "--costmodel", str(tmp_path / "cal")])
     assert a.exit_code == 0 and b.exit_code == 0, (a.output, b.output)
-    from meshplan.planner.plan import load_plan
+    from meshplan.planner.plan.schema import load_plan
 
     pa, pb = load_plan(tmp_path / "a.yaml").prediction, load_plan(tmp_path / "b.yaml").prediction
     assert pb.costmodel == f"learned:{fitted.model_id}" != pa.costmodel

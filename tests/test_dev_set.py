@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from meshplan.planner.model_spec import load_model
+from meshplan.planner.model.config import load_model
 from tests.helpers import REPO, shared_path
 
 _spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
@@ -216,11 +216,11 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
     for row in rows:
         if row["source_id"] in ("S1", "S1f"):
             assert "attention=flash2" in dev_set.row_needs(row, runs_dir).fix_string.split(","), row["name"]
-    from meshplan.planner.planning import plan_job
+    from meshplan.planner.search.job import PlanRequest, plan_job
 
     inp = dev_set.row_needs(_by_name(rows)["nemo2407-gpt3-5b"], runs_dir)  # seq 2048, head dim 128
-    out = plan_job(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
-                   dtype=inp.dtype, name="devset", out=tmp_path / "plan.yaml", explain=True)
+    out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string, top=1,
+                   dtype=inp.dtype, name="devset", out=tmp_path / "plan.yaml", explain=True))
     eff = out.plan.explain["efficiency_stage0"]["attention bf16 (flash2)"]
     lo, hi = FA2_H100_SEQ2048_TFLOPS
     assert lo <= eff["achieved"] / 1e12 <= hi

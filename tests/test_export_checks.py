@@ -11,7 +11,7 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import TARGETS, get_target, render
-from meshplan.planner.plan import BucketCompression, Plan, Stage
+from meshplan.planner.plan.schema import BucketCompression, Plan, Stage
 from tests.test_export_golden import PLANS, plan_dsv3, plan_fsdp8b, plan_hetero, plan_llama70b, plan_mixed, plans_for
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.planner.export import render
-from meshplan.planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
+from meshplan.planner.plan.schema import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 from tests.helpers import REPO
 
 # examples/tiny-gpt/config.json: GPT-2 layout, 4 layers, 128 wide, 4 heads, vocab 2048, tied embeddings.

@@ -14,7 +14,7 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import EXTENSIONS, TARGETS, render
-from meshplan.planner.plan import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
+from meshplan.planner.plan.schema import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
 from tests.helpers import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "export"

@@ -23,7 +23,7 @@ import yaml
 
 from meshplan.cli.main import app
 from meshplan.planner.export import placement, render
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan.schema import load_plan
 from tests.helpers import REPO
 
 BASH = shutil.which("bash")

@@ -21,8 +21,8 @@ import yaml
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import TARGETS, render
-from meshplan.planner.plan import load_plan
-from meshplan.planner.planning import plan_job
+from meshplan.planner.plan.schema import load_plan
+from meshplan.planner.search.job import PlanRequest, plan_job
 
 SHELL_TARGETS = ("torchrun", "megatron", "slurm")
 DATA_TARGETS = {"deepspeed": json.loads, "accelerate": yaml.safe_load, "kubeflow": yaml.safe_load,
@@ -63,7 +63,7 @@ def _hostile_plans(tmp: Path) -> list[Path]:
     cluster_file.write_text("groups:\n  - nodes: 2\n    devices_per_node: 8\n    device: H100-SXM\n")
     out = []
     for i, cluster in enumerate(("1x8xH100", str(cluster_file))):
-        res = plan_job(str(model_dir / "config.json"), cluster, 64, 1024, top=1, out=tmp / f"p{i}.yaml")
+        res = plan_job(PlanRequest.of(str(model_dir / "config.json"), cluster, 64, 1024, top=1, out=tmp / f"p{i}.yaml"))
         assert res.plan.name.startswith("x-touch")  # the folder name, with the shell characters replaced
         out.append(res.path)
     return out
@@ -109,15 +109,15 @@ def test_plan_names_outside_the_safe_alphabet_are_refused(tmp_path: Path, name: 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_CONFIG))
     with pytest.raises(MeshplanError, match="a plan name is"):
-        plan_job(str(tmp_path / "m" / "config.json"), "1x8xH100", 64, 1024, top=1, name=name,
-                 plans_dir=tmp_path / "plans")
+        plan_job(PlanRequest.of(str(tmp_path / "m" / "config.json"), "1x8xH100", 64, 1024, top=1, name=name,
+                 plans_dir=tmp_path / "plans"))
     assert not (tmp_path / "plans").exists() or not any((tmp_path / "plans").iterdir())
 
 
 def test_hand_edited_plan_with_hostile_name_is_refused(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_CONFIG))
-    path = plan_job(str(tmp_path / "m" / "config.json"), "1x8xH100", 64, 1024, top=1, out=tmp_path / "p.yaml").path
+    path = plan_job(PlanRequest.of(str(tmp_path / "m" / "config.json"), "1x8xH100", 64, 1024, top=1, out=tmp_path / "p.yaml")).path
     raw = yaml.safe_load(path.read_text())
     for field, value in (("name", "x$(touch F)"), ("name", "a\nb")):
         edited = tmp_path / "edited.yaml"

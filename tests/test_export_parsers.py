@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from meshplan.planner.export import _common, placement, render
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan.schema import load_plan
 from tests.helpers import shared_path
 from tests.test_export_golden import ALL_PLANS, PLANS, all_plans_for
 

@@ -11,7 +11,7 @@ import yaml
 
 from meshplan.cli.main import app
 from meshplan.planner.export import render
-from meshplan.planner.plan import Degrees, load_plan
+from meshplan.planner.plan.schema import Degrees, load_plan
 from tests.helpers import REPO
 from tests.test_export_golden import PLANS
 from tests.test_export_parsers import _argv, _megatron_args, _megatron_flags_from_notes, _torchrun_parse

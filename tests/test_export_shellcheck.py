@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.planner.export import render
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan.schema import load_plan
 from tests.test_export_golden import PLANS, cluster
 from tests.test_export_injection import SHELL_TARGETS, _hostile_plans
 

@@ -11,12 +11,12 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Workload, stage_params
-from meshplan.planner.estimators import estimator_for
-from meshplan.planner.layout import Layout
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.space import parse_fix
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload, stage_params
+from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+from meshplan.planner.layout.space import parse_fix
 
 MODEL, CLUSTER, SEQ, GBS = "llama-3.1-8b", "1x8xH100", 8192, 32
 

@@ -32,4 +32,4 @@ def test_the_graph_sees_every_room(tmp_path: Path) -> None:
                    "    meshplan.costmodel\n", encoding="utf-8")
     res = _lint(cfg)
     assert res.returncode == 1, res.stdout[-4000:]
-    assert "BROKEN" in res.stdout and "meshplan.planner.estimate_gpu -> meshplan.costmodel" in res.stdout
+    assert "BROKEN" in res.stdout and "meshplan.planner.estimate.gpu -> meshplan.costmodel" in res.stdout

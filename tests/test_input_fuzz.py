@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from meshplan.cli.main import app
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import parse_bandwidth, parse_size
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.plan import load_plan
-from meshplan.planner.space import parse_fix
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.model.config import load_model
+from meshplan.planner.plan.schema import load_plan
+from meshplan.planner.layout.space import parse_fix
 from tests.helpers import REPO
 from tests.test_profiler_fuzz import _values
 
@@ -213,7 +213,7 @@ def test_yaml_alias_bombs_and_huge_files_are_refused(tmp_path, runner):
                                               ("rope_theta", float("inf"), "'rope_theta' must be a positive finite"),
                                               ("vocab_size", 0, "'vocab_size' must be an integer >= 1")])
 def test_config_json_is_typed_at_the_edge(tmp_path, runner, key, value, needle):
-    """planner/hf_config.py: the keys meshplan reads have types and the bounds of real models; one line, exit 2."""
+    """planner/model/hf_config.py: the keys meshplan reads have types and the bounds of real models; one line, exit 2."""
     cfg = json.loads(CONFIG.read_text())
     cfg[key] = value
     cfg["some_key_meshplan_never_reads"] = {"nested": [1, 2]}  # passes through

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import Degrees, Layout
+from meshplan.planner.layout.layout import Degrees, Layout
 
 
 def test_megatron_parallel_state_example():

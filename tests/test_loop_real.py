@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan.schema import load_plan
 from meshplan.verify.check import scaled_step_s
 from tests.helpers import REPO
 

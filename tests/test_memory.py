@@ -1,8 +1,8 @@
 """Memory model against published formulas and figures."""
 import pytest
 
-from meshplan.planner.layout import Layout
-from meshplan.planner.memory import LayerShape, activation_bytes_per_layer, inflight_factor, model_state_bytes
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.estimate.memory import LayerShape, activation_bytes_per_layer, inflight_factor, model_state_bytes
 
 # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2:
 # activation bytes per layer of a GPT layer (MHA, 4h GeLU MLP, dropout, 16-bit activations).
@@ -99,11 +99,11 @@ def test_gqa_activation_memory_search_and_solver_agree_with_korthikanti():
     """Llama-3.1-70B (64 query heads, 8 KV heads of 128, so V is 1024 wide, not 8192): the layout search's memory
     and the heterogeneous solver's per-layer activation bytes are the same number, the formula above."""
     from meshplan.costmodel.api import Pricer
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.model_spec import load_model
-    from meshplan.planner.solve.problems import train_partition_problem
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.model.config import load_model
+    from meshplan.planner.search.solve.problems import train_partition_problem
 
     model = load_model("llama-3.1-70b")
     assert (model.num_heads, model.num_kv_heads, model.head_dim, model.v_head_dim) == (64, 8, 128, 128)
@@ -130,10 +130,10 @@ def test_fp8_weight_copies_cover_the_decoder_linears_only():
     """Transformer Engine caches an fp8 copy and transpose (2 B) of each decoder linear weight; the embedding and
     the output layer stay bf16 (review finding: they were counted)."""
     from meshplan.costmodel.api import Pricer
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.model.config import load_model
 
     m = load_model("llama-3.1-8b")
     est = GpuEstimator(Pricer.shipped())
@@ -149,10 +149,10 @@ def test_full_n_counts_the_recompute_flops_of_the_layers_it_recomputes():
     """full:4 on stages of 5+9+9+9 layers recomputes 4 of each stage's layers: 16 of 32, half of full recompute's
     extra FLOPs (review finding: stage 0's share, 4/5, was used for the whole job)."""
     from meshplan.costmodel.api import Pricer
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.model.config import load_model
 
     work = Workload(load_model("llama-3.1-8b"), load_cluster("4x8xH100"), 64, 4096, "bf16")
     est = GpuEstimator(Pricer.shipped())

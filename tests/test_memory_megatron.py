@@ -16,11 +16,11 @@ from __future__ import annotations
 import pytest
 
 from meshplan.costmodel.api import Pricer
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Workload
-from meshplan.planner.estimate_gpu import GpuEstimator
-from meshplan.planner.layout import Layout
-from meshplan.planner.model_spec import load_model
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.gpu import GpuEstimator
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
 from tests.helpers import shared_path
 
 

@@ -1,12 +1,12 @@
-"""FLOP counters (planner.flops) against hand derivations and published figures."""
+"""FLOP counters (planner.model.flops) against hand derivations and published figures."""
 from __future__ import annotations
 
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.flops import (hardware_flops_per_token, megatron_flops_per_iteration, narayanan_flops_per_iteration,
+from meshplan.planner.model.flops import (hardware_flops_per_token, megatron_flops_per_iteration, narayanan_flops_per_iteration,
                            recompute_flops_per_token)
-from meshplan.planner.model_spec import load_model
+from meshplan.planner.model.config import load_model
 from tests.helpers import shared_path
 
 

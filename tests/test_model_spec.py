@@ -6,7 +6,8 @@ import json
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.model_spec import ModelSpec, list_presets, load_model
+from meshplan.planner.model.config import list_presets, load_model
+from meshplan.planner.model.spec import ModelSpec
 from tests.helpers import shared_path
 
 # Golden totals and active counts: shared/model_configs/PROVENANCE.md ("Sanity numbers"), which cross-checks them
@@ -124,7 +125,7 @@ def test_qwen2_moe_counts_shared_expert_and_gate():
            "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
            "decoder_sparse_step": 1, "vocab_size": 151936, "tie_word_embeddings": False,
            "max_position_embeddings": 8192}
-    from meshplan.planner.model_config import spec_from_config
+    from meshplan.planner.model.config import spec_from_config
 
     spec = spec_from_config(cfg, where="qwen1.5-moe", name="qwen1.5-moe-a2.7b", source="test")
     assert abs(spec.num_params - 14.3e9) / 14.3e9 < 0.01
@@ -177,7 +178,7 @@ def test_aliases_and_presets():
 
 
 def test_preset_copies_match_shared_files():
-    from meshplan.planner.model_config import PRESET_DIR
+    from meshplan.planner.model.config import PRESET_DIR
 
     for filename in GOLDEN:
         assert (PRESET_DIR / filename).read_bytes() == shared_path("model_configs", filename).read_bytes()

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import Layout
+from meshplan.planner.layout.layout import Layout
 
 
 def _megatron_expert_groups(world: int, etp: int, ep: int, pp: int) -> list[tuple[int, ...]]:
@@ -46,7 +46,7 @@ def test_folding_admits_ep_beyond_data_parallel_and_refuses_what_does_not_fold()
 def test_expert_states_shard_over_expert_data_parallel():
     """ZeRO shards expert states over the expert-dp part of dp_shard x cp x tp: EP8 x ETP1 over TP2 x DP8 leaves
     expert-dp 2, so Adam's 12 B per expert parameter are halved, dense ones split 8 ways."""
-    from meshplan.planner.memory import model_state_bytes
+    from meshplan.planner.estimate.memory import model_state_bytes
 
     lay = Layout(tp=2, dp_shard=8, ep=8, etp=1, zero_stage=1)
     assert lay.expert_shard_group.size == 2 and lay.shard_group.size == 8

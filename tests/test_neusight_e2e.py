@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from meshplan.planner.planning import plan_job
+from meshplan.planner.search.job import PlanRequest, plan_job
 from tests.helpers import shared_path
 
 DEVICES = {"NVIDIA_H100_80GB_HBM3": "H100", "NVIDIA_A100-SXM4-40GB": "A100-40GB",
@@ -45,7 +45,7 @@ def test_neusight_measured_steps_median_error(tmp_path):
     assert len(rows) >= 15
     errors = {}
     for label, cluster, batch, seq, fix, measured_s in rows:
-        out = plan_job("gpt2-large", cluster, batch, seq, fix=fix, dtype="fp32", top=1, out=tmp_path / "p.yaml")
+        out = plan_job(PlanRequest.of("gpt2-large", cluster, batch, seq, fix=fix, dtype="fp32", top=1, out=tmp_path / "p.yaml"))
         pred = out.plan.prediction
         errors[label] = (pred.step_time_s - pred.breakdown.other_s - measured_s) / measured_s
     med = statistics.median(abs(e) for e in errors.values())

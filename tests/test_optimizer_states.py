@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import Layout
-from meshplan.planner.memory import model_state_bytes
-from meshplan.planner.space import parse_fix
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.estimate.memory import model_state_bytes
+from meshplan.planner.layout.space import parse_fix
 
 P = 1_000_000_000  # parameters on the rank
 
@@ -71,7 +71,7 @@ def test_fix_keys_and_errors():
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     """One real ``plan_job`` per setting: Llama 3.1 8B config on 2x8 H100, the layout pinned but the dtypes."""
-    from meshplan.planner.planning import plan_job
+    from meshplan.planner.search.job import PlanRequest, plan_job
     from tests.helpers import shared_path
 
     model = str(shared_path("model_configs", "llama-3.1-8b-instruct.json"))
@@ -79,8 +79,8 @@ def planned(tmp_path_factory):
     for name, extra in (("default", ""), ("remainder", ",optim_dtype=remainder"), ("bf16", ",optim_dtype=bf16"),
                         ("fp32grads", ",grad_dtype=fp32"), ("bf16grads", ",grad_dtype=bf16")):
         path = tmp_path_factory.mktemp(name) / "plan.yaml"
-        out[name] = plan_job(model, "2x8xH100", 256, 4096, fix="tp=2,pp=1,dp=8,dp_shard=8,dp_replicate=1,cp=1,mbs=1,"
-                             f"zero=1,recompute=selective,sp=true{extra}", top=1, name=name, out=path)
+        out[name] = plan_job(PlanRequest.of(model, "2x8xH100", 256, 4096, fix="tp=2,pp=1,dp=8,dp_shard=8,dp_replicate=1,cp=1,mbs=1,"
+                             f"zero=1,recompute=selective,sp=true{extra}", top=1, name=name, out=path))
     return out
 
 
@@ -88,8 +88,8 @@ def test_plans_price_and_record_the_states(planned):
     """Memory falls by the bytes the states drop; bf16 gradients halve Megatron's fp32 main grads and their
     data-parallel traffic; the plan file holds a field only when it differs from the default (plans of older
     versions stay byte-identical)."""
-    from meshplan.planner.plan import load_plan
-    from meshplan.planner.search import plan_layout
+    from meshplan.planner.plan.schema import load_plan
+    from meshplan.planner.plan.build import plan_layout
 
     mem = {k: v.plan.prediction.memory_bytes for k, v in planned.items()}
     params = mem["default"]["weights_bytes"] / 2  # bf16 weights on the rank (no fp8 copies: bf16 run)

@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.cluster import load_cluster
+from meshplan.planner.cluster.spec import load_cluster
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_alltoall_pays_each_ranks_own_nic_share_across_nodes():
 
 def test_straggler_grows_with_the_number_of_ranks():
     """Sinha et al. (SC'22): sigma 1%; expected slowest of N ranks sigma sqrt(2 ln N) above the mean."""
-    from meshplan.planner.estimate_gpu import straggler_slowdown
+    from meshplan.planner.estimate.gpu import straggler_slowdown
 
     assert straggler_slowdown(1) == 0.0
     assert straggler_slowdown(8) == pytest.approx(0.01 * math.sqrt(2 * math.log(8)))
@@ -91,11 +91,11 @@ def test_peak_memory_matches_torchtitans_published_memory(tmp_path):
 def test_explain_adds_up_to_the_step():
     """The step's parts (slowest stage compute and exposed comm, straggler, gradient sync, bubble, optimizer) sum
     to the predicted step time, and the slowest stage's compute by op class to its share."""
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.explain import explain_gpu
-    from meshplan.planner.layout import Layout
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.estimate.explain import explain_gpu
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.model.config import load_model
 
     est = GpuEstimator(Pricer.shipped())
     work = Workload(load_model("mixtral-8x7b"), load_cluster("4x8xH100"), 256, 4096, "bf16")
@@ -120,10 +120,10 @@ def test_te_sequence_parallel_backward_hides_the_column_parallel_collectives():
     TP 4 (hidden 12288, 2048 tokens) the GEMMs last far longer than the collectives, so the backward exposes the
     two gathers plus the SMs the hidden collectives hold; a stack outside TE (torchtitan) keeps the mirror."""
     from meshplan.costmodel.collectives import collective_time_s
-    from meshplan.planner.estimate import time_key
-    from meshplan.planner.estimate_gpu import GpuEstimator, comm_sm_share
-    from meshplan.planner.layout import Layout
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.estimate.base import time_key
+    from meshplan.planner.estimate.gpu import GpuEstimator, comm_sm_share
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.model.config import load_model
 
     cluster = load_cluster("4x8xH100")
     dev = cluster.device

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan.schema import load_plan
 from tests.helpers import shared_path
 
 KEYS = ("step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
@@ -109,8 +109,8 @@ def test_search_size_is_checked_before_enumerating(runner, tmp_path):
     factors and what to pin; pinning tp and pp brings it back within bounds (issue 16 item 4). The bound counts
     each tp x pp x cp mesh's candidates (issue 12 item 7), so the case is one with candidates to count: an MoE
     model (ep x etp x moe_overlap), fp8 (three recipes) and a global batch every data-parallel degree divides."""
-    from meshplan.planner.model_spec import load_model
-    from meshplan.planner.space import MAX_LAYOUTS, Pins, space_size_bound
+    from meshplan.planner.model.config import load_model
+    from meshplan.planner.layout.space import MAX_LAYOUTS, Pins, space_size_bound
 
     recipes = ("tensorwise", "delayed", "blockwise")
     qwen = load_model("qwen3-30b-a3b")

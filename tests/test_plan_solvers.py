@@ -4,7 +4,7 @@ import json
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.plan import load_plan
+from meshplan.planner.plan.schema import load_plan
 
 
 def _run(runner, tmp_path, *args):
@@ -36,7 +36,7 @@ def test_serving_with_quality_budget(runner, tmp_path):
 
 
 # Llama-3.1-70B in 16 bits (131.4 GiB of weights) does not fit on 3xT4+1xA100 (128 GiB): serving it needs quantizing.
-# (On 4xT4+1xA100, 144 GiB, it fits since the memory limit counts its terms explicitly: planner/memory.py.)
+# (On 4xT4+1xA100, 144 GiB, it fits since the memory limit counts its terms explicitly: planner/estimate/memory.py.)
 def test_impossible_quality_budget_exits_2(runner, tmp_path):
     res = _run(runner, tmp_path, "--model", "llama-3.1-70b", "--cluster", "3xT4+1xA100", "--workload", "serve",
                "--quality-budget", "0", "--global-batch", "8", "--seq-len", "512")

@@ -14,14 +14,14 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Workload
-from meshplan.planner.estimate_gpu import comm_sm_share, straggler_slowdown
-from meshplan.planner.estimators import estimator_for
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.gpu import comm_sm_share, straggler_slowdown
+from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
-from meshplan.planner.layout import Layout
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.space import parse_fix
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+from meshplan.planner.layout.space import parse_fix
 
 MODEL, CLUSTER, SEQ, GBS = "llama-3.1-70b", "8x8xH100", 4096, 128
 
@@ -86,7 +86,7 @@ def test_megatron_export_carries_in_line_sends_and_refuses_what_validate_args_re
     off = _variant(pp_overlap=False)
     assert "--no-overlap-p2p-communication" in render(off, "megatron").text
     assert "--no-overlap-p2p-communication" not in render(_variant(), "megatron").text  # Megatron's default
-    from meshplan.planner.plan import Degrees
+    from meshplan.planner.plan.schema import Degrees
 
     with pytest.raises(MeshplanError, match="needs pp > 2"):
         render(off.model_copy(update={"degrees": Degrees(dp_shard=8, tp=8, pp=2, vpp=2)}), "megatron")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Workload
-from meshplan.planner.estimators import estimator_for
-from meshplan.planner.layout import Layout
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.space import parse_fix
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+from meshplan.planner.layout.space import parse_fix
 
 MODEL, CLUSTER, SEQ = "llama-3.1-70b", "8x8xH100", 4096
 
@@ -65,7 +65,7 @@ def test_pp_runs_is_a_fix_decision_that_must_split_the_micro_batches():
 
 def test_a_plan_keeps_pp_runs_and_the_exports_say_they_run_one_schedule(runner, tmp_path):
     from meshplan.cli.main import app
-    from meshplan.planner.plan import load_plan
+    from meshplan.planner.plan.schema import load_plan
 
     out = tmp_path / "p.yaml"
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", CLUSTER, "--global-batch", "128",
@@ -82,7 +82,7 @@ def test_a_pipelined_fsdp_stage_holds_its_whole_weights_and_gradients_over_a_run
     """PipelineStage.backward_maybe_with_nosync: no reshard after backward and no gradient sync until the run's
     last backward, so the stage's gathered weights and unreduced gradients sit beside their 1/16 shards; the
     optimizer states stay sharded. Without pipelining FSDP2 holds the shards only (ZeRO-3)."""
-    from meshplan.planner.memory import PARAM_BYTES, grad_bytes_per_param, model_state_bytes
+    from meshplan.planner.estimate.memory import PARAM_BYTES, grad_bytes_per_param, model_state_bytes
 
     n, d = 1e9, 16
     flat = Layout(dp_shard=d, micro_batch=1, zero_stage=3)

@@ -37,7 +37,7 @@ DELAY_A_MS, DELAY_FACTOR = 40.0, 4
 
 def small_plan(path: Path, zero_stage: int = 0, **degrees: int) -> Path:
     """A plan for the SMALL model on local:2 (what `meshplan plan` would write), saved to ``path``."""
-    from meshplan.planner.plan import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
+    from meshplan.planner.plan.schema import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 
     h, layers, vocab, seq = 64, 2, 512, 32
     params = vocab * h + seq * h + layers * (12 * h * h + 13 * h) + 2 * h  # GPT-2 count, tied head
@@ -160,12 +160,12 @@ def _fsdp_copy_elements(out: Path) -> dict[str, list[int]]:
 
 
 def test_fsdp2_copies_every_gathered_parameter_and_gradient(runs):
-    """What meshplan prices for torch FSDP2 (``Layout.fsdp`` "torch", planner/estimate_gpu.py): per micro-batch of a
+    """What meshplan prices for torch FSDP2 (``Layout.fsdp`` "torch", planner/estimate/gpu.py): per micro-batch of a
     ZeRO-3 model, two copy-outs of every parameter (the forward's gather and the backward's re-gather) and one copy of
     every gradient into the reduce-scatter buffer. The real FSDP2 run (fully_shard per block and the root,
     reshard_after_forward=True, one micro-batch per step) does exactly that: its traced copy passes move 2x and 1x
     the model's parameter count (the GPT-2 count of ``small_plan``, independent of FSDP) per step."""
-    from meshplan.planner.plan import load_plan
+    from meshplan.planner.plan.schema import load_plan
 
     out = runs("fsdp")
     run = json.loads((out / "run.json").read_text())

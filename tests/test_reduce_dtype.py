@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import render
-from meshplan.planner.layout import Layout
-from meshplan.planner.memory import param_bytes, reduce_bytes_per_param
-from meshplan.planner.space import Pins
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
+from meshplan.planner.layout.space import Pins
 from tests.test_export_golden import VARIANTS
 
 WIDTH = 64  # two Linear(64, 64) layers: 2 x 4160 parameters, split evenly over 2 ranks (no FSDP padding)
@@ -139,7 +139,7 @@ def test_megatron_buffer_follows_a_pinned_reduction_dtype():
     """Megatron-Core has one dtype for its main-grad buffer and their reduction (--grad-reduce-in-bf16 makes both
     bf16), so a pinned reduce_dtype sizes the buffer as grad_dtype would; other stacks keep them apart (FSDP2
     reduces in fp32 into a shard of the parameter's dtype)."""
-    from meshplan.planner.memory import grad_bytes_per_param
+    from meshplan.planner.estimate.memory import grad_bytes_per_param
 
     for stack, expect in (("megatron", 2), ("torchtitan", 2), ("eager", 2)):
         lay = Layout(dp_shard=8, zero_stage=1, stack=stack, reduce_dtype="bf16")
@@ -152,10 +152,10 @@ def test_megatron_buffer_follows_a_pinned_reduction_dtype():
 def test_the_estimator_prices_the_wire_dtype():
     """torchtitan's fp32 reduction (and FSDP2's copy-in, a cast) costs more than the same FSDP step in bf16."""
     from meshplan.costmodel.api import Pricer
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.model.config import load_model
 
     est = GpuEstimator(Pricer.shipped())
     work = Workload(load_model("llama-3.1-8b"), load_cluster("2x8xH100"), 64, 8192, "bf16")

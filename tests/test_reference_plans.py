@@ -1,9 +1,9 @@
 """The reviewed reference plans in plans/ regenerate exactly; a change needs
-`python -m meshplan.planner.reference --update --reason "..."` (which records the reason in plans/CHANGELOG.md)."""
+`python -m meshplan.planner.search.reference --update --reason "..."` (which records the reason in plans/CHANGELOG.md)."""
 import pytest
 
-from meshplan.planner.plan import load_plan
-from meshplan.planner.reference import PLANS_DIR, differences, reference_specs, regenerate
+from meshplan.planner.plan.schema import load_plan
+from meshplan.planner.search.reference import PLANS_DIR, differences, reference_specs, regenerate
 
 SPECS = reference_specs()
 
@@ -14,7 +14,7 @@ def test_reference_plan_unchanged(name, tmp_path):
     old = load_plan(PLANS_DIR / f"{name}.yaml")
     diffs = differences(old.model_dump(mode="json"), new.model_dump(mode="json"))
     assert not diffs, (f"reference plan {name} changed: {diffs[:5]}. If intended, run "
-                       f"`python -m meshplan.planner.reference --update --reason \"...\"`")
+                       f"`python -m meshplan.planner.search.reference --update --reason \"...\"`")
 
 
 def test_every_reference_change_is_explained():

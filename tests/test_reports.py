@@ -4,7 +4,7 @@ saved for the review (its folder is printed; ``pytest -s`` shows it).
 
 What is counted comes from elsewhere: the priced layouts from the search itself, the schedule's passes from the
 schedule's definition (a forward and a backward per micro-batch, chunk and rank), the runs from the command's own
-JSON. The schedule timing is checked against the published bubble formulas (``planner.schedules``).
+JSON. The schedule timing is checked against the published bubble formulas (``planner.layout.schedules``).
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import pytest
 from plotly.offline import get_plotlyjs
 
 from meshplan.cli.main import app
-from meshplan.planner.pipeline_timeline import schedule_slots
-from meshplan.planner.report import frontier
-from meshplan.planner.schedules import bubble_s
+from meshplan.planner.layout.pipeline_timeline import schedule_slots
+from meshplan.planner.layout.schedules import bubble_s
+from meshplan.planner.search.report import frontier
 from meshplan.profiler.report_page import _covered
 from tests.helpers import DATA
 
@@ -41,7 +41,7 @@ def _render(pages: dict[str, Path], shots: Path) -> dict[str, tuple[str, list[st
                                        cwd=shots)
     out = {}
     for name, p in procs.items():
-        dom, err = p.communicate(timeout=60)
+        dom, err = p.communicate(timeout=300)  # a guard against a hang; ~5 s a page on an idle machine
         out[name] = (dom, [line for line in err.splitlines() if ":CONSOLE" in line])
     return out
 
@@ -56,7 +56,7 @@ def pages(tmp_path_factory):
     """The three reports, written by the commands, and what the commands said (JSON)."""
     from typer.testing import CliRunner
 
-    from meshplan.planner.planning import plan_job
+    from meshplan.planner.search.job import PlanRequest, plan_job
 
     runner = CliRunner()
     tmp = tmp_path_factory.mktemp("reports")
@@ -67,8 +67,8 @@ def pages(tmp_path_factory):
     r = runner.invoke(app, args + ["--report", str(tmp / "plan.html")])
     assert r.exit_code == 0, r.output
     out["plan_json"] = json.loads(r.stdout)
-    out["outcome"] = plan_job("llama-3.1-70b", "8x8xH100", 32, 4096, fix="tp=8,pp=4,vpp=2,mbs=1,cp=1",
-                              out=tmp / "q.yaml")
+    out["outcome"] = plan_job(PlanRequest.of("llama-3.1-70b", "8x8xH100", 32, 4096, fix="tp=8,pp=4,vpp=2,mbs=1,cp=1",
+                                             out=tmp / "q.yaml"))
     out["priced"] = len(out["outcome"].priced)
     # check: three runs of one plan (real gloo traces; the step times of run.json given)
     from tests.test_check import _plan, _run
@@ -149,7 +149,7 @@ def test_the_check_page_charts_every_run(rendered):
                                                ("interleaved", 2, 4, 6), ("zbh1", 4, 1, 8), ("zbh1", 8, 1, 16),
                                                ("dualpipe", 4, 1, 8), ("dualpipe", 8, 1, 20), ("dualpipe", 2, 1, 4)])
 def test_drawn_schedules_idle_as_their_published_bubbles(schedule, pp, vpp, m):
-    # backward = 2 x forward (the estimator's ratio): every stage idles exactly planner.schedules' bubble, the
+    # backward = 2 x forward (the estimator's ratio): every stage idles exactly planner.layout.schedules' bubble, the
     # formulas of Narayanan et al. (1F1B, interleaved), Qi et al. (ZB-H1) and DeepSeek-V3's Table 2 (DualPipe)
     f, b = 0.7, 1.4
     slots = schedule_slots(schedule, pp, vpp, m, [f] * pp, [b] * pp)
@@ -228,7 +228,7 @@ def test_a_report_path_that_is_a_folder_or_an_input_is_one_line(cmd, tmp_path, r
 
 def test_a_plan_without_an_op_breakdown_still_gets_its_page(pages):
     # host-measured clusters (local:N) have no per-op breakdown: the page splits the step as the estimate does
-    from meshplan.planner.report import plan_page, plan_report
+    from meshplan.planner.search.report import plan_page, plan_report
 
     o = pages["outcome"]
     assert o.breakdown is None  # plan_job was not asked for it

@@ -1,4 +1,4 @@
-"""The pruned layout search (branch and bound, ``planner.search`` module notes) finds what pricing every candidate
+"""The pruned layout search (branch and bound, ``planner.search.exact`` module notes) finds what pricing every candidate
 finds: the same best layout and the same top-K, on spaces small enough to price in full here (issue 12 item 7).
 
 Each case covers decisions of issue 12: recompute variants with full:N, cp_kind (CP over a 32k sequence), MoE
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Workload
-from meshplan.planner.estimators import estimator_for
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.search import search
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.model.config import load_model
+from meshplan.planner.search.exact import search
 
 CASES = [  # model, cluster, global batch, seq, dtype, pins
     ("llama-3.1-8b", "2x8xH100", 16, 8192, "bf16", {}),
@@ -40,7 +40,7 @@ def test_pruned_search_equals_exhaustive(model, cluster, gb, seq, dtype, fix):
 
 def test_fp8_workload_tries_every_recipe():
     """``--dtype fp8``: the free search prices Transformer Engine's three recipes (no MXFP8 on an H100)."""
-    from meshplan.planner.space import Pins, enumerate_layouts, fp8_recipe_choices
+    from meshplan.planner.layout.space import Pins, enumerate_layouts, fp8_recipe_choices
 
     work = Workload(load_model("llama-3.1-8b"), load_cluster("1x8xH100"), 8, 4096, "fp8")
     recipes = fp8_recipe_choices(work.dtype, work.cluster.device)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Workload
-from meshplan.planner.estimators import estimator_for
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
-from meshplan.planner.layout import Layout
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.ops_graph import layer_ops
-from meshplan.planner.space import parse_fix
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+from meshplan.planner.estimate.ops_graph import layer_ops
+from meshplan.planner.layout.space import parse_fix
 
 SEQ, GBS = 4096, 256
 

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.solve.compression import CompressionChoice, CompressionProblem, solve_compression_problem
+from meshplan.planner.search.solve.compression import CompressionChoice, CompressionProblem, solve_compression_problem
 
 TQ = 1e-6
 EQ = 1e-3

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.solve.partition import (
+from meshplan.planner.search.solve.partition import (
     GroupSlot, PartitionProblem, Phase, PipelineOption, StageRun, evaluate, solve_partition,
 )
 

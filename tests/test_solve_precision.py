@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from meshplan.planner.cluster import load_cluster
+from meshplan.planner.cluster.spec import load_cluster
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.solve.precision import QSyncGroup, QSyncProblem, solve_qsync, solve_serve
-from meshplan.planner.solve.problems import precision_columns
+from meshplan.planner.model.config import load_model
+from meshplan.planner.search.solve.precision import QSyncGroup, QSyncProblem, solve_qsync, solve_serve
+from meshplan.planner.search.solve.problems import precision_columns
 
 TQ = 1e-6
 QQ = 1e-3

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.planner.cluster import load_cluster, parse_bandwidth
+from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.solve.compression import simulate, solve_compression
-from meshplan.planner.solve.precision import solve_hetero_train
-from meshplan.planner.solve.problems import compression_problem
+from meshplan.planner.model.config import load_model
+from meshplan.planner.search.solve.compression import simulate, solve_compression
+from meshplan.planner.search.solve.precision import solve_hetero_train
+from meshplan.planner.search.solve.problems import compression_problem
 
 
 def test_compression_plan_beats_no_compression_and_respects_budget():
@@ -62,9 +62,9 @@ def test_pipeline_train_on_mixed_cluster_is_exact_and_fits():
 
 def test_quality_budget_binding_on_real_preset_names_the_amount():
     # Qwen2.5-7B at fp16 with the KV cache of 16 requests (15.6 GB) overflows one T4's usable 14.6 GiB (99% of 16
-    # GiB less the CUDA context and two NCCL communicators, planner/memory.py) by a little: one layer must drop to
+    # GiB less the CUDA context and two NCCL communicators, planner/estimate/memory.py) by a little: one layer must drop to
     # int8, whose indicator (9.2e-5 per layer, per-channel int8) exceeds a 1e-5 budget
-    from meshplan.planner.solve.precision import solve_serve
+    from meshplan.planner.search.solve.precision import solve_serve
 
     with pytest.raises(MeshplanError, match=r"quality budget 1e-05 admits no plan: .* at least 9\.\d+e-05"):
         solve_serve(load_model("qwen2.5-7b"), load_cluster("1xT4"), 16, 512, 64, quality_budget=1e-5, num_workers=1,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.solve.sensitivity import (fake_quantize, measure_compression_error, measure_layer_sensitivity,
+from meshplan.planner.search.solve.sensitivity import (fake_quantize, measure_compression_error, measure_layer_sensitivity,
                                        relative_mse)
 
 
@@ -43,7 +43,7 @@ def test_measured_compression_error_orders_compressors():
 
 
 def test_sensitivity_file_round_trip_and_resampling(tmp_path):
-    from meshplan.planner.solve.sensitivity import read_sensitivity, write_sensitivity
+    from meshplan.planner.search.solve.sensitivity import read_sensitivity, write_sensitivity
 
     f = tmp_path / "sens.json"
     write_sensitivity(f, ["bf16", "int8"], [[0.0, 1.0], [0.0, 2.0], [0.0, 3.0]])

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.layout import balanced_split, format_pp_layout, parse_pp_layout
-from meshplan.planner.plan import load_plan
+from meshplan.planner.layout.splits import balanced_split, format_pp_layout, parse_pp_layout
+from meshplan.planner.plan.schema import load_plan
 
 
 @pytest.mark.parametrize("layers,pp,megatron", [
@@ -87,7 +87,7 @@ def test_time_balanced_split_is_optimal_against_brute_force(seed):
     stage of every contiguous split (all compositions enumerated), with first/last extras (embedding, head)."""
     import random
 
-    from meshplan.planner.layout import weighted_split
+    from meshplan.planner.layout.splits import weighted_split
 
     rng = random.Random(seed)
     n, pp = rng.randint(4, 11), rng.randint(2, 4)
@@ -106,11 +106,11 @@ def test_deepseek_v3_split_follows_predicted_time_not_layer_count():
     time-balanced split of 61 layers on 16 stages gives the first stage more layers and the last fewer than the
     layer-count split (3+3+4*13+3 with embedding and loss counted as one layer each)."""
     from meshplan.costmodel.api import Pricer
-    from meshplan.planner.cluster import load_cluster
-    from meshplan.planner.estimate import Workload
-    from meshplan.planner.estimate_gpu import GpuEstimator
-    from meshplan.planner.layout import Layout
-    from meshplan.planner.model_spec import load_model
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.model.config import load_model
 
     m = load_model("deepseek-v3")
     est = GpuEstimator(Pricer.shipped())
@@ -130,7 +130,7 @@ def test_deepseek_v3_split_follows_predicted_time_not_layer_count():
 def test_pinned_splits_with_the_rest_free(runner, tmp_path, model, cluster, batch, fix, stages):
     """Review findings: a pin that some free pp / vpp cannot take narrows the search instead of ending it; a
     pinned pp_layout sets pp; the time-balanced re-split never breaks the plan's own rules."""
-    from meshplan.planner.search import plan_layout
+    from meshplan.planner.plan.build import plan_layout
 
     out = tmp_path / "p.yaml"
     r = runner.invoke(app, ["plan", "--model", model, "--cluster", cluster, "--global-batch", batch, "--seq-len",

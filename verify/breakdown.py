@@ -6,7 +6,7 @@ Read through the profiler's API (:func:`profiler.runs.load_run`: one Kineto trac
 * ``C`` = union of the collective events in flight on that rank (``gloo:*`` annotations on the gloo thread,
   NCCL kernels on GPUs) inside W; **exposed comm** = |C|. On a CPU rank pinned to one core the gloo
   transport runs on that same core, so a collective in flight is not hidden behind compute (see
-  planner/estimate_cpu.py); a wait for a late peer is counted here too;
+  planner/estimate/cpu.py); a wait for a late peer is counted here too;
 * ``M`` = union of the ops on the rank's training thread (the ``ProfilerStep`` span itself excluded);
   **compute** = |M - C|;
 * the rest of W, when the main thread runs no op and no collective is in flight, is the pipeline **bubble**

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate_cpu import world_cores
-from meshplan.planner.plan import Plan, load_plan
+from meshplan.planner.estimate.cpu import world_cores
+from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.verify.breakdown import measured_breakdown
 from meshplan.verify.measured import identity_mismatches, load_measured
 

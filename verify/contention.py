@@ -1,6 +1,6 @@
 """How much of its core a CPU rank really got during a run (shared hosts): the contention factor.
 
-A ``local:N`` plan prices its compute with single-thread timings (``planner.cpu_bench.HostBench``, the fastest of
+A ``local:N`` plan prices its compute with single-thread timings (``planner.host.cpu_bench.HostBench``, the fastest of
 several repetitions: the speed of a free core). On a shared machine other people's processes take a share of
 every core and evict its caches, so the same run can be 1.3-3x slower an hour later (issue 6: "This machine is
 noisy"). The run's own trace says how much: an operator that runs many times with the same input shapes

@@ -11,8 +11,8 @@ from typing import Callable, Optional
 from meshplan.core.atomic import refuse_overlap
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.devices import get_device
-from meshplan.planner.calibrate import Calibration
-from meshplan.planner.host import read_host_terms
+from meshplan.planner.host.calibrate import Calibration
+from meshplan.planner.host.terms import read_host_terms
 from meshplan.verify.learn import fit_runs_local, save_terms, terms_of
 from meshplan.verify.op_fit import fit_runs
 

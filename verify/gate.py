@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from meshplan.planner.calibrate import Calibration
-from meshplan.planner.host import read_host_terms
+from meshplan.planner.host.calibrate import Calibration
+from meshplan.planner.host.terms import read_host_terms
 from meshplan.verify.check import CheckResult, check, parse_tolerance
 from meshplan.verify.contention import run_contention
 from meshplan.verify.learn import fit_run, save_terms, terms_of
@@ -34,8 +34,8 @@ def check_run(plan: str | Path, run: str | Path, tolerance: str | float = "15%",
         breakdown: Split the measured steps into phases (loads every trace).
         contention: Scale the prediction's CPU work by the contention the run's own operators show.
         learn: Fit this host's terms on the run (``verify.learn``) and store them in ``terms_path``.
-        terms_path: The host's terms file (``planner.host.default_terms_path()`` for the CLI default).
-        calibration_of: This host's calibration, obtained only when ``learn`` (``planner.calibrate.load_calibration``).
+        terms_path: The host's terms file (``planner.host.terms.default_terms_path()`` for the CLI default).
+        calibration_of: This host's calibration, obtained only when ``learn`` (``planner.host.calibrate.load_calibration``).
 
     Raises:
         MeshplanError: unreadable inputs, a run of another job, ``learn`` on a plan that is not ``local:N``.

@@ -1,10 +1,10 @@
-"""Learning from its own runs (issue 6 item 5) for the CPU path: the host's compute ratio and sync waits.
+"""Learning from its own runs for the CPU path: the host's compute ratio and sync waits.
 
-``planner.estimate_cpu`` prices a step from blocks timed on a free core (the fastest repetition), the calibrated
+``planner.estimate.cpu`` prices a step from blocks timed on a free core (the fastest repetition), the calibrated
 in-step collectives and counted framework work; ``meshplan check --contention`` scales the CPU part by the run's
 contention factor (``verify.contention``: traced over fastest call of its repeated operators). Both use the
 fastest of noisy samples, and what that leaves of a real run is learned from measured runs, as terms every
-plan shares (``planner.host.HostTerms``), so what one plan teaches transfers to the others:
+plan shares (``planner.host.terms.HostTerms``), so what one plan teaches transfers to the others:
 
 * ``compute_scale``: measured compute / contention / priced compute of a run: how far this host's real steps
   sit from the free-core pricing, all CPU work alike (blocks, framework work, optimizer; the pipeline bubble is
@@ -22,7 +22,7 @@ estimator given ``NEUTRAL_TERMS``):
 
 (the pipeline bubble is in the second line because a stage's wait in recv is measured as comm or bubble
 depending on where it falls). Each fit updates the terms its run informs and keeps the others (the host's
-terms file, ``planner.host``); ``meshplan costmodel fit --runs RUN`` and ``meshplan check PLAN RUN --learn`` fit
+terms file, ``planner.host.terms``); ``meshplan costmodel fit --runs RUN`` and ``meshplan check PLAN RUN --learn`` fit
 them.
 """
 from __future__ import annotations
@@ -33,14 +33,14 @@ from pathlib import Path
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.calibrate import Calibration, is_local_spec
-from meshplan.planner.cluster import load_cluster
-from meshplan.planner.estimate import Estimate, Workload
-from meshplan.planner.estimators import estimator_for
-from meshplan.planner.host import NEUTRAL_TERMS, TERMS, HostTerms, clamp_scale, host_terms_record
-from meshplan.planner.model_spec import load_model
-from meshplan.planner.plan import Plan, load_plan
-from meshplan.planner.search import plan_layout
+from meshplan.planner.host.calibrate import Calibration, is_local_spec
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Estimate, Workload
+from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.host.terms import NEUTRAL_TERMS, TERMS, HostTerms, clamp_scale, host_terms_record
+from meshplan.planner.model.config import load_model
+from meshplan.planner.plan.schema import Plan, load_plan
+from meshplan.planner.plan.build import plan_layout
 from meshplan.profiler.runs import load_run
 from meshplan.verify.breakdown import P2P
 from meshplan.verify.check import check
@@ -73,11 +73,11 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, calibration: Calibration
     Args:
         plan_path: The plan the run was launched with.
         run_dir: The ``meshplan profile`` folder.
-        calibration: This host's calibration (``planner.calibrate``), to re-price the plan.
+        calibration: This host's calibration (``planner.host.calibrate``), to re-price the plan.
         before: The terms learned before; the ones this run does not teach are kept.
 
     Returns:
-        Every term of ``planner.host.TERMS`` (taught ones updated, the rest as ``before``), ``taught`` (their
+        Every term of ``planner.host.terms.TERMS`` (taught ones updated, the rest as ``before``), ``taught`` (their
         names), and the figures behind them: ``sync_points``, ``microbatches``, ``layers``, ``contention``,
         measured and predicted compute and wait (seconds, free-core).
 
@@ -115,7 +115,7 @@ def fit_run(plan_path: str | Path, run_dir: str | Path, calibration: Calibration
 
 
 def save_terms(path: str | Path, terms: HostTerms, runs: list[str]) -> Path:
-    """Store ``terms`` for this host in ``path`` (``planner.host.read_host_terms`` reads them back)."""
+    """Store ``terms`` for this host in ``path`` (``planner.host.terms.read_host_terms`` reads them back)."""
     return write_atomic(path, host_terms_record(terms, runs))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.plan import Plan, load_plan
+from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.profiler.capture import RUN_JSON, load_run_json
 
 

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from meshplan.core.atomic import write_atomic
-from meshplan.planner.cluster_file import cluster_file_schema
-from meshplan.planner.plan import Plan
+from meshplan.planner.cluster.file import cluster_file_schema
+from meshplan.planner.plan.schema import Plan
 from meshplan.profiler import trace_schema
 from meshplan.profiler.runrecord import RunRecord
 
@@ -19,7 +19,7 @@ from meshplan.profiler.runrecord import RunRecord
 def schemas() -> dict[str, dict]:
     """File name -> JSON Schema (draft 2020-12, as pydantic writes it)."""
     plan = Plan.model_json_schema()
-    plan["description"] = "A meshplan plan file (`meshplan plan` writes it; planner/plan.py, class Plan)."
+    plan["description"] = "A meshplan plan file (`meshplan plan` writes it; planner/plan/schema.py, class Plan)."
     cluster = cluster_file_schema()
     cluster["description"] = "A meshplan cluster YAML file (planner/presets/clusters/README.md)."
     run = RunRecord.model_json_schema()

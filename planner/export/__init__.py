@@ -1,4 +1,4 @@
-"""Launch configs for existing launchers, rendered from a :class:`planner.plan.Plan`.
+"""Launch configs for existing launchers, rendered from a :class:`planner.plan.schema.Plan`.
 
 Every target module has three pure functions:
 
@@ -18,7 +18,7 @@ from types import ModuleType
 from meshplan.core.errors import MeshplanError
 from meshplan.core.atomic import refuse_overwrite, write_atomic
 from meshplan.planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
-from meshplan.planner.plan import Plan, load_plan
+from meshplan.planner.plan.schema import Plan, load_plan
 
 TARGETS: dict[str, ModuleType] = {
     "torchrun": torchrun,

@@ -1,6 +1,6 @@
 """Checks and helpers every exporter shares.
 
-Conventions of the plan (``planner/plan.py``, ``planner/memory.py``) that all targets rely on:
+Conventions of the plan (``planner/plan/schema.py``, ``planner/estimate/memory.py``) that all targets rely on:
 
 * world = dp_replicate * dp_shard * cp * tp * pp, and it must equal the cluster's device count;
 * ZeRO (``zero_stage`` 1..3) shards over the ``dp_shard`` (x cp) group; ``dp_replicate`` replicates (HSDP), so
@@ -23,8 +23,9 @@ import re
 import shlex
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout import fsdp_impl, p2p_overlapped
-from meshplan.planner.plan import Plan
+from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
+from meshplan.planner.layout.layout import fsdp_impl, p2p_overlapped
+from meshplan.planner.plan.schema import Plan
 
 # Plan.dtype values the exporters understand, mapped to a canonical name.
 DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",
@@ -139,7 +140,7 @@ def recompute_layers(plan: Plan) -> int:
     return int(n) if head == "full" and n else 0
 
 
-def stage_layers(plan: Plan) -> list[int]:
+def layers_per_stage(plan: Plan) -> list[int]:
     """Decoder layers per (virtual) pipeline stage in model order: the plan's ``stages``, else an even split into
     pp * vpp stages."""
     if plan.stages:
@@ -150,7 +151,7 @@ def stage_layers(plan: Plan) -> list[int]:
 
 def rank_layers(plan: Plan) -> list[int]:
     """Decoder layers each pipeline rank holds (virtual stage v * pp + r is chunk v of rank r)."""
-    pp, per_stage = plan.degrees.pp, stage_layers(plan)
+    pp, per_stage = plan.degrees.pp, layers_per_stage(plan)
     return [sum(per_stage[r::pp]) for r in range(pp)]
 
 
@@ -212,8 +213,6 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
     """Warnings when the plan priced optimizer states, gradients or their reduction in a precision the target cannot
     set (``optim`` / ``grads`` / ``reduce``: the ``optim_dtype`` / ``grad_dtype`` / ``reduce_dtype`` values it
     carries)."""
-    from meshplan.planner.memory import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
-
     out = []
     if plan.optim_dtype not in optim:
         out.append(f"{target}: optim_dtype={plan.optim_dtype}: no option keeps Adam's states that way here; the job "

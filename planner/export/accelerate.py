@@ -12,7 +12,7 @@ Which ``distributed_type`` a plan becomes:
 * ZeRO-1/2 over plain data parallelism -> ``DEEPSPEED`` with an inline ``deepspeed_config``;
 * otherwise ``MULTI_GPU`` (DDP), or ``NO`` on one device.
 
-Decisions of issue 12: the fp8 recipe -> ``fp8_config`` backend TE (delayed scaling, Accelerate's ``TERecipeKwargs``)
+Further decisions: the fp8 recipe -> ``fp8_config`` backend TE (delayed scaling, Accelerate's ``TERecipeKwargs``)
 or AO (torchao float8, tensorwise); blockwise and mxfp8 refused (no config key). ``cp_kind`` -> FSDP2's
 ``parallelism_config_cp_comm_strategy`` (ring = torch's ``alltoall`` rotation). ``etp`` and ``recompute full:N`` ->
 the Megatron-LM plugin's expert-TP and block recompute keys. The rest is named as not carried.
@@ -23,7 +23,7 @@ import yaml
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "yaml"
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}

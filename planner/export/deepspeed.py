@@ -14,7 +14,7 @@ Keys and rules: deepspeedai/DeepSpeed @ edaa72212672 / PyPI deepspeed 0.19.8 (``
   exports.md are gone from the installed 0.19.8 (not in ``DEEPSPEED_OPTIMIZERS``, no ``runtime/fp16/onebit``;
   the engine would look the name up in ``torch.optim`` and fail), so int8 under ZeRO 0-2 is reported as
   unsupported instead of rendered.
-* Decisions of issue 12: ``etp`` -> AutoEP ``expert_parallel.expert_tensor_parallel_size`` (AutoEP folds the expert
+* Further decisions: ``etp`` -> AutoEP ``expert_parallel.expert_tensor_parallel_size`` (AutoEP folds the expert
   mesh over AutoTP, ``module_inject/auto_ep_config.py``); cp is Ulysses, so ``cp_kind`` ring / allgather is named
   as not carried; ``recompute full:N`` runs as full (PipelineModule checkpoints every layer) and ``op`` as nothing,
   both named; an fp8 recipe is refused (no key); ``stack``, ``moe_overlap``, ``moe_capacity`` named.
@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 
 from meshplan.planner.export import _common as c
-from meshplan.planner.layout import reduce_dtype_of
+from meshplan.planner.layout.layout import reduce_dtype_of
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "json"
 

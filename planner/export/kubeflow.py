@@ -12,7 +12,7 @@ import yaml
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement, torchrun
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "yaml"
 IMAGE = "meshplan-train:latest"  # the user's training image; the header comment says to replace it

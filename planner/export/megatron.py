@@ -6,7 +6,7 @@ Flag names and the cross-field rules of ``validate_args`` are from NVIDIA/Megatr
 dp = world / (tp * pp * cp). Data, tokenizer, optimizer and schedule arguments are the user's: the script appends
 its own command-line arguments ("$@") after the rendered ones.
 
-The decisions of issue 12 carried (flag names checked against megatron-core 0.16.1's ``TransformerConfig`` /
+The further decisions carried (flag names checked against megatron-core 0.16.1's ``TransformerConfig`` /
 ``ModelParallelConfig`` fields, whose names the parser's flags are generated from): uneven and interleaved pipelines
 as ``--pipeline-model-parallel-layout`` (one entry per virtual stage, so it is exact for any split; the
 first/last-stage flags only express a split whose middle stages are equal and cannot be combined with it), ``etp`` as
@@ -26,8 +26,8 @@ from __future__ import annotations
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
 from meshplan.planner.export import torchrun
-from meshplan.planner.layout import p2p_overlapped
-from meshplan.planner.plan import Plan
+from meshplan.planner.layout.layout import p2p_overlapped
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
 ENTRY = "pretrain_gpt.py"
@@ -94,7 +94,7 @@ def check(plan: Plan) -> None:
 
 def _sends_in_line(plan: Plan) -> bool:
     """Whether the job gets ``--no-overlap-p2p-communication``: an interleaved plan that priced its pipeline sends in
-    line (``planner.layout.p2p_overlapped``), except where Megatron refuses in-line sends (pp <= 2) and the plan did
+    line (``planner.layout.layout.p2p_overlapped``), except where Megatron refuses in-line sends (pp <= 2) and the plan did
     not pin them (another stack's default): that job keeps Megatron's overlap, and ``unsupported`` says so."""
     d = plan.degrees
     if d.vpp == 1 or _p2p_priced_overlapped(plan):

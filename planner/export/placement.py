@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.planner.export import _common as c
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 MASTER_PORT = 29500
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement, torchrun
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sbatch"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
 ENTRY = "examples/train_gpt.py"
@@ -42,7 +42,7 @@ def unsupported(plan: Plan) -> list[str]:
             out.append(f"torchrun: {ENTRY} has no {name} (plan {name}={value}); use the megatron or torchtitan target")
     if plan.compression and c.compression_methods(plan) and (d.dp_shard > 1 or d.tp > 1 or d.pp > 1):
         out.append(f"torchrun: {ENTRY} applies gradient compression as a DDP communication hook "
-                   "(planner.comm_hook), i.e. only to pure DDP layouts; this plan's compression is not applied")
+                   "(planner.export.comm_hook), i.e. only to pure DDP layouts; this plan's compression is not applied")
     if any(b.two_level or b.where == "cpu" for b in plan.compression or ()):
         out.append("torchrun: the DDP hook compresses whole buckets on the device; the plan's two-level / CPU "
                    "placement of compression is not applied")

@@ -12,7 +12,7 @@ pipeline microbatches of ``pipeline_parallel_microbatch_size``; grad-accum = glo
 plan's micro-batch is the local batch and accumulation covers the rest; with PP the pipeline itself runs the
 plan's grad_accum microbatches, so local = micro * grad_accum and no accumulation steps remain.
 
-The decisions of issue 12 (names from v0.2.2's ``job_config.py``): the layer split per virtual stage as
+The further decisions (names from v0.2.2's ``job_config.py``): the layer split per virtual stage as
 ``pipeline_parallel_layers_per_stage`` (even) or ``module_fqns_per_model_part`` (uneven, one part per virtual stage in
 model order, which is torchtitan's looped stage order: rank r runs stages r, r + pp, ...); the schedule as
 ``pipeline_parallel_schedule`` 1F1B / Interleaved1F1B / GPipe / LoopedBFS (ZB-H1 and DualPipe have no one-chunk
@@ -35,7 +35,7 @@ import tomli_w
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
-from meshplan.planner.plan import Plan
+from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "toml"
 

@@ -1,0 +1,314 @@
+"""The estimator interface: ``Estimator.estimate(workload, layout) -> Estimate``, and what every estimator shares.
+
+Two implementations, chosen by the cluster (``planner.estimate.select.estimator_for``): the GPU estimator
+(``planner.estimate.gpu``, analytic Megatron-style step priced op by op by a ``costmodel.api.Pricer``) and the
+``local:N`` CPU estimator (``planner.estimate.cpu``, measured per-op prices on this host and the learned host
+terms). Search, the solvers and the re-pricing of a saved plan all call them through this interface; each
+estimator owns its caches (nothing process-wide).
+
+Shared here: per-stage layers and parameters (ZeRO / pipeline arithmetic), per-stage memory (``planner.estimate.memory``)
+and the parts of an ``Estimate`` every estimator derives the same way (memory, FLOPs, rates, MFU).
+Units: seconds, bytes, FLOPs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.model.flops import recompute_flops_per_token
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.estimate.memory import (USABLE_FRACTION, MemoryBreakdown, activation_bytes_per_layer, inflight_factor,
+                                     layer_shape, model_state_bytes, param_bytes, runtime_overhead_bytes)
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: object  # planner.model.spec.ModelSpec
+    cluster: object  # planner.cluster.spec.ClusterSpec (homogeneous)
+    global_batch: int
+    seq_len: int
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Prediction for one layout. Times in seconds, memory in bytes, rates per device."""
+
+    step_time_s: float
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    other_s: float
+    memory: MemoryBreakdown
+    model_flops: float  # per step, whole job, no recompute (Megatron counter)
+    hw_flops: float  # incl. recompute
+    tokens_per_s: float
+    tflops_per_device: float
+    hw_tflops_per_device: float
+    mfu: float
+    fits: bool
+    memory_limit_bytes: int
+    pipeline_s: Optional[float] = None  # the part that scales with micro-batches (m x the slowest stage's
+    # per-micro-batch time, straggler included), when the estimator separates it: the search's lower bound
+
+
+class Estimator(Protocol):
+    """What search, the solvers and ``verify`` price with."""
+
+    name: str  # what priced the ops, recorded in a plan (``Prediction.costmodel``)
+
+    def estimate(self, work: Workload, layout: Layout) -> Estimate:
+        """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
+
+    def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
+        """Seconds of one operator (its backward when ``op.backward``) on ``device``."""
+
+    def op_times_s(self, ops: list[OpSpec], device: DeviceSpec) -> list[float]:
+        """``op_time_s`` of many operators at once (the solvers' batch path)."""
+
+
+# ---------------------------------------------------------------- per-model tables
+
+class ModelTables:
+    """Per-model prefix sums so that any contiguous stage's parameters cost O(1), and one representative layer
+    (and its ``planner.estimate.memory.layer_shape``) per kind: dense and MoE."""
+
+    def __init__(self, model):
+        self.model = model
+        dense, expert, moe = [0.0], [0.0], [0]
+        for i in range(model.num_layers):
+            e = model.layer_routed_expert_params(i)
+            dense.append(dense[-1] + model.layer_params(i) - e)
+            expert.append(expert[-1] + e)
+            moe.append(moe[-1] + (1 if model.is_moe_layer(i) else 0))
+        self.dense, self.expert, self.moe = dense, expert, moe
+        self.rep: dict[bool, int] = {}  # one representative layer per kind (dense / MoE)
+        for i in range(model.num_layers):
+            self.rep.setdefault(model.is_moe_layer(i), i)
+        self.shape = {k: layer_shape(model, i) for k, i in self.rep.items()}
+        self._stage: dict[tuple, tuple] = {}
+        self._flops: dict[tuple, tuple[float, float]] = {}
+        self._params: dict[tuple, tuple[float, float]] = {}
+        self._act: dict[tuple, float] = {}
+
+    def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[bool, int], dict[bool, int]]:
+        """(layer ranges, ``{is_moe: layers}``, ``{is_moe: recomputed layers}``) of pipeline rank ``stage``, cached
+        per split and recompute (the search prices 10^4 layouts over far fewer of them)."""
+        k = (layout.pp, layout.vpp, layout.pp_layout, layout.recompute, stage)
+        hit = self._stage.get(k)
+        if hit is None:
+            chunks = layout.stage_chunks(self.model.num_layers, stage)
+            hit = self._stage[k] = (chunks, self.kind_counts(chunks), recomputed_counts(self, layout, chunks))
+        return hit
+
+    def flops_per_token(self, seq_len: int, layout: Layout) -> tuple[float, float]:
+        """(model FLOPs, recompute FLOPs) per token, cached; ``full:N`` counts the share of layers it recomputes."""
+        k = (seq_len, layout.recompute, layout.pp, layout.vpp, layout.pp_layout)
+        hit = self._flops.get(k)
+        if hit is None:
+            share = 1.0
+            if layout.recompute_layers:  # the layers full:N recomputes, over every stage
+                recomputed = sum(sum(self.stage_counts(layout, st)[2].values()) for st in range(layout.pp))
+                share = recomputed / max(1, self.model.num_layers)
+            hit = self._flops[k] = (self.model.model_flops_per_token(seq_len),
+                                    recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
+        return hit
+
+    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, fp8: bool, recompute: str) -> float:
+        """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached on the
+        fields it reads."""
+        k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, fp8, layout.expert_tp,
+             layout.moe_capacity, layout.moe_imbalance, layout.stack)
+        hit = self._act.get(k)
+        if hit is None:
+            hit = self._act[k] = activation_bytes_per_layer(self.shape[moe], s, b, layout, fp8, recompute)
+        return hit
+
+    def kind_counts(self, chunks: tuple[range, ...]) -> dict[bool, int]:
+        """``{is_moe: number of such layers}`` in the layer ranges ``chunks``."""
+        n_moe = sum(self.moe[r.stop] - self.moe[r.start] for r in chunks)
+        return {True: n_moe, False: sum(len(r) for r in chunks) - n_moe}
+
+
+class TablesCache:
+    """The ``ModelTables`` of the models an estimator has seen (the last one looked up first: the search hot path)."""
+
+    def __init__(self) -> None:
+        self._by_model: dict = {}
+        self._last: tuple | None = None
+
+    def __call__(self, model) -> ModelTables:
+        last = self._last
+        if last is not None and last[0] is model:
+            return last[1]
+        t = self._by_model.get(model)
+        if t is None:
+            t = self._by_model[model] = ModelTables(model)
+        self._last = (model, t)
+        return t
+
+
+# ---------------------------------------------------------------- parameters and memory per rank
+
+def stage_layer_ranges(model, layout: Layout, stage: int) -> tuple[range, ...]:
+    """The decoder layers of pipeline rank ``stage``, one range per virtual chunk (``Layout.stage_chunks``)."""
+    return layout.stage_chunks(model.num_layers, stage)
+
+
+def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]) -> dict[bool, int]:
+    """``{is_moe: layers of ``chunks`` whose recompute runs}``: every layer, except under ``full:N``, where
+    Megatron's block method recomputes the first N layers of each virtual chunk (``--recompute-method block``)."""
+    n = layout.recompute_layers
+    if layout.recompute_kind == "none":
+        return {True: 0, False: 0}
+    if not n:
+        return tb.kind_counts(chunks)
+    return tb.kind_counts(tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks))
+
+
+def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters held by one rank of pipeline stage ``stage`` (cached per split and
+    tensor/expert sharding)."""
+    k = (layout.pp, layout.vpp, layout.pp_layout, layout.tp, layout.ep, layout.expert_tp, stage)
+    hit = tb._params.get(k)
+    if hit is None:
+        hit = tb._params[k] = _stage_params(tb, layout, stage)
+    return hit
+
+
+def decoder_params(tb: ModelTables, layout: Layout, stage: int) -> float:
+    """Decoder-layer parameters (dense and routed) one rank of ``stage`` holds: ``stage_params`` without the
+    embedding, the output layer and the final norm (the weights fp8 training casts)."""
+    model = tb.model
+    dense, expert = stage_params(tb, layout, stage)
+    if stage == 0:
+        dense -= model.embedding_params / layout.tp
+    if stage == layout.pp - 1:
+        head = model.lm_head_params or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
+        dense -= (head + model.final_norm_params) / layout.tp
+    return max(0.0, dense) + expert
+
+
+def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
+    model = tb.model
+    chunks = tb.stage_counts(layout, stage)[0]
+    dense = sum(tb.dense[r.stop] - tb.dense[r.start] for r in chunks) / layout.tp
+    expert = sum(tb.expert[r.stop] - tb.expert[r.start] for r in chunks) / (layout.ep * layout.expert_tp)
+    if stage == 0:
+        dense += model.embedding_params / layout.tp
+    if stage == layout.pp - 1:
+        head = model.lm_head_params or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
+        dense += (head + model.final_norm_params) / layout.tp
+    return dense, expert
+
+
+def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m: int) -> MemoryBreakdown:
+    """Peak bytes on one rank of pipeline stage ``stage`` with ``m`` micro-batches per step."""
+    model = work.model
+    dense, expert = stage_params(tb, layout, stage)
+    w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
+    s = work.seq_len // layout.cp
+    b = layout.micro_batch
+    chunks, counts, rec = tb.stage_counts(layout, stage)
+    n_layers = sum(len(r) for r in chunks)
+    fp8 = layout.fp8 != "none" or work.dtype == "fp8"
+    kept = {k: tb.activation_bytes(k, s, b, layout, fp8, "none") for k, n in counts.items() if n}
+    per_mb = 0.0
+    for k, n in counts.items():
+        if n:
+            if rec[k]:
+                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, fp8, layout.recompute_kind)
+            per_mb += (n - rec[k]) * kept[k]
+    act = per_mb * inflight_factor(layout, m, stage)
+    # one layer re-materialised during its backward
+    remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
+    if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
+        act, remat = 2 * act, 2 * remat
+    if fp8:
+        # Transformer Engine keeps an fp8 copy of each linear weight and of its transpose (Hopper's fp8 GEMMs take
+        # only the "TN" layout, so the backward needs the transposed copy): 2 B per parameter, cast once per step;
+        # under FSDP only for the layers gathered at the moment
+        linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
+        held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
+        w += 2.0 * held
+    if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
+        act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
+    act += remat
+    if stage == layout.pp - 1:
+        act += logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+    if grads_born_in_backward(layout, m):  # two peaks: backward's first op (no gradient yet), the optimizer step
+        g, act = (0.0, act) if act >= g else (g, 0.0)
+    return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
+
+
+def grads_born_in_backward(layout: Layout, m: int) -> bool:
+    """Whether no gradient exists when a step's backward starts, where its activations peak.
+
+    PyTorch training code frees the gradients between steps (``optimizer.zero_grad()`` sets them to None, the
+    default since PyTorch 2.0; torchtitan's train loop calls it) and autograd's AccumulateGrad allocates each one
+    when its backward runs, so with one micro-batch per step and no pipeline nothing is held yet at the backward's
+    first op (measured on this host: ``bench/cpu_memory.py``). Not so for Megatron-Core (persistent main-grad
+    buffers), for DDP (its reducer's buckets live for the run), or with accumulation (the first micro-batch's
+    gradients are held through the others).
+    """
+    ddp = layout.zero_stage == 0 and layout.dp > 1
+    return layout.stack != "megatron" and m == 1 and layout.pp == 1 and not ddp
+
+
+def logits_bytes_per_element(layout: Layout) -> float:
+    """Peak bytes per logit at the start of backward, when every activation is still held.
+
+    Megatron's vocab-parallel cross-entropy keeps the bf16 logits and computes the fp32 softmax in place (2 + 4).
+    PyTorch code (torchtitan, HF) computes ``F.cross_entropy(logits.float(), labels)`` outside the compiled blocks
+    (torchtitan compiles each TransformerBlock, not the loss: ``apply_compile`` in ``parallelize_llama.py``):
+    log-softmax keeps its fp32 output (4), and its backward holds the incoming fp32 gradient (4) while writing the
+    fp32 gradient of the logits (4): 12 bytes per logit at the peak.
+    """
+    return 6.0 if layout.stack == "megatron" else 12.0
+
+
+def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, step: float, compute_s: float,
+                    exposed_comm_s: float, bubble_s: float, other_s: float,
+                    pipeline_s: Optional[float] = None) -> Estimate:
+    """The parts of an ``Estimate`` every estimator derives the same way: memory, FLOPs, rates, MFU."""
+    model, dev = work.model, work.cluster.device
+    stages = {0, layout.pp - 1}
+    if layout.pp_layout:  # an uneven split: the stage holding the most layers may be the peak
+        stages.add(max(range(layout.pp), key=lambda i: layout.stage_num_layers(model.num_layers, i)))
+    mems = [stage_memory(work, tb, layout, st, m) for st in sorted(stages)]
+    mem = max(mems, key=lambda x: x.total_bytes)
+    limit = int(dev.memory_bytes * USABLE_FRACTION)
+    tokens = work.global_batch * work.seq_len
+    per_token, extra_per_token = tb.flops_per_token(work.seq_len, layout)
+    model_flops = per_token * tokens
+    extra = extra_per_token * tokens
+    world = layout.world_size
+    return Estimate(
+        step_time_s=step, compute_s=compute_s, exposed_comm_s=exposed_comm_s, bubble_s=bubble_s,
+        other_s=other_s, memory=mem, model_flops=model_flops, hw_flops=model_flops + extra,
+        tokens_per_s=tokens / step, tflops_per_device=model_flops / step / world / 1e12,
+        hw_tflops_per_device=(model_flops + extra) / step / world / 1e12,
+        mfu=model_flops / step / world / dev.peak(work.dtype), fits=mem.total_bytes <= limit,
+        memory_limit_bytes=limit, pipeline_s=pipeline_s,
+    )
+
+
+# The fields that change one micro-batch's per-layer time: the estimators' cache keys read them from here only.
+TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "expert_tp", "fp8",
+               "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap",
+               "shared_overlap")
+
+
+def time_signature(layout: Layout) -> tuple:
+    """``TIME_FIELDS`` of ``layout`` as a plain tuple (a cheaper dictionary key than a ``Layout``)."""
+    return tuple(getattr(layout, f) for f in TIME_FIELDS)
+
+
+def time_key(layout: Layout) -> Layout:
+    """The layout reduced to ``TIME_FIELDS`` (what ``planner.estimate.ops_graph`` builds one micro-batch's op lists from)."""
+    v = dict(zip(TIME_FIELDS, time_signature(layout)))
+    v["recompute"] = v.pop("recompute_kind")
+    etp = v.pop("expert_tp")
+    return Layout(**v, etp=etp if etp != layout.tp else 0)

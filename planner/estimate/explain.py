@@ -1,0 +1,110 @@
+"""Why a GPU plan takes the time it does: per stage, compute by op class, exposed communication by collective and
+link, bubble, and the efficiency each op class was priced at (``meshplan plan --explain``; the plan's ``explain``).
+
+A stateless analyzer over the GPU estimator's own pieces (``planner.estimate.ops_graph`` op lists priced by the estimator's
+pricer, ``GpuEstimator.layer_times`` for the exposed share of each group's collectives), so its parts add up to the
+estimate's: compute by class sums to the stage's compute per step, and the step's parts to ``step_time_s``.
+Units: seconds per step, FLOP/s, bytes/s.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
+from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+
+MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
+                "cast")
+
+
+def op_class(op) -> str:
+    """``matmul fp8 (delayed)``, ``attention bf16 (cudnn)``, ``rmsnorm bf16``: what an op is priced as."""
+    return f"{op.kind} {op.dtype}" + (f" ({op.impl})" if op.impl else "")
+
+
+def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
+    """The breakdown of ``estimator.estimate(work, layout)`` (a ``GpuEstimator``), as plain data for YAML/JSON."""
+    model, cluster, dev = work.model, work.cluster, work.cluster.device
+    est = estimator.estimate(work, layout)
+    m = layout.num_microbatches(work.global_batch)
+    key = time_key(layout)
+    tb = estimator.tables(model)
+    links = dict(zip(("tp", "ep", "cp"), group_links(cluster, model, layout)))
+    seconds: dict[str, float] = defaultdict(float)  # op class -> seconds on the whole job's critical stage
+    work_done: dict[str, float] = defaultdict(float)  # op class -> FLOPs (compute-bound) or bytes (memory-bound)
+    stages = []
+    for st in range(layout.pp):
+        chunks = stage_layer_ranges(model, layout, st)
+        counts = tb.kind_counts(chunks)
+        rec = recomputed_counts(tb, layout, chunks)
+        compute: dict[str, float] = defaultdict(float)
+        comm: dict[str, float] = defaultdict(float)
+        for moe, n in counts.items():
+            if not n:
+                continue
+            lo = layer_ops(model, tb.rep[moe], key, work.seq_len, work.dtype)
+            again = {"full": lo.compute, "selective": lo.core_attention, "op": lo.op_recompute}.get(
+                layout.recompute_kind, ())
+            passes = [(op, n, True) for op in lo.compute] + [(op, rec[moe], False) for op in again]
+            for op, runs, with_bwd in passes:
+                f = estimator.op_time_s(op, dev)
+                b = estimator._bwd_s(op, dev) if with_bwd else 0.0
+                t = (f + b) * runs * m
+                compute[op_class(op)] += t
+                if st == 0 and t:
+                    seconds[op_class(op)] += t
+                    amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
+                    work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
+            times = estimator.layer_times(tb, dev, key, moe, work.seq_len, work.dtype,
+                                          links["tp"], links["ep"], links["cp"])
+            for group, pairs, size in (("tp", lo.tp_comm, layout.tp), ("ep", lo.ep_comm, layout.ep),
+                                       ("cp", lo.cp_comm, layout.cp)):
+                if not pairs:
+                    continue
+                raw = {kind: 0.0 for kind, _ in pairs}
+                for kind, nbytes in pairs:
+                    raw[kind] += collective_time_s(kind, nbytes, size, links[group])
+                total_raw = sum(raw.values()) or 1.0
+                exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
+                for kind, t in raw.items():
+                    comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
+            if layout.recompute_kind == "full" and rec[moe]:  # forward collectives again in the recompute
+                comm["recomputed forward collectives"] += times[4] * rec[moe] * m
+        edges = embedding_ops(model, key, work.seq_len, work.dtype) if st == 0 else ()
+        edges += head_ops(model, key, work.seq_len, work.dtype) if st == layout.pp - 1 else ()
+        for op in edges:
+            compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * m
+        if layout.pp > 1:
+            pp_link = cluster.collective_link(*layout.pp_neighbours)
+            comm[f"pp sendrecv on {pp_link.name}"] += m * pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link,
+                                                                   sum(compute.values()) / m, dev)
+        stages.append({"stage": st, "layers": sum(counts.values()),
+                       "compute_s": _rounded(compute), "exposed_comm_s": _rounded(comm)})
+    efficiency = {}
+    for cls, t in seconds.items():
+        kind, dtype = cls.split()[:2]
+        if not t:
+            continue
+        if kind in MEMORY_BOUND:
+            rate = work_done[cls] / t
+            efficiency[cls] = {"achieved": rate, "unit": "B/s", "of_peak": rate / dev.mem_bw_bytes_per_s}
+        elif dev.supports(dtype):
+            rate = work_done[cls] / t
+            efficiency[cls] = {"achieved": rate, "unit": "FLOP/s", "of_peak": rate / dev.peak(dtype)}
+    slow = max(stages, key=lambda x: sum(x["compute_s"].values()) + sum(x["exposed_comm_s"].values()))
+    slow_compute, slow_comm = sum(slow["compute_s"].values()), sum(slow["exposed_comm_s"].values())
+    step = {"slowest stage compute": slow_compute, "slowest stage exposed comm": slow_comm,
+            "slowest of the ranks (straggler)": est.compute_s - slow_compute,
+            "gradient sync and overlap cost": est.exposed_comm_s - slow_comm,
+            "pipeline bubble": est.bubble_s, "optimizer, fp8 weight casts, FSDP2 copies": est.other_s}
+    return {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
+            "stages": stages,
+            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                                  for k, v in sorted(efficiency.items())}}
+
+
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 6) for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v > 0}

@@ -1,0 +1,425 @@
+"""GPU estimator: step time of one homogeneous ``Layout`` (Megatron-style 1F1B / interleaved pipeline).
+
+Per micro-batch and pipeline stage: forward and backward compute priced op by op with the ``Pricer`` it is given
+(the learned model, or the roofline with per-op-class efficiency), plus the TP / EP collectives that sit on the
+critical path and the CP KV exchange not hidden behind attention. Then:
+
+    pipeline = m * t_max + bubble(schedule)                  (planner.layout.schedules: 1F1B (p-1) t_avg, interleaved
+                                                              / v, ZB-H1, DualPipe)
+    step     = pipeline + exposed gradient sync + optimizer step
+
+where t = forward + backward (+ recompute) of one micro-batch on a stage, including its p2p sends
+(vpp times more of them when interleaved, §2.2.2). Gradient sync (ring all-reduce, or reduce-scatter +
+all-gather under ZeRO) overlaps with the last micro-batch's backward; the last bucket is always exposed
+(PyTorch DDP 25 MB buckets, Li et al. 2020 "PyTorch Distributed", §3.2.3). ZeRO-3/FSDP all-gathers parameters
+for every micro-batch and overlaps them with compute (prefetch), exposing only the excess.
+Units: seconds, bytes, FLOPs.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+
+from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.ops import OpSpec
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
+                                       time_key, time_signature)
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.splits import weighted_split
+from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
+from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.layout.schedules import bubble_s
+
+DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
+# SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
+# are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
+COMM_SMS = 20
+
+
+# GPU-to-GPU speed variation of one SKU: Sinha et al., "Not All GPUs Are Created Equal" (SC'22, arXiv:2208.11035),
+# measured over >90% of the GPUs of five clusters (thousands each), "8% (max 22%) average performance variation"
+# between GPUs of the same SKU. Read as the range of a normal spread over ~4,000 GPUs (expected range
+# 2 sigma sqrt(2 ln 4000) = 8.1 sigma), sigma = 1%. A synchronous step runs at its slowest rank: for N ranks the
+# expected maximum of N draws is sigma sqrt(2 ln N) above the mean (+2.0% at 8 GPUs, +3.7% at 1,024, +4.4% at
+# 16,384): an effect that grows with scale.
+GPU_SPEED_SIGMA = 0.01
+
+
+def straggler_slowdown(world_size: int) -> float:
+    """Expected extra time of the slowest of ``world_size`` ranks, as a fraction of the mean rank's."""
+    return GPU_SPEED_SIGMA * math.sqrt(2 * math.log(world_size)) if world_size > 1 else 0.0
+
+
+def group_links(cluster, model, layout: Layout) -> tuple:
+    """(tp, ep, cp) links of ``layout`` on ``cluster``: rings for TP and ring/all-gather CP, the spanned all-to-all
+    for EP (one copy per destination node under DeepEP) and Ulysses CP (``ClusterSpec.alltoall_link``)."""
+    return (cluster.collective_link(*layout.tp_group),
+            cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
+                                  if layout.moe_dispatcher == "deepep" else 0),
+            (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
+
+
+def comm_sm_share(device) -> float:
+    """Share of the device's SMs that overlapped communication takes from compute (0 on devices without SMs)."""
+    return min(1.0, COMM_SMS / device.sm_count) if device.sm_count else 0.0
+
+
+def te_sp_backward_tp_s(tp_comm, tp: int, link, column_bwd_s: float, device) -> float:
+    """Exposed seconds of one layer's backward TP collectives under sequence parallelism, as Transformer Engine runs
+    them without userbuffers (TE v1.8 ``module/layernorm_linear.py`` and ``module/linear.py`` backward, the version
+    NeMo 24.07 ships): a column-parallel layer (QKV, FC1) re-gathers its saved input shard asynchronously, "Overlap
+    input AG with dgrad", and reduce-scatters its dgrad asynchronously, "Overlap dgrad-RS/AR with wgrad"; a
+    row-parallel layer (attention out, FC2) gathers its grad output synchronously before its GEMMs. So the
+    gathers stay exposed, while the reduce-scatters and as many re-gathers hide behind the column-parallel GEMMs'
+    backward, on the SMs the communication kernels leave (``comm_sm_share``).
+    """
+    gathers = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "allgather")
+    scatters = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "reducescatter")
+    hidden = scatters + gathers  # the dgrad reduce-scatters and the input re-gathers (same bytes as the forward's)
+    return gathers + max(0.0, hidden - column_bwd_s) + min(hidden, column_bwd_s) * comm_sm_share(device)
+
+
+def pp_p2p_s(layout: Layout, hidden_size: int, seq_len: int, pp_link, stage_compute_s: float, device) -> float:
+    """Exposed seconds of one micro-batch's pipeline sends and receives on a stage whose compute for that
+    micro-batch is ``stage_compute_s``: an activation forward and a gradient backward at each of the vpp chunk
+    boundaries (Megatron scatter/gather: 1/tp of the tensor crosses nodes). In line, all of it; overlapped
+    (``Layout.p2p_overlapped``, Megatron-Core ``overlap_p2p_comm``: posted before a chunk's compute, waited for
+    after it), only what the compute cannot cover, plus the SMs the transfer kernels hold while it runs
+    (``comm_sm_share``, as for every hidden collective)."""
+    if layout.pp == 1:
+        return 0.0
+    act_bytes = 2.0 * layout.micro_batch * seq_len / layout.cp * hidden_size / layout.tp
+    raw = collective_time_s("sendrecv", act_bytes, 2, pp_link) * layout.vpp * 2
+    if not layout.p2p_overlapped:
+        return raw
+    return max(0.0, raw - stage_compute_s) + min(raw, stage_compute_s) * comm_sm_share(device)
+
+
+class GpuEstimator:
+    """Analytic step-time estimate on accelerators, every op priced by ``pricer`` (memoised per instance)."""
+
+    def __init__(self, pricer: Pricer):
+        self.pricer = pricer
+        self.name = pricer.name
+        self.tables = TablesCache()
+        self._layer: dict[tuple, tuple[float, ...]] = {}
+        self._ops: dict[tuple, tuple] = {}
+        self._per_mb: dict[tuple, tuple] = {}
+        self._bwd: dict[tuple, float] = {}
+        self._link_cluster, self._link_memo = None, {}
+        self._stages: dict[tuple, tuple] = {}
+        self._edge: dict[tuple, tuple[float, float]] = {}
+
+    # ---- operators
+    def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
+        return self.pricer.predict(op, device)
+
+    def op_times_s(self, ops: list[OpSpec], device: DeviceSpec) -> list[float]:
+        return [float(t) for t in self.pricer.predict_batch(ops, device)]
+
+    def _bwd_s(self, op: OpSpec, device) -> float:
+        if op.kind in ("matmul", "bmm", "attention"):
+            hit = self._bwd.get((op, device))
+            if hit is None:
+                hit = self._bwd[(op, device)] = self.pricer.predict(replace(op, backward=True), device)
+            return hit
+        return 2.0 * self.pricer.predict(op, device)  # memory-bound ops: read grad + saved input, write grad
+
+    # ---- one micro-batch
+    def layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
+                    tp_link, ep_link, cp_link) -> tuple[float, ...]:
+        """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
+        recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, and the exposed comm fwd+bwd of the
+        tp, ep and cp groups, which add up to the fourth)."""
+        k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link)
+        hit = self._layer.get(k)
+        if hit is not None:
+            return hit
+        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
+        fwd, bwd = p["fwd"], p["bwd"]
+        re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
+        tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
+        tp_bwd = tp  # the backward mirrors the forward's collectives
+        if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
+            tp_bwd = te_sp_backward_tp_s(lo.tp_comm, key.tp, tp_link, p["column_bwd"], device)
+        if tp and key.tp_overlap:
+            # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
+            # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides
+            # behind the GEMMs, which pay their chunking (tp GEMMs of m/tp rows) and the SMs
+            whole, chunked = p["gemm"], p["gemm_chunked"]
+            tp = (max(0.0, 2 * tp - whole) + min(2 * tp, whole) * comm_sm_share(device) + (chunked - whole)) / 2
+            tp_bwd = tp
+        ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
+        cp = 0.0
+        if lo.cp_comm:
+            c = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
+            if key.cp_kind == "ring":  # each KV block's transfer hides behind the previous block's attention
+                c = max(0.0, c - p["attn"])
+            cp = c
+        if ep and key.moe_overlap:
+            # the dispatch/combine all-to-alls overlap the layer's other work (MegaScale-MoE §4; DeepSeek-V3
+            # §3.2.2 pairs one micro-batch's all-to-all with another's compute); what the compute cannot cover stays
+            # exposed, and the compute it overlaps runs on the SMs the communication kernels leave
+            hide = fwd + bwd
+            exposed = max(0.0, 2 * ep - hide)
+            ep_cost = exposed + min(2 * ep, hide) * comm_sm_share(device)
+            ep_re = max(0.0, ep - fwd) + min(ep, fwd) * comm_sm_share(device)
+        else:
+            ep_cost, ep_re = 2 * ep, ep
+            if ep and key.shared_overlap:
+                # the shared experts' forward runs on a side stream while the dispatch and combine move the routed
+                # tokens (AutoModel MoE.forward; Megatron-Core moe_shared_expert_overlap): what it covers leaves the
+                # critical path, on the SMs the communication kernels leave it (``comm_sm_share``); the forward and
+                # its full recompute overlap, the backward stays in line
+                hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
+                ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
+        comm = tp + tp_bwd + 2 * cp + ep_cost  # forward and backward
+        comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, 2 * cp)
+        return out
+
+    @staticmethod
+    def _stage_times(tb, layout: Layout, times: dict, emb: float, head: float) -> tuple[list, list, list]:
+        """Per pipeline rank, one micro-batch: (compute, exposed layer comm, backward incl. recompute), seconds."""
+        stage_compute, stage_q, stage_bwd = [], [], []
+        for st in range(layout.pp):
+            _, counts, rec = tb.stage_counts(layout, st)
+            c = sum((times[k][0] + times[k][1]) * n + times[k][2] * rec[k] for k, n in counts.items() if n)
+            q = sum(times[k][3] * n + (times[k][4] * rec[k] if layout.recompute_kind == "full" else 0.0)
+                    for k, n in counts.items() if n)
+            stage_bwd.append(sum(times[k][1] * n + times[k][2] * rec[k] for k, n in counts.items() if n))
+            if st == 0:
+                c += emb
+            if st == layout.pp - 1:
+                c += head
+            stage_compute.append(c)
+            stage_q.append(q)
+        return stage_compute, stage_q, stage_bwd
+
+    def _links_of(self, cluster):
+        """``cluster.collective_link``, memoised per (size, stride) for the cluster last asked about."""
+        if self._link_cluster is not cluster:
+            self._link_cluster, self._link_memo = cluster, {}
+        memo = self._link_memo
+
+        def link(size: int, stride: int):
+            hit = memo.get((size, stride))
+            if hit is None:
+                hit = memo[(size, stride)] = cluster.collective_link(size, stride)
+            return hit
+        return link
+
+    def _priced_ops(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str) -> tuple:
+        """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
+        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
+        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
+        # the fields the op lists depend on (not recompute, moe_overlap or the dispatcher; ring and all-gather CP
+        # run the same ops)
+        k = (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
+             key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity, key.moe_imbalance,
+             key.tp_overlap)
+        hit = self._ops.get(k)
+        if hit is not None:
+            return hit
+        predict = self.pricer.predict
+        lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
+        counts = lo.weighted()
+        # tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the experts, not the
+        # router), each also priced in tp chunks along the tokens
+        routed = set(lo.experts)
+        chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
+                   if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
+                   and op not in routed and op.shape[1] != tb.model.num_experts}
+        every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
+        need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
+        backward = [replace(op, backward=True) for op in need]
+        self.pricer.prime(every + backward, device)
+        for op, bop in zip(need, backward):
+            self._bwd[(op, device)] = self.pricer.predict(bop, device)
+        f = {op: predict(op, device) for op in counts}
+        b = {op: self._bwd_s(op, device) for op in counts}
+        prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
+                  "bwd": sum(n * b[op] for op, n in counts.items()),
+                  "attn": sum(predict(op, device) for op in lo.core_attention),
+                  "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
+                  "shared_fwd": sum(f[op] for op in lo.shared),
+                  # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
+                  "gemm": 0.0, "gemm_chunked": 0.0,
+                  # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides
+                  # its collectives behind (te_sp_backward_tp_s)
+                  "column_bwd": sum(n * b[op] for op, n in counts.items() if op.kind == "matmul"
+                                    and op.shape[2] == tb.model.hidden_size and op not in routed
+                                    and op.shape[1] != tb.model.num_experts)}
+        for op, c in chunked.items():
+            prices["gemm"] += counts[op] * (f[op] + b[op])
+            prices["gemm_chunked"] += counts[op] * key.tp * (predict(c, device) + self._bwd_s(c, device))
+        out = self._ops[k] = (lo, prices)
+        return out
+
+    def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
+        """(embedding fwd+bwd, LM head + loss fwd+bwd) for one micro-batch, seconds."""
+        k = (tb, device, key, seq_len, dtype)
+        hit = self._edge.get(k)
+        if hit is None:
+            emb = embedding_ops(tb.model, key, seq_len, dtype)
+            head = head_ops(tb.model, key, seq_len, dtype)
+            predict = self.pricer.predict
+            hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
+                                   sum(predict(o, device) + self._bwd_s(o, device) for o in head))
+        return hit
+
+    def time_balanced_split(self, work: Workload, layout: Layout) -> tuple[int, ...]:
+        """Layers per (virtual) stage balanced by predicted time rather than layer count:
+        dense and MoE layers, and the embedding and the output layer + loss on the first and last stages, weigh
+        what one micro-batch of each costs on this layout (``planner.layout.splits.weighted_split``)."""
+        model, dev = work.model, work.cluster.device
+        cluster = work.cluster
+        tb = self.tables(model)
+        key = time_key(layout)
+        links = group_links(cluster, model, layout)
+        per_kind = {}
+        for moe in tb.rep:
+            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links)
+            per_kind[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
+        weights = [per_kind[model.is_moe_layer(i)] for i in range(model.num_layers)]
+        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
+        return weighted_split(weights, layout.pp * layout.vpp, emb, head)
+
+    # ---- the estimate
+    def estimate(self, work: Workload, layout: Layout) -> Estimate:
+        """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
+        model, cluster = work.model, work.cluster
+        dev = cluster.device
+        m = layout.num_microbatches(work.global_batch)
+        pp, vpp = layout.pp, layout.vpp
+        link = self._links_of(cluster)
+        pp_link = link(*layout.pp_neighbours)
+        if layout.fp8 == "mxfp8" and not dev.supports("mxfp8"):
+            raise MeshplanError(f"fp8=mxfp8 needs MX-format tensor cores (Blackwell); {dev.name} has none "
+                                "(use tensorwise, delayed or blockwise)")
+        tb = self.tables(model)
+        # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
+        # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
+        sig = (tb, cluster, work.seq_len, work.dtype, time_signature(layout))
+        per_mb = self._per_mb.get(sig)
+        if per_mb is None:
+            key = time_key(layout)
+            links = group_links(cluster, model, layout)
+            per_mb = self._per_mb[sig] = (
+                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links) for k in tb.rep},
+                self._edge_times(tb, dev, key, work.seq_len, work.dtype))
+        times, (emb, head) = per_mb
+
+        skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
+        stages = self._stages.get(skey)
+        if stages is None:
+            stages = self._stages[skey] = self._stage_times(tb, layout, times, emb, head)
+        stage_compute, stage_q, stage_bwd = stages
+        stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
+                      for q, c in zip(stage_q, stage_compute)]
+        per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
+        slow = max(range(pp), key=lambda i: per_mb[i])
+        t_max = per_mb[slow]
+        # each schedule run fills and drains the pipeline (layout.pp_runs: AutoModel's gradient accumulation)
+        bubble = layout.pp_runs * bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
+        compute = m * stage_compute[slow]
+        comm_exposed = m * stage_comm[slow]
+
+        dp_exposed, fsdp_copies = self._grad_sync_s(work, layout, tb, slow, stage_compute[slow] + stage_comm[slow],
+                                                     stage_compute[slow], m)
+
+        dense, expert = stage_params(tb, layout, slow)
+        z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
+        opt_numel = (dense / (layout.shard_group.size if z1 else 1)
+                     + expert / (layout.expert_shard_group.size if z1 else 1))
+        optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev) + fsdp_copies
+        if layout.fp8 != "none" or work.dtype == "fp8":
+            # the fp8 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
+            # them across the micro-batches of a step (``is_first_microbatch``)
+            linear = decoder_params(tb, layout, slow)
+            optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
+
+        # the slowest of the job's ranks sets the pace of every synchronous step
+        straggle = m * t_max * straggler_slowdown(layout.world_size)
+        compute += straggle
+        step = m * t_max + straggle + bubble + dp_exposed + optimizer
+        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, pipeline_s=m * t_max + straggle,
+                               exposed_comm_s=comm_exposed + dp_exposed, bubble_s=bubble, other_s=optimizer)
+
+    def _grad_sync_s(self, work: Workload, layout: Layout, tb, slow: int, stage_s: float, compute_s: float,
+                     m: int) -> tuple[float, float]:
+        """(exposed gradient-sync seconds per step, FSDP2's copy passes) of pipeline stage ``slow``, whose
+        per-micro-batch time is ``stage_s`` (``compute_s`` of it compute).
+
+        Dense parameters sync over the data-parallel (x context-parallel) group, routed experts over the
+        expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel folding).
+        """
+        link = self._links_of(work.cluster)
+        dense, expert = stage_params(tb, layout, slow)
+        groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
+        if expert:
+            eshard = layout.expert_shard_group
+            groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
+                           max(1, layout.expert_dp // eshard.size)))
+        last_bwd = stage_s * 2 / 3
+        grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
+        grad_total = (dense + expert) * grad_b
+        dp_exposed = hidden = fsdp_copies = 0.0
+        for params, grad_group, shard_group, replicas in groups:
+            grad_bytes = params * grad_b
+            bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
+            share = params / (dense + expert)
+            if layout.zero_stage == 3:
+                out, comm_hidden, copies = self._zero3_sync_s(work, layout, params, grad_b, shard_group, compute_s,
+                                                              m, share)
+                shard = shard_group[0]
+                fsdp_copies += copies
+                rep_link = link(replicas, shard_group[1] * shard)
+                rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
+                rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
+                dp_exposed += out + rep_out
+                hidden += comm_hidden + rep - rep_out
+            else:
+                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
+                out = max(sync * bucket, sync - last_bwd * params / (dense + expert))
+                dp_exposed += out
+                hidden += sync - out
+        # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
+        return dp_exposed + hidden * comm_sm_share(work.cluster.device), fsdp_copies
+
+    def _zero3_sync_s(self, work: Workload, layout: Layout, params: float, grad_b: int, shard_group, compute_s: float,
+                      m: int, share: float) -> tuple[float, float, float]:
+        """ZeRO-3 / FSDP of ``params`` (``share`` of the stage's): (exposed gathers and reduce-scatters, the
+        hidden part, FSDP2's copy passes), seconds per step."""
+        dev, link = work.cluster.device, self._links_of(work.cluster)
+        shard = shard_group[0]
+        shard_link = link(*shard_group)
+        gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
+        scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
+        if layout.pp > 1:
+            # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
+            # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
+            # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
+            # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
+            # run's compute, the last chunk's reduce-scatter ends the run
+            runs, comm = layout.pp_runs, gather + scatter
+            out = runs * (max(0.0, gather - compute_s * m / runs * share) + scatter / layout.vpp)
+        else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
+            runs, comm = m, 2 * gather + scatter
+            out = runs * max(0.0, comm - compute_s * share)
+        copies = 0.0
+        if layout.fsdp_impl == "torch" and shard > 1:
+            # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient into the
+            # reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes (a bf16 gradient
+            # copied into an fp32 reduce buffer is the 2 -> 4 B conversion the "cast" op measures, collect.py's
+            # fp32 <-> bf16 kernel)
+            param_dtype, grad_dtype = ("fp32" if work.dtype == "fp32" else "bf16"), ("fp32" if grad_b == 4 else "bf16")
+            gathers = runs * (1 if layout.pp > 1 else 2)
+            copy_in = "cast" if grad_dtype != param_dtype else "copy"
+            copies = (gathers * self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
+                      + runs * self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev))
+        return out, runs * comm - out, copies

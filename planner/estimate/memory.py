@@ -1,0 +1,268 @@
+"""Per-device memory model: model states under mixed precision and ZeRO, activations, pipeline in-flight.
+
+Sources:
+  * Model states: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+    Models", §3.1 and Figure 1: mixed-precision Adam keeps 2 (fp16/bf16 params) + 2 (grads) + K=12 (fp32 master,
+    momentum, variance) bytes per parameter; ZeRO-1 shards the 12, ZeRO-2 also the grads, ZeRO-3 everything.
+  * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+    (arXiv:2205.05198), §4, Table 2: per layer s*b*h*(34 + 5*a*s/h) bytes without parallelism, with the TP,
+    SP, selective- and full-recompute variants; 1F1B keeps L layers' worth on the first stage, interleaving
+    multiplies by (1 + (p-1)/(p*v)). Modern-LLM terms (no dropout, FlashAttention, GQA, SwiGLU, MoE) follow the
+    same per-tensor accounting (see ../shared/notes/models.md §5).
+Units: bytes. ``s`` is the local sequence length (seq_len / cp), ``b`` the micro-batch.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.schedules import inflight_microbatches, parameter_copies
+
+GiB = 1024**3
+PARAM_BYTES = 2  # bf16/fp16 weights
+GRAD_BYTES = 2  # gradients in the param dtype (ZeRO paper; FSDP2/DDP default reduce dtype)
+OPTIMIZER_BYTES = 12  # Adam: fp32 master + m + v (ZeRO paper K = 12)
+
+
+def param_bytes(dtype: str) -> int:
+    """Bytes of one weight as the step holds it: 4 in fp32 runs, else the 16-bit weight (fp8 runs keep it beside
+    Transformer Engine's fp8 copies, counted by ``planner.estimate.base.stage_memory``)."""
+    return 4 if dtype == "fp32" else PARAM_BYTES
+
+
+def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
+    """Bytes of one parameter's gradient in its buffer (and on the wire unless ``Layout.reduce_dtype`` or the stack
+    sets another: ``reduce_bytes_per_param``): ``Layout.grad_dtype``, or the stack's own when it is "" (Megatron-Core,
+    whose buffer takes a pinned ``reduce_dtype``; fp32 main grads for bf16/fp8 runs outside FSDP, Megatron-LM
+    ``arguments.py``; fp32 runs: fp32; otherwise the ZeRO paper's 2 B)."""
+    if layout.grad_dtype:
+        return GRAD_BYTES_BY_DTYPE[layout.grad_dtype]
+    if layout.stack == "megatron" and layout.reduce_dtype:
+        # Megatron-Core keeps one dtype for the main-grad buffer and its reduction (--grad-reduce-in-bf16 makes
+        # both bf16): a pinned reduction dtype is the buffer's too
+        return GRAD_BYTES_BY_DTYPE[layout.reduce_dtype]
+    if dtype == "fp32" or (layout.stack == "megatron" and layout.zero_stage < 3 and dtype in ("bf16", "fp8")):
+        return GRAD_BYTES_BY_DTYPE["fp32"]
+    return GRAD_BYTES
+
+
+def reduce_bytes_per_param(layout: Layout, dtype: str) -> int:
+    """Bytes of one parameter's gradient on the data-parallel wire: ``Layout.reduce_dtype_priced`` (torchtitan's
+    fp32, a pinned ``reduce_dtype``), else the gradient buffer's own (``grad_bytes_per_param``)."""
+    wire = layout.reduce_dtype_priced
+    return GRAD_BYTES_BY_DTYPE[wire] if wire else grad_bytes_per_param(layout, dtype)
+
+
+# What a rank may allocate, term by term (the refusal margin explained term by term, not a fudge):
+# - torch's ``total_memory`` reads the datasheet capacity, taken as GiB, to ~1% (H100 80GB: 79.2 of 80 GiB; the
+#   convention of costmodel/data/devices.yaml), so a plan must fit in 99% of ``memory_bytes``;
+# - outside PyTorch's allocator: the CUDA context with cuBLAS/cuDNN handles and workspaces (0.5-1.5 GiB measured on
+#   A100/H100 processes before any tensor, the figure this model used as a whole before; 0.75 GiB taken) and NCCL's
+#   buffers per communicator: NCCL_BUFFSIZE 4 MiB (NCCL's documented default) per channel and protocol, up to 32
+#   channels x 2 protocols = 256 MiB for each process group the layout uses (tp, cp, dp, pp, ep, expert-dp);
+# - inside it: fragmentation of the caching allocator. Model states are allocated once, in large buffers; the
+#   activations of a step are allocated and freed in a different order in backward, and freed blocks are cached and
+#   split, so the reserved pool outgrows them: 5% of the activation bytes is held back.
+USABLE_FRACTION = 0.99
+CONTEXT_BYTES = 0.75 * GiB
+NCCL_COMM_BYTES = 2 * 32 * 4 * 1024**2
+ACTIVATION_FRAGMENTATION = 0.05
+RUNTIME_OVERHEAD_BYTES = int(CONTEXT_BYTES + 2 * NCCL_COMM_BYTES)  # a layout of two process groups (the solvers')
+
+
+def runtime_overhead_bytes(layout: Layout, activation_bytes: float) -> int:
+    """Bytes a rank holds beyond model states and activations: CUDA context, NCCL buffers of each process group the
+    layout uses, allocator fragmentation of the activations (the terms above)."""
+    groups = [layout.tp, layout.cp, layout.dp, layout.pp, layout.ep]
+    if layout.ep > 1:
+        groups.append(layout.expert_dp)
+    comms = sum(1 for g in groups if g > 1)
+    return int(CONTEXT_BYTES + comms * NCCL_COMM_BYTES + ACTIVATION_FRAGMENTATION * activation_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak bytes on the most loaded device, by category."""
+
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.overhead_bytes)
+
+    def as_dict(self) -> dict[str, int]:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+
+def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
+                      dtype: str = "bf16") -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes on one rank.
+
+    Args:
+        dense_params: parameters held by this rank outside routed experts (already divided by tp and pp).
+        expert_params: routed-expert parameters held by this rank (already divided by ep, etp and pp).
+        layout: ZeRO stage applies over dp_shard*cp for dense parameters and over the expert-data-parallel part of
+            dp_shard*cp*tp / (ep*etp) for experts (``Layout.expert_shard_group``).
+    """
+    z = layout.zero_stage
+    shard = layout.dp_shard * layout.cp if z > 0 else 1
+    eshard = layout.expert_shard_group.size if z > 0 else 1
+    w = g = o = 0.0
+    copies = parameter_copies(layout.schedule)  # DualPipe keeps two stages' states per rank
+    grad_b, optim_b = grad_bytes_per_param(layout, dtype), OPTIMIZER_BYTES_BY_DTYPE[layout.optim_dtype]
+    param_b = param_bytes(dtype)
+    if dtype == "fp32":  # the fp32 weights are their own master: Adam adds its two fp32 moments only
+        optim_b = 8
+    # torch.distributed.pipelining keeps a pipelined FSDP stage gathered, its gradients unreduced, over a schedule
+    # run (PipelineStage.backward_maybe_with_nosync: reshard_after_backward and gradient sync off until a chunk's
+    # last backward): the stage's whole weights and gradients beside their shards
+    run_whole = z >= 3 and layout.pp > 1
+    for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
+        whole = run_whole and d > 1
+        w += n * param_b / (d if z >= 3 else 1) + (n * param_b if whole else 0.0)
+        g += n * grad_b / (d if z >= 2 else 1) + (n * grad_b if whole else 0.0)
+        o += n * optim_b / (d if z >= 1 else 1)
+    return w, g, o
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the activation formula needs of one decoder layer (sizes in elements); built by :func:`layer_shape`."""
+
+    hidden: int
+    heads: int
+    q_dim: int  # heads * head_dim
+    kv_dim: int  # width of K: kv_heads * head_dim (MLA: heads * head_dim, K is per head after up-projection)
+    v_dim: int  # width of V: kv_heads * v_head_dim (GQA shares V across a group; MLA: heads * v_head_dim)
+    ffn: int  # dense FFN width, or per-expert width for MoE layers
+    gated: bool
+    dropout: bool
+    experts_per_token: int = 0  # 0 = dense layer
+    shared_ffn: int = 0  # total width of shared experts
+
+
+def has_dropout(model) -> bool:
+    """GPT-2 style configs (incl. the Megatron GPT presets) train with dropout 0.1; Llama/Qwen/Mistral/DeepSeek
+    and GPT-NeoX (hidden_dropout 0) train without."""
+    return model.model_type == "gpt2"
+
+
+def layer_shape(model, layer: int) -> LayerShape:
+    """The activation-relevant shape of decoder layer ``layer`` of ``model`` (a ``planner.model.spec.ModelSpec``).
+
+    K and V are as wide as the tensors the layer saves for backward: with grouped-query attention (Ainslie et al.
+    2023) the K/V projections produce ``num_kv_heads`` heads, shared by a group of query heads, so V is
+    ``num_kv_heads * v_head_dim`` wide (Llama-3.1-70B: 8 x 128 = 1024, not the 8192 of its 64 query heads). MLA
+    (DeepSeek-V2 §2.1) up-projects K and V per query head, so they are ``num_heads`` wide.
+    """
+    moe = model.is_moe_layer(layer)
+    kv_heads = model.num_heads if model.kv_lora_rank else model.num_kv_heads
+    return LayerShape(
+        hidden=model.hidden_size, heads=model.num_heads, q_dim=model.num_heads * model.head_dim,
+        kv_dim=kv_heads * model.head_dim, v_dim=kv_heads * model.v_head_dim,
+        ffn=model.moe_ffn_hidden_size if moe else model.ffn_hidden_size, gated=model.gated_mlp,
+        dropout=has_dropout(model), experts_per_token=model.experts_per_token if moe else 0,
+        shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0,
+    )
+
+
+def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, fp8: bool = False,
+                               recompute: str | None = None) -> float:
+    """Activation bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022, §4.1).
+
+    With the GPT layer of the paper (q=kv=v=h, ffn=4h, dropout, unfused attention) this reduces exactly to
+    sbh(34 + 5as/h) for t=1, sbh(10 + 24/t + 5as/(ht)) under TP and sbh/t(34 + 5as/h) under TP+SP.
+
+    ``recompute``: ``full`` keeps the layer input only (``full:N`` applies per layer: the caller counts which
+    layers are recomputed, ``recompute_layer_bytes``); ``op`` keeps what torchtitan's op-level policy saves
+    (``op_saved_bytes``). ``fp8``: Transformer Engine saves the fp8 cast of each linear layer's input for its
+    weight gradient (1 B instead of 2 B per element: QKV, projection, FC1 and FC2 inputs).
+    MoE: routed token copies scale with the busiest rank's load (``moe_imbalance`` or ``moe_capacity``) and, under
+    expert tensor parallelism, are gathered over etp (``etp / tp`` of the tokens at ``1 / etp`` of the width).
+    """
+    t = layout.tp
+    sp = layout.sequence_parallel
+    h = ls.hidden
+    sbh = s * b * h
+    rep = t if sp else 1  # tensors outside the TP region: sharded only under sequence parallelism
+    kind = layout.recompute_kind if recompute is None else recompute  # ``recompute``: the layout's, overridden
+    if kind == "full":
+        return 2.0 * sbh / rep  # only the layer input is kept
+    if kind == "op":
+        return op_saved_bytes(ls, s, b, layout)
+    lin = 1.0 if fp8 else 2.0  # bytes per element of a saved linear-layer input
+    drop = 1.0 if ls.dropout else 0.0
+    out = 4.0 * sbh / rep  # two norm inputs
+    # attention
+    out += lin * sbh / rep  # QKV input
+    out += 2.0 * s * b * (ls.q_dim + ls.kv_dim) / t  # Q, K
+    out += 2.0 * s * b * ls.v_dim / t  # V
+    if layout.attention == "unfused" and kind != "selective":
+        a_sq = ls.heads * s * s * b / t
+        out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
+    elif layout.attention != "unfused":
+        out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
+    out += lin * s * b * ls.q_dim / t  # projection input (attention output)
+    out += drop * sbh / rep  # attention dropout mask
+    # MLP
+    out += lin * sbh / rep  # MLP input
+    # SwiGLU: FC1's gate and up outputs (the activation's input) and the product (FC2's input); eager code also keeps
+    # SiLU(gate), a separate kernel's output (fused kernels, TE's / Megatron's bias_swiglu or inductor's, recompute
+    # it). GeLU: input and output (FC2's input).
+    per_ffn = (4.0 + lin + (2.0 if layout.stack == "eager" else 0.0)) if ls.gated else (2.0 + lin)
+    if ls.experts_per_token:
+        k = ls.experts_per_token
+        load = _moe_load(layout)
+        etp = layout.expert_tp
+        out += 2.0 * k * load * s * b * h * etp / t  # dispatched token copies at full width (FC1's input)
+        out += per_ffn * k * load * s * b * ls.ffn / t
+        out += per_ffn * s * b * ls.shared_ffn / t
+    else:
+        out += per_ffn * s * b * ls.ffn / t
+    out += drop * sbh / rep  # MLP dropout mask
+    return out
+
+
+def _moe_load(layout: Layout) -> float:
+    """The busiest expert rank's tokens over the balanced share (capacity when dropping, else imbalance)."""
+    return layout.moe_capacity if layout.moe_capacity > 0 else layout.moe_imbalance
+
+
+def op_saved_bytes(ls: LayerShape, s: int, b: int, layout: Layout) -> float:
+    """Bytes torchtitan's op-level selective checkpointing keeps per layer (``selective_ac_option='op'``).
+
+    Its policy (``_save_list`` in ``torchtitan/models/llama3/infra/parallelize.py``) saves the outputs of SDPA and of
+    every second ``mm`` of a layer, and recomputes the rest from the layer input. A Llama layer runs wq, wk, wv,
+    wo, then w1, w3, w2, so the outputs of wq, wv, w1, w2 are saved with SDPA's output and log-sum-exp.
+    """
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    sbh = s * b * ls.hidden
+    out = 2.0 * sbh / rep  # the layer input
+    out += 2.0 * s * b * (ls.q_dim + ls.v_dim) / t  # wq and wv outputs
+    out += 2.0 * s * b * ls.q_dim / t + 4.0 * ls.heads * s * b / t  # SDPA output and log-sum-exp
+    out += 2.0 * sbh / rep  # wo's output is recomputed; w2's (the block output) is saved
+    if ls.experts_per_token:
+        k = ls.experts_per_token * _moe_load(layout)
+        out += 2.0 * k * s * b * ls.hidden * layout.expert_tp / t  # routed token copies (all-to-all outputs)
+        out += 2.0 * k * s * b * ls.ffn / t + 2.0 * s * b * ls.shared_ffn / t  # w1 outputs
+    else:
+        out += 2.0 * s * b * ls.ffn / t  # w1 output
+    return out
+
+
+def inflight_factor(layout: Layout, num_microbatches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at once, in units of the stage's layers.
+
+    1F1B: stage i holds min(pp - i, m) micro-batches (Narayanan et al. 2021 §2.2.1). Interleaved adds
+    (1 + (p-1)/(p*v)) on the first stage (Korthikanti et al. 2022 §4.2.3).
+    """
+    return inflight_microbatches(layout.schedule, layout.pp, layout.vpp, num_microbatches, stage)

@@ -1,0 +1,350 @@
+"""The operators of one decoder layer (and of the embedding / LM head) for a given layout, as ``OpSpec`` lists.
+
+One place knows which GEMMs, attention and memory-bound ops a transformer layer runs under tensor, context,
+sequence and expert parallelism, and which collectives go with them. The estimator prices these lists with
+the estimator's pricer (``costmodel.api.Pricer.predict``); nothing else builds op lists for plans.
+
+Shapes follow Megatron-LM's layer (Shoeybi et al. 2019, Fig. 3; Narayanan et al. 2021 §3.2): column-parallel
+QKV / FC1, row-parallel output / FC2, one all-reduce (or all-gather + reduce-scatter with sequence
+parallelism, Korthikanti et al. 2022 §4.2.2) after attention and after the MLP, in forward and again in backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.estimate.memory import has_dropout
+
+
+# Memory-bound kernels per stack (``Layout.stack``). Megatron-Core + Transformer Engine and torch.compile fuse a norm
+# into one kernel, SwiGLU / GeLU into one, RoPE into one pass over q and k (TE ``fused_apply_rotary_pos_emb``;
+# inductor fuses the same chains). Eager PyTorch (HF modelling code, e.g. ``LlamaRMSNorm``: ``to(float32)``,
+# ``pow(2).mean``, ``rsqrt``, ``mul``, ``to(dtype)``, ``weight *``) launches one kernel per op: the norm is priced as
+# its own reduction plus 3 full passes over the tensor (upcast, scale, weight), SiLU-and-multiply as 2 kernels,
+# ``apply_rotary_pos_emb`` (``q * cos + rotate_half(q) * sin``, rotate_half = slice, neg, cat) as 4 passes each over
+# q and k. Counted from the modelling code (transformers ``models/llama/modeling_llama.py``).
+EAGER_NORM_EXTRA_PASSES = 3
+EAGER_ROPE_PASSES = 4
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """Forward compute ops, and the collectives of one layer, for one micro-batch on one rank.
+
+    Attributes:
+        compute: forward compute ops.
+        core_attention: the subset recomputed by selective recompute.
+        tp_comm: (kind, bytes) collectives over the TP group in forward (backward mirrors them; what Transformer
+            Engine hides of them under sequence parallelism: ``estimate_gpu.te_sp_backward_tp_s``).
+        ep_comm: (kind, bytes) all-to-alls over the EP group in forward (backward mirrors them), for the busiest
+            rank (routing imbalance or capacity included).
+        cp_comm: (kind, bytes) KV exchange over the CP group in forward (backward mirrors it: dKV); with
+            ``cp_kind`` ring the exchange overlaps the attention blocks, otherwise it is exposed.
+        op_recompute: what torchtitan's op-level selective checkpointing (``recompute='op'``) runs again in
+            backward: every memory-bound op and every second matmul of the layer (its ``_save_list`` policy saves
+            the outputs of SDPA and of alternate ``mm`` calls).
+        experts: the routed experts' ops (overlappable with the all-to-all when ``moe_overlap``).
+        shared: the shared experts' forward ops (overlappable with the dispatch/combine when ``shared_overlap``).
+    """
+
+    compute: tuple[OpSpec, ...]
+    core_attention: tuple[OpSpec, ...]
+    tp_comm: tuple[tuple[str, float], ...]
+    ep_comm: tuple[tuple[str, float], ...]
+    cp_comm: tuple[tuple[str, float], ...]
+    op_recompute: tuple[OpSpec, ...] = ()
+    experts: tuple[OpSpec, ...] = ()
+    expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
+    shared: tuple[OpSpec, ...] = ()
+
+    def weighted(self) -> dict[OpSpec, int]:
+        """``compute`` as {op: times it runs}: equal ops summed, and the local experts' GEMMs (``compute`` holds
+        ``expert_copies`` references to one set of them) counted without hashing every copy."""
+        one = self.experts[:len(self.experts) // max(1, self.expert_copies)]
+        skip = set(map(id, one))
+        out: dict[OpSpec, int] = {}
+        for op in self.compute:
+            if id(op) not in skip:
+                out[op] = out.get(op, 0) + 1
+        for op in one:
+            out[op] = out.get(op, 0) + self.expert_copies
+        return out
+
+
+@dataclass
+class _LayerBuild:
+    """One layer's op list as it is built: the shapes every block reads, and the ops so far."""
+
+    model: object
+    layout: Layout
+    seq_len: int
+    dtype: str
+    ops: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lay = self.layout
+        self.t, self.cp, self.b = lay.tp, lay.cp, lay.micro_batch
+        self.s = self.seq_len // self.cp
+        self.T = self.b * self.s  # tokens on this rank
+        self.h = self.model.hidden_size
+        self.a_t = max(1, self.model.num_heads // self.t)
+        self.d = self.model.head_dim
+        self.Tn = self.T // self.t if lay.sequence_parallel else self.T  # rows of the ops outside the TP region
+        self.act, self.mm = _precisions(self.dtype, lay.fp8)
+        self.drop = has_dropout(self.model)
+        self.eager = lay.stack == "eager"
+
+    def ew(self, n: float) -> OpSpec:
+        return OpSpec("elementwise", (int(n),), self.act)
+
+    def norm(self, rows: int, width: int) -> None:
+        kind = "rmsnorm" if self.model.norm == "rmsnorm" else "layernorm"
+        self.ops.append(OpSpec(kind, (int(rows), int(width)), self.act))
+        if self.eager:
+            self.ops.extend(self.ew(rows * width) for _ in range(EAGER_NORM_EXTRA_PASSES))
+
+    def activation(self, n: float, gated: bool) -> None:
+        self.ops.extend(activation_ops(n, gated, self.eager, self.act))
+
+
+def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
+    """Ops of decoder layer ``layer`` for one micro-batch on one rank."""
+    lb = _LayerBuild(model, layout, seq_len, dtype)
+    attn_core, v_out, kv_bytes = _attention_block(lb)
+    experts, shared, ep_comm = _mlp_block(lb, layer)
+    return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb)), tuple(ep_comm),
+                    tuple(_cp_comm(lb, v_out, kv_bytes)), _op_recompute(lb.ops, attn_core), tuple(experts),
+                    max(1, model.num_experts // layout.ep) if experts else 1, shared)
+
+
+def _attention_block(lb: _LayerBuild) -> tuple[list[OpSpec], int, float]:
+    """The attention block's ops, appended to ``lb.ops``: (core attention ops, output projection width, KV bytes
+    of this rank)."""
+    model, ops, mm, T, h, a_t, d = lb.model, lb.ops, lb.mm, lb.T, lb.h, lb.a_t, lb.d
+    lb.norm(lb.Tn, h)
+    if model.q_lora_rank or model.kv_lora_rank:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
+        qk = model.head_dim
+        rope = model.qk_rope_head_dim
+        nope = qk - rope
+        if model.q_lora_rank:
+            ops.extend(mm(T, model.q_lora_rank, h))
+            ops.extend(mm(T, a_t * qk, model.q_lora_rank))
+        else:
+            ops.extend(mm(T, a_t * qk, h))
+        ops.extend(mm(T, model.kv_lora_rank + rope, h))
+        ops.extend(mm(T, a_t * (nope + model.v_head_dim), model.kv_lora_rank))
+        v_out = a_t * model.v_head_dim
+        kv_bytes = 2.0 * T * (model.kv_lora_rank + rope)
+        rope_width = a_t * rope + rope
+    else:
+        kv = max(1, model.num_kv_heads // lb.t) * d
+        ops.extend(mm(T, a_t * d + 2 * kv, h))
+        v_out = a_t * d
+        kv_bytes = 2.0 * T * 2 * kv
+        rope_width = a_t * d + kv
+    if not model.position_embeddings:  # rotary embeddings on q and k
+        ops.extend(lb.ew(T * rope_width) for _ in range(EAGER_ROPE_PASSES if lb.eager else 1))
+    attn_core = _core_attention(lb)
+    ops.extend(attn_core)
+    ops.extend(mm(T, h, v_out))
+    ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
+    return attn_core, v_out, kv_bytes
+
+
+def _core_attention(lb: _LayerBuild) -> list[OpSpec]:
+    """Scores, softmax and the weighted sum: one fused kernel, or the materialised s x s ops (Megatron 2021)."""
+    layout, seq_len, b, d = lb.layout, lb.seq_len, lb.b, lb.d
+    attn_heads, attn_s = lb.a_t, lb.s
+    if layout.cp > 1 and layout.cp_kind == "a2a":  # Ulysses: full sequence, heads split over the CP group
+        attn_heads, attn_s = max(1, lb.a_t // lb.cp), seq_len
+    if layout.attention != "unfused":
+        return [OpSpec("attention", (b, attn_heads, attn_s, seq_len, d), lb.act, causal=True,
+                       impl=attention_impl(layout))]
+    bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
+    core = [OpSpec("bmm", (bh, attn_s, seq_len, d), lb.act), OpSpec("softmax", (bh * attn_s, seq_len), lb.act)]
+    if lb.drop:
+        core.append(lb.ew(bh * attn_s * seq_len))
+    core.append(OpSpec("bmm", (bh, attn_s, d, seq_len), lb.act))
+    return core
+
+
+def _mlp_block(lb: _LayerBuild, layer: int) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:
+    """The MLP or MoE block's ops, appended to ``lb.ops``: (routed expert ops, shared expert ops, expert
+    all-to-alls)."""
+    model, layout, ops, mm, T, h, t = lb.model, lb.layout, lb.ops, lb.mm, lb.T, lb.h, lb.t
+    lb.norm(lb.Tn, h)
+    gate = 2 if model.gated_mlp else 1
+    ep_comm: list[tuple[str, float]] = []
+    experts: list[OpSpec] = []
+    shared: tuple[OpSpec, ...] = ()
+    if model.is_moe_layer(layer):
+        k = model.experts_per_token
+        ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
+        experts = expert_ops(model, layout, T * k, lb.dtype)
+        ops.extend(experts)
+        if model.shared_expert_ffn_hidden_size:
+            fs = model.shared_expert_ffn_hidden_size
+            first = len(ops)
+            ops.extend(mm(T, gate * fs // t, h))
+            lb.activation(T * fs // t, model.gated_mlp)
+            ops.extend(mm(T, h, fs // t))
+            shared = tuple(ops[first:])
+        if layout.ep > 1:
+            # dispatch + combine of the token copies this rank sends (under folding, the T*k*etp/tp its experts
+            # process: expert_ops), bf16; the busiest rank receives its share scaled by the routing imbalance
+            # (dropless) or the capacity it pads to (token dropping)
+            a2a = 2.0 * T * k * layout.expert_tp / t * h * _expert_load(layout)  # the copies this rank computes
+            ep_comm = [("alltoall", a2a), ("alltoall", a2a)]
+    else:
+        f = model.ffn_hidden_size
+        ops.extend(mm(T, gate * f // t, h))
+        lb.activation(T * f // t, model.gated_mlp)
+        ops.extend(mm(T, h, f // t))
+    ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))
+    return experts, shared, ep_comm
+
+
+def _tp_comm(lb: _LayerBuild) -> list[tuple[str, float]]:
+    """Tensor parallelism's collectives per layer: bf16 activations of the full sequence shard."""
+    if lb.t == 1:
+        return []
+    full = 2.0 * lb.T * lb.h
+    if lb.layout.sequence_parallel:
+        return [("allgather", full), ("reducescatter", full)] * 2
+    return [("allreduce", full)] * 2
+
+
+def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, float]]:
+    """Context parallelism's collectives per layer."""
+    if lb.cp == 1:
+        return []
+    if lb.layout.cp_kind == "a2a":  # q, k, v in and the output back, each an all-to-all of this rank's share
+        qkv_bytes = 2.0 * lb.T * (lb.a_t * lb.d + 2 * max(1, lb.model.num_kv_heads // lb.t) * lb.d)
+        return [("alltoall", qkv_bytes), ("alltoall", 2.0 * lb.T * v_out)]
+    # ring: cp - 1 KV chunks pass each rank; allgather: the whole KV gathered at once (same bytes)
+    return [("allgather", kv_bytes * lb.cp)]
+
+
+STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "flash2", "eager": "flash2"}
+
+
+def attention_impl(layout: Layout) -> str:
+    """The fused attention kernel that runs: the one named, or the stack's. Megatron-Core calls Transformer Engine's
+    ``DotProductAttention``, which picks cuDNN fused attention on Hopper; torchtitan and HF code call PyTorch SDPA,
+    whose flash backend is FlashAttention-2 (``costmodel.attention`` prices each). FlexAttention ("flex") is
+    compiled Triton, priced by the learned model / roofline."""
+    if layout.attention == "flex":
+        return "flex"
+    return layout.attention if layout.attention != "flash" else STACK_ATTENTION[layout.stack]
+
+
+def _expert_load(layout: Layout) -> float:
+    """Tokens the busiest expert rank handles over its balanced share: the capacity factor when tokens are dropped
+    (Megatron pads each expert to its capacity, ``--moe-pad-expert-input-to-capacity``), else the routing
+    imbalance of dropless routing."""
+    return layout.moe_capacity if layout.moe_capacity > 0 else layout.moe_imbalance
+
+
+def activation_ops(n: float, gated: bool, eager: bool, act: str) -> list[OpSpec]:
+    """The MLP activation over ``n`` = tokens x FFN width output elements.
+
+    Fused gated (Megatron-Core's bias-SwiGLU, torch.compile, TE): one "swiglu" kernel over its n outputs, reading
+    gate and up and writing their product, the cost model's class for measured fused SwiGLU kernels (Vidur's
+    ``mlp_act``: H100 139 us at 4096 x 11008, 1.95 TB/s over its 3n reads and writes). Eager SwiGLU runs SiLU
+    (n -> n) and then the multiply (2n -> n): two kernels. Plain (bias-)GeLU / squared ReLU: one unary
+    "activation", reading n and writing n. (Before 2026-11-26 a fused gated kernel was priced as a binary op over
+    2n elements, 6n reads and writes for a kernel that moves 3n, and the gated kernels' measurements sat in the
+    unary class.)"""
+    if not gated:
+        return [OpSpec("activation", (int(n),), act)]
+    if eager:
+        return [OpSpec("activation", (int(n),), act), OpSpec("elementwise", (int(n),), act)]
+    return [OpSpec("swiglu", (int(n),), act)]
+
+
+def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[OpSpec]:
+    """The routed experts' grouped GEMMs on one rank, for ``token_copies`` = tokens x top-k routed on this rank.
+
+    Under MoE parallel folding the expert mesh is etp x ep x expert-dp over the stage's tp x cp x dp ranks: per rank
+    the balanced work is ``token_copies / tp`` token-expert pairs at full width, i.e. ``token_copies * etp / tp``
+    pairs at width ``moe_ffn / etp``. They are split over the rank's ``E / ep`` local experts, and a grouped GEMM
+    runs one GEMM per local expert, so its efficiency is that of ``tokens per local expert`` rows (small for
+    fine-grained MoE: DeepSeek-V3 at EP64 gets 4 local experts). Load imbalance or capacity scale the busiest rank.
+    """
+    etp = layout.expert_tp
+    fe, h = model.moe_ffn_hidden_size, model.hidden_size
+    gate = 2 if model.gated_mlp else 1
+    local = max(1, model.num_experts // layout.ep)
+    rows = token_copies * etp / layout.tp * _expert_load(layout)
+    per_expert = max(1, int(round(rows / local)))
+    act, mm = _precisions(dtype, layout.fp8)
+    one = [*mm(per_expert, gate * fe // etp, h),
+           *activation_ops(per_expert * fe // etp, model.gated_mlp, layout.stack == "eager", act),
+           *mm(per_expert, h, fe // etp)]
+    return one * local
+
+
+def _op_recompute(ops: list[OpSpec], attn_core: list[OpSpec]) -> tuple[OpSpec, ...]:
+    """torchtitan ``selective_ac_option='op'``: memory-bound ops and every second matmul run again; attention
+    (SDPA) and the alternate matmuls' outputs are saved (``_save_list`` in ``parallelize_llama.py``)."""
+    out, n_mm = [], 0
+    core = set(id(o) for o in attn_core)
+    for op in ops:
+        if id(op) in core:
+            continue
+        if op.kind == "matmul":
+            n_mm += 1
+            if n_mm % 2 == 0:
+                out.append(op)
+        elif op.kind != "bmm":
+            out.append(op)
+    return tuple(out)
+
+
+def head_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[OpSpec, ...]:
+    """LM head (vocab-parallel logits) and cross-entropy for one micro-batch, forward."""
+    t = layout.tp
+    T = layout.micro_batch * seq_len // layout.cp
+    v_t = model.vocab_size // t
+    act = _precisions(dtype)[0]
+    return (
+        OpSpec("layernorm" if model.norm == "layernorm" else "rmsnorm", (T, model.hidden_size), act),
+        OpSpec("matmul", (T, v_t, model.hidden_size), act),  # output layer: not an fp8 GEMM
+        OpSpec("softmax", (T, v_t), "fp32"),  # cross-entropy in fp32 (Megatron vocab-parallel CE)
+    ) + ((OpSpec("copy", (T * v_t,), "fp32"),) if layout.stack == "eager" else ())  # eager: logits upcast to fp32
+
+
+def embedding_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[OpSpec, ...]:
+    T = layout.micro_batch * seq_len // layout.cp
+    return (OpSpec("embedding", (T, model.hidden_size), _precisions(dtype)[0]),)
+
+
+def _precisions(dtype: str, recipe: str = "none"):
+    """(the dtype of everything but the decoder GEMMs, a function giving the ops of one GEMM ``(m, n, k)``).
+
+    fp8 training (Transformer Engine's recipes, as Megatron-Core and NeMo run them; DeepSeek-V3 report §3.3) runs
+    the linear layers' GEMMs in fp8 and everything else in bf16: attention (FlashAttention in bf16 unless fp8
+    attention is asked for), norms, activations, residuals, embedding and the output layer. Each fp8 GEMM first
+    casts its bf16 input to fp8 with its scale (a read of 2 B and a write of 1 B per element): priced as a ``cast``
+    of the ``m x k`` input. Per recipe (``Layout.fp8``; ``dtype='fp8'`` alone means TE's default, delayed):
+    delayed scaling folds the amax into that cast (the scale comes from the amax history); tensor-wise current
+    scaling needs the amax of the tensor before casting it, one more read of the input (priced as a copy of half
+    its elements: the same bytes); block-wise (1x128 tiles) and MXFP8 (1x32 blocks) compute their scales inside
+    the cast kernel. The GEMM carries the recipe (``OpSpec.impl``) for the cost model. The weights' casts are per
+    step, not per micro-batch (TE caches them across micro-batches), and are priced by the estimator.
+    """
+    if recipe == "none":
+        if dtype != "fp8":
+            return dtype, lambda m, n, k: (OpSpec("matmul", (m, n, k), dtype),)
+        recipe = "delayed"
+    act = "bf16" if dtype == "fp8" else dtype
+
+    def gemm(m, n, k):
+        cast = OpSpec("cast", (int(m) * int(k),), act)
+        out = (cast, OpSpec("matmul", (m, n, k), "fp8", impl=recipe))
+        if recipe == "tensorwise":
+            return (OpSpec("copy", (int(m) * int(k) // 2,), act),) + out
+        return out
+
+    return act, gemm

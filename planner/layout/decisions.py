@@ -1,0 +1,291 @@
+"""Every decision of a layout beyond its degrees, declared once.
+
+Each field of ``Decisions`` is one decision: its type and default, then ``decision(...)`` with a one-line doc, its
+``--fix`` key, its choices or range, what each training stack does when it is left free, and how a free search
+treats it; the docstring under the field says what it means and cites where it comes from. Everything else
+derives from these fields (``DECISIONS``): ``Layout`` (which inherits them), the plan file's fields
+(``planner.plan.schema``) and their JSON Schema, ``--fix`` parsing and its errors (``planner.layout.space``), the
+values a free search leaves at their default, ``meshplan plan --help`` and ``docs/decisions.md``.
+Adding a decision is its field here, the pricing that reads it, and one mapping per export target.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import MISSING, dataclass, field, fields
+from types import MappingProxyType
+from typing import Annotated, Literal, Mapping, Optional
+
+from pydantic import Field
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout.splits import parse_pp_layout
+
+RECOMPUTE = ("none", "selective", "full", "op")  # plus "full:N" (``Layout.recompute_layers``)
+RECOMPUTE_PATTERN = r"^(none|selective|full|op|full:[1-9][0-9]{0,3})$"
+# The schedules a plan file names: the layout's own, plus GPipe, which plans of older versions recorded.
+PLAN_SCHEDULES = ("1f1b", "interleaved", "gpipe", "zbh1", "dualpipe")
+# Bytes per parameter of each choice of the model-state precisions (``optim_dtype``; ``grad_dtype`` and
+# ``reduce_dtype``). Adam's fp32 master + m + v is the ZeRO paper's K = 12. "remainder": fp32 m and v plus the int16
+# low halves of the fp32 master weights (apex DistributedFusedAdam ``param_remainders_shard``; the bf16 weight
+# supplies the high half). "bf16": bf16 m and v (apex ``exp_avg_shard``/``exp_avg_sq_shard`` in the optimizer dtype)
+# and no master copy (apex ``store_params=False`` when the optimizer dtype is the model's, NeMo r2.0.0rc1).
+OPTIMIZER_BYTES_BY_DTYPE = MappingProxyType({"fp32": 12, "remainder": 4 + 4 + 2, "bf16": 2 + 2})
+GRAD_BYTES_BY_DTYPE = MappingProxyType({"bf16": 2, "fp32": 4})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How one decision is typed, pinned, searched and stored (see ``decision``)."""
+
+    name: str
+    default: object
+    doc: str
+    kind: str  # "int", "float", "bool", "tristate" (None = the stack's own), "choice", "recompute", "stages"
+    fix_key: str
+    choices: tuple = ()
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    stack_own: str = ""  # what "" / None means: the stack's own value, and how each stack sets it
+    stack_values: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
+    """The values a free search tries under each stack (what each stack's code can run)."""
+    searched: bool = False  # a free search enumerates it (else it stays at its default unless pinned)
+    plan_field: str = ""  # its field in a plan file ("" = not a field of its own)
+    plan_optional: bool = True  # left out of a plan file while at its default (plans of older versions load alike)
+
+    @property
+    def unset(self) -> object:
+        """The value that means "the stack's own" (``""`` or ``None``), or ``MISSING`` where none does."""
+        if not self.stack_own:
+            return MISSING
+        return None if self.kind == "tristate" else ""
+
+    def parse(self, text: str) -> object:
+        """The value of ``--fix KEY=text``. Raises ``MeshplanError`` naming the key, the text and what it expects."""
+        key, val = self.fix_key, text.strip()
+        if self.kind == "recompute":
+            if val not in RECOMPUTE and not re.fullmatch(r"full:[1-9]\d{0,3}", val):
+                raise MeshplanError(f"--fix {key}={text}: expected one of {', '.join(RECOMPUTE)} or full:N "
+                                    "(N layers per stage)")
+            return val
+        if self.kind == "choice" and isinstance(self.default, str):
+            if val.lower() not in self.choices:
+                raise MeshplanError(f"--fix {key}={text}: expected one of {', '.join(self.choices)}")
+            return val.lower()
+        if self.kind == "stages":
+            return parse_pp_layout(val)
+        if self.kind in ("bool", "tristate"):
+            if val.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise MeshplanError(f"--fix {key}={text}: expected true or false")
+            return val.lower() in ("true", "1", "on")
+        if self.kind == "float":
+            try:
+                out = float(val)
+            except ValueError:
+                raise MeshplanError(f"--fix {key}={text}: expected a number") from None
+            if not self.lo <= out <= self.hi:  # also refuses nan
+                raise MeshplanError(f"--fix {key}={text}: must be within [{self.lo:g}, {self.hi:g}]")
+            return out
+        try:
+            out = int(val)
+        except ValueError:
+            raise MeshplanError(f"--fix {key}={text}: expected an integer") from None
+        if self.choices and out not in self.choices:
+            raise MeshplanError(f"--fix {key}={text}: expected one of {', '.join(map(str, self.choices))}")
+        if self.lo is not None and out < self.lo:
+            raise MeshplanError(f"--fix {key}={text}: must be >= {self.lo:g}")
+        return out
+
+    def check(self, value: object) -> None:
+        """Raise ``MeshplanError`` when ``value`` is outside the choices or range (the stack's own always passes)."""
+        if value == self.unset and self.unset is not MISSING:
+            return
+        if self.kind == "choice" and value not in self.choices:
+            raise MeshplanError(f"{self.name} '{value}' is not one of {', '.join(map(str, self.choices))}")
+        if self.kind == "float" and not self.lo <= value <= self.hi:
+            raise MeshplanError(f"{self.name} {value} must be within [{self.lo:g}, {self.hi:g}]")
+        if self.kind == "int" and value < self.lo:
+            raise MeshplanError(f"{self.name}={value} must be >= {self.lo:g}")
+
+    def plan_type(self) -> object:
+        """The type of its plan-file field (pydantic; its JSON Schema is ``docs/schemas/plan.schema.json``'s)."""
+        if self.kind == "recompute":
+            return Annotated[str, Field(pattern=RECOMPUTE_PATTERN)]
+        if self.kind == "choice" and isinstance(self.default, str):
+            return Literal[tuple(([""] if self.stack_own else []) + list(self.choices))]
+        if self.kind in ("int", "choice"):
+            lo, hi = (min(self.choices), max(self.choices)) if self.choices else (self.lo, self.hi)
+            return Annotated[int, Field(ge=lo, le=hi)]
+        if self.kind == "float":
+            return Annotated[float, Field(ge=self.lo, le=self.hi)]
+        return Optional[bool] if self.kind == "tristate" else bool
+
+
+def decision(default: object, doc: str, *, kind: str = "", fix: str = "", choices: tuple = (),
+             lo: float | None = None, hi: float | None = None, stack_own: str = "",
+             stack_values: Mapping[str, tuple] | None = None, searched: bool = False, plan: str | None = None,
+             plan_optional: bool = True):
+    """A ``Decisions`` field: ``default`` and how the decision is pinned, searched and stored (``Decision``)."""
+    if not kind:
+        kind = ("choice" if choices else "bool" if isinstance(default, bool)
+                else "float" if isinstance(default, float) else "int")
+    info = dict(default=default, doc=doc, kind=kind, fix_key=fix, choices=tuple(choices), lo=lo, hi=hi,
+                stack_own=stack_own, stack_values=MappingProxyType(dict(stack_values or {})), searched=searched,
+                plan_field=plan, plan_optional=plan_optional)
+    return field(default=default, metadata={"decision": info})
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """The decisions of a layout beyond its degrees (``Layout`` inherits them)."""
+
+    micro_batch: int = decision(1, "sequences per micro-batch per data-parallel rank", fix="mbs", lo=1,
+                                searched=True, plan_optional=False)
+    zero_stage: int = decision(0, "ZeRO stage over the dp_shard group (3 = FSDP full shard; 0 needs dp_shard 1)",
+                               fix="zero", choices=(0, 1, 2, 3), searched=True, plan_optional=False)
+    recompute: str = decision(
+        "none", "activation recomputation: none, selective, op, full or full:N (N layers per stage)",
+        kind="recompute", searched=True, plan_optional=False,
+        stack_values={"megatron": ("none", "selective", "full"), "torchtitan": ("none", "op", "full"),
+                      "eager": ("none", "full")})
+    """"selective" is Megatron's core-attention recomputation (Korthikanti et al. 2022); "op" torchtitan's op-level
+    selective checkpointing; "full:N" Megatron's ``--recompute-method block --recompute-num-layers N``. What each
+    stack can run: Megatron-Core has no op-level checkpointing, torchtitan's selective AC is op-level or
+    every-k-layers, HF code checkpoints whole layers (``gradient_checkpointing``)."""
+    sequence_parallel: bool = decision(False, "Megatron sequence parallelism (norms and dropout sharded over TP)",
+                                       fix="sp", searched=True, plan_optional=False)
+    """Needs tp > 1; a free search runs it wherever tp > 1."""
+    attention: str = decision("flash", "the fused attention kernel", searched=True, plan_optional=False,
+                              choices=("flash", "flash2", "flash3", "cudnn", "flex", "unfused"))
+    """"flash" is the stack's fused attention (cuDNN through Transformer Engine for megatron, PyTorch SDPA's
+    FlashAttention-2 for torchtitan and eager), or a named fused kernel; "unfused" materialises the s x s scores
+    (Megatron-LM 2021: fused scale-mask-softmax, separate dropout). Priced from the kernels' published curves
+    (``costmodel.attention``)."""
+    pp_layout: tuple[int, ...] = decision((), "decoder layers per pipeline stage, first to last (7+8*14+7)",
+                                          kind="stages", searched=True, plan="")
+    """() = pp divides the layers evenly. Megatron-LM ``--decoder-first/last-pipeline-num-layers`` or
+    ``--pipeline-model-parallel-layout``: Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4). With
+    vpp > 1: pp * vpp virtual stages in model-depth order (``Layout.stage_chunks``). A plan file keeps it as
+    ``stages``."""
+    pipeline_schedule: str = decision(
+        "", "the pipeline schedule: 1f1b, interleaved (vpp > 1), zbh1 or dualpipe", fix="schedule",
+        choices=("1f1b", "interleaved", "zbh1", "dualpipe"), searched=True, plan="schedule", plan_optional=False,
+        stack_own="1F1B, interleaved when vpp > 1 (``planner.layout.schedules``)")
+    etp: int = decision(0, "expert tensor parallelism (0 = the dense tp)", lo=0, searched=True)
+    """Megatron-Core ``--expert-tensor-parallel-size``. With MoE parallel folding (Liu et al. 2025) the expert mesh
+    etp x ep x edp is laid over the same tp x cp x dp ranks of a stage independently of the dense mesh: ep x etp
+    need only divide tp x cp x dp (Qwen3-235B ran EP32 over 16 data-parallel ranks x TP2)."""
+    fp8: str = decision("none", "the fp8 recipe of the decoder's linear GEMMs (none = the workload's dtype)",
+                        choices=("none", "tensorwise", "delayed", "blockwise", "mxfp8"), searched=True,
+                        stack_values={"megatron": ("none", "tensorwise", "delayed", "blockwise", "mxfp8"),
+                                      "torchtitan": ("none", "tensorwise", "mxfp8"), "eager": ("none",)})
+    """"tensorwise" is Transformer Engine's current scaling, "delayed" TE DelayedScaling (amax history),
+    "blockwise" DeepSeek-V3 §3.3.2 (1x128 activation tiles, 128x128 weight blocks), "mxfp8" OCP MX (32-element
+    blocks, Blackwell tensor cores only). torchtitan's float8 converters scale tensor-wise or MX-block-wise; HF code
+    trains without fp8. A free search tries them only for an fp8 workload (``space.fp8_recipe_choices``)."""
+    cp_kind: str = decision("ring", "context-parallel attention: ring, allgather or a2a (Ulysses)",
+                            choices=("ring", "allgather", "a2a"), searched=True,
+                            stack_values={"megatron": ("ring", "allgather", "a2a"),
+                                          "torchtitan": ("ring", "allgather"), "eager": ("ring", "allgather")})
+    """"ring": p2p KV exchange overlapped with the attention blocks (Megatron-Core/TE ``p2p``); "allgather": KV
+    all-gathered before attention (Llama 3 paper §3.3.2; torch ``context_parallel``'s allgather rotation); "a2a":
+    DeepSpeed-Ulysses all-to-all over heads. torchtitan and HF code have no Ulysses."""
+    stack: str = decision("megatron", "the training code, whose kernels run: megatron, torchtitan or eager",
+                          choices=("megatron", "torchtitan", "eager"), searched=True)
+    """"megatron": Transformer Engine's fused kernels (norms, SwiGLU, cuDNN attention, vocab-parallel
+    cross-entropy; Megatron-Core, NeMo, AutoModel's TE backend); "torchtitan": torch.compile per block, SDPA
+    attention, PyTorch cross-entropy; "eager": HF / plain PyTorch code, one kernel per op. It is the user's code,
+    which the export target names, so a free search keeps Megatron-Core's."""
+    moe_overlap: bool = decision(False, "expert all-to-alls overlapped with computation", searched=True)
+    """MegaScale-MoE §4, Comet; DeepSeek-V3 DualPipe's forward/backward chunk pairing. Tried where ep > 1."""
+    moe_capacity: float = decision(0.0, "token-dropping capacity factor (0 = dropless routing)", lo=0.0, hi=64.0)
+    """Each expert takes at most capacity x its balanced share, padded to it."""
+    moe_imbalance: float = decision(1.0, "dropless routing: the busiest expert group's tokens over the balanced share",
+                                    lo=1.0, hi=64.0)
+    """1.0 = perfectly balanced, as the dev set's "fake balanced gate" runs."""
+    moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL) or deepep",
+                                   choices=("alltoall", "deepep"))
+    """"alltoall": one copy per routed expert (Megatron's alltoall dispatcher); "deepep": one copy per destination
+    node over the NICs, forwarded to its experts over NVLink (Megatron ``--moe-token-dispatcher-type flex
+    --moe-enable-deepep``)."""
+    tp_overlap: bool = decision(False, "tensor-parallel collectives overlapped with their GEMMs (needs sp)")
+    """Megatron-Core ``--tp-comm-overlap`` (Transformer Engine userbuffers), torchtitan's async TP: the all-gather
+    before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks under it."""
+    optim_dtype: str = decision("fp32", "Adam's states beside the 16-bit weights: fp32, remainder or bf16",
+                                choices=("fp32", "remainder", "bf16"))
+    """"fp32": fp32 master weights and moments, 12 B (ZeRO paper's K = 12; Megatron's distributed optimizer,
+    DeepSpeed, FSDP); "remainder": fp32 moments and the 16 low bits of each fp32 master weight, 10 B (apex
+    ``DistributedFusedAdam(store_param_remainders=True)``, NeMo's choice for bf16 O2 models; Megatron-Core's
+    precision-aware optimizer on Transformer Engine >= 2.1); "bf16": bf16 moments, the bf16 weights their own
+    master, 4 B (NeMo's ``optim.dtype: bf16``). It trades numerics, not speed: a free search keeps fp32."""
+    grad_dtype: str = decision(
+        "", "the gradients' buffer: bf16 or fp32", choices=("bf16", "fp32"),
+        stack_own="Megatron-Core keeps fp32 main-grad buffers for bf16/fp8 runs outside FSDP; else 2 B "
+                  "(``planner.estimate.memory.grad_bytes_per_param``)")
+    """Also the dtype they are reduced in unless ``reduce_dtype`` or the stack sets another. Megatron-LM
+    ``arguments.py``: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32" unless
+    ``--grad-reduce-in-bf16``; PyTorch DDP/FSDP2 keep fp32 weights and gradients and fp32 moments (16 B in all)."""
+    pp_runs: int = decision(1, "pipeline schedule runs per optimizer step", lo=1)
+    """1 = Megatron-Core and torchtitan: one schedule over all of a step's micro-batches. AutoModel accumulates
+    gradients over ``global / (local_batch_size * dp)`` runs of its schedule (``recipes/llm/benchmark.py``), each
+    filling and draining the pipeline again."""
+    pp_overlap: Optional[bool] = decision(
+        None, "pipeline sends and receives overlapped with the next chunk's compute", kind="tristate",
+        stack_own="Megatron-LM overlaps them in the interleaved schedule; other stacks wait in line "
+                  "(``layout.p2p_overlapped``)")
+    """Megatron-Core ``overlap_p2p_comm``: isend/irecv posted before a chunk's compute and waited for after it
+    (``pipeline_parallel/schedules.py``); ``--no-overlap-p2p-communication`` is the opt-out. NeMo's confs set it per
+    model (default False). ``local:N`` plans keep the sends in line: gloo's transfers run on the compute's cores."""
+    shared_overlap: bool = decision(False, "MoE shared experts run on a side stream during the token dispatch")
+    """Megatron-Core ``--moe-shared-expert-overlap`` (default off, alltoall dispatcher only); NeMo AutoModel always
+    (``components/moe/layers.py``: "Execute shared experts in a separate stream to overlap compute with the
+    communication for grouped experts"). Priced in the forward and its recompute; the backward stays in line."""
+    fsdp: str = decision("", "the ZeRO-3 implementation: torch (FSDP2) or megatron (Megatron-FSDP)",
+                         choices=("torch", "megatron"),
+                         stack_own="Megatron-FSDP under Megatron-Core, FSDP2 otherwise (``layout.fsdp_impl``)")
+    """"torch": FSDP2 ``fully_shard`` copies every gathered parameter out of the all-gather buffer and every
+    gradient into the reduce-scatter buffer on the compute stream (torch ``_fully_shard/_fsdp_collectives.py``:
+    ``split_with_sizes_copy``, ``chunk_cat``); "megatron": persistent buffers the parameters and gradients are
+    views of, so no copy runs."""
+    reduce_dtype: str = decision(
+        "", "the dtype gradients are reduced in on the data-parallel wire: bf16 or fp32", choices=("bf16", "fp32"),
+        stack_own="fp32 under torchtitan (its only option), else the gradient buffer's (``layout.reduce_dtype_of``)")
+    """FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` casts each bf16 gradient up into an fp32 reduce-scatter
+    buffer and keeps the reduced shard in the parameter's dtype (``foreach_reduce``); DeepSpeed's
+    ``communication_data_type``. Doubles the reduction's bytes; memory does not move."""
+
+
+def _registry() -> Mapping[str, Decision]:
+    out = {}
+    for f in fields(Decisions):
+        info = dict(f.metadata["decision"])
+        info["fix_key"] = info["fix_key"] or f.name
+        if info["plan_field"] is None:
+            info["plan_field"] = f.name
+        out[f.name] = Decision(name=f.name, **info)
+    return MappingProxyType(out)
+
+
+DECISIONS: Mapping[str, Decision] = _registry()
+"""Every decision by its ``Layout`` field name, in declaration order."""
+BY_FIX_KEY: Mapping[str, Decision] = MappingProxyType({d.fix_key: d for d in DECISIONS.values()})
+"""The same, by ``--fix`` key."""
+
+
+def choices_of(name: str) -> tuple:
+    """The choices of decision ``name`` (e.g. ``choices_of("fp8")``)."""
+    return DECISIONS[name].choices
+
+
+def stack_can() -> dict[str, dict[str, tuple]]:
+    """``{stack: {decision: values a free search tries}}`` for the decisions whose values depend on the stack."""
+    out: dict[str, dict[str, tuple]] = {}
+    for d in DECISIONS.values():
+        for stack, values in d.stack_values.items():
+            out.setdefault(stack, {})[d.name] = values
+    return out
+
+
+def free_defaults(pins) -> dict[str, object]:
+    """The decisions a free search does not enumerate, at their pinned value or their default (``pins``: a
+    ``space.Pins``)."""
+    return {d.name: pins.get(d.fix_key, d.default) for d in DECISIONS.values() if not d.searched}

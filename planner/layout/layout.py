@@ -1,0 +1,358 @@
+"""``Degrees`` and ``Layout``: one candidate placement of a model on a cluster, its mesh arithmetic and validation.
+
+In the spirit of torchtitan's ``parallel_dims.py``: every divisibility rule, group stride and rank group lives
+here, and every error prints the numbers involved. Rank order (fastest-varying first) follows Megatron-LM: tp,
+cp, dp (dp_shard inside dp_replicate), pp — so a TP group is contiguous ranks, a CP group has stride tp, a DP group
+stride tp*cp and PP neighbours are tp*cp*dp apart. Expert parallelism borrows its ranks from dp_shard * cp
+(torchtitan) with stride tp.
+
+``Degrees`` is the one degrees type: ``Plan.degrees`` holds one, a ``Layout`` is one (plus the other decisions),
+and ``meshplan plan --fix`` pins its fields (``planner.layout.space.Pins``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Annotated, NamedTuple
+
+from pydantic import ConfigDict, Field
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout.decisions import DECISIONS, RECOMPUTE, Decisions
+from meshplan.planner.layout.schedules import check_schedule
+from meshplan.planner.layout.splits import balanced_split, format_pp_layout
+
+DEGREE_NAMES = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep")
+_Degree = Annotated[int, Field(ge=1)]  # validated where a plan file is read (pydantic), checked by ``validate``
+
+
+class MeshGroup(NamedTuple):
+    """A collective's group: ``size`` ranks, ``stride`` apart (``ClusterSpec.collective_link(*group)``)."""
+
+    size: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """Parallel degrees (torchtitan's ``ParallelDims`` naming). ``vpp`` = virtual pipeline chunks per rank.
+
+    world = dp_replicate * dp_shard * cp * tp * pp; ep borrows from dp_shard * cp (expert layers only).
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # a plan file's unknown degree is an error
+
+    dp_replicate: _Degree = 1
+    dp_shard: _Degree = 1
+    tp: _Degree = 1
+    pp: _Degree = 1
+    vpp: _Degree = 1
+    cp: _Degree = 1
+    ep: _Degree = 1
+
+    @property
+    def dp(self) -> int:
+        """Total data-parallel degree (replicate x shard)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    @property
+    def degrees(self) -> "Degrees":
+        """The degrees alone (a ``Layout`` without its other decisions), e.g. for ``Plan.degrees``."""
+        return Degrees(**{n: getattr(self, n) for n in DEGREE_NAMES})
+
+    # ---- rank strides (Megatron order tp -> cp -> dp_shard -> dp_replicate -> pp) ----
+    @property
+    def cp_stride(self) -> int:
+        return self.tp
+
+    @property
+    def dp_stride(self) -> int:
+        return self.tp * self.cp
+
+    @property
+    def pp_stride(self) -> int:
+        return self.tp * self.cp * self.dp
+
+    # ---- the groups collectives run over ----
+    @property
+    def tp_group(self) -> MeshGroup:
+        """Tensor parallelism: contiguous ranks."""
+        return MeshGroup(self.tp, 1)
+
+    @property
+    def cp_group(self) -> MeshGroup:
+        """Context parallelism: the KV ring."""
+        return MeshGroup(self.cp, self.cp_stride)
+
+    @property
+    def ep_group(self) -> MeshGroup:
+        """Expert parallelism: ranks borrowed from dp_shard * cp, next to each other after tp."""
+        return MeshGroup(self.ep, self.tp)
+
+    @property
+    def grad_group(self) -> MeshGroup:
+        """Gradient synchronisation without sharding: every data-parallel and context-parallel replica."""
+        return MeshGroup(self.dp * self.cp, self.tp)
+
+    @property
+    def shard_group(self) -> MeshGroup:
+        """ZeRO / FSDP sharding: dp_shard x cp (torchtitan shards over both)."""
+        return MeshGroup(self.dp_shard * self.cp, self.tp)
+
+    @property
+    def replicate_group(self) -> MeshGroup:
+        """HSDP / plain DP replicas of one shard."""
+        return MeshGroup(self.dp_replicate, self.tp * self.cp * self.dp_shard)
+
+    @property
+    def dp_group(self) -> MeshGroup:
+        """Data parallelism (replicate x shard), the same model shard everywhere."""
+        return MeshGroup(self.dp, self.dp_stride)
+
+    @property
+    def pp_group(self) -> MeshGroup:
+        """The pipeline's stages of one model replica."""
+        return MeshGroup(self.pp, self.pp_stride)
+
+    @property
+    def pp_neighbours(self) -> MeshGroup:
+        """Two adjacent pipeline stages (a point-to-point send/recv)."""
+        return MeshGroup(2, self.pp_stride)
+
+    def rank_groups(self, group: MeshGroup) -> list[tuple[int, ...]]:
+        """Every group of ranks a collective over ``group`` (one of the properties above) runs in, rank-sorted.
+
+        Rank ``r`` belongs to the group starting at the lowest rank that differs from ``r`` only in the group's own
+        coordinate: ``r - ((r // stride) % size) * stride``.
+        """
+        size, stride = group
+        out: dict[int, list[int]] = {}
+        for r in range(self.world_size):
+            first = r - ((r // stride) % size) * stride
+            out.setdefault(first, []).append(r)
+        return [tuple(v) for _, v in sorted(out.items())]
+
+
+def fsdp_impl(fsdp: str, stack: str) -> str:
+    """The ZeRO-3 implementation a layout or plan runs: ``fsdp`` where pinned, else the stack's own (Megatron-FSDP
+    under Megatron-Core, torch FSDP2 ``fully_shard`` under torchtitan and plain PyTorch)."""
+    return fsdp or ("megatron" if stack == "megatron" else "torch")
+
+
+def reduce_dtype_of(reduce_dtype: str, stack: str) -> str:
+    """The dtype a layout or plan reduces its gradients in over the data-parallel wire: ``reduce_dtype`` where
+    pinned, "fp32" under torchtitan (its only choice: ``training.mixed_precision_reduce: Literal["float32"]``,
+    ``torchtitan/config/job_config.py`` @ 0.2.2, which FSDP2's ``MixedPrecisionPolicy.reduce_dtype`` and its DDP
+    path both follow), else "" = the gradient buffer's own dtype (``memory.grad_bytes_per_param``)."""
+    return reduce_dtype or ("fp32" if stack == "torchtitan" else "")
+
+
+def p2p_overlapped(pp_overlap: bool | None, stack: str, pp: int, schedule: str) -> bool:
+    """Whether a pipeline's sends/receives overlap compute: ``pp_overlap`` where pinned, else the stack's own
+    (Megatron-LM overlaps them in the interleaved schedule, ``overlap_p2p_comm`` on by default; other stacks wait
+    for them in line). The one rule ``Layout`` and the exporters read."""
+    if pp == 1:
+        return False
+    if pp_overlap is not None:
+        return pp_overlap
+    return stack == "megatron" and schedule == "interleaved"
+
+
+@dataclass(frozen=True)
+class Layout(Decisions, Degrees):
+    """Every decision of a homogeneous plan: the degrees (``Degrees``) and the rest, each declared and documented
+    once in ``planner.layout.decisions.Decisions``."""
+
+    @classmethod
+    def of(cls, degrees: Degrees, **decisions) -> "Layout":
+        """The layout with ``degrees`` and the other decisions given by name."""
+        return cls(**{n: getattr(degrees, n) for n in DEGREE_NAMES}, **decisions)
+
+    @property
+    def fsdp_impl(self) -> str:
+        """The ZeRO-3 implementation that runs (``fsdp``, or the stack's own: ``fsdp_impl``)."""
+        return fsdp_impl(self.fsdp, self.stack)
+
+    @property
+    def reduce_dtype_priced(self) -> str:
+        """The gradient reduction's wire dtype (``reduce_dtype``, or the stack's own; "" = the buffer's)."""
+        return reduce_dtype_of(self.reduce_dtype, self.stack)
+
+    @property
+    def p2p_overlapped(self) -> bool:
+        """Whether the pipeline sends/receives overlap compute (``pp_overlap``, or the stack's own default)."""
+        return p2p_overlapped(self.pp_overlap, self.stack, self.pp, self.schedule)
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallelism in effect (``etp``, or the dense tp when 0)."""
+        return self.etp or self.tp
+
+    @property
+    def ep_group(self) -> MeshGroup:
+        """Expert parallelism: Megatron-Core's expert rank order is etp fastest, then ep, then expert-dp, over
+        the tp x cp x dp ranks of a stage, so the EP group has stride etp (= tp without folding)."""
+        return MeshGroup(self.ep, self.expert_tp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism: the stage's tp x cp x dp ranks over etp x ep."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
+
+    @property
+    def expert_shard_group(self) -> MeshGroup:
+        """ZeRO / FSDP sharding of expert states: the part of expert-dp inside dp_shard x cp x tp."""
+        return MeshGroup(max(1, self.dp_shard * self.cp * self.tp // (self.ep * self.expert_tp)),
+                         self.ep * self.expert_tp)
+
+    @property
+    def recompute_kind(self) -> str:
+        """``none``, ``selective``, ``full`` (all layers or ``full:N``) or ``op``."""
+        return self.recompute.split(":", 1)[0]
+
+    @property
+    def recompute_layers(self) -> int:
+        """``full:N``: layers fully recomputed per stage (per chunk when interleaved); 0 = every layer."""
+        head, _, n = self.recompute.partition(":")
+        return int(n) if head == "full" and n else 0
+
+    def stage_chunks(self, num_layers: int, stage: int) -> tuple[range, ...]:
+        """The decoder layers pipeline rank ``stage`` holds, one range per virtual chunk.
+
+        Virtual stage ``v * pp + stage`` is chunk ``v`` of rank ``stage`` (Megatron-LM's interleaved order, model
+        depth = virtual stage order); ``pp_layout`` holds pp * vpp entries in that order when vpp > 1.
+        """
+        n = self.pp * self.vpp
+        sizes = self.pp_layout or (num_layers // n,) * n
+        starts = [0]
+        for k in sizes[:-1]:
+            starts.append(starts[-1] + k)
+        return tuple(range(starts[v * self.pp + stage], starts[v * self.pp + stage] + sizes[v * self.pp + stage])
+                     for v in range(self.vpp))
+
+    def stage_num_layers(self, num_layers: int, stage: int) -> int:
+        return sum(len(r) for r in self.stage_chunks(num_layers, stage))
+
+    @property
+    def schedule(self) -> str:
+        if self.pipeline_schedule:
+            return self.pipeline_schedule
+        return "interleaved" if self.vpp > 1 else "1f1b"
+
+    def num_microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.micro_batch * self.dp)
+
+    def with_(self, **kw) -> "Layout":
+        return replace(self, **kw)
+
+    def validate(self, *, world_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                 seq_len: int, global_batch: int, num_experts: int = 0) -> None:
+        """Raise ``MeshplanError`` naming the first rule this layout breaks, with the numbers."""
+        for name in (*DEGREE_NAMES, "micro_batch"):
+            if getattr(self, name) < 1:
+                raise MeshplanError(f"{name}={getattr(self, name)} must be >= 1")
+        for d in DECISIONS.values():
+            if d.kind in ("choice", "float"):
+                d.check(getattr(self, d.name))
+        if self.world_size != world_size:
+            raise MeshplanError(
+                f"dp_replicate({self.dp_replicate}) * dp_shard({self.dp_shard}) * cp({self.cp}) * tp({self.tp}) "
+                f"* pp({self.pp}) = {self.world_size} != cluster world size {world_size}")
+        self._check_heads(num_heads, num_kv_heads, seq_len)
+        self._check_pipeline(num_layers, global_batch)
+        self._check_experts(num_experts)
+        self._check_recompute(num_layers)
+        self._check_batch(global_batch)
+
+    def _check_heads(self, num_heads: int, num_kv_heads: int, seq_len: int) -> None:
+        """Tensor and context parallelism against the attention heads and the sequence."""
+        if num_heads % self.tp:
+            raise MeshplanError(f"tp={self.tp} does not divide the {num_heads} attention heads")
+        if num_kv_heads % self.tp and self.tp % num_kv_heads:
+            raise MeshplanError(f"tp={self.tp} and the {num_kv_heads} KV heads: neither divides the other")
+        if seq_len % (2 * self.cp) and self.cp > 1:
+            raise MeshplanError(f"cp={self.cp}: seq_len {seq_len} must be divisible by 2*cp={2 * self.cp} "
+                                "(load-balanced causal context parallelism)")
+        if self.cp_kind == "a2a" and self.cp > 1 and (num_heads // self.tp) % self.cp:
+            raise MeshplanError(f"cp_kind a2a (Ulysses) splits heads: cp={self.cp} must divide the "
+                                f"{num_heads // self.tp} heads per tp rank ({num_heads} heads / tp={self.tp})")
+        if self.sequence_parallel and self.tp == 1:
+            raise MeshplanError("sequence parallel needs tp > 1")
+        if self.tp_overlap and not self.sequence_parallel:
+            raise MeshplanError(f"tp_overlap overlaps sequence parallelism's all-gather/reduce-scatter: needs sp "
+                                f"(tp={self.tp})")
+
+    def _check_pipeline(self, num_layers: int, global_batch: int) -> None:
+        """Stages, chunks, schedule and pipeline runs against the layers and the micro-batches."""
+        if self.pp_layout:
+            n = self.pp * self.vpp
+            if len(self.pp_layout) != n or min(self.pp_layout) < 1 or sum(self.pp_layout) != num_layers:
+                what = f"pp={self.pp} stages" if self.vpp == 1 else f"pp*vpp = {n} virtual stages"
+                raise MeshplanError(f"pp_layout {format_pp_layout(self.pp_layout)}: needs {what} of >= 1 layer "
+                                    f"adding up to the {num_layers} layers (sum {sum(self.pp_layout)}, "
+                                    f"{len(self.pp_layout)} stages)")
+        elif num_layers % self.pp:
+            raise MeshplanError(f"pp={self.pp} does not divide the {num_layers} layers (give the layers per stage: "
+                                f"--fix pp_layout=..., e.g. {format_pp_layout(balanced_split(num_layers, self.pp))})")
+        if self.vpp > 1:
+            if self.pp == 1:
+                raise MeshplanError(f"vpp={self.vpp} needs pipeline parallelism (pp=1)")
+            if not self.pp_layout and num_layers % (self.pp * self.vpp):
+                raise MeshplanError(
+                    f"pp({self.pp}) * vpp({self.vpp}) = {self.pp * self.vpp} does not divide the {num_layers} layers")
+        if self.pp > 1 or self.pipeline_schedule:
+            check_schedule(self.schedule, self.pp, self.vpp)
+        m = self.num_microbatches(global_batch)
+        if self.pp_runs < 1 or m % self.pp_runs:
+            raise MeshplanError(f"pp_runs={self.pp_runs} must divide the {m} micro-batches of a step "
+                                f"(global batch {global_batch} / (mbs {self.micro_batch} * dp {self.dp}))")
+        if self.pp_runs > 1 and self.pp == 1:
+            raise MeshplanError(f"pp_runs={self.pp_runs} needs pipeline parallelism (pp=1)")
+        if self.pp_overlap and (self.pp == 1 or (self.stack == "megatron" and self.vpp == 1)):
+            raise MeshplanError(f"pp_overlap overlaps the pipeline's sends with the next chunk's compute: it needs "
+                                f"pp > 1, and under Megatron an interleaved pipeline (Megatron-Core reads "
+                                f"overlap_p2p_comm only there; pp={self.pp}, vpp={self.vpp})")
+
+    def _check_experts(self, num_experts: int) -> None:
+        """The expert mesh against the experts and the stage's ranks."""
+        if self.shared_overlap and self.moe_overlap:
+            raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
+                                "pick one (Megatron-Core asserts against the pair)")
+        if self.ep > 1 or self.etp:
+            if num_experts == 0:
+                raise MeshplanError(f"ep={self.ep}, etp={self.etp} but the model has no experts")
+            if num_experts % self.ep:
+                raise MeshplanError(f"ep={self.ep} does not divide the {num_experts} experts")
+            dense = self.tp * self.cp * self.dp
+            if self.etp < 0 or dense % (self.ep * self.expert_tp):
+                raise MeshplanError(f"ep({self.ep}) * etp({self.expert_tp}) = {self.ep * self.expert_tp} must "
+                                    f"divide tp*cp*dp = {self.tp}*{self.cp}*{self.dp} = {dense} (the expert mesh "
+                                    "folds over a stage's ranks)")
+
+    def _check_recompute(self, num_layers: int) -> None:
+        """Sharding and recomputation."""
+        if self.zero_stage == 0 and self.dp_shard > 1:
+            raise MeshplanError(f"dp_shard={self.dp_shard} shards states, which needs zero stage 1-3 (got 0)")
+        if self.recompute_kind not in RECOMPUTE or (":" in self.recompute and not re.fullmatch(
+                r"full:[1-9]\d*", self.recompute)):
+            raise MeshplanError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)} or full:N")
+        if self.recompute_layers:
+            per_chunk = min(self.pp_layout) if self.pp_layout else num_layers // (self.pp * self.vpp)
+            if self.recompute_layers > per_chunk:
+                raise MeshplanError(f"recompute full:{self.recompute_layers}: a pipeline chunk holds only "
+                                    f"{per_chunk} layers (pp={self.pp}, vpp={self.vpp})")
+
+    def _check_batch(self, global_batch: int) -> None:
+        """The global batch against micro-batches, data parallelism and the interleaved schedule."""
+        per_step = self.micro_batch * self.dp
+        if global_batch % per_step:
+            raise MeshplanError(
+                f"global batch {global_batch} is not divisible by micro_batch({self.micro_batch}) * dp({self.dp}) "
+                f"= {per_step}")
+        m = global_batch // per_step
+        if self.vpp > 1 and m % self.pp:
+            raise MeshplanError(f"interleaved schedule: {m} micro-batches must be a multiple of pp={self.pp}")

@@ -1,0 +1,452 @@
+"""The candidate space: every ``Layout`` whose degrees divide the cluster, model and batch evenly.
+
+``--fix key=value`` pins any decision (``Pins``; keys: ``FIX_KEYS``). Pinning all of them evaluates exactly one
+configuration; a pinned combination that breaks a rule is reported by ``Layout.validate`` with the numbers.
+
+The space comes as ``LayoutGroup`` s (``enumerate_groups``): the candidates that differ only in recomputation and
+in the sharding of the data-parallel states, which the search bounds together (``planner.search.exact``); built per
+tp x pp x cp x dp mesh (``_meshes``), which ``space_size_bound`` counts without building a layout.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+from itertools import product
+from typing import Iterator, Mapping, Optional
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout.decisions import BY_FIX_KEY, RECOMPUTE, free_defaults, stack_can
+from meshplan.planner.layout.layout import DEGREE_NAMES, Layout
+from meshplan.planner.layout.splits import balanced_split
+
+# --fix keys beside the decisions': the degrees (and dp, their data-parallel product), and Megatron's first / last
+# stage layer counts, another way to pin ``pp_layout``.
+DEGREE_KEYS = ("dp", *DEGREE_NAMES)
+STAGE_KEYS = ("first_stage_layers", "last_stage_layers")
+FIX_KEYS = (*DEGREE_KEYS, *BY_FIX_KEY, *STAGE_KEYS)
+MAX_VPP = 8
+MAX_CP = 32
+MBS_CHOICES = (1, 2, 4, 8, 16, 32)
+FULL_N_FRACTIONS = (4, 2)  # a free search's full:N: N = a quarter and a half of a chunk's layers (Megatron
+# --recompute-num-layers with --recompute-method uniform/block); more N would add candidates priced only when
+# their group lies within the bound (planner.search.exact)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, ascending (O(sqrt n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+class _PinRules:
+    """What every ``Pins`` value can do (its fields are made from ``FIX_KEYS`` below)."""
+
+    @classmethod
+    def of(cls, fix: "Pins | Mapping[str, object] | None") -> "Pins":
+        """``fix`` as ``Pins`` (a mapping of ``--fix`` keys, e.g. the ``{}`` of a free search, is accepted)."""
+        if isinstance(fix, Pins):
+            return fix
+        fix = dict(fix or {})
+        unknown = sorted(set(fix) - set(FIX_KEYS))
+        if unknown:
+            raise MeshplanError(f"--fix key '{unknown[0]}' is unknown (known: {', '.join(FIX_KEYS)})")
+        return cls(**fix)
+
+    def __contains__(self, key: str) -> bool:
+        return getattr(self, key) is not None
+
+    def get(self, key: str, default=None):
+        v = getattr(self, key)
+        return default if v is None else v
+
+    def choices(self, key: str, default: list) -> list:
+        """``[pinned value]``, or ``default`` when ``key`` is free."""
+        return [getattr(self, key)] if key in self else default
+
+    def pinned(self) -> dict[str, object]:
+        """``{key: value}`` of what is pinned, in ``FIX_KEYS`` order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def with_(self, **kw) -> "Pins":
+        return replace(self, **kw)
+
+
+def fix_help() -> str:
+    """``meshplan plan --fix``'s help: the syntax, then every key with its choices (``docs/decisions.md`` has more)."""
+    def values(key: str) -> str:
+        d = BY_FIX_KEY.get(key)
+        if d is None or d.kind in ("int", "float"):
+            return "N" if d is None or d.kind == "int" else "X"
+        if d.kind in ("bool", "tristate"):
+            return "true | false"
+        if d.kind == "recompute":
+            return " | ".join(RECOMPUTE) + " | full:N"
+        return "7+8*14+7" if d.kind == "stages" else " | ".join(map(str, d.choices))
+    return ("Pin decisions, key=value[,key=value...] (see docs/decisions.md): "
+            + "; ".join(f"{k}={values(k)}" for k in FIX_KEYS))
+
+
+def _pin_type(key: str) -> type:
+    d = BY_FIX_KEY.get(key)
+    if d is None:
+        return int
+    return {"float": float, "bool": bool, "tristate": bool, "recompute": str, "stages": tuple}.get(
+        d.kind, type(d.default) if d.kind == "choice" else int)
+
+
+Pins = make_dataclass("Pins", [(k, Optional[_pin_type(k)], field(default=None)) for k in FIX_KEYS],
+                      bases=(_PinRules,), frozen=True)
+Pins.__doc__ = """The decisions ``--fix`` pins, by their ``--fix`` key (``None``: free): the degrees, ``dp`` (their
+data-parallel product), every decision of ``planner.layout.decisions`` and the first / last stage layer counts."""
+Pins.__module__ = __name__
+
+
+def _parse_count(key: str, text: str) -> int:
+    try:
+        out = int(text)
+    except ValueError:
+        raise MeshplanError(f"--fix {key}={text}: expected an integer") from None
+    if out < 1:
+        raise MeshplanError(f"--fix {key}={text}: must be >= 1")
+    return out
+
+
+def parse_fix(text: str | None) -> Pins:
+    """Parse ``tp=8,pp=4,recompute=full`` into ``Pins``; one clear error per bad entry, and a key given twice with
+    two values is refused (neither would silently win)."""
+    out: dict[str, object] = {}
+    if not text:
+        return Pins()
+    for item in text.replace(" ", "").split(","):
+        if not item:
+            continue
+        if "=" not in item:
+            raise MeshplanError(f"--fix entry '{item}' is not key=value")
+        key, val = item.split("=", 1)
+        key = key.lower().replace("-", "_")
+        if key not in FIX_KEYS:
+            raise MeshplanError(f"--fix key '{key}' is unknown (known: {', '.join(FIX_KEYS)})")
+        value = BY_FIX_KEY[key].parse(val) if key in BY_FIX_KEY else _parse_count(key, val)
+        if key in out and out[key] != value:
+            raise MeshplanError(f"--fix {key} is given twice, as {out[key]} and {val}: give it once")
+        out[key] = value
+    if "pp_layout" in out and ("first_stage_layers" in out or "last_stage_layers" in out):
+        raise MeshplanError("--fix pp_layout and first_stage_layers/last_stage_layers: give one or the other")
+    return Pins(**out)
+
+
+# The bound below counts the candidates of every tp x pp x cp x dp mesh exactly but for recompute (full:N may be
+# fewer) and the interleaved micro-batch rule: Llama 3.1 405B on 16,384 GPUs 56,004 vs 43,812 enumerated,
+# DeepSeek-V3 656,472 vs 656,472 (the per-decision product it replaced ran 50-130x above). The pruned search
+# prices 2% (DeepSeek-V3) to 20% (Llama 3.1 405B) of them, 7-14 thousand pricings a second here
+# (bench/plan_speed.py); a bound past 50M candidates means a search of minutes, so the user is asked to pin
+# decisions instead.
+MAX_LAYOUTS = 50_000_000
+
+
+def space_size_bound(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins,
+                     fp8_recipes: tuple[str, ...] = ("none",), seq_len: int | None = None) -> tuple[int, str]:
+    """An upper bound on the candidates ``enumerate_layouts`` yields, counted per tp x pp x cp x dp mesh
+    (without building a layout), and what it is made of (``seq_len``: ``None`` = any CP degree up to
+    ``MAX_CP``)."""
+    total = meshes = 0
+    most: dict[str, int] = {}
+    n_rc = 1 if "recompute" in fix else len(RECOMPUTE) + len(FULL_N_FRACTIONS)
+    n_f8 = 1 if "fp8" in fix else len(fp8_recipes)
+    seq = seq_len if seq_len is not None else 1024 * 2 * MAX_CP
+    for mesh in _meshes(model, world_size, devices_per_node, global_batch, seq, fix, bound=True):
+        tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds = mesh
+        eps = sum(len(mo) for etp in etps for _, mo in _ep_overlaps(model, fix, tp, cp, dp, etp))
+        mbs = len(fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0]))
+        n = len(shards) * eps * len(vpps) * len(cp_kinds) * n_rc * n_f8 * mbs
+        if n:
+            meshes += 1
+            total += n
+            for k, v in (("zero x dp_shard", len(shards)), ("ep x etp x moe_overlap", eps), ("vpp", len(vpps)),
+                         ("cp_kind", len(cp_kinds)), ("mbs", mbs)):
+                most[k] = max(most.get(k, 0), v)
+    factors = (f"{meshes:,} tp x pp x cp meshes, each up to " + " x ".join(f"{k} {v}" for k, v in most.items())
+               + f" x recompute {n_rc} x fp8 {n_f8}")
+    return total, factors
+
+
+def check_space_size(model, world_size: int, devices_per_node: int, global_batch: int, fix: Pins,
+                     limit: int = MAX_LAYOUTS, fp8_recipes: tuple[str, ...] = ("none",),
+                     seq_len: int | None = None) -> int:
+    """Refuse a search whose space could exceed ``limit`` candidates before enumerating it.
+
+    Raises:
+        MeshplanError: the bound, its factors and what to pin.
+    """
+    total, factors = space_size_bound(model, world_size, devices_per_node, global_batch, fix, fp8_recipes, seq_len)
+    if total > limit:
+        raise MeshplanError(f"the layout space of {model.name} on {world_size} devices holds up to {total:,} "
+                            f"candidates ({factors}), more than the {limit:,} a search prices; pin some "
+                            "decisions with --fix (e.g. tp=8,pp=16)")
+    return total
+
+
+def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, ...]:
+    """Layers per (virtual) stage for ``pp`` stages x ``vpp`` chunks, in model-depth order: the pinned
+    ``pp_layout``; Megatron's first/last stage counts (``--decoder-first/last-pipeline-num-layers``: the rest spread
+    evenly over the other stages, each stage's layers evenly over its chunks); or, when pp x vpp does not divide
+    the layers, ``layout.balanced_split`` over the pp x vpp virtual stages (Megatron's account-for-embedding/loss
+    split). ``()`` = even stages.
+
+    Raises:
+        MeshplanError: first/last stage layers that leave the other stages (or chunks) an uneven share.
+    """
+    if fix.pp_layout is not None:
+        return fix.pp_layout
+    first, last = fix.first_stage_layers, fix.last_stage_layers
+    if first is None and last is None:
+        n = pp * vpp
+        if model_layers % n == 0:
+            return ()
+        if model_layers < n:
+            raise MeshplanError(f"pp({pp}) * vpp({vpp}) = {n} virtual stages: more than the {model_layers} layers")
+        return balanced_split(model_layers, n)
+    ends = [x for x in (first, last) if x is not None]
+    middle = pp - len(ends)
+    rest = model_layers - sum(ends)
+    if middle < 1 or rest < middle or rest % middle:
+        raise MeshplanError(f"first_stage_layers={first} last_stage_layers={last}: the other {middle} of pp={pp} "
+                            f"stages would share {rest} of the {model_layers} layers unevenly")
+    stages = ((first,) if first is not None else ()) + (rest // middle,) * middle + (
+        (last,) if last is not None else ())
+    if any(k % vpp for k in stages):
+        raise MeshplanError(f"first_stage_layers={first} last_stage_layers={last}: stages of "
+                            f"{'+'.join(map(str, stages))} layers do not split evenly over vpp={vpp} chunks")
+    return tuple(k // vpp for _ in range(vpp) for k in stages)
+
+
+def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
+    """Recompute variants a free search tries: none, Megatron selective, torchtitan op-level, full, and full:N for
+    N = a quarter and a half of the ``chunk_layers`` of the lightest pipeline chunk (when those are >= 1 and short
+    of the whole chunk; ``planner.layout.layout.Layout.recompute_layers``)."""
+    if "recompute" in fix:
+        return [fix.recompute]
+    ns = sorted({chunk_layers // f for f in FULL_N_FRACTIONS if 1 <= chunk_layers // f < chunk_layers})
+    return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
+
+
+# What each stack's code runs when a decision is left free (``Decision.stack_values``).
+STACK_CAN = stack_can()
+
+
+def stack_runs(stack: str, fix: Pins, **decisions: str) -> bool:
+    """Whether ``stack`` runs each free decision's value (a pinned one is the user's: always tried, and the export
+    target says what it cannot carry). ``full:N`` is full recomputation of N layers per chunk."""
+    can = STACK_CAN.get(stack)
+    if can is None:
+        return True
+    for key, value in decisions.items():
+        if key in fix:
+            continue
+        kind = value.split(":", 1)[0] if key == "recompute" else value
+        if kind not in can[key] or (key == "recompute" and ":" in value and stack == "eager"):
+            return False
+    return True
+
+
+def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
+    """The fp8 recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer Engine's
+    tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in fp8, plus
+    MXFP8 on devices whose tensor cores scale 32-element blocks (Blackwell: B100/B200/B300/GB200/GB300; none in
+    the shipped catalogue); ``("none",)`` otherwise."""
+    if dtype != "fp8":
+        return ("none",)
+    mx = device.vendor == "nvidia" and device.name.upper().startswith(("B100", "B200", "B300", "GB200", "GB300"))
+    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if mx else ())
+
+
+@dataclass(frozen=True)
+class LayoutGroup:
+    """Candidates that share every decision but activation recomputation and the sharding of the data-parallel
+    states: members ``recomputes x shards``, in that order (recompute outer). ``base`` is the first member.
+
+    The search prices a group's members lazily (``planner.search.exact``): per-micro-batch work does not depend on how
+    the data-parallel states are sharded and recomputation only adds to it, which bounds a whole group from one
+    member.
+    """
+
+    base: Layout
+    recomputes: tuple[str, ...]
+    shards: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_shard, dp_replicate)
+
+    def __len__(self) -> int:
+        return len(self.recomputes) * len(self.shards)
+
+    def member(self, r: int, s: int) -> Layout:
+        """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
+        z, d, rep = self.shards[s]
+        return replace(self.base, recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
+
+    def layouts(self) -> Iterator[Layout]:
+        for r in range(len(self.recomputes)):
+            for s in range(len(self.shards)):
+                yield self.member(r, s)
+
+
+def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int) -> list[tuple[int, list[bool]]]:
+    """The mesh's expert-parallel degrees (in order), each with its moe_overlap choices: ep x etp folds over the
+    tp x cp x dp ranks of a stage."""
+    E = model.num_experts
+    folded = tp * cp * dp // (etp or tp)
+    eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1 and folded % e == 0] if E else [1])
+    return [(ep, fix.choices("moe_overlap", [False, True] if ep > 1 else [False])) for ep in eps]
+
+
+def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int, fix: Pins,
+            bound: bool = False) -> Iterator[tuple]:
+    """Each tp x pp x cp x dp mesh of the space, in canonical order, with the choices that depend on it:
+    (tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds). ``bound``: for ``space_size_bound`` (no stage splits
+    of interleaved chunks)."""
+    L, E = model.num_layers, model.num_experts
+    tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
+                             and model.num_heads % t == 0
+                             and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
+    for tp in tps:
+        rest = world_size // tp if world_size % tp == 0 else 0
+        # free: pp dividing the layers (uneven stages for every pp up to L/2 would make the pruned DeepSeek-V3
+        # search 8x longer, 11.1M candidates in 17.8 s, Llama 3.1 405B 3.6 s: bench/plan_speed.py, 2026-11-25); a
+        # pinned pp (405B PP16 over 126 layers, DeepSeek-V3 PP16 over 61) gets uneven stages, the split chosen below
+        if fix.pp_layout is not None and "pp" not in fix:  # the pinned layout names the stages (x vpp chunks)
+            pps = [len(fix.pp_layout) // fix.get("vpp", 1)] if rest else []
+        else:
+            pps = fix.choices("pp", [p for p in divisors(rest) if L % p == 0]) if rest else []
+        etps = fix.choices("etp", [0] + ([1] if tp > 1 else [])) if E else fix.choices("etp", [0])
+        for pp in pps:
+            rest2 = rest // pp if rest % pp == 0 else 0
+            cps = fix.choices("cp", [c for c in divisors(rest2) if c <= MAX_CP
+                                     and (c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= 1024))]) \
+                if rest2 else []
+            try:
+                split1 = stage_split(L, pp, 1, fix)
+            except MeshplanError:
+                if "pp" in fix and "vpp" not in fix:
+                    raise
+                split1 = None  # this pp cannot take the pinned split (interleaved below, or another pp)
+            uneven = bool(split1) or "first_stage_layers" in fix or "last_stage_layers" in fix
+            # free vpp: chunks dividing the layers; with uneven stages, chunks of >= 2 layers on the lightest stage
+            chunked = [v for v in range(2, MAX_VPP + 1) if (min(split1 or (L // pp,)) >= 2 * v if uneven
+                                                             else L % (pp * v) == 0)] if pp > 1 else []
+            if split1 is None:  # only interleaved chunks can take it, when pinned
+                chunked = list(fix.choices("vpp", []))
+            if fix.pp_layout is not None:  # a pinned layout fixes the chunk count too
+                chunked = [len(fix.pp_layout) // pp] if len(fix.pp_layout) > pp else []
+            sched = fix.schedule or ""
+            vpps = fix.choices("vpp", chunked if sched == "interleaved" else
+                               [1] if sched in ("zbh1", "dualpipe", "1f1b") else [1] + chunked)
+            splits = {}
+            if not bound:
+                for v in list(vpps):
+                    try:
+                        splits[v] = split1 if v == 1 and split1 is not None else stage_split(L, pp, v, fix)
+                    except MeshplanError:
+                        if "pp" in fix and "vpp" in fix:
+                            raise  # both pinned: the split's own message is the answer
+                        vpps = [x for x in vpps if x != v]  # a free pp or vpp that cannot take the split
+                if not vpps:
+                    continue
+            for cp in cps:
+                dp = rest2 // cp if rest2 % cp == 0 else 0
+                if "dp" in fix and fix.dp != dp:
+                    continue
+                if not dp:
+                    continue
+                cp_kinds = fix.choices("cp_kind", ["ring", "allgather"] + (
+                    ["a2a"] if (model.num_heads // tp) % cp == 0 else []) if cp > 1 else ["ring"])
+                shards = []
+                for zero in fix.choices("zero", [0, 1, 2, 3]):
+                    for dp_shard in (fix.choices("dp_shard", [1]) if zero == 0 else
+                                     fix.choices("dp_shard", [d for d in divisors(dp) if d > 1] or [1])):
+                        if zero > 0 and dp_shard == 1 and cp == 1 and "zero" not in fix:
+                            continue  # nothing to shard over: same as zero=0
+                        dp_rep = fix.choices("dp_replicate", [dp // dp_shard if dp % dp_shard == 0 else 0])[0]
+                        if dp_rep >= 1:
+                            shards.append((zero, dp_shard, dp_rep))
+                if shards:
+                    yield tp, pp, cp, dp, tuple(shards), etps, vpps, splits, cp_kinds
+
+
+def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
+                     fix: Pins, fp8_recipes: tuple[str, ...] = ("none",),
+                     recompute_kinds: tuple[str, ...] | None = None) -> Iterator[LayoutGroup]:
+    """Yield the candidate space as ``LayoutGroup`` s, in the one canonical order (``enumerate_layouts`` is the
+    same order, flat; the search breaks exact ties by it).
+
+    Unpinned TP stays inside one node and is a divisor of the head counts; unpinned CP is used only when
+    the local sequence stays at least 1024 tokens. Pinned values are yielded even when they break a rule,
+    so that ``Layout.validate`` reports why. ``fp8_recipes``: the recipes a free ``fp8`` tries (the workload's
+    dtype decides: ``fp8_recipe_choices``). ``recompute_kinds``: the recompute kinds the estimator prices (``local:N``
+    plans: what the host measures and the example trainer runs); ``None``: all. A free ``stack`` is Megatron-Core's only: the stack is the user's
+    training code, which the export target names (a torchtitan plan is ``--fix stack=torchtitan``), not a knob
+    a layout tunes, and eager code is never the faster one.
+    """
+    L = model.num_layers
+    fp8s = fix.choices("fp8", list(fp8_recipes))
+    stacks = fix.choices("stack", ["megatron"])
+    moe_kw = free_defaults(fix)  # the decisions a free search leaves at their default
+    sched = fix.schedule or ""
+    for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
+                                                                         global_batch, seq_len, fix):
+        z0, d0, r0 = shards[0]
+        sps = fix.choices("sp", [tp > 1])
+        for etp in etps:
+            for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp):
+                for vpp, sp, att, ck, f8, st, mo in product(
+                        vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
+                    if not stack_runs(st, fix, cp_kind=ck, fp8=f8):
+                        continue
+                    split = splits[vpp]
+                    chunk = min(split) if split else L // (pp * vpp)
+                    rcs = tuple(r for r in recompute_choices(fix, chunk)
+                                if (recompute_kinds is None or "recompute" in fix
+                                    or r.split(":")[0] in recompute_kinds and (":" not in r or "full:N" in recompute_kinds))
+                                and stack_runs(st, fix, recompute=r))
+                    # free vpp > 1 also needs a multiple of pp micro-batches (the interleaved schedule)
+                    for mbs in fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
+                                                   and (vpp == 1 or "vpp" in fix or
+                                                        global_batch // (b * dp) % pp == 0)]):
+                        base = Layout(dp_replicate=r0, dp_shard=d0, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
+                                      micro_batch=mbs, zero_stage=z0, recompute=rcs[0],
+                                      sequence_parallel=sp, attention=att, pp_layout=split,
+                                      pipeline_schedule=sched, etp=etp, fp8=f8, cp_kind=ck, stack=st,
+                                      moe_overlap=mo, **moe_kw)
+                        yield LayoutGroup(base, rcs, shards)
+
+
+def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
+                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
+    """Yield every candidate layout (memory is checked by the caller), in the canonical order of
+    ``enumerate_groups`` (each group's members in turn)."""
+    for g in enumerate_groups(model, world_size, devices_per_node, global_batch, seq_len, fix, fp8_recipes):
+        yield from g.layouts()
+
+
+def explain_empty(model, world_size: int, global_batch: int, seq_len: int, fix: Pins) -> str:
+    """Why no layout survived: the first rule a layout built from the pinned values breaks, with its numbers."""
+    pinned = [k for k in ("tp", "pp", "cp", "dp") if k in fix]
+    prod = 1
+    for k in pinned:
+        prod *= int(fix.get(k))
+        if world_size % prod:
+            names = "*".join(f"{p}({fix.get(p)})" for p in pinned[:pinned.index(k) + 1])
+            return f"{names} = {prod} does not divide the world size {world_size}"
+    tp, pp, cp = (int(fix.get(k, 1)) for k in ("tp", "pp", "cp"))
+    dp = int(fix.get("dp", world_size // (tp * pp * cp)))
+    dp_shard = int(fix.get("dp_shard", 1))
+    zero = int(fix.get("zero", 1 if dp_shard > 1 else 0))
+    lay = Layout(dp_replicate=max(1, dp // dp_shard), dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
+                 vpp=int(fix.get("vpp", 1)), ep=int(fix.get("ep", 1)), micro_batch=int(fix.get("mbs", 1)),
+                 zero_stage=zero, recompute=str(fix.get("recompute", "none")),
+                 sequence_parallel=bool(fix.get("sp", False)), attention=str(fix.get("attention", "flash")))
+    try:
+        lay.validate(world_size=world_size, num_layers=model.num_layers, num_heads=model.num_heads,
+                     num_kv_heads=model.num_kv_heads, seq_len=seq_len, global_batch=global_batch,
+                     num_experts=model.num_experts)
+    except MeshplanError as exc:
+        return str(exc)
+    return (f"global batch {global_batch} cannot be split evenly: no micro-batch x data-parallel degree "
+            f"of a {world_size}-device layout divides it")

@@ -1,0 +1,437 @@
+"""Search: the fastest candidate layouts that fit, ranked by predicted step time; ``Plan`` s built from them.
+
+The answer is the one pricing every candidate of ``planner.layout.space`` gives (``search(..., prune=False)`` does,
+``tests/test_search_pruning.py`` checks the two agree), found by a best-first branch and bound that prices a few
+percent of the space (``bench/plan_speed.py``, BENCHMARKS.md "Planner: search speed": DeepSeek-V3 on 16,384 H100,
+14,100 pricings of 656,472 candidates).
+
+The space comes as ``planner.layout.space.LayoutGroup`` s: candidates that share every decision but recomputation and the
+sharding of the data-parallel states (zero stage, dp_shard). The bounds rest on three facts about any step-time
+model, not on how the estimator prices a decision:
+
+1. The per-micro-batch part of a step (pipeline: m x the slowest stage, plus the bubble) does not depend on how
+   the data-parallel states are sharded: sharding adds communication and shrinks the optimizer step, both outside
+   it (ZeRO-3's per-micro-batch gathers add to it). ZeRO-0 (and DDP's one all-reduce per step) puts nothing
+   per micro-batch outside it, so pricing a group's first ZeRO-0 member at the global batch and at twice it gives
+   that part: step(2B) - step(B) = m x the stage time, plus ``bubble_s``. That bounds every member from below;
+   the member's compute + bubble is a first, free bound.
+2. Recomputation only adds work: a recompute variant's bound and step are at least recompute=none's.
+3. More sharding never needs more memory: per zero stage, members are priced from the largest dp_shard down and
+   the first that does not fit ends that stage.
+
+Groups are expanded in order of their bound; once a bound rounds (as ``_rank_key`` rounds) above the K-th best
+step found, nothing left can enter the top K and the search stops. Ties rank by the canonical enumeration order,
+as an exhaustive search would. Every pair the search does price is checked against the three facts (with the
+bounds' 1e-6 slack); a contradiction (an estimator change that breaks one) makes it price every candidate
+instead, and ``SearchResult.fallback`` says why. A contradiction only among pairs it never priced goes unseen:
+``tests/test_search_pruning.py`` is the check that catches those.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, NamedTuple, Optional
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate.base import Estimate, Estimator, Workload
+from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.splits import format_pp_layout
+from meshplan.planner.estimate.memory import GiB
+from meshplan.planner.layout.space import (MAX_LAYOUTS, Pins, check_space_size, enumerate_groups, explain_empty,
+                                    fp8_recipe_choices)
+
+
+class Priced(NamedTuple):
+    """One priced layout, compactly: what a chart of step time against memory needs."""
+
+    layout: Layout
+    step_time_s: float
+    peak_memory_bytes: int
+    fits: bool
+
+
+@dataclass
+class SearchResult:
+    """Ranked feasible candidates (best first) and the search's own figures.
+
+    ``candidates``: layouts in the space; ``evaluated``: those priced (all of them when ``pruned`` is False);
+    ``feasible``: the priced ones that fit; ``bound_evals``: extra pricings of a group's first member at twice the
+    global batch, for its lower bound (``planner.search.exact`` module notes). ``closest_miss``: the priced candidate
+    that misses memory by the least (when nothing fits, the pruned search prices every group and skips only
+    members that need at least as much memory as one it priced).
+    """
+
+    ranked: list[tuple[Layout, Estimate]]
+    evaluated: int
+    feasible: int
+    wall_s: float
+    closest_miss: Optional[tuple[Layout, Estimate]] = None
+    invalid_reasons: list[str] = field(default_factory=list)
+    candidates: int = 0
+    pruned: bool = False
+    bound_evals: int = 0
+    fallback: str = ""  # why a pruned search fell back to pricing everything ("" = it did not)
+    priced: list[Priced] = field(default_factory=list)  # every layout priced, in pricing order (a report's scatter)
+
+
+
+# A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
+PRUNE_ABOVE = 2000
+# Every bound is taken 1e-6 below what it is computed as, and a priced pair contradicts an assumption only beyond
+# that: float noise (a bound and a step summed in different orders) is far below it.
+_REL = 1e-6
+
+
+class _Fallback(Exception):
+    """A pruning assumption failed on a pair the search priced: price everything instead."""
+
+
+class _Ranker:
+    """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
+
+    def __init__(self, work: Workload, estimate, top: int, progress):
+        self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
+        m = work.model
+        self.vkw = dict(world_size=work.cluster.world_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                        num_kv_heads=m.num_kv_heads, seq_len=work.seq_len, global_batch=work.global_batch,
+                        num_experts=m.num_experts)
+        self.kept: list = []  # max-heap by negated (rank key, index) of the K best so far
+        self.evaluated = self.feasible = 0
+        self.closest = None
+        self.invalid: list[str] = []
+        self.done: dict[tuple, Optional[Estimate]] = {}  # (group, r, s) -> estimate (None: invalid)
+        self.priced: list[Priced] = []
+
+    def price(self, gi: int, g, r: int, s: int) -> Optional[Estimate]:
+        """The estimate of member (r, s) of group ``gi`` (priced and ranked once; ``None`` if invalid)."""
+        key = (gi, r, s)
+        if key in self.done:
+            return self.done[key]
+        layout = g.member(r, s)
+        try:
+            layout.validate(**self.vkw)
+        except MeshplanError as exc:
+            if len(self.invalid) < 5:
+                self.invalid.append(str(exc))
+            self.done[key] = None
+            return None
+        self.evaluated += 1
+        if self.progress and self.evaluated % 512 == 0:
+            self.progress(self.evaluated)
+        est = self.done[key] = self.estimate(self.work, layout)
+        self.priced.append(Priced(layout, est.step_time_s, est.memory.total_bytes, est.fits))
+        if not est.fits:
+            miss = (est.memory.total_bytes - est.memory_limit_bytes, key)
+            if self.closest is None or miss < self.closest[0]:
+                self.closest = (miss, layout, est)
+            return est
+        self.feasible += 1
+        k = _rank_key(layout, est)
+        item = (-k[0], -k[1], -k[2], (-gi, -r, -s), layout, est)
+        if len(self.kept) < self.top:
+            heapq.heappush(self.kept, item)
+        elif item[:4] > self.kept[0][:4]:
+            heapq.heapreplace(self.kept, item)
+        return est
+
+    def kth_time(self) -> float:
+        """The rounded step time of the K-th best so far (inf until K fit): a bound above it ranks after it."""
+        return -self.kept[0][0] if len(self.kept) >= self.top else math.inf
+
+    def ranked(self) -> list[tuple[Layout, Estimate]]:
+        return [(it[4], it[5]) for it in sorted(self.kept, key=lambda it: it[:4], reverse=True)]
+
+
+def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: int = 10,
+           progress: Callable[[int], None] | None = None, estimator: Estimator | None = None,
+           max_layouts: int = MAX_LAYOUTS, fp8_recipes: tuple[str, ...] | None = None,
+           prune: bool | None = None) -> SearchResult:
+    """The ``top`` fastest layouts of the space that fit in memory, exactly as pricing every candidate finds them.
+
+    Args:
+        work: Model, cluster, batch, sequence, dtype.
+        fix: Pinned decisions (``planner.layout.space.Pins``, or a mapping of ``--fix`` keys).
+        top: How many ranked layouts to keep.
+        progress: Called with the count of layouts evaluated so far.
+        estimator: What prices a layout (``planner.estimate.select.estimator_for``; ``None``: the cluster's, with the
+            shipped cost model and neutral host terms).
+        max_layouts: Refuse, before enumerating, a space that could hold more candidates
+            (``planner.layout.space.check_space_size``).
+        fp8_recipes: the recipes a free ``fp8`` tries (``None``: ``planner.layout.space.fp8_recipe_choices`` of the
+            workload's dtype and device).
+        prune: branch and bound (module notes) or price every candidate; ``None``: prune spaces of more than
+            ``PRUNE_ABOVE`` candidates.
+
+    Raises:
+        MeshplanError: a pinned value breaks a rule (the rule and numbers), or nothing fits (the closest
+            candidate and by how many GiB it misses).
+    """
+    t0 = time.perf_counter()
+    model, cluster = work.model, work.cluster
+    fix = Pins.of(fix)
+    if top < 1:
+        raise MeshplanError(f"top={top}: a search keeps at least one layout")
+    if cluster.is_heterogeneous:
+        raise MeshplanError(f"cluster {cluster.spec} is heterogeneous; use the partition solver "
+                            "(meshplan plan picks it automatically for mixed clusters)")
+    if fp8_recipes is None:
+        fp8_recipes = fp8_recipe_choices(work.dtype, cluster.device)
+    check_space_size(model, cluster.world_size, cluster.devices_per_node, work.global_batch, fix, max_layouts,
+                     fp8_recipes, work.seq_len)
+    if estimator is None:
+        estimator = estimator_for(cluster)
+    groups = list(enumerate_groups(model, cluster.world_size, cluster.devices_per_node, work.global_batch,
+                                   work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None)))
+    n = sum(len(g) for g in groups)
+    if prune is None:
+        prune = n > PRUNE_ABOVE
+    fallback = ""
+    bound_evals = 0
+    if prune:
+        rk = _Ranker(work, estimator.estimate, top, progress)
+        try:
+            bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
+        except _Fallback as exc:
+            fallback = str(exc)
+            prune = False
+    if not prune:
+        rk = _Ranker(work, estimator.estimate, top, progress)
+        for gi, g in enumerate(groups):
+            for r in range(len(g.recomputes)):
+                for s in range(len(g.shards)):
+                    rk.price(gi, g, r, s)
+    if progress:
+        progress(rk.evaluated)
+    wall = time.perf_counter() - t0
+    if rk.evaluated == 0:
+        why = rk.invalid[0] if rk.invalid else explain_empty(model, cluster.world_size, work.global_batch,
+                                                             work.seq_len, fix)
+        raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
+    if not rk.kept:
+        _, lay, est = rk.closest
+        raise MeshplanError(
+            f"{model.name} fits nowhere on {cluster.spec} ({rk.evaluated} layouts tried): closest is "
+            f"{describe(lay)} needing {est.memory.total_bytes / GiB:.1f} GiB of "
+            f"{est.memory_limit_bytes / GiB:.1f} GiB usable — misses by "
+            f"{(est.memory.total_bytes - est.memory_limit_bytes) / GiB:.1f} GiB")
+    closest = rk.closest[1:] if rk.closest else None
+    ranked = _time_balanced(work, estimator, fix, rk.ranked())
+    seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
+    extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
+    return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
+                        pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra)
+
+
+def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
+    """Each ranked layout whose uneven split the user left free, re-split by predicted stage time
+    (``GpuEstimator.time_balanced_split``; the space splits by layer count, embedding and loss a layer each) and
+    kept when that is faster and fits; re-ranked."""
+    split_of = getattr(estimator, "time_balanced_split", None)
+    if split_of is None or fix.pp_layout is not None or fix.first_stage_layers or fix.last_stage_layers:
+        return ranked
+    model = work.model
+    out = []
+    for lay, est in ranked:
+        if lay.pp_layout:
+            alt = lay.with_(pp_layout=split_of(work, lay))
+            try:
+                alt.validate(world_size=lay.world_size, num_layers=model.num_layers, num_heads=model.num_heads,
+                             num_kv_heads=model.num_kv_heads, seq_len=work.seq_len, global_batch=work.global_batch,
+                             num_experts=model.num_experts)
+            except MeshplanError:
+                alt = lay  # e.g. a chunk now shorter than recompute full:N asks: keep the count split
+            if alt.pp_layout != lay.pp_layout:
+                alt_est = estimator.estimate(work, alt)
+                if alt_est.fits and alt_est.step_time_s < est.step_time_s:
+                    lay, est = alt, alt_est
+        out.append((lay, est))
+    return sorted(out, key=lambda le: _rank_key(le[0], le[1]))
+
+
+def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
+    """Best-first branch and bound over ``groups`` (module notes); returns the extra pricings its bounds took.
+
+    Raises:
+        _Fallback: a pricing contradicted an assumption the bounds rest on.
+    """
+    work2 = replace(rk.work, global_batch=2 * rk.work.global_batch)
+    extra = 0
+
+    def first_zero0(gi: int, g, r: int) -> Optional[tuple[int, Estimate]]:
+        """The first valid ZeRO-0 member of recompute ``r`` of group ``gi``, priced (``None``: there is none)."""
+        for s, (z, _, _) in enumerate(g.shards):
+            if not z:
+                est = rk.price(gi, g, r, s)
+                if est is not None:
+                    return s, est
+        return None
+
+    def bound(gi: int, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
+        """Lower bound on every member of recompute ``r`` of group ``gi``: the per-micro-batch part (pipeline
+        and bubble) of its first ZeRO-0 member ``rep``, from that member priced at the global batch and at twice
+        it (``None``: no such member)."""
+        nonlocal extra
+        if rep is None:
+            return None
+        s, est = rep
+        if est.pipeline_s is not None:  # the estimator separates it (the GPU estimator): no second pricing
+            return (est.pipeline_s + est.bubble_s) * (1 - _REL)
+        extra += 1
+        est2 = estimate(work2, g.member(r, s))
+        return (est2.step_time_s - est.step_time_s + est.bubble_s) * (1 - _REL)
+
+    # heap items: (bound, group, recompute index or -1 for the whole group, refined). A first bound is the
+    # member's compute + bubble (free once it is priced); the tighter one costs a pricing at twice the batch and
+    # is taken only for items that come up.
+    heap: list = []
+    reps: dict[tuple[int, int], Optional[tuple[int, Estimate]]] = {}
+    for gi, g in enumerate(groups):
+        rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
+        for r in rs:
+            rep = reps[gi, r] = first_zero0(gi, g, r)
+            cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
+            heap.append((cheap, gi, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r, rep is None))
+    heapq.heapify(heap)
+    while heap:
+        lb, gi, r, refined = heapq.heappop(heap)
+        if _r3(lb) > rk.kth_time():
+            break  # every bound left is at least this one
+        g = groups[gi]
+        r0 = g.recomputes.index("none") if r < 0 else r
+        if not refined:
+            b = bound(gi, g, r0, reps[gi, r0])
+            if b < lb * (1 - _REL):
+                raise _Fallback(f"{describe(g.member(r0, 0))}: per-micro-batch part {b:.6g} s below its first "
+                                f"bound {lb:.6g} s (its compute + bubble, or recompute=none's bound)")
+            heapq.heappush(heap, (b, gi, r, True))
+            continue
+        if r < 0:  # a group bounded by its recompute=none members: bound each recompute variant on its own
+            for rr in range(len(g.recomputes)):
+                if rr == r0:
+                    heapq.heappush(heap, (lb, gi, rr, True))
+                    continue
+                rep = reps[gi, rr] = first_zero0(gi, g, rr)
+                cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
+                # recomputation only adds to the recompute=none bound
+                heapq.heappush(heap, (max(lb, cheap), gi, rr, rep is None))
+            continue
+        _price_family(rk, gi, g, r, lb)
+    return extra
+
+
+def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
+    """Price the members of recompute ``r`` of group ``gi``: per ZeRO stage from the most sharded down, stopping
+    at the first that does not fit (less sharding holds at least as much). A member whose recompute=none twin
+    was priced slower than the K-th best is skipped (recomputation only adds time)."""
+    r0 = g.recomputes.index("none") if "none" in g.recomputes and g.recomputes[r] != "none" else -1
+    by_zero: dict[int, list[int]] = {}
+    for s, (z, d, _) in enumerate(g.shards):
+        by_zero.setdefault(z, []).append(s)
+    for z, ss in by_zero.items():
+        prev = None
+        for s in sorted(ss, key=lambda s: -g.shards[s][1]):
+            twin = rk.done.get((gi, r0, s)) if r0 >= 0 else None
+            if twin is not None and _r3(twin.step_time_s * (1 - _REL)) > rk.kth_time():
+                continue  # (the check below holds every priced pair to the same slack)
+            est = rk.price(gi, g, r, s)
+            if est is None:
+                continue
+            if est.step_time_s < lb:
+                raise _Fallback(f"{describe(g.member(r, s))} priced {est.step_time_s:.6g} s, below its group's "
+                                f"bound {lb:.6g} s")
+            if twin is not None and est.step_time_s < twin.step_time_s * (1 - _REL):
+                raise _Fallback(f"{describe(g.member(r, s))} priced faster than without recomputation")
+            if prev is not None and est.memory.total_bytes < prev * (1 - _REL):
+                raise _Fallback(f"{describe(g.member(r, s))}: less sharding, less memory")
+            prev = est.memory.total_bytes
+            if not est.fits:
+                break
+
+
+def _r3(x: float) -> float:
+    """The rounding of ``_rank_key``'s first element (monotone, so a bound rounds below what it bounds)."""
+    return float(f"{x:.3g}") if math.isfinite(x) else x
+
+
+def _rank_key(layout: Layout, est: Estimate) -> tuple:
+    """Fastest first; within 0.1% of step time, the simpler layout (fewer parallel dimensions), then less memory."""
+    dims = sum(d > 1 for d in (layout.dp_shard, layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep))
+    return (float(f"{est.step_time_s:.3g}"), dims, est.memory.total_bytes)
+
+
+def describe(layout: Layout) -> str:
+    """Short human form: ``dp=4(2x2) tp=8 pp=4 vpp=2 cp=1 ep=1 mbs=1 zero=1 recompute=full sp``; decisions at
+    their default (ring CP, no etp, flash attention, no fp8, Megatron stack, dropless balanced routing) are left
+    out."""
+    parts = [f"dp={layout.dp}" + (f"({layout.dp_replicate}x{layout.dp_shard})" if layout.dp_shard > 1 else ""),
+             f"tp={layout.tp}", f"pp={layout.pp}" + (f"({format_pp_layout(layout.pp_layout)})"
+                                                       if layout.pp_layout else "")]
+    if layout.vpp > 1:
+        parts.append(f"vpp={layout.vpp}")
+    if layout.pipeline_schedule in ("zbh1", "dualpipe"):
+        parts.append(layout.pipeline_schedule)
+    if layout.cp > 1:
+        parts.append(f"cp={layout.cp}" + (f"({layout.cp_kind})" if layout.cp_kind != "ring" else ""))
+    if layout.ep > 1:
+        parts.append(f"ep={layout.ep}")
+    if layout.etp:
+        parts.append(f"etp={layout.etp}")
+    parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"]
+    if layout.sequence_parallel:
+        parts.append("sp")
+    if layout.tp_overlap:
+        parts.append("tp_overlap")
+    if layout.attention != "flash":
+        parts.append(f"attention={layout.attention}")
+    if layout.fp8 != "none":
+        parts.append(f"fp8={layout.fp8}")
+    if layout.moe_overlap:
+        parts.append("moe_overlap")
+    if layout.moe_dispatcher != "alltoall":
+        parts.append(f"moe_dispatcher={layout.moe_dispatcher}")
+    if layout.optim_dtype != "fp32":
+        parts.append(f"optim={layout.optim_dtype}")
+    if layout.grad_dtype:
+        parts.append(f"grads={layout.grad_dtype}")
+    if layout.reduce_dtype:
+        parts.append(f"reduce={layout.reduce_dtype}")
+    if layout.moe_capacity:
+        parts.append(f"capacity={layout.moe_capacity:g}")
+    if layout.moe_imbalance != 1.0:
+        parts.append(f"imbalance={layout.moe_imbalance:g}")
+    if layout.stack != "megatron":
+        parts.append(f"stack={layout.stack}")
+    if layout.pp_runs != 1:
+        parts.append(f"pp_runs={layout.pp_runs}")
+    if layout.pp_overlap is not None:
+        parts.append(f"pp_overlap={str(layout.pp_overlap).lower()}")
+    if layout.shared_overlap:
+        parts.append("shared_overlap")
+    if layout.fsdp:
+        parts.append(f"fsdp={layout.fsdp}")
+    return " ".join(parts)
+
+
+def layout_row(layout: Layout, est: Estimate) -> dict:
+    """JSON row for ``meshplan plan --json``: every degree plus the headline predictions."""
+    return {
+        "layout": describe(layout),
+        "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "dp": layout.dp, "tp": layout.tp,
+        "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "sp": layout.sequence_parallel,
+        "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,
+        "attention": layout.attention, "etp": layout.expert_tp, "fp8": layout.fp8, "cp_kind": layout.cp_kind,
+        "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
+        "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
+        "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
+        "shared_overlap": layout.shared_overlap, "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
+        "reduce_dtype": layout.reduce_dtype_priced or None,
+        "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
+        "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
+        "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
+        "mfu": est.mfu, "peak_memory_bytes": est.memory.total_bytes,
+        "compute_s": est.compute_s, "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s,
+    }
+
