@@ -9,6 +9,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from meshplan.cli.common import COUNT, console, err_console, finite_budget, handle_errors, print_json
+from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.space import fix_help
 from meshplan.planner.plan.schema import PLAN_SCHEMA_VERSION
 
@@ -50,11 +51,25 @@ def plan(
     explain: Annotated[bool, typer.Option("--explain", help="Break the best plan down (also into the plan file): "
                                           "per stage compute by op class, exposed comm by collective and link, "
                                           "bubble, the efficiency each op class was priced at")] = False,
+    report: Annotated[Optional[Path], typer.Option("--report", help="Also write a self-contained HTML page: every "
+                                                   "priced layout as step time against memory, the best plan's "
+                                                   "per-stage breakdown, pipeline schedule and memory split.")]
+    = None,
 ) -> None:
     """Rank the layouts of MODEL on CLUSTER by predicted step time and write the best one to plans/."""
     from meshplan.planner.host.terms import load_host
     from meshplan.planner.search.job import PlanRequest, plan_job
 
+    if report is not None:
+        from meshplan.core.htmlpage import check_report_path
+
+        check_report_path(report, {"--model": model if Path(model).exists() else None,
+                                   "--cluster": cluster if Path(cluster).exists() else None,
+                                   "--sensitivity": sensitivity, "--host-terms": host_terms, "--costmodel": costmodel,
+                                   "--out": out})
+        if workload == "serve" or quality_budget is not None or sensitivity is not None:
+            raise MeshplanError("--report charts the layout search; --workload serve, --quality-budget and "
+                                "--sensitivity plan with a solver, which prices no layouts to compare")
     if out is not None:  # a folder, a path under a file, a read-only folder: said before the search, not after
         from meshplan.core.atomic import check_writable
 
@@ -62,7 +77,8 @@ def plan(
     request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
                              stack=stack, top=top, name=name, out=out, quality_budget=quality_budget,
                              compress=compress, net=net, gen_len=gen_len, error_budget=error_budget,
-                             sensitivity=sensitivity, costmodel=costmodel, explain=explain)
+                             sensitivity=sensitivity, costmodel=costmodel, explain=explain,
+                             breakdown=report is not None)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.completed} layouts"), TimeElapsedColumn(), console=err_console,
@@ -74,6 +90,8 @@ def plan(
         bar.update(task, description="searching layouts")
         # --costmodel: a missing or corrupt folder is one line, exit 2 (checksums verified)
         outcome = plan_job(request, host, progress=lambda n: bar.update(task, completed=n))
+    if report is not None:
+        _write_report(report, outcome)
     if json_out:
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
@@ -99,6 +117,15 @@ def plan(
     if explain and outcome.plan.explain:
         render_explain(outcome.plan.explain)
     console.print(f"best plan written to [bold]{outcome.path}[/bold]")
+
+
+def _write_report(path: Path, outcome) -> None:
+    """The plan report page (``planner.search.report``), written atomically."""
+    from meshplan.core.atomic import write_atomic
+    from meshplan.planner.search.report import plan_page, plan_report
+
+    write_atomic(path, plan_page(plan_report(outcome)))
+    err_console.print(f"report written to {path}", highlight=False)
 
 
 def render_explain(ex: dict) -> None:

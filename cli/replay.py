@@ -53,6 +53,9 @@ def replay_cmd(
                                                "(start one here) or a cluster address.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the Parquet cache of parsed "
                                            "traces.")] = False,
+    report_page: Annotated[Optional[Path], typer.Option("--report", help="Also write a self-contained HTML page: "
+                                                        "each rank's step, measured vs replayed steps, the critical "
+                                                        "path (beside the --timeline file).")] = None,
 ) -> None:
     """Replay a measured run: per-step measured vs replayed time, held-out prediction, critical path, what-if."""
     from meshplan.core.cache import cache_dir
@@ -68,6 +71,13 @@ def replay_cmd(
         raise MeshplanError(f"--timeline-format {timeline_format!r}: expected one of {', '.join(FORMATS)}")
     if timeline is not None:
         check_output_path(timeline, [run], "--timeline")
+    if report_page is not None:
+        from meshplan.core.htmlpage import check_report_path
+
+        check_output_path(report_page, [run], "--report")
+        check_report_path(report_page, {"RUN": run, "--timeline": timeline})
+        if summary:
+            raise MeshplanError("--report draws a replay; --summary only lists what the traces hold (drop one)")
     sample = parse_rank_list(ranks) if ranks is not None else None
     opts = dict(step_at=steps_at, ranks=sample, workers=workers, ray=ray,
                 cache_dir=None if no_cache else cache_dir() / "traces")
@@ -88,6 +98,12 @@ def replay_cmd(
                    completed=len(_STAGES))
         report = replay_report(a, [k.text for k in knobs], cp_step=step, timeline=timeline, fit_steps=fit_steps,
                                timeline_format=timeline_format)
+        if report_page is not None:
+            from meshplan.core.atomic import write_atomic
+            from meshplan.profiler.report_page import replay_page, replay_values
+
+            write_atomic(report_page, replay_page(replay_values(a, report)))
+            err_console.print(f"report written to {report_page}", highlight=False)
     if json_out:
         print_json(report)
         return

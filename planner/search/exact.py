@@ -32,7 +32,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate.base import Estimate, Estimator, Workload
@@ -42,6 +42,15 @@ from meshplan.planner.layout.splits import format_pp_layout
 from meshplan.planner.estimate.memory import GiB
 from meshplan.planner.layout.space import (MAX_LAYOUTS, Pins, check_space_size, enumerate_groups, explain_empty,
                                     fp8_recipe_choices)
+
+
+class Priced(NamedTuple):
+    """One priced layout, compactly: what a chart of step time against memory needs."""
+
+    layout: Layout
+    step_time_s: float
+    peak_memory_bytes: int
+    fits: bool
 
 
 @dataclass
@@ -65,6 +74,8 @@ class SearchResult:
     pruned: bool = False
     bound_evals: int = 0
     fallback: str = ""  # why a pruned search fell back to pricing everything ("" = it did not)
+    priced: list[Priced] = field(default_factory=list)  # every layout priced, in pricing order (a report's scatter)
+
 
 
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
@@ -92,6 +103,7 @@ class _Ranker:
         self.closest = None
         self.invalid: list[str] = []
         self.done: dict[tuple, Optional[Estimate]] = {}  # (group, r, s) -> estimate (None: invalid)
+        self.priced: list[Priced] = []
 
     def price(self, gi: int, g, r: int, s: int) -> Optional[Estimate]:
         """The estimate of member (r, s) of group ``gi`` (priced and ranked once; ``None`` if invalid)."""
@@ -110,6 +122,7 @@ class _Ranker:
         if self.progress and self.evaluated % 512 == 0:
             self.progress(self.evaluated)
         est = self.done[key] = self.estimate(self.work, layout)
+        self.priced.append(Priced(layout, est.step_time_s, est.memory.total_bytes, est.fits))
         if not est.fits:
             miss = (est.memory.total_bytes - est.memory_limit_bytes, key)
             if self.closest is None or miss < self.closest[0]:
@@ -206,8 +219,10 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
             f"{(est.memory.total_bytes - est.memory_limit_bytes) / GiB:.1f} GiB")
     closest = rk.closest[1:] if rk.closest else None
     ranked = _time_balanced(work, estimator, fix, rk.ranked())
+    seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
+    extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
     return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
-                        pruned=prune, bound_evals=bound_evals, fallback=fallback)
+                        pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra)
 
 
 def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:

@@ -28,7 +28,7 @@ from meshplan.planner.model.config import load_model
 from meshplan.planner.model.spec import ModelSpec
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.plan.build import model_ref, to_plan
-from meshplan.planner.search.exact import layout_row, search
+from meshplan.planner.search.exact import Priced, layout_row, search
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
 from meshplan.planner.layout.stacks import load_stacks
 from meshplan.planner.search.solve.columns import base_dtype
@@ -53,6 +53,8 @@ class PlanOptions:
     """The cost-model folder that prices operators (``None``: the shipped one)."""
     explain: bool = False
     """The best plan carries ``planner.estimate.explain``'s breakdown (GPU clusters)."""
+    breakdown: bool = False
+    """The outcome carries that breakdown (GPU clusters; the plan only with ``explain``): a report draws it."""
     quality_budget: Optional[float] = None
     """Bound on the summed per-layer quantization sensitivity (the precision solver; ``None``: 16-bit layers)."""
     sensitivity: Optional[Path] = None
@@ -111,13 +113,21 @@ class PlanRequest:
 
 @dataclass
 class PlanOutcome:
-    """What the CLI renders: a title, ranked rows (dicts with a ``layout`` string), the written plan."""
+    """What the CLI renders: a title, ranked rows (dicts with a ``layout`` string), the written plan.
+
+    ``priced``: every layout the search priced (``planner.search.exact.Priced``) and ``memory_limit_bytes`` what
+    one may hold; ``breakdown``: ``planner.estimate.explain``'s breakdown of the best plan (GPU clusters, when
+    ``PlanOptions.breakdown`` or ``explain``). Empty for solver plans.
+    """
 
     title: str
     rows: list[dict]
     plan: Plan
     path: Path
     notes: tuple[str, ...] = ()
+    priced: tuple[Priced, ...] = ()
+    memory_limit_bytes: int = 0
+    breakdown: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -218,11 +228,13 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
                     fp8_recipes=fp8_recipe_choices(job.dtype, clus.device))
     best_layout, best_est = result.ranked[0]
     plan = to_plan(work, best_layout, best_est, job.name, req.model, estimator.name)
+    if opts.explain and not isinstance(estimator, GpuEstimator):
+        raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
+    why = None
+    if (opts.explain or opts.breakdown) and isinstance(estimator, GpuEstimator):
+        why = explain_gpu(estimator, work, best_layout)
     if opts.explain:
-        if not isinstance(estimator, GpuEstimator):
-            raise MeshplanError(f"--explain breaks down GPU plans; {clus.spec} is priced by the host's measurements")
-        explained = explain_gpu(estimator, work, best_layout)
-        plan = plan.model_copy(update={"explain": {**explained, "stack_profile": job.profile or None}})
+        plan = plan.model_copy(update={"explain": {**why, "stack_profile": job.profile or None}})
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
@@ -239,7 +251,8 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     title = (f"{job.spec.name} on {clus.spec}: global batch {req.global_batch}, seq {req.seq_len} — "
              f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
              f"({result.wall_s:.2f} s)")
-    return PlanOutcome(title, rows, plan, job.path, notes)
+    return PlanOutcome(title, rows, plan, job.path, notes, priced=tuple(result.priced),
+                       memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why)
 
 
 def _choose_compression(job: _Job, work: Workload, fixes: Pins, best: Plan, best_est: Estimate,
