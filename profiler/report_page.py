@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from meshplan.core.htmlpage import PALETTE, Section, page, styled
 from meshplan.profiler.critical_path import critical_path
-from meshplan.profiler.graph import KIND_NAMES
+from meshplan.profiler.dataflow_graph import KIND_NAMES
 from meshplan.profiler.replay import Timeline, replay
 from meshplan.profiler.whatif import apply_whatif, parse_knobs
 
