@@ -110,7 +110,8 @@ def gemm_rows(data: Path) -> dict[str, np.ndarray]:
         add(t, str(table_name(f).relative_to(data)), fold, np.array(cols["Kernel Name"], dtype=object))
     f = data / "deepbench" / "tidy" / "gemm.csv"
     cols = read_csv(f, ("device", "precision", "M", "N", "K", "time_ms", "tflops_reported", "a_trans", "b_trans"))
-    keep = np.array([p in deepbench.PRECISION and d.startswith("NV_") for p, d in zip(cols["precision"], cols["device"])])
+    keep = np.array([p in deepbench.PRECISION and d.startswith("NV_") for p, d in zip(cols["precision"],
+                                                                                      cols["device"])])
     t_ms = np.array([float(x) if x else np.nan for x in cols["time_ms"]])
     tf = np.array([float(x) if x else np.nan for x in cols["tflops_reported"]])
     ok = (np.isfinite(t_ms) & np.isfinite(tf) & (t_ms > 0))[keep]
@@ -285,7 +286,8 @@ def near_shape(rows: dict[str, np.ndarray]) -> tuple[list[dict], list[dict]]:
 
 def _row(r: dict, i: int) -> dict:
     return {"file": r["file"][i], "op": r["op"][i], "dtype": r["dtype"][i],
-            "bmnk": [int(r[c][i]) for c in ("b", "m", "n", "k")], "latency_ms": round(float(r["latency_s"][i]) * 1e3, 4),
+            "bmnk": [int(r[c][i]) for c in ("b", "m", "n", "k")],
+            "latency_ms": round(float(r["latency_s"][i]) * 1e3, 4),
             "fold": r["fold"][i], "kernel": r["kname"][i]}
 
 

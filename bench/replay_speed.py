@@ -230,7 +230,8 @@ def main() -> None:
         for c in ("measure", "value"):
             t.add_column(c, justify="left" if c == "measure" else "right")
         eff = sc["speedup_1_to_2"] / 2
-        rows = [("ingest, 1 worker (s)", f"{sc['ingest_s_1']:.1f}"), ("ingest, 2 workers (s)", f"{sc['ingest_s_2']:.1f}"),
+        rows = [("ingest, 1 worker (s)", f"{sc['ingest_s_1']:.1f}"), ("ingest, 2 workers (s)",
+                                                                      f"{sc['ingest_s_2']:.1f}"),
                 ("MB/s per worker (1 worker)", f"{sc['mb_s_per_worker_1']:.1f}"),
                 ("MB/s per worker (2 workers)", f"{sc['mb_s_per_worker_2']:.1f}"),
                 ("speed-up 1 -> 2 workers", f"{sc['speedup_1_to_2']:.2f}x"),

@@ -18,7 +18,8 @@ def _register() -> None:
     # Each module registers its own commands; imported here so `meshplan --help` lists them all.
     import importlib
 
-    for mod in ("meshplan.cli.models", "meshplan.cli.devices", "meshplan.cli.stacks", "meshplan.cli.plan", "meshplan.cli.export", "meshplan.cli.profile", "meshplan.cli.replay",
+    for mod in ("meshplan.cli.models", "meshplan.cli.devices", "meshplan.cli.stacks", "meshplan.cli.plan",
+                "meshplan.cli.export", "meshplan.cli.profile", "meshplan.cli.replay",
                 "meshplan.cli.costmodel", "meshplan.cli.check", "meshplan.cli.examples"):
         try:
             module = importlib.import_module(mod)

@@ -2,7 +2,8 @@
 
 Fused attention is one kernel whose speed depends on the implementation far more than on the shape: on an H100 the
 same causal attention runs at 333 TFLOP/s with FlashAttention-2 (Ampere-style ``mma.sync``, no TMA/WGMMA) and at 602
-with FlashAttention-3 (Shah et al. 2024). The training stack decides which runs (``planner.estimate.ops_graph``: Megatron-Core
+with FlashAttention-3 (Shah et al. 2024). The training stack decides which runs (``planner.estimate.ops_graph``:
+Megatron-Core
 through Transformer Engine -> cuDNN fused attention; PyTorch SDPA's flash backend in torchtitan and HF code ->
 FlashAttention-2), and ``OpSpec.impl`` carries it here. No op-level dataset in data/kernels measures fused attention on
 these GPUs, so the published kernel benchmarks below are the measurements.

@@ -75,7 +75,8 @@ def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows
 
 
 def _network(table: KernelTable) -> list[dict]:
-    coll = table.select(np.isin(table.op, ("allreduce", "sendrecv")) & np.char.endswith(table.device.astype(str), "_dgx"))
+    coll = table.select(np.isin(table.op, ("allreduce", "sendrecv")) & np.char.endswith(table.device.astype(str),
+                                                                                        "_dgx"))
     if len(coll) == 0:
         raise MeshplanError("vidur-network: no Vidur network rows in the data (expected vidur/network/*/*.csv)")
     rows = []

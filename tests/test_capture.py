@@ -73,7 +73,8 @@ def profiled():
     plan_path = _plan(2).save(tmp / "toy.yaml")
     out = tmp / "run"
     res = CliRunner().invoke(app, ["profile", "--from-plan", str(plan_path), "--warmup", str(WARMUP),
-                                   "--steps", str(STEPS), "--unprofiled-steps", str(UNPROFILED), "--out", str(out), "--json", str(script),
+                                   "--steps", str(STEPS), "--unprofiled-steps", str(UNPROFILED), "--out", str(out),
+                                   "--json", str(script),
                                    "--steps", "40", "--marker", str(tmp / "marker")])
     assert res.exit_code == 0, res.output
     yield {"out": out, "tmp": tmp, "plan": plan_path, "output": res.stdout}

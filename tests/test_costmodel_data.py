@@ -32,7 +32,8 @@ def test_neusight_rows_and_units_match_provenance():
 def test_vidur_and_deepbench_rows():
     t = load([data_path("kernels", "vidur"), data_path("kernels", "deepbench")]).table
     # Vidur PROVENANCE.md: 6,264 compute rows (9 of the 10 sub-ops loaded; RoPE left out) and 13,916 network rows.
-    assert (np.char.startswith(t.source.astype(str), "vidur/") & ~np.isin(t.op, ("allreduce", "sendrecv"))).sum() == 6264 * 9
+    assert (np.char.startswith(t.source.astype(str), "vidur/") & ~np.isin(t.op, ("allreduce",
+                                                                                 "sendrecv"))).sum() == 6264 * 9
     assert np.isin(t.op, ("allreduce", "sendrecv")).sum() - (t.source == "deepbench/allreduce").sum() == 13_916
     # DeepBench PROVENANCE.md: 160 GEMMs per device and precision: 8 NVIDIA fp32 sheets + V100/T4 fp16.
     assert (t.source == "deepbench").sum() == 160 * 10

@@ -117,7 +117,8 @@ def test_plan_names_outside_the_safe_alphabet_are_refused(tmp_path: Path, name: 
 def test_hand_edited_plan_with_hostile_name_is_refused(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_CONFIG))
-    path = plan_job(PlanRequest.of(str(tmp_path / "m" / "config.json"), "1x8xH100", 64, 1024, top=1, out=tmp_path / "p.yaml")).path
+    path = plan_job(PlanRequest.of(str(tmp_path / "m" / "config.json"), "1x8xH100", 64, 1024, top=1,
+                                   out=tmp_path / "p.yaml")).path
     raw = yaml.safe_load(path.read_text())
     for field, value in (("name", "x$(touch F)"), ("name", "a\nb")):
         edited = tmp_path / "edited.yaml"

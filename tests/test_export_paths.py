@@ -1,6 +1,7 @@
 """The launched job runs what was priced (issue 15 item 3): the exported plan file is the one the scripts hand to
 the trainer, the trainer ships with the package, and the Megatron export keeps the plan's optimizer sharding and the
-model's RoPE. Read back through torchrun's own argument parser and the Megatron flag list of tests/test_export_parsers."""
+model's RoPE. Read back through torchrun's own argument parser and the Megatron flag list of
+tests/test_export_parsers."""
 from __future__ import annotations
 
 import shutil

@@ -213,7 +213,8 @@ def test_yaml_alias_bombs_and_huge_files_are_refused(tmp_path, runner):
                                               ("rope_theta", float("inf"), "rope_theta: inf is not a finite number"),
                                               ("vocab_size", 0, "'vocab_size' must be an integer >= 1")])
 def test_config_json_is_typed_at_the_edge(tmp_path, runner, key, value, needle):
-    """planner/model/hf_config.py: the keys meshplan reads have types and the bounds of real models; one line, exit 2."""
+    """planner/model/hf_config.py: the keys meshplan reads have types and the bounds of real models; one line,
+    exit 2."""
     cfg = json.loads(CONFIG.read_text())
     cfg[key] = value
     cfg["some_key_meshplan_never_reads"] = {"nested": [1, 2]}  # passes through

@@ -46,7 +46,8 @@ def test_table1_row(row, runner, tmp_path):
     fix = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},cp=1,ep=1,mbs={mbs},zero=0,recompute=full,sp=false,"
            f"attention=unfused" + (",pp_overlap=false" if vpp > 1 else ""))
     res = runner.invoke(app, ["plan", "--model", f"megatron-gpt-{size}", "--cluster", f"{nodes}x8xA100-80GB",
-                              "--global-batch", str(gbs), "--seq-len", str(SEQ), "--dtype", "fp16", "--fix", fix, "--json",
+                              "--global-batch", str(gbs), "--seq-len", str(SEQ), "--dtype", "fp16", "--fix", fix,
+                              "--json",
                               "--out", str(tmp_path / "p.yaml")])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["plans"]

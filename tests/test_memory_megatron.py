@@ -8,7 +8,8 @@ recomputation: s*b*h*(18 + 4*ffn/h) per layer, the first stage holding every lay
 dropout with pp micro-batches in flight; the interleaving penalty 1 + (p-1)/(p*v), or min(1, m/p) without it; the
 output layer and loss when pp = 1; all over tp). It is transcribed below, not imported: Megatron-LM's training
 package is not on PyPI. meshplan prices the same run with its defaults for the Megatron stack (fp32 main grads for
-bf16, as Megatron-LM keeps them) and is compared without its runtime terms (CUDA context, NCCL buffers, fragmentation), which
+bf16, as Megatron-LM keeps them) and is compared without its runtime terms (CUDA context, NCCL buffers, fragmentation),
+which
 the formula does not have.
 """
 from __future__ import annotations

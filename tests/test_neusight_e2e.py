@@ -45,7 +45,8 @@ def test_neusight_measured_steps_median_error(tmp_path):
     assert len(rows) >= 15
     errors = {}
     for label, cluster, batch, seq, fix, measured_s in rows:
-        out = plan_job(PlanRequest.of("gpt2-large", cluster, batch, seq, fix=fix, dtype="fp32", top=1, out=tmp_path / "p.yaml"))
+        out = plan_job(PlanRequest.of("gpt2-large", cluster, batch, seq, fix=fix, dtype="fp32", top=1,
+                                      out=tmp_path / "p.yaml"))
         pred = out.plan.prediction
         errors[label] = (pred.step_time_s - pred.breakdown.other_s - measured_s) / measured_s
     med = statistics.median(abs(e) for e in errors.values())

@@ -79,7 +79,8 @@ def planned(tmp_path_factory):
     for name, extra in (("default", ""), ("remainder", ",optim_dtype=remainder"), ("bf16", ",optim_dtype=bf16"),
                         ("fp32grads", ",grad_dtype=fp32"), ("bf16grads", ",grad_dtype=bf16")):
         path = tmp_path_factory.mktemp(name) / "plan.yaml"
-        out[name] = plan_job(PlanRequest.of(model, "2x8xH100", 256, 4096, fix="tp=2,pp=1,dp=8,dp_shard=8,dp_replicate=1,cp=1,mbs=1,"
+        out[name] = plan_job(PlanRequest.of(model, "2x8xH100", 256, 4096,
+                                            fix="tp=2,pp=1,dp=8,dp_shard=8,dp_replicate=1,cp=1,mbs=1,"
                              f"zero=1,recompute=selective,sp=true{extra}", top=1, name=name, out=path))
     return out
 

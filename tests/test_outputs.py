@@ -39,7 +39,8 @@ def test_export_and_check_outputs_onto_their_inputs_are_refused(runner, tmp_path
                                str(plan)]).exit_code == 0
     text = plan.read_bytes()
     os.symlink(plan, tmp_path / "link.yaml")
-    _one_line_exit_2(runner.invoke(app, ["export", str(plan), "--to", "torchrun", "--out", str(tmp_path / "link.yaml")]),
+    _one_line_exit_2(runner.invoke(app, ["export", str(plan), "--to", "torchrun", "--out",
+                                         str(tmp_path / "link.yaml")]),
                      "would overwrite the PLAN input")
     run = tmp_path / "run"
     run.mkdir()

@@ -145,7 +145,8 @@ def test_whatif_knob_moves_the_replay_by_the_injected_change(runs):
 
 
 def _fsdp_copy_elements(out: Path) -> dict[str, list[int]]:
-    """Per rank, the elements each FSDP2 copy pass of the traced steps moved: the gathered buffer ``split_with_sizes_copy``
+    """Per rank, the elements each FSDP2 copy pass of the traced steps moved: the gathered buffer
+    ``split_with_sizes_copy``
     reads (world x shard) and the reduce-scatter buffer ``chunk_cat`` writes (its last argument), from the trace's
     recorded input shapes."""
     out_elems: dict[str, list[int]] = {"fsdp::split_with_sizes_copy": [], "fsdp::chunk_cat": []}

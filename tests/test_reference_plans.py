@@ -1,5 +1,6 @@
 """The reviewed reference plans in plans/ regenerate exactly; a change needs
-`python -m meshplan.planner.search.reference --update --reason "..."` (which records the reason in plans/CHANGELOG.md)."""
+`python -m meshplan.planner.search.reference --update --reason "..."` (which records the reason in
+plans/CHANGELOG.md)."""
 import pytest
 
 from meshplan.planner.plan.schema import load_plan

@@ -31,7 +31,8 @@ def _random_problem(rng: random.Random) -> PartitionProblem:
     unsupported = {(g, p) for g in range(G) for p in range(1, P) if rng.random() < 0.2}  # column 0 always runs
 
     def table(lo, hi, scale, zero_ok=False):
-        return [[[None if (g, p) in unsupported else (0 if zero_ok and rng.random() < 0.3 else rng.randint(lo, hi)) * scale
+        return [[[None if (g, p) in unsupported else (0 if zero_ok and rng.random() < 0.3 else rng.randint(lo,
+                                                                                                           hi)) * scale
                   for p in range(P)] for g in range(G)] for _ in range(L)]
 
     options = []
@@ -92,7 +93,8 @@ def _brute_force(pb: PartitionProblem):
                 ok &= (st[lay, glay[lay], combos] >= 0).all(axis=1)
                 for i, (a, b) in enumerate(runs):
                     inflight = min(opt.inflight_cap, S - i)
-                    mem = (st[lay[a:b], glay[a:b], combos[:, a:b]] + ac[lay[a:b], glay[a:b], combos[:, a:b]] * inflight).sum(axis=1)
+                    mem = (st[lay[a:b], glay[a:b], combos[:, a:b]]
+                           + ac[lay[a:b], glay[a:b], combos[:, a:b]] * inflight).sum(axis=1)
                     ok &= mem <= pb.groups[gs[i]].memory_bytes // MQ
                 if not ok.any():
                     continue
@@ -161,7 +163,8 @@ def test_evaluate_refuses_precision_the_device_lacks():
     pb = _two_group_problem()
     opt = pb.options[0]
     t = [[[1e-3, None], [3e-3, 1.8e-3]] for _ in range(4)]
-    pb2 = PartitionProblem(pb.precisions, pb.groups, (PipelineOption("m1", (Phase("step", 1, 1, t, opt.phases[0].link_time_s),),
+    pb2 = PartitionProblem(pb.precisions, pb.groups, (PipelineOption("m1", (Phase("step", 1, 1, t,
+                                                                                  opt.phases[0].link_time_s),),
                                                                      opt.static_bytes, opt.act_bytes),), pb.sensitivity)
     with pytest.raises(MeshplanError, match="device A100 does not support int8"):
         evaluate(pb2, 0, [StageRun(0, 4, 0)], ["int8"] * 4)

@@ -81,7 +81,8 @@ def test_qsync_matches_brute_force_lexicographic_optimum():
         assert sol.status.status == "OPTIMAL"
         assert round(sol.step_s / TQ) == truth[0]
         q = sum(round(g.batch_share * 1e6) * sum(round(pb.sensitivity[o][pb.precisions.index(p)] / QQ)
-                                                 for o, p in enumerate(prec)) for g, prec in zip(pb.slow, sol.precision))
+                                                 for o, p in enumerate(prec)) for g, prec in zip(pb.slow,
+                                                                                                 sol.precision))
         assert q == truth[1]
         feasible += 1
     assert feasible > 150 and infeasible > 10

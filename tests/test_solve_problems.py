@@ -62,7 +62,8 @@ def test_pipeline_train_on_mixed_cluster_is_exact_and_fits():
 
 def test_quality_budget_binding_on_real_preset_names_the_amount():
     # Qwen2.5-7B at fp16 with the KV cache of 16 requests (15.6 GB) overflows one T4's usable 14.6 GiB (99% of 16
-    # GiB less the CUDA context and two NCCL communicators, planner/estimate/memory.py) by a little: one layer must drop to
+    # GiB less the CUDA context and two NCCL communicators, planner/estimate/memory.py) by a little: one layer must
+    # drop to
     # int8, whose indicator (9.2e-5 per layer, per-channel int8) exceeds a 1e-5 budget
     from meshplan.planner.search.solve.precision import solve_serve
 

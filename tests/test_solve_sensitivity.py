@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.search.solve.sensitivity import (fake_quantize, measure_compression_error, measure_layer_sensitivity,
+from meshplan.planner.search.solve.sensitivity import (fake_quantize, measure_compression_error,
+                                                       measure_layer_sensitivity,
                                        relative_mse)
 
 

@@ -46,7 +46,8 @@ def load_file(path: Path, source: str) -> KernelTable:
     """
     head = read_csv(path, ("OPName", "Latency", "Device", "B"))
     gemm = "M" in head
-    cols = read_csv(path, ("OPName", "Latency", "Device", "B", "M", "N", "K") if gemm else ("OPName", "Latency", "Device", "B", "H"))
+    cols = read_csv(path, ("OPName", "Latency", "Device", "B", "M", "N", "K") if gemm else ("OPName", "Latency",
+                                                                                            "Device", "B", "H"))
     lat_s = to_float(path, "Latency", cols["Latency"]) * 1e-3  # NeuSight Latency is ms (collect.py)
     check_latency_units(path, "Latency", lat_s, *MEDIAN_LATENCY_BAND_S)
     names = np.array(cols["OPName"], dtype=object)

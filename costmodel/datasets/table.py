@@ -99,7 +99,8 @@ class KernelTable:
         tables = [t for t in tables if len(t)]
         if not tables:
             return KernelTable.empty()
-        return KernelTable(**{f.name: np.concatenate([getattr(t, f.name) for t in tables]) for f in fields(KernelTable)})
+        return KernelTable(**{f.name: np.concatenate([getattr(t, f.name) for t in tables])
+                              for f in fields(KernelTable)})
 
     def write_csv(self, path: Path) -> None:
         """Write the table as CSV (atomically)."""

@@ -26,7 +26,8 @@ module prices a CPU step from what it really costs, measured on this host:
   (ZeRO-3): per micro-batch an all-gather of every unit (blocks + root) in forward and again in backward
   (2 x (layers + 1) gathers: the traced count), and per step one gradient reduction per unit, which FSDP2 issues
   on gloo as an all-reduce; with HSDP (dp_replicate > 1 too) each unit's reduced shard is then all-reduced across
-  the replicas (one more all-reduce per unit). TP (``ColwiseParallel`` q, k, v, fc1; ``RowwiseParallel`` o, fc2): per layer and
+  the replicas (one more all-reduce per unit). TP (``ColwiseParallel`` q, k, v, fc1; ``RowwiseParallel`` o, fc2): per
+  layer and
   micro-batch the two row-wise outputs are all-reduced in forward and the four column-wise input gradients in
   backward (6, the traced count; Shoeybi et al. 2019 fuse q/k/v and count 4). PP: one activation send/recv per
   micro-batch and stage boundary in forward and one gradient send/recv in backward (alpha-beta).

@@ -28,7 +28,8 @@ from meshplan.planner.plan.schema import Plan
 EXTENSION = "yaml"
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}
 # plan fp8 recipe -> fp8_config (Accelerate's TE backend builds DelayedScaling; AO is torchao's tensorwise float8)
-FP8_CONFIG = {"delayed": {"backend": "TE", "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "max"},
+FP8_CONFIG = {"delayed": {"backend": "TE", "fp8_format": "HYBRID", "amax_history_len": 1024,
+                          "amax_compute_algo": "max"},
               "tensorwise": {"backend": "AO"}}
 # plan cp_kind -> parallelism_config_cp_comm_strategy (torch context parallel rotation)
 CP_COMM = {"ring": "alltoall", "allgather": "allgather"}

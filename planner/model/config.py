@@ -327,7 +327,8 @@ def load_model(name_or_path: str, *, mtp: bool = False) -> ModelSpec:
         cfg = read_config(file)
         stem = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
         name = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
-        return spec_from_config(cfg, where=str(file), name=name if isinstance(name, str) and name else stem, source=str(name_or_path), mtp=mtp)
+        return spec_from_config(cfg, where=str(file), name=name if isinstance(name, str) and name else stem,
+                                source=str(name_or_path), mtp=mtp)
     canonical = _resolve_preset(name_or_path)
     if canonical is not None:
         return _load_preset(canonical, mtp)

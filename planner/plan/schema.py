@@ -1,7 +1,8 @@
 """The ``Plan``: every decision meshplan makes for one job, plus the prediction and the versions that made it.
 
 A plan is a value (pydantic model, frozen). It is saved as YAML under ``plans/`` and is the only input of the
-exporters (``planner.export``) and of ``meshplan check``. Its degrees are ``planner.layout.layout.Degrees`` (torchtitan's
+exporters (``planner.export``) and of ``meshplan check``. Its degrees are ``planner.layout.layout.Degrees``
+(torchtitan's
 ``ParallelDims`` naming: world = dp_replicate * dp_shard * cp * tp * pp; ep borrows from dp_shard * cp).
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The gradient-compression problem as plain numbers: per bucket, its candidate choices (``planner.search.solve.compression``
+"""The gradient-compression problem as plain numbers: per bucket, its candidate choices
+(``planner.search.solve.compression``
 solves it; ``planner.search.solve.compression_problem`` builds it from a model and a cluster)."""
 from __future__ import annotations
 

@@ -57,7 +57,8 @@ class PipelineOption:
     Attributes:
         label: Shown in results, e.g. ``micro_batch=2 x 16``.
         phases: The passes of one step / one request batch.
-        static_bytes: Per-device bytes of each layer independent of micro-batches in flight, ``[layer][group][precision]``.
+        static_bytes: Per-device bytes of each layer independent of micro-batches in flight,
+        ``[layer][group][precision]``.
         act_bytes: Per-device activation bytes of each layer for one micro-batch in flight (0 when serving).
         inflight_cap: Micro-batches a 1F1B stage holds at most (the step's ``m``).
         micro_batch: Sequences per micro-batch (reported only).

@@ -57,7 +57,8 @@ class SolveResult:
     detail: dict = field(default_factory=dict)
 
     def plan_fields(self) -> dict:
-        """The ``planner.plan.schema.Plan`` fields this result decides (``stages``, ``layer_precision``, ``micro_batch``)
+        """The ``planner.plan.schema.Plan`` fields this result decides (``stages``, ``layer_precision``,
+        ``micro_batch``)
         and a note line with the solver status, for ``Plan(**common, **result.plan_fields())``."""
         st = self.status
         note = (f"solver {self.workload}: {st.status}, objective {st.objective:.6g} s, bound {st.best_bound:.6g} s"
@@ -186,7 +187,8 @@ def solve_hetero_train(model, cluster, global_batch: int, seq_len: int, quality_
         workload="train-qsync", stages=None, layer_precision=sol.precision[-1] if sol.precision else (),
         micro_batch=max(1, global_batch // cluster.world_size), num_micro_batches=1, time_s=sol.step_s,
         tokens_per_s=tokens / sol.step_s, quality=sol.quality, status=sol.status,
-        baselines={"uniform fp32": (tokens / ref[0], ref[2]), f"uniform {fp16} on slow groups": (tokens / uni[0], uni[2])},
+        baselines={"uniform fp32": (tokens / ref[0], ref[2]), f"uniform {fp16} on slow groups": (tokens / uni[0],
+                                                                                                 uni[2])},
         detail={"group_precision": {g.name: p for g, p in zip(problem.slow, sol.precision)},
                 "group_step_s": sol.group_step_s, "fast_step_s": problem.fast_step_s})
 

@@ -1,8 +1,10 @@
 """Build the partition solvers' plain-number problems from ``ModelSpec`` + ``ClusterSpec`` + an estimator.
 
 Per layer, device group and precision (``planner.search.solve.columns``): the layer's operators
-(``planner.estimate.ops_graph.layer_ops``) priced through the estimator (``planner.search.solve.pricing``), its bytes (model
-states, activations after ``planner.estimate.memory``, or KV cache) and its quality indicator (``planner.search.solve.sensitivity``).
+(``planner.estimate.ops_graph.layer_ops``) priced through the estimator (``planner.search.solve.pricing``), its bytes
+(model
+states, activations after ``planner.estimate.memory``, or KV cache) and its quality indicator
+(``planner.search.solve.sensitivity``).
 Stage units: for training a stage is one node (tensor parallel over its devices, Megatron's TP-in-node rule);
 for serving a stage is one device. Usable memory per device follows ``planner.estimate.memory``
 (``USABLE_FRACTION`` x memory - ``RUNTIME_OVERHEAD_BYTES``). The gradient-compression problem is built by
@@ -16,7 +18,8 @@ from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.memory import GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer, layer_shape
+from meshplan.planner.estimate.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer,
+                                              layer_shape)
 from meshplan.planner.estimate.ops_graph import head_ops, layer_ops
 from meshplan.planner.search.solve.columns import (KV_BYTES, check_sensitivity, edge_params, precision_columns,
                                             resolve_sensitivity, usable_bytes, weight_bytes)

@@ -25,7 +25,8 @@ from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.search.solve.columns import precision_columns, resolve_sensitivity
-from meshplan.planner.search.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus, make_solver,
+from meshplan.planner.search.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus,
+                                                  make_solver,
                                            ticks, ticks_down, ticks_up)
 from meshplan.planner.search.solve.pricing import OpPrices, default_estimator
 
@@ -148,7 +149,8 @@ def solve_qsync(problem: QSyncProblem, time_limit_s: float = 10.0,
     solver = make_solver(time_limit_s, num_workers)
     code = solver.solve(m)
     if code == cp_model.INFEASIBLE:
-        least = sum(g.batch_share * sum(min(problem.sensitivity[o][p] for p in range(P) if g.op_time_s[o][p] is not None)
+        least = sum(g.batch_share * sum(min(problem.sensitivity[o][p] for p in range(P)
+                                            if g.op_time_s[o][p] is not None)
                                         for o in range(O)) for g in problem.slow)
         raise MeshplanError(f"quality budget {problem.quality_budget:g} admits no precision assignment: the least "
                             f"cost is {least:.4g} ({least - problem.quality_budget:.4g} over)")
@@ -165,7 +167,8 @@ def solve_qsync(problem: QSyncProblem, time_limit_s: float = 10.0,
     if code2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         solver, z = solver2, z2
         hit |= code2 == cp_model.FEASIBLE
-    prec = tuple(tuple(problem.precisions[next(p for p in range(P) if (gi, o, p) in z and solver.boolean_value(z[gi, o, p]))]
+    prec = tuple(tuple(problem.precisions[next(p for p in range(P)
+                                               if (gi, o, p) in z and solver.boolean_value(z[gi, o, p]))]
                        for o in range(O)) for gi in range(len(problem.slow)))
     step_s, group_t, quality = qsync_evaluate(problem, prec)
     status = SolverStatus("FEASIBLE" if hit else "OPTIMAL", step_s, min(step_s, bound * tq + problem.sync_s), hit,
