@@ -68,7 +68,7 @@ def test_wheel_installs_and_imports(tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("import meshplan.cli.main, meshplan.planner.search.exact, meshplan.profiler.replay, meshplan.verify, "
-            "meshplan.core.errors, meshplan.planner.model.spec as ms;"
+            "meshplan.core.errors, meshplan.planner.model.config as ms;"
             "import meshplan.planner; assert meshplan.planner.__file__.startswith(%r), meshplan.planner.__file__;"
             "print(ms.load_model('llama-3.1-8b').num_params)" % str(site))
     run = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
