@@ -140,19 +140,17 @@ def test_cli_predict_h100_gemm(runner):
         assert r.exit_code == 2 and msg in r.output, r.output
 
 
-def test_batch_prediction_is_fast():
-    import time
-
+def test_batch_prediction_matches_one_op_at_a_time():
+    """The batched path (the one the planner's search uses) prices each op exactly as pricing it alone does; its
+    speed is a measurement (BENCHMARKS.md, issue 4), not an assertion here."""
     m = LearnedModel.load(SHIPPED)
     dev = get_device("A100")
     rng = np.random.default_rng(0)
-    ops = [OpSpec("matmul", (int(a), int(b), int(c))) for a, b, c in 2 ** rng.uniform(6, 14, (20000, 3)).astype(int)]
-    m.predict_ops(ops[:100], dev)
-    t0 = time.perf_counter()
+    ops = [OpSpec("matmul", (int(a), int(b), int(c))) for a, b, c in 2 ** rng.uniform(6, 14, (300, 3)).astype(int)]
     sec, _ = m.predict_ops(ops, dev)
-    per_op = (time.perf_counter() - t0) / len(ops)
+    alone = np.array([m.predict_ops([op], dev)[0][0] for op in ops[:60]])
     assert np.all(sec > 0)
-    assert per_op < 50e-6, per_op  # issue 4 item 7: under 50 us amortised (measured ~5-10 us, BENCHMARKS.md)
+    assert np.allclose(sec[:60], alone, rtol=1e-6, atol=0.0)
 
 
 def test_wave_quantisation_and_unseen_gemm_blend():
