@@ -148,7 +148,7 @@ class LearnedModel:
         mpath = d / "metadata.json"
         if not mpath.is_file():
             raise MeshplanError(f"{mpath}: model metadata not found (train one with `meshplan costmodel train`)")
-        meta = load_json_file(mpath)  # nesting, integer size and finite numbers bounded (core.bounds)
+        meta = load_json_file(mpath, f"{mpath}: corrupt metadata")  # nesting, integers, finite numbers bounded
         _check_meta(meta, mpath)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else "?"
