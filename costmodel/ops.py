@@ -30,7 +30,7 @@ IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES
                                              "cast", "copy")},
          **{k: COLLECTIVE_IMPLS for k in ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")}}
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "mxfp8": 1, "nvfp4": 0.5, "int8": 1, "int4": 0.5}
 
 
 @dataclass(frozen=True)

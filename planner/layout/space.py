@@ -308,6 +308,7 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
     (tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds). ``bound``: for ``space_size_bound`` (no stage splits
     of interleaved chunks)."""
     L, E = model.num_layers, model.num_experts
+    # tp stays inside one NVLink domain: ``devices_per_node`` is the NVLink width (a node, or an NVL72 rack)
     tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
                              and model.num_heads % t == 0
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])
