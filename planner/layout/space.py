@@ -255,14 +255,15 @@ def stack_runs(stack: str, fix: Pins, **decisions: str) -> bool:
 
 
 def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
-    """The fp8 recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer Engine's
-    tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in fp8, plus
-    MXFP8 on devices whose tensor cores scale 32-element blocks (Blackwell: B100/B200/B300/GB200/GB300; none in
-    the shipped catalogue); ``("none",)`` otherwise."""
+    """The low-precision recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer
+    Engine's tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in
+    fp8, plus MXFP8 on devices whose tensor cores scale 32-element blocks (the catalogue's ``mxfp8`` dtype:
+    B200, B300, GB200, GB300); NVFP4BlockScaling for an nvfp4 workload; ``("none",)`` otherwise."""
+    if dtype == "nvfp4":
+        return ("nvfp4",)
     if dtype != "fp8":
         return ("none",)
-    mx = device.vendor == "nvidia" and device.name.upper().startswith(("B100", "B200", "B300", "GB200", "GB300"))
-    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if mx else ())
+    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if device.supports("mxfp8") else ())
 
 
 @dataclass(frozen=True)
