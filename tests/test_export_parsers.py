@@ -123,7 +123,8 @@ def _megatron_flags_from_notes() -> set[str]:
     # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm,
     # --moe-shared-expert-overlap, --moe-flex-dispatcher-backend; --fp4-format and --fp4-recipe (TransformerConfig
     # fp4, argparse_meta arg_names ["--fp4-format"], and fp4_recipe).
-    return flags | {"--fp4-format", "--fp4-recipe", "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
+    return flags | {"--fp4-format", "--fp4-recipe",
+                    "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
                     "--moe-flex-dispatcher-backend"}

@@ -164,7 +164,8 @@ class ClusterSpec:
         domain wider than a node (every group of the size and stride within one NVL72 rack, even across its
         trays), that is the group's NVLink. Otherwise it is the network: each member's per-GPU NIC share, times
         the number of members that share a node or NVLink domain (``k``), because NCCL runs one ring channel per
-        NIC and the node boundary is crossed by ``k`` channels in parallel; never faster than the intra-node link the ring also uses.
+        NIC and the node boundary is crossed by ``k`` channels in parallel; never faster than the intra-node link
+        the ring also uses.
         Vidur's DGX A100 all-reduce over 2 nodes (shared/kernels/vidur/network) scales this way: bus bandwidth
         5.9, 11.9, 22.4 GB/s for 1, 2, 4 GPUs per node.
 

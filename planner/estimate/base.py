@@ -118,7 +118,8 @@ class ModelTables:
                                     recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
         return hit
 
-    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, lin_bytes: float, recompute: str) -> float:
+    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, lin_bytes: float,
+                         recompute: str) -> float:
         """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached on the
         fields it reads."""
         k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,

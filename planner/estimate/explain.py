@@ -128,7 +128,8 @@ def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
     for cls, op in sorted(first_op.items()):
         source = pricer.predict_with_source(op, dev)[1]
         if source.startswith("learned") and "unseen" not in source:
-            source = source.replace("learned", "learned model trained on other GPUs, extrapolated by device features", 1)
+            source = source.replace("learned", "learned model trained on other GPUs, extrapolated by device "
+                                    "features", 1)
         what = f"no published measurement on {dev.name}: {source}"
         if op.kind == "attention":
             what += f"; {FA4_NOTE}"

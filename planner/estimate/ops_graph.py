@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, lowp_recipe
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.memory import has_dropout
 
 
