@@ -17,7 +17,7 @@ from meshplan.planner.cluster.spec import load_cluster, preset_names
 devices_app = typer.Typer(help="Device catalogue, cluster specs and local calibration.", invoke_without_command=True,
                           no_args_is_help=False)
 
-_SHOWN_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+_SHOWN_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "nvfp4")
 
 
 def _tflops(dev, dtype: str) -> str:

@@ -153,6 +153,8 @@ def render_explain(ex: dict) -> None:
         scale = 1e12 if e["unit"] == "FLOP/s" else 1e9
         eff.add_row(cls, f"{e['achieved'] / scale:,.0f} {unit}", f"{100 * e['of_peak']:.1f}%")
     console.print(eff)
+    for cls, how in ex.get("unmeasured", {}).items():
+        console.print(f"unmeasured: {cls}: {how}")
 
 
 def register(app: typer.Typer) -> None:

@@ -42,19 +42,27 @@ MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before startin
 FP8_FIXED_K = 150.0
 
 
-def fp8_time_share(op: OpSpec) -> float:
-    """``t_fp8 / t_bf16`` of an fp8 GEMM (forward: its K; backward: the mean over dgrad's K = n and wgrad's K = m)."""
+# NVFP4 GEMMs take the same rule with the main loop at the device's nvfp4 rate: t_bf16 * (bf16 / nvfp4 peak +
+# FP8_FIXED_K / k) (1/4 on B200 and GB200, 1/6 on GB300). No NVFP4 GEMM measurement reaches this model; the fixed
+# per-tile part is DeepGEMM's fp8 one, kept because the epilogue and the per-block scale handling do not shrink.
+LOWP_GEMM_DTYPES = ("fp8", "nvfp4")
+
+
+def fp8_time_share(op: OpSpec, device: DeviceSpec | None = None) -> float:
+    """``t_lowp / t_bf16`` of an fp8 or nvfp4 GEMM (forward: its K; backward: the mean over dgrad's K = n and
+    wgrad's K = m). fp8's main loop runs at half the bf16 time; nvfp4's at ``device``'s bf16 / nvfp4 peak ratio."""
     if op.kind == "matmul":
         m, n, k = op.shape
     else:
         _, m, n, k = op.shape
     ks = (n, m) if op.backward else (k,)
-    return sum(0.5 + FP8_FIXED_K / max(1, kk) for kk in ks) / len(ks)
+    main = 0.5 if op.dtype != "nvfp4" or device is None else device.peak("bf16") / device.peak("nvfp4")
+    return sum(main + FP8_FIXED_K / max(1, kk) for kk in ks) / len(ks)
 
 
 def _bf16_twin(op: OpSpec) -> OpSpec | None:
-    """The same GEMM in bf16, when ``op`` is an fp8 GEMM (priced from it), else ``None``."""
-    if op.kind in ("matmul", "bmm") and op.dtype == "fp8":
+    """The same GEMM in bf16, when ``op`` is an fp8 or nvfp4 GEMM (priced from it), else ``None``."""
+    if op.kind in ("matmul", "bmm") and op.dtype in LOWP_GEMM_DTYPES:
         return OpSpec(op.kind, op.shape, "bf16", backward=op.backward)
     return None
 
@@ -167,7 +175,7 @@ class Pricer:
         twin = _bf16_twin(op)
         if twin is not None and device.supports("bf16"):
             sec, src = self.predict_with_source(twin, device)
-            return sec * fp8_time_share(op), f"{src} (bf16 twin, fp8 rule)"
+            return sec * fp8_time_share(op, device), f"{src} (bf16 twin, {op.dtype} rule)"
         if self.model is None:
             return roofline_predict(op, device), "roofline (no learned model)"
         key = (op, device)
@@ -211,7 +219,7 @@ class Pricer:
         for i, (o, d) in enumerate(zip(ops, devs)):
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):
-                priced[i], scale[i] = twin, fp8_time_share(o)
+                priced[i], scale[i] = twin, fp8_time_share(o, d)
         if self.model is None:
             out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale
         else:

@@ -26,8 +26,9 @@ class DeviceSpec:
     Attributes:
         name: Canonical name, e.g. ``H100-SXM``.
         vendor: ``nvidia``, ``amd`` or ``cpu``.
-        peak_flops: Dense peak FLOP/s per dtype (``fp32``, ``tf32``, ``fp16``, ``bf16``, ``fp8``, ``int8``, ``int4``).
-            A dtype that is absent is not supported by the device.
+        peak_flops: Dense peak FLOP/s per dtype (``fp32``, ``tf32``, ``fp16``, ``bf16``, ``fp8``, ``mxfp8``,
+            ``nvfp4``, ``int8``, ``int4``); ``mxfp8`` and ``nvfp4`` are the block-scaled tensor-core kinds of
+            Blackwell. A dtype that is absent is not supported by the device.
         memory_bytes: Device memory, bytes.
         mem_bw_bytes_per_s: HBM/DRAM bandwidth, bytes/s.
         sm_count: Streaming multiprocessors (compute units on AMD, cores on CPU).
@@ -107,7 +108,7 @@ class DeviceSpec:
 
 
 VENDORS = ("nvidia", "amd", "cpu")
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8", "int4")
 _REQUIRED = ("name", "vendor", "peak_flops", "memory_bytes", "mem_bw_bytes_per_s", "sm_count", "l2_bytes", "clock_hz")
 _OPTIONAL = ("family", "aliases", "sources", "launch_s", "base_clock_hz", "tdp_w")
 # PCIe CEM slot power, watts: a board drawing no more has no auxiliary power connector and (P4/T4/L4) passive

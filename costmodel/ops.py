@@ -22,7 +22,7 @@ OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
 # OpSpec.impl values per kind family ("" is always allowed: the kind's default implementation).
 ATTENTION_IMPLS = ("flash2", "flash3", "cudnn", "flex")
-FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")
+FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "nvfp4")  # low-precision GEMM recipes
 MEMORY_BOUND_IMPLS = ("fused", "eager")
 COLLECTIVE_IMPLS = ("ring", "tree", "nvls")
 IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES,
@@ -30,7 +30,7 @@ IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES
                                              "cast", "copy")},
          **{k: COLLECTIVE_IMPLS for k in ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")}}
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "mxfp8": 1, "nvfp4": 0.5, "int8": 1, "int4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class OpSpec:
     Attributes:
         kind: One of ``OP_KINDS``.
         shape: Kind-specific tuple (see module docstring).
-        dtype: Element type of the math (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4``).
+        dtype: Element type of the math (``bf16``, ``fp16``, ``fp32``, ``fp8``, ``nvfp4``, ``int8``, ``int4``).
         group_size: Participants of a collective (1 for compute ops).
         causal: Attention only: causal mask halves the score FLOPs.
         backward: True for the backward of the op (priced as the forward's FLOP multiple by the model).

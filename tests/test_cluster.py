@@ -212,7 +212,7 @@ def test_yaml_file_with_overrides(tmp_path):
      r"c\.yaml: groups\[0\]: unknown key 'devices_per_nod' \(did you mean 'devices_per_node'\?\)"),
     ("group:\n  - nodes: 2\n", r"c\.yaml: unknown key 'group' \(did you mean 'groups'\?\)"),
     ("groups:\n  - nodes: 0\n    devices_per_node: 8\n    device: H100\n", r"nodes must be a whole number >= 1"),
-    ("groups:\n  - nodes: 2\n    devices_per_node: 8\n    device: B300\n", r"unknown device 'B300'.*known: H100-SXM"),
+    ("groups:\n  - nodes: 2\n    devices_per_node: 8\n    device: R100\n", r"unknown device .R100'.*known: .*H100-SXM"),
     ("groups:\n  - nodes: 2\n    devices_per_node: 8\n    device: H100\ninter_link: {family: dgx-h10}\n",
      r"unknown link family 'dgx-h10' \(did you mean dgx-h100\?\)"),
     ("groups:\n  - nodes: 2\n    devices_per_node: 8\n    device: H100\ninter_link: {bandwidth: lots}\n",

@@ -154,6 +154,8 @@ FLOP_PER_CLOCK_PER_SM = {
     "A100-PCIe-40GB": 128, "A100-PCIe-80GB": 128, "A40": 256, "A10": 256, "L4": 256, "T4": 128,
     "V100-SXM2-32GB": 128, "V100-PCIe-32GB": 128, "P100": 128, "P4": 256,
     "MI300X": 256, "MI250": 256, "MI210": 256, "MI100": 256,
+    # Blackwell: 128 FP32 lanes per SM (NVIDIA Blackwell Ultra architecture blog: "128 CUDA Cores for FP32 and INT32")
+    "B200": 256, "GB200": 256, "B300": 256, "GB300": 256,
 }
 
 
@@ -256,9 +258,9 @@ def test_cli_devices_show(runner):
 
 
 def test_cli_unknown_device_exits_2(runner):
-    res = runner.invoke(app, ["devices", "show", "B300"])
+    res = runner.invoke(app, ["devices", "show", "R100"])
     assert res.exit_code == 2
-    assert "unknown device 'B300'" in res.output and "Traceback" not in res.output
+    assert "unknown device 'R100'" in res.output and "Traceback" not in res.output
 
 
 def test_cached_catalogues_cannot_be_changed_by_a_reader():

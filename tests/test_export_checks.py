@@ -64,6 +64,8 @@ BAD = [
      "torchtitan: recompute=full:11: no k makes layer-level selective AC (every k-th layer) recompute 11 layers"),
     (with_(plan_llama70b(), fp8="blockwise"), ["torchtitan", "accelerate", "deepspeed"], "fp8 recipe blockwise"),
     (with_(plan_fsdp8b(), fp8="mxfp8"), ["accelerate", "deepspeed"], "fp8 recipe mxfp8"),
+    (with_(plan_fsdp8b(), fp8="nvfp4"), ["torchtitan", "accelerate", "deepspeed"], "fp8 recipe nvfp4"),
+    (with_(plan_fsdp8b(), dtype="nvfp4"), ["torchtitan", "accelerate", "deepspeed"], "fp8 recipe nvfp4"),
     (with_(plan_llama70b(), cp_kind="a2a", degrees={"dp_shard": 2, "cp": 2}), ["torchtitan"],
      "torchtitan: cp_kind a2a (Ulysses all-to-all over heads) with cp=2"),
     (with_(plan_dsv3(), etp=4, degrees={"ep": 32}), ["torchtitan"],
@@ -155,6 +157,14 @@ def test_fp8_recipe_spellings(recipe: str) -> None:
     section = "mx" if recipe == "mxfp8" else "float8"
     assert doc["model"]["converters"] == [f"quantize.linear.{section}"]
     assert doc["quantize"]["linear"][section]["recipe_name"] == ("mxfp8_cublas" if recipe == "mxfp8" else recipe)
+
+
+@pytest.mark.parametrize("update", [{"fp8": "nvfp4"}, {"dtype": "nvfp4"}])
+def test_nvfp4_spelling(update: dict) -> None:
+    """NVFP4: megatron-core 0.16.1's fp4 mode (TransformerConfig ``fp4`` from ``--fp4-format``, ``fp4_recipe``
+    from ``--fp4-recipe``) beside --bf16, and no fp8 flags (megatron-core refuses fp4 with fp8)."""
+    meg = " ".join(render(with_(plan_fsdp8b(), **update), "megatron").text.split())
+    assert "--fp4-format e2m1 --fp4-recipe nvfp4" in meg and "--bf16" in meg and "--fp8-format" not in meg
 
 
 def test_issue12_spellings() -> None:

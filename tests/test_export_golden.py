@@ -127,6 +127,8 @@ VARIANTS.update({
     "fp8-tensorwise": lambda: _variant(fp8="tensorwise"),
     "fp8-blockwise": lambda: _variant(fp8="blockwise"),
     "fp8-mxfp8": lambda: _variant(fp8="mxfp8"),
+    "fp8-nvfp4": lambda: _variant(fp8="nvfp4"),
+    "dtype-nvfp4": lambda: _variant(dtype="nvfp4"),
     "cp2-allgather": lambda: _variant(cp_kind="allgather", degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
     "cp2-a2a": lambda: _variant(cp_kind="a2a", degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
     "stack-torchtitan": lambda: _variant(stack="torchtitan"),

@@ -29,7 +29,7 @@ from tests.test_export_parsers import BASH, _argv, _megatron_args, _render_or_re
 core = pytest.importorskip("megatron.core", reason="megatron-core not installed")
 
 # argparse dest of the exported flags whose dest is not the flag's own name (megatron/training/arguments.py)
-_DEST = {"fp8_format": "fp8"}
+_DEST = {"fp8_format": "fp8", "fp4_format": "fp4"}
 _STORE_FALSE = {"disable_bias_linear": "add_bias_linear"}
 
 
@@ -125,10 +125,12 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
     elif plan.recompute.startswith("full:"):  # the first N layers of every stage / virtual chunk
         assert (cfg.recompute_method, cfg.recompute_num_layers) == ("block", _common.recompute_layers(plan))
     recipe = _common.fp8_recipe(plan)
-    want = {"bf16": (True, False), "fp16": (False, True), "fp8": (True, False)}[plan.dtype]
+    want = {"bf16": (True, False), "fp16": (False, True), "fp8": (True, False), "nvfp4": (True, False)}[plan.dtype]
     assert (cfg.bf16, cfg.fp16) == want
-    assert (cfg.fp8, cfg.fp8_recipe if cfg.fp8 else "none") == (("hybrid", recipe) if recipe != "none" else
+    fp8 = recipe if recipe not in ("none", "nvfp4") else "none"  # NVFP4 is megatron-core's fp4 mode, not fp8
+    assert (cfg.fp8, cfg.fp8_recipe if cfg.fp8 else "none") == (("hybrid", fp8) if fp8 != "none" else
                                                                  (None, "none"))
+    assert (cfg.fp4, cfg.fp4_recipe) == (("e2m1", "nvfp4") if recipe == "nvfp4" else (None, "nvfp4"))
     if d.cp > 1:
         assert cfg.cp_comm_type == {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}[plan.cp_kind]
     assert (cfg.moe_expert_capacity_factor or 0) == plan.moe_capacity

@@ -121,8 +121,10 @@ def _megatron_flags_from_notes() -> set[str]:
     # The issue 12 flags below are generated from megatron-core 0.16.1 TransformerConfig / ModelParallelConfig fields
     # of the same names (test_export_megatron_core builds the config from them): --moe-expert-capacity-factor,
     # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm,
-    # --moe-shared-expert-overlap, --moe-flex-dispatcher-backend.
-    return flags | {"--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
+    # --moe-shared-expert-overlap, --moe-flex-dispatcher-backend; --fp4-format and --fp4-recipe (TransformerConfig
+    # fp4, argparse_meta arg_names ["--fp4-format"], and fp4_recipe).
+    return flags | {"--fp4-format", "--fp4-recipe",
+                    "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
                     "--moe-flex-dispatcher-backend"}
@@ -180,7 +182,10 @@ def test_megatron_args(plan_name: str, tmp_path: Path) -> None:
     else:
         assert "--recompute-method" not in args
     recipe = _common.fp8_recipe(plan)
-    assert args.get("--fp8-recipe", "none") == recipe and ("--fp8-format" in args) == (recipe != "none")
+    fp8 = recipe if recipe != "nvfp4" else "none"  # NVFP4 is megatron-core's fp4 mode (TransformerConfig.fp4)
+    assert args.get("--fp8-recipe", "none") == fp8 and ("--fp8-format" in args) == (fp8 != "none")
+    assert (args.get("--fp4-format"), args.get("--fp4-recipe")) == (("e2m1", "nvfp4") if recipe == "nvfp4" else
+                                                                     (None, None))
     if d.cp > 1:
         assert args["--cp-comm-type"] == {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}[plan.cp_kind]
     assert float(args.get("--moe-expert-capacity-factor", 0)) == plan.moe_capacity

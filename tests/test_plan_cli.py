@@ -75,7 +75,7 @@ def test_config_path_model(runner, tmp_path):
 BAD = [
     ("malformed config", ["--model", "{bad}", "--cluster", "8xH100"], "malformed JSON"),
     ("unknown model_type", ["--model", "{unk}", "--cluster", "8xH100"], "unknown model_type"),
-    ("unknown device", ["--model", "llama-3.1-8b", "--cluster", "2x8xB300"], "unknown device 'B300'"),
+    ("unknown device", ["--model", "llama-3.1-8b", "--cluster", "2x8xR100"], "unknown device 'R100'"),
     ("cluster typo", ["--model", "llama-3.1-8b", "--cluster", "{typo}"], "devices_per_nod"),
     ("degrees do not divide", ["--model", "llama-3.1-8b", "--cluster", "8xH100", "--fix", "tp=3"],
      "tp(3) = 3 does not divide the world size 8"),

@@ -91,6 +91,9 @@ class GroupFile(_File):
     device: str
     """A catalogue name or alias (``meshplan devices``)."""
     intra_link: Optional[IntraLinkFile] = None
+    nvlink_domain: Optional[int] = None
+    """GPUs in one NVLink domain when it spans several nodes (72: an NVL72 rack of 18 trays x 4 GPUs); a multiple
+    of devices_per_node. Absent: the device family's own (72 for GB200 / GB300), else the node."""
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -101,6 +104,11 @@ class GroupFile(_File):
     @classmethod
     def _dpn(cls, v):
         return _whole("devices_per_node", v, MAX_DEVICES_PER_NODE)
+
+    @field_validator("nvlink_domain", mode="before")
+    @classmethod
+    def _domain(cls, v):
+        return None if v is None else _whole("nvlink_domain", v, MAX_DEVICES_PER_NODE)
 
     @field_validator("device", mode="before")
     @classmethod

@@ -31,6 +31,8 @@ class LinkFamily:
         nics_per_node: NICs per node.
         inter_name: Name of the network link.
         inter_latency_s: Network alpha, seconds.
+        nvlink_domain_gpus: GPUs that share one NVLink domain when it is wider than a node (72 for the NVL72
+            racks, whose compute trays hold 4); 0 = the node.
     """
 
     name: str
@@ -40,6 +42,7 @@ class LinkFamily:
     nics_per_node: int
     inter_name: str
     inter_latency_s: float
+    nvlink_domain_gpus: int = 0
 
     def inter_link(self, devices_per_node: int) -> Link:
         """Per-GPU share of the node's network (a GPU uses at most one NIC)."""
@@ -70,6 +73,7 @@ def link_families() -> Mapping[str, LinkFamily]:
             nics_per_node=int(inter["nics_per_node"]),
             inter_name=inter["name"],
             inter_latency_s=float(inter["latency_us"]) / 1e6,
+            nvlink_domain_gpus=int(fam.get("nvlink_domain_gpus", 0)),
         )
     return MappingProxyType(out)
 

@@ -6,7 +6,12 @@ a YAML file, or a bundled preset name (``dgx-h100-16``, see ``planner/presets/cl
 ``local:N`` is built from this host's calibration, which the caller passes in (``planner.host.calibrate``): reading a
 cluster never measures anything.
 
-Ranks are numbered node-major inside each group: rank ``r`` lives on node ``r // devices_per_node``.
+Ranks are numbered node-major inside each group: rank ``r`` lives on node ``r // devices_per_node`` and in NVLink
+domain ``r // nvlink_domain``. A domain is a node unless the cluster says otherwise: an NVL72 rack joins 18 compute
+trays of 4 GPUs (``64x4xGB200-NVL72``, or ``nvlink_domain: 72`` in YAML), so ranks 0-71 share NVLink and rank 72
+starts the next rack. With Megatron's rank order (tp fastest, then cp, dp, pp) a parallel group of ``size`` ranks
+``stride`` apart spans ``size * stride`` consecutive ranks: whether it stays inside a domain follows from its stride
+alone, so placing tp (stride 1), then cp, then dp inside a rack is the order the degrees already imply.
 Bandwidths are bytes/s per rank and per direction (the "bus bandwidth" of nccl-tests), latencies seconds.
 """
 from __future__ import annotations
@@ -16,7 +21,9 @@ import difflib
 import math
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -25,7 +32,7 @@ from meshplan.costmodel.collectives import Link
 from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.core.errors import MeshplanError
 from meshplan.core.yamlio import load_yaml_file
-from meshplan.planner.cluster.file import InterLinkFile, IntraLinkFile, parse_cluster_file
+from meshplan.planner.cluster.file import MAX_DEVICES_PER_NODE, InterLinkFile, IntraLinkFile, parse_cluster_file
 from meshplan.core.units import parse_bandwidth
 from meshplan.planner.host.calibrate import Calibration, is_local_spec, local_process_count
 from meshplan.planner.cluster.links import PRESET_DIR, LinkFamily, get_family, link_families, nic_share_bytes_per_s
@@ -37,6 +44,22 @@ __all__ = ["ClusterSpec", "LinkFamily", "NodeGroup", "get_family", "link_familie
            "local_cluster", "nic_share_bytes_per_s", "parse_bandwidth", "parse_shorthand", "preset_names"]
 
 # ---------------------------------------------------------------- the cluster
+
+@lru_cache(maxsize=4096)
+def _members_per_domain(size: int, stride: int, domain: int, world: int) -> int:
+    """``NodeGroup.members_per_domain`` over ``world`` ranks in domains of ``domain`` ranks."""
+    block = size * stride
+    if block <= domain and domain % block == 0:
+        return size
+    fewest = size
+    for start in range(0, max(world, block), block):
+        for offset in range(stride):
+            ranks = range(start + offset, start + offset + block, stride)
+            counts = Counter(r // domain for r in ranks)
+            if len(counts) > 1:
+                fewest = min(fewest, min(counts.values()))
+    return fewest
+
 
 @dataclass(frozen=True)
 class NodeGroup:
@@ -50,10 +73,28 @@ class NodeGroup:
     device: DeviceSpec
     intra_link: Link
     nic_link: Link | None = None
+    nvlink_domain: int = 0
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def domain_size(self) -> int:
+        """GPUs that share one NVLink domain: ``nvlink_domain`` (an NVL72 rack: 72), else the node."""
+        return self.nvlink_domain or self.devices_per_node
+
+    def members_per_domain(self, group_size: int, stride: int) -> int:
+        """Fewest members any group of ``group_size`` ranks ``stride`` apart has in one NVLink domain it touches
+        (``group_size`` when every such group sits inside one domain).
+
+        Only for domains wider than a node (the node rule is ``ClusterSpec.collective_link``'s). The groups tile
+        the group's ranks in Megatron order: blocks of ``group_size * stride`` consecutive ranks, ``stride`` groups
+        interleaved in each. A block that does not divide the domain straddles a rack boundary somewhere (64 ranks
+        of 72-GPU racks: ranks 64-127 sit 8 in the first rack, 56 in the second), and the slowest group sets the
+        collective's pace.
+        """
+        return _members_per_domain(group_size, stride, self.domain_size, self.world_size)
 
 
 @dataclass(frozen=True)
@@ -111,13 +152,20 @@ class ClusterSpec:
                                 f"ask a group (cluster.groups[i]) instead")
         return self.groups[0].device
 
+    @property
+    def nvlink_width(self) -> int:
+        """GPUs one NVLink domain holds (the narrowest group's): the node, or the rack on NVL72 clusters."""
+        return min(g.domain_size for g in self.groups)
+
     def collective_link(self, group_size: int, stride: int, group_index: int = 0) -> Link:
         """The slowest link a collective over ranks ``r, r+stride, ..., r+(group_size-1)*stride`` crosses.
 
-        Inside one node (``stride * group_size <= devices_per_node`` or ``group_size == 1``) that is the group's
-        intra-node link. Otherwise it is the network: each member's per-GPU NIC share, times the number of
-        members that share a node (``k``), because NCCL runs one ring channel per NIC and the node boundary is
-        crossed by ``k`` channels in parallel; never faster than the intra-node link the ring also uses.
+        Inside one node (``stride * group_size <= devices_per_node`` or ``group_size == 1``), or inside one NVLink
+        domain wider than a node (every group of the size and stride within one NVL72 rack, even across its
+        trays), that is the group's NVLink. Otherwise it is the network: each member's per-GPU NIC share, times
+        the number of members that share a node or NVLink domain (``k``), because NCCL runs one ring channel per
+        NIC and the node boundary is crossed by ``k`` channels in parallel; never faster than the intra-node link
+        the ring also uses.
         Vidur's DGX A100 all-reduce over 2 nodes (shared/kernels/vidur/network) scales this way: bus bandwidth
         5.9, 11.9, 22.4 GB/s for 1, 2, 4 GPUs per node.
 
@@ -134,10 +182,10 @@ class ClusterSpec:
         if not 0 <= group_index < len(self.groups):
             raise MeshplanError(f"cluster {self.spec} has {len(self.groups)} group(s); no group {group_index}")
         g = self.groups[group_index]
-        if group_size == 1 or stride * group_size <= g.devices_per_node:
+        per_node = _members_per_side(g, group_size, stride)
+        if not per_node:
             return g.intra_link
         nic = g.nic_link or self.inter_link
-        per_node = max(1, min(group_size, g.devices_per_node // stride))
         bw = min(g.intra_link.bandwidth_bytes_per_s, per_node * nic.bandwidth_bytes_per_s)
         name = nic.name if per_node == 1 else f"{nic.name}x{per_node}"
         return Link(name, bw, max(nic.latency_s, g.intra_link.latency_s))
@@ -157,10 +205,10 @@ class ClusterSpec:
         """
         ring = self.collective_link(group_size, stride, group_index)
         g = self.groups[group_index]
-        if group_size == 1 or stride * group_size <= g.devices_per_node:
+        k = _members_per_side(g, group_size, stride)  # members per node (per NVLink domain on racks)
+        if not k:
             return ring
         nic = g.nic_link or self.inter_link
-        k = max(1, min(group_size, g.devices_per_node // stride))  # members per node
         p = group_size
         inter = (p - k) / p
         nic_bw = nic.bandwidth_bytes_per_s
@@ -191,6 +239,7 @@ class ClusterSpec:
         return {"spec": self.spec, "world_size": self.world_size, "num_nodes": self.num_nodes,
                 "heterogeneous": self.is_heterogeneous, "inter_link": link(self.inter_link),
                 "groups": [{"nodes": g.nodes, "devices_per_node": g.devices_per_node, "device": g.device.name,
+                            "nvlink_domain": g.domain_size,
                             "intra_link": link(g.intra_link), "nic_link": link(g.nic_link or self.inter_link)}
                            for g in self.groups]}
 
@@ -199,6 +248,17 @@ class ClusterSpec:
         return ClusterRef(spec=self.spec, groups=tuple(
             DeviceGroupRef(nodes=g.nodes, devices_per_node=g.devices_per_node, device=g.device.name)
             for g in self.groups))
+
+
+def _members_per_side(g: NodeGroup, group_size: int, stride: int) -> int:
+    """Members of a collective's group that share one node, or one NVLink domain wider than a node, where the group
+    crosses the network; 0 where it never leaves NVLink."""
+    if group_size == 1 or stride * group_size <= g.devices_per_node:
+        return 0
+    if g.domain_size > g.devices_per_node:
+        k = g.members_per_domain(group_size, stride)
+        return 0 if k == group_size else k
+    return max(1, min(group_size, g.devices_per_node // stride))
 
 
 def _make(spec: str, groups: list[NodeGroup], inter: list[Link]) -> ClusterSpec:
@@ -211,6 +271,19 @@ def _make(spec: str, groups: list[NodeGroup], inter: list[Link]) -> ClusterSpec:
 # ---------------------------------------------------------------- shorthand
 
 _PART_RE = re.compile(r"^(?:(\d+)[xX])?(\d+)[xX]([A-Za-z].*)$")  # device names start with a letter
+
+
+_NVL_RE = re.compile(r"^(.+?)-NVL(\d+)$", re.IGNORECASE)  # GB200-NVL72: the device and its NVLink domain
+
+
+def _domain(where: str, devices_per_node: int, domain: int) -> int:
+    """The NVLink domain of a group (0: the node), checked: whole nodes, no wider than the largest announced."""
+    if not domain or domain == devices_per_node:
+        return 0
+    if domain % devices_per_node or domain > MAX_DEVICES_PER_NODE:
+        raise MeshplanError(f"cluster '{where}': an NVLink domain of {domain} GPUs must hold whole nodes of "
+                            f"{devices_per_node} and at most {MAX_DEVICES_PER_NODE} GPUs")
+    return domain
 
 
 def _count(value: str, what: str, spec: str) -> int:
@@ -227,14 +300,19 @@ def parse_shorthand(spec: str) -> ClusterSpec:
         m = _PART_RE.match(part.strip())
         if not m:
             raise MeshplanError(
-                f"cluster '{spec}': cannot read '{part}' (expected NODESxDEVICESxDEVICE such as 16x8xH100, "
+                f"cluster '{spec}': cannot read '{part}' (expected NODESxDEVICESxDEVICE such as 16x8xH100 or "
+                f"64x4xGB200-NVL72, "
                 f"DEVICESxDEVICE such as 8xA100, parts joined by '+', local:N, a preset or a YAML file; "
                 f"presets: {', '.join(preset_names())})")
         nodes = _count(m.group(1), "nodes", spec) if m.group(1) else 1
         dpn = _count(m.group(2), "devices per node", spec)
-        dev = get_device(m.group(3))
+        name, nvl = m.group(3), _NVL_RE.match(m.group(3))
+        if nvl:  # 64x4xGB200-NVL72: 4-GPU trays in NVLink domains of 72
+            name = nvl.group(1)
+        dev = get_device(name)
         fam = get_family(dev.family, f"device {dev.name}")
-        groups.append(NodeGroup(nodes, dpn, dev, fam.intra))
+        domain = _domain(spec, dpn, int(nvl.group(2)) if nvl else fam.nvlink_domain_gpus)
+        groups.append(NodeGroup(nodes, dpn, dev, fam.intra, nvlink_domain=domain))
         inter.append(fam.inter_link(dpn))
     return _make(spec, groups, inter)
 
@@ -295,7 +373,9 @@ def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
             raise MeshplanError(f"{gw}: {exc}") from None
         fam = get_family(dev.family, gw)
         intra = _intra_from(f"{gw}.intra_link", g.intra_link, fam.intra) if g.intra_link else fam.intra
-        groups.append(NodeGroup(g.nodes, g.devices_per_node, dev, intra))
+        domain = _domain(gw, g.devices_per_node,
+                         g.nvlink_domain if g.nvlink_domain is not None else fam.nvlink_domain_gpus)
+        groups.append(NodeGroup(g.nodes, g.devices_per_node, dev, intra, nvlink_domain=domain))
         if f.inter_link is not None:
             inter.append(_inter_from(f"{where}: inter_link", f.inter_link, fam, g.devices_per_node))
         else:

@@ -18,8 +18,10 @@ from typing import Optional, Protocol
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.model.flops import recompute_flops_per_token
+from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.memory import (USABLE_FRACTION, MemoryBreakdown, activation_bytes_per_layer, inflight_factor,
+                                              lowp_weight_bytes, saved_input_bytes,
                                      layer_shape, model_state_bytes, param_bytes, runtime_overhead_bytes)
 
 
@@ -116,14 +118,15 @@ class ModelTables:
                                     recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
         return hit
 
-    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, fp8: bool, recompute: str) -> float:
+    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, lin_bytes: float,
+                         recompute: str) -> float:
         """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached on the
         fields it reads."""
-        k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, fp8, layout.expert_tp,
+        k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
              layout.moe_capacity, layout.moe_imbalance, layout.stack)
         hit = self._act.get(k)
         if hit is None:
-            hit = self._act[k] = activation_bytes_per_layer(self.shape[moe], s, b, layout, fp8, recompute)
+            hit = self._act[k] = activation_bytes_per_layer(self.shape[moe], s, b, layout, lin_bytes, recompute)
         return hit
 
     def kind_counts(self, chunks: tuple[range, ...]) -> dict[bool, int]:
@@ -213,26 +216,27 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     b = layout.micro_batch
     chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
-    fp8 = layout.fp8 != "none" or work.dtype == "fp8"
-    kept = {k: tb.activation_bytes(k, s, b, layout, fp8, "none") for k, n in counts.items() if n}
+    recipe = lowp_recipe(layout.fp8, work.dtype)
+    lin = saved_input_bytes(recipe)
+    kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none") for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():
         if n:
             if rec[k]:
-                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, fp8, layout.recompute_kind)
+                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind)
             per_mb += (n - rec[k]) * kept[k]
     act = per_mb * inflight_factor(layout, m, stage)
     # one layer re-materialised during its backward
     remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
     if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
         act, remat = 2 * act, 2 * remat
-    if fp8:
-        # Transformer Engine keeps an fp8 copy of each linear weight and of its transpose (Hopper's fp8 GEMMs take
-        # only the "TN" layout, so the backward needs the transposed copy): 2 B per parameter, cast once per step;
-        # under FSDP only for the layers gathered at the moment
+    if recipe != "none":
+        # Transformer Engine keeps the quantized copies of each linear weight the GEMMs read
+        # (``memory.lowp_weight_bytes``: on Hopper an fp8 copy and its transpose, 2 B per parameter), cast once per
+        # step; under FSDP only for the layers gathered at the moment
         linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
         held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
-        w += 2.0 * held
+        w += lowp_weight_bytes(recipe, all(g.device.supports("mxfp8") for g in work.cluster.groups)) * held
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
     act += remat

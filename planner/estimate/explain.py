@@ -35,6 +35,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     links = dict(zip(("tp", "ep", "cp"), group_links(cluster, model, layout)))
     seconds: dict[str, float] = defaultdict(float)  # op class -> seconds on the whole job's critical stage
     work_done: dict[str, float] = defaultdict(float)  # op class -> FLOPs (compute-bound) or bytes (memory-bound)
+    first_op: dict = {}  # op class -> one of its ops (what ``unmeasured`` asks the pricer about)
     stages = []
     for st in range(layout.pp):
         chunks = stage_layer_ranges(model, layout, st)
@@ -55,6 +56,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
                 t = (f + b) * runs * m
                 compute[op_class(op)] += t
                 if st == 0 and t:
+                    first_op.setdefault(op_class(op), op)
                     seconds[op_class(op)] += t
                     amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
                     work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
@@ -100,10 +102,41 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
             "slowest of the ranks (straggler)": est.compute_s - slow_compute,
             "gradient sync and overlap cost": est.exposed_comm_s - slow_comm,
             "pipeline bubble": est.bubble_s, "optimizer, fp8 weight casts, FSDP2 copies": est.other_s}
-    return {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
-            "stages": stages,
-            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                                  for k, v in sorted(efficiency.items())}}
+    out = {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
+           "stages": stages,
+           "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                                 for k, v in sorted(efficiency.items())}}
+    notes = unmeasured(estimator.pricer, dev, first_op)
+    if notes:
+        out["unmeasured"] = notes
+    return out
+
+
+# FlashAttention-4 (Dao et al. 2026; together.ai/blog/flashattention-4): up to 1,613 TFLOP/s forward in BF16 on a B200
+# (71% of peak), 1.3x cuDNN 9.13: one peak, no curve over sequence length, so it does not price anything here.
+FA4_NOTE = "FlashAttention-4 reports only a peak (1,613 TFLOP/s forward, B200 BF16, 1.3x cuDNN 9.13), no curve"
+
+
+def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
+    """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs: every class on
+    the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused attention
+    (FlashAttention / cuDNN on Blackwell), the GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs
+    among them) and the memory-bound kernels. Empty for every other device."""
+    if not dev.supports("mxfp8"):
+        return {}
+    out = {}
+    for cls, op in sorted(first_op.items()):
+        source = pricer.predict_with_source(op, dev)[1]
+        if source.startswith("learned") and "unseen" not in source:
+            source = source.replace("learned", "learned model trained on other GPUs, extrapolated by device "
+                                    "features", 1)
+        what = f"no published measurement on {dev.name}: {source}"
+        if op.kind == "attention":
+            what += f"; {FA4_NOTE}"
+        elif op.dtype in ("fp8", "nvfp4") and op.kind in ("matmul", "bmm"):
+            what += f" ({op.impl or op.dtype} GEMMs, grouped expert GEMMs included, priced from their bf16 twin)"
+        out[cls] = what
+    return out
 
 
 def _rounded(d: dict) -> dict:

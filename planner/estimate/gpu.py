@@ -28,6 +28,7 @@ from meshplan.costmodel.ops import OpSpec
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
                                        time_key, time_signature)
+from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.splits import weighted_split
 from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
@@ -298,9 +299,9 @@ class GpuEstimator:
         pp, vpp = layout.pp, layout.vpp
         link = self._links_of(cluster)
         pp_link = link(*layout.pp_neighbours)
-        if layout.fp8 == "mxfp8" and not dev.supports("mxfp8"):
-            raise MeshplanError(f"fp8=mxfp8 needs MX-format tensor cores (Blackwell); {dev.name} has none "
-                                "(use tensorwise, delayed or blockwise)")
+        if layout.fp8 in ("mxfp8", "nvfp4") and not dev.supports(layout.fp8):
+            raise MeshplanError(f"fp8={layout.fp8} needs block-scaled {layout.fp8} tensor cores (Blackwell); "
+                                f"{dev.name} has none (use tensorwise, delayed or blockwise)")
         tb = self.tables(model)
         # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
         # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
@@ -337,9 +338,9 @@ class GpuEstimator:
         opt_numel = (dense / (layout.shard_group.size if z1 else 1)
                      + expert / (layout.expert_shard_group.size if z1 else 1))
         optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev) + fsdp_copies
-        if layout.fp8 != "none" or work.dtype == "fp8":
-            # the fp8 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
-            # them across the micro-batches of a step (``is_first_microbatch``)
+        if lowp_recipe(layout.fp8, work.dtype) != "none":
+            # the fp8 / NVFP4 copies of the stage's linear weights (and their transposes), cast once per step: TE
+            # caches them across the micro-batches of a step (``is_first_microbatch``)
             linear = decoder_params(tb, layout, slow)
             optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
 

@@ -42,7 +42,8 @@ def grad_bytes_per_param(layout: Layout, dtype: str) -> int:
         # Megatron-Core keeps one dtype for the main-grad buffer and its reduction (--grad-reduce-in-bf16 makes
         # both bf16): a pinned reduction dtype is the buffer's too
         return GRAD_BYTES_BY_DTYPE[layout.reduce_dtype]
-    if dtype == "fp32" or (layout.stack == "megatron" and layout.zero_stage < 3 and dtype in ("bf16", "fp8")):
+    if dtype == "fp32" or (layout.stack == "megatron" and layout.zero_stage < 3
+                           and dtype in ("bf16", "fp8", "nvfp4")):
         return GRAD_BYTES_BY_DTYPE["fp32"]
     return GRAD_BYTES
 
@@ -174,7 +175,39 @@ def layer_shape(model, layer: int) -> LayerShape:
     )
 
 
-def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, fp8: bool = False,
+# Block scales: MXFP8 one E8M0 byte per 32 elements; NVFP4 one E4M3 byte per 16 (1x16 blocks) or per 256 (16x16
+# weight blocks). TE docs/features/low_precision_training/{mxfp8,nvfp4} (TransformerEngine 2.20.0.dev0, d0067d0).
+MXFP8_BYTES = 1.0 + 1.0 / 32
+NVFP4_BYTES = 0.5 + 1.0 / 16
+NVFP4_WEIGHT_BYTES = 0.5 + 1.0 / 256
+
+
+def saved_input_bytes(recipe: str) -> float:
+    """Bytes per element of a linear layer's input kept for its weight gradient under the low-precision ``recipe``
+    (``planner.layout.decisions.lowp_recipe``): the bf16 input (2) without one; TE keeps the quantized columnwise
+    copy the wgrad GEMM reads otherwise: fp8 1, MXFP8 1 + 1/32 (32x1 blocks, quantized apart from the rowwise copy),
+    NVFP4 0.5 + 1/16 (the random-Hadamard-transformed 1x16-block copy)."""
+    return {"none": 2.0, "mxfp8": MXFP8_BYTES, "nvfp4": NVFP4_BYTES}.get(recipe, 1.0)
+
+
+def lowp_weight_bytes(recipe: str, shared_layout: bool) -> float:
+    """Bytes per decoder linear parameter of the quantized weight copies TE caches for a step's GEMMs.
+
+    Hopper's fp8 GEMMs take only the TN layout, so the backward needs a transposed copy: 2 x 1 B. Blackwell
+    (``shared_layout``: every device has the block-scaled kinds) runs TN, NT and NN, so tensor-scaled fp8 keeps one
+    copy (1 B; TE fp8_current_scaling.rst: "On Blackwell, rowwise and columnwise usages share the same memory
+    layout"). MXFP8 quantizes rowwise and columnwise copies apart (2 x (1 + 1/32)), as does blockwise fp8, which TE
+    emulates with MXFP8 there (fp8_blockwise_scaling.rst); NVFP4's GEMM takes only TN, so its 16x16-block weight
+    is kept rowwise and transposed (2 x (0.5 + 1/256)).
+    """
+    if recipe == "nvfp4":
+        return 2.0 * NVFP4_WEIGHT_BYTES
+    if not shared_layout:
+        return 2.0
+    return 2.0 * MXFP8_BYTES if recipe in ("mxfp8", "blockwise") else 1.0
+
+
+def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, lin_bytes: float = 2.0,
                                recompute: str | None = None) -> float:
     """Activation bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022, §4.1).
 
@@ -183,8 +216,8 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, f
 
     ``recompute``: ``full`` keeps the layer input only (``full:N`` applies per layer: the caller counts which
     layers are recomputed, ``recompute_layer_bytes``); ``op`` keeps what torchtitan's op-level policy saves
-    (``op_saved_bytes``). ``fp8``: Transformer Engine saves the fp8 cast of each linear layer's input for its
-    weight gradient (1 B instead of 2 B per element: QKV, projection, FC1 and FC2 inputs).
+    (``op_saved_bytes``). ``lin_bytes``: bytes per element of each linear layer's saved input (QKV, projection,
+    FC1 and FC2 inputs): 2 in bf16, what ``saved_input_bytes`` gives under a low-precision recipe.
     MoE: routed token copies scale with the busiest rank's load (``moe_imbalance`` or ``moe_capacity``) and, under
     expert tensor parallelism, are gathered over etp (``etp / tp`` of the tokens at ``1 / etp`` of the width).
     """
@@ -198,7 +231,7 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, f
         return 2.0 * sbh / rep  # only the layer input is kept
     if kind == "op":
         return op_saved_bytes(ls, s, b, layout)
-    lin = 1.0 if fp8 else 2.0  # bytes per element of a saved linear-layer input
+    lin = lin_bytes  # bytes per element of a saved linear-layer input
     drop = 1.0 if ls.dropout else 0.0
     out = 4.0 * sbh / rep  # two norm inputs
     # attention

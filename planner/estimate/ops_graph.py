@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.memory import has_dropout
 
@@ -333,17 +334,25 @@ def _precisions(dtype: str, recipe: str = "none"):
     its elements: the same bytes); block-wise (1x128 tiles) and MXFP8 (1x32 blocks) compute their scales inside
     the cast kernel. The GEMM carries the recipe (``OpSpec.impl``) for the cost model. The weights' casts are per
     step, not per micro-batch (TE caches them across micro-batches), and are priced by the estimator.
+
+    NVFP4 (``dtype='nvfp4'`` or recipe ``nvfp4``; TE ``NVFP4BlockScaling``) runs fprop, dgrad and wgrad in NVFP4
+    (``matmul`` in ``nvfp4``) with the same bf16 rest. Quantizing a GEMM input takes two passes (TE 2.20
+    ``transformer_engine/pytorch/csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl``): the amax of the input and
+    of its Hadamard-rotated transpose, which set the FP32 tensor scales (``nvte_hadamard_transform_amax``, one read:
+    priced as a copy of half the elements, as the tensor-wise amax), then one fused kernel writing the rowwise
+    1x16-block copy for fprop and the random-Hadamard-transformed columnwise copy for wgrad (the ``cast``);
+    stochastic rounding of gradients is done by the Blackwell convert instruction inside that cast.
     """
+    recipe = lowp_recipe(recipe, dtype)
     if recipe == "none":
-        if dtype != "fp8":
-            return dtype, lambda m, n, k: (OpSpec("matmul", (m, n, k), dtype),)
-        recipe = "delayed"
-    act = "bf16" if dtype == "fp8" else dtype
+        return dtype, lambda m, n, k: (OpSpec("matmul", (m, n, k), dtype),)
+    act = "bf16" if dtype in LOWP_DEFAULT_RECIPE else dtype
+    gemm_dtype = "nvfp4" if recipe == "nvfp4" else "fp8"
 
     def gemm(m, n, k):
         cast = OpSpec("cast", (int(m) * int(k),), act)
-        out = (cast, OpSpec("matmul", (m, n, k), "fp8", impl=recipe))
-        if recipe == "tensorwise":
+        out = (cast, OpSpec("matmul", (m, n, k), gemm_dtype, impl=recipe))
+        if recipe in ("tensorwise", "nvfp4"):
             return (OpSpec("copy", (int(m) * int(k) // 2,), act),) + out
         return out
 

@@ -23,13 +23,14 @@ import re
 import shlex
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
+from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE, lowp_recipe
 from meshplan.planner.layout.layout import fsdp_impl, p2p_overlapped
 from meshplan.planner.plan.schema import Plan
 
 # Plan.dtype values the exporters understand, mapped to a canonical name.
 DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32",
-          "float32": "fp32", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8-hybrid": "fp8", "fp8_hybrid": "fp8"}
+          "float32": "fp32", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8-hybrid": "fp8", "fp8_hybrid": "fp8",
+          "nvfp4": "nvfp4"}
 
 # Families whose HF layout is pre-norm RMSNorm + SwiGLU + RoPE without linear biases (models.md section 1).
 ROPE_SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3")
@@ -126,12 +127,10 @@ def expert_tp(plan: Plan) -> int:
 
 
 def fp8_recipe(plan: Plan) -> str:
-    """The fp8 recipe of the decoder GEMMs: ``none``, ``tensorwise``, ``delayed``, ``blockwise`` or ``mxfp8``. A plan
-    with ``dtype: fp8`` and no ``fp8`` field (written before the field existed) means Transformer Engine's delayed
-    scaling."""
-    if plan.fp8 != "none":
-        return plan.fp8
-    return "delayed" if dtype_of(plan) == "fp8" else "none"
+    """The low-precision recipe of the decoder GEMMs: ``none``, ``tensorwise``, ``delayed``, ``blockwise``,
+    ``mxfp8`` or ``nvfp4``. A plan with ``dtype: fp8`` and no ``fp8`` field (written before the field existed) means
+    Transformer Engine's delayed scaling; ``dtype: nvfp4`` NVFP4 (``decisions.lowp_recipe``)."""
+    return lowp_recipe(plan.fp8, dtype_of(plan))
 
 
 def recompute_layers(plan: Plan) -> int:

@@ -227,10 +227,12 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--bf16")
     elif dt == "fp16":
         a.append("--fp16")
-    elif dt == "fp8":
+    elif dt in ("fp8", "nvfp4"):
         a.append("--bf16")
     recipe = c.fp8_recipe(plan)
-    if recipe != "none":  # e4m3 forward, e5m2 gradients; the rest of the model in the 16-bit dtype above
+    if recipe == "nvfp4":  # TE NVFP4BlockScaling (megatron-core 0.16.1 TransformerConfig fp4 / fp4_recipe)
+        a += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+    elif recipe != "none":  # e4m3 forward, e5m2 gradients; the rest of the model in the 16-bit dtype above
         a += ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
         if recipe == "delayed":  # Transformer Engine DelayedScaling's own defaults (Megatron's are 1, most_recent)
             a += ["--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]

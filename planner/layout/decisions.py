@@ -32,6 +32,15 @@ PLAN_SCHEDULES = ("1f1b", "interleaved", "gpipe", "zbh1", "dualpipe")
 # and no master copy (apex ``store_params=False`` when the optimizer dtype is the model's, NeMo r2.0.0rc1).
 OPTIMIZER_BYTES_BY_DTYPE = MappingProxyType({"fp32": 12, "remainder": 4 + 4 + 2, "bf16": 2 + 2})
 GRAD_BYTES_BY_DTYPE = MappingProxyType({"bf16": 2, "fp32": 4})
+# The workload dtypes that train the decoder GEMMs in a block-scaled or fp8 format, and the recipe each means when
+# the ``fp8`` decision is left at "none": Transformer Engine's DelayedScaling for fp8, NVFP4BlockScaling for nvfp4.
+LOWP_DEFAULT_RECIPE = MappingProxyType({"fp8": "delayed", "nvfp4": "nvfp4"})
+
+
+def lowp_recipe(fp8: str, dtype: str) -> str:
+    """The low-precision recipe the decoder GEMMs run in: the ``fp8`` decision, else the workload dtype's default
+    (``LOWP_DEFAULT_RECIPE``), else ``none``."""
+    return fp8 if fp8 != "none" else LOWP_DEFAULT_RECIPE.get(dtype, "none")
 
 
 @dataclass(frozen=True)
@@ -180,14 +189,20 @@ class Decisions:
     """Megatron-Core ``--expert-tensor-parallel-size``. With MoE parallel folding (Liu et al. 2025) the expert mesh
     etp x ep x edp is laid over the same tp x cp x dp ranks of a stage independently of the dense mesh: ep x etp
     need only divide tp x cp x dp (Qwen3-235B ran EP32 over 16 data-parallel ranks x TP2)."""
-    fp8: str = decision("none", "the fp8 recipe of the decoder's linear GEMMs (none = the workload's dtype)",
-                        choices=("none", "tensorwise", "delayed", "blockwise", "mxfp8"), searched=True, by_stack=True,
-                        stack_values={"megatron": ("none", "tensorwise", "delayed", "blockwise", "mxfp8"),
+    fp8: str = decision("none", "the low-precision recipe of the decoder's linear GEMMs (none = the workload's "
+                        "dtype)",
+                        choices=("none", "tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4"), searched=True,
+                        by_stack=True,
+                        stack_values={"megatron": ("none", "tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4"),
                                       "torchtitan": ("none", "tensorwise", "mxfp8"), "eager": ("none",)})
     """"tensorwise" is Transformer Engine's current scaling, "delayed" TE DelayedScaling (amax history),
-    "blockwise" DeepSeek-V3 §3.3.2 (1x128 activation tiles, 128x128 weight blocks), "mxfp8" OCP MX (32-element
-    blocks, Blackwell tensor cores only). torchtitan's float8 converters scale tensor-wise or MX-block-wise; HF code
-    trains without fp8. A free search tries them only for an fp8 workload (``space.fp8_recipe_choices``)."""
+    "blockwise" DeepSeek-V3 §3.3.2 (1x128 activation tiles, 128x128 weight blocks; on Blackwell TE emulates it with
+    MXFP8), "mxfp8" OCP MX (E4M3 with an E8M0 scale per 32 elements, rowwise and columnwise copies quantized apart;
+    Blackwell tensor cores only), "nvfp4" TE's NVFP4BlockScaling (E2M1 with an E4M3 scale per 16 elements and an
+    FP32 tensor scale; 16x16 weight blocks, random Hadamard transforms on the wgrad operands, stochastic rounding of
+    gradients; fprop, dgrad and wgrad all in NVFP4; Blackwell only). torchtitan's float8 converters scale
+    tensor-wise or MX-block-wise; HF code trains without fp8. A free search tries them only for a low-precision
+    workload (``space.fp8_recipe_choices``): ``--dtype fp8`` the fp8 recipes, ``--dtype nvfp4`` NVFP4."""
     cp_kind: str = decision("ring", "context-parallel attention: ring, allgather or a2a (Ulysses)",
                             choices=("ring", "allgather", "a2a"), searched=True,
                             stack_values={"megatron": ("ring", "allgather", "a2a"),

@@ -255,14 +255,15 @@ def stack_runs(stack: str, fix: Pins, **decisions: str) -> bool:
 
 
 def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
-    """The fp8 recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer Engine's
-    tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in fp8, plus
-    MXFP8 on devices whose tensor cores scale 32-element blocks (Blackwell: B100/B200/B300/GB200/GB300; none in
-    the shipped catalogue); ``("none",)`` otherwise."""
+    """The low-precision recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer
+    Engine's tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in
+    fp8, plus MXFP8 on devices whose tensor cores scale 32-element blocks (the catalogue's ``mxfp8`` dtype:
+    B200, B300, GB200, GB300); NVFP4BlockScaling for an nvfp4 workload; ``("none",)`` otherwise."""
+    if dtype == "nvfp4":
+        return ("nvfp4",)
     if dtype != "fp8":
         return ("none",)
-    mx = device.vendor == "nvidia" and device.name.upper().startswith(("B100", "B200", "B300", "GB200", "GB300"))
-    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if mx else ())
+    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if device.supports("mxfp8") else ())
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,7 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
     (tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds). ``bound``: for ``space_size_bound`` (no stage splits
     of interleaved chunks)."""
     L, E = model.num_layers, model.num_experts
+    # tp stays inside one NVLink domain: ``devices_per_node`` is the NVLink width (a node, or an NVL72 rack)
     tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
                              and model.num_heads % t == 0
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)])

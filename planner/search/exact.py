@@ -179,11 +179,11 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
                             "(meshplan plan picks it automatically for mixed clusters)")
     if fp8_recipes is None:
         fp8_recipes = fp8_recipe_choices(work.dtype, cluster.device)
-    check_space_size(model, cluster.world_size, cluster.devices_per_node, work.global_batch, fix, max_layouts,
+    check_space_size(model, cluster.world_size, cluster.nvlink_width, work.global_batch, fix, max_layouts,
                      fp8_recipes, work.seq_len)
     if estimator is None:
         estimator = estimator_for(cluster)
-    groups = list(enumerate_groups(model, cluster.world_size, cluster.devices_per_node, work.global_batch,
+    groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
                                    work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None)))
     n = sum(len(g) for g in groups)
     if prune is None:

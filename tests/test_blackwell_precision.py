@@ -1,0 +1,106 @@
+"""Blackwell precision recipes: MXFP8 and NVFP4 as Transformer Engine runs them (TE 2.20.0.dev0 docs and
+``transformer_engine/pytorch/csrc/quantizer.cpp``), priced, sized and selected.
+
+Independent truths: the dense peaks of the cited datasheets (B200 bf16 2.25, nvfp4 9 PFLOP/s; GB300 bf16 2.5, nvfp4
+15), TE's block sizes (MXFP8: one E8M0 byte per 32 elements; NVFP4: one E4M3 byte per 16, per 16x16 for weights),
+and the model's own parameter count.
+"""
+from __future__ import annotations
+
+import pytest
+
+from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.api import Pricer, fp8_time_share
+from meshplan.costmodel.devices import get_device
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload, decoder_params
+from meshplan.planner.estimate.gpu import GpuEstimator
+from meshplan.planner.estimate.memory import lowp_weight_bytes, saved_input_bytes
+from meshplan.planner.estimate.ops_graph import layer_ops
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.space import fp8_recipe_choices
+from meshplan.planner.model.config import load_model
+
+
+def test_datasheet_peaks_set_the_nvfp4_main_loop():
+    b200, gb300 = get_device("B200"), get_device("GB300")
+    assert (b200.peak("bf16"), b200.peak("nvfp4"), b200.peak("mxfp8")) == (2.25e15, 9.0e15, 4.5e15)
+    op = OpSpec("matmul", (8192, 8192, 8192), "nvfp4", impl="nvfp4")
+    assert fp8_time_share(op, b200) == pytest.approx(2.25 / 9 + 150 / 8192)  # main loop at a quarter of bf16's
+    assert fp8_time_share(op, gb300) == pytest.approx(2.5 / 15 + 150 / 8192)  # Blackwell Ultra: a sixth
+    fp8 = OpSpec("matmul", (8192, 8192, 8192), "fp8", impl="mxfp8")
+    assert fp8_time_share(fp8, b200) == fp8_time_share(fp8) == pytest.approx(0.5 + 150 / 8192)
+
+
+def test_nvfp4_gemm_priced_from_its_bf16_twin():
+    p = Pricer.roofline()  # no learned model needed for the ratio
+    dev = get_device("B200")
+    bf16 = p.predict(OpSpec("matmul", (8192, 8192, 8192), "bf16"), dev)
+    sec, src = p.predict_with_source(OpSpec("matmul", (8192, 8192, 8192), "nvfp4", impl="nvfp4"), dev)
+    assert sec == pytest.approx(bf16 * (0.25 + 150 / 8192)) and "nvfp4 rule" in src
+
+
+def test_block_scale_bytes_from_te_block_sizes():
+    assert saved_input_bytes("none") == 2 and saved_input_bytes("delayed") == 1
+    assert saved_input_bytes("mxfp8") == 1 + 1 / 32 and saved_input_bytes("nvfp4") == 0.5 + 1 / 16
+    assert lowp_weight_bytes("delayed", shared_layout=False) == 2  # Hopper: fp8 copy + transpose
+    assert lowp_weight_bytes("tensorwise", shared_layout=True) == 1  # Blackwell: one layout serves both
+    assert lowp_weight_bytes("mxfp8", True) == lowp_weight_bytes("blockwise", True) == 2 * (1 + 1 / 32)
+    assert lowp_weight_bytes("nvfp4", True) == 2 * (0.5 + 1 / 256)
+
+
+def _estimate(cluster: str, dtype: str, **decisions):
+    model = load_model("llama-3.1-8b")
+    clus = load_cluster(cluster)
+    work = Workload(model, clus, 64, 4096, dtype)
+    lay = Layout(dp_replicate=clus.world_size, micro_batch=1, **decisions)
+    est = GpuEstimator(Pricer.roofline())
+    return est, work, lay, est.estimate(work, lay)
+
+
+def test_nvfp4_weight_copies_and_saved_inputs_in_memory():
+    est, work, lay, bf16 = _estimate("8xB200", "bf16")
+    _, _, _, fp4 = _estimate("8xB200", "nvfp4")
+    linear = decoder_params(est.tables(work.model), lay, 0)
+    assert fp4.memory.weights_bytes - bf16.memory.weights_bytes == pytest.approx(2 * (0.5 + 1 / 256) * linear,
+                                                                                  rel=1e-6)
+    assert fp4.memory.activations_bytes < bf16.memory.activations_bytes  # wgrad inputs kept at 0.5625 B, not 2
+
+
+def test_nvfp4_op_list_runs_every_decoder_gemm_in_nvfp4_with_bf16_rest():
+    model = load_model("llama-3.1-8b")
+    lay = Layout(dp_replicate=8, micro_batch=1)
+    ops = layer_ops(model, 0, lay, 4096, "nvfp4").compute
+    gemms = [o for o in ops if o.kind == "matmul"]
+    assert gemms and all(o.dtype == "nvfp4" and o.impl == "nvfp4" for o in gemms)
+    # per GEMM input: the amax pass (a copy of half its elements = one read) and the fused rowwise + RHT cast
+    casts = [o for o in ops if o.kind == "cast"]
+    assert len(casts) == len(gemms)
+    assert all(o.dtype == "bf16" for o in ops if o.kind in ("attention", "rmsnorm", "swiglu", "cast", "copy"))
+
+
+def test_dtype_nvfp4_selects_the_recipe_and_refuses_hopper():
+    assert fp8_recipe_choices("nvfp4", get_device("GB200")) == ("nvfp4",)
+    assert fp8_recipe_choices("fp8", get_device("GB200")) == ("tensorwise", "delayed", "blockwise", "mxfp8")
+    assert fp8_recipe_choices("fp8", get_device("H100")) == ("tensorwise", "delayed", "blockwise")
+    with pytest.raises(MeshplanError, match="H100-SXM does not support nvfp4"):
+        get_device("H100").peak("nvfp4")
+    with pytest.raises(MeshplanError, match="fp8=nvfp4 needs block-scaled nvfp4 tensor cores"):
+        _estimate("8xH100", "bf16", fp8="nvfp4")
+
+
+def test_cli_dtype_nvfp4_plans_and_megatron_exports_fp4(runner, tmp_path):
+    from meshplan.cli.main import app
+
+    out = tmp_path / "p.yaml"
+    res = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "8xB200", "--global-batch", "64",
+                              "--seq-len", "4096", "--dtype", "nvfp4", "--fix", "tp=1,pp=1,zero=1",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    exp = runner.invoke(app, ["export", str(out), "--to", "megatron"])
+    assert exp.exit_code == 0, exp.output
+    assert "--fp4-format e2m1 --fp4-recipe nvfp4" in " ".join(exp.output.split())
+    bad = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "8xH100", "--global-batch", "64",
+                              "--seq-len", "4096", "--dtype", "nvfp4", "--out", str(tmp_path / "q.yaml")])
+    assert bad.exit_code == 2 and "does not support nvfp4" in bad.output and "Traceback" not in bad.output
