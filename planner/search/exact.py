@@ -81,8 +81,11 @@ class _Fallback(Exception):
 class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
-    def __init__(self, work: Workload, estimate, top: int, progress):
+    def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
+        self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
+        self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
+        self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
         self.vkw = dict(world_size=work.cluster.world_size, num_layers=m.num_layers, num_heads=m.num_heads,
                         num_kv_heads=m.num_kv_heads, seq_len=work.seq_len, global_batch=work.global_batch,
@@ -178,7 +181,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     fallback = ""
     bound_evals = 0
     if prune:
-        rk = _Ranker(work, estimator.estimate, top, progress)
+        rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
+                     getattr(estimator, "pipeline_bound_s", None))
         try:
             bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
         except _Fallback as exc:
@@ -254,6 +258,19 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                     return s, est
         return None
 
+    def pipeline_bound(g, r: int) -> Optional[float]:
+        """The bound of recompute ``r`` of group ``g`` from the pipeline part alone (the estimator's
+        ``pipeline_bound_s``, the same floats as a priced member's ``pipeline_s + bubble_s``), no member priced in
+        full; ``None``: the estimator has none, or the member is invalid (``first_zero0`` then finds one)."""
+        if rk.pipeline_bound is None:
+            return None
+        lay = g.member(r, 0)
+        try:
+            lay.validate(**rk.vkw)
+            return rk.pipeline_bound(rk.work, lay) * (1 - _REL)
+        except (MeshplanError, ArithmeticError):
+            return None
+
     def bound(gi: int, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
         """Lower bound on every member of recompute ``r`` of group ``gi``: the per-micro-batch part (pipeline
         and bubble) of its first ZeRO-0 member ``rep``, from that member priced at the global batch and at twice
@@ -276,9 +293,14 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     for gi, g in enumerate(groups):
         rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
         for r in rs:
+            which = -1 if len(rs) == 1 and g.recomputes[r] == "none" else r
+            b = pipeline_bound(g, r)
+            if b is not None:
+                heap.append((b, gi, which, True))
+                continue
             rep = reps[gi, r] = first_zero0(gi, g, r)
             cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
-            heap.append((cheap, gi, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r, rep is None))
+            heap.append((cheap, gi, which, rep is None))
     heapq.heapify(heap)
     while heap:
         lb, gi, r, refined = heapq.heappop(heap)
@@ -298,6 +320,13 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                 if rr == r0:
                     heapq.heappush(heap, (lb, gi, rr, True))
                     continue
+                b = pipeline_bound(g, rr)
+                if b is not None:
+                    if b < lb * (1 - _REL):
+                        raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
+                                        f"recompute=none's {lb:.6g} s")
+                    heapq.heappush(heap, (b, gi, rr, True))
+                    continue
                 rep = reps[gi, rr] = first_zero0(gi, g, rr)
                 cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
                 # recomputation only adds to the recompute=none bound
@@ -309,26 +338,33 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
     """Price the members of recompute ``r`` of group ``gi``: per ZeRO stage from the most sharded down, stopping
-    at the first that does not fit (less sharding holds at least as much). A member whose recompute=none twin
-    was priced slower than the K-th best is skipped (recomputation only adds time)."""
-    r0 = g.recomputes.index("none") if "none" in g.recomputes and g.recomputes[r] != "none" else -1
+    at the first that does not fit (less sharding holds at least as much)."""
+    steps = None  # each member's step time alone, a fraction of a full pricing, once K layouts fit
+    if rk.step_times is not None and math.isfinite(rk.kth_time()):
+        try:
+            steps = rk.step_times(rk.work, g.member(r, 0), g.shards)
+        except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
+            steps = None
     by_zero: dict[int, list[int]] = {}
     for s, (z, d, _) in enumerate(g.shards):
         by_zero.setdefault(z, []).append(s)
     for z, ss in by_zero.items():
         prev = None
         for s in sorted(ss, key=lambda s: -g.shards[s][1]):
-            twin = rk.done.get((gi, r0, s)) if r0 >= 0 else None
-            if twin is not None and _r3(twin.step_time_s * (1 - _REL)) > rk.kth_time():
-                continue  # (the check below holds every priced pair to the same slack)
+            step = steps[s] if steps is not None and (gi, r, s) not in rk.done else None
+            if step is not None:
+                if step < lb:
+                    raise _Fallback(f"{describe(g.member(r, s))} priced {step:.6g} s, below its group's bound "
+                                    f"{lb:.6g} s")
+                if _r3(step) > rk.kth_time():
+                    rk.timed += 1  # its step time alone shows it cannot rank: never priced in full
+                    continue
             est = rk.price(gi, g, r, s)
             if est is None:
                 continue
             if est.step_time_s < lb:
                 raise _Fallback(f"{describe(g.member(r, s))} priced {est.step_time_s:.6g} s, below its group's "
                                 f"bound {lb:.6g} s")
-            if twin is not None and est.step_time_s < twin.step_time_s * (1 - _REL):
-                raise _Fallback(f"{describe(g.member(r, s))} priced faster than without recomputation")
             if prev is not None and est.memory.total_bytes < prev * (1 - _REL):
                 raise _Fallback(f"{describe(g.member(r, s))}: less sharding, less memory")
             prev = est.memory.total_bytes
