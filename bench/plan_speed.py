@@ -34,7 +34,15 @@ CASES = [  # name, model, cluster, global batch (sequences), seq len
 
 # Wall s (median of 3 fresh processes), layouts priced and peak RSS MiB on the commit before the speed-up
 # (8164e85, 2026-11-26, this 2-core host, quiet), same harness: the ratio column divides these by today's.
-BEFORE: dict[str, tuple[float, int, float]] = {}
+BEFORE: dict[str, tuple[float, int, float]] = {
+    "405b": (13.12, 5731, 109),
+    "dsv3-16k": (49.93, 23720, 167),
+    "dsv3-8k": (246.51, 280670, 413),
+    "kimi-k2": (235.97, 236025, 363),
+    "qwen3-30b": (97.78, 47586, 314),
+    "qwen3-235b": (31.31, 16275, 161),
+    "70b-128k": (27.53, 15916, 130),
+}
 
 
 def run_one(name: str, exhaustive: bool) -> dict:

@@ -437,7 +437,8 @@ class GpuEstimator:
                 shard_link = link(*shard_group)
                 gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
                 scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
-                rep = collective_time_s("allreduce", grad_bytes / shard, replicas, link(replicas, shard_group[1] * shard))
+                rep_link = link(replicas, shard_group[1] * shard)
+                rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 copy_s = copy_in_s = 0.0
                 if layout.fsdp_impl == "torch" and shard > 1:
                     # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient
@@ -514,7 +515,7 @@ class _SyncTerms(NamedTuple):
         last_bwd = stage_s * 2 / 3
         dp_exposed = hidden = fsdp_copies = 0.0
         for g in self.groups:
-            params, share, bucket = g[0], g[1], g[2]
+            params, bucket = g[0], g[2]
             if self.zero3:
                 out, comm_hidden, copies = self._zero3_exposed_s(g, compute_s, m)
                 rep = g[3]

@@ -5,24 +5,30 @@ The answer is the one pricing every candidate of ``planner.layout.space`` gives 
 percent of the space (``bench/plan_speed.py``, BENCHMARKS.md "Planner: search speed": DeepSeek-V3 on 16,384 H100,
 14,100 pricings of 656,472 candidates).
 
-The space comes as ``planner.layout.space.LayoutGroup`` s: candidates that share every decision but recomputation and the
-sharding of the data-parallel states (zero stage, dp_shard). The bounds rest on three facts about any step-time
-model, not on how the estimator prices a decision:
+The space comes as ``planner.layout.space.LayoutGroup`` s: candidates that share every decision but recomputation and
+the sharding of the data-parallel states (zero stage, dp_shard). The bounds rest on facts about any step-time model,
+not on how the estimator prices a decision:
 
 1. The per-micro-batch part of a step (pipeline: m x the slowest stage, plus the bubble) does not depend on how
    the data-parallel states are sharded: sharding adds communication and shrinks the optimizer step, both outside
-   it (ZeRO-3's per-micro-batch gathers add to it). ZeRO-0 (and DDP's one all-reduce per step) puts nothing
-   per micro-batch outside it, so pricing a group's first ZeRO-0 member at the global batch and at twice it gives
-   that part: step(2B) - step(B) = m x the stage time, plus ``bubble_s``. That bounds every member from below;
-   the member's compute + bubble is a first, free bound.
-2. Recomputation only adds work: a recompute variant's bound and step are at least recompute=none's.
+   it (ZeRO-3's per-micro-batch gathers add to it). It bounds every member of a recompute variant from below.
+   Where the estimator prices that part alone (the GPU estimator's ``pipeline_bound_s``) no member is priced for
+   it; else ZeRO-0 (and DDP's one all-reduce per step) puts nothing per micro-batch outside it, so pricing a
+   group's first ZeRO-0 member at the global batch and at twice it gives that part: step(2B) - step(B) = m x the
+   stage time, plus ``bubble_s``.
+2. Recomputation only adds to the per-micro-batch part, so recompute=none's bound holds a whole group until it
+   comes up. (Not to the step: more compute hides more of the gradient sync and ZeRO-3's gathers, so a recompute
+   variant may step faster than its recompute=none twin, and none is skipped for its twin's time.)
 3. More sharding never needs more memory: per zero stage, members are priced from the largest dp_shard down and
    the first that does not fit ends that stage.
 
 Groups are expanded in order of their bound; once a bound rounds (as ``_rank_key`` rounds) above the K-th best
-step found, nothing left can enter the top K and the search stops. Ties rank by the canonical enumeration order,
-as an exhaustive search would. Every pair the search does price is checked against the three facts (with the
-bounds' 1e-6 slack); a contradiction (an estimator change that breaks one) makes it price every candidate
+step found, nothing left can enter the top K and the search stops. Within an expanded variant, an estimator that
+gives step times alone (the GPU estimator's ``shard_step_times_s``: the same floats as ``estimate``, the pipeline
+part shared, each sharding's collectives priced once) tells the members that round above the K-th best before
+their memory is priced: they are never priced in full (``SearchResult.timed``). Ties rank by the canonical
+enumeration order, as an exhaustive search would. Every pair the search does price is checked against the facts
+(with the bounds' 1e-6 slack); a contradiction (an estimator change that breaks one) makes it price every candidate
 instead, and ``SearchResult.fallback`` says why. A contradiction only among pairs it never priced goes unseen:
 ``tests/test_search_pruning.py`` is the check that catches those.
 """
@@ -65,6 +71,7 @@ class SearchResult:
     pruned: bool = False
     bound_evals: int = 0
     fallback: str = ""  # why a pruned search fell back to pricing everything ("" = it did not)
+    timed: int = 0  # members whose step time alone showed they cannot rank (never priced in full)
 
 
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
@@ -211,7 +218,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     closest = rk.closest[1:] if rk.closest else None
     ranked = _time_balanced(work, estimator, fix, rk.ranked())
     return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
-                        pruned=prune, bound_evals=bound_evals, fallback=fallback)
+                        pruned=prune, bound_evals=bound_evals, fallback=fallback, timed=rk.timed)
 
 
 def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
