@@ -271,11 +271,11 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         full; ``None``: the estimator has none, or the member is invalid (``first_zero0`` then finds one)."""
         if rk.pipeline_bound is None:
             return None
-        lay = g.member(r, 0)
         try:
-            lay.validate(**rk.vkw)
-            return rk.pipeline_bound(rk.work, lay) * (1 - _REL)
-        except (MeshplanError, ArithmeticError):
+            # not validated first: the members share every field the pipeline part reads, so an invalid one
+            # bounds only members that are invalid too (pricing them says why)
+            return rk.pipeline_bound(rk.work, g.member(r, 0)) * (1 - _REL)
+        except Exception:  # a pipeline that cannot be priced: first_zero0 prices (and validates) a member instead
             return None
 
     def bound(gi: int, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
