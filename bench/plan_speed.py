@@ -33,7 +33,8 @@ CASES = [  # name, model, cluster, global batch (sequences), seq len
 ]
 
 # Wall s (median of 3 fresh processes), layouts priced and peak RSS MiB on the commit before the speed-up
-# (8164e85, 2026-11-26, this 2-core host, quiet), same harness: the ratio column divides these by today's.
+# (8164e85, 2026-11-26, this 2-core host at load average 19-26: other sessions' jobs; BENCHMARKS.md), same harness:
+# the ratio column divides these by today's, meaningful only under a like load.
 BEFORE: dict[str, tuple[float, int, float]] = {
     "405b": (13.12, 5731, 109),
     "dsv3-16k": (49.93, 23720, 167),

@@ -33,8 +33,11 @@ def test_pruned_search_equals_exhaustive(model, cluster, gb, seq, dtype, fix):
     work = Workload(load_model(model), load_cluster(cluster), gb, seq, dtype)
     est = estimator_for(work.cluster)
     full = search(work, fix, top=10, estimator=est, prune=False)
-    fast = search(work, fix, top=10, estimator=est, prune=True)
+    seen: list[int] = []
+    fast = search(work, fix, top=10, estimator=est, prune=True, progress=seen.append)
     assert fast.pruned and not fast.fallback, fast.fallback
+    # the progress line counts every layout looked at, priced or timed out of the ranking, and ends on the total
+    assert seen == sorted(seen) and seen[-1] == fast.evaluated + fast.timed
     assert not full.pruned
     assert fast.candidates == full.candidates
     assert fast.evaluated + fast.bound_evals < full.evaluated / 2, (fast.evaluated, fast.bound_evals, full.evaluated)

@@ -117,8 +117,7 @@ class _Ranker:
             self.done[key] = None
             return None
         self.evaluated += 1
-        if self.progress and self.evaluated % 512 == 0:
-            self.progress(self.evaluated)
+        self.tick()
         est = self.done[key] = self.estimate(self.work, layout)
         if not est.fits:
             miss = (est.memory.total_bytes - est.memory_limit_bytes, key)
@@ -133,6 +132,11 @@ class _Ranker:
         elif item[:4] > self.kept[0][:4]:
             heapq.heapreplace(self.kept, item)
         return est
+
+    def tick(self) -> None:
+        """Report progress every 512 layouts looked at (priced, or timed out of the ranking)."""
+        if self.progress and (self.evaluated + self.timed) % 512 == 0:
+            self.progress(self.evaluated + self.timed)
 
     def kth_time(self) -> float:
         """The rounded step time of the K-th best so far (inf until K fit): a bound above it ranks after it."""
@@ -152,7 +156,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
         work: Model, cluster, batch, sequence, dtype.
         fix: Pinned decisions (``planner.layout.space.Pins``, or a mapping of ``--fix`` keys).
         top: How many ranked layouts to keep.
-        progress: Called with the count of layouts evaluated so far.
+        progress: Called with the count of layouts looked at so far (priced, or shown by their step time alone
+            not to rank).
         estimator: What prices a layout (``planner.estimate.select.estimator_for``; ``None``: the cluster's, with the
             shipped cost model and neutral host terms).
         max_layouts: Refuse, before enumerating, a space that could hold more candidates
@@ -202,7 +207,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
                 for s in range(len(g.shards)):
                     rk.price(gi, g, r, s)
     if progress:
-        progress(rk.evaluated)
+        progress(rk.evaluated + rk.timed)
     wall = time.perf_counter() - t0
     if rk.evaluated == 0:
         why = rk.invalid[0] if rk.invalid else explain_empty(model, cluster.world_size, work.global_batch,
@@ -365,6 +370,7 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
                                     f"{lb:.6g} s")
                 if _r3(step) > rk.kth_time():
                     rk.timed += 1  # its step time alone shows it cannot rank: never priced in full
+                    rk.tick()
                     continue
             est = rk.price(gi, g, r, s)
             if est is None:
