@@ -95,7 +95,9 @@ def plan(
     if json_out:
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
-                    "plans": outcome.rows, **({"explain": outcome.plan.explain} if explain else {})})
+                    "plans": outcome.rows, **({"explain": outcome.plan.explain} if explain else {}),
+                    # the search's figures: layouts in the space, priced in full, pruned (a solver's answer: null)
+                    **{k: outcome.counts.get(k) for k in ("layouts_in_space", "layouts_priced", "layouts_pruned")}})
         return
     table = Table(title=outcome.title)
     cols = ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB")

@@ -46,6 +46,25 @@ def test_fix_all_evaluates_one(runner, tmp_path):
     r = rows[0]
     assert (r["dp"], r["tp"], r["pp"], r["vpp"], r["zero"], r["recompute"], r["sp"]) == \
         (2, 4, 2, 2, 1, "selective", True)
+    out = json.loads(res.stdout)  # every decision pinned: a space of one layout, priced
+    assert (out["layouts_in_space"], out["layouts_priced"], out["layouts_pruned"]) == (1, 1, 0)
+
+
+def test_json_counts_the_space(runner, tmp_path):
+    """``--json`` says how many layouts the space holds (the enumeration's own count), how many were priced in
+    full and how many pruned; the two add up to the space."""
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.layout.space import Pins, enumerate_layouts
+    from meshplan.planner.model.config import load_model
+
+    res = _plan(runner, tmp_path, "--model", "qwen3-30b-a3b", "--cluster", "4x8xH100", "--global-batch", "64",
+                "--seq-len", "4096", "--fix", "tp=2,pp=4", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    space = sum(1 for _ in enumerate_layouts(load_model("qwen3-30b-a3b"), load_cluster("4x8xH100").world_size, 8,
+                                             64, 4096, Pins(tp=2, pp=4)))
+    assert out["layouts_in_space"] == space > 2000  # large enough that the search prunes
+    assert out["layouts_priced"] + out["layouts_pruned"] == space and 0 < out["layouts_priced"] < space / 2
 
 
 def test_pinning_a_slower_choice_never_beats_the_free_search(runner, tmp_path):

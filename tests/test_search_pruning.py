@@ -20,6 +20,11 @@ CASES = [  # model, cluster, global batch, seq, dtype, pins
     ("mixtral-8x7b", "4x8xH100", 32, 4096, "bf16", {"pp": 1, "cp": 1}),
     ("qwen3-30b-a3b", "4x8xH100", 32, 4096, "fp8", {"tp": 2, "pp": 4, "cp": 1, "mbs": 1}),
     ("llama-3.1-70b", "3x8xH100", 48, 4096, "bf16", {"pp": 3}),
+    # MoE over 16 nodes with ZeRO-3 gathers that compute hides: here recomputation makes some steps shorter (more
+    # compute to hide the gathers behind), which the bounds must not assume away
+    ("qwen3-30b-a3b", "16x8xH100", 128, 4096, "bf16", {"tp": 1, "pp": 1, "cp": 1, "mbs": 1}),
+    # MoE and dense layers over an uneven pipeline (pp=3 over 32 layers: 11+11+10 by Megatron's split)
+    ("mixtral-8x7b", "3x8xH100", 48, 4096, "bf16", {"pp": 3, "cp": 1, "tp": 2}),
 ]
 
 
@@ -28,8 +33,11 @@ def test_pruned_search_equals_exhaustive(model, cluster, gb, seq, dtype, fix):
     work = Workload(load_model(model), load_cluster(cluster), gb, seq, dtype)
     est = estimator_for(work.cluster)
     full = search(work, fix, top=10, estimator=est, prune=False)
-    fast = search(work, fix, top=10, estimator=est, prune=True)
+    seen: list[int] = []
+    fast = search(work, fix, top=10, estimator=est, prune=True, progress=seen.append)
     assert fast.pruned and not fast.fallback, fast.fallback
+    # the progress line counts every layout looked at, priced or timed out of the ranking, and ends on the total
+    assert seen == sorted(seen) and seen[-1] == fast.evaluated + fast.timed
     assert not full.pruned
     assert fast.candidates == full.candidates
     assert fast.evaluated + fast.bound_evals < full.evaluated / 2, (fast.evaluated, fast.bound_evals, full.evaluated)
@@ -79,3 +87,34 @@ def test_a_broken_assumption_falls_back_to_pricing_everything():
     full = search(work, {}, top=5, estimator=est, prune=False)
     assert not fast.pruned and "recompute" in fast.fallback
     assert [(lay, e.step_time_s) for lay, e in fast.ranked] == [(lay, e.step_time_s) for lay, e in full.ranked]
+
+
+@pytest.mark.parametrize("model,cluster,gb,seq,dtype,fix", [CASES[3], CASES[5], CASES[6]],
+                         ids=["qwen3-fp8-pp4", "qwen3-zero3-16-nodes", "mixtral-uneven-pp3"])
+def test_step_times_by_parts_are_the_estimates(model, cluster, gb, seq, dtype, fix):
+    """What the search reads before pricing a layout in full, the pipeline part + bubble of a group
+    (``pipeline_bound_s``) and each member's step time alone (``shard_step_times_s``), are the very floats the full
+    estimate of every member gives."""
+    from meshplan.core.errors import MeshplanError
+    from meshplan.planner.layout.space import Pins, enumerate_groups, fp8_recipe_choices
+
+    work = Workload(load_model(model), load_cluster(cluster), gb, seq, dtype)
+    est = estimator_for(work.cluster)
+    checked = 0
+    for g in enumerate_groups(work.model, work.cluster.world_size, 8, gb, seq, Pins(**fix),
+                              fp8_recipe_choices(dtype, work.cluster.device)):
+        for r in range(len(g.recomputes)):
+            try:
+                g.member(r, 0).validate(world_size=work.cluster.world_size, num_layers=work.model.num_layers,
+                                        num_heads=work.model.num_heads, num_kv_heads=work.model.num_kv_heads,
+                                        seq_len=seq, global_batch=gb, num_experts=work.model.num_experts)
+            except MeshplanError:
+                continue
+            steps = est.shard_step_times_s(work, g.member(r, 0), g.shards)
+            for s in range(len(g.shards)):
+                full = est.estimate(work, g.member(r, s))
+                assert steps[s] == full.step_time_s
+                assert est.pipeline_bound_s(work, g.member(r, s)) == full.pipeline_s + full.bubble_s
+                checked += 1
+    assert checked > 500
+

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import replace
+from typing import NamedTuple, Optional
 
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
@@ -114,6 +115,8 @@ class GpuEstimator:
         self._link_cluster, self._link_memo = None, {}
         self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
+        self._scope: tuple = (None, None, None, None, {}, {})  # (cluster, tables, seq, dtype, pipes, syncs)
+        self._scopes: dict[tuple, tuple[dict, dict]] = {}
 
     # ---- operators
     def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
@@ -293,19 +296,90 @@ class GpuEstimator:
     # ---- the estimate
     def estimate(self, work: Workload, layout: Layout) -> Estimate:
         """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
-        model, cluster = work.model, work.cluster
+        step, compute, pipeline, exposed, bubble, optimizer, m = self._step_parts(work, layout)
+        return finish_estimate(work, self.tables(work.model), layout, m, step=step, compute_s=compute,
+                               pipeline_s=pipeline, exposed_comm_s=exposed, bubble_s=bubble, other_s=optimizer)
+
+    def step_time_s(self, work: Workload, layout: Layout) -> float:
+        """The step time ``estimate`` predicts, the same float, without the memory and the rates: what a search
+        needs to tell a layout that cannot rank before it prices the rest."""
+        return self._step_parts(work, layout)[0]
+
+    def shard_step_times_s(self, work: Workload, layout: Layout, shards: tuple) -> list[float]:
+        """The step times ``estimate`` predicts (the same floats) for ``layout`` with each ``(zero_stage, dp_shard,
+        dp_replicate)`` of ``shards`` (one data-parallel degree), without memory and rates: the pipeline part is
+        priced once for all of them, each sharding's collectives once per estimator (``_sync_terms``)."""
+        tb, m, pipe = self._pipeline_of(work, layout)
+        slow = pipe[0]
+        items = [(k, v) for k, v in layout.__dict__.items() if k not in _SYNC_FREE]
+        vals = [v for _, v in items]
+        at = [next(i for i, (k, _) in enumerate(items) if k == f) for f in ("zero_stage", "dp_shard", "dp_replicate")]
+        syncs = self._scoped(work, tb)[1]
+        out = []
+        for shard in shards:
+            for i, v in zip(at, shard):
+                vals[i] = v
+            key = (slow, tuple(vals))
+            terms = syncs.get(key)
+            if terms is None:
+                z, d, rep = shard
+                member = replace(layout, zero_stage=z, dp_shard=d, dp_replicate=rep)
+                terms = syncs[key] = self._price_sync_terms(work, member, tb, slow)
+            out.append(_step_of(pipe, terms, m)[0])
+        return out
+
+    def pipeline_bound_s(self, work: Workload, layout: Layout) -> float:
+        """``Estimate.pipeline_s + bubble_s`` of ``layout`` (the same floats), from the pipeline part alone: the part
+        of the step no sharding of the data-parallel states changes, a search's lower bound for all of them."""
+        _, m, pipe = self._pipeline_of(work, layout)
+        _, _, _, t_max, bubble, straggle = pipe
+        return m * t_max + straggle + bubble
+
+    def _step_parts(self, work: Workload, layout: Layout) -> tuple:
+        """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) of ``layout``, seconds."""
+        tb, m, pipe = self._pipeline_of(work, layout)
+        return _step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
+
+    def _scoped(self, work: Workload, tb) -> tuple[dict, dict]:
+        """(pipeline parts, sync terms) cached for ``work``'s cluster, model, sequence and dtype: keys without
+        them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
+        sc = self._scope
+        if sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype:
+            return sc[4], sc[5]
+        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype), ({}, {}))
+        self._scope = (work.cluster, tb, work.seq_len, work.dtype, *caches)
+        return caches
+
+    def _pipeline_of(self, work: Workload, layout: Layout) -> tuple:
+        """(model tables, micro-batches, ``_pipeline_part``) of ``layout``, cached."""
+        cluster = work.cluster
         dev = cluster.device
         m = layout.num_microbatches(work.global_batch)
-        pp, vpp = layout.pp, layout.vpp
-        link = self._links_of(cluster)
-        pp_link = link(*layout.pp_neighbours)
         if layout.fp8 in ("mxfp8", "nvfp4") and not dev.supports(layout.fp8):
             raise MeshplanError(f"fp8={layout.fp8} needs block-scaled {layout.fp8} tensor cores (Blackwell); "
                                 f"{dev.name} has none (use tensorwise, delayed or blockwise)")
-        tb = self.tables(model)
+        tb = self.tables(work.model)
         # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
         # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
-        sig = (tb, cluster, work.seq_len, work.dtype, time_signature(layout))
+        sig = time_signature(layout)
+        # the pipeline part does not depend on how the data-parallel states are sharded (dp_shard x dp_replicate
+        # = dp is in the key): the members of a search's group share it
+        pkey = (sig, layout.pp, layout.vpp, layout.pp_layout, layout.recompute, layout.pp_runs,
+                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m)
+        pipes = self._scoped(work, tb)[0]
+        pipe = pipes.get(pkey)
+        if pipe is None:
+            pipe = pipes[pkey] = self._pipeline_part(work, layout, tb, sig, m)
+        return tb, m, pipe
+
+    def _pipeline_part(self, work: Workload, layout: Layout, tb, sig: tuple, m: int) -> tuple:
+        """(slowest stage, its compute and exposed comm per micro-batch, the slowest per-micro-batch time, the
+        bubble, the straggler's share of the pipeline), seconds."""
+        model, cluster = work.model, work.cluster
+        dev = cluster.device
+        pp, vpp = layout.pp, layout.vpp
+        pp_link = self._links_of(cluster)(*layout.pp_neighbours)
+        sig = (tb, cluster, work.seq_len, work.dtype, sig)
         per_mb = self._per_mb.get(sig)
         if per_mb is None:
             key = time_key(layout)
@@ -327,100 +401,161 @@ class GpuEstimator:
         t_max = per_mb[slow]
         # each schedule run fills and drains the pipeline (layout.pp_runs: AutoModel's gradient accumulation)
         bubble = layout.pp_runs * bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
-        compute = m * stage_compute[slow]
-        comm_exposed = m * stage_comm[slow]
-
-        dp_exposed, fsdp_copies = self._grad_sync_s(work, layout, tb, slow, stage_compute[slow] + stage_comm[slow],
-                                                     stage_compute[slow], m)
-
-        dense, expert = stage_params(tb, layout, slow)
-        z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
-        opt_numel = (dense / (layout.shard_group.size if z1 else 1)
-                     + expert / (layout.expert_shard_group.size if z1 else 1))
-        optimizer = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev) + fsdp_copies
-        if lowp_recipe(layout.fp8, work.dtype) != "none":
-            # the fp8 / NVFP4 copies of the stage's linear weights (and their transposes), cast once per step: TE
-            # caches them across the micro-batches of a step (``is_first_microbatch``)
-            linear = decoder_params(tb, layout, slow)
-            optimizer += 2 * self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
-
-        # the slowest of the job's ranks sets the pace of every synchronous step
         straggle = m * t_max * straggler_slowdown(layout.world_size)
-        compute += straggle
-        step = m * t_max + straggle + bubble + dp_exposed + optimizer
-        return finish_estimate(work, tb, layout, m, step=step, compute_s=compute, pipeline_s=m * t_max + straggle,
-                               exposed_comm_s=comm_exposed + dp_exposed, bubble_s=bubble, other_s=optimizer)
+        return slow, stage_compute[slow], stage_comm[slow], t_max, bubble, straggle
 
-    def _grad_sync_s(self, work: Workload, layout: Layout, tb, slow: int, stage_s: float, compute_s: float,
-                     m: int) -> tuple[float, float]:
-        """(exposed gradient-sync seconds per step, FSDP2's copy passes) of pipeline stage ``slow``, whose
-        per-micro-batch time is ``stage_s`` (``compute_s`` of it compute).
+    def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
+        """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
+        overlap is known: every collective priced once, cached on the fields they read (``_SYNC_FREE`` are not)."""
+        syncs = self._scoped(work, tb)[1]
+        key = (slow, tuple(v for k, v in layout.__dict__.items() if k not in _SYNC_FREE))
+        hit = syncs.get(key)
+        if hit is None:
+            hit = syncs[key] = self._price_sync_terms(work, layout, tb, slow)
+        return hit
 
-        Dense parameters sync over the data-parallel (x context-parallel) group, routed experts over the
-        expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel folding).
-        """
-        link = self._links_of(work.cluster)
+    def _price_sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
+        """``_sync_terms`` uncached. Dense parameters sync over the data-parallel (x context-parallel) group, routed
+        experts over the expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel
+        folding)."""
+        dev, link = work.cluster.device, self._links_of(work.cluster)
         dense, expert = stage_params(tb, layout, slow)
         groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
         if expert:
             eshard = layout.expert_shard_group
             groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
                            max(1, layout.expert_dp // eshard.size)))
-        last_bwd = stage_s * 2 / 3
         grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
         grad_total = (dense + expert) * grad_b
-        dp_exposed = hidden = fsdp_copies = 0.0
+        zero3 = layout.zero_stage == 3
+        out = []
         for params, grad_group, shard_group, replicas in groups:
             grad_bytes = params * grad_b
             bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
             share = params / (dense + expert)
-            if layout.zero_stage == 3:
-                out, comm_hidden, copies = self._zero3_sync_s(work, layout, params, grad_b, shard_group, compute_s,
-                                                              m, share)
+            if zero3:
                 shard = shard_group[0]
-                fsdp_copies += copies
+                shard_link = link(*shard_group)
+                gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
+                scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
                 rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
-                rep_out = max(rep * bucket, rep - last_bwd * params / (dense + expert))
+                copy_s = copy_in_s = 0.0
+                if layout.fsdp_impl == "torch" and shard > 1:
+                    # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient
+                    # into the reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes (a
+                    # bf16 gradient copied into an fp32 reduce buffer is the 2 -> 4 B conversion the "cast" op
+                    # measures, collect.py's fp32 <-> bf16 kernel)
+                    param_dtype = "fp32" if work.dtype == "fp32" else "bf16"
+                    grad_dtype = "fp32" if grad_b == 4 else "bf16"
+                    copy_in = "cast" if grad_dtype != param_dtype else "copy"
+                    copy_s = self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
+                    copy_in_s = self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev)
+                out.append((params, share, bucket, rep, gather, scatter, copy_s, copy_in_s, shard > 1))
+            else:
+                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
+                out.append((params, share, bucket, sync))
+        z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
+        opt_numel = (dense / (layout.shard_group.size if z1 else 1)
+                     + expert / (layout.expert_shard_group.size if z1 else 1))
+        optimizer_s = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
+        cast_s = None
+        if lowp_recipe(layout.fp8, work.dtype) != "none":
+            # the fp8 / NVFP4 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
+            # them across the micro-batches of a step (``is_first_microbatch``)
+            linear = decoder_params(tb, layout, slow)
+            cast_s = self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
+        return _SyncTerms(tuple(out), dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
+                          layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s)
+
+
+def _step_of(pipe: tuple, terms: "_SyncTerms", m: int) -> tuple:
+    """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) from a layout's pipeline part
+    (``GpuEstimator._pipeline_part``) and its sync terms, seconds."""
+    slow, stage_c, stage_q, t_max, bubble, straggle = pipe
+    compute = m * stage_c
+    comm_exposed = m * stage_q
+    dp_exposed, fsdp_copies = terms.exposed_s(stage_c + stage_q, stage_c, m)
+    optimizer = terms.other_s(fsdp_copies)
+    # the slowest of the job's ranks sets the pace of every synchronous step
+    compute += straggle
+    step = m * t_max + straggle + bubble + dp_exposed + optimizer
+    return step, compute, m * t_max + straggle, comm_exposed + dp_exposed, bubble, optimizer, m
+
+
+class _SyncTerms(NamedTuple):
+    """One stage's gradient sync and optimizer step priced apart from the compute they overlap (seconds): per
+    parameter group (dense; routed experts) ``(params, share, bucket, all-reduce)``, under ZeRO-3
+    ``(params, share, bucket, replica all-reduce, gather, reduce-scatter, FSDP2 copy, copy-in, sharded)``."""
+
+    groups: tuple
+    params: float  # dense + expert parameters of the stage
+    zero3: bool
+    pp: int
+    vpp: int
+    pp_runs: int
+    torch_fsdp: bool
+    sm_share: float
+    optimizer_s: float
+    cast_s: Optional[float]  # the fp8 weight casts (None: no fp8)
+
+    def other_s(self, fsdp_copies: float) -> float:
+        """The step's time beside the pipeline and the sync: the optimizer, FSDP2's copies, the fp8 casts."""
+        optimizer = self.optimizer_s + fsdp_copies
+        if self.cast_s is not None:
+            optimizer += 2 * self.cast_s
+        return optimizer
+
+    def exposed_s(self, stage_s: float, compute_s: float, m: int) -> tuple[float, float]:
+        """(exposed gradient-sync seconds per step, FSDP2's copy passes) of a stage whose per-micro-batch time is
+        ``stage_s`` (``compute_s`` of it compute), with ``m`` micro-batches.
+
+        The sync (ring all-reduce, or ZeRO's reduce-scatter + all-gather) overlaps the last micro-batch's backward
+        but for its last bucket. ZeRO-3 gathers per micro-batch, prefetched under the compute
+        (``_zero3_exposed_s``), and all-reduces over the replicas of a shard."""
+        last_bwd = stage_s * 2 / 3
+        dp_exposed = hidden = fsdp_copies = 0.0
+        for g in self.groups:
+            params, bucket = g[0], g[2]
+            if self.zero3:
+                out, comm_hidden, copies = self._zero3_exposed_s(g, compute_s, m)
+                rep = g[3]
+                fsdp_copies += copies
+                rep_out = max(rep * bucket, rep - last_bwd * params / self.params)
                 dp_exposed += out + rep_out
                 hidden += comm_hidden + rep - rep_out
             else:
-                sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
-                out = max(sync * bucket, sync - last_bwd * params / (dense + expert))
+                sync = g[3]
+                out = max(sync * bucket, sync - last_bwd * params / self.params)
                 dp_exposed += out
                 hidden += sync - out
         # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
-        return dp_exposed + hidden * comm_sm_share(work.cluster.device), fsdp_copies
+        return dp_exposed + hidden * self.sm_share, fsdp_copies
 
-    def _zero3_sync_s(self, work: Workload, layout: Layout, params: float, grad_b: int, shard_group, compute_s: float,
-                      m: int, share: float) -> tuple[float, float, float]:
-        """ZeRO-3 / FSDP of ``params`` (``share`` of the stage's): (exposed gathers and reduce-scatters, the
-        hidden part, FSDP2's copy passes), seconds per step."""
-        dev, link = work.cluster.device, self._links_of(work.cluster)
-        shard = shard_group[0]
-        shard_link = link(*shard_group)
-        gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
-        scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
-        if layout.pp > 1:
+    def _zero3_exposed_s(self, g: tuple, compute_s: float, m: int) -> tuple[float, float, float]:
+        """ZeRO-3 / FSDP of one parameter group: (exposed gathers and reduce-scatters, the hidden part, FSDP2's copy
+        passes), seconds per step."""
+        share, gather, scatter = g[1], g[4], g[5]
+        if self.pp > 1:
             # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
             # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
             # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
             # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
             # run's compute, the last chunk's reduce-scatter ends the run
-            runs, comm = layout.pp_runs, gather + scatter
-            out = runs * (max(0.0, gather - compute_s * m / runs * share) + scatter / layout.vpp)
+            runs, comm = self.pp_runs, gather + scatter
+            out = runs * (max(0.0, gather - compute_s * m / runs * share) + scatter / self.vpp)
         else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
             runs, comm = m, 2 * gather + scatter
             out = runs * max(0.0, comm - compute_s * share)
         copies = 0.0
-        if layout.fsdp_impl == "torch" and shard > 1:
-            # FSDP2 copies each gather out of its buffer into the unsharded parameters and each gradient into the
-            # reduce-scatter buffer, on the compute stream (Layout.fsdp): memory-bound passes (a bf16 gradient
-            # copied into an fp32 reduce buffer is the 2 -> 4 B conversion the "cast" op measures, collect.py's
-            # fp32 <-> bf16 kernel)
-            param_dtype, grad_dtype = ("fp32" if work.dtype == "fp32" else "bf16"), ("fp32" if grad_b == 4 else "bf16")
-            gathers = runs * (1 if layout.pp > 1 else 2)
-            copy_in = "cast" if grad_dtype != param_dtype else "copy"
-            copies = (gathers * self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
-                      + runs * self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev))
+        if self.torch_fsdp and g[8]:
+            gathers = runs * (1 if self.pp > 1 else 2)
+            copies = gathers * g[6] + runs * g[7]
         return out, runs * comm - out, copies
+
+
+# Layout fields the gradient sync and the optimizer step never read (``GpuEstimator._sync_terms``' cache key is
+# every other field): what one micro-batch runs and how the pipeline schedules it.
+_SYNC_FREE = frozenset({"recompute", "micro_batch", "sequence_parallel", "attention", "pipeline_schedule", "cp_kind",
+                        "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap",
+                        "shared_overlap"})

@@ -286,7 +286,12 @@ class LayoutGroup:
     def member(self, r: int, s: int) -> Layout:
         """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
         z, d, rep = self.shards[s]
-        return replace(self.base, recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
+        # ``dataclasses.replace`` without its per-field ``__init__`` (a search builds 10^5 members): ``Layout`` is a
+        # frozen dataclass of plain fields with no ``__post_init__``, so the copy is the same value
+        out = object.__new__(Layout)
+        out.__dict__.update(self.base.__dict__)
+        out.__dict__.update(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
+        return out
 
     def layouts(self) -> Iterator[Layout]:
         for r in range(len(self.recomputes)):

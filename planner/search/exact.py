@@ -5,24 +5,30 @@ The answer is the one pricing every candidate of ``planner.layout.space`` gives 
 percent of the space (``bench/plan_speed.py``, BENCHMARKS.md "Planner: search speed": DeepSeek-V3 on 16,384 H100,
 14,100 pricings of 656,472 candidates).
 
-The space comes as ``planner.layout.space.LayoutGroup`` s: candidates that share every decision but recomputation and the
-sharding of the data-parallel states (zero stage, dp_shard). The bounds rest on three facts about any step-time
-model, not on how the estimator prices a decision:
+The space comes as ``planner.layout.space.LayoutGroup`` s: candidates that share every decision but recomputation and
+the sharding of the data-parallel states (zero stage, dp_shard). The bounds rest on facts about any step-time model,
+not on how the estimator prices a decision:
 
 1. The per-micro-batch part of a step (pipeline: m x the slowest stage, plus the bubble) does not depend on how
    the data-parallel states are sharded: sharding adds communication and shrinks the optimizer step, both outside
-   it (ZeRO-3's per-micro-batch gathers add to it). ZeRO-0 (and DDP's one all-reduce per step) puts nothing
-   per micro-batch outside it, so pricing a group's first ZeRO-0 member at the global batch and at twice it gives
-   that part: step(2B) - step(B) = m x the stage time, plus ``bubble_s``. That bounds every member from below;
-   the member's compute + bubble is a first, free bound.
-2. Recomputation only adds work: a recompute variant's bound and step are at least recompute=none's.
+   it (ZeRO-3's per-micro-batch gathers add to it). It bounds every member of a recompute variant from below.
+   Where the estimator prices that part alone (the GPU estimator's ``pipeline_bound_s``) no member is priced for
+   it; else ZeRO-0 (and DDP's one all-reduce per step) puts nothing per micro-batch outside it, so pricing a
+   group's first ZeRO-0 member at the global batch and at twice it gives that part: step(2B) - step(B) = m x the
+   stage time, plus ``bubble_s``.
+2. Recomputation only adds to the per-micro-batch part, so recompute=none's bound holds a whole group until it
+   comes up. (Not to the step: more compute hides more of the gradient sync and ZeRO-3's gathers, so a recompute
+   variant may step faster than its recompute=none twin, and none is skipped for its twin's time.)
 3. More sharding never needs more memory: per zero stage, members are priced from the largest dp_shard down and
    the first that does not fit ends that stage.
 
 Groups are expanded in order of their bound; once a bound rounds (as ``_rank_key`` rounds) above the K-th best
-step found, nothing left can enter the top K and the search stops. Ties rank by the canonical enumeration order,
-as an exhaustive search would. Every pair the search does price is checked against the three facts (with the
-bounds' 1e-6 slack); a contradiction (an estimator change that breaks one) makes it price every candidate
+step found, nothing left can enter the top K and the search stops. Within an expanded variant, an estimator that
+gives step times alone (the GPU estimator's ``shard_step_times_s``: the same floats as ``estimate``, the pipeline
+part shared, each sharding's collectives priced once) tells the members that round above the K-th best before
+their memory is priced: they are never priced in full (``SearchResult.timed``). Ties rank by the canonical
+enumeration order, as an exhaustive search would. Every pair the search does price is checked against the facts
+(with the bounds' 1e-6 slack); a contradiction (an estimator change that breaks one) makes it price every candidate
 instead, and ``SearchResult.fallback`` says why. A contradiction only among pairs it never priced goes unseen:
 ``tests/test_search_pruning.py`` is the check that catches those.
 """
@@ -75,6 +81,7 @@ class SearchResult:
     bound_evals: int = 0
     fallback: str = ""  # why a pruned search fell back to pricing everything ("" = it did not)
     priced: list[Priced] = field(default_factory=list)  # every layout priced, in pricing order (a report's scatter)
+    timed: int = 0  # members whose step time alone showed they cannot rank (never priced in full)
 
 
 
@@ -92,8 +99,11 @@ class _Fallback(Exception):
 class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
-    def __init__(self, work: Workload, estimate, top: int, progress):
+    def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
+        self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
+        self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
+        self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
         self.vkw = dict(world_size=work.cluster.world_size, num_layers=m.num_layers, num_heads=m.num_heads,
                         num_kv_heads=m.num_kv_heads, seq_len=work.seq_len, global_batch=work.global_batch,
@@ -119,8 +129,7 @@ class _Ranker:
             self.done[key] = None
             return None
         self.evaluated += 1
-        if self.progress and self.evaluated % 512 == 0:
-            self.progress(self.evaluated)
+        self.tick()
         est = self.done[key] = self.estimate(self.work, layout)
         self.priced.append(Priced(layout, est.step_time_s, est.memory.total_bytes, est.fits))
         if not est.fits:
@@ -136,6 +145,11 @@ class _Ranker:
         elif item[:4] > self.kept[0][:4]:
             heapq.heapreplace(self.kept, item)
         return est
+
+    def tick(self) -> None:
+        """Report progress every 512 layouts looked at (priced, or timed out of the ranking)."""
+        if self.progress and (self.evaluated + self.timed) % 512 == 0:
+            self.progress(self.evaluated + self.timed)
 
     def kth_time(self) -> float:
         """The rounded step time of the K-th best so far (inf until K fit): a bound above it ranks after it."""
@@ -155,7 +169,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
         work: Model, cluster, batch, sequence, dtype.
         fix: Pinned decisions (``planner.layout.space.Pins``, or a mapping of ``--fix`` keys).
         top: How many ranked layouts to keep.
-        progress: Called with the count of layouts evaluated so far.
+        progress: Called with the count of layouts looked at so far (priced, or shown by their step time alone
+            not to rank).
         estimator: What prices a layout (``planner.estimate.select.estimator_for``; ``None``: the cluster's, with the
             shipped cost model and neutral host terms).
         max_layouts: Refuse, before enumerating, a space that could hold more candidates
@@ -191,7 +206,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     fallback = ""
     bound_evals = 0
     if prune:
-        rk = _Ranker(work, estimator.estimate, top, progress)
+        rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
+                     getattr(estimator, "pipeline_bound_s", None))
         try:
             bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
         except _Fallback as exc:
@@ -204,7 +220,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
                 for s in range(len(g.shards)):
                     rk.price(gi, g, r, s)
     if progress:
-        progress(rk.evaluated)
+        progress(rk.evaluated + rk.timed)
     wall = time.perf_counter() - t0
     if rk.evaluated == 0:
         why = rk.invalid[0] if rk.invalid else explain_empty(model, cluster.world_size, work.global_batch,
@@ -222,7 +238,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
     extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
     return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
-                        pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra)
+                        pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra,
+                        timed=rk.timed)
 
 
 def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
@@ -269,6 +286,19 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                     return s, est
         return None
 
+    def pipeline_bound(g, r: int) -> Optional[float]:
+        """The bound of recompute ``r`` of group ``g`` from the pipeline part alone (the estimator's
+        ``pipeline_bound_s``, the same floats as a priced member's ``pipeline_s + bubble_s``), no member priced in
+        full; ``None``: the estimator has none, or the member is invalid (``first_zero0`` then finds one)."""
+        if rk.pipeline_bound is None:
+            return None
+        try:
+            # not validated first: the members share every field the pipeline part reads, so an invalid one
+            # bounds only members that are invalid too (pricing them says why)
+            return rk.pipeline_bound(rk.work, g.member(r, 0)) * (1 - _REL)
+        except Exception:  # a pipeline that cannot be priced: first_zero0 prices (and validates) a member instead
+            return None
+
     def bound(gi: int, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
         """Lower bound on every member of recompute ``r`` of group ``gi``: the per-micro-batch part (pipeline
         and bubble) of its first ZeRO-0 member ``rep``, from that member priced at the global batch and at twice
@@ -291,9 +321,14 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     for gi, g in enumerate(groups):
         rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
         for r in rs:
+            which = -1 if len(rs) == 1 and g.recomputes[r] == "none" else r
+            b = pipeline_bound(g, r)
+            if b is not None:
+                heap.append((b, gi, which, True))
+                continue
             rep = reps[gi, r] = first_zero0(gi, g, r)
             cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
-            heap.append((cheap, gi, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r, rep is None))
+            heap.append((cheap, gi, which, rep is None))
     heapq.heapify(heap)
     while heap:
         lb, gi, r, refined = heapq.heappop(heap)
@@ -313,6 +348,13 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                 if rr == r0:
                     heapq.heappush(heap, (lb, gi, rr, True))
                     continue
+                b = pipeline_bound(g, rr)
+                if b is not None:
+                    if b < lb * (1 - _REL):
+                        raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
+                                        f"recompute=none's {lb:.6g} s")
+                    heapq.heappush(heap, (b, gi, rr, True))
+                    continue
                 rep = reps[gi, rr] = first_zero0(gi, g, rr)
                 cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
                 # recomputation only adds to the recompute=none bound
@@ -324,26 +366,34 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
     """Price the members of recompute ``r`` of group ``gi``: per ZeRO stage from the most sharded down, stopping
-    at the first that does not fit (less sharding holds at least as much). A member whose recompute=none twin
-    was priced slower than the K-th best is skipped (recomputation only adds time)."""
-    r0 = g.recomputes.index("none") if "none" in g.recomputes and g.recomputes[r] != "none" else -1
+    at the first that does not fit (less sharding holds at least as much)."""
+    steps = None  # each member's step time alone, a fraction of a full pricing, once K layouts fit
+    if rk.step_times is not None and math.isfinite(rk.kth_time()):
+        try:
+            steps = rk.step_times(rk.work, g.member(r, 0), g.shards)
+        except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
+            steps = None
     by_zero: dict[int, list[int]] = {}
     for s, (z, d, _) in enumerate(g.shards):
         by_zero.setdefault(z, []).append(s)
     for z, ss in by_zero.items():
         prev = None
         for s in sorted(ss, key=lambda s: -g.shards[s][1]):
-            twin = rk.done.get((gi, r0, s)) if r0 >= 0 else None
-            if twin is not None and _r3(twin.step_time_s * (1 - _REL)) > rk.kth_time():
-                continue  # (the check below holds every priced pair to the same slack)
+            step = steps[s] if steps is not None and (gi, r, s) not in rk.done else None
+            if step is not None:
+                if step < lb:
+                    raise _Fallback(f"{describe(g.member(r, s))} priced {step:.6g} s, below its group's bound "
+                                    f"{lb:.6g} s")
+                if _r3(step) > rk.kth_time():
+                    rk.timed += 1  # its step time alone shows it cannot rank: never priced in full
+                    rk.tick()
+                    continue
             est = rk.price(gi, g, r, s)
             if est is None:
                 continue
             if est.step_time_s < lb:
                 raise _Fallback(f"{describe(g.member(r, s))} priced {est.step_time_s:.6g} s, below its group's "
                                 f"bound {lb:.6g} s")
-            if twin is not None and est.step_time_s < twin.step_time_s * (1 - _REL):
-                raise _Fallback(f"{describe(g.member(r, s))} priced faster than without recomputation")
             if prev is not None and est.memory.total_bytes < prev * (1 - _REL):
                 raise _Fallback(f"{describe(g.member(r, s))}: less sharding, less memory")
             prev = est.memory.total_bytes

@@ -128,6 +128,9 @@ class PlanOutcome:
     priced: tuple[Priced, ...] = ()
     memory_limit_bytes: int = 0
     breakdown: Optional[dict] = None
+    counts: dict = field(default_factory=dict)
+    """The layout search's own figures (``layouts_in_space``, ``layouts_priced``: estimated in full,
+    ``layouts_pruned``: never estimated in full); empty where a solver answered."""
 
 
 @dataclass(frozen=True)
@@ -251,8 +254,10 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     title = (f"{job.spec.name} on {clus.spec}: global batch {req.global_batch}, seq {req.seq_len} — "
              f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
              f"({result.wall_s:.2f} s)")
+    counts = {"layouts_in_space": result.candidates, "layouts_priced": result.evaluated,
+              "layouts_pruned": result.candidates - result.evaluated}
     return PlanOutcome(title, rows, plan, job.path, notes, priced=tuple(result.priced),
-                       memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why)
+                       memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why, counts=counts)
 
 
 def _choose_compression(job: _Job, work: Workload, fixes: Pins, best: Plan, best_est: Estimate,
