@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from meshplan.profiler.trace import RankTrace
 
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
-GRAPH_ROOT = BACKWARD_NODE + "torch::autograd::GraphRoot"
 # Ops only a forward pass calls (autograd's backward formulas call aten::mm / convolution_backward, never these).
 FORWARD_OPS = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution")
 ATTENTION_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
@@ -51,7 +50,7 @@ class RankEvidence:
     steps: int
     collectives: list[Collective] = field(default_factory=list)
     backward_nodes: int = 0
-    graph_roots: float = 0.0
+    graph_roots: float = 0.0  # backward passes started (a forward GEMM followed by an autograd node)
     forward_ops: float = 0.0  # FORWARD_OPS and autograd Functions with a Backward node, outside backward
     recomputed_ops: float = 0.0  # the same ops inside a backward node
     linear_shapes: Counter = field(default_factory=Counter)  # ((tokens dims...), (out, in)) of forward linears
@@ -64,6 +63,8 @@ class RankEvidence:
     sends: float = 0.0
     recvs: float = 0.0
     peers: set = field(default_factory=set)
+    dtensor: bool = False  # ops ran on DTensors (their recorded shapes are global)
+    mesh: dict = field(default_factory=dict)  # DeviceMesh dimension -> size, from pg_config's "mesh_<dim>" groups
 
 
 def _backward_windows(t: RankTrace) -> dict[str, list[tuple[float, float]]]:
@@ -133,12 +134,12 @@ def _phase(e, windows, optimizer: list[tuple[float, float]]) -> str:
     return "forward"
 
 
-def _collectives(t: RankTrace, windows) -> list[Collective]:
+def _collectives(events: list, t: RankTrace, windows) -> list[Collective]:
     """Host-issued collectives (c10d ops; one per call, nested duplicates dropped), else the device's comm kernels
     (DeepEP and NCCL kernels of traces whose host side records none)."""
-    optimizer = sorted((e.ts_us, e.end_us) for e in t.events if e.cat == "cpu_op"
+    optimizer = sorted((e.ts_us, e.end_us) for e in events if e.cat == "cpu_op"
                        and e.name.startswith("Optimizer.step"))
-    host = [e for e in t.events if e.cat == "cpu_op" and e.coll is not None]
+    host = [e for e in events if e.cat == "cpu_op" and e.coll is not None]
     host.sort(key=lambda e: (e.lane, e.ts_us, -e.dur_us))
     kept, open_until = [], {}
     for e in host:
@@ -147,7 +148,7 @@ def _collectives(t: RankTrace, windows) -> list[Collective]:
         open_until[e.lane] = e.end_us
         kept.append(e)
     if not kept:
-        kept = [e for e in t.events if e.kind == "comm" and e.cat == "kernel"]
+        kept = [e for e in events if e.kind == "comm" and e.cat == "kernel"]
     sizes = _kernel_group_sizes(t)
     return [Collective(e.coll or "collective", _phase(e, windows, optimizer), _group_size(t, e, sizes), e.bytes,
                        e.name, e.peer) for e in kept]
@@ -176,19 +177,26 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
     steps = max(1, len(t.steps))
     ev = RankEvidence(rank=t.rank, steps=steps, has_gpu=t.has_gpu)
     windows = _backward_windows(t)
-    ev.collectives = _collectives(t, windows)
+    events = [e for e in t.events if e.step is not None] if t.steps else t.events  # warm-up steps left out
+    ev.collectives = _collectives(events, t, windows)
+    ev.mesh = {str(pg["pg_desc"])[5:]: pg["pg_size"] for pg in t.pg_config if str(pg.get("pg_desc", "")).startswith(
+        "mesh_") and isinstance(pg.get("pg_size"), int)}
     fwd_names = _forward_function_names(t)
+    ev.dtensor = any(e.cat == "cpu_op" and e.name in ("Redistribute", "_FromTorchTensor") for e in events)
     fwd = rec = roots = nodes = 0
-    for e in t.events:
+    order: list[tuple[float, bool]] = []  # (start, is a backward node) of forward GEMMs and autograd nodes
+    for e in events:
         if e.cat == "cpu_op":
             if e.name.startswith(BACKWARD_NODE):
                 nodes += 1
-                roots += e.name == GRAPH_ROOT
+                order.append((e.ts_us, True))
                 continue
             inside = _inside(windows.get(e.lane), e.ts_us)
             if e.name in fwd_names:
                 rec += inside
                 fwd += not inside
+                if not inside:
+                    order.append((e.ts_us, False))
                 weight = e.shapes[1] if e.shapes and len(e.shapes) >= 2 else None
                 if not inside and isinstance(weight, tuple) and len(weight) == 2 and e.shapes[0]:
                     ev.linear_shapes[(tuple(e.shapes[0]), tuple(weight))] += 1
@@ -211,6 +219,8 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
                 dtype = _kernel_dtype(e.name)
                 if dtype:
                     ev.gemm_dtypes[dtype] += 1
+    order.sort()
+    roots = sum(1 for a, b in zip(order, order[1:]) if not a[1] and b[1])  # forward, then a backward pass starts
     ev.backward_nodes, ev.graph_roots = nodes, roots / steps
     ev.forward_ops, ev.recomputed_ops = fwd / steps, rec / steps
     ev.sends, ev.recvs = ev.sends / steps, ev.recvs / steps

@@ -48,6 +48,7 @@ class InferredLayout:
     parts: dict[str, Part] = field(default_factory=dict)
     shape: ShapeGuess | None = None
     backward: bool = False
+    dtensor: bool = False  # the linears ran on DTensors: their recorded shapes are the whole weights
 
     def value(self, key: str, default=None):
         p = self.parts.get(key)
@@ -195,17 +196,37 @@ def _precision(evs: list[RankEvidence]) -> tuple[Part, Part]:
     return Part(dtype, HIGH, f"GEMM kernels by dtype: {what}"), Part("none", HIGH, f"GEMM kernels by dtype: {what}")
 
 
+def _mesh(sizes: dict, world: int, tp: Part, tp_seen: bool) -> dict[str, Part]:
+    """Parts the job's DeviceMesh names (``pg_config`` groups ``mesh_<dim>``, as torch's ``init_device_mesh`` and
+    torchtitan describe them). A dimension spanning the whole world reuses the default group and is not listed:
+    tensor parallelism, when forward collectives show one, is what the listed dimensions leave."""
+    known = {k: v for k, v in sizes.items() if k in ("tp", "pp", "dp_replicate", "dp_shard", "cp", "ep")}
+    out = {k: Part(v, HIGH, f"process group mesh_{k} of {v} rank(s) (pg_config)") for k, v in known.items()}
+    if known and "tp" not in known and (tp.value > 1 or tp_seen):
+        rest = 1
+        for k in ("pp", "dp_replicate", "dp_shard", "cp"):
+            rest *= known.get(k, 1)
+        if world % rest == 0:
+            listed = ", ".join(f"mesh_{k} {v}" for k, v in known.items())
+            out["tp"] = Part(world // rest, HIGH, f"{tp.evidence}; the mesh's other groups ({listed}) leave "
+                                                  f"{world // rest} of {world} ranks")
+    return out
+
+
 def infer_layout(evs: list[RankEvidence], world: int) -> InferredLayout:
     """The layout ``evs`` (one per rank present, rank 0 first) show for a job of ``world`` ranks."""
     ev = evs[0]
     kinds = _kinds(ev)
-    out = InferredLayout(backward=ev.backward_nodes > 0)
+    out = InferredLayout(backward=ev.backward_nodes > 0, dtensor=ev.dtensor)
     pp = _pp(evs, world)
     m0 = _micro_batches(ev, pp.value)
-    out.shape = guess_shape(ev.linear_shapes, ev.attention_shapes, ev.bmm_shapes, m0.value)
-    tp = _tp(ev, kinds, out.shape, world)
-    ep = _ep(ev, kinds, world, tp.value, pp.value)
+    out.shape = guess_shape(ev.linear_shapes, ev.attention_shapes, ev.bmm_shapes, m0.value * ev.steps)
+    tp = _tp(ev, kinds, None if ev.dtensor else out.shape, world)
+    mesh = _mesh(ev.mesh, world, tp, bool(_frequent(kinds, ("allreduce", "forward"), ev.steps)))
+    tp, pp = mesh.get("tp", tp), mesh.get("pp", pp)
+    ep = mesh.get("ep") or _ep(ev, kinds, world, tp.value, pp.value)
     repl, shard, zero = _dp(ev, kinds, world, tp.value * pp.value)
+    repl, shard = mesh.get("dp_replicate", repl), mesh.get("dp_shard", shard)
     dtype, fp8 = _precision(evs)
     rs = _frequent(kinds, ("reducescatter", "forward"), ev.steps)
     sp = Part(bool(rs) and tp.value > 1, tp.confidence,

@@ -133,7 +133,8 @@ def _model(req: AdviseRequest, inf: InferredLayout, name: str, stack: str) -> st
     """``--model``, else the inferred shape written as a HF config.json beside the plan."""
     if req.model:
         return req.model
-    cfg = hf_config(inf.shape, inf.value("tp"), inf.value("pp"), vocab_parallel=stack == "megatron")
+    cfg = hf_config(inf.shape, inf.value("tp"), inf.value("pp"), vocab_parallel=stack == "megatron",
+                    global_linears=inf.dtensor)
     path = (req.out.parent if req.out else req.plans_dir) / f"{name}-config.json"
     write_atomic(path, json.dumps(cfg, indent=1) + "\n")
     return str(path)

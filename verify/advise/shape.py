@@ -63,17 +63,20 @@ def guess_shape(linears: Counter, attn: Counter, bmm: Counter, passes: float) ->
         reads[k] += n
     h = _mode(reads)
     from_h = {(o, k): n for (_, (o, k)), n in linears.items() if k == h}
-    to_h = {(o, k): n for (_, (o, k)), n in linears.items() if o == h and k != h}
+    to_h = {(o, k): n for (_, (o, k)), n in linears.items() if o == h}
     per_pass = max(1.0, passes)
     most = max(from_h.values()) if from_h else 0
     # once per pass while the layers' linears run many times: the LM head (its vocabulary slice may be < h)
     heads = [w for w, n in from_h.items() if n <= 1.5 * per_pass < most / 2]
     head_out = max(w[0] for w in heads) if heads else None
     body = {w: n for w, n in from_h.items() if w[0] != head_out}
-    layers = round(max(body.values()) / per_pass) if body else 0
     ins = sorted({k for _, k in to_h})
     attn_in = ins[0] if ins else None
     ffn_local = ins[-1] if len(ins) > 1 else None
+    # one attention and one MLP down-projection per layer and pass
+    per_layer = sum(attn.values()) or sum(n for s, n in bmm.items() if len(s) == 3) \
+        or sum(n for (_, k), n in to_h.items() if k == ffn_local) or max(body.values(), default=0)
+    layers = round(per_layer / per_pass)
     gated = False
     qkv_out = None
     for (o, _), n in body.items():
@@ -102,12 +105,16 @@ def tp_from_shape(g: ShapeGuess) -> int | None:
     return None
 
 
-def hf_config(g: ShapeGuess, tp: int, pp: int, vocab_parallel: bool) -> dict:
-    """An HF ``config.json`` of the model the shapes show (GPT-2 for a plain MLP, Llama for a gated one)."""
+def hf_config(g: ShapeGuess, tp: int, pp: int, vocab_parallel: bool, global_linears: bool = False) -> dict:
+    """An HF ``config.json`` of the model the shapes show (GPT-2 for a plain MLP, Llama for a gated one).
+
+    ``global_linears``: the linears ran on DTensors, whose recorded shapes are the whole weight's, not the rank's
+    slice (attention ran on the local heads)."""
+    lin_tp = 1 if global_linears else tp
     heads = (g.heads_local or (g.attn_in // g.head_dim if g.attn_in and g.head_dim else 1)) * tp
-    ffn = (g.ffn_local or 4 * g.hidden // tp) * tp
+    ffn = (g.ffn_local or 4 * g.hidden // lin_tp) * lin_tp
     layers = g.layers_per_pass * pp
-    vocab = (g.head_out or 50257) * (tp if vocab_parallel else 1)
+    vocab = (g.head_out or 50257) * (lin_tp if vocab_parallel else 1)
     seq = g.seq_len or 2048
     if g.gated:
         kv = (g.kv_heads_local or g.heads_local or heads // tp) * tp
