@@ -26,15 +26,19 @@ def check(
                                         "wait per collective) from RUN; later local:N plans use them.")] = False,
     host_terms: Annotated[Optional[Path], typer.Option("--host-terms", help="With --learn: the host's terms file to "
                                                        "update (default: local-fit.json in the host cache).")] = None,
+    advise: Annotated[bool, typer.Option("--advise", help="Also advise on RUN (`meshplan advise`): the summary and "
+                                         "JUnit say when a faster layout is predicted.")] = False,
+    advise_out: Annotated[Optional[Path], typer.Option("--advise-out", help="With --advise: where the advised plan "
+                                                       "goes (default: plans/<run>-advised.yaml).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Compare PLAN's predicted step time and peak memory with RUN; exit 1 when outside the tolerance."""
     from meshplan.core.atomic import refuse_overwrite, write_atomic
     from meshplan.planner.host.calibrate import load_calibration
-    from meshplan.planner.host.terms import default_terms_path
+    from meshplan.planner.host.terms import default_terms_path, load_host
     from meshplan.verify.gate import check_run
     from meshplan.verify.learn import learned_line
-    from meshplan.verify.report import junit_xml, markdown, verdict_line
+    from meshplan.verify.report import advice_line, junit_xml, markdown, verdict_line
 
     for flag, out in (("--junit", junit), ("--summary", summary)):
         if out is not None:
@@ -43,7 +47,8 @@ def check(
                   console=err_console, transient=True, disable=json_out or not err_console.is_terminal) as bar:
         bar.add_task(str(run), total=None)
         gate = check_run(plan, run, tolerance, breakdown=not no_breakdown, contention=contention, learn=learn,
-                         terms_path=host_terms or default_terms_path(), calibration_of=load_calibration)
+                         terms_path=host_terms or default_terms_path(), calibration_of=load_calibration,
+                         advise=advise, advise_out=advise_out, host_for=load_host)
     res = gate.result
     for notice in gate.notices:
         err_console.print(f"[yellow]warning:[/yellow] {notice}", highlight=False, soft_wrap=True)
@@ -51,11 +56,11 @@ def check(
         err_console.print(f"learned from {run}: {learned_line(gate.learned)}; written to {gate.learned_path}",
                           highlight=False, soft_wrap=True)
     if junit is not None:
-        write_atomic(junit, junit_xml(res))
+        write_atomic(junit, junit_xml(res, gate.advice))
     if summary is not None:
-        write_atomic(summary, markdown(res))
+        write_atomic(summary, markdown(res, gate.advice))
     if json_out:
-        print_json(res.as_dict())
+        print_json({**res.as_dict(), **({"advice": gate.advice.as_dict()} if gate.advice is not None else {})})
     else:
         for w in res.warnings:
             err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False, soft_wrap=True)
@@ -75,6 +80,8 @@ def check(
         console.print(table)
         style = "green" if res.passed else "red"
         console.print(f"[{style}]{'PASS' if res.passed else 'FAIL'}[/{style}] {verdict_line(res)}", highlight=False)
+        if gate.advice is not None:
+            console.print(f"advise: {advice_line(gate.advice)}", highlight=False)
     raise typer.Exit(res.exit_code)
 
 
