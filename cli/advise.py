@@ -54,7 +54,8 @@ def advise(
 ) -> None:
     """Infer the layout RUN ran, price it against its measured step, and write a faster plan if there is one."""
     from meshplan.planner.host.terms import load_host
-    from meshplan.verify.advise.job import AdviseRequest, advise as advise_run
+    from meshplan.verify.advise.job import AdviseRequest
+    from meshplan.verify.advise.job import advise as advise_run
 
     a = advise_run(AdviseRequest(run, cluster, model, to, out), host_for=load_host)
     for w in a.notes + a.export_warnings:

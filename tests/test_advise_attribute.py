@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.costmodel.api import Pricer
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.api import Pricer
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.select import estimator_for

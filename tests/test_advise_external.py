@@ -31,7 +31,8 @@ def _refusal(runner, path, tmp_path) -> str:
 
 def test_megatron_tp8_job_is_tensor_parallel_8(runner, tmp_path):
     # README: "a Megatron-LM GPT job with tensor parallelism 8 on one 8 x A100-SXM4-80GB node";
-    # "`distributedInfo = {"backend": "nccl", "rank": r, "world_size": 8}`"; "`ncclDevKernel_AllReduce_Sum_f16_RING_LL` x81"
+    # "`distributedInfo = {"backend": "nccl", "rank": r, "world_size": 8}`";
+    # "`ncclDevKernel_AllReduce_Sum_f16_RING_LL` x81"
     path = shared_path("traces", "external", "astra_megatron_tp8_a100")
     inf = _infer(path)
     assert inf.value("world_size") == 8

@@ -9,7 +9,8 @@ from typing import Callable, Optional
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.host.calibrate import Calibration
 from meshplan.planner.host.terms import read_host_terms
-from meshplan.verify.advise.job import AdviseRequest, advise as advise_run
+from meshplan.verify.advise.job import AdviseRequest
+from meshplan.verify.advise.job import advise as advise_run
 from meshplan.verify.check import CheckResult, check, parse_tolerance
 from meshplan.verify.contention import run_contention
 from meshplan.verify.learn import fit_run, save_terms, terms_of
@@ -39,7 +40,8 @@ def check_run(plan: str | Path, run: str | Path, tolerance: str | float = "15%",
         contention: Scale the prediction's CPU work by the contention the run's own operators show.
         learn: Fit this host's terms on the run (``verify.learn``) and store them in ``terms_path``.
         terms_path: The host's terms file (``planner.host.terms.default_terms_path()`` for the CLI default).
-        calibration_of: This host's calibration, obtained only when ``learn`` (``planner.host.calibrate.load_calibration``).
+        calibration_of: This host's calibration, obtained only when ``learn``
+            (``planner.host.calibrate.load_calibration``).
         advise: Also advise on the run (``verify.advise.job.advise``): a faster layout, written to ``advise_out``;
             traces advice cannot read become a notice, not an error (the check stands on its own).
         host_for: This host's inputs for a ``local:N`` cluster spec (``planner.host.terms.load_host``), for advise.

@@ -6,7 +6,6 @@ import xml.etree.ElementTree as ET
 
 from meshplan.verify.check import CheckResult
 
-
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 

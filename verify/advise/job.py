@@ -87,7 +87,8 @@ class Advice:
                 "best_predicted_step_s": self.best_predicted_s, "predicted_gain": self.gain,
                 "still_best": self.still_best, "plan": str(self.plan_path), "attribution": ATTRIBUTION,
                 "changes": [c.as_dict() for c in self.changes], "calibration": self.calibration,
-                "export": str(self.export) if self.export else None, "export_warnings": self.export_warnings, "notes": self.notes}
+                "export": str(self.export) if self.export else None, "export_warnings": self.export_warnings,
+                "notes": self.notes}
 
 
 def _cluster_of(run: Run, world: int) -> str:

@@ -32,6 +32,7 @@ def missing(source: str, evs: list[RankEvidence], inferred: InferredLayout, worl
         if not has_model:
             return (f"{source}: no attention op with recorded shapes, so the model's shape cannot be read "
                     "(not a decoder, or record_shapes was off); pass --model")
-    if "seq_len" not in inferred.parts and not has_model:
-        return f"{source}: the attention inputs name no sequence length; pass --model and check the batch"
+    if "seq_len" not in inferred.parts or "global_batch" not in inferred.parts:
+        return (f"{source}: no attention op with recorded shapes names the sequence length and micro-batch, so the "
+                "batch that ran cannot be read (record_shapes=True is needed)")
     return None
