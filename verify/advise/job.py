@@ -5,11 +5,12 @@ export it.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from meshplan.core.atomic import write_atomic
+from meshplan.core.atomic import refuse_overwrite, write_atomic
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import get_device
@@ -19,9 +20,10 @@ from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import EXTENSIONS, export_file, get_target
 from meshplan.planner.host.terms import Host
 from meshplan.planner.layout.layout import Degrees, Layout
+from meshplan.planner.layout.space import Pins, fp8_recipe_choices
 from meshplan.planner.model.config import load_model
-from meshplan.planner.plan.build import plan_layout
-from meshplan.planner.search.job import PlanRequest, plan_job
+from meshplan.planner.plan.build import to_plan
+from meshplan.planner.search.exact import search
 from meshplan.profiler.runs import Run, load_run
 from meshplan.verify.advise.attribute import ATTRIBUTION, Change, attribute
 from meshplan.verify.advise.calibrate import Calibration, calibrate, measured_step_s
@@ -191,14 +193,22 @@ def _search(req, inf, stack, spec, model, out, cal: Calibration, measured_s, mea
     if ran_s is None:
         raise MeshplanError(f"{req.run}: the inferred layout ({_label(ran)}) does not price on {spec} (invalid or "
                             "over memory there); pass --model or --cluster")
-    outcome = plan_job(PlanRequest.of(model, spec, gb, seq, dtype=dtype, fix=f"stack={stack}", top=5, out=out,
-                                      costmodel=cal.costmodel), host=cal.host)
-    best = plan_layout(outcome.plan)
-    best_s = outcome.plan.prediction.step_time_s
+    # one estimator prices the layout that ran, every candidate and every step of the attribution: a local:N
+    # estimator times operators on this host as it goes, so two estimators would price the same layout twice
+    result = search(work, Pins.of({"stack": stack}), top=5, estimator=estimator,
+                    fp8_recipes=fp8_recipe_choices(dtype, cluster.device))
+    best, best_est = result.ranked[0]
+    best_s = best_est.step_time_s
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", out.stem).lstrip("-._")[:128] or "advised"  # a plan name's alphabet
+    plan = to_plan(work, best, best_est, name, model, estimator.name)
+    refuse_overwrite(out, {"RUN": req.run, "--model": model}, "--out")
+    write_atomic(out, plan.to_yaml())
     changes = attribute(ran, best, price) if best_s < ran_s else []
     exported, warns = None, []
     if req.to:
         exported = out.with_name(f"{out.stem}.{req.to}.{EXTENSIONS[req.to]}")
         warns = list(export_file(out, req.to, exported).warnings)
     return Advice(str(req.run), inf, spec, model, _label(ran), measured_s, measured_from, ran_s, _label(best),
-                  best_s, out, changes, cal.notes, exported, warns, list(outcome.notes))
+                  best_s, out, changes, cal.notes, exported, warns,
+                  [f"search: {result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,}",
+                   *getattr(getattr(estimator, "pricer", None), "warnings", ())])
