@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan.cli.main import app
+from meshplan.planner.cluster.spec import load_cluster
 from meshplan.profiler.runs import load_run
+from meshplan.verify.advise.job import cluster_of
+from meshplan.verify.advise.shape import hf_config
 from meshplan.verify.advise.evidence import rank_evidence
 from meshplan.verify.advise.infer import HIGH, infer_layout
 from tests.helpers import DATA, shared_path
@@ -39,6 +42,16 @@ def test_megatron_tp8_job_is_tensor_parallel_8(runner, tmp_path):
     assert inf.value("tp") == 8 and inf.parts["tp"].confidence == HIGH
     assert inf.value("pp") == 1 and inf.value("ep") == 1
     assert inf.value("dtype") == "fp16"
+    # the model as its GEMMs show it: GPT-2's vocabulary (50,257) padded by Megatron-LM to a multiple of
+    # make-vocab-size-divisible-by (128) x tp (8) = 51,200 (megatron/training/tokenizer _vocab_size_with_padding),
+    # split over the 8 ranks: 6,400 rows each
+    cfg = hf_config(inf.shape, inf.value("tp"), inf.value("pp"), vocab_parallel=True)
+    assert cfg["vocab_size"] == 51200 and cfg["n_embd"] == 4096 and cfg["n_head"] * 64 == cfg["n_embd"]
+    assert cfg["n_positions"] == 2048
+    # the cluster it ran on: one node of the README's 8 x A100-SXM4-80GB
+    cluster = load_cluster(cluster_of(load_run(path), 8))
+    assert cluster.world_size == 8 and cluster.groups[0].devices_per_node == 8
+    assert "A100" in cluster.device.name and cluster.device.memory_bytes > 70e9
     # the README's 8 ranks each trace a forward pass only (no autograd node in any of them): advice says so
     assert not inf.backward
     assert "no backward pass" in _refusal(runner, path, tmp_path)

@@ -93,7 +93,7 @@ class Advice:
                 "notes": self.notes}
 
 
-def _cluster_of(run: Run, world: int) -> str:
+def cluster_of(run: Run, world: int) -> str:
     """The cluster the run ran on: ``local:N`` for CPU traces, else ``nodes x devices x GPU`` from the traces'
     ``deviceProperties`` (devices one process sees = devices per node)."""
     t = next(iter(run.ranks.values()))
@@ -160,7 +160,7 @@ def advise(req: AdviseRequest, host_for=lambda spec: Host()) -> Advice:
     if lack:
         raise MeshplanError(lack)
     stack = _stack(run)
-    spec = req.cluster or _cluster_of(run, world)
+    spec = req.cluster or cluster_of(run, world)
     name = f"{Path(req.run).resolve().name}-advised"
     out = req.out or req.plans_dir / f"{name}.yaml"
     model = _model(req, inf, name, stack)
