@@ -18,7 +18,7 @@ Confidence: ``high`` when the trace names it (a process group's size, a kernel's
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.verify.advise.evidence import RankEvidence
 from meshplan.verify.advise.shape import ShapeGuess, guess_shape, tp_from_shape
@@ -221,6 +221,12 @@ def infer_layout(evs: list[RankEvidence], world: int) -> InferredLayout:
     pp = _pp(evs, world)
     m0 = _micro_batches(ev, pp.value)
     out.shape = guess_shape(ev.linear_shapes, ev.attention_shapes, ev.bmm_shapes, m0.value * ev.steps)
+    if out.shape is not None and out.shape.head_out is None:  # a pipeline's LM head is on its last stage
+        for other in evs[1:]:
+            g = guess_shape(other.linear_shapes, other.attention_shapes, other.bmm_shapes, m0.value * other.steps)
+            if g is not None and g.head_out:
+                out.shape = replace(out.shape, head_out=g.head_out)
+                break
     tp = _tp(ev, kinds, None if ev.dtensor else out.shape, world)
     mesh = _mesh(ev.mesh, world, tp, bool(_frequent(kinds, ("allreduce", "forward"), ev.steps)))
     tp, pp = mesh.get("tp", tp), mesh.get("pp", pp)
