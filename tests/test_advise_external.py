@@ -11,10 +11,10 @@ import pytest
 from meshplan.cli.main import app
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.profiler.runs import load_run
-from meshplan.verify.advise.job import cluster_of
-from meshplan.verify.advise.shape import hf_config
 from meshplan.verify.advise.evidence import rank_evidence
 from meshplan.verify.advise.infer import HIGH, infer_layout
+from meshplan.verify.advise.job import cluster_of
+from meshplan.verify.advise.shape import hf_config
 from tests.helpers import DATA, shared_path
 
 
