@@ -29,6 +29,10 @@ def check(
                                         "wait per collective) from RUN; later local:N plans use them.")] = False,
     host_terms: Annotated[Optional[Path], typer.Option("--host-terms", help="With --learn: the host's terms file to "
                                                        "update (default: local-fit.json in the host cache).")] = None,
+    advise: Annotated[bool, typer.Option("--advise", help="Also advise on RUN (`meshplan advise`): the summary and "
+                                         "JUnit say when a faster layout is predicted.")] = False,
+    advise_out: Annotated[Optional[Path], typer.Option("--advise-out", help="With --advise: where the advised plan "
+                                                       "goes (default: plans/<run>-advised.yaml).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON (several runs: "
                                            "{\"runs\": [...], \"exit_code\"}).")] = False,
     report: Annotated[Optional[Path], typer.Option("--report", help="Also write a self-contained HTML page: "
@@ -38,7 +42,7 @@ def check(
     """Compare PLAN's predicted step time and peak memory with each RUN; exit 1 when one is outside the tolerance."""
     from meshplan.core.atomic import refuse_overwrite, write_atomic
     from meshplan.core.htmlpage import check_report_path
-    from meshplan.verify.report import check_page, junit_xml, markdown
+    from meshplan.verify.report import advice_line, check_page, junit_xml, markdown
 
     inputs: dict[str, object] = {"PLAN": plan}
     for run in runs:
@@ -51,34 +55,36 @@ def check(
     if report is not None:
         check_report_path(report, inputs)
     if len(runs) > 1:
-        for flag, given in (("--junit", junit), ("--summary", summary), ("--learn", learn)):
+        for flag, given in (("--junit", junit), ("--summary", summary), ("--learn", learn), ("--advise", advise)):
             if given:
                 raise MeshplanError(f"{flag} takes one RUN ({len(runs)} given): it reports or learns from one run")
-    results = []
-    for run in runs:
-        results.append(_check_one(plan, run, tolerance, no_breakdown, contention, learn, host_terms, json_out))
+    gates = [_check_one(plan, run, tolerance, no_breakdown, contention, learn, host_terms, json_out, advise,
+                        advise_out) for run in runs]
+    results, advice = [g.result for g in gates], gates[0].advice
     if junit is not None:
-        write_atomic(junit, junit_xml(results[0]))
+        write_atomic(junit, junit_xml(results[0], advice))
     if summary is not None:
-        write_atomic(summary, markdown(results[0]))
+        write_atomic(summary, markdown(results[0], advice))
     if report is not None:
         write_atomic(report, check_page(results))
         err_console.print(f"report written to {report}", highlight=False)
     code = max(r.exit_code for r in results)
     if json_out:
-        print_json(results[0].as_dict() if len(results) == 1 else
-                   {"runs": [r.as_dict() for r in results], "exit_code": code})
+        print_json({**results[0].as_dict(), **({"advice": advice.as_dict()} if advice is not None else {})}
+                   if len(results) == 1 else {"runs": [r.as_dict() for r in results], "exit_code": code})
     else:
         for res in results:
             _print_result(plan, res)
+        if advice is not None:
+            console.print(f"advise: {advice_line(advice)}", highlight=False)
     raise typer.Exit(code)
 
 
 def _check_one(plan: Path, run: Path, tolerance: str, no_breakdown: bool, contention: bool, learn: bool,
-               host_terms: Optional[Path], quiet: bool):
-    """``verify.gate.check_run`` on one run, its notices on stderr; the ``CheckResult``."""
+               host_terms: Optional[Path], quiet: bool, advise: bool, advise_out: Optional[Path]):
+    """``verify.gate.check_run`` on one run, its notices on stderr; the gate (its ``result`` and ``advice``)."""
     from meshplan.planner.host.calibrate import load_calibration
-    from meshplan.planner.host.terms import default_terms_path
+    from meshplan.planner.host.terms import default_terms_path, load_host
     from meshplan.verify.gate import check_run
     from meshplan.verify.learn import learned_line
 
@@ -86,13 +92,14 @@ def _check_one(plan: Path, run: Path, tolerance: str, no_breakdown: bool, conten
                   console=err_console, transient=True, disable=quiet or not err_console.is_terminal) as bar:
         bar.add_task(str(run), total=None)
         gate = check_run(plan, run, tolerance, breakdown=not no_breakdown, contention=contention, learn=learn,
-                         terms_path=host_terms or default_terms_path(), calibration_of=load_calibration)
+                         terms_path=host_terms or default_terms_path(), calibration_of=load_calibration,
+                         advise=advise, advise_out=advise_out, host_for=load_host)
     for notice in gate.notices:
         err_console.print(f"[yellow]warning:[/yellow] {notice}", highlight=False, soft_wrap=True)
     if gate.learned is not None:
         err_console.print(f"learned from {run}: {learned_line(gate.learned)}; written to {gate.learned_path}",
                           highlight=False, soft_wrap=True)
-    return gate.result
+    return gate
 
 
 def _print_result(plan: Path, res) -> None:

@@ -20,7 +20,7 @@ def _register() -> None:
 
     for mod in ("meshplan.cli.models", "meshplan.cli.devices", "meshplan.cli.stacks", "meshplan.cli.plan",
                 "meshplan.cli.export", "meshplan.cli.profile", "meshplan.cli.replay",
-                "meshplan.cli.costmodel", "meshplan.cli.check", "meshplan.cli.examples"):
+                "meshplan.cli.costmodel", "meshplan.cli.check", "meshplan.cli.examples", "meshplan.cli.advise"):
         try:
             module = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
