@@ -488,8 +488,8 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.select import estimator_for
-    from meshplan.planner.model.config import load_model
     from meshplan.planner.layout.space import enumerate_layouts, parse_fix
+    from meshplan.planner.model.config import load_model
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype)
     estimator = estimator_for(work.cluster)

@@ -282,8 +282,8 @@ def gemm_section(clock, guard, plan, log) -> dict:
                                 clock, acts[proj][:e * tpe], grads[proj][:e * tpe], offsets(e, tpe, clock.device)))
                             rec.update(model=name, experts_local=e, tokens_per_expert=tpe, proj=proj, dtype=dtype)
                             records.append(rec)
-                del ws, acts
-            del w_up, w_down, x, mid, dy_up, dy_down, grads
+                ws = acts = None  # drop the GPU buffers before the next case
+            w_up = w_down = x = mid = dy_up = dy_down = grads = None  # drop the GPU buffers before the next case
             empty_cache()
     return {"paths": paths, "records": records}
 
@@ -370,7 +370,7 @@ def permute_section(clock, guard, plan, log) -> dict:
                     rec["gbps"] = rate(nbytes[op], rec["median_ms"]) / 1e9
                     log(f"permute {name} T={tokens} {op}: {rec['median_ms']:.3f} ms {rec['gbps']:.0f} GB/s")
                 records.append(rec)
-            del logits, probs, idx, x, fns
+            logits = probs = idx = x = fns = None  # drop the GPU buffers before the next case
             empty_cache()
     return {"records": records}
 
@@ -484,7 +484,7 @@ def fp8_section(clock, guard, plan, log) -> dict:
                 rec["gbps"] = rate(nbytes, rec["median_ms"]) / 1e9
                 log(f"fp8 {variant} n={numel}: {rec['median_ms']:.3f} ms {rec['gbps']:.0f} GB/s")
             records.append(rec)
-            del x
+            x = None  # drop the GPU buffers before the next case
     return {"records": records}
 
 
@@ -543,7 +543,7 @@ def memory_section(clock, guard, plan, log) -> dict:
                 rec["gbps"] = rate(nbytes, rec["median_ms"]) / 1e9
                 log(f"mem {op} {name} {shape}: {rec['median_ms']:.3f} ms {rec['gbps']:.0f} GB/s")
             records.append(rec)
-        del x
+        x = None  # drop the GPU buffers before the next case
         empty_cache()
     return {"records": records}
 

@@ -18,8 +18,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
 from meshplan.planner.model.config import load_model
 from meshplan.planner.search.solve.compression import solve_compression
 from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve

@@ -10,9 +10,14 @@ from rich.table import Table
 
 from meshplan.cli.common import console, handle_errors, print_json
 from meshplan.costmodel.devices import DTYPES, device_to_dict
-from meshplan.planner.host.calibrate import (CALIBRATION_STEPS, calibration_for, find_device, known_devices,
-                                        load_calibration)
 from meshplan.planner.cluster.spec import load_cluster, preset_names
+from meshplan.planner.host.calibrate import (
+    CALIBRATION_STEPS,
+    calibration_for,
+    find_device,
+    known_devices,
+    load_calibration,
+)
 
 devices_app = typer.Typer(help="Device catalogue, cluster specs and local calibration.", invoke_without_command=True,
                           no_args_is_help=False)

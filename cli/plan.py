@@ -26,17 +26,20 @@ def plan(
     stack: Annotated[Optional[str], typer.Option("--stack", help="Stack profile NAME[@VERSION] whose defaults the plan "
                                                  "starts from (`meshplan stacks`); --fix overrides them")] = None,
     top: Annotated[int, typer.Option("--top", "-k", **COUNT, help="How many ranked plans to show")] = 10,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype",
+                                                 help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
     quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", callback=finite_budget,
                                                             help="Bound on summed per-layer quantization "
                                                             "sensitivity")] = None,
-    compress: Annotated[bool, typer.Option("--compress", help="Choose gradient compression per bucket (ByteComp)")] = False,
+    compress: Annotated[bool, typer.Option("--compress",
+                                           help="Choose gradient compression per bucket (ByteComp)")] = False,
     error_budget: Annotated[Optional[float], typer.Option("--error-budget", callback=finite_budget,
                                                           help="Bound on gradient compression error")] = None,
     net: Annotated[Optional[str], typer.Option("--net", help="Inter-node bandwidth per GPU, e.g. 25Gbps")] = None,
     gen_len: Annotated[int, typer.Option("--gen-len", **COUNT, help="Tokens generated per request (serve)")] = 128,
-    sensitivity: Annotated[Optional[Path], typer.Option("--sensitivity", help="Measured indicators from `meshplan profile --sensitivity`")] = None,
+    sensitivity: Annotated[Optional[Path], typer.Option("--sensitivity", help="Measured indicators from "
+                                                        "`meshplan profile --sensitivity`")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Plan name (default: the model's)")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Where to write the best plan")] = None,
     costmodel: Annotated[Optional[Path], typer.Option("--costmodel", help="Cost model folder to price ops with "

@@ -61,10 +61,9 @@ def profile(
         return
     if script is None:
         raise typer.BadParameter("missing SCRIPT (or use --sensitivity)")
+    from meshplan.planner.plan.schema import load_plan
     from meshplan.profiler.capture import capture_steps
     from meshplan.profiler.capture_launch import LaunchConfig, launch
-
-    from meshplan.planner.plan.schema import load_plan
 
     plan_world = load_plan(from_plan).degrees.world_size if from_plan is not None else None
     cfg = LaunchConfig(script=script, out_dir=out, script_args=list(ctx.args), nproc=nproc, nnodes=nnodes,
@@ -101,7 +100,8 @@ def profile(
 
 def _sensitivity(out: Path, json_out: bool) -> None:
     """Measured indicators for ``meshplan plan --sensitivity OUT/sensitivity.json``."""
-    from meshplan.planner.search.solve.sensitivity import PROFILE_PRECISIONS as precisions, measure_sensitivity_file
+    from meshplan.planner.search.solve.sensitivity import PROFILE_PRECISIONS as precisions
+    from meshplan.planner.search.solve.sensitivity import measure_sensitivity_file
 
     with err_console.status("measuring quantization sensitivity on a small real model"):
         path, rows = measure_sensitivity_file(out, precisions)

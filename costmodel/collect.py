@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from meshplan.core.atomic import write_atomic
-from meshplan.costmodel.datasets.local import load as load_local
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.datasets.local import load as load_local
 
 HIDDEN = (256, 512, 1024, 2048)
 TOKENS = (32, 128, 512)

@@ -16,9 +16,9 @@ import base64
 import numpy as np
 import xgboost as xgb
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.ops import COLLECTIVE_KINDS
-from meshplan.core.errors import MeshplanError
 
 FEATURES = ("kind_sendrecv", "log2_bytes", "group_size", "nodes", "per_node", "log2_link_bw", "log2_link_alpha",
             "log2_alpha_beta_s")

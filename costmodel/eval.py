@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel import collective_fit as F
 from meshplan.costmodel.collective_model import CollectiveModel
 from meshplan.costmodel.datasets import load
@@ -31,7 +32,6 @@ from meshplan.costmodel.features import FEATURES
 from meshplan.costmodel.learned import FORMAT, LearnedModel, is_learned
 from meshplan.costmodel.ops import COMPUTE_KINDS
 from meshplan.costmodel.train import RANGE_MARGIN_HI, RANGE_MARGIN_LO, ape, prepare, train_models
-from meshplan.core.errors import MeshplanError
 
 SPLITS = ("neusight", "vidur-h100", "vidur-network", "leave-one-device-out", "local", "unseen-device:NAME")
 

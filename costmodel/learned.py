@@ -19,14 +19,22 @@ import numpy as np
 import xgboost as xgb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from meshplan.costmodel.collective_model import CollectiveModel
-from meshplan.costmodel.devices import DeviceSpec, device_from_dict
-from meshplan.costmodel.features import (FEATURES, blend, calibrated_roofline_s, device_columns, device_signature,
-                                         feature_matrix, flops_bytes, signature_seen)
-from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
-from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
 from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError, validation_line
+from meshplan.costmodel.collective_model import CollectiveModel
+from meshplan.costmodel.devices import DeviceSpec, device_from_dict
+from meshplan.costmodel.features import (
+    FEATURES,
+    blend,
+    calibrated_roofline_s,
+    device_columns,
+    device_signature,
+    feature_matrix,
+    flops_bytes,
+    signature_seen,
+)
+from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
+from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
 
 FORMAT = "meshplan-costmodel/1"  # metadata.json "format" of a model folder (written by costmodel.train)
 

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from meshplan.core.atomic import write_atomic
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.datasets.table import KernelTable
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.learned import LearnedModel, file_sha256
 from meshplan.costmodel.train import prepare
-from meshplan.core.atomic import write_atomic
-from meshplan.core.errors import MeshplanError
-
 
 MIN_SHAPES = 2  # distinct shapes of a class a run must hold for that class to be calibrated
 

@@ -19,17 +19,24 @@ from pathlib import Path
 import numpy as np
 import xgboost as xgb
 
+from meshplan.core.atomic import refuse_overlap, write_atomic
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel import collective_fit
 from meshplan.costmodel.datasets import load
 from meshplan.costmodel.datasets.devices import resolve_many
 from meshplan.costmodel.datasets.table import KernelTable, table_bytes, table_name
 from meshplan.costmodel.devices import DeviceSpec, device_to_dict
-from meshplan.costmodel.features import (FEATURES, GEMM_KINDS, blend, calibrated_roofline_s, device_columns,
-                                         device_signature, feature_matrix)
+from meshplan.costmodel.features import (
+    FEATURES,
+    GEMM_KINDS,
+    blend,
+    calibrated_roofline_s,
+    device_columns,
+    device_signature,
+    feature_matrix,
+)
 from meshplan.costmodel.learned import FORMAT, file_sha256
 from meshplan.costmodel.ops import COMPUTE_KINDS
-from meshplan.core.atomic import refuse_overlap, write_atomic
-from meshplan.core.errors import MeshplanError
 
 MIN_ROWS = 30  # fewer training rows than this for a kind: no model, the roofline fallback prices it
 # Features whose training range defines "in distribution" (sec. 5.1 item 5 of the notes): a query more than

@@ -18,8 +18,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 import meshplan.profiler.capture as capture_mod
-from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_STEPS, ENV_STOP, ENV_UNPROFILED, ENV_WARMUP, Capture,
-                                       CaptureDone, RankEnv, _env_int)
+from meshplan.profiler.capture import (
+    ENV_CORES,
+    ENV_OUT,
+    ENV_STEPS,
+    ENV_STOP,
+    ENV_UNPROFILED,
+    ENV_WARMUP,
+    Capture,
+    CaptureDone,
+    RankEnv,
+    _env_int,
+)
 
 
 def pin_to_core(local_rank: int, cores_spec: str) -> Optional[int]:

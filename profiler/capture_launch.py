@@ -29,9 +29,21 @@ from typing import Callable, Mapping, Optional
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.capture import (ENV_CORES, ENV_OUT, ENV_PLAN, ENV_STEPS, ENV_STOP, ENV_TOTAL, ENV_UNPROFILED,
-                                       ENV_WARMUP, RECORD_DIR, capture_steps, load_run_json, read_rank_records,
-                                       write_run_json)
+from meshplan.profiler.capture import (
+    ENV_CORES,
+    ENV_OUT,
+    ENV_PLAN,
+    ENV_STEPS,
+    ENV_STOP,
+    ENV_TOTAL,
+    ENV_UNPROFILED,
+    ENV_WARMUP,
+    RECORD_DIR,
+    capture_steps,
+    load_run_json,
+    read_rank_records,
+    write_run_json,
+)
 
 LOG_NAME = "launch.log"
 PLAN_COPY = "plan.yaml"  # the --from-plan file, copied into the run folder

@@ -31,8 +31,17 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from meshplan.core.errors import MeshplanError
-from meshplan.profiler.columnar import (FORMAT_VERSION, REDUCED_COLUMNS, read_parquet, reduce_table, reduce_trace,
-                                        table_meta, table_to_trace, trace_to_table, write_parquet)
+from meshplan.profiler.columnar import (
+    FORMAT_VERSION,
+    REDUCED_COLUMNS,
+    read_parquet,
+    reduce_table,
+    reduce_trace,
+    table_meta,
+    table_to_trace,
+    trace_to_table,
+    write_parquet,
+)
 from meshplan.profiler.trace import RankTrace, load_trace
 
 # Default engine: in process below this many bytes of trace files (forking workers and importing pyarrow in each

@@ -9,8 +9,13 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from meshplan.profiler.categories import (collective_type, comm_type_hint, is_comm_annotation, is_comm_kernel,
-                                          is_cpu_collective)
+from meshplan.profiler.categories import (
+    collective_type,
+    comm_type_hint,
+    is_comm_annotation,
+    is_comm_kernel,
+    is_cpu_collective,
+)
 from meshplan.profiler.events import Event
 
 _DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2,

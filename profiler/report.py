@@ -18,13 +18,12 @@ from meshplan.core.errors import MeshplanError
 from meshplan.profiler.align import Alignment, apply_alignment, estimate_offsets
 from meshplan.profiler.critical_path import critical_path, dominant_ops
 from meshplan.profiler.match import match_collectives
+from meshplan.profiler.predict import HeldOutCheck, held_out_check
 from meshplan.profiler.replay import Timeline, replay
-from meshplan.profiler.runs import Run, load_run
+from meshplan.profiler.runs import Run, _ranges, load_run
+from meshplan.profiler.summary import inputs_report
 from meshplan.profiler.timeline import write_timeline
 from meshplan.profiler.trace_to_graph import build_graph
-from meshplan.profiler.predict import HeldOutCheck, held_out_check
-from meshplan.profiler.runs import _ranges
-from meshplan.profiler.summary import inputs_report
 from meshplan.profiler.whatif import apply_whatif, check_knobs, parse_knobs
 
 

@@ -11,8 +11,16 @@ import math
 import shlex
 from typing import Any, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from meshplan.core.bounds import NonNegFloat
 from meshplan.core.errors import MeshplanError, validation_line

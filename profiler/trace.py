@@ -39,8 +39,7 @@ from meshplan.profiler.events import KINDS, Event, RankTrace  # noqa: F401 (re-e
 from meshplan.profiler.jsonstream import stream_trace
 from meshplan.profiler.normalise import Normaliser
 from meshplan.profiler.steps import apply_step_cut
-from meshplan.profiler.trace_schema import ARG_TYPES, arg_problem, number_ok
-from meshplan.profiler.trace_schema import MAX_WORLD_SIZE, validate_header  # noqa: F401 (re-export)
+from meshplan.profiler.trace_schema import ARG_TYPES, MAX_WORLD_SIZE, arg_problem, number_ok, validate_header  # noqa: F401 (re-export)
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OUT_OF_RANGE = re.compile(r"Out-of-range = (\d+)")

@@ -30,8 +30,19 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Optional, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError,
-                      WrapValidator, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 
 from meshplan.core.bounds import MAX_ABS_INT
 from meshplan.core.errors import MeshplanError, validation_line

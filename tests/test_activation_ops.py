@@ -12,9 +12,9 @@ import pytest
 
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import get_device
+from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
-from meshplan.planner.estimate.ops_graph import layer_ops
 from tests.helpers import data_path, open_data
 
 TOKENS = 4096

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli.main import app
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.plan.schema import Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction
+from meshplan.profiler.trace import Event, RankTrace
+from meshplan.verify.breakdown import rank_step_phases, summarize
 from meshplan.verify.check import check, parse_tolerance
 from meshplan.verify.measured import load_measured
-from meshplan.core.errors import MeshplanError
-from meshplan.planner.plan.schema import (Breakdown, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Prediction)
-from meshplan.verify.breakdown import rank_step_phases, summarize
-from meshplan.profiler.trace import Event, RankTrace
 
 PRED_S = 0.200
 

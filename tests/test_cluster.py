@@ -10,6 +10,7 @@ import os
 import pytest
 
 from meshplan.cli.main import app
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.planner.cluster.spec import (
     ClusterSpec,
@@ -18,7 +19,6 @@ from meshplan.planner.cluster.spec import (
     parse_bandwidth,
     preset_names,
 )
-from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan.schema import ClusterRef
 from tests.helpers import open_data
 

@@ -1,16 +1,15 @@
 """Dataset loaders, units, features and the bad-input paths of the cost model (real public data, data/)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.datasets import load
 from meshplan.costmodel.datasets.deepbench import load_gemm
 from meshplan.costmodel.datasets.neusight import load_file
 from meshplan.costmodel.features import flops_bytes
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
-from meshplan.core.errors import MeshplanError
 from tests.helpers import data_path, open_data
 
 

@@ -167,8 +167,8 @@ def test_predict_collective_uses_fitted_link():
 def test_gpu_run_rows_from_real_trace():
     """Op records of a real 8-rank V100 DLRM run (Kineto, record_shapes on): kernel time per op via correlation."""
     from meshplan.costmodel.datasets.devices import resolve
-    from meshplan.verify.op_fit import rows_from_run
     from meshplan.costmodel.train import prepare
+    from meshplan.verify.op_fit import rows_from_run
 
     t = rows_from_run(data_path("traces", "param_dlrm_8rank", "dlrm_kineto.tar.gz"), "V100-SXM2-32GB")
     assert {"matmul", "bmm"} <= set(t.op)

@@ -7,12 +7,12 @@ import shutil
 import numpy as np
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel import roofline
 from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.learned import SOURCE_LEARNED, SOURCE_RANGE, LearnedModel, is_learned
 from meshplan.costmodel.ops import OpSpec
-from meshplan.costmodel.train import ape, prepare, train_models
-from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.train import prepare, train_models
 from tests.helpers import REPO, data_path
 
 SHIPPED = REPO / "costmodel" / "data" / "model"
@@ -156,8 +156,14 @@ def test_batch_prediction_matches_one_op_at_a_time():
 def test_wave_quantisation_and_unseen_gemm_blend():
     """The GEMM blend partner: wave quantisation golden figures, and the shipped model applies the partner tile and
     the small/large weights chosen at training time on a GPU whose GEMM signature it never trained on."""
-    from meshplan.costmodel.features import (blend, calibrated_roofline_s, device_columns, flops_bytes, feature_matrix,
-                                    wave_quantisation)
+    from meshplan.costmodel.features import (
+        blend,
+        calibrated_roofline_s,
+        device_columns,
+        feature_matrix,
+        flops_bytes,
+        wave_quantisation,
+    )
 
     sm = np.array([108.0, 108.0, 132.0])
     # 768 x 768 in 64 x 64 tiles: 144 tiles on 108 SMs = 2 waves of 108 tiles = 1.5x the ideal work;

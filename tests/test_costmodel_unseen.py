@@ -70,8 +70,12 @@ def pricer_without_l4(linear):
 def test_unseen_device_prices_stay_in_band_or_are_flagged(linear, pricer_without_l4):
     """Every price of L4's measured linear shapes by a model that never saw L4 is >= the roofline bound; those on
     the bound or above 3x it carry an ``unseen device`` source, and the pricer lists them in ``warnings``."""
-    from meshplan.costmodel.learned import (SOURCE_UNSEEN_ABOVE, SOURCE_UNSEEN_CLIPPED, UNSEEN_MAX_ROOFLINE,
-                                            ideal_roofline_s)
+    from meshplan.costmodel.learned import (
+        SOURCE_UNSEEN_ABOVE,
+        SOURCE_UNSEEN_CLIPPED,
+        UNSEEN_MAX_ROOFLINE,
+        ideal_roofline_s,
+    )
     from meshplan.costmodel.ops import OpSpec
     from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from meshplan.cli.main import app
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.devices import (
     DTYPES,
     catalogue,
@@ -15,7 +16,6 @@ from meshplan.costmodel.devices import (
     device_to_dict,
     get_device,
 )
-from meshplan.core.errors import MeshplanError
 from tests.helpers import data_path, open_data
 
 GIB = 2**30

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 
 import pytest
+import tomllib
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import TARGETS, get_target, render

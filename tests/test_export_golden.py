@@ -92,7 +92,8 @@ def _variant(**update) -> Plan:
     return base.model_copy(update={**update, **({"degrees": Degrees(**degrees)} if degrees else {})})
 
 
-# Decision matrix: one decision changed at a time from the Llama-3.1-70B reference (TP8 PP4 vpp2, dp 4, ZeRO-1, SP, full recompute).
+# Decision matrix: one decision changed at a time from the Llama-3.1-70B reference (TP8 PP4 vpp2, dp 4, ZeRO-1, SP,
+# full recompute).
 VARIANTS = {
     "cp2": lambda: _variant(degrees=dict(dp_shard=2, tp=8, pp=4, vpp=2, cp=2)),
     "fp8": lambda: _variant(dtype="fp8"),

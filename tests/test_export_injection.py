@@ -13,10 +13,10 @@ import json
 import os
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from meshplan.core.errors import MeshplanError

@@ -209,10 +209,9 @@ def test_megatron_args(plan_name: str, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def ds_config_cls():
     pytest.importorskip("deepspeed", reason="deepspeed not installed (DS_BUILD_OPS=0 pip install deepspeed)")
-    import torch.distributed as tdist
-
     import deepspeed.comm as dscomm
     import deepspeed.ops
+    import torch.distributed as tdist
     from deepspeed.runtime.config import DeepSpeedConfig
 
     # DeepSpeedConfig reads the world size from deepspeed.comm, so a (1-process, gloo) group must exist; the data-

@@ -8,9 +8,9 @@ from collections import Counter
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
-from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 
 
 def test_only_decoder_gemms_run_in_fp8_each_after_a_cast():

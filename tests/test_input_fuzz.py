@@ -21,9 +21,9 @@ from meshplan.cli.main import app
 from meshplan.core.errors import MeshplanError
 from meshplan.core.units import parse_bandwidth, parse_size
 from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.layout.space import parse_fix
 from meshplan.planner.model.config import load_model
 from meshplan.planner.plan.schema import load_plan
-from meshplan.planner.layout.space import parse_fix
 from tests.helpers import REPO
 from tests.test_profiler_fuzz import _values
 
@@ -389,7 +389,8 @@ def _bad_outputs(tmp: Path, words: tuple[str, ...], base: list[str]) -> dict[str
 def test_every_output_flag_at_bad_places(runner, tmp_path):
     """Every output flag of the commands above at each bad place: one line naming the path, exit 2, nothing
     written over an input."""
-    from tests.test_check import _plan as make_plan, _run as make_run
+    from tests.test_check import _plan as make_plan
+    from tests.test_check import _run as make_run
 
     flags = _output_flags()
     assert {(("plan",), "--out"), (("export",), "--out"), (("check",), "--summary"), (("check",), "--junit"),

@@ -1,8 +1,8 @@
 """Memory model against published formulas and figures."""
 import pytest
 
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.memory import LayerShape, activation_bytes_per_layer, inflight_factor, model_state_bytes
+from meshplan.planner.layout.layout import Layout
 
 # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2:
 # activation bytes per layer of a GPT layer (MHA, 4h GeLU MLP, dropout, 16-bit activations).

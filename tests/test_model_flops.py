@@ -4,10 +4,13 @@ from __future__ import annotations
 import pytest
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.model.flops import (hardware_flops_per_token, megatron_flops_per_iteration,
-                                          narayanan_flops_per_iteration,
-                           recompute_flops_per_token)
 from meshplan.planner.model.config import load_model
+from meshplan.planner.model.flops import (
+    hardware_flops_per_token,
+    megatron_flops_per_iteration,
+    narayanan_flops_per_iteration,
+    recompute_flops_per_token,
+)
 from tests.helpers import data_path
 
 

@@ -9,8 +9,6 @@ the global batch (dp4 batch 4 = one sequence per GPU; pp4_N = N micro-batches).
 import json
 import statistics
 
-import pytest
-
 from meshplan.planner.search.job import PlanRequest, plan_job
 from tests.helpers import data_path
 

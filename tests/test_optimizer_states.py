@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.memory import model_state_bytes
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.space import parse_fix
 
 P = 1_000_000_000  # parameters on the rank

@@ -92,8 +92,8 @@ def test_explain_adds_up_to_the_step():
     """The step's parts (slowest stage compute and exposed comm, straggler, gradient sync, bubble, optimizer) sum
     to the predicted step time, and the slowest stage's compute by op class to its share."""
     from meshplan.planner.estimate.base import Workload
-    from meshplan.planner.estimate.gpu import GpuEstimator
     from meshplan.planner.estimate.explain import explain_gpu
+    from meshplan.planner.estimate.gpu import GpuEstimator
     from meshplan.planner.layout.layout import Layout
     from meshplan.planner.model.config import load_model
 

@@ -128,8 +128,8 @@ def test_search_size_is_checked_before_enumerating(runner, tmp_path):
     factors and what to pin; pinning tp and pp brings it back within bounds (issue 16 item 4). The bound counts
     each tp x pp x cp mesh's candidates (issue 12 item 7), so the case is one with candidates to count: an MoE
     model (ep x etp x moe_overlap), fp8 (three recipes) and a global batch every data-parallel degree divides."""
-    from meshplan.planner.model.config import load_model
     from meshplan.planner.layout.space import MAX_LAYOUTS, Pins, space_size_bound
+    from meshplan.planner.model.config import load_model
 
     recipes = ("tensorwise", "delayed", "blockwise")
     qwen = load_model("qwen3-30b-a3b")

@@ -20,8 +20,8 @@ from meshplan.planner.estimate.gpu import comm_sm_share, straggler_slowdown
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.config import load_model
 from meshplan.planner.layout.space import parse_fix
+from meshplan.planner.model.config import load_model
 
 MODEL, CLUSTER, SEQ, GBS = "llama-3.1-70b", "8x8xH100", 4096, 128
 

@@ -16,8 +16,8 @@ from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.config import load_model
 from meshplan.planner.layout.space import parse_fix
+from meshplan.planner.model.config import load_model
 
 MODEL, CLUSTER, SEQ = "llama-3.1-70b", "8x8xH100", 4096
 

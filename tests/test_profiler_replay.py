@@ -6,8 +6,8 @@ import pytest
 from meshplan.core.errors import MeshplanError
 from meshplan.profiler.critical_path import critical_path
 from meshplan.profiler.dataflow_graph import GraphBuilder, compile_graph
-from meshplan.profiler.report import analyze_run, replay_report
 from meshplan.profiler.replay import replay
+from meshplan.profiler.report import analyze_run, replay_report
 from tests.helpers import DATA, data_path
 
 MS = 1e-3

@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
 from meshplan.planner.export import render
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
 from meshplan.planner.layout.space import Pins
 from tests.test_export_golden import VARIANTS
 

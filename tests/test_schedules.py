@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.memory import inflight_factor, model_state_bytes
-from meshplan.planner.plan.schema import load_plan
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
+from meshplan.planner.plan.schema import load_plan
 
 # Qi et al. 2024 Table 1 / DeepSeek-V3 Table 2 notation with unit passes: F = 1, B (input grads) = 1, W = 1, so a
 # micro-batch's full forward + backward t = 3 and its full backward b = 2.

@@ -15,12 +15,12 @@ import pytest
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.config import load_model
-from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.layout.space import parse_fix
+from meshplan.planner.model.config import load_model
 
 SEQ, GBS = 4096, 256
 

@@ -15,7 +15,13 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.search.solve.partition import (
-    GroupSlot, PartitionProblem, Phase, PipelineOption, StageRun, evaluate, solve_partition,
+    GroupSlot,
+    PartitionProblem,
+    Phase,
+    PipelineOption,
+    StageRun,
+    evaluate,
+    solve_partition,
 )
 
 TQ = 1e-6  # time quantum used by the instances, seconds

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from meshplan.planner.cluster.spec import load_cluster
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.model.config import load_model
 from meshplan.planner.search.solve.precision import QSyncGroup, QSyncProblem, solve_qsync, solve_serve
 from meshplan.planner.search.solve.problems import precision_columns

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.cluster.spec import load_cluster, parse_bandwidth
 from meshplan.planner.model.config import load_model
 from meshplan.planner.search.solve.compression import simulate, solve_compression
 from meshplan.planner.search.solve.precision import solve_hetero_train

@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.search.solve.sensitivity import (fake_quantize, measure_compression_error,
-                                                       measure_layer_sensitivity,
-                                       relative_mse)
+from meshplan.planner.search.solve.sensitivity import (
+    fake_quantize,
+    measure_compression_error,
+    measure_layer_sensitivity,
+    relative_mse,
+)
 
 
 @pytest.mark.parametrize("precision,fan_in", [("int8", 4096), ("int4", 4096), ("fp8", 1024), ("bf16", 1024),

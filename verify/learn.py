@@ -33,14 +33,14 @@ from pathlib import Path
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.host.calibrate import Calibration, is_local_spec
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Estimate, Workload
 from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.host.calibrate import Calibration, is_local_spec
 from meshplan.planner.host.terms import NEUTRAL_TERMS, TERMS, HostTerms, clamp_scale, host_terms_record
 from meshplan.planner.model.config import load_model
-from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.planner.plan.build import plan_layout
+from meshplan.planner.plan.schema import Plan, load_plan
 from meshplan.profiler.runs import Run
 from meshplan.verify.breakdown import P2P
 from meshplan.verify.check import check

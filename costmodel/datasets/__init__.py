@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.datasets import deepbench, local, neusight, vidur
 from meshplan.costmodel.datasets.table import MEDIAN_LATENCY_BAND_S, KernelTable
 from meshplan.costmodel.devices import DeviceSpec
-from meshplan.core.errors import MeshplanError
 
 __all__ = ["Dataset", "KernelTable", "MEDIAN_LATENCY_BAND_S", "load"]
 

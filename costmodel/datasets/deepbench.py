@@ -11,11 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets.devices import canonical
-from meshplan.costmodel.datasets.table import (MEDIAN_LATENCY_BAND_S, KernelTable, check_latency_units, read_csv,
-                                               table_file, to_float)
-from meshplan.costmodel.features import flops_bytes
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.datasets.devices import canonical
+from meshplan.costmodel.datasets.table import (
+    MEDIAN_LATENCY_BAND_S,
+    KernelTable,
+    check_latency_units,
+    read_csv,
+    table_file,
+    to_float,
+)
+from meshplan.costmodel.features import flops_bytes
 
 PRECISION = {"fp32": "fp32", "fp16_in_fp16_mul_fp32_acc": "fp16"}
 

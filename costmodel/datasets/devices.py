@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from meshplan.core.errors import MeshplanError
-from meshplan.costmodel.devices import DeviceSpec, canonical, resolve as resolve_named
+from meshplan.costmodel.devices import DeviceSpec, canonical
+from meshplan.costmodel.devices import resolve as resolve_named
 
 __all__ = ["canonical", "resolve", "resolve_many"]
 

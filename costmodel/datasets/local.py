@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.datasets.table import KernelTable, check_latency_units, read_csv, to_float
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.features import flops_bytes
-from meshplan.core.errors import MeshplanError
 
 COLUMNS = ("device", "op", "variant", "b", "m", "n", "k", "dtype", "latency_s", "noise")
 # CPU single-op medians: tens of microseconds to tens of milliseconds on this grid.

@@ -11,11 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets.devices import canonical
-from meshplan.costmodel.datasets.table import (MEDIAN_LATENCY_BAND_S, KernelTable, check_latency_units, read_csv,
-                                               table_files, to_float)
-from meshplan.costmodel.features import flops_bytes
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.datasets.devices import canonical
+from meshplan.costmodel.datasets.table import (
+    MEDIAN_LATENCY_BAND_S,
+    KernelTable,
+    check_latency_units,
+    read_csv,
+    table_files,
+    to_float,
+)
+from meshplan.costmodel.features import flops_bytes
 
 # NeuSight vector-op name -> meshplan kind. Tensor-scalar ops (``addu`` = x + c) read one tensor and write
 # one, like an activation, so they share the unary class; ``add`` etc. read two tensors.

@@ -10,11 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from meshplan.costmodel.datasets.devices import canonical
-from meshplan.costmodel.datasets.table import (MEDIAN_LATENCY_BAND_S, KernelTable, check_latency_units, read_csv,
-                                               table_files, to_float)
-from meshplan.costmodel.features import flops_bytes
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.datasets.devices import canonical
+from meshplan.costmodel.datasets.table import (
+    MEDIAN_LATENCY_BAND_S,
+    KernelTable,
+    check_latency_units,
+    read_csv,
+    table_files,
+    to_float,
+)
+from meshplan.costmodel.features import flops_bytes
 
 SHAPE_COLS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers")
 # Vidur sub-op -> meshplan kind. ``attn_rope`` is left out: a rotary kernel has no OpSpec kind of its own

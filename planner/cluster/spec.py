@@ -17,7 +17,6 @@ Bandwidths are bytes/s per rank and per direction (the "bus bandwidth" of nccl-t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -27,15 +26,14 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-
+from meshplan.core.errors import MeshplanError
+from meshplan.core.units import parse_bandwidth
+from meshplan.core.yamlio import load_yaml_file
 from meshplan.costmodel.collectives import Link
 from meshplan.costmodel.devices import DeviceSpec, get_device
-from meshplan.core.errors import MeshplanError
-from meshplan.core.yamlio import load_yaml_file
 from meshplan.planner.cluster.file import MAX_DEVICES_PER_NODE, InterLinkFile, IntraLinkFile, parse_cluster_file
-from meshplan.core.units import parse_bandwidth
-from meshplan.planner.host.calibrate import Calibration, is_local_spec, local_process_count
 from meshplan.planner.cluster.links import PRESET_DIR, LinkFamily, get_family, link_families, nic_share_bytes_per_s
+from meshplan.planner.host.calibrate import Calibration, is_local_spec, local_process_count
 from meshplan.planner.plan.schema import ClusterRef, DeviceGroupRef
 
 NCCL_NIC_EFFICIENCY = 0.80  # planner/presets/clusters/links.yaml: InfiniBand families' efficiency
@@ -244,7 +242,8 @@ class ClusterSpec:
                            for g in self.groups]}
 
     def to_ref(self) -> ClusterRef:
-        """The plan-file form (``planner.plan.schema.ClusterRef``): the spec string and each group's counts and device."""
+        """The plan-file form (``planner.plan.schema.ClusterRef``): the spec string and each group's counts and
+        device."""
         return ClusterRef(spec=self.spec, groups=tuple(
             DeviceGroupRef(nodes=g.nodes, devices_per_node=g.devices_per_node, device=g.device.name)
             for g in self.groups))

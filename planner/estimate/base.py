@@ -6,7 +6,8 @@ Two implementations, chosen by the cluster (``planner.estimate.select.estimator_
 terms). Search, the solvers and the re-pricing of a saved plan all call them through this interface; each
 estimator owns its caches (nothing process-wide).
 
-Shared here: per-stage layers and parameters (ZeRO / pipeline arithmetic), per-stage memory (``planner.estimate.memory``)
+Shared here: per-stage layers and parameters (ZeRO / pipeline arithmetic), per-stage memory
+(``planner.estimate.memory``)
 and the parts of an ``Estimate`` every estimator derives the same way (memory, FLOPs, rates, MFU).
 Units: seconds, bytes, FLOPs.
 """
@@ -17,12 +18,21 @@ from typing import Optional, Protocol
 
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.model.flops import recompute_flops_per_token
+from meshplan.planner.estimate.memory import (
+    USABLE_FRACTION,
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    inflight_factor,
+    layer_shape,
+    lowp_weight_bytes,
+    model_state_bytes,
+    param_bytes,
+    runtime_overhead_bytes,
+    saved_input_bytes,
+)
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.memory import (USABLE_FRACTION, MemoryBreakdown, activation_bytes_per_layer, inflight_factor,
-                                              lowp_weight_bytes, saved_input_bytes,
-                                     layer_shape, model_state_bytes, param_bytes, runtime_overhead_bytes)
+from meshplan.planner.model.flops import recompute_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,8 @@ class ModelTables:
 
     def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, lin_bytes: float,
                          recompute: str) -> float:
-        """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached on the
+        """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached
+        on the
         fields it reads."""
         k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
              layout.moe_capacity, layout.moe_imbalance, layout.stack)
@@ -311,7 +322,8 @@ def time_signature(layout: Layout) -> tuple:
 
 
 def time_key(layout: Layout) -> Layout:
-    """The layout reduced to ``TIME_FIELDS`` (what ``planner.estimate.ops_graph`` builds one micro-batch's op lists from)."""
+    """The layout reduced to ``TIME_FIELDS`` (what ``planner.estimate.ops_graph`` builds one micro-batch's op lists
+    from)."""
     v = dict(zip(TIME_FIELDS, time_signature(layout)))
     v["recompute"] = v.pop("recompute_kind")
     etp = v.pop("expert_tp")

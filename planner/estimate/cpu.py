@@ -56,13 +56,12 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import DTYPE_BYTES, OpSpec
+from meshplan.planner.estimate.base import Estimate, TablesCache, Workload, finish_estimate, stage_params, time_key
+from meshplan.planner.estimate.ops_graph import embedding_ops
 from meshplan.planner.host.calibrate import Calibration, host_bench
-from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, finish_estimate, stage_params,
-                                       time_key)
 from meshplan.planner.host.gloo_in_step import in_step_collective_s
 from meshplan.planner.host.terms import NEUTRAL_TERMS, HostTerms
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.ops_graph import embedding_ops
 
 FSDP_OPS_PER_UNIT_PASS = 110  # host ops per FSDP2 unit per all-gather/reduce pass ((9423-6912)/23, trace count)
 TP_ALLREDUCES_PER_LAYER = 6  # 2 forward (o, fc2 outputs) + 4 backward (q, k, v, fc1 input grads): trace count

@@ -1,7 +1,8 @@
 """Why a GPU plan takes the time it does: per stage, compute by op class, exposed communication by collective and
 link, bubble, and the efficiency each op class was priced at (``meshplan plan --explain``; the plan's ``explain``).
 
-A stateless analyzer over the GPU estimator's own pieces (``planner.estimate.ops_graph`` op lists priced by the estimator's
+A stateless analyzer over the GPU estimator's own pieces (``planner.estimate.ops_graph`` op lists priced by the
+estimator's
 pricer, ``GpuEstimator.layer_times`` for the exposed share of each group's collectives), so its parts add up to the
 estimate's: compute by class sums to the stage's compute per step, and the step's parts to ``step_time_s``.
 Units: seconds per step, FLOP/s, bytes/s.
@@ -13,8 +14,8 @@ from collections import defaultdict
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.layout.layout import Layout
 
 MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
                 "cast")

@@ -22,19 +22,27 @@ from collections import Counter
 from dataclasses import replace
 from typing import NamedTuple, Optional
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
-from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate.base import (Estimate, TablesCache, Workload, decoder_params, finish_estimate, stage_params,
-                                       time_key, time_signature)
-from meshplan.planner.layout.decisions import lowp_recipe
-from meshplan.planner.layout.layout import Layout
-from meshplan.planner.layout.splits import weighted_split
+from meshplan.planner.estimate.base import (
+    Estimate,
+    TablesCache,
+    Workload,
+    decoder_params,
+    finish_estimate,
+    stage_params,
+    time_key,
+    time_signature,
+)
 from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.layout.decisions import lowp_recipe
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
+from meshplan.planner.layout.splits import weighted_split
 
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs

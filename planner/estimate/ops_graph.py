@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.estimate.memory import has_dropout
 from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, lowp_recipe
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.memory import has_dropout
-
 
 # Memory-bound kernels per stack (``Layout.stack``). Megatron-Core + Transformer Engine and torch.compile fuse a norm
 # into one kernel, SwiGLU / GeLU into one, RoPE into one pass over q and k (TE ``fused_apply_rotary_pos_emb``;

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from meshplan.core.errors import MeshplanError
 from meshplan.core.atomic import refuse_overwrite, write_atomic
+from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
 from meshplan.planner.plan.schema import Plan, load_plan
 

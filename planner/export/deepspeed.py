@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 
 from meshplan.planner.export import _common as c
-from meshplan.planner.layout.layout import reduce_dtype_of
 from meshplan.planner.export import placement
+from meshplan.planner.layout.layout import reduce_dtype_of
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "json"

@@ -24,8 +24,7 @@ it). Refused in one line: ``recompute op``
 from __future__ import annotations
 
 from meshplan.planner.export import _common as c
-from meshplan.planner.export import placement
-from meshplan.planner.export import torchrun
+from meshplan.planner.export import placement, torchrun
 from meshplan.planner.layout.layout import p2p_overlapped
 from meshplan.planner.plan.schema import Plan
 
@@ -94,7 +93,8 @@ def check(plan: Plan) -> None:
 
 def _sends_in_line(plan: Plan) -> bool:
     """Whether the job gets ``--no-overlap-p2p-communication``: an interleaved plan that priced its pipeline sends in
-    line (``planner.layout.layout.p2p_overlapped``), except where Megatron refuses in-line sends (pp <= 2) and the plan did
+    line (``planner.layout.layout.p2p_overlapped``), except where Megatron refuses in-line sends (pp <= 2) and the plan
+    did
     not pin them (another stack's default): that job keeps Megatron's overlap, and ``unsupported`` says so."""
     d = plan.degrees
     if d.vpp == 1 or _p2p_priced_overlapped(plan):
@@ -108,7 +108,8 @@ def _p2p_priced_overlapped(plan: Plan) -> bool:
 
 def _shards_over(plan: Plan) -> int:
     """Ranks the plan shards optimizer state over: dp_shard x cp (design.md; Megatron's distributed optimizer
-    shards over the data-parallel group with context parallel, ``get_data_parallel_group(with_context_parallel=True)``)."""
+    shards over the data-parallel group with context parallel,
+    ``get_data_parallel_group(with_context_parallel=True)``)."""
     return plan.degrees.dp_shard * plan.degrees.cp
 
 

@@ -125,7 +125,7 @@ def node_rank_lines(plan: Plan) -> list[str]:
     lines = [f': "${{NODE_RANK:?set NODE_RANK (0-{last}) to the rank of this node in the table above}}"',
              ': "${HEAD_NODE:?set HEAD_NODE to the host name of node rank 0}"',
              *c.default_assignment("MASTER_PORT", str(MASTER_PORT)),
-             f'case "$NODE_RANK" in *[!0-9]*|"") echo "NODE_RANK=$NODE_RANK: not a number" >&2; exit 2;; esac']
+             'case "$NODE_RANK" in *[!0-9]*|"") echo "NODE_RANK=$NODE_RANK: not a number" >&2; exit 2;; esac']
     for i, b in enumerate(blocks):
         kw = "if" if i == 0 else "elif"
         lines.append(f'{kw} [ "$NODE_RANK" -ge {b.first_node} ] && [ "$NODE_RANK" -le {b.last_node} ]; then '

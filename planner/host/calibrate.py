@@ -25,8 +25,17 @@ from meshplan.costmodel.collectives import Link
 from meshplan.costmodel.devices import DeviceSpec, catalogue, device_from_dict, device_to_dict, get_device
 from meshplan.planner.host.cpu_bench import HostBench
 from meshplan.planner.host.gloo_in_step import STEP_GROUPS, measure_gloo_in_step, measure_time_slicing
-from meshplan.planner.host.measure import (COPY_BYTES, GEMM_N, clock_hz, fit_link, llc_bytes, measure_copy_bandwidth,
-                                           measure_gemm_flops, measure_gloo_allreduce, ram_bytes)
+from meshplan.planner.host.measure import (
+    COPY_BYTES,
+    GEMM_N,
+    clock_hz,
+    fit_link,
+    llc_bytes,
+    measure_copy_bandwidth,
+    measure_gemm_flops,
+    measure_gloo_allreduce,
+    ram_bytes,
+)
 
 CACHE_VERSION = 7  # 2: peak figures from the fastest block, not the median; 3: gloo collectives in a step;
 # 4: groups inside an oversubscribed world (``in_world_key``); 5: back-to-back all-reduce bursts;

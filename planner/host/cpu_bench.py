@@ -24,15 +24,14 @@ plan search measures each distinct shape once per host; the CPU estimator owns o
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from meshplan.costmodel.ops import OpSpec
 from meshplan.core.atomic import write_atomic
+from meshplan.costmodel.ops import OpSpec
 
 CACHE_VERSION = 4
 MIN_REPS = 8  # at least this many repetitions: the fastest of 8 is rarely preempted on a shared 2-core host
@@ -151,7 +150,6 @@ def measure(op: OpSpec, llc_bytes: int = DEFAULT_LLC_BYTES) -> tuple[float, floa
 
 def _block(model, tp: int, recompute: str, dtype):
     """A decoder block with this model's shape, its TP shard on one rank (heads / tp, ffn / tp)."""
-    import torch
     import torch.nn as nn
     import torch.nn.functional as F
     from torch.utils.checkpoint import checkpoint

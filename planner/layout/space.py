@@ -392,7 +392,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     the local sequence stays at least 1024 tokens. Pinned values are yielded even when they break a rule,
     so that ``Layout.validate`` reports why. ``fp8_recipes``: the recipes a free ``fp8`` tries (the workload's
     dtype decides: ``fp8_recipe_choices``). ``recompute_kinds``: the recompute kinds the estimator prices (``local:N``
-    plans: what the host measures and the example trainer runs); ``None``: all. A free ``stack`` is Megatron-Core's only: the stack is the user's
+    plans: what the host measures and the example trainer runs); ``None``: all. A free ``stack`` is Megatron-Core's
+    only: the stack is the user's
     training code, which the export target names (a torchtitan plan is ``--fix stack=torchtitan``), not a knob
     a layout tunes, and eager code is never the faster one.
     """
@@ -415,7 +416,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     chunk = min(split) if split else L // (pp * vpp)
                     rcs = tuple(r for r in recompute_choices(fix, chunk)
                                 if (recompute_kinds is None or "recompute" in fix
-                                    or r.split(":")[0] in recompute_kinds and (":" not in r or "full:N" in recompute_kinds))
+                                    or r.split(":")[0] in recompute_kinds
+                                    and (":" not in r or "full:N" in recompute_kinds))
                                 and stack_runs(st, fix, recompute=r))
                     # free vpp > 1 also needs a multiple of pp micro-batches (the interleaved schedule)
                     for mbs in fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0

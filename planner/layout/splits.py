@@ -7,6 +7,7 @@ import re
 
 from meshplan.core.errors import MeshplanError
 
+
 def balanced_split(num_layers: int, pp: int, first_extra: float = 1.0, last_extra: float = 1.0) -> tuple[int, ...]:
     """Decoder layers per stage so the heaviest stage is as light as it can be, when the first stage also carries
     ``first_extra`` and the last ``last_extra`` layer-equivalents of work (embedding; output layer and loss).

@@ -21,8 +21,8 @@ import yaml
 
 from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.model.hf_config import check_hf_config
 from meshplan.core.frozen import freeze
+from meshplan.planner.model.hf_config import check_hf_config
 from meshplan.planner.model.spec import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets" / "models"

@@ -6,10 +6,8 @@ step. "Model FLOPs" (MFU numerator) exclude recomputation; "hardware FLOPs" (HFU
 """
 from __future__ import annotations
 
-
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.decisions import RECOMPUTE
-
 
 
 def _check_seq(seq_len: int) -> None:

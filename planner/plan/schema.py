@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from meshplan.core.atomic import write_atomic
 from meshplan.core.bounds import BoundedInt, Count, FiniteFloat, NonNegFloat, PositiveInt
-from meshplan.core.yamlio import load_yaml_file
 from meshplan.core.errors import MeshplanError, validation_line
+from meshplan.core.yamlio import load_yaml_file
 from meshplan.planner.layout.decisions import DECISIONS, PLAN_SCHEDULES
 from meshplan.planner.layout.layout import Degrees
 

@@ -42,12 +42,18 @@ from typing import Callable, Mapping, NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate.base import Estimate, Estimator, Workload
+from meshplan.planner.estimate.memory import GiB
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.space import (
+    MAX_LAYOUTS,
+    Pins,
+    check_space_size,
+    enumerate_groups,
+    explain_empty,
+    fp8_recipe_choices,
+)
 from meshplan.planner.layout.splits import format_pp_layout
-from meshplan.planner.estimate.memory import GiB
-from meshplan.planner.layout.space import (MAX_LAYOUTS, Pins, check_space_size, enumerate_groups, explain_empty,
-                                    fp8_recipe_choices)
 
 
 class Priced(NamedTuple):

@@ -20,17 +20,17 @@ from meshplan.core.version import meshplan_version
 from meshplan.costmodel.api import Pricer
 from meshplan.planner.cluster.spec import ClusterSpec, load_cluster
 from meshplan.planner.estimate.base import Estimate, Estimator, Workload
+from meshplan.planner.estimate.explain import explain_gpu
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
-from meshplan.planner.estimate.explain import explain_gpu
 from meshplan.planner.host.terms import Host
-from meshplan.planner.model.config import load_model
-from meshplan.planner.model.spec import ModelSpec
-from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
-from meshplan.planner.plan.build import model_ref, to_plan
-from meshplan.planner.search.exact import Priced, layout_row, search
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
 from meshplan.planner.layout.stacks import load_stacks
+from meshplan.planner.model.config import load_model
+from meshplan.planner.model.spec import ModelSpec
+from meshplan.planner.plan.build import model_ref, to_plan
+from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
+from meshplan.planner.search.exact import Priced, layout_row, search
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.solve.compression import solve_compression
 from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve

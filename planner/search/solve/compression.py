@@ -18,7 +18,6 @@ all three numbers are dropped before solving (exact: the objective and the budge
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -27,8 +26,6 @@ from ortools.sat.python import cp_model
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan.schema import BucketCompression
-from meshplan.planner.search.solve.compression_problem import compression_problem
-from meshplan.planner.search.solve.compression_types import CompressionChoice, CompressionProblem
 from meshplan.planner.search.solve.common import (
     SolverStatus,
     make_solver,
@@ -36,6 +33,8 @@ from meshplan.planner.search.solve.common import (
     ticks_down,
     ticks_up,
 )
+from meshplan.planner.search.solve.compression_problem import compression_problem
+from meshplan.planner.search.solve.compression_types import CompressionChoice, CompressionProblem
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Optional
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.ops_graph import head_ops, layer_ops
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.search.solve.columns import base_dtype, edge_params
 from meshplan.planner.search.solve.compression_types import CompressionChoice, CompressionProblem
 from meshplan.planner.search.solve.pricing import OpPrices, default_estimator

@@ -33,9 +33,18 @@ from ortools.sat.python import cp_model
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.search.solve.common import SolverStatus, make_solver, ticks
-from meshplan.planner.search.solve.partition_data import (GiB, Evaluation, GroupSlot, PartitionProblem,
-                                                          PartitionSolution,
-                                                   Phase, PipelineOption, StageRun, Table, evaluate)
+from meshplan.planner.search.solve.partition_data import (
+    Evaluation,
+    GiB,
+    GroupSlot,
+    PartitionProblem,
+    PartitionSolution,
+    Phase,
+    PipelineOption,
+    StageRun,
+    Table,
+    evaluate,
+)
 from meshplan.planner.search.solve.partition_model import PartitionModel
 
 __all__ = ["Evaluation", "GroupSlot", "PartitionProblem", "PartitionSolution", "Phase", "PipelineOption", "StageRun",

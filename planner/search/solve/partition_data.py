@@ -9,8 +9,12 @@ from typing import Optional, Sequence
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.plan.schema import Stage
-from meshplan.planner.search.solve.common import (DEFAULT_MEMORY_QUANTUM_BYTES, DEFAULT_QUALITY_QUANTUM,
-                                           DEFAULT_TIME_QUANTUM_S, SolverStatus)
+from meshplan.planner.search.solve.common import (
+    DEFAULT_MEMORY_QUANTUM_BYTES,
+    DEFAULT_QUALITY_QUANTUM,
+    DEFAULT_TIME_QUANTUM_S,
+    SolverStatus,
+)
 
 GiB = 2**30
 Table = Sequence[Sequence[Sequence[Optional[float]]]]  # [layer][group][precision]; None = not supported

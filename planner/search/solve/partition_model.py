@@ -9,6 +9,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.search.solve.common import ticks, ticks_down, ticks_up
 from meshplan.planner.search.solve.partition_data import PartitionProblem, PipelineOption, StageRun
 
+
 def _blocks(problem: PartitionProblem, opt: PipelineOption) -> list[tuple[int, int]]:
     """Runs ``[start, end)`` of consecutive layers whose every number is identical (interchangeable layers)."""
 

@@ -14,16 +14,27 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate.memory import (
+    GRAD_BYTES,
+    OPTIMIZER_BYTES,
+    PARAM_BYTES,
+    activation_bytes_per_layer,
+    layer_shape,
+)
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer,
-                                     layer_shape)
 from meshplan.planner.plan.schema import Stage
 from meshplan.planner.search.solve import problems as pbs
 from meshplan.planner.search.solve.columns import usable_bytes
 from meshplan.planner.search.solve.common import SolverStatus
 from meshplan.planner.search.solve.partition import StageRun, evaluate, solve_partition
-from meshplan.planner.search.solve.qsync import (QSyncGroup, QSyncProblem, QSyncSolution, qsync_evaluate, qsync_problem,
-                                          solve_qsync)
+from meshplan.planner.search.solve.qsync import (
+    QSyncGroup,
+    QSyncProblem,
+    QSyncSolution,
+    qsync_evaluate,
+    qsync_problem,
+    solve_qsync,
+)
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,24 @@ from typing import Optional, Sequence
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.layout.layout import Layout
-from meshplan.planner.estimate.memory import (GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES, activation_bytes_per_layer,
-                                              layer_shape)
+from meshplan.planner.estimate.memory import (
+    GRAD_BYTES,
+    OPTIMIZER_BYTES,
+    PARAM_BYTES,
+    activation_bytes_per_layer,
+    layer_shape,
+)
 from meshplan.planner.estimate.ops_graph import head_ops, layer_ops
-from meshplan.planner.search.solve.columns import (KV_BYTES, check_sensitivity, edge_params, precision_columns,
-                                            resolve_sensitivity, usable_bytes, weight_bytes)
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.search.solve.columns import (
+    KV_BYTES,
+    check_sensitivity,
+    edge_params,
+    precision_columns,
+    resolve_sensitivity,
+    usable_bytes,
+    weight_bytes,
+)
 from meshplan.planner.search.solve.compression_problem import compression_problem
 from meshplan.planner.search.solve.partition_data import GroupSlot, PartitionProblem, Phase, PipelineOption
 from meshplan.planner.search.solve.pricing import OpPrices, default_estimator

@@ -22,12 +22,18 @@ from ortools.sat.python import cp_model
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.layout.layout import Layout
 from meshplan.planner.estimate.ops_graph import layer_ops
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.search.solve.columns import precision_columns, resolve_sensitivity
-from meshplan.planner.search.solve.common import (DEFAULT_QUALITY_QUANTUM, DEFAULT_TIME_QUANTUM_S, SolverStatus,
-                                                  make_solver,
-                                           ticks, ticks_down, ticks_up)
+from meshplan.planner.search.solve.common import (
+    DEFAULT_QUALITY_QUANTUM,
+    DEFAULT_TIME_QUANTUM_S,
+    SolverStatus,
+    make_solver,
+    ticks,
+    ticks_down,
+    ticks_up,
+)
 from meshplan.planner.search.solve.pricing import OpPrices, default_estimator
 
 
