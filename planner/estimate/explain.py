@@ -86,6 +86,20 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
                                                                    sum(compute.values()) / m, dev)
         stages.append({"stage": st, "layers": sum(counts.values()),
                        "compute_s": _rounded(compute), "exposed_comm_s": _rounded(comm)})
+    efficiency = _efficiency(seconds, work_done, dev)
+    slow, step = _step_parts(est, stages)
+    out = {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
+           "stages": stages,
+           "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
+                                 for k, v in sorted(efficiency.items())}}
+    notes = unmeasured(estimator.pricer, dev, first_op)
+    if notes:
+        out["unmeasured"] = notes
+    return out
+
+
+def _efficiency(seconds: dict, work_done: dict, dev) -> dict:
+    """Per op class: the rate it was priced at (FLOP/s compute-bound, B/s memory-bound) and its share of peak."""
     efficiency = {}
     for cls, t in seconds.items():
         kind, dtype = cls.split()[:2]
@@ -97,20 +111,19 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
         elif dev.supports(dtype):
             rate = work_done[cls] / t
             efficiency[cls] = {"achieved": rate, "unit": "FLOP/s", "of_peak": rate / dev.peak(dtype)}
+    return efficiency
+
+
+def _step_parts(est, stages: list[dict]) -> tuple[dict, dict]:
+    """(the slowest stage, the step split into its parts: that stage's compute and exposed communication, the
+    straggler, the gradient sync, the bubble and the optimizer's share)."""
     slow = max(stages, key=lambda x: sum(x["compute_s"].values()) + sum(x["exposed_comm_s"].values()))
     slow_compute, slow_comm = sum(slow["compute_s"].values()), sum(slow["exposed_comm_s"].values())
     step = {"slowest stage compute": slow_compute, "slowest stage exposed comm": slow_comm,
             "slowest of the ranks (straggler)": est.compute_s - slow_compute,
             "gradient sync and overlap cost": est.exposed_comm_s - slow_comm,
             "pipeline bubble": est.bubble_s, "optimizer, fp8 weight casts, FSDP2 copies": est.other_s}
-    out = {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
-           "stages": stages,
-           "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
-                                 for k, v in sorted(efficiency.items())}}
-    notes = unmeasured(estimator.pricer, dev, first_op)
-    if notes:
-        out["unmeasured"] = notes
-    return out
+    return slow, step
 
 
 # FlashAttention-4 (Dao et al. 2026; together.ai/blog/flashattention-4): up to 1,613 TFLOP/s forward in BF16 on a B200

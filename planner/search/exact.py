@@ -228,6 +228,19 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     if progress:
         progress(rk.evaluated + rk.timed)
     wall = time.perf_counter() - t0
+    _refuse_empty(rk, work, fix)
+    closest = rk.closest[1:] if rk.closest else None
+    ranked = _time_balanced(work, estimator, fix, rk.ranked())
+    seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
+    extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
+    return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
+                        pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra,
+                        timed=rk.timed)
+
+
+def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins) -> None:
+    """Raise ``MeshplanError`` when no layout was valid (the first rule broken) or none fits (the closest miss)."""
+    model, cluster = work.model, work.cluster
     if rk.evaluated == 0:
         why = rk.invalid[0] if rk.invalid else explain_empty(model, cluster.world_size, work.global_batch,
                                                              work.seq_len, fix)
@@ -239,13 +252,6 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
             f"{describe(lay)} needing {est.memory.total_bytes / GiB:.1f} GiB of "
             f"{est.memory_limit_bytes / GiB:.1f} GiB usable — misses by "
             f"{(est.memory.total_bytes - est.memory_limit_bytes) / GiB:.1f} GiB")
-    closest = rk.closest[1:] if rk.closest else None
-    ranked = _time_balanced(work, estimator, fix, rk.ranked())
-    seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
-    extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
-    return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
-                        pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra,
-                        timed=rk.timed)
 
 
 def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
@@ -274,50 +280,57 @@ def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
     return sorted(out, key=lambda le: _rank_key(le[0], le[1]))
 
 
+class _Bounds:
+    """The lower bounds the branch and bound orders groups by (module notes), with the extra pricings they took."""
+
+    def __init__(self, rk: _Ranker, estimate) -> None:
+        self.rk, self.estimate, self.extra = rk, estimate, 0
+        self.work2 = replace(rk.work, global_batch=2 * rk.work.global_batch)
+
+    def first_zero0(self, gi: int, g, r: int) -> Optional[tuple[int, Estimate]]:
+        """The first valid ZeRO-0 member of recompute ``r`` of group ``gi``, priced (``None``: there is none)."""
+        for s, (z, _, _) in enumerate(g.shards):
+            if not z:
+                est = self.rk.price(gi, g, r, s)
+                if est is not None:
+                    return s, est
+        return None
+
+    def pipeline_bound(self, g, r: int) -> Optional[float]:
+        """The bound of recompute ``r`` of group ``g`` from the pipeline part alone (the estimator's
+        ``pipeline_bound_s``, the same floats as a priced member's ``pipeline_s + bubble_s``), no member priced in
+        full; ``None``: the estimator has none, or the member is invalid (``first_zero0`` then finds one)."""
+        if self.rk.pipeline_bound is None:
+            return None
+        try:
+            # not validated first: the members share every field the pipeline part reads, so an invalid one
+            # bounds only members that are invalid too (pricing them says why)
+            return self.rk.pipeline_bound(self.rk.work, g.member(r, 0)) * (1 - _REL)
+        except Exception:  # a pipeline that cannot be priced: first_zero0 prices (and validates) a member instead
+            return None
+
+    def bound(self, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
+        """Lower bound on every member of recompute ``r`` of group ``g``: the per-micro-batch part (pipeline and
+        bubble) of its first ZeRO-0 member ``rep``, from that member priced at the global batch and at twice it
+        (``None``: no such member)."""
+        if rep is None:
+            return None
+        s, est = rep
+        if est.pipeline_s is not None:  # the estimator separates it (the GPU estimator): no second pricing
+            return (est.pipeline_s + est.bubble_s) * (1 - _REL)
+        self.extra += 1
+        est2 = self.estimate(self.work2, g.member(r, s))
+        return (est2.step_time_s - est.step_time_s + est.bubble_s) * (1 - _REL)
+
+
 def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     """Best-first branch and bound over ``groups`` (module notes); returns the extra pricings its bounds took.
 
     Raises:
         _Fallback: a pricing contradicted an assumption the bounds rest on.
     """
-    work2 = replace(rk.work, global_batch=2 * rk.work.global_batch)
-    extra = 0
-
-    def first_zero0(gi: int, g, r: int) -> Optional[tuple[int, Estimate]]:
-        """The first valid ZeRO-0 member of recompute ``r`` of group ``gi``, priced (``None``: there is none)."""
-        for s, (z, _, _) in enumerate(g.shards):
-            if not z:
-                est = rk.price(gi, g, r, s)
-                if est is not None:
-                    return s, est
-        return None
-
-    def pipeline_bound(g, r: int) -> Optional[float]:
-        """The bound of recompute ``r`` of group ``g`` from the pipeline part alone (the estimator's
-        ``pipeline_bound_s``, the same floats as a priced member's ``pipeline_s + bubble_s``), no member priced in
-        full; ``None``: the estimator has none, or the member is invalid (``first_zero0`` then finds one)."""
-        if rk.pipeline_bound is None:
-            return None
-        try:
-            # not validated first: the members share every field the pipeline part reads, so an invalid one
-            # bounds only members that are invalid too (pricing them says why)
-            return rk.pipeline_bound(rk.work, g.member(r, 0)) * (1 - _REL)
-        except Exception:  # a pipeline that cannot be priced: first_zero0 prices (and validates) a member instead
-            return None
-
-    def bound(gi: int, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
-        """Lower bound on every member of recompute ``r`` of group ``gi``: the per-micro-batch part (pipeline
-        and bubble) of its first ZeRO-0 member ``rep``, from that member priced at the global batch and at twice
-        it (``None``: no such member)."""
-        nonlocal extra
-        if rep is None:
-            return None
-        s, est = rep
-        if est.pipeline_s is not None:  # the estimator separates it (the GPU estimator): no second pricing
-            return (est.pipeline_s + est.bubble_s) * (1 - _REL)
-        extra += 1
-        est2 = estimate(work2, g.member(r, s))
-        return (est2.step_time_s - est.step_time_s + est.bubble_s) * (1 - _REL)
+    bo = _Bounds(rk, estimate)
+    first_zero0, pipeline_bound = bo.first_zero0, bo.pipeline_bound
 
     # heap items: (bound, group, recompute index or -1 for the whole group, refined). A first bound is the
     # member's compute + bubble (free once it is priced); the tighter one costs a pricing at twice the batch and
@@ -343,7 +356,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         g = groups[gi]
         r0 = g.recomputes.index("none") if r < 0 else r
         if not refined:
-            b = bound(gi, g, r0, reps[gi, r0])
+            b = bo.bound(g, r0, reps[gi, r0])
             if b < lb * (1 - _REL):
                 raise _Fallback(f"{describe(g.member(r0, 0))}: per-micro-batch part {b:.6g} s below its first "
                                 f"bound {lb:.6g} s (its compute + bubble, or recompute=none's bound)")
@@ -367,7 +380,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                 heapq.heappush(heap, (max(lb, cheap), gi, rr, rep is None))
             continue
         _price_family(rk, gi, g, r, lb)
-    return extra
+    return bo.extra
 
 
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
