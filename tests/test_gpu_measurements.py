@@ -1,6 +1,7 @@
-"""The kernels measured on an H200 (costmodel/data/measured/nvidia-h200.json): schema, shapes against the models'
-HF configs, and physics against the device's published peaks (costmodel/data/devices.yaml, NVIDIA H200 datasheet:
-989.4 TFLOP/s dense bf16, 1978.9 fp8, 4.8 TB/s HBM3e). Every rate is recomputed from the stored FLOPs or bytes and
+"""The kernels measured on an H200 and an H100 (costmodel/data/measured/nvidia-h200.json, nvidia-h100.json): schema,
+shapes against the models' HF configs, and physics against each device's published peaks (costmodel/data/devices.yaml:
+the NVIDIA H200 datasheet's 989.4 TFLOP/s dense bf16, 1978.9 fp8, 4.8 TB/s HBM3e; the H100 SXM's 989.4, 1978.9 and
+3.35 TB/s HBM3). Every rate is recomputed from the stored FLOPs or bytes and
 the median time, and every FLOP or byte count from the case's shape, so a wrong count cannot hide a rate above peak.
 Also: the measuring script's --quick mode (tiny shapes on this CPU) writes the same schema."""
 from __future__ import annotations
@@ -16,20 +17,27 @@ import pytest
 from meshplan.costmodel.devices import get_device
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "costmodel" / "data" / "measured" / "nvidia-h200.json"
+MEASURED = ROOT / "costmodel" / "data" / "measured"
+FILES = {"nvidia-h200.json": "H200", "nvidia-h100.json": "H100"}  # file -> the catalogue's device it ran on
 SCRIPT = ROOT / "bench" / "gpu_kernels.py"
 SECTIONS = ("gemm", "permute", "attention", "fp8cast", "memory")
 TIMING_KEYS = ("median_ms", "min_ms", "max_ms", "reps", "first_call_ms")
 
 
-@pytest.fixture(scope="module")
-def data() -> dict:
-    return json.loads(DATA.read_text(encoding="utf-8"))
+@pytest.fixture(scope="module", params=sorted(FILES))
+def measured(request) -> tuple[dict, str]:
+    return json.loads((MEASURED / request.param).read_text(encoding="utf-8")), FILES[request.param]
 
 
 @pytest.fixture(scope="module")
-def h200():
-    return get_device("H200")
+def data(measured) -> dict:
+    return measured[0]
+
+
+@pytest.fixture(scope="module")
+def h200(measured):
+    """The catalogued device the file ran on (the name kept from the first file, an H200)."""
+    return get_device(measured[1])
 
 
 def timings(rec: dict) -> list[dict]:
@@ -76,9 +84,9 @@ def test_every_planned_case_is_there(data):
     assert len(data["sections"]["permute"]["records"]) == len(plan["models"]) * len(plan["permute_tokens"]) * 6
 
 
-def test_device_is_the_catalogued_h200(data, h200):
+def test_device_is_the_catalogued_one(data, h200, measured):
     env = data["environment"]
-    assert "H200" in env["device_name"]
+    assert measured[1] in env["device_name"]
     assert env["sm_count"] == h200.sm_count
     assert env["memory_bytes"] <= h200.memory_bytes
     assert env["nvidia_smi"]["driver_version"]
