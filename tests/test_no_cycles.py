@@ -17,11 +17,7 @@ import networkx as nx
 from tests.helpers import REPO
 
 # Cycles being removed (and who removes them). Empty this as they go; never add to it.
-KNOWN_CYCLES: dict[str, frozenset[str]] = {
-    "costmodel.datasets <-> its loaders (the datasets helper)": frozenset({
-        "meshplan.costmodel.datasets", "meshplan.costmodel.datasets.deepbench",
-        "meshplan.costmodel.datasets.neusight", "meshplan.costmodel.datasets.vidur"}),
-}
+KNOWN_CYCLES: dict[str, frozenset[str]] = {}
 
 
 def package_files() -> list[tuple[str, Path]]:
