@@ -89,8 +89,8 @@ def test_plans_price_and_record_the_states(planned):
     """Memory falls by the bytes the states drop; bf16 gradients halve Megatron's fp32 main grads and their
     data-parallel traffic; the plan file holds a field only when it differs from the default (plans of older
     versions stay byte-identical)."""
-    from meshplan.planner.plan.schema import load_plan
     from meshplan.planner.plan.build import plan_layout
+    from meshplan.planner.plan.schema import load_plan
 
     mem = {k: v.plan.prediction.memory_bytes for k, v in planned.items()}
     params = mem["default"]["weights_bytes"] / 2  # bf16 weights on the rank (no fp8 copies: bf16 run)
