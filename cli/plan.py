@@ -102,6 +102,16 @@ def plan(
                     # the search's figures: layouts in the space, priced in full, pruned (a solver's answer: null)
                     **{k: outcome.counts.get(k) for k in ("layouts_in_space", "layouts_priced", "layouts_pruned")}})
         return
+    render_ranked(outcome)
+    for note in outcome.notes:
+        console.print(note, highlight=False)
+    if explain and outcome.plan.explain:
+        render_explain(outcome.plan.explain)
+    console.print(f"best plan written to [bold]{outcome.path}[/bold]")
+
+
+def render_ranked(outcome) -> None:
+    """The ranked layouts as a rich table whose cells wrap."""
     table = Table(title=outcome.title)
     cols = ("#", "layout", "step s", "tokens/s", "TFLOP/s/dev", "MFU", "peak GiB")
     has_quality = any("quality" in r for r in outcome.rows)
@@ -117,11 +127,6 @@ def plan(
             cells.append(f"{r['quality']:.3g}" if "quality" in r else "")
         table.add_row(*cells)
     console.print(table)
-    for note in outcome.notes:
-        console.print(note, highlight=False)
-    if explain and outcome.plan.explain:
-        render_explain(outcome.plan.explain)
-    console.print(f"best plan written to [bold]{outcome.path}[/bold]")
 
 
 def _write_report(path: Path, outcome) -> None:
