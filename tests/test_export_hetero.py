@@ -101,6 +101,7 @@ def test_targets_that_cannot_pin_stages_refuse(het_plan, runner, tmp_path, targe
     assert "cannot pin a stage to a node" in r.output and "A100-80GB" in r.output and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # 21 s of torchrun; the default suite runs an exported torchrun script in test_export_e2e
 @pytest.mark.skipif(BASH is None, reason="bash not available")
 def test_torchrun_script_places_each_stage_on_its_node(het_plan, tmp_path):
     script = tmp_path / "launch.sh"

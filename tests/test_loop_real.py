@@ -99,8 +99,10 @@ def test_ddp_plan_is_checked_against_its_real_run(ddp):
     assert _phase(d, "compute")["measured_s"] > 0 and _phase(d, "exposed comm")["predicted_s"] > 0
 
 
+# the default suite keeps the pipeline's run (its bubble); FSDP2 and TP run with -m slow (the suite's time on 2 cores)
 @pytest.mark.parametrize("name,fix,phase", [("pp", "pp=2,vpp=1,mbs=4", "bubble"),
-                                            ("fsdp", "dp_shard=2,zero=3,mbs=4", "exposed comm"),
+                                            pytest.param("fsdp", "dp_shard=2,zero=3,mbs=4", "exposed comm",
+                                                         marks=pytest.mark.slow),
                                             pytest.param("tp", "tp=2,mbs=4", "exposed comm",
                                                          marks=pytest.mark.slow)])
 def test_layout_runs_hold_their_phases(runner, tmp_path, name, fix, phase):
@@ -112,6 +114,7 @@ def test_layout_runs_hold_their_phases(runner, tmp_path, name, fix, phase):
     assert _phase(d, phase)["measured_s"] > 0 and _phase(d, phase)["predicted_s"] > 0
 
 
+@pytest.mark.slow  # 21 s: a slowed run of its own (the default suite's check of a real run is the ddp one)
 def test_slowed_run_fails_and_names_compute(ddp):
     """A straggler whose extra time is known exactly (``--delay-rank 1 --delay-ms D``, D = 1.5 steps): the check
     fails, names compute and the straggling rank. (How much of D the breakdown recovers is a measurement:

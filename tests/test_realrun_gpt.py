@@ -113,7 +113,10 @@ def runs():
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("layout", ["ddp", "fsdp", "tp", "pp"])
+# tp and pp run in the slow suite (-m slow): ddp and fsdp (whose run the FSDP2 copy test reuses) keep a real one of
+# each kind of collective in the default suite, which must stay within 10 minutes on 2 cores beside another job
+@pytest.mark.parametrize("layout", ["ddp", "fsdp", pytest.param("tp", marks=pytest.mark.slow),
+                                    pytest.param("pp", marks=pytest.mark.slow)])
 def test_replay_matches_measured_step(runs, layout):
     out = runs(layout)
     run = json.loads((out / "run.json").read_text())
