@@ -63,9 +63,13 @@ def test_a_profile_value_that_is_the_searchs_to_choose_is_refused(tmp_path, monk
 
     bad = tmp_path / "x@1.yaml"
     bad.write_text(yaml.safe_dump({"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1",
-                                   "values": [{"key": "tp", "value": "8", "source": "somewhere @ v1"}]}))
+                                   "values": [{"key": "zero", "value": "3", "source": "somewhere @ v1"}]}))
     monkeypatch.setattr(stacks, "resources", type("R", (), {"files": staticmethod(lambda _: tmp_path.parent)}))
     monkeypatch.setattr(stacks, "STACKS_DIR", tmp_path.name)
+    with pytest.raises(MeshplanError, match="'zero' is the search's to choose"):
+        stacks.load_stacks()
+    bad.write_text(yaml.safe_dump({"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1",
+                                   "values": [{"key": "tp", "value": "8", "source": "somewhere @ v1"}]}))
     with pytest.raises(MeshplanError, match="'tp' is not a decision"):
         stacks.load_stacks()
 
