@@ -80,3 +80,25 @@ def grouped_efficiency(rows_per_group: int, dtype: str, backward: bool, curves: 
     wgrad_bf16 = _at(curves[("wgrad", "bf16")], rows_per_group)
     wgrad = fwd * wgrad_bf16 / _at(curves[("fwd", "bf16")], rows_per_group) if lowp else wgrad_bf16
     return 2.0 / (1.0 / fwd + 1.0 / wgrad)
+
+
+# The catalogue device each measurement file was taken on (``environment.device_name`` in the file: "NVIDIA H200",
+# "NVIDIA H100 80GB HBM3").
+MEASURED_ON = {"nvidia-h200.json": "H200", "nvidia-h100.json": "H100-SXM"}
+
+
+def priced_over_measured(pricer, data: dict, device, curves: dict | None = None) -> dict[tuple[str, int], float]:
+    """(dtype, rows per expert) -> median predicted / measured time of the grouped forward calls in one measurement
+    file, priced by ``pricer`` with the shares of ``curves`` (default: every measured GPU)."""
+    from meshplan.costmodel.ops import OpSpec
+
+    out: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in data["sections"]["gemm"]["records"]:
+        if r["pass"] != "fwd" or "grouped" not in r:
+            continue
+        impl = "rowwise" if r["dtype"] == "fp8" else ""
+        dense = OpSpec("matmul", (r["m_total"], r["n"], r["k"]), r["dtype"], impl=impl)
+        share = grouped_efficiency(r["tokens_per_expert"], r["dtype"], False, curves)
+        out[(r["dtype"], r["tokens_per_expert"])].append(
+            pricer.predict(dense, device) / share * 1e3 / r["grouped"]["median_ms"])
+    return {k: statistics.median(v) for k, v in out.items()}

@@ -4,19 +4,17 @@ one H100 (``costmodel/data/measured``; ``bench/gpu_kernels.py``, BENCHMARKS.md "
 The truth is each measured grouped call (CUDA events, medians). The price is the learned model's dense GEMM of the
 same total size (trained on other kernels) times the grouped kernel's share; the share is measured, so each device is
 also priced with the share taken from the other device's file alone (leave one device out)."""
-import statistics
 
 import pytest
 
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import catalogue
-from meshplan.costmodel.grouped import curves_of, grouped_efficiency, measured_files
+from meshplan.costmodel.grouped import MEASURED_ON as DEVICE_OF
+from meshplan.costmodel.grouped import curves_of, measured_files, priced_over_measured
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.ops_graph import expert_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
-
-DEVICE_OF = {"nvidia-h200.json": "H200", "nvidia-h100.json": "H100-SXM"}
 
 
 @pytest.fixture(scope="module")
@@ -26,20 +24,6 @@ def files():
     return got
 
 
-def _grouped_ratios(pricer, data, device, curves=None) -> dict[tuple[str, int], float]:
-    """(dtype, rows per expert) -> median predicted / measured time of the grouped forward call."""
-    out: dict[tuple[str, int], list[float]] = {}
-    for r in data["sections"]["gemm"]["records"]:
-        if r["pass"] != "fwd" or "grouped" not in r:
-            continue
-        impl = "rowwise" if r["dtype"] == "fp8" else ""
-        dense = OpSpec("matmul", (r["m_total"], r["n"], r["k"]), r["dtype"], impl=impl)
-        share = grouped_efficiency(r["tokens_per_expert"], r["dtype"], False, curves)
-        pred = pricer.predict(dense, device) / share
-        out.setdefault((r["dtype"], r["tokens_per_expert"]), []).append(pred * 1e3 / r["grouped"]["median_ms"])
-    return {k: statistics.median(v) for k, v in out.items()}
-
-
 @pytest.mark.parametrize("name", sorted(DEVICE_OF))
 def test_grouped_calls_priced_within_measurement(files, name):
     """Every width and dtype measured: the median grouped call priced within 0.75-1.25x of its measured time (0.80-1.12
@@ -47,7 +31,7 @@ def test_grouped_calls_priced_within_measurement(files, name):
     shipped model priced the same calls as separate GEMMs at 1.44-1.48x for bf16 at 128-512 rows and 0.70-0.78x
     for fp8: BENCHMARKS.md)."""
     pricer, dev = Pricer.shipped(), catalogue()[DEVICE_OF[name]]
-    ratios = _grouped_ratios(pricer, files[name], dev)
+    ratios = priced_over_measured(pricer, files[name], dev)
     assert {d for d, _ in ratios} == {"bf16", "fp8"} and len(ratios) == 8, ratios
     for key, r in ratios.items():
         assert 0.75 <= r <= 1.25, (name, key, round(r, 3))
@@ -59,7 +43,7 @@ def test_grouped_share_transfers_between_devices(files, held_out):
     within 0.75-1.33x at every width and dtype (0.78-1.19 when written)."""
     other = [d for n, d in files.items() if n != held_out and n in DEVICE_OF]
     curves = curves_of(other)
-    ratios = _grouped_ratios(Pricer.shipped(), files[held_out], catalogue()[DEVICE_OF[held_out]], curves)
+    ratios = priced_over_measured(Pricer.shipped(), files[held_out], catalogue()[DEVICE_OF[held_out]], curves)
     for key, r in ratios.items():
         assert 0.75 <= r <= 1.33, (held_out, key, round(r, 3))
 
