@@ -655,7 +655,8 @@ def _fitted_cells(fitted: list[dict]) -> list[list[str]]:
 
 
 def render_fitted(fitted: list[dict], console: Console) -> None:
-    t = Table(title="what the prices were fitted to (error on kernel timings: learned classes MAPE, grouped share median)")
+    t = Table(title="what the prices were fitted to (error on kernel timings: learned classes MAPE, grouped "
+                    "share median)")
     for col in FITTED_COLUMNS:
         t.add_column(col, overflow="fold")
     for cells in _fitted_cells(fitted):
