@@ -2,8 +2,9 @@
 
 Prices each measured case the way the planner does (``planner`` expert ops: one grouped GEMM of ``experts_local``
 groups of ``tokens_per_expert`` rows, ``costmodel.grouped``; fused attention from the published curves by
-implementation; memory-bound kernels by op class) and prints predicted / measured medians, grouped by what moves the ratio. Reads only; the
-measurements are not fed back into the model. ``--tables`` prints the measured medians as markdown instead.
+implementation; memory-bound kernels by op class) and prints predicted / measured medians, grouped by what moves
+the ratio. Reads only; the measurements are not fed back into the model. ``--tables`` prints the measured medians
+as markdown instead.
 
     python bench/gpu_kernels_vs_costmodel.py [--data costmodel/data/measured/nvidia-h200.json] [--device H200]
 """
