@@ -1,0 +1,113 @@
+"""meshplan's price of each published NCCL measurement against the measurement, by node count and message size.
+
+Measurements (data/README.md): the nccl-tests all-reduce logs NetX-lab/Echo publishes (Azure ND A100 v4, 2-128
+GPUs, 1-16 nodes; ``data/nccl_tests/nccl_tests.csv``) and Vidur's NCCL all-reduce tables (DGX A100 up to 2 nodes,
+DGX H100 in a node; ``data/kernels/vidur/network``). Each point is priced the way the planner prices a collective:
+the cluster ``NODESx8xDEVICE``, the group of ``p`` ranks with ``gpus_per_node`` on each node (stride
+``8 / gpus_per_node``), ``ClusterSpec.collective_link`` for the link, ``costmodel.collectives.collective_time_s``.
+
+Usage (from the repository root):
+    python bench/nccl_vs_costmodel.py [--markdown] [--source echo|vidur-a100|vidur-h100]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from meshplan.costmodel.collectives import collective_time_s
+from meshplan.planner.cluster.spec import load_cluster
+
+REPO = Path(__file__).resolve().parents[1]
+ECHO_CSV = REPO / "data" / "nccl_tests" / "nccl_tests.csv"
+VIDUR = REPO / "data" / "kernels" / "vidur" / "network"
+NODE_GPUS = 8  # every cluster here has 8 GPUs per node (DGX / HGX / ND A100 v4)
+SIZE_BINS = ((0, 64 << 10, "<64K"), (64 << 10, 1 << 20, "64K-1M"), (1 << 20, 16 << 20, "1M-16M"),
+             (16 << 20, 256 << 20, "16M-256M"), (256 << 20, 1 << 62, ">=256M"))
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured collective: ``source``, ``device`` (a meshplan device name), ``kind``, ``nodes``,
+    ``gpus_per_node``, ``size_bytes``, ``measured_s``."""
+
+    source: str
+    device: str
+    kind: str
+    nodes: int
+    gpus_per_node: int
+    size_bytes: float
+    measured_s: float
+
+
+def load_points(repo: Path = REPO) -> list[Point]:
+    """Every measured all-reduce of the sources above (one GPU per rank, sizes from 1 KiB)."""
+    pts = []
+    echo = pd.read_csv(repo / ECHO_CSV.relative_to(REPO))
+    for r in echo.itertuples():
+        if r.size_bytes >= 1024:
+            pts.append(Point("echo", "A100", r.collective, r.nodes, r.gpus_per_node, r.size_bytes, r.time_us * 1e-6))
+    for node, device in (("a100_dgx", "A100"), ("h100_dgx", "H100")):
+        df = pd.read_csv(repo / VIDUR.relative_to(REPO) / node / "all_reduce.csv.xz")
+        for r in df.itertuples():
+            p, dpn = int(r.num_workers), int(r.devices_per_node)
+            pts.append(Point(f"vidur-{device.lower()}", device, "allreduce", -(-p // dpn), dpn, float(r.size),
+                             float(getattr(r, "_3")) * 1e-3))  # time_stats.all_reduce.median, ms
+    return pts
+
+
+def price_s(pt: Point) -> float:
+    """meshplan's price of ``pt``: the planner's link for that group and the alpha-beta collective on it."""
+    cluster = load_cluster(f"{pt.nodes}x{NODE_GPUS}x{pt.device}" if pt.nodes > 1 else f"{NODE_GPUS}x{pt.device}")
+    p = pt.nodes * pt.gpus_per_node
+    link = cluster.collective_link(p, NODE_GPUS // pt.gpus_per_node)
+    return collective_time_s(pt.kind, pt.size_bytes, p, link)
+
+
+def errors(points: list[Point]) -> pd.DataFrame:
+    """One row per point with its price and signed error (price / measured - 1)."""
+    rows = [{"source": pt.source, "nodes": pt.nodes, "gpus_per_node": pt.gpus_per_node, "gpus": pt.nodes *
+             pt.gpus_per_node, "size_bytes": pt.size_bytes, "measured_s": pt.measured_s, "price_s": price_s(pt)}
+            for pt in points]
+    df = pd.DataFrame(rows)
+    df["err"] = df.price_s / df.measured_s - 1
+    df["size_bin"] = pd.cut(df.size_bytes, [b[0] for b in SIZE_BINS] + [SIZE_BINS[-1][1]], right=False,
+                            labels=[b[2] for b in SIZE_BINS])
+    return df
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean signed error (bias) and mean |error| per source, nodes x GPUs per node and size bin, in percent."""
+    g = df.groupby(["source", "nodes", "gpus_per_node", "size_bin"], observed=True).err
+    out = pd.DataFrame({"n": g.size(), "bias_pct": 100 * g.mean(), "mape_pct": 100 * g.apply(lambda e: e.abs().mean())})
+    return out.round(1)
+
+
+def pivot(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean signed error (percent) per (source, nodes, GPUs per node) row and size-bin column."""
+    t = df.groupby(["source", "nodes", "gpus_per_node", "size_bin"], observed=True).err.mean().unstack("size_bin")
+    t["all |err|"] = df.groupby(["source", "nodes", "gpus_per_node"]).err.apply(lambda e: e.abs().mean())
+    return (100 * t).round(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    ap.add_argument("--source", choices=("echo", "vidur-a100", "vidur-h100"), help="only this source")
+    args = ap.parse_args(argv)
+    df = errors([p for p in load_points() if args.source in (None, p.source)])
+    t = pivot(df)
+    print("mean signed error of meshplan's price, % (positive: priced slower than measured)")
+    print(t.to_markdown() if args.markdown else t.to_string())
+    by_src = df.groupby("source").err.apply(lambda e: 100 * e.abs().mean()).round(1)
+    print("\nmean |error| per source, %: " + ", ".join(f"{k} {v}" for k, v in by_src.items()))
+    print(f"all {len(df)} points: mean |error| {100 * np.abs(df.err).mean():.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
