@@ -7,7 +7,7 @@ the cluster ``NODESx8xDEVICE``, the group of ``p`` ranks with ``gpus_per_node`` 
 ``8 / gpus_per_node``), ``ClusterSpec.collective_link`` for the link, ``costmodel.collectives.collective_time_s``.
 
 Usage (from the repository root):
-    python bench/nccl_vs_costmodel.py [--markdown] [--source echo|vidur-a100|vidur-h100]
+    python bench/nccl_vs_costmodel.py [--markdown] [--flat] [--source echo|vidur-a100|vidur-h100]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.planner.cluster.spec import load_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,31 +60,27 @@ def load_points(repo: Path = REPO) -> list[Point]:
     return pts
 
 
-def price_s(pt: Point) -> float:
-    """meshplan's price of ``pt``: the planner's link for that group and the alpha-beta collective on it."""
+def price_s(pt: Point, flat: bool = False) -> float:
+    """meshplan's price of ``pt``: the planner's link for that group and the alpha-beta collective on it.
+    ``flat``: every ring step at the link's (network) alpha, as meshplan priced it before 2026-11-26."""
     cluster = load_cluster(f"{pt.nodes}x{NODE_GPUS}x{pt.device}" if pt.nodes > 1 else f"{NODE_GPUS}x{pt.device}")
     p = pt.nodes * pt.gpus_per_node
     link = cluster.collective_link(p, NODE_GPUS // pt.gpus_per_node)
+    if flat:
+        link = Link(link.name, link.bandwidth_bytes_per_s, link.latency_s)
     return collective_time_s(pt.kind, pt.size_bytes, p, link)
 
 
-def errors(points: list[Point]) -> pd.DataFrame:
+def errors(points: list[Point], flat: bool = False) -> pd.DataFrame:
     """One row per point with its price and signed error (price / measured - 1)."""
     rows = [{"source": pt.source, "nodes": pt.nodes, "gpus_per_node": pt.gpus_per_node, "gpus": pt.nodes *
-             pt.gpus_per_node, "size_bytes": pt.size_bytes, "measured_s": pt.measured_s, "price_s": price_s(pt)}
-            for pt in points]
+             pt.gpus_per_node, "size_bytes": pt.size_bytes, "measured_s": pt.measured_s,
+             "price_s": price_s(pt, flat)} for pt in points]
     df = pd.DataFrame(rows)
     df["err"] = df.price_s / df.measured_s - 1
     df["size_bin"] = pd.cut(df.size_bytes, [b[0] for b in SIZE_BINS] + [SIZE_BINS[-1][1]], right=False,
                             labels=[b[2] for b in SIZE_BINS])
     return df
-
-
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean signed error (bias) and mean |error| per source, nodes x GPUs per node and size bin, in percent."""
-    g = df.groupby(["source", "nodes", "gpus_per_node", "size_bin"], observed=True).err
-    out = pd.DataFrame({"n": g.size(), "bias_pct": 100 * g.mean(), "mape_pct": 100 * g.apply(lambda e: e.abs().mean())})
-    return out.round(1)
 
 
 def pivot(df: pd.DataFrame) -> pd.DataFrame:
@@ -94,15 +90,26 @@ def pivot(df: pd.DataFrame) -> pd.DataFrame:
     return (100 * t).round(1)
 
 
+def markdown(t: pd.DataFrame) -> str:
+    """A Markdown table of ``pivot``'s frame (no tabulate dependency)."""
+    head = ["source", "nodes", "GPUs/node", *map(str, t.columns)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for idx, row in t.iterrows():
+        cells = [*map(str, idx), *("" if pd.isna(v) else f"{v:+.1f}" for v in row.iloc[:-1]), f"{row.iloc[-1]:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
     ap.add_argument("--source", choices=("echo", "vidur-a100", "vidur-h100"), help="only this source")
+    ap.add_argument("--flat", action="store_true", help="every ring step at the network alpha (the earlier model)")
     args = ap.parse_args(argv)
-    df = errors([p for p in load_points() if args.source in (None, p.source)])
+    df = errors([p for p in load_points() if args.source in (None, p.source)], args.flat)
     t = pivot(df)
     print("mean signed error of meshplan's price, % (positive: priced slower than measured)")
-    print(t.to_markdown() if args.markdown else t.to_string())
+    print(markdown(t) if args.markdown else t.to_string())
     by_src = df.groupby("source").err.apply(lambda e: 100 * e.abs().mean()).round(1)
     print("\nmean |error| per source, %: " + ", ".join(f"{k} {v}" for k, v in by_src.items()))
     print(f"all {len(df)} points: mean |error| {100 * np.abs(df.err).mean():.1f}%")
