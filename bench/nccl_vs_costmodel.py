@@ -90,6 +90,24 @@ def pivot(df: pd.DataFrame) -> pd.DataFrame:
     return (100 * t).round(1)
 
 
+def fit_alpha_busbw(df: pd.DataFrame, min_bytes: float = 1 << 20) -> pd.DataFrame:
+    """Per (source, nodes, GPUs per node): the measured and the priced curve each fitted as ``t = a + f n / B``
+    (all-reduce ``f = 2 (p - 1) / p``; least squares in relative error, Hockney's alpha-beta) over sizes from
+    ``min_bytes``: the latency ``a`` (us) and bus bandwidth ``B`` (GB/s) a span shows, against meshplan's."""
+    out = []
+    for key, g in df[df.size_bytes >= min_bytes].groupby(["source", "nodes", "gpus_per_node"]):
+        if len(g) < 3:
+            continue
+        f = 2 * (g.gpus - 1) / g.gpus
+        row = dict(zip(("source", "nodes", "gpus_per_node"), key))
+        for name, t in (("measured", g.measured_s), ("priced", g.price_s)):
+            a_mat = np.column_stack([1 / t, f * g.size_bytes / t])
+            a, inv_b = np.linalg.lstsq(a_mat, np.ones(len(g)), rcond=None)[0]
+            row[f"{name}_a_us"], row[f"{name}_busbw_gbps"] = round(a * 1e6, 1), round(1 / inv_b / 1e9, 1)
+        out.append(row)
+    return pd.DataFrame(out).set_index(["source", "nodes", "gpus_per_node"])
+
+
 def markdown(t: pd.DataFrame) -> str:
     """A Markdown table of ``pivot``'s frame (no tabulate dependency)."""
     head = ["source", "nodes", "GPUs/node", *map(str, t.columns)]
@@ -113,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     by_src = df.groupby("source").err.apply(lambda e: 100 * e.abs().mean()).round(1)
     print("\nmean |error| per source, %: " + ", ".join(f"{k} {v}" for k, v in by_src.items()))
     print(f"all {len(df)} points: mean |error| {100 * np.abs(df.err).mean():.1f}%")
+    fit = fit_alpha_busbw(df)
+    print("\nlatency a (us) and bus bandwidth B (GB/s) of t = a + 2 (p-1)/p n / B fitted from 1 MiB up, measured vs "
+          "priced")
+    print(fit.to_string())
     return 0
 
 

@@ -108,3 +108,12 @@ def test_echo_error_does_not_grow_with_node_count(bench):
     busbw = 2 * (large.nodes * 8 - 1) / (large.nodes * 8) * large.size_bytes / large.measured_s / 1e9
     assert busbw.between(115, 135).all()
     assert math.isclose(busbw.median(), 126, rel_tol=0.04)
+
+
+def test_the_bench_fit_recovers_a_known_alpha_and_bandwidth(bench):
+    """The alpha-beta fit the bench prints, run on meshplan's own prices of one node's 8-GPU ring (exactly
+    14 x 5 us + 2 (7/8) n / 240 GB/s, links.yaml's DGX A100 NVLink), gives back 70 us and 240 GB/s."""
+    df = _echo_errors(bench)
+    fit = bench.fit_alpha_busbw(df).loc[("echo", 1, 8)]
+    assert fit.priced_a_us == pytest.approx(70.0, abs=0.1)
+    assert fit.priced_busbw_gbps == pytest.approx(240.0, abs=0.1)
