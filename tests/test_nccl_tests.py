@@ -52,13 +52,26 @@ def test_ranks_and_nodes_come_from_the_logs_device_lines(parse, log, ranks, node
 
 def test_busbw_is_nccl_tests_own_arithmetic(parse):
     """Every parsed row: algbw = size / time and busbw = algbw x 2 (n-1)/n, to the logs' two decimals."""
-    rows = [r for r in parse.table() if r["busbw_gbps"] >= 1.0]
+    rows = [r for r in parse.table() if r["busbw_gbps"] >= 1.0 and r["source"] == "echo"]
     assert len(rows) > 80
     for r in rows:
         n = r["nodes"] * r["gpus_per_node"]
         algbw = r["size_bytes"] / (r["time_us"] * 1e3)
         assert r["algbw_gbps"] == pytest.approx(algbw, rel=0.01, abs=0.01)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (n - 1) / n, rel=0.01, abs=0.01)
+
+
+def test_the_mscclpp_table_gives_every_nccl_cell_once(parse):
+    """microsoft/mscclpp's NDmv4 page: 3 layouts x 3 NCCL columns at 1K (latency), 1G (busbw) and, for 2 nodes of 8,
+    4G: 21 cells, each as stated (the other columns by nccl-tests' arithmetic)."""
+    rows = [r for r in parse.table() if r["source"] == "mscclpp"]
+    assert len(rows) == 21
+    cell = {(r["collective"], r["nodes"], r["gpus_per_node"], r["size_bytes"]): r for r in rows}
+    assert cell["allreduce", 2, 8, 1 << 30]["busbw_gbps"] == 183.82
+    assert cell["allreduce", 2, 1, 1 << 10]["time_us"] == 21.27
+    assert cell["alltoall", 2, 8, 4 << 30]["busbw_gbps"] == 37.81
+    ag = cell["allgather", 2, 8, 1 << 30]  # busbw = algbw x 15/16, time = size / algbw
+    assert ag["time_us"] == pytest.approx((1 << 30) * 15 / 16 / (177.05 * 1e3), rel=1e-4)
 
 
 def test_a_ring_pays_the_network_alpha_only_between_nodes():
