@@ -3,8 +3,8 @@
 Measurements (data/README.md): the nccl-tests all-reduce logs NetX-lab/Echo publishes (Azure ND A100 v4, 2-128
 GPUs, 1-16 nodes), microsoft/mscclpp's table of NCCL all-gather, all-reduce and all-to-all on Azure NDm A100 v4
 (1 node of 8, 2 nodes of 1 and of 8; ``data/nccl_tests/nccl_tests.csv``) and Vidur's NCCL all-reduce tables (DGX
-A100 up to 2 nodes, DGX H100 in a node; ``data/kernels/vidur/network``). Each point is priced the way the planner prices a collective:
-the cluster ``NODESx8xDEVICE``, the group of ``p`` ranks with ``gpus_per_node`` on each node (stride
+A100 up to 2 nodes, DGX H100 in a node; ``data/kernels/vidur/network``). Each point is priced the way the
+planner prices a collective: the cluster ``NODESx8xDEVICE``, the group of ``p`` ranks with ``gpus_per_node`` on each node (stride
 ``8 / gpus_per_node``), ``ClusterSpec.collective_link`` for the link (``alltoall_link`` for an all-to-all),
 ``costmodel.collectives.collective_time_s``.
 
@@ -77,8 +77,8 @@ def price_s(pt: Point, flat: bool = False) -> float:
 
 def errors(points: list[Point], flat: bool = False) -> pd.DataFrame:
     """One row per point with its price and signed error (price / measured - 1)."""
-    rows = [{"source": pt.source, "kind": pt.kind, "nodes": pt.nodes, "gpus_per_node": pt.gpus_per_node, "gpus": pt.nodes *
-             pt.gpus_per_node, "size_bytes": pt.size_bytes, "measured_s": pt.measured_s,
+    rows = [{"source": pt.source, "kind": pt.kind, "nodes": pt.nodes, "gpus_per_node": pt.gpus_per_node,
+             "gpus": pt.nodes * pt.gpus_per_node, "size_bytes": pt.size_bytes, "measured_s": pt.measured_s,
              "price_s": price_s(pt, flat)} for pt in points]
     df = pd.DataFrame(rows)
     df["err"] = df.price_s / df.measured_s - 1
