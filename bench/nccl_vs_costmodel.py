@@ -4,9 +4,9 @@ Measurements (data/README.md): the nccl-tests all-reduce logs NetX-lab/Echo publ
 GPUs, 1-16 nodes), microsoft/mscclpp's table of NCCL all-gather, all-reduce and all-to-all on Azure NDm A100 v4
 (1 node of 8, 2 nodes of 1 and of 8; ``data/nccl_tests/nccl_tests.csv``) and Vidur's NCCL all-reduce tables (DGX
 A100 up to 2 nodes, DGX H100 in a node; ``data/kernels/vidur/network``). Each point is priced the way the
-planner prices a collective: the cluster ``NODESx8xDEVICE``, the group of ``p`` ranks with ``gpus_per_node`` on each node (stride
-``8 / gpus_per_node``), ``ClusterSpec.collective_link`` for the link (``alltoall_link`` for an all-to-all),
-``costmodel.collectives.collective_time_s``.
+planner prices a collective: the cluster ``NODESx8xDEVICE``, the group of ``p`` ranks with ``gpus_per_node`` on
+each node (stride ``8 / gpus_per_node``), ``ClusterSpec.collective_link`` for the link (``alltoall_link`` for an
+all-to-all), ``costmodel.collectives.collective_time_s``.
 
 Usage (from the repository root):
     python bench/nccl_vs_costmodel.py [--markdown] [--flat] [--source echo|mscclpp|vidur-a100|vidur-h100]
@@ -96,9 +96,9 @@ def pivot(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_alpha_busbw(df: pd.DataFrame, min_bytes: float = 1 << 20) -> pd.DataFrame:
-    """Per (source, nodes, GPUs per node) of the all-reduces: the measured and the priced curve each fitted as ``t = a + f n / B``
-    (all-reduce ``f = 2 (p - 1) / p``; least squares in relative error, Hockney's alpha-beta) over sizes from
-    ``min_bytes``: the latency ``a`` (us) and bus bandwidth ``B`` (GB/s) a span shows, against meshplan's."""
+    """Per (source, nodes, GPUs per node) of the all-reduces: the measured and the priced curve each fitted as
+    ``t = a + f n / B`` (``f = 2 (p - 1) / p``; least squares in relative error, Hockney's alpha-beta) over sizes
+    from ``min_bytes``: the latency ``a`` (us) and bus bandwidth ``B`` (GB/s) a span shows, against meshplan's."""
     out = []
     ar = df[(df.kind == "allreduce") & (df.size_bytes >= min_bytes)]
     for key, g in ar.groupby(["source", "nodes", "gpus_per_node"]):
