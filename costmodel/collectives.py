@@ -8,9 +8,16 @@ For p participants and a payload of n bytes (the full tensor on each rank):
     all-to-all:               (p-1) alpha + (p-1)/p * n / B
     send/recv:                alpha + n / B
 B is the per-rank bandwidth of the slowest link the ring crosses, in bytes/s.
+
+A group that spans ``N`` nodes (``Link.nodes``) pays the network's alpha only on the ring steps that cross a node:
+NCCL's own cost model (NVIDIA/nccl ``src/graph/tuning.cc`` @ 5067397, ``ncclTopoTuneModel``) counts ``N - 1`` such
+steps per ring phase (``2 (N - 1)`` for all-reduce) and the rest at the intra-node link's alpha, and prices an
+all-reduce over nodes by a double binary tree too (``2 ((k - 1) alpha_intra + log2(N) alpha_net)``, ``k`` ranks per
+node), taking the faster. The alphas are links.yaml's measured ones; nothing here is fitted.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -21,12 +28,30 @@ class Link:
     Attributes:
         name: e.g. ``nvlink4``, ``ib-ndr-8x400``, ``gloo-loopback``.
         bandwidth_bytes_per_s: Achievable unidirectional bandwidth per rank (bus bandwidth), bytes/s.
-        latency_s: Per-message latency (alpha), seconds.
+        latency_s: Per-message latency (alpha), seconds; across nodes, the network's.
+        nodes: Nodes (or NVLink domains) the group spans, as ``ClusterSpec.collective_link`` counts them; 1 = the
+            whole ring on one link class, every step at ``latency_s``.
+        intra_latency_s: Alpha of the ring steps inside a node when ``nodes > 1`` (the NVLink's).
     """
 
     name: str
     bandwidth_bytes_per_s: float
     latency_s: float
+    nodes: int = 1
+    intra_latency_s: float = 0.0
+
+
+def ring_latency_s(kind: str, group_size: int, link: Link) -> float:
+    """The latency part of a ring (or, for all-reduce across nodes, tree) collective, seconds (see module doc)."""
+    p, n = group_size, link.nodes
+    phases = 2 if kind == "allreduce" else 1
+    if n <= 1:  # every step on one link class
+        return phases * (p - 1) * link.latency_s
+    ring = phases * ((p - n) * link.intra_latency_s + (n - 1) * link.latency_s)
+    if kind != "allreduce":
+        return ring
+    tree = 2 * ((p / n - 1) * link.intra_latency_s + math.ceil(math.log2(n)) * link.latency_s)
+    return min(ring, tree)
 
 
 def collective_time_s(kind: str, nbytes: float, group_size: int, link: Link) -> float:
@@ -45,7 +70,9 @@ def collective_time_s(kind: str, nbytes: float, group_size: int, link: Link) -> 
         return 0.0
     frac = (p - 1) / p
     if kind == "allreduce":
-        return 2 * (p - 1) * link.latency_s + 2 * frac * nbytes / link.bandwidth_bytes_per_s
-    if kind in ("allgather", "reducescatter", "alltoall"):
+        return ring_latency_s(kind, p, link) + 2 * frac * nbytes / link.bandwidth_bytes_per_s
+    if kind in ("allgather", "reducescatter"):
+        return ring_latency_s(kind, p, link) + frac * nbytes / link.bandwidth_bytes_per_s
+    if kind == "alltoall":  # every pair exchanges directly: no ring steps to split by node
         return (p - 1) * link.latency_s + frac * nbytes / link.bandwidth_bytes_per_s
     raise ValueError(f"unknown collective kind {kind!r}")

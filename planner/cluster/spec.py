@@ -179,7 +179,8 @@ class ClusterSpec:
         NIC and the node boundary is crossed by ``k`` channels in parallel; never faster than the intra-node link
         the ring also uses.
         Vidur's DGX A100 all-reduce over 2 nodes (shared/kernels/vidur/network) scales this way: bus bandwidth
-        5.9, 11.9, 22.4 GB/s for 1, 2, 4 GPUs per node.
+        5.9, 11.9, 22.4 GB/s for 1, 2, 4 GPUs per node. The link carries the nodes the group spans and the
+        NVLink's alpha, so a ring pays the network's alpha only where it crosses a node (``costmodel.collectives``).
 
         Args:
             group_size: Members of the collective.
@@ -200,7 +201,9 @@ class ClusterSpec:
         nic = g.nic_link or self.inter_link
         bw = min(g.intra_link.bandwidth_bytes_per_s, per_node * nic.bandwidth_bytes_per_s)
         name = nic.name if per_node == 1 else f"{nic.name}x{per_node}"
-        return Link(name, bw, max(nic.latency_s, g.intra_link.latency_s))
+        # only the ring steps that cross a node pay the network's alpha (costmodel.collectives, NCCL's tuning.cc)
+        return Link(name, bw, max(nic.latency_s, g.intra_link.latency_s), nodes=-(-group_size // per_node),
+                    intra_latency_s=g.intra_link.latency_s)
 
     def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0,
                       routing_groups: tuple[int, int] = (1, 0)) -> Link:
