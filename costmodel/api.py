@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CL
     from meshplan.costmodel.collective_model import CollectiveModel
     from meshplan.costmodel.learned import LearnedModel
 
+# How a Mamba-2 SSD scan is priced: no op-level dataset measures it, so the calibrated roofline over the FLOPs of
+# the paper's chunked algorithm and the bytes of mamba_ssm's five kernels (costmodel.ops.ssd_flops / ssd_bytes)
+SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §6) and the HBM bytes of mamba_ssm's "
+              "five chunked-scan kernels (no published per-kernel timing)")
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 
 # fp8 GEMMs, priced from their bf16 twin: no fp8 kernel measurements reach the learned model, and an fp8 GEMM is not
@@ -172,6 +176,8 @@ class Pricer:
             t = fused_attention_s(op, device)
             if t is not None:
                 return t, f"published {op.impl} curve"
+        if op.kind == "ssd":  # no op-level dataset measures it: the roofline over its FLOPs and bytes
+            return roofline_predict(op, device), SSD_SOURCE
         twin = _bf16_twin(op)
         if twin is not None and device.supports("bf16"):
             sec, src = self.predict_with_source(twin, device)
@@ -197,7 +203,9 @@ class Pricer:
         for op in dict.fromkeys(ops):
             twin = _bf16_twin(op)
             op = twin if twin is not None and device.supports("bf16") else op
-            if op.is_collective or (op.kind == "attention" and op.impl) or (op, device) in self._memo:
+            if op.is_collective or (op.kind == "attention" and op.impl) or op.kind == "ssd":
+                continue
+            if (op, device) in self._memo:
                 continue
             todo.append(op)
         if not todo:
@@ -220,12 +228,17 @@ class Pricer:
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):
                 priced[i], scale[i] = twin, fp8_time_share(o, d)
+        ssd = [i for i, o in enumerate(priced) if o.kind == "ssd"]
+        for i in ssd:  # priced below by the roofline; the learned model holds no SSD class
+            priced[i] = OpSpec("copy", (1,))
         if self.model is None:
             out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale
         else:
             sec, src = self.model.predict_ops(priced, devs)
             self._note(src, priced, devs)
             out = sec * scale
+        for i in ssd:
+            out[i] = roofline_predict(ops[i], devs[i])
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
                 t = fused_attention_s(o, d)
