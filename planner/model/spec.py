@@ -191,6 +191,21 @@ class ModelSpec:
         """d_inner = heads x head dim (megatron-core ``MambaMixer``: ``self.d_inner = self.nheads * self.headdim``)."""
         return self.mamba_heads * self.mamba_head_dim
 
+    def mamba_split_problem(self, tp: int, cp: int) -> str:
+        """Why megatron-core cannot split this model's Mamba mixers over ``tp`` x ``cp`` ranks ("" when it can):
+        ``MambaMixer`` asserts that tp divides the heads and the groups; ``MambaContextParallel`` (all-to-all CP,
+        heads split over the CP group) that cp divides the heads per tp rank, and the groups per tp rank or
+        the other way round (groups are then repeated)."""
+        if not self.is_hybrid or "M" not in self.layer_pattern:
+            return ""
+        heads, groups = self.mamba_heads, self.mamba_groups
+        if heads % tp or groups % tp:
+            return f"tp={tp} must divide the {heads} Mamba heads and {groups} Mamba groups (megatron-core MambaMixer)"
+        if cp > 1 and ((heads // tp) % cp or ((groups // tp) % cp and cp % (groups // tp))):
+            return (f"cp={cp} must divide the {heads // tp} Mamba heads per tp rank, and divide or be a multiple of "
+                    f"its {groups // tp} groups (megatron-core MambaContextParallel)")
+        return ""
+
     def is_window_layer(self, i: int) -> bool:
         return bool(self.sliding_window) and i in self.window_layers
 
@@ -351,6 +366,14 @@ class ModelSpec:
     def mtp_params(self) -> int:
         """Counted MTP modules' parameters (0 with MTP off)."""
         return self.mtp_modules * self._mtp_module_params(False) if self.num_mtp_layers else 0
+
+    @property
+    def mtp_routed_expert_params(self) -> int:
+        """The routed experts among ``mtp_params`` (the part expert parallelism shards)."""
+        if not self.num_mtp_layers:
+            return 0
+        kinds = self.mtp_pattern or self.layer_kind(self.num_layers - 1)
+        return self.mtp_modules * kinds.count("E") * self.num_experts * self._expert_params()
 
     @property
     def mtp_active_params(self) -> int:
