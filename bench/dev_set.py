@@ -2,8 +2,8 @@
 
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
-Each in-scope row (Nemotron V3 Ultra excepted: no config) goes through ``meshplan.planner.search.job.plan_job``, the library
-call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
+Each in-scope row (Nemotron V3 Ultra excepted: no config) goes through ``meshplan.planner.search.job.plan_job``,
+the library call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
 ``NxGxDEVICE`` cluster, dtype, global batch and sequence length. Step time published = the source's seconds per
 step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's convention); signed error =
 (predicted - published) / published, negative = predicted too fast.

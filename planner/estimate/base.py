@@ -115,8 +115,8 @@ class ModelTables:
         self._act: dict[tuple, float] = {}
 
     def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[str, int], dict[str, int]]:
-        """(layer ranges, ``{layer kind: layers}``, ``{layer kind: recomputed layers}``) of pipeline rank ``stage``, cached
-        per split and recompute (the search prices 10^4 layouts over far fewer of them)."""
+        """(layer ranges, ``{layer kind: layers}``, ``{layer kind: recomputed layers}``) of pipeline rank ``stage``,
+        cached per split and recompute (the search prices 10^4 layouts over far fewer of them)."""
         k = (layout.pp, layout.vpp, layout.pp_layout, layout.recompute, stage)
         hit = self._stage.get(k)
         if hit is None:

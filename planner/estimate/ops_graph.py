@@ -188,7 +188,7 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
     (``MambaContextParallel``) z, x, B, C and dt go from sequence- to head-parallel by all-to-all before the conv
     and y comes back after the scan: conv and scan see the whole sequence and H/(tp cp) heads.
     """
-    model, lay, T, h, t, cp = lb.model, lb.layout, lb.T, lb.h, lb.t, lb.cp
+    model, T, h, t, cp = lb.model, lb.T, lb.h, lb.t, lb.cp
     heads, groups, n = model.mamba_heads // t, model.mamba_groups // t, model.mamba_state
     di = heads * model.mamba_head_dim
     lb.norm(lb.Tn, h)

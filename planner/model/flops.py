@@ -75,7 +75,8 @@ def _block_macs(spec, kind: str, seq_len: int) -> float:
         return h * spec.ffn_hidden_size * m
     width = spec.moe_latent_size or h  # LatentMoE: routed experts in the latent width, two projections around them
     latent = 2 * h * spec.moe_latent_size
-    return spec.moe_ffn_hidden_size * spec.experts_per_token * m * width + latent + spec.shared_expert_ffn_hidden_size * m * h
+    routed = spec.moe_ffn_hidden_size * spec.experts_per_token * m * width
+    return routed + latent + spec.shared_expert_ffn_hidden_size * m * h
 
 
 def _per_layer_flops(spec, seq_len: int) -> float:
