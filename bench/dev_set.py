@@ -107,6 +107,12 @@ AUTOMODEL_RUN_AC = {
                                "the table's row)"),
     "automodel-dsv3-1024": ("full", "examples/benchmark/configs/deepseek_v3_te_deepep_1024.yaml @ bdb4dbc72 (its first "
                             "version, PR #574): activation_checkpointing: true"),
+    "automodel-nemotronv3-nano-8": ("full", "examples/benchmark/configs/nemotron_nano_v3_te_deepep.yaml @ 08a48f76c: "
+                                    "activation_checkpointing: true (global_batch_size 512, local_batch_size 4, "
+                                    "ep_size 8: the table's row)"),
+    "automodel-nemotronv3-super-64": ("full", "examples/benchmark/configs/nemotron_super_v3_te_deepep.yaml @ "
+                                      "e344133e4: activation_checkpointing: true (global_batch_size 512, "
+                                      "local_batch_size 2, ep_size 64: the table's row)"),
 }
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
 # (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh; the two pipelined ones
