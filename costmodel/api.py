@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from meshplan.costmodel.attention import fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
-from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 
 if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CLI start-up stays fast)
@@ -176,7 +176,7 @@ class Pricer:
             t = fused_attention_s(op, device)
             if t is not None:
                 return t, f"published {op.impl} curve"
-        if op.kind == "ssd":  # no op-level dataset measures it: the roofline over its FLOPs and bytes
+        if op.kind in ANALYTIC_KINDS:  # no op-level dataset measures it: the roofline over its FLOPs and bytes
             return roofline_predict(op, device), SSD_SOURCE
         twin = _bf16_twin(op)
         if twin is not None and device.supports("bf16"):
@@ -203,7 +203,7 @@ class Pricer:
         for op in dict.fromkeys(ops):
             twin = _bf16_twin(op)
             op = twin if twin is not None and device.supports("bf16") else op
-            if op.is_collective or (op.kind == "attention" and op.impl) or op.kind == "ssd":
+            if op.is_collective or (op.kind == "attention" and op.impl) or op.kind in ANALYTIC_KINDS:
                 continue
             if (op, device) in self._memo:
                 continue
@@ -228,8 +228,8 @@ class Pricer:
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):
                 priced[i], scale[i] = twin, fp8_time_share(o, d)
-        ssd = [i for i, o in enumerate(priced) if o.kind == "ssd"]
-        for i in ssd:  # priced below by the roofline; the learned model holds no SSD class
+        ssd = [i for i, o in enumerate(priced) if o.kind in ANALYTIC_KINDS]
+        for i in ssd:  # priced below by the roofline; the learned model holds no class for them
             priced[i] = OpSpec("copy", (1,))
         if self.model is None:
             out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale

@@ -16,8 +16,11 @@ from dataclasses import dataclass
 
 COMPUTE_KINDS = (
     "matmul", "bmm", "attention", "layernorm", "rmsnorm", "softmax",
-    "elementwise", "activation", "swiglu", "embedding", "optimizer", "copy", "cast", "ssd",
+    "elementwise", "activation", "swiglu", "embedding", "optimizer", "copy", "cast",
 )
+# Compute kinds no op-level dataset measures, priced by the calibrated roofline alone (``costmodel.api``): the learned
+# model has no class for them and training never sees them.
+ANALYTIC_KINDS = ("ssd",)
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 

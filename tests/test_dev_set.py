@@ -163,9 +163,10 @@ def priced(runs_dir):
 
 
 def test_every_row_is_reported(runs_dir, rows, priced):
-    """No row is dropped: hybrid Mamba rows without a config (Nemotron V3 Ultra, and only it) are out of scope; every other row is priced or refused
-    with the miss in GiB, and none is inexpressible (issue 12 item 9: DeepSeek-V3 PP4 x VPP8 over 61 layers, Kimi-K2
-    PP8 x VPP4, Qwen3 / GPT-OSS expert meshes, torchtitan's op-level checkpointing are all written with --fix)."""
+    """No row is dropped: hybrid Mamba rows without a config (Nemotron V3 Ultra, and only it) are out of scope;
+    every other row is priced or refused with the miss in GiB, and none is inexpressible (issue 12 item 9:
+    DeepSeek-V3 PP4 x VPP8 over 61 layers, Kimi-K2 PP8 x VPP4, Qwen3 / GPT-OSS expert meshes, torchtitan's op-level
+    checkpointing are all written with --fix)."""
     results, summary = priced
     assert [r.name for r in results] == [r["name"] for r in rows]
     out = {r.name for r in results if r.status == "out of scope"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -151,3 +152,16 @@ def test_mtp_costs_time_and_memory_on_the_last_stage():
     mtp = est.estimate(Workload(mtp_spec, cluster, 64, 4096), lay)
     assert mtp.step_time_s > plain.step_time_s
     assert mtp.memory.weights_bytes > plain.memory.weights_bytes
+
+
+def test_a_bad_hybrid_config_is_one_line(tmp_path):
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "planner" / "presets" / "models" /
+                      "nemotron-3-nano-30b-a3b.json").read_text())
+    for key, value, says in (("hybrid_override_pattern", "MEM", "one per layer"),
+                             ("hybrid_override_pattern", "M" * 51 + "X", "M, *, - and E"),
+                             ("mamba_num_heads", 0, "mamba_num_heads"), ("ssm_state_size", "128", "integer")):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(MeshplanError, match=re.escape(says)) as err:
+            load_model(str(path))
+        assert "\n" not in str(err.value) and "config.json" in str(err.value)
