@@ -165,3 +165,24 @@ def test_a_bad_hybrid_config_is_one_line(tmp_path):
         with pytest.raises(MeshplanError, match=re.escape(says)) as err:
             load_model(str(path))
         assert "\n" not in str(err.value) and "config.json" in str(err.value)
+
+
+@pytest.mark.parametrize("name,kind", [("nemotron-3-super", "M"), ("nemotron-3-super", "*"),
+                                       ("nemotron-3-super", "E"), ("gpt-oss-120b", "SE"), ("gpt-oss-120b", "*E")])
+def test_op_lists_carry_the_counted_flops(name, kind):
+    """The GEMMs, attention and SSD ops one layer lists (tp = cp = 1, balanced routing) carry the FLOPs the model
+    counter counts for its blocks: the priced work and the reported work are the same work. The counter leaves
+    out the router (as Megatron's does) and counts the conv1d as its multiply-adds."""
+    from meshplan.planner.estimate.ops_graph import kind_ops
+    from meshplan.planner.model.flops import _block_macs
+
+    spec = load_model(name)
+    s = 4096
+    lo = kind_ops(spec, kind, Layout(), s)
+    ops = lo.weighted()
+    priced = sum(n * o.flops for o, n in ops.items() if o.kind in ("matmul", "attention", "ssd")
+                 and not (o.kind == "matmul" and o.shape[1] == spec.num_experts))
+    counted = 2 * s * sum(_block_macs(spec, k, s) for k in kind)
+    if kind == "M":
+        counted -= 2 * s * spec.mamba_conv_kernel * (spec.mamba_inner + 2 * spec.mamba_groups * spec.mamba_state)
+    assert priced == pytest.approx(counted, rel=0.002)
