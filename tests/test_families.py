@@ -186,3 +186,19 @@ def test_op_lists_carry_the_counted_flops(name, kind):
     if kind == "M":
         counted -= 2 * s * spec.mamba_conv_kernel * (spec.mamba_inner + 2 * spec.mamba_groups * spec.mamba_state)
     assert priced == pytest.approx(counted, rel=0.002)
+
+
+def test_plan_cli_end_to_end_names_the_ssd_source(runner, tmp_path):
+    """`meshplan plan --model nemotron-3-nano-30b-a3b --cluster 1x8xH100 --explain` writes a plan and says how the
+    SSD scan was priced."""
+    from meshplan.cli.main import app
+    from meshplan.planner.plan.schema import load_plan
+
+    out = tmp_path / "nano.yaml"
+    res = runner.invoke(app, ["plan", "--model", "nemotron-3-nano-30b-a3b", "--cluster", "1x8xH100",
+                              "--global-batch", "64", "--seq-len", "8192", "--fix", "ep=8,cp=1", "--explain",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "Dao & Gu 2024" in " ".join(res.output.split())
+    plan = load_plan(out)
+    assert plan.degrees.ep == 8
