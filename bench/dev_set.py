@@ -640,13 +640,53 @@ def main(
     except MeshplanError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
+    fitted = fitted_rows()
     if json_out:
-        print(json.dumps({"rows": [asdict(r) for r in results], "summary": summary}, indent=2, default=str))
+        print(json.dumps({"rows": [asdict(r) for r in results], "summary": summary, "fitted": fitted}, indent=2,
+                         default=str))
         return
     if md:
-        print(markdown(results, summary))
+        print(markdown(results, summary) + "\n" + fitted_markdown(fitted))
         return
     render(results, summary, Console())
+    render_fitted(fitted, Console())
+
+
+FITTED_COLUMNS = ("constant", "fitted on", "in sample", "held out", "held-out error", "dev-set step times used")
+NO_STEP_FITS = ("No constant is fitted to a dev-set step time, so each source's leave-one-source-out error is its "
+                "error above.")
+
+
+def fitted_rows() -> list[dict]:
+    """Every fitted or measured constant behind the prices (``costmodel.fitted``), with its held-out error."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.costmodel.fitted import fitted_constants
+
+    return fitted_constants(Pricer.shipped())
+
+
+def _fitted_cells(fitted: list[dict]) -> list[list[str]]:
+    def pct(x):
+        return "" if x is None else f"{x:.1f}%"
+    return [[f["constant"], f["fitted_on"], pct(f["in_sample_error_pct"]), f["held_out"],
+             pct(f["held_out_error_pct"]), str(f["step_times_used"])] for f in fitted]
+
+
+def render_fitted(fitted: list[dict], console: Console) -> None:
+    t = Table(title="what the prices were fitted to (error on kernel timings: learned classes MAPE, grouped "
+                    "share median)")
+    for col in FITTED_COLUMNS:
+        t.add_column(col, overflow="fold")
+    for cells in _fitted_cells(fitted):
+        t.add_row(*cells)
+    console.print(t)
+    console.print(NO_STEP_FITS, highlight=False)
+
+
+def fitted_markdown(fitted: list[dict]) -> str:
+    out = ["| " + " | ".join(FITTED_COLUMNS) + " |", "|" + "---|" * len(FITTED_COLUMNS)]
+    out += ["| " + " | ".join(cells) + " |" for cells in _fitted_cells(fitted)]
+    return "\n".join(out + ["", NO_STEP_FITS])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Set the shipped cost model's prices beside the kernels measured by ``bench/gpu_kernels.py`` on one GPU.
 
-Prices each measured case the way the planner does (``planner`` expert ops: a grouped GEMM is ``experts_local``
-GEMMs of ``tokens_per_expert`` rows; fused attention from the published curves by implementation; memory-bound
-kernels by op class) and prints predicted / measured medians, grouped by what moves the ratio. Reads only; the
-measurements are not fed back into the model. ``--tables`` prints the measured medians as markdown instead.
+Prices each measured case the way the planner does (``planner`` expert ops: one grouped GEMM of ``experts_local``
+groups of ``tokens_per_expert`` rows, ``costmodel.grouped``; fused attention from the published curves by
+implementation; memory-bound kernels by op class) and prints predicted / measured medians, grouped by what moves
+the ratio. Reads only; the measurements are not fed back into the model. ``--tables`` prints the measured medians
+as markdown instead.
 
     python bench/gpu_kernels_vs_costmodel.py [--data costmodel/data/measured/nvidia-h200.json] [--device H200]
 """
@@ -27,10 +28,11 @@ def gemm_ratios(records, pricer, dev, OpSpec) -> dict:
         if r.get("pass") != "fwd" or "grouped" not in r:
             continue
         impl = "rowwise" if r["dtype"] == "fp8" else ""
-        one = OpSpec("matmul", (r["tokens_per_expert"], r["n"], r["k"]), r["dtype"], impl=impl)
+        grouped = OpSpec("matmul", (r["tokens_per_expert"], r["n"], r["k"]), r["dtype"], impl=impl,
+                         groups=r["experts_local"])
         dense = OpSpec("matmul", (r["m_total"], r["n"], r["k"]), r["dtype"], impl=impl)
         key = (r["dtype"], r["tokens_per_expert"])
-        out[key]["grouped"].append(r["experts_local"] * pricer.predict(one, dev) * 1e3 / r["grouped"]["median_ms"])
+        out[key]["grouped"].append(pricer.predict(grouped, dev) * 1e3 / r["grouped"]["median_ms"])
         out[key]["dense"].append(pricer.predict(dense, dev) * 1e3 / r["dense"]["median_ms"])
     return out
 

@@ -163,6 +163,12 @@ def render_explain(ex: dict) -> None:
         scale = 1e12 if e["unit"] == "FLOP/s" else 1e9
         eff.add_row(cls, f"{e['achieved'] / scale:,.0f} {unit}", f"{100 * e['of_peak']:.1f}%")
     console.print(eff)
+    basis = Table(title="what each op class's price rests on")
+    for col in ("op class", "priced from"):
+        basis.add_column(col, overflow="fold")
+    for cls, how in ex.get("priced_from", {}).items():
+        basis.add_row(cls, how)
+    console.print(basis)
     for cls, how in ex.get("unmeasured", {}).items():
         console.print(f"unmeasured: {cls}: {how}")
 

@@ -14,13 +14,16 @@ nothing.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel.attention import fused_attention_s
+from meshplan.costmodel.attention import curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
+from meshplan.costmodel.grouped import grouped_efficiency
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 
@@ -69,6 +72,16 @@ def _bf16_twin(op: OpSpec) -> OpSpec | None:
     if op.kind in ("matmul", "bmm") and op.dtype in LOWP_GEMM_DTYPES:
         return OpSpec(op.kind, op.shape, "bf16", backward=op.backward)
     return None
+
+
+def _dense_of(op: OpSpec) -> tuple[OpSpec, float]:
+    """``(the dense GEMM a grouped one is priced from, its time multiple)`` (``costmodel.grouped``); a GEMM that is
+    not grouped is its own, at 1."""
+    if op.groups == 1:
+        return op, 1.0
+    m, n, k = op.shape
+    dense = replace(op, shape=(op.groups * m, n, k), groups=1)
+    return dense, 1.0 / grouped_efficiency(m, op.dtype, op.backward)
 
 
 def shipped_model_dir() -> Path:
@@ -175,9 +188,13 @@ class Pricer:
         if op.kind == "attention" and op.impl:
             t = fused_attention_s(op, device)
             if t is not None:
-                return t, f"published {op.impl} curve"
+                return t, f"published {op.impl} curve: {curve_source(op.impl, device)}"
         if op.kind in ANALYTIC_KINDS:  # no op-level dataset measures it: the roofline over its FLOPs and bytes
             return roofline_predict(op, device), SSD_SOURCE
+        if op.groups > 1:
+            dense, scale = _dense_of(op)
+            sec, src = self.predict_with_source(dense, device)
+            return sec * scale, f"{src} (grouped: {GROUPED_SOURCE})"
         twin = _bf16_twin(op)
         if twin is not None and device.supports("bf16"):
             sec, src = self.predict_with_source(twin, device)
@@ -194,6 +211,22 @@ class Pricer:
             self._note(src, [op], [device])
         return hit
 
+    def basis(self, op: OpSpec, device: DeviceSpec) -> str:
+        """What ``op``'s price on ``device`` rests on, in words: the source ``predict_with_source`` names and, for a
+        learned price, the kernel measurements its op class was trained on (devices, rows)."""
+        source = self.predict_with_source(op, device)[1]
+        if source.startswith("roofline"):
+            return f"{source}: {device.name}'s datasheet peak and HBM bandwidth (costmodel/data/devices.yaml)"
+        if self.model is None or not source.startswith("learned") or op.is_collective:
+            return source
+        kind = _bf16_twin(_dense_of(op)[0]) or op
+        info = self.model.meta.get("kinds", {}).get(kind.kind)
+        if not info:
+            return source
+        seen = "among them" if device.name in info["devices"] else "not among them"
+        return (f"{source}: {kind.kind} kernels measured on {', '.join(info['devices'])} ({info['n_train']:,} "
+                f"rows; {device.name} {seen})")
+
     def prime(self, ops: list[OpSpec], device: DeviceSpec) -> None:
         """Price the compute ops of ``ops`` this pricer has not priced yet on ``device`` in one call of the learned
         model (its per-call cost dominates single-op pricing), filling the memo ``predict`` reads."""
@@ -201,6 +234,7 @@ class Pricer:
             return
         todo = []
         for op in dict.fromkeys(ops):
+            op = _dense_of(op)[0]
             twin = _bf16_twin(op)
             op = twin if twin is not None and device.supports("bf16") else op
             if op.is_collective or (op.kind == "attention" and op.impl) or op.kind in ANALYTIC_KINDS:
@@ -225,9 +259,11 @@ class Pricer:
         scale = np.ones(len(ops))
         priced = list(ops)
         for i, (o, d) in enumerate(zip(ops, devs)):
+            o, scale[i] = _dense_of(o)
+            priced[i] = o
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):
-                priced[i], scale[i] = twin, fp8_time_share(o, d)
+                priced[i], scale[i] = twin, scale[i] * fp8_time_share(o, d)
         ssd = [i for i, o in enumerate(priced) if o.kind in ANALYTIC_KINDS]
         for i in ssd:  # priced below by the roofline; the learned model holds no class for them
             priced[i] = OpSpec("copy", (1,))

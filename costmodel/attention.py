@@ -48,6 +48,15 @@ FUSED_IMPLS = ("flash2", "flash3", "cudnn", "flex")
 FLEX_SHARE_OF_FA2 = {"fwd": 0.90, "bwd": 0.85}  # PyTorch FlexAttention blog, Aug 2024
 
 
+def curve_source(impl: str, device: DeviceSpec) -> str:
+    """The publication a fused-attention price on ``device`` rests on (the module docstring gives the details)."""
+    if device.name in AMPERE:
+        return "FlashAttention-2 paper §4.1 plateau on A100 (73% fwd, 63% bwd), shaped by the H100 FA2 curve"
+    base = {"flash2": "FlashAttention-2", "cudnn": "cuDNN", "flash3": "FlashAttention-3",
+            "flex": "FlashAttention-2 x FlexAttention blog shares (0.90 fwd, 0.85 bwd)"}[impl]
+    return f"{base} curve, FlashAttention-3 paper Fig. 5-6 (H100 SXM5, d128), scaled by bf16 peak"
+
+
 def _interp(seq: float, values: tuple[float, ...]) -> float:
     """Linear in log2(sequence length) between the published points; flat beyond them."""
     x = math.log2(max(SEQ_LENS[0], min(SEQ_LENS[-1], seq)))

@@ -57,6 +57,8 @@ class OpSpec:
             memory-bound kinds (norms, softmax, elementwise, activation, cast, copy): ``fused`` (Transformer Engine
             or torch.compile kernels) or ``eager`` (one PyTorch kernel per op);
             collectives: the NCCL algorithm, ``ring``, ``tree``, ``nvls``.
+        groups: matmul only: a grouped GEMM of ``groups`` GEMMs of ``shape`` each, in one kernel (MoE experts;
+            ``costmodel.grouped``). FLOPs and bytes are the groups' total.
     """
 
     kind: str
@@ -66,10 +68,13 @@ class OpSpec:
     causal: bool = True
     backward: bool = False
     impl: str = ""
+    groups: int = 1
 
     def __post_init__(self) -> None:
         if self.impl and self.impl not in IMPLS.get(self.kind, ()):
             raise ValueError(f"OpSpec {self.kind}: impl {self.impl!r} is not one of {IMPLS.get(self.kind, ())}")
+        if self.groups != 1 and (self.kind != "matmul" or self.groups < 1):
+            raise ValueError(f"OpSpec {self.kind}: groups={self.groups}; only a matmul is grouped (groups >= 1)")
 
     @property
     def is_collective(self) -> bool:
@@ -91,7 +96,7 @@ def op_flops(op: OpSpec) -> float:
     k = op.kind
     mult = 2.0 if op.backward and k in ("matmul", "bmm") else 1.0  # dX and dW: 2x the forward GEMM
     if k == "matmul":
-        return mult * 2.0 * s[0] * s[1] * s[2]
+        return mult * 2.0 * s[0] * s[1] * s[2] * op.groups
     if k == "bmm":
         return mult * 2.0 * s[0] * s[1] * s[2] * s[3]
     if k == "attention":
@@ -150,7 +155,7 @@ def op_bytes(op: OpSpec) -> float:
         return float(s[0])
     if k == "matmul":
         m, n, kk = s
-        return e * (m * kk + kk * n + m * n) * (2.0 if op.backward else 1.0)
+        return e * (m * kk + kk * n + m * n) * (2.0 if op.backward else 1.0) * op.groups
     if k == "bmm":
         b, m, n, kk = s
         return e * b * (m * kk + kk * n + m * n) * (2.0 if op.backward else 1.0)

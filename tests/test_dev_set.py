@@ -236,9 +236,10 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
 # priced once over its outputs, in a cost-model class of its own (it was counted twice, and its measurements sat in
 # the unary class; BENCHMARKS.md "Dev set": S1 5.9, S1f 4.5, S5 7.7, T 4.4%): a regression guard with a little room,
 # not the target (issue 13 asks <= 8% per source): a ratchet, moved only with a physics change that says why (the
-# S1 and T bounds rose with the SwiGLU fix, whose double count those rows had rested on). Error = (predicted -
-# published) / published step time.
-MEAN_ABS_ERROR_AT_MOST = {"S1": 0.065, "S1f": 0.05, "S5": 0.085, "T": 0.05}
+# S1 and T bounds rose with the SwiGLU fix, whose double count those rows had rested on; S5 fell from 8.5% to 6.5%
+# with the MoE terms priced from kernel measurements: grouped GEMMs, token permutes, DeepEP's per-rank copies and
+# DeepSeek-V3's group-limited routing, S5 7.7 -> 5.7%). Error = (predicted - published) / published step time.
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.065, "S1f": 0.05, "S5": 0.065, "T": 0.05}
 
 
 # The hybrid Mamba rows (AutoModel Nemotron V3 Nano and Super), priced since 2026-11-26 with the Blackwell set's

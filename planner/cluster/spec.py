@@ -95,6 +95,20 @@ class NodeGroup:
         return _members_per_domain(group_size, stride, self.domain_size, self.world_size)
 
 
+def distinct_nodes(nodes: float, topk: int, groups: int = 1, groups_per_token: int = 0) -> float:
+    """Expected number of the ``nodes`` nodes (equal shares of the experts, contiguous) a token's ``topk`` experts
+    sit on. Uniform routing: ``nodes (1 - (1 - 1/nodes)^topk)``. Group-limited routing (DeepSeek-V3 §2.1.2: its
+    experts in ``groups`` contiguous groups, a token's from ``groups_per_token`` of them) with whole groups per
+    node: the nodes holding the chosen groups, ``nodes (1 - C(groups - g, chosen) / C(groups, chosen))`` with ``g``
+    groups per node (DeepSeek-V3 at EP64 over 8 nodes: 4 nodes, against 5.25 uniform). Other splits: uniform."""
+    uniform = nodes * (1 - (1 - 1 / nodes) ** topk)
+    if not groups_per_token or groups_per_token >= groups or groups % nodes:
+        return uniform
+    g = groups // int(nodes)
+    missed = math.comb(groups - g, groups_per_token) / math.comb(groups, groups_per_token)
+    return min(uniform, nodes * (1 - missed))
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A (possibly heterogeneous) cluster.
@@ -188,7 +202,8 @@ class ClusterSpec:
         name = nic.name if per_node == 1 else f"{nic.name}x{per_node}"
         return Link(name, bw, max(nic.latency_s, g.intra_link.latency_s))
 
-    def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0) -> Link:
+    def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0,
+                      routing_groups: tuple[int, int] = (1, 0)) -> Link:
         """The link an all-to-all over ``group_size`` ranks ``stride`` apart sees, as one effective bandwidth.
 
         Unlike a ring, an all-to-all gets no help from the node's other NICs: every rank sends ``(p - k) / p`` of
@@ -199,25 +214,33 @@ class ClusterSpec:
         ``dedup_topk``: a dispatcher that sends each token once per remote node and forwards it to the experts there
         over NVLink (DeepEP's internode kernels, DeepSeek-V3 §3.2.2) moves, per routed copy, only
         ``E[distinct remote nodes] / topk`` of the inter-node bytes; with ``topk`` experts spread uniformly over the
-        ``N`` nodes a node receives none of them with probability ``(1 - 1/N)^topk``.
+        ``N`` nodes a node receives none of them with probability ``(1 - 1/N)^topk``; under group-limited routing
+        (``routing_groups`` = (groups, groups per token)) fewer nodes (``distinct_nodes``). Over NVLink it sends one
+        copy per destination rank, so there the bytes shrink by the expected distinct ranks over ``topk``.
         """
         ring = self.collective_link(group_size, stride, group_index)
         g = self.groups[group_index]
         k = _members_per_side(g, group_size, stride)  # members per node (per NVLink domain on racks)
-        if not k:
-            return ring
-        nic = g.nic_link or self.inter_link
         p = group_size
+        # DeepEP sends a token once to each rank that holds one of its experts (``get_dispatch_layout``:
+        # ``is_token_in_rank``), and its README's bandwidths are of those bytes: per routed copy, NVLink carries
+        # E[distinct ranks] / topk of what one copy per expert would, E[distinct ranks] = p (1 - (1 - 1/p)^topk)
+        rank_share = p * (1 - (1 - 1 / p) ** dedup_topk) / dedup_topk if dedup_topk else 1.0
+        if not k:
+            if rank_share == 1.0:
+                return ring
+            return Link(f"{ring.name}-deepep", ring.bandwidth_bytes_per_s / rank_share, ring.latency_s)
+        nic = g.nic_link or self.inter_link
         inter = (p - k) / p
         nic_bw = nic.bandwidth_bytes_per_s
         if dedup_topk:
             nodes = p / k
-            inter = min(inter, (nodes - 1) * (1 - (1 - 1 / nodes) ** dedup_topk) / dedup_topk)
+            inter = min(inter, (nodes - 1) / nodes * distinct_nodes(nodes, dedup_topk, *routing_groups) / dedup_topk)
             # DeepEP's RDMA kernels drive the NIC at its line rate (README, normal kernels on H800 + CX7 400 Gb/s:
             # internode EP64 dispatch 51 GB/s, combine 50 GB/s of "~50 GB/s maximum"), where a large NCCL transfer
             # reaches the 0.80 of it that links.yaml's network families carry
             nic_bw /= NCCL_NIC_EFFICIENCY
-        per_byte = max(inter / nic_bw, (k - 1) / p / g.intra_link.bandwidth_bytes_per_s)
+        per_byte = max(inter / nic_bw, (k - 1) / p * rank_share / g.intra_link.bandwidth_bytes_per_s)
         return Link(f"{nic.name}-a2a", (p - 1) / p / per_byte, ring.latency_s)
 
     def with_inter_bandwidth(self, bytes_per_s: float) -> "ClusterSpec":

@@ -22,8 +22,9 @@ MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", 
 
 
 def op_class(op) -> str:
-    """``matmul fp8 (delayed)``, ``attention bf16 (cudnn)``, ``rmsnorm bf16``: what an op is priced as."""
-    return f"{op.kind} {op.dtype}" + (f" ({op.impl})" if op.impl else "")
+    """``matmul fp8 (delayed)``, ``grouped matmul bf16``, ``attention bf16 (cudnn)``, ``rmsnorm bf16``: what an op
+    is priced as."""
+    return ("grouped " if op.groups > 1 else "") + f"{op.kind} {op.dtype}" + (f" ({op.impl})" if op.impl else "")
 
 
 def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
@@ -80,6 +81,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
         edges += head_ops(model, key, work.seq_len, work.dtype) if st == layout.pp - 1 else ()
         for op in edges:
             compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * m
+            first_op.setdefault(op_class(op), op)
         if layout.pp > 1:
             pp_link = cluster.collective_link(*layout.pp_neighbours)
             comm[f"pp sendrecv on {pp_link.name}"] += m * pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link,
@@ -92,6 +94,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
            "stages": stages,
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
+    out["priced_from"] = {cls: estimator.pricer.basis(op, dev) for cls, op in sorted(first_op.items())}
     notes = unmeasured(estimator.pricer, dev, first_op)
     notes.update({cls: f"{estimator.pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
                   if op.kind == "ssd" and cls not in notes})

@@ -69,7 +69,8 @@ def group_links(cluster, model, layout: Layout) -> tuple:
     for EP (one copy per destination node under DeepEP) and Ulysses CP (``ClusterSpec.alltoall_link``)."""
     return (cluster.collective_link(*layout.tp_group),
             cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
-                                  if layout.moe_dispatcher == "deepep" else 0),
+                                  if layout.moe_dispatcher == "deepep" else 0,
+                                  routing_groups=(model.routing_groups, model.routing_groups_per_token)),
             (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
 
 
@@ -91,6 +92,19 @@ def te_sp_backward_tp_s(tp_comm, tp: int, link, column_bwd_s: float, device) -> 
     scatters = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "reducescatter")
     hidden = scatters + gathers  # the dgrad reduce-scatters and the input re-gathers (same bytes as the forward's)
     return gathers + max(0.0, hidden - column_bwd_s) + min(hidden, column_bwd_s) * comm_sm_share(device)
+
+
+def ring_cp_exposed_s(kv_s: float, attn_fwd_s: float, attn_bwd_s: float, device) -> tuple[float, float]:
+    """Exposed seconds (forward, backward) of one layer's ring context-parallel exchange whose forward KV blocks
+    take ``kv_s`` on the link. Each step's transfer runs under the previous block's attention (Transformer
+    Engine ``AttnFuncWithCPAndKVP2P``, Megatron-Core's ``cp_comm_type=p2p``); the backward passes the KV blocks
+    around the ring again and the dKV blocks with them (twice the bytes) under the backward attention. What the
+    attention cannot cover stays exposed, and the part it covers runs on the SMs the send/recv kernels leave
+    (``comm_sm_share``, as for every hidden collective)."""
+    share = comm_sm_share(device)
+    fwd = max(0.0, kv_s - attn_fwd_s) + min(kv_s, attn_fwd_s) * share
+    bwd = max(0.0, 2 * kv_s - attn_bwd_s) + min(2 * kv_s, attn_bwd_s) * share
+    return fwd, bwd
 
 
 def pp_p2p_s(layout: Layout, hidden_size: int, seq_len: int, pp_link, stage_compute_s: float, device) -> float:
@@ -166,12 +180,12 @@ class GpuEstimator:
             tp = (max(0.0, 2 * tp - whole) + min(2 * tp, whole) * comm_sm_share(device) + (chunked - whole)) / 2
             tp_bwd = tp
         ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
-        cp = 0.0
+        cp = cp_bwd = 0.0
         if lo.cp_comm:
-            c = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
-            if key.cp_kind == "ring":  # each KV block's transfer hides behind the previous block's attention
-                c = max(0.0, c - p["attn"])
-            cp = c
+            cp = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
+            cp_bwd = cp  # all-gather CP: the KV gathered forward, its gradient reduce-scattered backward, exposed
+            if key.cp_kind == "ring":
+                cp, cp_bwd = ring_cp_exposed_s(cp, p["attn"], p["attn_bwd"], device)
         if ep and key.moe_overlap:
             # the dispatch/combine all-to-alls overlap the layer's other work (MegaScale-MoE §4; DeepSeek-V3
             # §3.2.2 pairs one micro-batch's all-to-all with another's compute); what the compute cannot cover stays
@@ -189,9 +203,9 @@ class GpuEstimator:
                 # its full recompute overlap, the backward stays in line
                 hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
-        comm = tp + tp_bwd + 2 * cp + ep_cost  # forward and backward
+        comm = tp + tp_bwd + cp + cp_bwd + ep_cost  # forward and backward
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
-        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, 2 * cp)
+        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, cp + cp_bwd)
         return out
 
     @staticmethod
@@ -229,11 +243,11 @@ class GpuEstimator:
         """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
         backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
         Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
-        # the fields the op lists depend on (not recompute, moe_overlap or the dispatcher; ring and all-gather CP
-        # run the same ops)
+        # the fields the op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same ops;
+        # the dispatcher decides the token sorts around the experts)
         k = (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
              key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity, key.moe_imbalance,
-             key.tp_overlap)
+             key.tp_overlap, key.moe_dispatcher)
         hit = self._ops.get(k)
         if hit is not None:
             return hit
@@ -257,6 +271,7 @@ class GpuEstimator:
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
                   "bwd": sum(n * b[op] for op, n in counts.items()),
                   "attn": sum(predict(op, device) for op in lo.core_attention),
+                  "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   "shared_fwd": sum(f[op] for op in lo.shared),
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)

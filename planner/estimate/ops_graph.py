@@ -10,7 +10,7 @@ parallelism, Korthikanti et al. 2022 §4.2.2) after attention and after the MLP,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.ops import OpSpec
@@ -139,7 +139,7 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
             experts, shared, ep_comm = e, sh, ep
     return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, len(kind))), tuple(ep_comm),
                     tuple(cp_comm), _op_recompute(lb.ops, attn_core), tuple(experts),
-                    max(1, model.num_experts // layout.ep) if experts else 1, shared)
+                    expert_copies(model, layout) if experts else 1, shared)
 
 
 def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], int, float]:
@@ -245,11 +245,15 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
     if moe:
         k = model.experts_per_token
         ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
+        ops.append(OpSpec("softmax", (T, model.num_experts), "fp32"))  # router scores (top-k: see _token_moves)
         width = model.moe_latent_size or h
         if model.moe_latent_size:
             ops.extend(mm(T, width, h))
+        moves = _token_moves(lb, T * k * layout.expert_tp / t, width)
         experts = expert_ops(model, layout, T * k, lb.dtype)
+        ops.extend(moves[:-1])
         ops.extend(experts)
+        ops.append(moves[-1])
         if model.moe_latent_size:
             ops.extend(mm(T, h, width))
         if model.shared_expert_ffn_hidden_size:
@@ -272,6 +276,31 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         ops.extend(mm(T, h, f // t))
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))
     return experts, shared, ep_comm
+
+
+def _token_moves(lb: _LayerBuild, copies: float, width: int) -> list[OpSpec]:
+    """The token copies' moves around the routed experts, forward: the permute (each token gathered once per chosen
+    expert into expert order), the sort of the received copies by local expert after the dispatch, its inverse
+    before the combine (Megatron-Core ``MoEAlltoAllTokenDispatcher``: ``sort_chunks_by_idxs`` when a rank holds
+    more than one expert and the dispatch crosses ranks; not under DeepEP), and the unpermute (each token's copies
+    weighted by their router probabilities and summed), last in the list.
+
+    A permute writes and reads every copy: a ``copy`` of ``copies x hidden`` elements (measured on one H200 at
+    65536 tokens, ``bench/gpu_kernels.py``: argsort + gather 1.26 / 2.41 / 4.28 / 1.00 ms for Qwen3-30B-A3B /
+    Qwen3-235B / DeepSeek-V3 / GPT-OSS-120b, which the copy class prices at 0.79-0.93x). The unpermute reads every
+    copy and its probability and writes one row per token: priced as a fused pass (Transformer Engine's
+    ``moe_unpermute``, Megatron-Bridge's ``moe_permute_fusion``), an ``elementwise`` op over the copies. The eager
+    ``index_add_`` / ``scatter_add_`` fallback measures 8-11x slower than that price (atomics); it is not priced.
+    The router's top-k is not priced either: its softmax is, at the cost model's softmax rate (torch's softmax +
+    top-k measure 0.45-0.93 ms at 65536 tokens, about 7-14 ns a token, against 0.02-0.04 ms priced)."""
+    model, layout = lb.model, lb.layout
+    n = int(copies * width)  # the hidden size, or a LatentMoE's latent width
+    local = max(1, model.num_experts // layout.ep)
+    received = int(n * _expert_load(layout))
+    alltoall = layout.moe_dispatcher == "alltoall"  # DeepEP's dispatch lands the copies by source rank, and the
+    # flex dispatcher permutes them once into expert order: no second sort (``MoEFlexTokenDispatcher``)
+    sort = [OpSpec("copy", (received,), lb.act)] if alltoall and layout.ep > 1 and local > 1 else []
+    return [OpSpec("copy", (n,), lb.act), *sort, *sort, OpSpec("elementwise", (n,), lb.act)]
 
 
 def _tp_comm(lb: _LayerBuild, blocks: int = 2) -> list[tuple[str, float]]:
@@ -334,13 +363,19 @@ def activation_ops(n: float, gated: bool, eager: bool, act: str) -> list[OpSpec]
 
 
 def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[OpSpec]:
-    """The routed experts' grouped GEMMs on one rank, for ``token_copies`` = tokens x top-k routed on this rank.
+    """The routed experts' GEMMs on one rank, for ``token_copies`` = tokens x top-k routed on this rank.
 
     Under MoE parallel folding the expert mesh is etp x ep x expert-dp over the stage's tp x cp x dp ranks: per rank
     the balanced work is ``token_copies / tp`` token-expert pairs at full width, i.e. ``token_copies * etp / tp``
-    pairs at width ``moe_ffn / etp``. They are split over the rank's ``E / ep`` local experts, and a grouped GEMM
-    runs one GEMM per local expert, so its efficiency is that of ``tokens per local expert`` rows (small for
+    pairs at width ``moe_ffn / etp``. They are split over the rank's ``E / ep`` local experts (small for
     fine-grained MoE: DeepSeek-V3 at EP64 gets 4 local experts). Load imbalance or capacity scale the busiest rank.
+
+    Every stack but plain PyTorch runs each projection of all local experts as one grouped GEMM (``groups`` = local
+    experts, ``tokens per local expert`` rows each; priced by ``costmodel.grouped`` from measured grouped kernels):
+    Megatron-Core's ``--moe-grouped-gemm`` (meshplan's Megatron export sets it), torchtitan's ``use_grouped_mm``
+    (``MoEArgs`` default True @ 0.2.2), AutoModel's grouped experts; the activation is one kernel over all of them.
+    Plain PyTorch (HF modelling code) loops over the experts: ``local`` separate GEMMs and activations, each set
+    listed once per expert (``expert_copies``).
     """
     etp = layout.expert_tp
     fe, h = model.moe_ffn_hidden_size, model.moe_latent_size or model.hidden_size
@@ -349,10 +384,27 @@ def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[O
     rows = token_copies * etp / layout.tp * _expert_load(layout)
     per_expert = max(1, int(round(rows / local)))
     act, mm = _precisions(dtype, layout.fp8)
-    one = [*mm(per_expert, gate * fe // etp, h),
-           *activation_ops(per_expert * fe // etp, model.gated_mlp, layout.stack == "eager", act),
-           *mm(per_expert, h, fe // etp)]
-    return one * local
+    eager = layout.stack == "eager"
+    if eager:
+        return [*mm(per_expert, gate * fe // etp, h),
+                *activation_ops(per_expert * fe // etp, model.gated_mlp, True, act),
+                *mm(per_expert, h, fe // etp)] * local
+    return [*_grouped(mm(per_expert, gate * fe // etp, h), local),
+            *activation_ops(per_expert * local * fe // etp, model.gated_mlp, False, act),
+            *_grouped(mm(per_expert, h, fe // etp), local)]
+
+
+def expert_copies(model, layout: Layout) -> int:
+    """How many times ``expert_ops``' list repeats one expert's ops: once per local expert when the experts run in
+    a loop (plain PyTorch), once when they run as grouped GEMMs."""
+    return max(1, model.num_experts // layout.ep) if layout.stack == "eager" else 1
+
+
+def _grouped(gemm_ops, groups: int) -> list[OpSpec]:
+    """One expert's GEMM ops (its input casts, the GEMM) as the grouped call over ``groups`` experts: the GEMM
+    grouped, each cast one pass over all the groups' inputs."""
+    return [replace(op, groups=groups) if op.kind == "matmul" else replace(op, shape=(op.shape[0] * groups,))
+            for op in gemm_ops]
 
 
 def _op_recompute(ops: list[OpSpec], attn_core: list[OpSpec]) -> tuple[OpSpec, ...]:

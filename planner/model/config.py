@@ -214,8 +214,21 @@ def _deepseek_v3(r: _Reader) -> dict[str, Any]:
         qk_rope_head_dim=rope, ffn_hidden_size=r.int("intermediate_size") if len(moe) < layers else 0,
         num_experts=experts, experts_per_token=r.int("num_experts_per_tok"), moe_ffn_hidden_size=width,
         num_shared_experts=shared, shared_expert_ffn_hidden_size=shared * width, moe_layers=moe,
-        router_bias=True, qkv_bias=bias, o_bias=bias,
+        router_bias=True, qkv_bias=bias, o_bias=bias, **_group_limited(r, experts),
         config_mtp_layers=r.int("num_nextn_predict_layers", 0, minimum=0))
+
+
+def _group_limited(r: _Reader, experts: int) -> dict[str, int]:
+    """``routing_groups`` / ``routing_groups_per_token`` from ``n_group`` / ``topk_group`` (DeepSeek's
+    ``MoEGate``: group scores, ``topk_group`` groups kept, the top-k experts among theirs); none when every group
+    is kept."""
+    groups = r.int("n_group", 1, minimum=1)
+    per_token = r.int("topk_group", groups, minimum=1)
+    if groups == 1 or per_token >= groups:
+        return {}
+    if experts % groups:
+        raise r.fail(f"n_routed_experts {experts} is not divisible by n_group {groups}")
+    return dict(routing_groups=groups, routing_groups_per_token=per_token)
 
 
 def _gpt2(r: _Reader) -> dict[str, Any]:

@@ -67,6 +67,11 @@ class ModelSpec:
     qk_norm: bool = False  # Qwen3: RMSNorm of width head_dim on q and on k
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid gate Linear(h -> 1) on the shared expert
     router_bias: bool = False  # DeepSeek-V3: e_score_correction_bias, E parameters per MoE layer
+    # Group-limited routing (DeepSeek-V3 §2.1.2 "node-limited routing", HF ``n_group`` / ``topk_group``): the experts
+    # form ``routing_groups`` contiguous groups and a token's experts come from ``routing_groups_per_token`` of
+    # them (0 = no limit). DeepSeek-V3: 8 and 4, so a token reaches at most 4 of 8 nodes at EP64.
+    routing_groups: int = 1
+    routing_groups_per_token: int = 0
     num_mtp_layers: int = 0  # DeepSeek-V3 multi-token-prediction modules counted (0 = MTP off)
     config_mtp_layers: int = 0  # MTP modules the config describes (``num_nextn_predict_layers``)
     # Hybrid stacks (Megatron's ``hybrid_override_pattern``): one character per layer, each layer one block,

@@ -1,0 +1,55 @@
+"""Every constant the shipped cost model learned or took from data, with its in-sample error and its error on data
+it was not fitted to (``bench/dev_set.py`` prints them beside the dev set's errors).
+
+None of them saw a training step time: the learned op classes are fitted to kernel timings (``data/kernels``), their
+held-out error is leave-one-device-out (``metadata.json`` ``unseen_device``, from ``costmodel train``); the grouped
+GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at a time.
+"""
+from __future__ import annotations
+
+import statistics
+
+from meshplan.costmodel.devices import catalogue
+from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
+
+
+def _mape(ratios) -> float:
+    """Median |predicted / measured - 1|, percent."""
+    return 100.0 * statistics.median(abs(r - 1.0) for r in ratios)
+
+
+def learned_rows(pricer) -> list[dict]:
+    """One row per learned op class of ``pricer``'s model (none for a roofline pricer)."""
+    if pricer.model is None:
+        return []
+    rows = []
+    for kind, info in sorted(pricer.model.meta.get("kinds", {}).items()):
+        held = info.get("unseen_device") or {}
+        rows.append({"constant": f"{kind} latency (learned)", "fitted_on": f"{info['n_train']:,} kernel timings, "
+                     f"{len(info['devices'])} devices", "in_sample_error_pct": round(info["train_mape"], 1),
+                     "held_out": "one device", "held_out_error_pct": held.get("lodo_mape_blend"),
+                     "step_times_used": 0})
+    return rows
+
+
+def grouped_rows(pricer) -> list[dict]:
+    """The grouped-GEMM shares: priced against each measured GPU's grouped calls, with the shares of every GPU
+    (in sample) and of the others only (held out)."""
+    files = {n: d for n, d in measured_files().items() if n in MEASURED_ON}
+    if len(files) < 2:
+        return []
+    cat = catalogue()
+    inside, held = [], []
+    for name, data in files.items():
+        dev = cat[MEASURED_ON[name]]
+        inside += priced_over_measured(pricer, data, dev).values()
+        others = curves_of([d for n, d in files.items() if n != name])
+        held += priced_over_measured(pricer, data, dev, others).values()
+    return [{"constant": "grouped GEMM share of dense", "fitted_on": f"{len(files)} GPUs' grouped kernels "
+             f"({', '.join(MEASURED_ON[n] for n in files)})", "in_sample_error_pct": round(_mape(inside), 1),
+             "held_out": "one GPU", "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
+
+
+def fitted_constants(pricer) -> list[dict]:
+    """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
+    return learned_rows(pricer) + grouped_rows(pricer)
