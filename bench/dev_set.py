@@ -2,8 +2,8 @@
 
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
-Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.search.job.plan_job``, the library
-call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
+Each in-scope row (Nemotron V3 Ultra excepted: no config) goes through ``meshplan.planner.search.job.plan_job``,
+the library call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
 ``NxGxDEVICE`` cluster, dtype, global batch and sequence length. Step time published = the source's seconds per
 step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's convention); signed error =
 (predicted - published) / published, negative = predicted too fast.
@@ -107,6 +107,12 @@ AUTOMODEL_RUN_AC = {
                                "the table's row)"),
     "automodel-dsv3-1024": ("full", "examples/benchmark/configs/deepseek_v3_te_deepep_1024.yaml @ bdb4dbc72 (its first "
                             "version, PR #574): activation_checkpointing: true"),
+    "automodel-nemotronv3-nano-8": ("full", "examples/benchmark/configs/nemotron_nano_v3_te_deepep.yaml @ 08a48f76c: "
+                                    "activation_checkpointing: true (global_batch_size 512, local_batch_size 4, "
+                                    "ep_size 8: the table's row)"),
+    "automodel-nemotronv3-super-64": ("full", "examples/benchmark/configs/nemotron_super_v3_te_deepep.yaml @ "
+                                      "e344133e4: activation_checkpointing: true (global_batch_size 512, "
+                                      "local_batch_size 2, ep_size 64: the table's row)"),
 }
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
 # (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh; the two pipelined ones
@@ -210,6 +216,12 @@ def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
     return None
 
 
+# The AutoModel Nemotron V3 rows carry no config: Nano and Super use the configs the Blackwell rows name
+# (configs/PROVENANCE.md); Ultra has none anywhere in the handed-over data and stays out of scope.
+HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3b.json",
+                  "automodel-nemotronv3-super-64": "configs/nemotron-3-super-120b-a12b.json"}
+
+
 def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     """Map one dev-set row to meshplan's inputs: the one function later issues extend.
 
@@ -217,6 +229,12 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     (NeMo launcher confs, AutoModel / torchtitan configs) and is listed under ``assumptions``.
     """
     src, name = row["source_id"], row["name"]
+    if name in HYBRID_CONFIGS:  # hybrid Mamba rows: the row names no config; the Blackwell set's (README B1)
+        from meshplan.planner.model.config import load_model
+
+        spec = load_model(str(runs_dir / HYBRID_CONFIGS[name]))
+        row = {**row, "config": HYBRID_CONFIGS[name], "meshplan_can_express": "yes",
+               "num_experts": spec.num_experts, "layers": spec.num_layers}
     n = n_gpus_of(row)
     step = published_step_s(row)
     can = row.get("meshplan_can_express", "yes")
@@ -597,7 +615,7 @@ def render(results: list[RowResult], summary: list[dict], console: Console) -> N
         console.print(t)
     skipped = [r.name for r in results if r.status == "out of scope"]
     if skipped:
-        console.print(f"out of scope (hybrid Mamba): {', '.join(skipped)}", highlight=False)
+        console.print(f"out of scope (no config): {', '.join(skipped)}", highlight=False)
 
 
 def markdown(results: list[RowResult], summary: list[dict]) -> str:

@@ -24,13 +24,17 @@ from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
-from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 
 if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CLI start-up stays fast)
     from meshplan.costmodel.collective_model import CollectiveModel
     from meshplan.costmodel.learned import LearnedModel
 
+# How a Mamba-2 SSD scan is priced: no op-level dataset measures it, so the calibrated roofline over the FLOPs of
+# the paper's chunked algorithm and the bytes of mamba_ssm's five kernels (costmodel.ops.ssd_flops / ssd_bytes)
+SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §6) and the HBM bytes of mamba_ssm's "
+              "five chunked-scan kernels (no published per-kernel timing)")
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 
 # fp8 GEMMs, priced from their bf16 twin: no fp8 kernel measurements reach the learned model, and an fp8 GEMM is not
@@ -185,6 +189,8 @@ class Pricer:
             t = fused_attention_s(op, device)
             if t is not None:
                 return t, f"published {op.impl} curve: {curve_source(op.impl, device)}"
+        if op.kind in ANALYTIC_KINDS:  # no op-level dataset measures it: the roofline over its FLOPs and bytes
+            return roofline_predict(op, device), SSD_SOURCE
         if op.groups > 1:
             dense, scale = _dense_of(op)
             sec, src = self.predict_with_source(dense, device)
@@ -231,7 +237,9 @@ class Pricer:
             op = _dense_of(op)[0]
             twin = _bf16_twin(op)
             op = twin if twin is not None and device.supports("bf16") else op
-            if op.is_collective or (op.kind == "attention" and op.impl) or (op, device) in self._memo:
+            if op.is_collective or (op.kind == "attention" and op.impl) or op.kind in ANALYTIC_KINDS:
+                continue
+            if (op, device) in self._memo:
                 continue
             todo.append(op)
         if not todo:
@@ -256,12 +264,17 @@ class Pricer:
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):
                 priced[i], scale[i] = twin, scale[i] * fp8_time_share(o, d)
+        ssd = [i for i, o in enumerate(priced) if o.kind in ANALYTIC_KINDS]
+        for i in ssd:  # priced below by the roofline; the learned model holds no class for them
+            priced[i] = OpSpec("copy", (1,))
         if self.model is None:
             out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale
         else:
             sec, src = self.model.predict_ops(priced, devs)
             self._note(src, priced, devs)
             out = sec * scale
+        for i in ssd:
+            out[i] = roofline_predict(ops[i], devs[i])
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
                 t = fused_attention_s(o, d)

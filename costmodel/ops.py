@@ -7,6 +7,7 @@ Shape conventions per kind (all sizes in elements):
     layernorm, rmsnorm, softmax:  (rows, cols)
     elementwise, activation, swiglu, copy, cast, optimizer:  (numel,)   (swiglu: its n outputs)
     embedding:   (tokens, hidden)
+    ssd:         (b, heads, seq, head_dim, state, groups, chunk)   Mamba-2 chunked SSD scan (Dao & Gu 2024)
     allreduce, allgather, reducescatter, alltoall, sendrecv:  (bytes,) with ``group_size`` participants
 """
 from __future__ import annotations
@@ -17,6 +18,9 @@ COMPUTE_KINDS = (
     "matmul", "bmm", "attention", "layernorm", "rmsnorm", "softmax",
     "elementwise", "activation", "swiglu", "embedding", "optimizer", "copy", "cast",
 )
+# Compute kinds no op-level dataset measures, priced by the calibrated roofline alone (``costmodel.api``): the learned
+# model has no class for them and training never sees them.
+ANALYTIC_KINDS = ("ssd",)
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
@@ -111,7 +115,36 @@ def op_flops(op: OpSpec) -> float:
         return 12.0 * s[0]  # Adam: ~12 flops / element
     if k == "embedding":
         return 0.0
+    if k == "ssd":
+        return ssd_flops(op)
     return 0.0
+
+
+def ssd_flops(op: OpSpec) -> float:
+    """FLOPs of the chunked SSD algorithm (Dao & Gu 2024, arXiv:2405.21060, §6 and Listing 1 ``ssd_minimal``) over
+    chunks of length Q, per token: the diagonal blocks' ``C B^T`` per group (Q N multiply-adds, half of them
+    under the causal mask) and their ``(L o C B^T) X`` per head (Q P, half), the chunk states ``B^T X`` (N P per
+    head) and the states' contribution to the output ``C h`` (N P per head); the state passing between chunks
+    (N P per chunk) is negligible. Linear in the sequence: O(T N Q + T N P) against attention's O(T^2). The
+    backward runs each product twice (input and weight-like gradients), as a GEMM's."""
+    b, heads, seq, p_dim, n, groups, q = op.shape
+    macs = groups * q * n / 2 + heads * q * p_dim / 2 + 2 * heads * n * p_dim
+    return 2.0 * b * seq * macs * (2.0 if op.backward else 1.0)
+
+
+def ssd_bytes(op: OpSpec) -> float:
+    """HBM bytes of the SSD forward as mamba_ssm runs it: five kernels (chunk cumsum, chunk-state bmm ``C B^T``,
+    chunk state, state passing, chunk scan) that write and read their intermediates in fp32 ("mostly bottlenecked
+    by memory bandwidth and latency ... writing and reading intermediate data", PyTorch blog "Accelerating Mamba2
+    with Kernel Fusion", 2025). Per token: x read twice, z once, B and C twice each, dt once, y written (16-bit);
+    C B^T written and read (G Q per token), the chunk states written, read and written by the state passing,
+    read by the scan (4 H P N / Q per token), dA cumsum and dt written once and read three times (fp32). The
+    backward reads and writes about twice that (memory-bound rule of the estimator)."""
+    b, heads, seq, p_dim, n, groups, q = op.shape
+    e = DTYPE_BYTES.get(op.dtype, 2)
+    io = e * (4 * heads * p_dim + 4 * groups * n + heads)
+    scratch = 4.0 * (2 * groups * q + 4 * heads * p_dim * n / q + 8 * heads)
+    return b * seq * (io + scratch) * (2.0 if op.backward else 1.0)
 
 
 def op_bytes(op: OpSpec) -> float:
@@ -143,4 +176,6 @@ def op_bytes(op: OpSpec) -> float:
         return 16.0 * s[0] + 2.0 * s[0]  # fp32 master, m, v, grad read+write, bf16 param write
     if k == "embedding":
         return e * 2.0 * s[0] * s[1]
+    if k == "ssd":
+        return ssd_bytes(op)
     return 0.0

@@ -34,6 +34,9 @@ ROOFLINE_EFFICIENCY: dict[str, tuple[float, float]] = {
     "optimizer": (0.80, 0.80),
     "copy": (0.80, 0.80),
     "cast": (0.80, 0.80),
+    # Mamba-2 SSD: its products run as small batched GEMMs (the bmm class's efficiency) and its traffic at the
+    # memory-bound classes' share of bandwidth; with state 128 and chunk 128 it is memory-bound (ops.ssd_bytes)
+    "ssd": (0.70, 0.80),
 }
 KERNEL_LAUNCH_S = 4e-6  # floor per kernel on a GPU (CUDA launch + tail), seconds
 

@@ -38,8 +38,9 @@ RULES: tuple[tuple[str, bool], ...] = (
     ("kernels/deepbench/tidy/gemm.csv", True), ("kernels/deepbench/tidy/allreduce.csv", True),
     ("kernels/device-specs/*", False),
     ("model_configs/*", False),
-    # The dev set (not blackwell_dev.jsonl, which nothing reads yet).
+    # The dev set, and the Blackwell rows (tests/test_families.py checks model FLOPs against their TFLOP/s).
     ("published_runs/README.md", False), ("published_runs/dev_runs.jsonl", False), ("published_runs/configs/*", False),
+    ("published_runs/blackwell_dev.jsonl", False),
     ("traces/**/*", False),
     ("notes/exports.md", False),
 )

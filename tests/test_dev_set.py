@@ -101,7 +101,7 @@ def test_layout_matches_the_quoted_table_row(rows, runs_dir):
             assert int(want["vp"]) == fix["vpp"], r["name"]
         assert fix["dp"] * fix["tp"] * fix["pp"] * fix["cp"] == inp.n_gpus, r["name"]
         checked += 1
-    assert checked == 15 + 7  # NeMo 12 + 3 SFT rows, AutoModel 10 rows less 3 hybrid Mamba
+    assert checked == 15 + 9  # NeMo 12 + 3 SFT rows, AutoModel 10 rows less Nemotron V3 Ultra (no config)
 
 
 def _nemo_flops_per_token(m, seq: int) -> float:
@@ -163,13 +163,15 @@ def priced(runs_dir):
 
 
 def test_every_row_is_reported(runs_dir, rows, priced):
-    """No row is dropped: hybrid Mamba rows (and only they) are out of scope; every other row is priced or refused
-    with the miss in GiB, and none is inexpressible (issue 12 item 9: DeepSeek-V3 PP4 x VPP8 over 61 layers, Kimi-K2
-    PP8 x VPP4, Qwen3 / GPT-OSS expert meshes, torchtitan's op-level checkpointing are all written with --fix)."""
+    """No row is dropped: hybrid Mamba rows without a config (Nemotron V3 Ultra, and only it) are out of scope;
+    every other row is priced or refused with the miss in GiB, and none is inexpressible (issue 12 item 9:
+    DeepSeek-V3 PP4 x VPP8 over 61 layers, Kimi-K2 PP8 x VPP4, Qwen3 / GPT-OSS expert meshes, torchtitan's op-level
+    checkpointing are all written with --fix)."""
     results, summary = priced
     assert [r.name for r in results] == [r["name"] for r in rows]
     out = {r.name for r in results if r.status == "out of scope"}
-    assert out == {r["name"] for r in rows if str(r.get("meshplan_can_express", "yes")).startswith("no")}
+    assert out == {r["name"] for r in rows if str(r.get("meshplan_can_express", "yes")).startswith("no")
+                   and r["name"] not in dev_set.HYBRID_CONFIGS}
     for r in results:
         assert r.status in ("priced", "not expressible", "refused OOM", "out of scope"), r.name
         if r.status == "priced":
@@ -240,11 +242,24 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
 MEAN_ABS_ERROR_AT_MOST = {"S1": 0.065, "S1f": 0.05, "S5": 0.065, "T": 0.05}
 
 
+# The hybrid Mamba rows (AutoModel Nemotron V3 Nano and Super), priced since 2026-11-26 with the Blackwell set's
+# configs: Nano +8.1%, Super +35.2% (BENCHMARKS.md "Model families of 2026", after the MoE kernel terms). Kept apart
+# from the ratchet above, which was set on the other rows; this bound only guards them from getting worse.
+HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.09, "automodel-nemotronv3-super-64": 0.37}
+
+
 def test_accuracy_per_source_does_not_regress(priced):
-    _, summary = priced
-    got = {x["source"]: x["mean_abs_error"] for x in summary if x["source"] in MEAN_ABS_ERROR_AT_MOST}
+    results, _ = priced
+    errors: dict[str, list[float]] = {}
+    for r in results:
+        if r.status == "priced" and r.name not in dev_set.HYBRID_CONFIGS:
+            errors.setdefault(r.source, []).append(abs(r.error))
+    got = {src: statistics.mean(v) for src, v in errors.items()}
     for src, bound in MEAN_ABS_ERROR_AT_MOST.items():
         assert got[src] <= bound, (src, got[src], bound)
+    hybrid = {r.name: r for r in results if r.name in dev_set.HYBRID_CONFIGS}
+    for name, bound in HYBRID_ABS_ERROR_AT_MOST.items():
+        assert hybrid[name].status == "priced" and abs(hybrid[name].error) <= bound, (name, hybrid[name].error)
 
 
 def test_automodel_run_configs_are_the_table_rows_and_pin_full_recompute(rows, runs_dir):
@@ -298,4 +313,4 @@ def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
         assert inp.profile == dev_set.SOURCE_PROFILE[inp.source]
         assert not set(k.split("=")[0] for k in inp.from_profile) & set(inp.fix), row["name"]
         per_row.append(len(inp.per_row))
-    assert len(per_row) == 30 and sum(per_row) <= 35 and statistics.median(per_row) <= 1
+    assert len(per_row) == 32 and sum(per_row) <= 35 and statistics.median(per_row) <= 1

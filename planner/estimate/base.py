@@ -30,6 +30,7 @@ from meshplan.planner.estimate.memory import (
     runtime_overhead_bytes,
     saved_input_bytes,
 )
+from meshplan.planner.estimate.ops_graph import mtp_kinds
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.flops import recompute_flops_per_token
@@ -85,29 +86,37 @@ class Estimator(Protocol):
 
 class ModelTables:
     """Per-model prefix sums so that any contiguous stage's parameters cost O(1), and one representative layer
-    (and its ``planner.estimate.memory.layer_shape``) per kind: dense and MoE."""
+    (and its ``planner.estimate.memory.layer_shape``) per layer kind (``ModelSpec.layer_kind``)."""
 
     def __init__(self, model):
         self.model = model
-        dense, expert, moe = [0.0], [0.0], [0]
+        dense, expert = [0.0], [0.0]
+        kinds = [model.layer_kind(i) for i in range(model.num_layers)]
         for i in range(model.num_layers):
             e = model.layer_routed_expert_params(i)
             dense.append(dense[-1] + model.layer_params(i) - e)
             expert.append(expert[-1] + e)
-            moe.append(moe[-1] + (1 if model.is_moe_layer(i) else 0))
-        self.dense, self.expert, self.moe = dense, expert, moe
-        self.rep: dict[bool, int] = {}  # one representative layer per kind (dense / MoE)
-        for i in range(model.num_layers):
-            self.rep.setdefault(model.is_moe_layer(i), i)
+        self.dense, self.expert = dense, expert
+        # one representative layer per kind (``ModelSpec.layer_kind``: "*-" dense, "*E" MoE, "S-"/"SE" with a
+        # sliding window, a hybrid's "M", "*", "-", "E"), and per kind the prefix count of its layers
+        self.rep: dict[str, int] = {}
+        for i, k in enumerate(kinds):
+            self.rep.setdefault(k, i)
+        self.prefix: dict[str, list[int]] = {}
+        for k in self.rep:
+            run = [0]
+            for kind in kinds:
+                run.append(run[-1] + (kind == k))
+            self.prefix[k] = run
         self.shape = {k: layer_shape(model, i) for k, i in self.rep.items()}
         self._stage: dict[tuple, tuple] = {}
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._params: dict[tuple, tuple[float, float]] = {}
         self._act: dict[tuple, float] = {}
 
-    def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[bool, int], dict[bool, int]]:
-        """(layer ranges, ``{is_moe: layers}``, ``{is_moe: recomputed layers}``) of pipeline rank ``stage``, cached
-        per split and recompute (the search prices 10^4 layouts over far fewer of them)."""
+    def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[str, int], dict[str, int]]:
+        """(layer ranges, ``{layer kind: layers}``, ``{layer kind: recomputed layers}``) of pipeline rank ``stage``,
+        cached per split and recompute (the search prices 10^4 layouts over far fewer of them)."""
         k = (layout.pp, layout.vpp, layout.pp_layout, layout.recompute, stage)
         hit = self._stage.get(k)
         if hit is None:
@@ -128,22 +137,20 @@ class ModelTables:
                                     recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
         return hit
 
-    def activation_bytes(self, moe: bool, s: int, b: int, layout: Layout, lin_bytes: float,
+    def activation_bytes(self, kind: str, s: int, b: int, layout: Layout, lin_bytes: float,
                          recompute: str) -> float:
-        """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of kind ``moe``, cached
-        on the
-        fields it reads."""
-        k = (moe, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
+        """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of ``kind``, cached on
+        the fields it reads."""
+        k = (kind, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
              layout.moe_capacity, layout.moe_imbalance, layout.stack)
         hit = self._act.get(k)
         if hit is None:
-            hit = self._act[k] = activation_bytes_per_layer(self.shape[moe], s, b, layout, lin_bytes, recompute)
+            hit = self._act[k] = activation_bytes_per_layer(self.shape[kind], s, b, layout, lin_bytes, recompute)
         return hit
 
-    def kind_counts(self, chunks: tuple[range, ...]) -> dict[bool, int]:
-        """``{is_moe: number of such layers}`` in the layer ranges ``chunks``."""
-        n_moe = sum(self.moe[r.stop] - self.moe[r.start] for r in chunks)
-        return {True: n_moe, False: sum(len(r) for r in chunks) - n_moe}
+    def kind_counts(self, chunks: tuple[range, ...]) -> dict[str, int]:
+        """``{layer kind: number of such layers}`` in the layer ranges ``chunks``."""
+        return {k: sum(p[r.stop] - p[r.start] for r in chunks) for k, p in self.prefix.items()}
 
 
 class TablesCache:
@@ -171,12 +178,12 @@ def stage_layer_ranges(model, layout: Layout, stage: int) -> tuple[range, ...]:
     return layout.stage_chunks(model.num_layers, stage)
 
 
-def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]) -> dict[bool, int]:
-    """``{is_moe: layers of ``chunks`` whose recompute runs}``: every layer, except under ``full:N``, where
+def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]) -> dict[str, int]:
+    """``{layer kind: layers of ``chunks`` whose recompute runs}``: every layer, except under ``full:N``, where
     Megatron's block method recomputes the first N layers of each virtual chunk (``--recompute-method block``)."""
     n = layout.recompute_layers
     if layout.recompute_kind == "none":
-        return {True: 0, False: 0}
+        return {k: 0 for k in tb.rep}
     if not n:
         return tb.kind_counts(chunks)
     return tb.kind_counts(tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks))
@@ -215,6 +222,10 @@ def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, f
     if stage == layout.pp - 1:
         head = model.lm_head_params or (model.vocab_size * model.hidden_size if layout.pp > 1 else 0)
         dense += (head + model.final_norm_params) / layout.tp
+        # the MTP modules sit on the last stage (megatron-core builds them with the output layer)
+        routed = model.mtp_routed_expert_params
+        dense += (model.mtp_params - routed) / layout.tp
+        expert += routed / (layout.ep * layout.expert_tp)
     return dense, expert
 
 
@@ -252,7 +263,12 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
     act += remat
     if stage == layout.pp - 1:
-        act += logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+        logits = logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+        act += logits * (1 + model.num_mtp_layers)
+        # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
+        # in flight on the last stage
+        mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none") for k in mtp_kinds(model) if k in tb.shape)
+        act += model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage)
     if grads_born_in_backward(layout, m):  # two peaks: backward's first op (no gradient yet), the optimizer step
         g, act = (0.0, act) if act >= g else (g, 0.0)
     return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import os
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
@@ -191,6 +192,11 @@ class CpuEstimator:
     def estimate(self, work: Workload, layout: Layout) -> Estimate:
         """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
         model, cluster = work.model, work.cluster
+        if model.is_hybrid or model.sliding_window:
+            # this host times one transformer block of the model's shape (planner.host.cpu_bench): it has no Mamba-2
+            # mixer and no sliding window to time
+            raise MeshplanError(f"model {model.name}: local:N times one full-attention transformer block on this "
+                                "host; hybrid Mamba and sliding-window models are priced on GPU clusters only")
         dev = cluster.device
         m = layout.num_microbatches(work.global_batch)
         pp = layout.pp

@@ -96,6 +96,8 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
                                  for k, v in sorted(efficiency.items())}}
     out["priced_from"] = {cls: estimator.pricer.basis(op, dev) for cls, op in sorted(first_op.items())}
     notes = unmeasured(estimator.pricer, dev, first_op)
+    notes.update({cls: f"{estimator.pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
+                  if op.kind == "ssd" and cls not in notes})
     if notes:
         out["unmeasured"] = notes
     return out
@@ -135,7 +137,8 @@ FA4_NOTE = "FlashAttention-4 reports only a peak (1,613 TFLOP/s forward, B200 BF
 
 
 def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
-    """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs: every class on
+    """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs (the caller adds
+    the Mamba-2 SSD scan on every device: ``costmodel.api.SSD_SOURCE``): every class on
     the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused attention
     (FlashAttention / cuDNN on Blackwell), the GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs
     among them) and the memory-bound kernels. Empty for every other device."""

@@ -38,7 +38,7 @@ from meshplan.planner.estimate.base import (
     time_signature,
 )
 from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
-from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
@@ -288,15 +288,18 @@ class GpuEstimator:
         return out
 
     def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
-        """(embedding fwd+bwd, LM head + loss fwd+bwd) for one micro-batch, seconds."""
+        """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds."""
         k = (tb, device, key, seq_len, dtype)
         hit = self._edge.get(k)
         if hit is None:
             emb = embedding_ops(tb.model, key, seq_len, dtype)
             head = head_ops(tb.model, key, seq_len, dtype)
             predict = self.pricer.predict
+            # the MTP modules run on the last stage, after the main model's head (ops_graph.mtp_ops)
+            mtp = sum(n * (predict(o, device) + self._bwd_s(o, device))
+                      for o, n in mtp_ops(tb.model, key, seq_len, dtype).items())
             hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
-                                   sum(predict(o, device) + self._bwd_s(o, device) for o in head))
+                                   sum(predict(o, device) + self._bwd_s(o, device) for o in head) + mtp)
         return hit
 
     def time_balanced_split(self, work: Workload, layout: Layout) -> tuple[int, ...]:
@@ -312,7 +315,7 @@ class GpuEstimator:
         for moe in tb.rep:
             t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links)
             per_kind[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
-        weights = [per_kind[model.is_moe_layer(i)] for i in range(model.num_layers)]
+        weights = [per_kind[model.layer_kind(i)] for i in range(model.num_layers)]
         emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
         return weighted_split(weights, layout.pp * layout.vpp, emb, head)
 

@@ -148,6 +148,11 @@ class LayerShape:
     dropout: bool
     experts_per_token: int = 0  # 0 = dense layer
     shared_ffn: int = 0  # total width of shared experts
+    blocks: str = "*-"  # ``ModelSpec.layer_kind``: the blocks of the layer
+    keys: int = 0  # keys each query's scores span under a sliding window (0: the sequence)
+    expert_width: int = 0  # width the routed experts' tokens travel at (a LatentMoE's latent; 0: hidden)
+    mamba_in: int = 0  # Mamba-2 in_proj output, 2 d_inner + 2 G N + H
+    mamba_inner: int = 0  # d_inner
 
 
 def has_dropout(model) -> bool:
@@ -164,14 +169,19 @@ def layer_shape(model, layer: int) -> LayerShape:
     ``num_kv_heads * v_head_dim`` wide (Llama-3.1-70B: 8 x 128 = 1024, not the 8192 of its 64 query heads). MLA
     (DeepSeek-V2 §2.1) up-projects K and V per query head, so they are ``num_heads`` wide.
     """
-    moe = model.is_moe_layer(layer)
+    kind = model.layer_kind(layer)
+    moe = "E" in kind
     kv_heads = model.num_heads if model.kv_lora_rank else model.num_kv_heads
+    window = model.sliding_window if "S" in kind else 0
     return LayerShape(
         hidden=model.hidden_size, heads=model.num_heads, q_dim=model.num_heads * model.head_dim,
         kv_dim=kv_heads * model.head_dim, v_dim=kv_heads * model.v_head_dim,
         ffn=model.moe_ffn_hidden_size if moe else model.ffn_hidden_size, gated=model.gated_mlp,
         dropout=has_dropout(model), experts_per_token=model.experts_per_token if moe else 0,
-        shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0,
+        shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0, blocks=kind, keys=window,
+        expert_width=model.moe_latent_size,
+        mamba_in=2 * model.mamba_inner + 2 * model.mamba_groups * model.mamba_state + model.mamba_heads,
+        mamba_inner=model.mamba_inner,
     )
 
 
@@ -232,21 +242,58 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
     if kind == "op":
         return op_saved_bytes(ls, s, b, layout)
     lin = lin_bytes  # bytes per element of a saved linear-layer input
+    out = 2.0 * sbh / rep * len(ls.blocks)  # the norm inputs, one per block
+    if "*" in ls.blocks or "S" in ls.blocks:
+        out += _attention_bytes(ls, s, b, layout, lin, kind)
+    if "M" in ls.blocks:
+        out += _mamba_bytes(ls, s, b, layout, lin)
+    if "-" in ls.blocks or "E" in ls.blocks:
+        out += _mlp_bytes(ls, s, b, layout, lin)
+    return out
+
+
+def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float, kind: str) -> float:
+    """What an attention block keeps for backward (Korthikanti et al. 2022, §4.1), its norm input aside."""
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    sbh = s * b * ls.hidden
     drop = 1.0 if ls.dropout else 0.0
-    out = 4.0 * sbh / rep  # two norm inputs
-    # attention
-    out += lin * sbh / rep  # QKV input
+    out = lin * sbh / rep  # QKV input
     out += 2.0 * s * b * (ls.q_dim + ls.kv_dim) / t  # Q, K
     out += 2.0 * s * b * ls.v_dim / t  # V
     if layout.attention == "unfused" and kind != "selective":
-        a_sq = ls.heads * s * s * b / t
+        a_sq = ls.heads * s * min(s, ls.keys or s) * b / t  # scores over the window's keys only
         out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
     elif layout.attention != "unfused":
         out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
     out += lin * s * b * ls.q_dim / t  # projection input (attention output)
     out += drop * sbh / rep  # attention dropout mask
-    # MLP
-    out += lin * sbh / rep  # MLP input
+    return out
+
+
+def _mamba_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> float:
+    """What a Mamba-2 mixer keeps for backward, its norm input aside: megatron-core runs mamba_ssm's
+    ``mamba_split_conv1d_scan_combined`` (``MambaSplitConv1dScanCombinedFn.forward`` saves its input ``zxbcdt`` and
+    the scan's output ``out_x`` and recomputes the conv1d output and the chunk states in backward), then the
+    grouped RMSNorm (its input, the gated output) and out_proj (its input); in_proj keeps its input. The SSM
+    state itself (N x P per head) is never saved: the chunk states are recomputed."""
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    out = lin * s * b * ls.hidden / rep  # in_proj input
+    out += 2.0 * s * b * ls.mamba_in / t  # zxbcdt
+    out += 2.0 * 2.0 * s * b * ls.mamba_inner / t  # out_x and the norm's input
+    out += lin * s * b * ls.mamba_inner / t  # out_proj input
+    return out
+
+
+def _mlp_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> float:
+    """What an MLP or MoE block keeps for backward, its norm input aside."""
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    h = ls.hidden
+    sbh = s * b * h
+    drop = 1.0 if ls.dropout else 0.0
+    out = lin * sbh / rep  # MLP input
     # SwiGLU: FC1's gate and up outputs (the activation's input) and the product (FC2's input); eager code also keeps
     # SiLU(gate), a separate kernel's output (fused kernels, TE's / Megatron's bias_swiglu or inductor's, recompute
     # it). GeLU: input and output (FC2's input).
@@ -255,7 +302,10 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
         k = ls.experts_per_token
         load = _moe_load(layout)
         etp = layout.expert_tp
-        out += 2.0 * k * load * s * b * h * etp / t  # dispatched token copies at full width (FC1's input)
+        width = ls.expert_width or h
+        if ls.expert_width:  # LatentMoE: the down projection's output is the dispatched tensor; up's input
+            out += 2.0 * s * b * width / rep + lin * s * b * width / rep
+        out += 2.0 * k * load * s * b * width * etp / t  # dispatched token copies at full width (FC1's input)
         out += per_ffn * k * load * s * b * ls.ffn / t
         out += per_ffn * s * b * ls.shared_ffn / t
     else:

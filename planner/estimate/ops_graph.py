@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.memory import has_dropout
 from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, lowp_recipe
 from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.flops import window_keys
 
 # Memory-bound kernels per stack (``Layout.stack``). Megatron-Core + Transformer Engine and torch.compile fuse a norm
 # into one kernel, SwiGLU / GeLU into one, RoPE into one pass over q and k (TE ``fused_apply_rotary_pos_emb``;
@@ -109,16 +111,38 @@ class _LayerBuild:
 
 
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
-    """Ops of decoder layer ``layer`` for one micro-batch on one rank."""
+    """Ops of decoder layer ``layer`` for one micro-batch on one rank: its blocks (``ModelSpec.layer_kind``) in
+    order, attention (full or sliding-window), Mamba-2, dense MLP or MoE, each behind its own pre-norm."""
+    return kind_ops(model, model.layer_kind(layer), layout, seq_len, dtype)
+
+
+def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
+    """The ops of one layer made of the blocks ``kind`` (``planner.model.spec.LAYER_KINDS``)."""
+    problem = model.mamba_split_problem(layout.tp, layout.cp) if "M" in kind else ""
+    if problem:
+        raise MeshplanError(f"model {model.name}: {problem}")
     lb = _LayerBuild(model, layout, seq_len, dtype)
-    attn_core, v_out, kv_bytes = _attention_block(lb)
-    experts, shared, ep_comm = _mlp_block(lb, layer)
-    return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb)), tuple(ep_comm),
-                    tuple(_cp_comm(lb, v_out, kv_bytes)), _op_recompute(lb.ops, attn_core), tuple(experts),
+    attn_core: list[OpSpec] = []
+    experts: list[OpSpec] = []
+    shared: tuple[OpSpec, ...] = ()
+    ep_comm: list[tuple[str, float]] = []
+    cp_comm: list[tuple[str, float]] = []
+    for block in kind:
+        if block in "*S":
+            core, v_out, kv_bytes = _attention_block(lb, window=model.sliding_window if block == "S" else 0)
+            attn_core += core
+            cp_comm += _cp_comm(lb, v_out, kv_bytes)
+        elif block == "M":
+            cp_comm += _mamba_block(lb)
+        else:
+            e, sh, ep = _mlp_block(lb, block == "E")
+            experts, shared, ep_comm = e, sh, ep
+    return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, len(kind))), tuple(ep_comm),
+                    tuple(cp_comm), _op_recompute(lb.ops, attn_core), tuple(experts),
                     expert_copies(model, layout) if experts else 1, shared)
 
 
-def _attention_block(lb: _LayerBuild) -> tuple[list[OpSpec], int, float]:
+def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], int, float]:
     """The attention block's ops, appended to ``lb.ops``: (core attention ops, output projection width, KV bytes
     of this rank)."""
     model, ops, mm, T, h, a_t, d = lb.model, lb.ops, lb.mm, lb.T, lb.h, lb.a_t, lb.d
@@ -145,48 +169,93 @@ def _attention_block(lb: _LayerBuild) -> tuple[list[OpSpec], int, float]:
         rope_width = a_t * d + kv
     if not model.position_embeddings:  # rotary embeddings on q and k
         ops.extend(lb.ew(T * rope_width) for _ in range(EAGER_ROPE_PASSES if lb.eager else 1))
-    attn_core = _core_attention(lb)
+    attn_core = _core_attention(lb, window)
     ops.extend(attn_core)
     ops.extend(mm(T, h, v_out))
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
     return attn_core, v_out, kv_bytes
 
 
-def _core_attention(lb: _LayerBuild) -> list[OpSpec]:
-    """Scores, softmax and the weighted sum: one fused kernel, or the materialised s x s ops (Megatron 2021)."""
+def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
+    """A Mamba-2 mixer's ops (megatron-core ``MambaMixer._ssm_training``), appended to ``lb.ops``; returns its CP
+    all-to-alls.
+
+    Pre-norm, in_proj (column-parallel: z, x, B, C, dt for this rank's H/tp heads and G/tp groups), the depthwise
+    causal conv1d + SiLU over x, B, C (``causal_conv1d_fn``: one read and one write of its channels, the unary
+    activation class), the chunked SSD scan with the z gate (``mamba_chunk_scan_combined``: op ``ssd``, priced
+    from the Mamba-2 paper's FLOPs and the kernels' bytes), the grouped RMSNorm over d_inner (groups split over
+    tp, no collective), out_proj (row-parallel) and the residual. Under context parallelism
+    (``MambaContextParallel``) z, x, B, C and dt go from sequence- to head-parallel by all-to-all before the conv
+    and y comes back after the scan: conv and scan see the whole sequence and H/(tp cp) heads.
+    """
+    model, T, h, t, cp = lb.model, lb.T, lb.h, lb.t, lb.cp
+    heads, groups, n = model.mamba_heads // t, model.mamba_groups // t, model.mamba_state
+    di = heads * model.mamba_head_dim
+    lb.norm(lb.Tn, h)
+    lb.ops.extend(lb.mm(T, 2 * di + 2 * groups * n + heads, h))
+    repeat = max(1, cp // groups) if cp > 1 else 1  # groups repeated when cp exceeds them
+    g_cp = max(1, groups // cp)
+    lb.ops.append(OpSpec("activation", (int(T * (di + 2 * groups * n)),), lb.act))  # conv1d + SiLU, T*cp/cp
+    lb.ops.append(OpSpec("ssd", (lb.b, max(1, heads // cp), lb.seq_len, model.mamba_head_dim, n, g_cp,
+                                 model.mamba_chunk), lb.act))
+    lb.ops.append(OpSpec("rmsnorm", (int(T), di), lb.act))
+    lb.ops.extend(lb.mm(T, h, di))
+    lb.ops.append(lb.ew(lb.Tn * h))  # residual add
+    if cp == 1:
+        return []
+    pre = 2.0 * T * (2 * di + 2 * groups * n * repeat + heads)
+    return [("alltoall", pre), ("alltoall", 2.0 * T * di)]
+
+
+def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
+    """Scores, softmax and the weighted sum: one fused kernel, or the materialised s x s ops (Megatron 2021).
+
+    A sliding window of ``window`` keys (GPT-OSS: 128 on every other layer) is a causal band: each query sees
+    ``planner.model.flops.window_keys`` keys on average, priced as causal attention over twice that many keys
+    (the same FLOPs, and the fused kernels' efficiency at that short length, where the tiles on the band's
+    diagonal edge cost as under the causal mask). The sinks are one logit per head added to the softmax's
+    denominator: no FLOPs to speak of."""
     layout, seq_len, b, d = lb.layout, lb.seq_len, lb.b, lb.d
     attn_heads, attn_s = lb.a_t, lb.s
     if layout.cp > 1 and layout.cp_kind == "a2a":  # Ulysses: full sequence, heads split over the CP group
         attn_heads, attn_s = max(1, lb.a_t // lb.cp), seq_len
+    keys = seq_len if not window or window >= seq_len else max(1, round(2 * window_keys(seq_len, window)))
     if layout.attention != "unfused":
-        return [OpSpec("attention", (b, attn_heads, attn_s, seq_len, d), lb.act, causal=True,
+        return [OpSpec("attention", (b, attn_heads, attn_s, keys, d), lb.act, causal=True,
                        impl=attention_impl(layout))]
     bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
-    core = [OpSpec("bmm", (bh, attn_s, seq_len, d), lb.act), OpSpec("softmax", (bh * attn_s, seq_len), lb.act)]
+    core = [OpSpec("bmm", (bh, attn_s, keys, d), lb.act), OpSpec("softmax", (bh * attn_s, keys), lb.act)]
     if lb.drop:
-        core.append(lb.ew(bh * attn_s * seq_len))
-    core.append(OpSpec("bmm", (bh, attn_s, d, seq_len), lb.act))
+        core.append(lb.ew(bh * attn_s * keys))
+    core.append(OpSpec("bmm", (bh, attn_s, d, keys), lb.act))
     return core
 
 
-def _mlp_block(lb: _LayerBuild, layer: int) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:
+def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:
     """The MLP or MoE block's ops, appended to ``lb.ops``: (routed expert ops, shared expert ops, expert
-    all-to-alls)."""
+    all-to-alls). A LatentMoE (``moe_latent_size``) projects the tokens down to the latent width before the
+    dispatch and back up after the combine (megatron-core ``MoELayer`` fc1_latent_proj / fc2_latent_proj,
+    replicated over tp): the all-to-alls and the experts run at the latent width."""
     model, layout, ops, mm, T, h, t = lb.model, lb.layout, lb.ops, lb.mm, lb.T, lb.h, lb.t
     lb.norm(lb.Tn, h)
     gate = 2 if model.gated_mlp else 1
     ep_comm: list[tuple[str, float]] = []
     experts: list[OpSpec] = []
     shared: tuple[OpSpec, ...] = ()
-    if model.is_moe_layer(layer):
+    if moe:
         k = model.experts_per_token
         ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
         ops.append(OpSpec("softmax", (T, model.num_experts), "fp32"))  # router scores (top-k: see _token_moves)
-        moves = _token_moves(lb, T * k * layout.expert_tp / t)
+        width = model.moe_latent_size or h
+        if model.moe_latent_size:
+            ops.extend(mm(T, width, h))
+        moves = _token_moves(lb, T * k * layout.expert_tp / t, width)
         experts = expert_ops(model, layout, T * k, lb.dtype)
         ops.extend(moves[:-1])
         ops.extend(experts)
         ops.append(moves[-1])
+        if model.moe_latent_size:
+            ops.extend(mm(T, h, width))
         if model.shared_expert_ffn_hidden_size:
             fs = model.shared_expert_ffn_hidden_size
             first = len(ops)
@@ -198,7 +267,7 @@ def _mlp_block(lb: _LayerBuild, layer: int) -> tuple[list[OpSpec], tuple[OpSpec,
             # dispatch + combine of the token copies this rank sends (under folding, the T*k*etp/tp its experts
             # process: expert_ops), bf16; the busiest rank receives its share scaled by the routing imbalance
             # (dropless) or the capacity it pads to (token dropping)
-            a2a = 2.0 * T * k * layout.expert_tp / t * h * _expert_load(layout)  # the copies this rank computes
+            a2a = 2.0 * T * k * layout.expert_tp / t * width * _expert_load(layout)  # the copies this rank computes
             ep_comm = [("alltoall", a2a), ("alltoall", a2a)]
     else:
         f = model.ffn_hidden_size
@@ -209,7 +278,7 @@ def _mlp_block(lb: _LayerBuild, layer: int) -> tuple[list[OpSpec], tuple[OpSpec,
     return experts, shared, ep_comm
 
 
-def _token_moves(lb: _LayerBuild, copies: float) -> list[OpSpec]:
+def _token_moves(lb: _LayerBuild, copies: float, width: int) -> list[OpSpec]:
     """The token copies' moves around the routed experts, forward: the permute (each token gathered once per chosen
     expert into expert order), the sort of the received copies by local expert after the dispatch, its inverse
     before the combine (Megatron-Core ``MoEAlltoAllTokenDispatcher``: ``sort_chunks_by_idxs`` when a rank holds
@@ -225,7 +294,7 @@ def _token_moves(lb: _LayerBuild, copies: float) -> list[OpSpec]:
     The router's top-k is not priced either: its softmax is, at the cost model's softmax rate (torch's softmax +
     top-k measure 0.45-0.93 ms at 65536 tokens, about 7-14 ns a token, against 0.02-0.04 ms priced)."""
     model, layout = lb.model, lb.layout
-    n = int(copies * model.hidden_size)
+    n = int(copies * width)  # the hidden size, or a LatentMoE's latent width
     local = max(1, model.num_experts // layout.ep)
     received = int(n * _expert_load(layout))
     alltoall = layout.moe_dispatcher == "alltoall"  # DeepEP's dispatch lands the copies by source rank, and the
@@ -234,14 +303,15 @@ def _token_moves(lb: _LayerBuild, copies: float) -> list[OpSpec]:
     return [OpSpec("copy", (n,), lb.act), *sort, *sort, OpSpec("elementwise", (n,), lb.act)]
 
 
-def _tp_comm(lb: _LayerBuild) -> list[tuple[str, float]]:
-    """Tensor parallelism's collectives per layer: bf16 activations of the full sequence shard."""
+def _tp_comm(lb: _LayerBuild, blocks: int = 2) -> list[tuple[str, float]]:
+    """Tensor parallelism's collectives per layer, one pair (or all-reduce) per block (a transformer layer has two,
+    a hybrid's layer one): bf16 activations of the full sequence shard."""
     if lb.t == 1:
         return []
     full = 2.0 * lb.T * lb.h
     if lb.layout.sequence_parallel:
-        return [("allgather", full), ("reducescatter", full)] * 2
-    return [("allreduce", full)] * 2
+        return [("allgather", full), ("reducescatter", full)] * blocks
+    return [("allreduce", full)] * blocks
 
 
 def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, float]]:
@@ -308,7 +378,7 @@ def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[O
     listed once per expert (``expert_copies``).
     """
     etp = layout.expert_tp
-    fe, h = model.moe_ffn_hidden_size, model.hidden_size
+    fe, h = model.moe_ffn_hidden_size, model.moe_latent_size or model.hidden_size
     gate = 2 if model.gated_mlp else 1
     local = max(1, model.num_experts // layout.ep)
     rows = token_copies * etp / layout.tp * _expert_load(layout)
@@ -365,6 +435,33 @@ def head_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[
         OpSpec("matmul", (T, v_t, model.hidden_size), act),  # output layer: not an fp8 GEMM
         OpSpec("softmax", (T, v_t), "fp32"),  # cross-entropy in fp32 (Megatron vocab-parallel CE)
     ) + ((OpSpec("copy", (T * v_t,), "fp32"),) if layout.stack == "eager" else ())  # eager: logits upcast to fp32
+
+
+def mtp_kinds(model) -> tuple[str, ...]:
+    """The layer kinds of one MTP module: the last layer's (DeepSeek-V3), or a hybrid's ``mtp_pattern`` blocks one
+    per layer (Nemotron 3 Super: "*", "E")."""
+    return tuple(model.mtp_pattern) if model.mtp_pattern else (model.layer_kind(model.num_layers - 1),)
+
+
+def mtp_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> dict[OpSpec, int]:
+    """Forward ops of the multi-token-prediction modules on the last stage, {op: times it runs} (DeepSeek-V3 §2.2,
+    megatron-core ``MultiTokenPredictionLayer``): per module enorm and hnorm, eh_proj (2h -> h, column-parallel),
+    its transformer block(s), the final norm, and the shared output head and loss once more. Empty with MTP off."""
+    out: dict[OpSpec, int] = {}
+    if not model.num_mtp_layers:
+        return out
+    T = layout.micro_batch * seq_len // layout.cp
+    act, mm = _precisions(dtype, layout.fp8)
+    norm = "layernorm" if model.norm == "layernorm" else "rmsnorm"
+    one = [OpSpec(norm, (T, model.hidden_size), act)] * 2 + list(mm(T, model.hidden_size // layout.tp,
+                                                                     2 * model.hidden_size))
+    one += head_ops(model, layout, seq_len, dtype)
+    for op in one:
+        out[op] = out.get(op, 0) + model.num_mtp_layers
+    for kind in mtp_kinds(model):
+        for op, n in kind_ops(model, kind, layout, seq_len, dtype).weighted().items():
+            out[op] = out.get(op, 0) + n * model.num_mtp_layers
+    return out
 
 
 def embedding_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[OpSpec, ...]:

@@ -33,7 +33,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
-    "GPTNeoXForCausalLM": "gpt_neox",
+    "GPTNeoXForCausalLM": "gpt_neox", "NemotronHForCausalLM": "nemotron_h", "GptOssForCausalLM": "gpt_oss",
 }
 _REQUIRED = object()
 
@@ -251,9 +251,65 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
                        gated_mlp=False, norm="layernorm", qkv_bias=bias, o_bias=bias, mlp_bias=True)
 
 
+def _nemotron_h(r: _Reader) -> dict[str, Any]:
+    """Nemotron-H / Nemotron 3 (transformers ``configuration_nemotron_h.py``; Megatron-Bridge ``MambaModelProvider``):
+    one block per layer from ``hybrid_override_pattern`` (M Mamba-2, * attention, - MLP, E MoE), squared-ReLU MLPs
+    (``mlp_hidden_act`` relu2: two matrices), MoE with one shared expert, an optional latent width for the routed
+    experts and hybrid MTP modules (``mtp_hybrid_override_pattern``)."""
+    spec = _base(r, False) | _heads(r, kv_default=None, head_dim_default=None)
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or len(pattern) != spec["num_layers"] or set(pattern) - set("M*-E"):
+        raise r.fail(f"'hybrid_override_pattern' must be a string of M, *, - and E, one per layer "
+                     f"({spec['num_layers']}), got {pattern!r}")
+    mtp = r.cfg.get("mtp_hybrid_override_pattern") or ""
+    if not isinstance(mtp, str) or set(mtp) - set("M*-E"):
+        raise r.fail(f"'mtp_hybrid_override_pattern' must be a string of M, *, - and E, got {mtp!r}")
+    experts = r.int("n_routed_experts", 0, minimum=0) if "E" in pattern + mtp else 0
+    act = r.cfg.get("mlp_hidden_act", "relu2")
+    out = spec | dict(
+        layer_pattern=pattern, gated_mlp=act not in ("relu2", "relu", "gelu"),
+        ffn_hidden_size=r.int("intermediate_size") if "-" in pattern + mtp else r.int("intermediate_size", 0,
+                                                                                         minimum=0),
+        moe_layers=tuple(i for i, c in enumerate(pattern) if c == "E"),
+        qkv_bias=r.bool("attention_bias", False), o_bias=r.bool("attention_bias", False),
+        mlp_bias=r.bool("mlp_bias", False))
+    if "M" in pattern:
+        out |= dict(mamba_heads=r.int("mamba_num_heads"), mamba_head_dim=r.int("mamba_head_dim"),
+                    mamba_state=r.int("ssm_state_size"), mamba_groups=r.int("n_groups"),
+                    mamba_conv_kernel=r.int("conv_kernel"), mamba_chunk=r.int("chunk_size", 128))
+    if experts:
+        width = r.int("moe_intermediate_size")
+        shared = r.int("moe_shared_expert_intermediate_size", 0, minimum=0) * max(1, r.int("n_shared_experts", 1))
+        out |= dict(num_experts=experts, experts_per_token=r.int("num_experts_per_tok"), moe_ffn_hidden_size=width,
+                    num_shared_experts=r.int("n_shared_experts", 1, minimum=0), shared_expert_ffn_hidden_size=shared,
+                    moe_latent_size=r.int("moe_latent_size", 0, minimum=0))
+    mtp_layers = r.int("num_nextn_predict_layers", 0, minimum=0)
+    return out | dict(config_mtp_layers=mtp_layers, mtp_pattern=mtp if mtp_layers else "")
+
+
+def _gpt_oss(r: _Reader) -> dict[str, Any]:
+    """GPT-OSS (transformers ``configuration_gpt_oss.py`` / ``modeling_gpt_oss.py``): MoE on every layer, biases on
+    q/k/v/o, on every expert and on the router, one learned sink logit per head, and ``sliding_window`` attention
+    on the layers ``layer_types`` names ``sliding_attention`` (default: every other layer from the first, the
+    config class's own default; Megatron-Bridge ``GPTOSSProvider``: window (128, 0), ``window_attn_skip_freq`` 2)."""
+    spec = _base(r, False) | _heads(r, kv_default=None, head_dim_default=None)
+    layers = spec["num_layers"]
+    kinds = r.cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                         for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
+        raise r.fail(f"'layer_types' must list sliding_attention or full_attention for each of {layers} layers")
+    bias = r.bool("attention_bias", True)
+    return spec | dict(
+        ffn_hidden_size=0, num_experts=r.int("num_local_experts"), experts_per_token=r.int("num_experts_per_tok"),
+        moe_ffn_hidden_size=r.int("intermediate_size"), moe_layers=tuple(range(layers)), qkv_bias=bias,
+        o_bias=bias, expert_bias=True, attention_sinks=True, sliding_window=r.int("sliding_window", 128),
+        window_layers=tuple(i for i, k in enumerate(kinds) if k == "sliding_attention"))
+
+
 FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss,
 }
 
 

@@ -7,6 +7,7 @@ step. "Model FLOPs" (MFU numerator) exclude recomputation; "hardware FLOPs" (HFU
 from __future__ import annotations
 
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.layout.decisions import RECOMPUTE
 
 
@@ -40,6 +41,56 @@ def _attention_terms(spec, seq_len: int) -> tuple[float, float]:
     return proj, core
 
 
+def window_keys(seq_len: int, window: int) -> float:
+    """Keys one query attends to on average under a causal sliding window of ``window`` keys: query t sees
+    min(t, w) of them, (w (w + 1) / 2 + (s - w) w) / s on average; the whole causal sequence (s / 2, Megatron's
+    count) when the window covers it."""
+    if not window or window >= seq_len:
+        return seq_len / 2
+    return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
+
+
+def mamba_macs_per_token(spec, seq_len: int) -> float:
+    """Multiply-adds per token of one Mamba-2 mixer's forward (megatron-core ``MambaMixer``): in_proj
+    h -> 2 d_inner + 2 G N + H, the depthwise conv1d of width K over x, B, C, the chunked SSD scan
+    (``costmodel.ops.ssd_flops``: Dao & Gu 2024 §6) and out_proj d_inner -> h."""
+    h, di = spec.hidden_size, spec.mamba_inner
+    gn = spec.mamba_groups * spec.mamba_state
+    ssd = OpSpec("ssd", (1, spec.mamba_heads, seq_len, spec.mamba_head_dim, spec.mamba_state, spec.mamba_groups,
+                         spec.mamba_chunk)).flops / 2 / seq_len
+    return h * (2 * di + 2 * gn + spec.mamba_heads) + spec.mamba_conv_kernel * (di + 2 * gn) + ssd + di * h
+
+
+def _block_macs(spec, kind: str, seq_len: int) -> float:
+    """Forward multiply-adds per token of one block (``planner.model.spec.LAYER_KINDS``)."""
+    h, m = spec.hidden_size, spec.mlp_matrices
+    if kind == "M":
+        return mamba_macs_per_token(spec, seq_len)
+    if kind in "*S":
+        proj, core = _attention_terms(spec, seq_len)
+        if kind == "S":  # the core scales with the keys each query sees
+            core *= window_keys(seq_len, spec.sliding_window) / (seq_len / 2)
+        return proj + core
+    if kind == "-":
+        return h * spec.ffn_hidden_size * m
+    width = spec.moe_latent_size or h  # LatentMoE: routed experts in the latent width, two projections around them
+    latent = 2 * h * spec.moe_latent_size
+    routed = spec.moe_ffn_hidden_size * spec.experts_per_token * m * width
+    return routed + latent + spec.shared_expert_ffn_hidden_size * m * h
+
+
+def _per_layer_flops(spec, seq_len: int) -> float:
+    """Model FLOPs per token summed block by block: hybrids (one block per layer) and sliding-window models.
+    MTP modules are the last layer's blocks, or a hybrid's ``mtp_pattern``, each applied ``num_mtp_layers``
+    times with its eh_proj (2h -> h) and one more pass of the output head."""
+    h = spec.hidden_size
+    layers = sum(_block_macs(spec, k, seq_len) for i in range(spec.num_layers) for k in spec.layer_kind(i))
+    mtp_kinds = spec.mtp_pattern or spec.layer_kind(spec.num_layers - 1)
+    mtp = spec.num_mtp_layers * (2 * h * h + 3 * h + sum(_block_macs(spec, k, seq_len) for k in mtp_kinds))
+    logits = h * spec.vocab_size * (1 + spec.num_mtp_layers)
+    return 6.0 * (layers + mtp + logits)
+
+
 def _layer_counts(spec) -> tuple[int, int]:
     """(dense MLP layers, MoE layers), MTP modules included with the kind of the last layer (as Megatron does)."""
     moe = len(spec.moe_layers)
@@ -70,6 +121,8 @@ def megatron_flops_per_token(spec, seq_len: int) -> float:
         FLOPs per token.
     """
     _check_seq(seq_len)
+    if spec.is_hybrid or spec.sliding_window or spec.moe_latent_size:
+        return _per_layer_flops(spec, seq_len)
     h, m = spec.hidden_size, spec.mlp_matrices
     dense, moe = _layer_counts(spec)
     layers = spec.num_layers + spec.num_mtp_layers
@@ -79,6 +132,18 @@ def megatron_flops_per_token(spec, seq_len: int) -> float:
     mtp = spec.num_mtp_layers * (3 * h + 2 * h * h)
     logits = h * spec.vocab_size * (1 + spec.num_mtp_layers)
     return 6.0 * (mlp + layers * (proj + core) + mtp + logits)
+
+
+def _core_attention_macs(spec, seq_len: int) -> float:
+    """Core-attention multiply-adds per token over every attention block (MTP modules included): what selective
+    recomputation runs again."""
+    core = _attention_terms(spec, seq_len)[1]
+    if not (spec.is_hybrid or spec.sliding_window):
+        return (spec.num_layers + spec.num_mtp_layers) * core
+    kinds = [k for i in range(spec.num_layers) for k in spec.layer_kind(i)]
+    kinds += list(spec.mtp_pattern or spec.layer_kind(spec.num_layers - 1)) * spec.num_mtp_layers
+    share = window_keys(seq_len, spec.sliding_window) / (seq_len / 2)
+    return core * (kinds.count("*") + share * kinds.count("S"))
 
 
 def recompute_flops_per_token(spec, seq_len: int, recompute: str, layer_fraction: float = 1.0) -> float:
@@ -103,13 +168,12 @@ def recompute_flops_per_token(spec, seq_len: int, recompute: str, layer_fraction
         raise MeshplanError(f"recompute: must be one of {RECOMPUTE} or full:N, got {recompute!r}")
     if kind == "none":
         return 0.0
-    layers = spec.num_layers + spec.num_mtp_layers
-    proj, core = _attention_terms(spec, seq_len)
+    core = _core_attention_macs(spec, seq_len)
     if kind == "selective":
-        return 2.0 * layers * core
+        return 2.0 * core
     logits = 6.0 * spec.hidden_size * spec.vocab_size * (1 + spec.num_mtp_layers)
     if kind == "op":  # forward = 2 x (MLP + projections + core); half the GEMMs of MLP and projections again
-        return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0 / 2.0 - layers * core
+        return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0 / 2.0 - core
     return (megatron_flops_per_token(spec, seq_len) - logits) / 3.0 * layer_fraction
 
 

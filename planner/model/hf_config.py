@@ -39,6 +39,16 @@ class HFConfig(BaseModel):
     moe_intermediate_size: Optional[StrictInt] = Field(None, ge=0, le=2**24)
     rope_theta: Optional[StrictFloat | StrictInt] = None
     tie_word_embeddings: Optional[bool] = None
+    # hybrid Mamba-2 stacks (nemotron_h) and sliding-window attention (gpt_oss)
+    hybrid_override_pattern: Optional[StrictStr] = Field(None, max_length=2**16)
+    mamba_num_heads: Optional[StrictInt] = Field(None, **_COUNT)
+    mamba_head_dim: Optional[StrictInt] = Field(None, **_COUNT)
+    ssm_state_size: Optional[StrictInt] = Field(None, **_COUNT)
+    n_groups: Optional[StrictInt] = Field(None, **_COUNT)
+    conv_kernel: Optional[StrictInt] = Field(None, **_COUNT)
+    chunk_size: Optional[StrictInt] = Field(None, **_COUNT)
+    moe_latent_size: Optional[StrictInt] = Field(None, ge=0, le=2**20)
+    sliding_window: Optional[StrictInt] = Field(None, ge=0, le=2**30)
 
     @field_validator("rope_theta")
     @classmethod

@@ -19,6 +19,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.flops import megatron_flops_per_token
 
 NORMS = ("layernorm", "rmsnorm")
+# The blocks a layer is made of (Megatron's hybrid_override_pattern symbols, plus S for sliding-window attention):
+# a hybrid layer is one block, a transformer layer two ("*-", "*E", "S-", "SE").
+LAYER_KINDS = ("M", "*", "S", "-", "E")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,21 @@ class ModelSpec:
     routing_groups_per_token: int = 0
     num_mtp_layers: int = 0  # DeepSeek-V3 multi-token-prediction modules counted (0 = MTP off)
     config_mtp_layers: int = 0  # MTP modules the config describes (``num_nextn_predict_layers``)
+    # Hybrid stacks (Megatron's ``hybrid_override_pattern``): one character per layer, each layer one block,
+    # M = Mamba-2, * = attention, - = dense MLP, E = MoE. Empty: every layer is attention + MLP (or MoE).
+    layer_pattern: str = ""
+    mtp_pattern: str = ""  # the blocks of one MTP module of a hybrid (Nemotron 3 Super: "*E")
+    mamba_heads: int = 0  # Mamba-2 heads H; d_inner = H * mamba_head_dim (megatron-core MambaMixer)
+    mamba_head_dim: int = 0  # P
+    mamba_state: int = 0  # N, the SSM state size
+    mamba_groups: int = 0  # G: B and C are shared by the heads of a group
+    mamba_conv_kernel: int = 0  # width of the depthwise causal conv1d over x, B, C
+    mamba_chunk: int = 0  # SSD chunk length Q (megatron-core MambaMixer chunk_size 128)
+    moe_latent_size: int = 0  # LatentMoE: routed experts run in this width, between two h <-> latent projections
+    sliding_window: int = 0  # keys a sliding-window layer attends to (GPT-OSS: 128); 0 = none
+    window_layers: tuple[int, ...] = ()  # the layers that use the window (GPT-OSS: every other layer)
+    attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head in the softmax
+    expert_bias: bool = False  # GPT-OSS: biases on every expert's projections and on the router
     rope_theta: float = 0.0
     rope_scaling_type: str = ""  # config.json rope_scaling.rope_type: "llama3" (Llama 3.1), "yarn" (DeepSeek-V3), ...
     rope_scaling_factor: float = 0.0  # its factor; 0 = RoPE unscaled
@@ -104,9 +122,36 @@ class ModelSpec:
         if self.is_mla and not 0 < self.qk_rope_head_dim < self.head_dim:
             raise MeshplanError(f"model {self.name}: MLA needs 0 < qk_rope_head_dim < head_dim, "
                                 f"got {self.qk_rope_head_dim} and {self.head_dim}")
-        if self.num_mtp_layers < 0 or self.num_mtp_layers > max(self.config_mtp_layers, 0):
+        self._check_hybrid()
+        if self.num_mtp_layers < 0 or self.num_mtp_layers > max(self.config_mtp_layers, 0) * self._mtp_repeat:
             raise MeshplanError(f"model {self.name}: num_mtp_layers {self.num_mtp_layers} must be in "
                                 f"0..{self.config_mtp_layers} (the config's num_nextn_predict_layers)")
+
+    # Megatron-Bridge applies one hybrid MTP module repeatedly (``mtp_use_repeated_layer``; Nemotron 3 Super runs
+    # ``mtp_num_layers = 2`` over one module, shared/published_runs/configs/PROVENANCE.md): depth up to this many
+    # times the modules the config describes, parameters counted once.
+    MTP_REPEAT_MAX = 4
+
+    @property
+    def _mtp_repeat(self) -> int:
+        return self.MTP_REPEAT_MAX if self.mtp_pattern else 1
+
+    def _check_hybrid(self) -> None:
+        if self.layer_pattern:
+            if len(self.layer_pattern) != self.num_layers or set(self.layer_pattern) - set(LAYER_KINDS):
+                raise MeshplanError(f"model {self.name}: layer pattern {self.layer_pattern!r} must have one of "
+                                    f"{''.join(LAYER_KINDS)} per layer ({self.num_layers} layers)")
+            if "M" in self.layer_pattern:
+                dims = ("mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups", "mamba_conv_kernel",
+                        "mamba_chunk")
+                bad = [d for d in dims if getattr(self, d) <= 0]
+                if bad:
+                    raise MeshplanError(f"model {self.name}: Mamba layers need {', '.join(bad)} > 0")
+                if self.mamba_heads % self.mamba_groups:
+                    raise MeshplanError(f"model {self.name}: mamba heads {self.mamba_heads} are not a multiple of "
+                                        f"its groups {self.mamba_groups}")
+        if any(not 0 <= i < self.num_layers for i in self.window_layers):
+            raise MeshplanError(f"model {self.name}: window_layers outside 0..{self.num_layers - 1}")
 
     # ---- shape helpers -------------------------------------------------------------------------------------
     @property
@@ -141,6 +186,41 @@ class ModelSpec:
     def _check_layer(self, i: int) -> None:
         if not 0 <= i < self.num_layers:
             raise IndexError(f"layer {i} outside 0..{self.num_layers - 1} of {self.name}")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.layer_pattern)
+
+    @property
+    def mamba_inner(self) -> int:
+        """d_inner = heads x head dim (megatron-core ``MambaMixer``: ``self.d_inner = self.nheads * self.headdim``)."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    def mamba_split_problem(self, tp: int, cp: int) -> str:
+        """Why megatron-core cannot split this model's Mamba mixers over ``tp`` x ``cp`` ranks ("" when it can):
+        ``MambaMixer`` asserts that tp divides the heads and the groups; ``MambaContextParallel`` (all-to-all CP,
+        heads split over the CP group) that cp divides the heads per tp rank, and the groups per tp rank or
+        the other way round (groups are then repeated)."""
+        if not self.is_hybrid or "M" not in self.layer_pattern:
+            return ""
+        heads, groups = self.mamba_heads, self.mamba_groups
+        if heads % tp or groups % tp:
+            return f"tp={tp} must divide the {heads} Mamba heads and {groups} Mamba groups (megatron-core MambaMixer)"
+        if cp > 1 and ((heads // tp) % cp or ((groups // tp) % cp and cp % (groups // tp))):
+            return (f"cp={cp} must divide the {heads // tp} Mamba heads per tp rank, and divide or be a multiple of "
+                    f"its {groups // tp} groups (megatron-core MambaContextParallel)")
+        return ""
+
+    def is_window_layer(self, i: int) -> bool:
+        return bool(self.sliding_window) and i in self.window_layers
+
+    def layer_kind(self, i: int) -> str:
+        """The blocks of layer ``i`` in order (``LAYER_KINDS``): a hybrid's pattern character, else attention
+        (``*``, or ``S`` with a sliding window) then MLP (``-``) or MoE (``E``)."""
+        self._check_layer(i)
+        if self.layer_pattern:
+            return self.layer_pattern[i]
+        return ("S" if self.is_window_layer(i) else "*") + ("E" if i in self.moe_layers else "-")
 
     def is_moe_layer(self, i: int) -> bool:
         """True when decoder layer ``i`` (0-based) has a routed-expert MLP."""
@@ -186,7 +266,18 @@ class ModelSpec:
             params += h
         if self.qk_norm:
             params += 2 * self.head_dim
+        if self.attention_sinks:  # GPT-OSS: one sink logit per head (modeling_gpt_oss.py ``self.sinks``)
+            params += a
         return params
+
+    def _mamba_params(self) -> int:
+        """One Mamba-2 mixer (megatron-core ``MambaMixer``; transformers ``NemotronHMamba2Mixer``): in_proj
+        h -> (z, x, B, C, dt) = 2 d_inner + 2 G N + H, the depthwise conv1d over x, B, C (weight and bias), dt_bias,
+        A_log and D per head, the gated RMSNorm over d_inner, out_proj d_inner -> h; no linear biases."""
+        h, di = self.hidden_size, self.mamba_inner
+        conv = di + 2 * self.mamba_groups * self.mamba_state
+        in_proj = h * (2 * di + 2 * self.mamba_groups * self.mamba_state + self.mamba_heads)
+        return in_proj + conv * (self.mamba_conv_kernel + 1) + 3 * self.mamba_heads + di + di * h
 
     def _dense_mlp_params(self, width: int) -> int:
         params = self.mlp_matrices * self.hidden_size * width
@@ -195,13 +286,21 @@ class ModelSpec:
         return params
 
     def _expert_params(self) -> int:
-        """One routed expert (gated MLP of width ``moe_ffn_hidden_size``, no biases in any supported family)."""
-        return self.mlp_matrices * self.hidden_size * self.moe_ffn_hidden_size
+        """One routed expert: an MLP of width ``moe_ffn_hidden_size`` over the hidden size, or over the latent width
+        of a LatentMoE (megatron-core ``MLP``: ``use_latent_size`` for routed experts); GPT-OSS adds its gate/up
+        and down biases."""
+        width = self.moe_latent_size or self.hidden_size
+        params = self.mlp_matrices * width * self.moe_ffn_hidden_size
+        if self.expert_bias:
+            params += (self.mlp_matrices - 1) * self.moe_ffn_hidden_size + width
+        return params
 
     def _router_and_shared_params(self) -> int:
-        params = self.hidden_size * self.num_experts  # router Linear(h -> E), no bias
-        if self.router_bias:
+        params = self.hidden_size * self.num_experts  # router Linear(h -> E)
+        if self.router_bias or self.expert_bias:  # e_score_correction_bias, or GPT-OSS's router Linear bias
             params += self.num_experts
+        if self.moe_latent_size:  # megatron-core MoELayer fc1_latent_proj / fc2_latent_proj, no bias
+            params += 2 * self.hidden_size * self.moe_latent_size
         if self.shared_expert_ffn_hidden_size:
             params += self.mlp_matrices * self.hidden_size * self.shared_expert_ffn_hidden_size
         if self.shared_expert_gate:
@@ -209,16 +308,20 @@ class ModelSpec:
         return params
 
     def layer_attention_params(self, i: int) -> int:
-        """Attention block of layer ``i`` incl. its biases and q/k norms (not the pre-attention norm)."""
-        self._check_layer(i)
-        return self._attention_params()
+        """The mixer of layer ``i``: attention incl. its biases, q/k norms and sinks, or a Mamba-2 mixer (not the
+        pre-norm); 0 for a hybrid's MLP-only layers."""
+        kind = self.layer_kind(i)
+        if "M" in kind:
+            return self._mamba_params()
+        return self._attention_params() if ("*" in kind or "S" in kind) else 0
 
     def layer_mlp_params(self, i: int) -> int:
-        """Dense MLP, or for MoE layers router + shared experts + all routed experts (no pre-MLP norm)."""
-        self._check_layer(i)
-        if self.is_moe_layer(i):
+        """Dense MLP, or for MoE layers router + shared experts + all routed experts (no pre-MLP norm); 0 for a
+        hybrid's Mamba and attention layers."""
+        kind = self.layer_kind(i)
+        if "E" in kind:
             return self._router_and_shared_params() + self.num_experts * self._expert_params()
-        return self._dense_mlp_params(self.ffn_hidden_size)
+        return self._dense_mlp_params(self.ffn_hidden_size) if "-" in kind else 0
 
     def layer_routed_expert_params(self, i: int) -> int:
         """Routed experts of layer ``i`` only (0 for dense layers): the part expert parallelism shards."""
@@ -226,9 +329,8 @@ class ModelSpec:
         return self.num_experts * self._expert_params() if self.is_moe_layer(i) else 0
 
     def layer_norm_params(self, i: int) -> int:
-        """The two per-layer norms (pre-attention, pre-MLP)."""
-        self._check_layer(i)
-        return 2 * self.norm_params
+        """The per-layer pre-norms: one per block (two in a transformer layer, one in a hybrid's)."""
+        return len(self.layer_kind(i)) * self.norm_params
 
     def layer_params(self, i: int) -> int:
         """All parameters of decoder layer ``i`` (every expert counted)."""
@@ -245,24 +347,42 @@ class ModelSpec:
             inactive += self.num_experts
         return self.layer_params(i) - inactive
 
+    def _mtp_module_params(self, active: bool) -> int:
+        """One MTP module (DeepSeek-V3 §2.2): enorm + hnorm + eh_proj (2h -> h) + its blocks + final norm; the
+        embedding and output head are shared with the main model. Its blocks: one decoder layer like the last, or
+        a hybrid's ``mtp_pattern`` (Nemotron 3 Super: attention then MoE, one norm each)."""
+        base = 3 * self.norm_params + 2 * self.hidden_size * self.hidden_size
+        if self.mtp_pattern:
+            spec = dataclasses.replace(self, num_layers=len(self.mtp_pattern), layer_pattern=self.mtp_pattern,
+                                       moe_layers=tuple(i for i, c in enumerate(self.mtp_pattern) if c == "E"),
+                                       mtp_pattern="", num_mtp_layers=0, config_mtp_layers=0)
+            layers = range(spec.num_layers)
+            return base + sum(spec.layer_active_params(i) if active else spec.layer_params(i) for i in layers)
+        last = self.num_layers - 1
+        return base + (self.layer_active_params(last) if active else self.layer_params(last))
+
+    @property
+    def mtp_modules(self) -> int:
+        """MTP modules holding parameters: a repeated hybrid module is one module applied ``num_mtp_layers``
+        times."""
+        return min(self.num_mtp_layers, self.config_mtp_layers) if self.mtp_pattern else self.num_mtp_layers
+
     @property
     def mtp_params(self) -> int:
-        """Counted MTP modules (DeepSeek-V3 §2.2): enorm + hnorm + eh_proj (2h -> h) + one decoder layer + final
-        norm each; the embedding and output head are shared with the main model."""
+        """Counted MTP modules' parameters (0 with MTP off)."""
+        return self.mtp_modules * self._mtp_module_params(False) if self.num_mtp_layers else 0
+
+    @property
+    def mtp_routed_expert_params(self) -> int:
+        """The routed experts among ``mtp_params`` (the part expert parallelism shards)."""
         if not self.num_mtp_layers:
             return 0
-        last = self.num_layers - 1
-        per_module = 3 * self.norm_params + 2 * self.hidden_size * self.hidden_size + self.layer_params(last)
-        return self.num_mtp_layers * per_module
+        kinds = self.mtp_pattern or self.layer_kind(self.num_layers - 1)
+        return self.mtp_modules * kinds.count("E") * self.num_experts * self._expert_params()
 
     @property
     def mtp_active_params(self) -> int:
-        if not self.num_mtp_layers:
-            return 0
-        last = self.num_layers - 1
-        per_module = (3 * self.norm_params + 2 * self.hidden_size * self.hidden_size
-                      + self.layer_active_params(last))
-        return self.num_mtp_layers * per_module
+        return self.mtp_modules * self._mtp_module_params(True) if self.num_mtp_layers else 0
 
     @property
     def num_params(self) -> int:

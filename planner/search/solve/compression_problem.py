@@ -159,7 +159,7 @@ def _compression_problem(prices: OpPrices, model, cluster, global_batch, seq_len
     cache = {}
     forward_s = prices.ops_s(head, dev, base, base, False)
     for i in reversed(range(model.num_layers)):
-        key = (model.layer_params(i), model.is_moe_layer(i))
+        key = (model.layer_params(i), model.layer_kind(i))
         if key not in cache:
             ops = layer_ops(model, i, lay, seq_len, dtype=base).compute
             fwd = prices.ops_s(ops, dev, base, base, False)
