@@ -154,8 +154,9 @@ def optimizer_overrides(plan: Plan) -> dict[str, object]:
     d = plan.degrees
     sharded = plan.zero_stage >= 1 and megatron._shards_over(plan) > 1
     fsdp = megatron._uses_fsdp(plan)
+    dist_opt = sharded and not fsdp
     o: dict[str, object] = {
-        "ddp.use_distributed_optimizer": sharded and not fsdp, "optimizer.use_distributed_optimizer": sharded and not fsdp,
+        "ddp.use_distributed_optimizer": dist_opt, "optimizer.use_distributed_optimizer": dist_opt,
         "ddp.use_megatron_fsdp": fsdp,
         "ddp.data_parallel_sharding_strategy": ("optim_grads_params" if plan.zero_stage == 3 else "optim_grads")
         if fsdp else "no_shard",
