@@ -3,7 +3,8 @@ tests/test_export_bridge.py, so that its HF cache, Transformer Engine stand-in a
 test process).
 
 stdin: JSON ``{"cases": [{"name", "recipe", "world", "overrides", "cpu_overrides", "provider_from",
-"base_recipe", "extra"}]}``. The file named by the first argument gets one JSON object per case name: the fields
+"base_recipe", "extra"}], "presets": [names]}`` (``presets``: mixed-precision presets reported as the registry
+builds them, under ``"presets"``). The file named by the first argument gets one JSON object per case name: the fields
 the bridge's config holds after ``run_recipe.py``'s two steps (``recipe()``, then
 ``omegaconf_utils.process_config_with_overrides(config, cli_overrides=...)``) and
 ``config.runtime_config_update`` (the mixed-precision preset and ``CommOverlapConfig.setup`` applied, then
@@ -111,9 +112,14 @@ def main() -> None:
     import megatron.bridge.recipes as recipes
     from megatron.bridge import AutoBridge
     from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
     from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
 
-    result = {"transformer_engine_left": [n for n in TE_NAMES if n in sys.modules]}
+    result = {"transformer_engine_left": [n for n in TE_NAMES if n in sys.modules], "presets": {}}
+    for name in request.get("presets", []):
+        mp = get_mixed_precision_config(name)
+        result["presets"][name] = {"fp8": mp.fp8, "fp8_recipe": mp.fp8_recipe, "fp4": mp.fp4,
+                                   "fp4_recipe": mp.fp4_recipe, "bf16": mp.bf16}
     for case in request["cases"]:
         try:
             result[case["name"]] = _read(case, recipes, process_config_with_overrides, runtime_config_update,

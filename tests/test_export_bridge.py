@@ -35,8 +35,9 @@ PRESETS = REPO / "planner" / "presets" / "models"
 HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
               "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json"}
-# Turned off for the CPU read-back only: TransformerConfig refuses RoPE fusion without Transformer Engine.
-CPU_OVERRIDES = ["model.apply_rope_fusion=false"]
+# Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
+# Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
+CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
 
 # Qwen3-30B-A3B (planner/presets/models/qwen3-30b-a3b.json; 30.5 B parameters, the preset's count).
 QWEN3_MOE = ModelRef(name="Qwen3-30B-A3B", source="qwen3-30b-a3b", model_type="qwen3_moe", num_params=30_532_122_624,
@@ -57,6 +58,7 @@ def plan_qwen3_moe(**update) -> Plan:
 CASES = {
     "llama70b": ALL_PLANS["llama70b"], "fsdp8b": ALL_PLANS["fsdp8b"], "hetero": ALL_PLANS["hetero"],
     "fp8": ALL_PLANS["fp8"], "fp8-tensorwise": ALL_PLANS["fp8-tensorwise"], "fp8-mxfp8": ALL_PLANS["fp8-mxfp8"],
+    "fp8-blockwise": ALL_PLANS["fp8-blockwise"],
     "cp2-a2a": ALL_PLANS["cp2-a2a"], "recompute-full2": ALL_PLANS["recompute-full2"],
     "uneven-interleaved": ALL_PLANS["uneven-interleaved"], "pp-overlap-off": ALL_PLANS["pp-overlap-off"],
     "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"],
@@ -94,14 +96,15 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
             "cpu_overrides": CPU_OVERRIDES, "provider_from": recipe.hf_model if moe else None,
             "base_recipe": "llama31_70b_pretrain_config" if recipe.comm_overlap else "llama31_8b_pretrain_config",
             "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
-                      "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "ddp.grad_reduce_in_fp32"]}
+                      "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
     env = {**os.environ, "HF_HUB_CACHE": str(_hf_cache(tmp / "hf")), "HF_HUB_OFFLINE": "1"}
     out = tmp / "readback.json"
-    subprocess.run([sys.executable, str(REPO / "tests" / "bridge_readback.py"), str(out)], input=json.dumps(
-        {"cases": cases}), capture_output=True, text=True, env=env, cwd=tmp, timeout=900, check=True)
+    request = json.dumps({"cases": cases, "presets": sorted(set(bridge.PRESETS.values()))})
+    subprocess.run([sys.executable, str(REPO / "tests" / "bridge_readback.py"), str(out)], input=request,
+                   capture_output=True, text=True, env=env, cwd=tmp, timeout=900, check=True)
     return json.loads(out.read_text())
 
 
@@ -125,8 +128,9 @@ def _expected(plan: Plan) -> dict[str, object]:
     n_full = int(plan.recompute.split(":")[1]) if plan.recompute.startswith("full:") else 0
     sharded = plan.zero_stage >= 1 and d.dp_shard * d.cp > 1
     fsdp = plan.zero_stage >= 2 and sharded
+    # MX scales E4M3 blocks in both passes (OCP MX v1.0), so the bridge's mxfp8 preset is e4m3, not hybrid.
     recipe_fp8 = {"none": (None, None), "delayed": ("hybrid", "delayed"), "tensorwise": ("hybrid", "tensorwise"),
-                  "blockwise": ("hybrid", "blockwise"), "mxfp8": ("hybrid", "mxfp8")}
+                  "blockwise": ("hybrid", "blockwise"), "mxfp8": ("e4m3", "mxfp8"), "nvfp4": (None, None)}
     fp8 = plan.fp8 if plan.fp8 != "none" else ("delayed" if plan.dtype == "fp8" else "none")
     e = {"model.tensor_model_parallel_size": d.tp, "model.pipeline_model_parallel_size": d.pp,
          "model.virtual_pipeline_model_parallel_size": d.vpp if d.vpp > 1 else None,
@@ -141,7 +145,8 @@ def _expected(plan: Plan) -> dict[str, object]:
          "ddp.use_distributed_optimizer": sharded and not fsdp,
          "optimizer.use_distributed_optimizer": sharded and not fsdp,
          "ddp.use_megatron_fsdp": fsdp, "model.tp_comm_overlap": plan.tp_overlap,
-         "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise"}
+         "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
+         "model.fp4": "e2m1" if fp8 == "nvfp4" else None}
     if fsdp:
         e["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"
     if d.cp > 1:
@@ -197,3 +202,16 @@ def test_megatron_constraints_named_for_the_bridge() -> None:
     plan = ALL_PLANS["recompute-op"]()
     with pytest.raises(MeshplanError, match=r"^megatron-bridge: recompute=op"):
         render(plan, "megatron-bridge")
+
+
+@needs_bridge
+@pytest.mark.parametrize("recipe", list(bridge.PRESETS))
+def test_precision_presets(read_back: dict, recipe: str) -> None:
+    """Each low-precision recipe's preset, as the bridge's own registry builds it (get_mixed_precision_config)."""
+    want = {"none": (None, None), "delayed": ("hybrid", "delayed"), "tensorwise": ("hybrid", "tensorwise"),
+            "blockwise": ("hybrid", "blockwise"), "mxfp8": ("e4m3", "mxfp8"), "nvfp4": (None, None)}[recipe]
+    preset = read_back["presets"][bridge.PRESETS[recipe]]
+    assert (preset["fp8"], preset["fp8"] and preset["fp8_recipe"]) == want
+    assert preset["bf16"] and preset["fp4"] == ("e2m1" if recipe == "nvfp4" else None)
+    if recipe == "nvfp4":
+        assert preset["fp4_recipe"] == "nvfp4"
