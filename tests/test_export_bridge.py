@@ -24,7 +24,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import bridge, render
 from meshplan.planner.plan.schema import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 from tests.helpers import REPO
-from tests.test_export_golden import ALL_PLANS
+from tests.test_export_golden import ALL_PLANS, GOLDEN
 
 BRIDGE_MISSING = importlib.util.find_spec("megatron.bridge") is None or importlib.util.find_spec("hydra") is None
 needs_bridge = pytest.mark.skipif(BRIDGE_MISSING, reason="megatron-bridge not installed "
@@ -195,6 +195,19 @@ def test_recipe_refused_by_name() -> None:
     with pytest.raises(MeshplanError, match=r"^megatron-bridge: no .* recipe builds model 'Llama-odd'") as exc:
         render(odd, "megatron-bridge")
     assert "\n" not in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_cli_refusal_is_one_line_exit_2(runner, tmp_path: Path) -> None:
+    from meshplan.cli.main import app
+
+    plan = ALL_PLANS["llama70b"]()
+    odd = plan.model_copy(update={"model": plan.model.model_copy(update={"name": "Llama-odd", "num_layers": 40})})
+    path = odd.save(tmp_path / "odd.yaml")
+    res = runner.invoke(app, ["export", str(path), "--to", "megatron-bridge"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and "megatron-bridge: no " in res.stderr and "Traceback" not in res.stderr
+    ok = runner.invoke(app, ["export", str(plan.save(tmp_path / "ok.yaml")), "--to", "megatron-bridge"])
+    assert ok.exit_code == 0 and ok.stdout == (GOLDEN / "llama70b.megatron-bridge.sh").read_text()
 
 
 def test_megatron_constraints_named_for_the_bridge() -> None:
