@@ -8,7 +8,8 @@ builds them, under ``"presets"``). The file named by the first argument gets one
 the bridge's config holds after ``run_recipe.py``'s two steps (``recipe()``, then
 ``omegaconf_utils.process_config_with_overrides(config, cli_overrides=...)``) and
 ``config.runtime_config_update`` (the mixed-precision preset and ``CommOverlapConfig.setup`` applied, then
-``ConfigContainer.validate``), or ``{"error": "<type>: <first line>"}`` where the bridge refused them.
+``ConfigContainer.validate``) with ``validate_error`` (None, or ``"<type>: <first line>"`` of its refusal), or
+``{"error": ...}`` where the recipe or the override parser refused them.
 
 Two things the bridge cannot do on a CPU-only machine, and what this does instead:
 
@@ -97,13 +98,23 @@ def _read(case: dict, recipes, process, update, auto_bridge) -> dict:
         cfg = getattr(recipes, case["recipe"])()
     cfg = process(cfg, cli_overrides=case["overrides"] + case.get("cpu_overrides", []))
     mixed_precision_name = cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else None
-    update(cfg)
+    try:
+        update(cfg)
+        refused = None
+    except Exception as exc:  # validation's refusal: reported beside the fields it left
+        refused = _one_line(exc)
     keys = [o.split("=", 1)[0] for o in case["overrides"] if o.split("=", 1)[0] != "mixed_precision"]
     out = {k: _field(cfg, k) for k in keys + case.get("extra", [])}
     mp = cfg.mixed_precision
-    out.update({"mixed_precision": mixed_precision_name, "mp.fp8": mp.fp8, "mp.fp8_recipe": mp.fp8_recipe,
-                "mp.fp4": mp.fp4, "mp.bf16": mp.bf16, "data_parallel_size": cfg.data_parallel_size})
+    if not isinstance(mp, str):
+        out.update({"mp.fp8": mp.fp8, "mp.fp8_recipe": mp.fp8_recipe, "mp.fp4": mp.fp4, "mp.bf16": mp.bf16})
+    out.update({"mixed_precision": mixed_precision_name, "validate_error": refused,
+                "data_parallel_size": getattr(cfg, "data_parallel_size", None)})
     return out
+
+
+def _one_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def main() -> None:
@@ -124,9 +135,8 @@ def main() -> None:
         try:
             result[case["name"]] = _read(case, recipes, process_config_with_overrides, runtime_config_update,
                                          AutoBridge)
-        except Exception as exc:  # the bridge's refusal is the answer for this case
-            first = (str(exc).strip().splitlines() or [""])[0]
-            result[case["name"]] = {"error": f"{type(exc).__name__}: {first}"}
+        except Exception as exc:  # the recipe or the override parser refused: the answer for this case
+            result[case["name"]] = {"error": _one_line(exc)}
     with open(sys.argv[1], "w", encoding="utf-8") as f:  # stdout carries the bridge's own prints
         json.dump(result, f)
 

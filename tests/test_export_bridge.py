@@ -34,7 +34,7 @@ PRESETS = REPO / "planner" / "presets" / "models"
 # The HF id each recipe loads -> the repository's copy of that model's config.json (planner/presets/models).
 HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
-              "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json"}
+              "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "deepseek-ai/DeepSeek-V3": "deepseek-v3.json"}
 # Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
 # Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
 CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
@@ -62,6 +62,8 @@ CASES = {
     "cp2-a2a": ALL_PLANS["cp2-a2a"], "recompute-full2": ALL_PLANS["recompute-full2"],
     "uneven-interleaved": ALL_PLANS["uneven-interleaved"], "pp-overlap-off": ALL_PLANS["pp-overlap-off"],
     "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"],
+    "dsv3": ALL_PLANS["dsv3"], "moe-deepep": ALL_PLANS["moe-deepep"], "moe-overlap": ALL_PLANS["moe-overlap"],
+    "moe-shared-overlap": ALL_PLANS["moe-shared-overlap"], "moe-fold-ep256": ALL_PLANS["moe-fold-ep256"],
     "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
 }
@@ -96,7 +98,8 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
             "cpu_overrides": CPU_OVERRIDES, "provider_from": recipe.hf_model if moe else None,
             "base_recipe": "llama31_70b_pretrain_config" if recipe.comm_overlap else "llama31_8b_pretrain_config",
             "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
-                      "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32"]}
+                      "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32",
+                      "model.mtp_num_layers"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -146,7 +149,9 @@ def _expected(plan: Plan) -> dict[str, object]:
          "optimizer.use_distributed_optimizer": sharded and not fsdp,
          "ddp.use_megatron_fsdp": fsdp, "model.tp_comm_overlap": plan.tp_overlap,
          "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
-         "model.fp4": "e2m1" if fp8 == "nvfp4" else None}
+         "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True}
+    if m.model_type == "deepseek_v3":  # the plan prices the main model; the recipe adds one MTP layer
+        e["model.mtp_num_layers"] = None
     if fsdp:
         e["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"
     if d.cp > 1:
@@ -158,7 +163,10 @@ def _expected(plan: Plan) -> dict[str, object]:
     if m.num_experts:
         e.update({"model.num_moe_experts": m.num_experts, "model.expert_model_parallel_size": d.ep,
                   "model.expert_tensor_parallel_size": plan.etp or d.tp,
-                  "model.moe_token_dispatcher_type": "alltoall",
+                  "model.moe_token_dispatcher_type": "flex" if plan.moe_dispatcher == "deepep" else "alltoall",
+                  "model.moe_flex_dispatcher_backend": "deepep" if plan.moe_dispatcher == "deepep" else None,
+                  "model.moe_shared_expert_overlap": plan.shared_overlap,
+                  "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
                   "model.moe_expert_capacity_factor": plan.moe_capacity or None,
                   "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)})
     return e
@@ -179,13 +187,17 @@ def test_bridge_config_holds_the_plan(read_back: dict, name: str) -> None:
         got = {**got, "model.pipeline_model_parallel_layout": _layout_of(got["model.pipeline_model_parallel_layout"])}
     want = _expected(CASES[name]())
     assert {k: got.get(k) for k in want} == want
+    # DeepEP's flex dispatcher is checked against the GPU's architecture, validate's last step: a CPU has none.
+    gpu_only = CASES[name]().moe_dispatcher == "deepep"
+    assert got["validate_error"] == ("AssertionError: Torch not compiled with CUDA enabled" if gpu_only else None)
 
 
 @needs_bridge
 def test_bridge_catches_a_mismatch(read_back: dict) -> None:
     """Dropping one override (the dataset's sequence length) leaves the recipe's 8192 beside the plan's 4096 model:
     ConfigContainer.validate refuses it."""
-    assert read_back["tampered"]["error"].startswith("AssertionError: Please ensure sequence length configuration")
+    error = read_back["tampered"]["validate_error"]
+    assert error.startswith("AssertionError: Please ensure sequence length configuration"), error
 
 
 def test_recipe_refused_by_name() -> None:

@@ -33,12 +33,14 @@ SOURCE = "NVIDIA-NeMo/Megatron-Bridge v0.3.1"
 
 @dataclass(frozen=True)
 class Recipe:
-    """A v0.3.1 pretraining recipe: its function in ``megatron.bridge.recipes``, the HF model it loads, and whether
-    it sets a ``CommOverlapConfig`` (``cfg.comm_overlap``; None otherwise)."""
+    """A v0.3.1 pretraining recipe: its function in ``megatron.bridge.recipes``, the HF model it loads, whether it
+    sets a ``CommOverlapConfig`` (``cfg.comm_overlap``; None otherwise) and whether it turns on multi-token prediction
+    (``model.mtp_num_layers``), which no plan prices (a plan's model is the main model)."""
 
     name: str
     hf_model: str
     comm_overlap: bool
+    mtp: bool = False
 
 
 # (model_type, num_layers, hidden_size) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen3.py,
@@ -50,7 +52,7 @@ RECIPES: dict[tuple[str, int, int], Recipe] = {
     ("qwen3", 36, 4096): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False),
     ("qwen3_moe", 48, 2048): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False),
     ("qwen3_moe", 94, 4096): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False),
-    ("deepseek_v3", 61, 7168): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True),
+    ("deepseek_v3", 61, 7168): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
 }
 
 # plan low-precision recipe -> the bridge's mixed-precision preset (training/mixed_precision.py, bf16 base):
@@ -202,6 +204,8 @@ def overrides(plan: Plan) -> list[str]:
     recipe = recipe_of(plan)
     o = {**parallel_overrides(plan), **recompute_overrides(plan), **optimizer_overrides(plan),
          "mixed_precision": PRESETS[c.fp8_recipe(plan)], **moe_overrides(plan), **overlap_overrides(plan, recipe)}
+    if recipe.mtp:  # "Set to 0 or None to disable MTP" (recipes/deepseek/deepseek_v3.py)
+        o["model.mtp_num_layers"] = None
     return [f"{k}={_value(v)}" for k, v in o.items()]
 
 

@@ -45,6 +45,7 @@ OVERRIDES=(
   model.moe_pad_expert_input_to_capacity=false
   comm_overlap.tp_comm_overlap=false
   comm_overlap.overlap_moe_expert_parallel_comm=false
+  model.mtp_num_layers=null
 )
 torchrun \
   --nnodes 32 \
