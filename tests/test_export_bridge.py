@@ -61,7 +61,8 @@ CASES = {
     "fp8-blockwise": ALL_PLANS["fp8-blockwise"],
     "cp2-a2a": ALL_PLANS["cp2-a2a"], "recompute-full2": ALL_PLANS["recompute-full2"],
     "uneven-interleaved": ALL_PLANS["uneven-interleaved"], "pp-overlap-off": ALL_PLANS["pp-overlap-off"],
-    "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"],
+    "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"], "fsdp2": lambda: ALL_PLANS["fsdp8b"]().model_copy(
+        update={"fsdp": "torch"}), "zero2": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"zero_stage": 2}),
     "dsv3": ALL_PLANS["dsv3"], "moe-deepep": ALL_PLANS["moe-deepep"], "moe-overlap": ALL_PLANS["moe-overlap"],
     "moe-shared-overlap": ALL_PLANS["moe-shared-overlap"], "moe-fold-ep256": ALL_PLANS["moe-fold-ep256"],
     "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
@@ -130,7 +131,8 @@ def _expected(plan: Plan) -> dict[str, object]:
     d, m = plan.degrees, plan.model
     n_full = int(plan.recompute.split(":")[1]) if plan.recompute.startswith("full:") else 0
     sharded = plan.zero_stage >= 1 and d.dp_shard * d.cp > 1
-    fsdp = plan.zero_stage >= 2 and sharded
+    torch_fsdp = plan.zero_stage == 3 and sharded and plan.fsdp == "torch"
+    fsdp = plan.zero_stage >= 2 and sharded and not torch_fsdp
     # MX scales E4M3 blocks in both passes (OCP MX v1.0), so the bridge's mxfp8 preset is e4m3, not hybrid.
     recipe_fp8 = {"none": (None, None), "delayed": ("hybrid", "delayed"), "tensorwise": ("hybrid", "tensorwise"),
                   "blockwise": ("hybrid", "blockwise"), "mxfp8": ("e4m3", "mxfp8"), "nvfp4": (None, None)}
@@ -145,9 +147,9 @@ def _expected(plan: Plan) -> dict[str, object]:
          "selective" if plan.recompute == "selective" else None,
          "model.recompute_method": "block" if n_full else "uniform" if plan.recompute == "full" else None,
          "model.recompute_num_layers": n_full or (1 if plan.recompute == "full" else None),
-         "ddp.use_distributed_optimizer": sharded and not fsdp,
-         "optimizer.use_distributed_optimizer": sharded and not fsdp,
-         "ddp.use_megatron_fsdp": fsdp, "model.tp_comm_overlap": plan.tp_overlap,
+         "ddp.use_distributed_optimizer": sharded and not fsdp and not torch_fsdp,
+         "optimizer.use_distributed_optimizer": sharded and not fsdp and not torch_fsdp,
+         "ddp.use_megatron_fsdp": fsdp, "dist.use_torch_fsdp2": torch_fsdp, "model.tp_comm_overlap": plan.tp_overlap,
          "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
          "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True}
     if m.model_type == "deepseek_v3":  # the plan prices the main model; the recipe adds one MTP layer

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import megatron, torchrun
+from meshplan.planner.layout.layout import fsdp_impl
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
@@ -94,9 +95,16 @@ def check(plan: Plan) -> None:
 _MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width")
 
 
+def _torch_fsdp(plan: Plan) -> bool:
+    """ZeRO-3 priced as torch FSDP2: the bridge runs it (``dist.use_torch_fsdp2``), Megatron-LM's export cannot."""
+    return megatron._uses_fsdp(plan) and plan.zero_stage == 3 and fsdp_impl(plan.fsdp, plan.stack) == "torch"
+
+
 def unsupported(plan: Plan) -> list[str]:
-    """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds."""
-    out = [_renamed(n) for n in megatron.unsupported(plan) if not any(k in n for k in _MODEL_NOTES)]
+    """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds, and
+    the FSDP2 one, which the bridge carries."""
+    skip = _MODEL_NOTES + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
+    out = [_renamed(n) for n in megatron.unsupported(plan) if not any(k in n for k in skip)]
     if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
         out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
                    "(MixedPrecisionConfig.grad_reduce_in_fp32); the plan priced bf16")
@@ -152,14 +160,16 @@ def recompute_overrides(plan: Plan) -> dict[str, object]:
 
 def optimizer_overrides(plan: Plan) -> dict[str, object]:
     """ZeRO: 1 = the distributed optimizer (ddp and optimizer both, the bridge checks they agree), 2/3 = Megatron-FSDP
-    (its checkpoint format), HSDP-like instances over dp_replicate; the precision-aware optimizer for remainder."""
+    (its checkpoint format) or, where the plan priced FSDP2 for ZeRO-3, torch FSDP2; HSDP-like instances over
+    dp_replicate; the precision-aware optimizer for remainder."""
     d = plan.degrees
     sharded = plan.zero_stage >= 1 and megatron._shards_over(plan) > 1
-    fsdp = megatron._uses_fsdp(plan)
-    dist_opt = sharded and not fsdp
+    torch_fsdp = _torch_fsdp(plan)
+    fsdp = megatron._uses_fsdp(plan) and not torch_fsdp
+    dist_opt = sharded and not fsdp and not torch_fsdp
     o: dict[str, object] = {
         "ddp.use_distributed_optimizer": dist_opt, "optimizer.use_distributed_optimizer": dist_opt,
-        "ddp.use_megatron_fsdp": fsdp,
+        "ddp.use_megatron_fsdp": fsdp, "dist.use_torch_fsdp2": torch_fsdp,
         "ddp.data_parallel_sharding_strategy": ("optim_grads_params" if plan.zero_stage == 3 else "optim_grads")
         if fsdp else "no_shard",
         "checkpoint.ckpt_format": "fsdp_dtensor" if fsdp else "torch_dist",

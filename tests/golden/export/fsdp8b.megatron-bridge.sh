@@ -23,6 +23,7 @@ OVERRIDES=(
   ddp.use_distributed_optimizer=false
   optimizer.use_distributed_optimizer=false
   ddp.use_megatron_fsdp=true
+  dist.use_torch_fsdp2=false
   ddp.data_parallel_sharding_strategy=optim_grads_params
   checkpoint.ckpt_format=fsdp_dtensor
   ddp.overlap_grad_reduce=true

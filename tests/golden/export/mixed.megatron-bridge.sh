@@ -28,6 +28,7 @@ OVERRIDES=(
   ddp.use_distributed_optimizer=true
   optimizer.use_distributed_optimizer=true
   ddp.use_megatron_fsdp=false
+  dist.use_torch_fsdp2=false
   ddp.data_parallel_sharding_strategy=no_shard
   checkpoint.ckpt_format=torch_dist
   ddp.overlap_grad_reduce=true
