@@ -15,7 +15,10 @@ length is ``sequence_length``), ``CheckpointConfig``, ``CommOverlapConfig`` and 
 ``training/mixed_precision.py``. The checks are Megatron-Core's own (``megatron.check``): the bridge builds the same
 ``TransformerConfig``. The p2p and TP overlap are written where the recipe's setup reads them: on
 ``comm_overlap`` when the recipe has a ``CommOverlapConfig`` (its ``setup`` overwrites the model's flags), else on
-the model.
+the model. Precision is a whole preset (``mixed_precision=<name>``: a recipe holds either a name or a config, and
+only a name replaces both); the mxfp8 preset also gathers parameters in MXFP8 (``fp8_param_gather``), as
+Transformer Engine's MXFP8 recipe is meant to run. Everything else the recipe sets (optimizer, schedule, data,
+logging, kernels) is the user's: extra ``key=value`` words after the script's name override it.
 """
 from __future__ import annotations
 
@@ -108,9 +111,6 @@ def unsupported(plan: Plan) -> list[str]:
     if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
         out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
                    "(MixedPrecisionConfig.grad_reduce_in_fp32); the plan priced bf16")
-    if plan.optim_dtype == "remainder":
-        out.append("megatron-bridge: optim_dtype=remainder runs in the precision-aware optimizer, which needs "
-                   "Transformer Engine's FusedAdam")
     return out
 
 
