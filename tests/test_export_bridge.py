@@ -63,6 +63,8 @@ CASES = {
     "uneven-interleaved": ALL_PLANS["uneven-interleaved"], "pp-overlap-off": ALL_PLANS["pp-overlap-off"],
     "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"], "fsdp2": lambda: ALL_PLANS["fsdp8b"]().model_copy(
         update={"fsdp": "torch"}), "zero2": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"zero_stage": 2}),
+    "hsdp": lambda: ALL_PLANS["llama70b"]().model_copy(update={"degrees": Degrees(dp_replicate=2, dp_shard=2, tp=8,
+                                                                                  pp=4, vpp=2)}),
     "remainder": lambda: ALL_PLANS["llama70b"]().model_copy(update={"optim_dtype": "remainder"}),
     "dsv3": ALL_PLANS["dsv3"], "moe-deepep": ALL_PLANS["moe-deepep"], "moe-overlap": ALL_PLANS["moe-overlap"],
     "moe-shared-overlap": ALL_PLANS["moe-shared-overlap"], "moe-fold-ep256": ALL_PLANS["moe-fold-ep256"],
@@ -160,6 +162,7 @@ def _expected(plan: Plan) -> dict[str, object]:
          "ddp.use_megatron_fsdp": fsdp, "dist.use_torch_fsdp2": torch_fsdp,
          "optimizer.use_precision_aware_optimizer": plan.optim_dtype == "remainder",
          "model.tp_comm_overlap": plan.tp_overlap,
+         "ddp.num_distributed_optimizer_instances": d.dp_replicate if sharded and not fsdp else 1,
          "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
          "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True}
     if m.model_type == "deepseek_v3":  # the plan prices the main model; the recipe adds one MTP layer
@@ -181,6 +184,8 @@ def _expected(plan: Plan) -> dict[str, object]:
                   "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
                   "model.moe_expert_capacity_factor": plan.moe_capacity or None,
                   "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)})
+        if plan.moe_capacity:  # dropping by router probability, as Megatron-LM's export sets it
+            e["model.moe_token_drop_policy"] = "probs"
     return e
 
 
