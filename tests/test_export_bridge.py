@@ -22,6 +22,8 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import bridge, render
+from meshplan.planner.model.config import load_model
+from meshplan.planner.plan.build import model_ref
 from meshplan.planner.plan.schema import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
 from tests.helpers import REPO
 from tests.test_export_golden import ALL_PLANS, GOLDEN
@@ -34,7 +36,8 @@ PRESETS = REPO / "planner" / "presets" / "models"
 # The HF id each recipe loads -> the repository's copy of that model's config.json (planner/presets/models).
 HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
-              "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "deepseek-ai/DeepSeek-V3": "deepseek-v3.json"}
+              "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
+              "deepseek-ai/DeepSeek-V3": "deepseek-v3.json"}
 # Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
 # Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
 CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
@@ -44,6 +47,15 @@ QWEN3_MOE = ModelRef(name="Qwen3-30B-A3B", source="qwen3-30b-a3b", model_type="q
                      hidden_size=2048, num_layers=48, num_attention_heads=32, num_kv_heads=4, ffn_hidden_size=6144,
                      vocab_size=151936, num_experts=128, experts_per_token=8, head_dim=128, moe_ffn_hidden_size=768,
                      tied_embeddings=False)
+
+
+def plan_qwen25() -> Plan:
+    """Qwen2.5-7B (the preset, as ``meshplan plan`` records it) on one H100 node: TP2 PP2, dp 2, ZeRO-1."""
+    group = DeviceGroupRef(nodes=1, devices_per_node=8, device="H100")
+    return Plan(name="qwen25-7b", model=model_ref(load_model("qwen2.5-7b"), "qwen2.5-7b"),
+                cluster=ClusterRef(spec="1x8xH100", groups=(group,)), global_batch=64, micro_batch=2, seq_len=4096,
+                degrees=Degrees(dp_shard=2, tp=2, pp=2), sequence_parallel=True, zero_stage=1, recompute="none",
+                dtype="bf16")
 
 
 def plan_qwen3_moe(**update) -> Plan:
@@ -68,7 +80,7 @@ CASES = {
     "remainder": lambda: ALL_PLANS["llama70b"]().model_copy(update={"optim_dtype": "remainder"}),
     "dsv3": ALL_PLANS["dsv3"], "moe-deepep": ALL_PLANS["moe-deepep"], "moe-overlap": ALL_PLANS["moe-overlap"],
     "moe-shared-overlap": ALL_PLANS["moe-shared-overlap"], "moe-fold-ep256": ALL_PLANS["moe-fold-ep256"],
-    "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
+    "qwen25": plan_qwen25, "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
 }
 
@@ -235,6 +247,14 @@ def test_cli_refusal_is_one_line_exit_2(runner, tmp_path: Path) -> None:
     assert res.stderr.count("\n") == 1 and "megatron-bridge: no " in res.stderr and "Traceback" not in res.stderr
     ok = runner.invoke(app, ["export", str(plan.save(tmp_path / "ok.yaml")), "--to", "megatron-bridge"])
     assert ok.exit_code == 0 and ok.stdout == (GOLDEN / "llama70b.megatron-bridge.sh").read_text()
+
+
+def test_same_shape_other_experts_is_refused() -> None:
+    """Kimi K2 has DeepSeek-V3's layers and width but 384 experts: not DeepSeek-V3's recipe."""
+    plan = ALL_PLANS["dsv3"]()
+    kimi = plan.model_copy(update={"model": plan.model.model_copy(update={"name": "Kimi-K2", "num_experts": 384})})
+    with pytest.raises(MeshplanError, match=r"'Kimi-K2' \(deepseek_v3, 61 layers, hidden 7168, 384 experts\)"):
+        render(kimi, "megatron-bridge")
 
 
 def test_megatron_constraints_named_for_the_bridge() -> None:

@@ -47,16 +47,20 @@ class Recipe:
     mtp: bool = False
 
 
-# (model_type, num_layers, hidden_size) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen3.py,
-# qwen3_moe.py and recipes/deepseek/deepseek_v3.py of v0.3.1 (the HF id each passes to AutoBridge.from_hf_pretrained).
-RECIPES: dict[tuple[str, int, int], Recipe] = {
-    ("llama", 32, 4096): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False),
-    ("llama", 80, 8192): Recipe("llama31_70b_pretrain_config", "meta-llama/Meta-Llama-3.1-70B", True),
-    ("llama", 126, 16384): Recipe("llama31_405b_pretrain_config", "meta-llama/Meta-Llama-3.1-405B", True),
-    ("qwen3", 36, 4096): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False),
-    ("qwen3_moe", 48, 2048): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False),
-    ("qwen3_moe", 94, 4096): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False),
-    ("deepseek_v3", 61, 7168): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
+# (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
+# qwen3.py, qwen3_moe.py and recipes/deepseek/deepseek_v3.py of v0.3.1 (the HF id each passes to
+# AutoBridge.from_hf_pretrained). Same-shaped releases take the newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5).
+# Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan prices), Mixtral and
+# Mistral (no v0.3.1 recipe).
+RECIPES: dict[tuple[str, int, int, int], Recipe] = {
+    ("llama", 32, 4096, 0): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False),
+    ("llama", 80, 8192, 0): Recipe("llama31_70b_pretrain_config", "meta-llama/Meta-Llama-3.1-70B", True),
+    ("llama", 126, 16384, 0): Recipe("llama31_405b_pretrain_config", "meta-llama/Meta-Llama-3.1-405B", True),
+    ("qwen2", 28, 3584, 0): Recipe("qwen25_7b_pretrain_config", "Qwen/Qwen2.5-7B", False),
+    ("qwen3", 36, 4096, 0): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False),
+    ("qwen3_moe", 48, 2048, 128): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False),
+    ("qwen3_moe", 94, 4096, 128): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False),
+    ("deepseek_v3", 61, 7168, 256): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
 }
 
 # plan low-precision recipe -> the bridge's mixed-precision preset (training/mixed_precision.py, bf16 base):
@@ -69,11 +73,13 @@ PRESETS = {"none": "bf16_mixed", "delayed": "bf16_with_fp8_delayed_scaling_mixed
 def recipe_of(plan: Plan) -> Recipe:
     """The recipe that builds the plan's model, or ``MeshplanError`` naming the model and the recipes there are."""
     m = plan.model
-    found = RECIPES.get((m.model_type, m.num_layers, m.hidden_size))
+    found = RECIPES.get((m.model_type, m.num_layers, m.hidden_size, m.num_experts))
     if found is None:
         known = ", ".join(r.name for r in RECIPES.values())
+        experts = f", {m.num_experts} experts" if m.num_experts else ""
         c.fail(f"megatron-bridge: no {SOURCE} pretraining recipe builds model {m.name!r} ({m.model_type}, "
-               f"{m.num_layers} layers, hidden {m.hidden_size}); recipes: {known} (export to megatron instead)")
+               f"{m.num_layers} layers, hidden {m.hidden_size}{experts}); recipes: {known} (export to megatron "
+               "instead)")
     return found
 
 
