@@ -25,6 +25,8 @@ from meshplan.planner.plan.schema import load_plan
 from meshplan.planner.search.job import PlanRequest, plan_job
 
 SHELL_TARGETS = ("torchrun", "megatron", "slurm")
+# Shell targets that launch a recipe of their own and refuse a model without one: run on a recipe's model shape.
+RECIPE_SHELL_TARGETS = ("megatron-bridge",)
 DATA_TARGETS = {"deepspeed": json.loads, "accelerate": yaml.safe_load, "kubeflow": yaml.safe_load,
                 "torchtitan": tomllib.loads}
 
@@ -94,6 +96,29 @@ def test_generated_scripts_run_no_smuggled_command(tmp_path: Path) -> None:
     assert (tmp_path / "torchrun.args").exists()  # the stubs ran: the scripts reached their launch line
 
 
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+def test_recipe_scripts_run_no_smuggled_command(tmp_path: Path) -> None:
+    """The hostile plans' names and cluster specs on Llama-3.1-8B's shape (a model the recipe targets build)."""
+    from tests.test_export_golden import LLAMA_8B
+
+    bindir = _stub_bin(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "HEAD_NODE": "node0", "HOME": str(tmp_path)}
+    for i, path in enumerate(_hostile_plans(tmp_path)):
+        plan = load_plan(path)
+        plan = plan.model_copy(update={"model": LLAMA_8B.model_copy(update={"name": plan.model.name})})
+        for target in RECIPE_SHELL_TARGETS:
+            script = tmp_path / f"{target}-{i}.sh"
+            script.write_text(render(plan, target).text)
+            res = subprocess.run(["bash", str(script)], cwd=run_dir, env=env, capture_output=True, text=True,
+                                 timeout=60)
+            assert res.returncode == 0, (target, res.stderr[-2000:])
+    assert sorted(p.name for p in run_dir.iterdir()) == []
+    assert not list(tmp_path.glob("pwned*"))
+    assert (tmp_path / "torchrun.args").exists()
+
+
 def test_data_targets_hold_no_smuggled_keys(tmp_path: Path) -> None:
     hostile = load_plan(_hostile_plans(tmp_path)[1])
     benign = hostile.model_copy(update={
@@ -132,4 +157,4 @@ def test_hand_edited_plan_with_hostile_name_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_target_is_covered() -> None:
-    assert set(SHELL_TARGETS) | set(DATA_TARGETS) == set(TARGETS)
+    assert set(SHELL_TARGETS) | set(RECIPE_SHELL_TARGETS) | set(DATA_TARGETS) == set(TARGETS)

@@ -85,7 +85,8 @@ def test_megatron_shards_the_optimizer_over_cp_and_keeps_rope(tmp_path: Path, ru
 def test_heterogeneous_pipeline_exports_as_priced(tmp_path: Path, runner) -> None:
     """Issue 15 item 2: Llama-3.1-8B on one H100 node + one A100 node is a 2-stage pipeline with tensor parallel
     over each node (the solver's pricing); the degrees say so, torchrun, Slurm and Megatron pin each stage to its
-    device type with static node ranks (tests/test_export_hetero.py runs them), the other targets refuse, Megatron
+    device type with static node ranks (tests/test_export_hetero.py runs them; Megatron-Bridge launches the same way),
+    the other targets refuse, Megatron
     keeps the uneven split, and no layer left 16 bits unasked."""
     from meshplan.core.errors import MeshplanError
     from meshplan.planner.export import TARGETS, export_file
@@ -99,7 +100,7 @@ def test_heterogeneous_pipeline_exports_as_priced(tmp_path: Path, runner) -> Non
     assert (plan.degrees.tp, plan.degrees.pp, plan.degrees.world_size) == (8, 2, 16)
     assert set(plan.layer_precision) == {"bf16"}
     for target in TARGETS:
-        if target in ("torchrun", "slurm", "megatron"):
+        if target in ("torchrun", "slurm", "megatron", "megatron-bridge"):
             result = export_file(out, target)
             assert any("static node ranks" in w or "heterogeneous job" in w for w in result.warnings), target
         else:

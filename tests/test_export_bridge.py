@@ -1,0 +1,277 @@
+"""The megatron-bridge export read back through the megatron-bridge package itself (0.3.1, installed --no-deps).
+
+Each plan is rendered, its override words are taken from the script by bash itself (the ``OVERRIDES`` array), and
+``tests/bridge_readback.py`` (a subprocess) does what ``scripts/training/run_recipe.py`` does with them: the
+recipe's ``ConfigContainer``, ``process_config_with_overrides`` (Hydra's override parser), then
+``runtime_config_update`` (mixed-precision preset, ``CommOverlapConfig.setup``, ``ConfigContainer.validate``: the
+provider's ``TransformerConfig.__post_init__``, data-parallel size, sequence-length agreement). The independent truth
+is that config: every field must equal the plan's decision, computed here from the plan. Recipes load their model's
+HF config; the test serves them offline from the repository's preset configs (``planner/presets/models``). See
+``tests/bridge_readback.py`` for the two things a CPU-only machine cannot run and what is done instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.export import bridge, render
+from meshplan.planner.model.config import load_model
+from meshplan.planner.plan.build import model_ref
+from meshplan.planner.plan.schema import ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan
+from tests.helpers import REPO
+from tests.test_export_golden import ALL_PLANS, GOLDEN
+
+BRIDGE_MISSING = importlib.util.find_spec("megatron.bridge") is None or importlib.util.find_spec("hydra") is None
+needs_bridge = pytest.mark.skipif(BRIDGE_MISSING, reason="megatron-bridge not installed "
+                                  "(pip install --no-deps megatron-bridge==0.3.1, as the README's test command does)")
+
+PRESETS = REPO / "planner" / "presets" / "models"
+# The HF id each recipe loads -> the repository's copy of that model's config.json (planner/presets/models).
+HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
+              "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
+              "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
+              "deepseek-ai/DeepSeek-V3": "deepseek-v3.json"}
+# Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
+# Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
+CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
+
+# Qwen3-30B-A3B (planner/presets/models/qwen3-30b-a3b.json; 30.5 B parameters, the preset's count).
+QWEN3_MOE = ModelRef(name="Qwen3-30B-A3B", source="qwen3-30b-a3b", model_type="qwen3_moe", num_params=30_532_122_624,
+                     hidden_size=2048, num_layers=48, num_attention_heads=32, num_kv_heads=4, ffn_hidden_size=6144,
+                     vocab_size=151936, num_experts=128, experts_per_token=8, head_dim=128, moe_ffn_hidden_size=768,
+                     tied_embeddings=False)
+
+
+def plan_qwen25() -> Plan:
+    """Qwen2.5-7B (the preset, as ``meshplan plan`` records it) on one H100 node: TP2 PP2, dp 2, ZeRO-1."""
+    group = DeviceGroupRef(nodes=1, devices_per_node=8, device="H100")
+    return Plan(name="qwen25-7b", model=model_ref(load_model("qwen2.5-7b"), "qwen2.5-7b"),
+                cluster=ClusterRef(spec="1x8xH100", groups=(group,)), global_batch=64, micro_batch=2, seq_len=4096,
+                degrees=Degrees(dp_shard=2, tp=2, pp=2), sequence_parallel=True, zero_stage=1, recompute="none",
+                dtype="bf16")
+
+
+def plan_qwen3_moe(**update) -> Plan:
+    """Qwen3-30B-A3B on 2x8 H100: TP2 (SP), EP8 over the dp 8 ranks, ZeRO-1, selective recompute."""
+    group = DeviceGroupRef(nodes=2, devices_per_node=8, device="H100")
+    base = Plan(name="qwen3-30b-ep8", model=QWEN3_MOE, cluster=ClusterRef(spec="2x8xH100", groups=(group,)),
+                global_batch=256, micro_batch=1, seq_len=4096, degrees=Degrees(dp_shard=8, tp=2, ep=8),
+                sequence_parallel=True, zero_stage=1, recompute="selective", dtype="bf16")
+    return base.model_copy(update=update)
+
+
+CASES = {
+    "llama70b": ALL_PLANS["llama70b"], "fsdp8b": ALL_PLANS["fsdp8b"], "hetero": ALL_PLANS["hetero"],
+    "fp8": ALL_PLANS["fp8"], "fp8-tensorwise": ALL_PLANS["fp8-tensorwise"], "fp8-mxfp8": ALL_PLANS["fp8-mxfp8"],
+    "fp8-blockwise": ALL_PLANS["fp8-blockwise"],
+    "cp2-a2a": ALL_PLANS["cp2-a2a"], "recompute-full2": ALL_PLANS["recompute-full2"],
+    "uneven-interleaved": ALL_PLANS["uneven-interleaved"], "pp-overlap-off": ALL_PLANS["pp-overlap-off"],
+    "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"], "fsdp2": lambda: ALL_PLANS["fsdp8b"]().model_copy(
+        update={"fsdp": "torch"}), "zero2": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"zero_stage": 2}),
+    "hsdp": lambda: ALL_PLANS["llama70b"]().model_copy(update={"degrees": Degrees(dp_replicate=2, dp_shard=2, tp=8,
+                                                                                  pp=4, vpp=2)}),
+    "remainder": lambda: ALL_PLANS["llama70b"]().model_copy(update={"optim_dtype": "remainder"}),
+    "dsv3": ALL_PLANS["dsv3"], "moe-deepep": ALL_PLANS["moe-deepep"], "moe-overlap": ALL_PLANS["moe-overlap"],
+    "moe-shared-overlap": ALL_PLANS["moe-shared-overlap"], "moe-fold-ep256": ALL_PLANS["moe-fold-ep256"],
+    "qwen25": plan_qwen25, "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
+    "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
+}
+
+
+# Where validation stops on a CPU-only machine, past the overrides: DeepEP's flex dispatcher is checked against the
+# GPU's architecture (validate_flex_dispatcher_backend, validate's last step), and megatron-core's OptimizerConfig
+# asks Transformer Engine's version for the precision-aware optimizer (is_te_min_version("2.1.0"): None without TE).
+GPU_ONLY = {"moe-deepep": "AssertionError: Torch not compiled with CUDA enabled",
+            "remainder": "TypeError: '>=' not supported between instances of 'NoneType' and 'Version'"}
+
+
+def _overrides_from_script(script: str, tmp_path: Path) -> list[str]:
+    """The words of the rendered script's OVERRIDES array, as bash reads them (quotes and all)."""
+    path = tmp_path / "bridge.sh"
+    path.write_text(script)
+    code = 'torchrun() { :; }; source "$1" >/dev/null; printf "%s\\n" "${OVERRIDES[@]}"'
+    out = subprocess.run(["bash", "-c", code, "bash", str(path)], capture_output=True, text=True, timeout=30,
+                         env={"PATH": os.environ["PATH"], "HEAD_NODE": "node-a", "NODE_RANK": "0"}, check=True)
+    return out.stdout.splitlines()
+
+
+def _hf_cache(root: Path) -> Path:
+    """An offline HF hub cache (``models--org--name/snapshots/<rev>/config.json``, ``refs/main``) of HF_CONFIGS."""
+    rev = "0" * 40
+    for repo, name in HF_CONFIGS.items():
+        d = root / ("models--" + repo.replace("/", "--"))
+        (d / "refs").mkdir(parents=True)
+        (d / "refs" / "main").write_text(rev)
+        (d / "snapshots" / rev).mkdir(parents=True)
+        (d / "snapshots" / rev / "config.json").write_text((PRESETS / name).read_text())
+    return root
+
+
+def _case(name: str, plan: Plan, words: list[str]) -> dict:
+    recipe = bridge.recipe_of(plan)
+    moe = bool(plan.model.num_experts)
+    return {"name": name, "recipe": recipe.name, "world": plan.cluster.world_size, "overrides": words,
+            "cpu_overrides": CPU_OVERRIDES, "provider_from": recipe.hf_model if moe else None,
+            "base_recipe": "llama31_70b_pretrain_config" if recipe.comm_overlap else "llama31_8b_pretrain_config",
+            "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
+                      "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32",
+                      "model.mtp_num_layers"]}
+
+
+def _read_back(cases: list[dict], tmp: Path) -> dict:
+    env = {**os.environ, "HF_HUB_CACHE": str(_hf_cache(tmp / "hf")), "HF_HUB_OFFLINE": "1"}
+    out = tmp / "readback.json"
+    request = json.dumps({"cases": cases, "presets": sorted(set(bridge.PRESETS.values()))})
+    subprocess.run([sys.executable, str(REPO / "tests" / "bridge_readback.py"), str(out)], input=request,
+                   capture_output=True, text=True, env=env, cwd=tmp, timeout=900, check=True)
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def read_back(tmp_path_factory) -> dict:
+    """Every case rendered, its overrides read back by the bridge in one subprocess, plus one tampered case."""
+    tmp = tmp_path_factory.mktemp("bridge")
+    cases, words = [], {}
+    for name, make in CASES.items():
+        words[name] = _overrides_from_script(render(make(), "megatron-bridge").text, tmp)
+        cases.append(_case(name, make(), words[name]))
+    # A mismatch the bridge catches: the dataset's sequence length left at the recipe's 8192 with a 4096 model.
+    tampered = [w for w in words["hetero"] if not w.startswith("dataset.sequence_length=")]
+    cases.append({**_case("tampered", CASES["hetero"](), tampered), "name": "tampered"})
+    return _read_back(cases, tmp)
+
+
+def _expected(plan: Plan) -> dict[str, object]:
+    """What the bridge's config must hold for the plan: its decisions, worked out here from the plan alone."""
+    d, m = plan.degrees, plan.model
+    n_full = int(plan.recompute.split(":")[1]) if plan.recompute.startswith("full:") else 0
+    sharded = plan.zero_stage >= 1 and d.dp_shard * d.cp > 1
+    torch_fsdp = plan.zero_stage == 3 and sharded and plan.fsdp == "torch"
+    fsdp = plan.zero_stage >= 2 and sharded and not torch_fsdp
+    # MX scales E4M3 blocks in both passes (OCP MX v1.0), so the bridge's mxfp8 preset is e4m3, not hybrid.
+    recipe_fp8 = {"none": (None, None), "delayed": ("hybrid", "delayed"), "tensorwise": ("hybrid", "tensorwise"),
+                  "blockwise": ("hybrid", "blockwise"), "mxfp8": ("e4m3", "mxfp8"), "nvfp4": (None, None)}
+    fp8 = plan.fp8 if plan.fp8 != "none" else ("delayed" if plan.dtype == "fp8" else "none")
+    e = {"model.tensor_model_parallel_size": d.tp, "model.pipeline_model_parallel_size": d.pp,
+         "model.virtual_pipeline_model_parallel_size": d.vpp if d.vpp > 1 else None,
+         "model.context_parallel_size": d.cp, "model.sequence_parallel": plan.sequence_parallel,
+         "model.seq_length": plan.seq_len, "dataset.sequence_length": plan.seq_len,
+         "train.micro_batch_size": plan.micro_batch, "train.global_batch_size": plan.global_batch,
+         "data_parallel_size": d.dp, "model.num_layers": m.num_layers, "model.hidden_size": m.hidden_size,
+         "model.recompute_granularity": "full" if plan.recompute.startswith("full") else
+         "selective" if plan.recompute == "selective" else None,
+         "model.recompute_method": "block" if n_full else "uniform" if plan.recompute == "full" else None,
+         "model.recompute_num_layers": n_full or (1 if plan.recompute == "full" else None),
+         "ddp.use_distributed_optimizer": sharded and not fsdp and not torch_fsdp,
+         "optimizer.use_distributed_optimizer": sharded and not fsdp and not torch_fsdp,
+         "ddp.use_megatron_fsdp": fsdp, "dist.use_torch_fsdp2": torch_fsdp,
+         "optimizer.use_precision_aware_optimizer": plan.optim_dtype == "remainder",
+         "model.tp_comm_overlap": plan.tp_overlap,
+         "ddp.num_distributed_optimizer_instances": d.dp_replicate if sharded and not fsdp else 1,
+         "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
+         "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True}
+    if m.model_type == "deepseek_v3":  # the plan prices the main model; the recipe adds one MTP layer
+        e["model.mtp_num_layers"] = None
+    if fsdp:
+        e["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"
+    if d.cp > 1:
+        e["model.cp_comm_type"] = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}[plan.cp_kind]
+    if d.vpp > 1:  # Megatron-Core overlaps interleaved sends unless the plan priced them in line
+        e["model.overlap_p2p_comm"] = plan.pp_overlap is not False
+    if plan.stages and len({s.num_layers for s in plan.stages}) > 1:
+        e["model.pipeline_model_parallel_layout"] = "layout of " + "+".join(str(s.num_layers) for s in plan.stages)
+    if m.num_experts:
+        e.update({"model.num_moe_experts": m.num_experts, "model.expert_model_parallel_size": d.ep,
+                  "model.expert_tensor_parallel_size": plan.etp or d.tp,
+                  "model.moe_token_dispatcher_type": "flex" if plan.moe_dispatcher == "deepep" else "alltoall",
+                  "model.moe_flex_dispatcher_backend": "deepep" if plan.moe_dispatcher == "deepep" else None,
+                  "model.moe_shared_expert_overlap": plan.shared_overlap,
+                  "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
+                  "model.moe_expert_capacity_factor": plan.moe_capacity or None,
+                  "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)})
+        if plan.moe_capacity:  # dropping by router probability, as Megatron-LM's export sets it
+            e["model.moe_token_drop_policy"] = "probs"
+    return e
+
+
+def _layout_of(value: str) -> str:
+    """``Et*9|t*10|...L`` as ``layout of 9+10+...`` (layers per virtual stage, in model order)."""
+    return "layout of " + "+".join(part.strip("EL").split("*")[1] for part in value.split("|"))
+
+
+@needs_bridge
+@pytest.mark.parametrize("name", list(CASES))
+def test_bridge_config_holds_the_plan(read_back: dict, name: str) -> None:
+    assert read_back["transformer_engine_left"] == []
+    got = read_back[name]
+    assert "error" not in got, got
+    if isinstance(got.get("model.pipeline_model_parallel_layout"), str):
+        got = {**got, "model.pipeline_model_parallel_layout": _layout_of(got["model.pipeline_model_parallel_layout"])}
+    want = _expected(CASES[name]())
+    assert {k: got.get(k) for k in want} == want
+    assert got["validate_error"] == GPU_ONLY.get(name)
+
+
+@needs_bridge
+def test_bridge_catches_a_mismatch(read_back: dict) -> None:
+    """Dropping one override (the dataset's sequence length) leaves the recipe's 8192 beside the plan's 4096 model:
+    ConfigContainer.validate refuses it."""
+    error = read_back["tampered"]["validate_error"]
+    assert error.startswith("AssertionError: Please ensure sequence length configuration"), error
+
+
+def test_recipe_refused_by_name() -> None:
+    """A model with no v0.3.1 recipe is refused in one line naming it (the CLI exits 2 on it)."""
+    plan = ALL_PLANS["llama70b"]()
+    odd = plan.model_copy(update={"model": plan.model.model_copy(update={"name": "Llama-odd", "num_layers": 40})})
+    with pytest.raises(MeshplanError, match=r"^megatron-bridge: no .* recipe builds model 'Llama-odd'") as exc:
+        render(odd, "megatron-bridge")
+    assert "\n" not in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_cli_refusal_is_one_line_exit_2(runner, tmp_path: Path) -> None:
+    from meshplan.cli.main import app
+
+    plan = ALL_PLANS["llama70b"]()
+    odd = plan.model_copy(update={"model": plan.model.model_copy(update={"name": "Llama-odd", "num_layers": 40})})
+    path = odd.save(tmp_path / "odd.yaml")
+    res = runner.invoke(app, ["export", str(path), "--to", "megatron-bridge"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and "megatron-bridge: no " in res.stderr and "Traceback" not in res.stderr
+    ok = runner.invoke(app, ["export", str(plan.save(tmp_path / "ok.yaml")), "--to", "megatron-bridge"])
+    assert ok.exit_code == 0 and ok.stdout == (GOLDEN / "llama70b.megatron-bridge.sh").read_text()
+
+
+def test_same_shape_other_experts_is_refused() -> None:
+    """Kimi K2 has DeepSeek-V3's layers and width but 384 experts: not DeepSeek-V3's recipe."""
+    plan = ALL_PLANS["dsv3"]()
+    kimi = plan.model_copy(update={"model": plan.model.model_copy(update={"name": "Kimi-K2", "num_experts": 384})})
+    with pytest.raises(MeshplanError, match=r"'Kimi-K2' \(deepseek_v3, 61 layers, hidden 7168, 384 experts\)"):
+        render(kimi, "megatron-bridge")
+
+
+def test_megatron_constraints_named_for_the_bridge() -> None:
+    """Megatron-Core's own refusals (here op-level recompute) come out under the bridge's name."""
+    plan = ALL_PLANS["recompute-op"]()
+    with pytest.raises(MeshplanError, match=r"^megatron-bridge: recompute=op"):
+        render(plan, "megatron-bridge")
+
+
+@needs_bridge
+@pytest.mark.parametrize("recipe", list(bridge.PRESETS))
+def test_precision_presets(read_back: dict, recipe: str) -> None:
+    """Each low-precision recipe's preset, as the bridge's own registry builds it (get_mixed_precision_config)."""
+    want = {"none": (None, None), "delayed": ("hybrid", "delayed"), "tensorwise": ("hybrid", "tensorwise"),
+            "blockwise": ("hybrid", "blockwise"), "mxfp8": ("e4m3", "mxfp8"), "nvfp4": (None, None)}[recipe]
+    preset = read_back["presets"][bridge.PRESETS[recipe]]
+    assert (preset["fp8"], preset["fp8"] and preset["fp8_recipe"]) == want
+    assert preset["bf16"] and preset["fp4"] == ("e2m1" if recipe == "nvfp4" else None)
+    if recipe == "nvfp4":
+        assert preset["fp4_recipe"] == "nvfp4"
