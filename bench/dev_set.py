@@ -348,6 +348,11 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
                 and v not in (None, [], False)}
     if unpriced:
         assumptions.append(f"not priced: {unpriced}")
+    if dtype == "fp8":  # the fp8 precision configs keep the weights in fp8 (the profile's fp8_params) unless the
+        # recipe function turns it off (Kimi-K2 under dist_muon with MXFP8)
+        off = _recipe_says(row, "fp8_param_gather = False")
+        needs.append(Need("fp8_params", "false" if off else "true", "recipe function: fp8_param_gather = False"
+                          if off else "fp8_param_gather = True in the release's fp8 precision configs", {}))
     if _recipe_says(row, "ddp.grad_reduce_in_fp32 = False"):
         needs.append(Need("grad_dtype", "bf16", "the model's common configs set ddp.grad_reduce_in_fp32 = False "
                           "(bf16 gradient buffers and reduction)", {}))
@@ -443,9 +448,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
                               "each packed document, not the whole sequence", {}))
             needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true) with "
-                              "a bf16 master shard in the optimizer (NeMo: store_params=True): 1 B weights + 6/dp B "
-                              "states where meshplan counts bf16 weights with TE's cached fp8 copies + 4/dp B "
-                              "(equal at dp=1, the 70B row)", {}))
+                              "a bf16 master shard in the optimizer (NeMo: store_params=True): meshplan drops the "
+                              "16-bit weights and counts the bf16 optimizer at 4/dp B, where NeMo keeps 6/dp B",
+                              {}))
         needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
                           "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
         needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
@@ -574,7 +579,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("arch", Path(cfg).stem, row.get("notes", "").split("arch approx for meshplan: ")[-1], {}))
     dp_shard = dp if zero else 1
     fix = dict(dp=dp, dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
-               mbs=row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
+               mbs=la.get("mbs") or row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
     if recompute is None:
         del fix["recompute"]
     profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
