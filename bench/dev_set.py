@@ -228,11 +228,23 @@ def bridge_profile(row: dict) -> str:
     return "megatron-bridge@" + row["container"].split()[-1]
 
 
-def bridge_cluster(row: dict, n_gpus: int) -> str:
-    """``64x4xGB200-NVL72`` (trays of 4 in NVL72 racks; a job need not fill its last rack) or ``8x8xB200``."""
+def bridge_cluster(row: dict, n_gpus: int) -> tuple[str, str]:
+    """(cluster, note): ``16x4xGB200-NVL72`` (trays of 4 in NVL72 racks; a job need not fill its last rack) or
+    ``8x8xB200``. A job over several racks is spread evenly over the fewest that hold it (256 GPUs: 4 racks of 64,
+    ``64x4xGB200-NVL64``, the note saying so): the page does not say how the GPUs sat, but the perf scripts keep
+    each expert-parallel group inside one rack (``perf_plugins.py`` ``_set_nvl_domain_size``: HybridEP's
+    ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP, EP <= 72 asserted), which 256 GPUs packed 72 to a rack
+    cannot do for EP 64."""
     device, gpn = row["system"].removeprefix("DGX-"), row["gpus_per_node"]
     domain = row.get("nvlink_domain") or gpn
-    return f"{n_gpus // gpn}x{gpn}x{device}" + (f"-NVL{domain}" if domain > gpn else "")
+    note = ""
+    if domain > gpn and n_gpus > domain:
+        racks = -(-n_gpus // domain)
+        if n_gpus % racks == 0 and (n_gpus // racks) % gpn == 0 and n_gpus // racks < domain:
+            note = (f"{n_gpus} GPUs spread evenly over {racks} NVL{domain} racks, {n_gpus // racks} each (the page "
+                    "does not say; the perf scripts keep each EP group inside one rack)")
+            domain = n_gpus // racks
+    return f"{n_gpus // gpn}x{gpn}x{device}" + (f"-NVL{domain}" if domain > gpn else ""), note
 
 
 # The table's precision word -> (meshplan dtype, low-precision recipe or "" for the dtype's own, note). The perf
@@ -604,7 +616,11 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             if not nd.implied:
                 approximated.append(nd)
     gpn = row.get("gpus_per_node") or 8
-    cluster = bridge_cluster(row, n) if is_bridge_row(row) else f"{n // gpn}x{gpn}x{device}"
+    cluster = f"{n // gpn}x{gpn}x{device}"
+    if is_bridge_row(row):
+        cluster, spread = bridge_cluster(row, n)
+        if spread:
+            per_row.append(f"cluster={cluster}: {spread}")
     return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
