@@ -16,6 +16,7 @@ missing decision. Nothing is fitted here: the harness only maps rows to inputs a
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -651,8 +652,10 @@ def precision_group(row: dict) -> str:
     return {"": dtype.upper(), "tensorwise": "FP8-CS", "mxfp8": "MXFP8"}[fp8]
 
 
+@functools.lru_cache(maxsize=None)
 def _profile_defaults(profile: str, dtype: str, is_moe: bool) -> dict[str, str]:
-    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text)."""
+    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text); read once
+    per profile, dtype and kind (the catalogue is parsed from its YAML files on every ``load_stacks``)."""
     from meshplan.planner.layout.stacks import load_stacks
 
     return load_stacks().get(profile).defaults(dtype, is_moe)
