@@ -822,7 +822,7 @@ def _pct(x: Optional[float]) -> str:
 
 ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated", "per-row settings")
 SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
-                   "median signed", "profile", "per-row settings (median)")
+                   "median signed", "profile", "per-row settings (median)", "priced approximated")
 
 
 def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
@@ -839,9 +839,22 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
                      per_row])
     per_source = [[x["source"], str(x["rows"]), str(x["priced"]), str(x["not_expressible"]), str(x["refused_oom"]),
                    "" if x["mean_abs_error"] is None else f"{100 * x['mean_abs_error']:.1f}%",
-                   _pct(x["worst_error"]), _pct(x["median_signed_error"]), ", ".join(x["profiles"]),
-                   f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)"] for x in summary]
+                   _pct(x["worst_error"]), _pct(x["median_signed_error"]), _profiles_cell(x["profiles"]),
+                   f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)",
+                   str(x["approximated_rows"])] for x in summary]
     return rows, per_source
+
+
+def _profiles_cell(profiles: list[str]) -> str:
+    """``a@1, a@2, a@3`` as ``a@1 .. a@3 (3)`` when one stack's versions make the list (Megatron-Bridge's
+    containers)."""
+    names = {p.partition("@")[0] for p in profiles}
+    if len(profiles) <= 2 or len(names) != 1:
+        return ", ".join(profiles)
+    from meshplan.planner.layout.stacks import _version_key
+
+    vers = sorted((p.partition("@")[2] for p in profiles), key=_version_key)
+    return f"{names.pop()}@{vers[0]} .. {vers[-1]} ({len(vers)})"
 
 
 def render(results: list[RowResult], summary: list[dict], console: Console) -> None:
