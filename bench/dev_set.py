@@ -1,10 +1,13 @@
-"""The dev set: every published run of ``data/published_runs/dev_runs.jsonl`` priced with its own layout.
+"""The dev set: every published run of every ``*.jsonl`` in ``data/published_runs`` priced with its own layout
+(``dev_runs.jsonl``: the Hopper sources S1, S1f, S5, T; ``blackwell_dev.jsonl``: Megatron-Bridge's B1, B2).
 
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
-Each in-scope row (hybrid Mamba rows excepted) goes through ``meshplan.planner.search.job.plan_job``, the library
-call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
-``NxGxDEVICE`` cluster, dtype, global batch and sequence length. Step time published = the source's seconds per
+Each in-scope row goes through ``meshplan.planner.search.job.plan_job``, the library call behind ``meshplan plan``,
+with a ``--fix`` string pinning the row's layout, the row's HF config, an ``NxGxDEVICE`` cluster (``-NVL72`` racks
+for GB200 / GB300), dtype, global batch and sequence length, and its source's stack profile. A row whose own
+``meshplan_can_express`` begins with "no" is out of scope; the others (the B rows' "hybrid Mamba" ones included) go
+to meshplan, which prices them or says what it cannot load. Step time published = the source's seconds per
 step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's convention); signed error =
 (predicted - published) / published, negative = predicted too fast.
 
