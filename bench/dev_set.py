@@ -403,9 +403,16 @@ def _bridge_model_needs(row: dict) -> list[Need]:
     if "(w/o MTP)" not in row["model"] and row["model"].startswith("DeepSeekV3"):
         needs.append(Need("mtp", "1", "Megatron-Bridge's DeepSeek-V3 recipe sets mtp_num_layers = 1 (the table's "
                           "TFLOP/s match with one MTP layer); meshplan prices no MTP module: priced without it", {}))
-    if "(tokendrop)" in row["model"]:
-        needs.append(Need("moe_capacity", "unstated", "25.09 '(tokendrop)': capacity-limited routing, the capacity "
-                          "factor not stated: priced dropless and balanced", {}))
+    if "(tokendrop)" in row["model"]:  # 25.09 = r0.1.0, whose run_script.py set these for the token-drop runs
+        needs.append(Need("moe_capacity", "1", "25.09 '(tokendrop)': scripts/performance/run_script.py @ r0.1.0 "
+                          "lines 80 / 109 / 116 apply_moe_token_drop (training/utils/moe_token_drop.py lines 20-21: "
+                          "capacity factor 1.0, padded to capacity)", {}))
+        if row["model"].startswith("DeepSeekV3"):
+            needs.append(Need("shared_overlap", "true", "run_script.py @ r0.1.0 line 89: moe_shared_expert_overlap = "
+                              "True on B200 / GB200", {}))
+            needs.append(Need("recompute_modules", "mla_up_proj", "run_script.py @ r0.1.0 lines 93 / 96: "
+                              "recompute_modules = ['mla_up_proj']; meshplan recomputes core attention, whole layers "
+                              "or none: priced without it", {"recompute": "none"}))
     if row["model"].startswith("Kimi"):
         needs.append(Need("optimizer", "muon", "'Muon optimizer was used for pre-training Kimi-K2': meshplan prices "
                           "Adam's states and step", {}))

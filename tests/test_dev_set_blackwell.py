@@ -175,3 +175,12 @@ def test_summary_splits_b1_by_system_and_precision(rows, runs_dir):
     names = [s["source"] for s in dev_set.summarize(results)]
     assert {"B1", "B2", "B1 DGX-GB300", "B1 DGX-B200", "B1 MXFP8", "B1 NVFP4", "B1 FP8-CS", "B1 BF16"} <= set(names)
     assert names[-1] == "all"
+
+
+def test_token_drop_runs_route_at_capacity_one(rows, runs_dir):
+    """25.09's '(tokendrop)' rows (the table's model label) ran Megatron-Bridge r0.1.0's apply_moe_token_drop:
+    capacity factor 1.0, padded to capacity; every other MoE row is dropless (the page's footnote)."""
+    for row in rows:
+        fix = dev_set.row_needs(row, runs_dir).fix_string.split(",")
+        model_cell = row["published"]["quote"].strip().strip("|").split("|")[0]  # 25.09 / 25.11: the Model column
+        assert ("moe_capacity=1" in fix) == ("(tokendrop)" in model_cell), row["name"]
