@@ -1,12 +1,15 @@
-"""The dev set: every published run of ``data/published_runs/dev_runs.jsonl`` priced with its own layout.
+"""The dev set: every published run of every ``*.jsonl`` in ``data/published_runs`` priced with its own layout
+(``dev_runs.jsonl``: the Hopper sources S1, S1f, S5, T; ``blackwell_dev.jsonl``: Megatron-Bridge's B1, B2).
 
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
 Each in-scope row (Nemotron V3 Ultra excepted: no config) goes through ``meshplan.planner.search.job.plan_job``,
 the library call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
-``NxGxDEVICE`` cluster, dtype, global batch and sequence length. Step time published = the source's seconds per
-step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's convention); signed error =
-(predicted - published) / published, negative = predicted too fast.
+``NxGxDEVICE`` cluster (``-NVL72`` racks for GB200 / GB300), dtype, global batch and sequence length, and its
+source's stack profile. A row whose own ``meshplan_can_express`` begins with "no" is out of scope; the others (the
+B rows' "hybrid Mamba" ones included) go to meshplan, which prices them or says what it cannot load. Step time
+published = the source's seconds per step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's
+convention); signed error = (predicted - published) / published, negative = predicted too fast.
 
 ``row_needs`` is the one place that says what a row needs, in the decisions' vocabulary (``pp_layout``, ``schedule``,
 ``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
@@ -16,6 +19,7 @@ missing decision. Nothing is fitted here: the harness only maps rows to inputs a
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import statistics
@@ -166,6 +170,9 @@ class RowInputs:
     profile: str = ""  # the stack profile the row is priced with (SOURCE_PROFILE)
     from_profile: tuple[str, ...] = ()  # the needs its profile already sets, key=value
     per_row: tuple[str, ...] = ()  # the settings beyond the table's facts and the profile, key=value: why
+    system: str = ""  # the source's system name (DGX-GB200, ...) where it gives one
+    precision: str = ""  # the precision recipe (precision_group)
+    can_express: str = "yes"  # the row's own meshplan_can_express (e.g. "hybrid Mamba"): priced if meshplan can
 
     @property
     def fix_string(self) -> str:
@@ -222,6 +229,214 @@ HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3
                   "automodel-nemotronv3-super-64": "configs/nemotron-3-super-120b-a12b.json"}
 
 
+# Megatron-Bridge's published runs (B1 pre-training, B2 fine-tuning; blackwell_dev.jsonl): each table section is one
+# NeMo container, whose Megatron-Bridge release is the stack profile (planner/presets/stacks/megatron-bridge@<ver>).
+# What a row states: model, GPUs and system, precision, GBS / MBS / sequence, FSDP, TP / PP / CP / VP / EP. The
+# README's conventions (data/published_runs/README.md, "B1, B2"): FSDP > 0 = Megatron-FSDP optim_grads_params
+# (zero=3), else the library recipes' distributed optimizer (zero=1); sp = TP > 1 (the perf scripts' rule); GB200 /
+# GB300 = 4 GPUs per compute tray in NVL72 racks (nvlink_domain 72), B200 / B300 = 8 GPUs per node, NVLink domain 8.
+def is_bridge_row(row: dict) -> bool:
+    return "Megatron-Bridge" in str(row.get("published", {}).get("source", "")) and bool(row.get("system"))
+
+
+def bridge_profile(row: dict) -> str:
+    """``megatron-bridge@26.06.01`` for a row of the ``## 26.06.01 NeMo Container`` section."""
+    return "megatron-bridge@" + row["container"].split()[-1]
+
+
+def bridge_cluster(row: dict, n_gpus: int) -> tuple[str, str]:
+    """(cluster, note): ``16x4xGB200-NVL72`` (trays of 4 in NVL72 racks; a job need not fill its last rack) or
+    ``8x8xB200``. A job over several racks is spread evenly over the fewest that hold it (256 GPUs: 4 racks of 64,
+    ``64x4xGB200-NVL64``, the note saying so): the page does not say how the GPUs sat, but the perf scripts keep
+    each expert-parallel group inside one rack (``perf_plugins.py`` ``_set_nvl_domain_size``: HybridEP's
+    ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP, EP <= 72 asserted), which 256 GPUs packed 72 to a rack
+    cannot do for EP 64."""
+    device, gpn = row["system"].removeprefix("DGX-"), row["gpus_per_node"]
+    domain = row.get("nvlink_domain") or gpn
+    note = ""
+    if domain > gpn and n_gpus > domain:
+        racks = -(-n_gpus // domain)
+        if n_gpus % racks == 0 and (n_gpus // racks) % gpn == 0 and n_gpus // racks < domain:
+            note = (f"{n_gpus} GPUs spread evenly over {racks} NVL{domain} racks, {n_gpus // racks} each (the page "
+                    "does not say; the perf scripts keep each EP group inside one rack)")
+            domain = n_gpus // racks
+    return f"{n_gpus // gpn}x{gpn}x{device}" + (f"-NVL{domain}" if domain > gpn else ""), note
+
+
+# The table's precision word -> (meshplan dtype, low-precision recipe or "" for the dtype's own, note). The perf
+# scripts' map (scripts/performance/utils/precision.py): bf16 -> bf16_mixed, fp8_cs ->
+# bf16_with_fp8_current_scaling_mixed, fp8_mx -> bf16_with_mxfp8_mixed, nvfp4 -> bf16_with_nvfp4_mixed.
+BRIDGE_PRECISION = (
+    ("BF16", "bf16", "", ""),
+    ("NVFP4", "nvfp4", "", ""),
+    ("MXFP8", "fp8", "mxfp8", ""),
+    ("FP8-MX", "fp8", "mxfp8", ""),
+    ("FP8 with 32x32", "fp8", "mxfp8", "25.09 footnote '32x32 for both weights and activations' on GB200/B200: "
+     "the 25.11 table labels the same run FP8-MX; priced as MXFP8 (no 32x32 recipe in meshplan)"),
+    ("FP8", "fp8", "tensorwise", ""),  # FP8 (26.02+, the FP8_CS presets) and FP8-CS (25.11): current scaling
+    ("not stated", "fp8", "tensorwise", "25.09 main value, no precision column: FP8 implied by the footnote, "
+     "taken as current scaling (FP8-CS, as 25.11 labels it)"),
+)
+
+
+def bridge_precision(row: dict) -> tuple[str, str, str]:
+    """(dtype, fp8 recipe, note) of a Megatron-Bridge row from its ``precision_recipe``."""
+    said = row["precision_recipe"]
+    for prefix, dtype, recipe, note in BRIDGE_PRECISION:
+        if said.startswith(prefix):
+            return dtype, recipe, note
+    raise MeshplanError(f"{row['name']}: precision_recipe '{said}' is none of the table's words")
+
+
+def bridge_recompute(row: dict) -> tuple[str, list[Need], str]:
+    """(recompute, needs, note) from the row's recipe: the library recipes' default is no recomputation
+    (recompute_granularity None); ``selective`` with ``recompute_modules`` recomputes only the modules named
+    (Megatron-Core TransformerConfig.recompute_modules: core_attn is meshplan's "selective", an empty list
+    recomputes nothing); CPU offloading of activations (``cpu_offloading_num_layers``) has no decision."""
+    said = str(row.get("recompute") or "")
+    off = re.search(r"CPU offloading of (\d+) layers", said)
+    if off:
+        return "none", [Need("activation_offload", f"{off.group(1)} layers", "the preset offloads the activations "
+                             f"of {off.group(1)} layers to host memory (cpu_offloading_num_layers); meshplan has "
+                             "no activation-offload decision", None)], ""
+    mods = re.search(r"recompute_modules=\[([^\]]*)\]", said)
+    if not said.startswith("selective") or not mods:
+        return "none", [], "recompute none (library recipe default recompute_granularity=None)"
+    names = [m.strip(" '\"") for m in mods.group(1).split(",") if m.strip()]
+    if not names:
+        return "none", [], "selective with recompute_modules=[]: nothing recomputed"
+    if names == ["core_attn"]:
+        return "selective", [], ""
+    return "none", [Need("recompute_modules", "+".join(names), f"selective recomputation of {names} (preset "
+                         "recompute_modules); meshplan recomputes core attention, whole layers or none: priced "
+                         "without it", {"recompute": "none"})], ""
+
+
+# Megatron-Bridge's DeepSeek-V3 library recipe picks the pipeline layout by (pp, vp) when the preset gives none
+# (src/megatron/bridge/recipes/deepseek/deepseek_v3.py, layout_map, read at 05d003fb): decoder layers per virtual
+# stage, the embedding on the first and the MTP module and loss on the last.
+DEEPSEEK_V3_LAYOUTS = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+                       (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
+
+
+def megatron_layout_stages(text: str) -> tuple[int, ...]:
+    """Decoder layers per virtual stage of a Megatron-Core ``pipeline_model_parallel_layout`` string
+    (``Et*4|(t*4|)*14tmL``: stages split by ``|``, ``t`` a decoder layer, ``E`` embedding, ``m`` MTP, ``L`` loss,
+    ``x*n`` and ``(...)*n`` repeats)."""
+    out = text
+    while "(" in out:
+        nxt = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), out)
+        if nxt == out:
+            raise MeshplanError(f"pipeline layout '{text}': an unmatched group")
+        out = nxt
+    out = re.sub(r"([A-Za-z])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), out)
+    return tuple(stage.count("t") for stage in out.split("|"))
+
+
+def bridge_pp_layout(row: dict, pp: int, vpp: int) -> Optional[Need]:
+    """The pipeline split the row's recipe states (preset ``pp_layout``, or DeepSeek-V3's library layout_map)."""
+    from meshplan.planner.layout.splits import format_pp_layout
+
+    said = (row["recipe"].get("workload_settings") or {}).get("pp_layout")
+    if said:
+        stages = megatron_layout_stages(said)
+        why = f"preset pp_layout '{said}' ({row['recipe'].get('workload_config')})"
+    elif row["model"].startswith("DeepSeekV3") and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
+        stages = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
+        why = f"DeepSeek-V3 library recipe layout_map[({pp}, {vpp})]: E+{stages[0]} | ... | {stages[-1]}+MTP+loss"
+    else:
+        return None
+    if len(stages) != pp * vpp or sum(stages) != row["layers"] or min(stages) < 1:
+        return Need("pp_layout", said or str(stages), "the recipe's pipeline layout does not fit pp x vpp or holds "
+                    "a stage without a decoder layer", None)
+    return Need("pp_layout", format_pp_layout(stages), why, None)
+
+
+def _recipe_says(row: dict, text: str) -> bool:
+    """Whether one of the recipe function's ``cfg.*`` assignments (with its helpers expanded) contains ``text``."""
+    return any(text in s for s in row["recipe"].get("recipe_function_settings") or [])
+
+
+def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, bool, str, str, list[Need], list[str]]:
+    """(zero, sp, recompute, dtype, needs, assumptions) of a Megatron-Bridge row: its table's facts, then what its
+    performance recipe (``recipe``: the preset's workload settings and the recipe function's assignments) sets
+    beyond the stack profile, each a ``Need`` the harness counts."""
+    rec, ws = row["recipe"], row["recipe"].get("workload_settings") or {}
+    where = f"{rec.get('release')} {rec.get('workload_config') or rec.get('perf_matrix_entry')}"
+    zero = int((row.get("layout_assumptions") or {}).get("zero", 1))
+    dtype, fp8, note = bridge_precision(row)
+    recompute, needs, rnote = bridge_recompute(row)
+    assumptions = [f"recipe {where} ({rec.get('match')}); zero={zero} ("
+                   + ("table FSDP column: Megatron-FSDP optim_grads_params" if zero == 3 else
+                      "library recipes' distributed optimizer") + f"); sp={tp > 1}"]
+    assumptions += [a for a in (note, rnote) if a]
+    if fp8:
+        needs.append(Need("fp8", fp8, f"table precision '{row['precision_recipe']}'", {}, stated=True))
+    unpriced = {k: v for k, v in ws.items() if k in ("cuda_graph_impl", "cuda_graph_scope", "cutedsl_fused_grouped_mlp")
+                and v not in (None, [], False)}
+    if unpriced:
+        assumptions.append(f"not priced: {unpriced}")
+    if dtype == "fp8":  # the fp8 precision configs keep the weights in fp8 (the profile's fp8_params) unless the
+        # recipe function turns it off (Kimi-K2 under dist_muon with MXFP8)
+        off = _recipe_says(row, "fp8_param_gather = False")
+        needs.append(Need("fp8_params", "false" if off else "true", "recipe function: fp8_param_gather = False"
+                          if off else "fp8_param_gather = True in the release's fp8 precision configs", {}))
+    if _recipe_says(row, "ddp.grad_reduce_in_fp32 = False"):
+        needs.append(Need("grad_dtype", "bf16", "the model's common configs set ddp.grad_reduce_in_fp32 = False "
+                          "(bf16 gradient buffers and reduction)", {}))
+    if tp > 1 and (_recipe_says(row, "tp_comm_overlap=True") or _recipe_says(row, "tp_comm_overlap=bool(")) \
+            and not (dtype == "nvfp4" and _recipe_says(row, "tp_comm_overlap = False if precision == 'nvfp4'")):
+        needs.append(Need("tp_overlap", "true", "CommOverlapConfig(tp_comm_overlap=True) in the recipe function", {}))
+    etp = ws.get("expert_tensor_parallel_size")
+    if ep > 1 and etp and etp != tp:
+        needs.append(Need("etp", str(etp), f"preset expert_tensor_parallel_size {etp}", None))
+    if ep > 1 and ws.get("moe_a2a_overlap"):
+        needs.append(Need("moe_overlap", "true", "preset moe_a2a_overlap: expert all-to-alls overlapped with the "
+                          "other micro-batch's compute", {}))
+    backend = ws.get("moe_flex_dispatcher_backend")
+    if ep > 1 and backend:
+        needs.append(Need("moe_dispatcher", backend, f"preset moe_flex_dispatcher_backend '{backend}'" + (
+            ": HybridEP (NVLink-domain-wide dispatch, NVLINK_DOMAIN_SIZE 72 on GB200/GB300) is no dispatcher "
+            "meshplan names; priced as NCCL all-to-all over the same links" if backend == "hybridep" else ""), {}))
+    if ws.get("fp8_dot_product_attention"):
+        needs.append(Need("attention_dtype", "fp8", "preset fp8_dot_product_attention: attention in fp8; meshplan "
+                          "prices attention in bf16", {}))
+    lay = bridge_pp_layout(row, pp, vpp)
+    if lay:
+        needs.append(lay)
+    needs += _bridge_model_needs(row)
+    return zero, tp > 1, recompute, dtype, needs, assumptions
+
+
+def _bridge_model_needs(row: dict) -> list[Need]:
+    """What the model or task adds: DeepSeek-V3's MTP module, 25.09's token dropping, Kimi-K2's Muon, SFT packing,
+    LoRA."""
+    needs = []
+    if "(w/o MTP)" not in row["model"] and row["model"].startswith("DeepSeekV3"):
+        needs.append(Need("mtp", "1", "Megatron-Bridge's DeepSeek-V3 recipe sets mtp_num_layers = 1 (the table's "
+                          "TFLOP/s match with one MTP layer); meshplan prices no MTP module: priced without it", {}))
+    if "(tokendrop)" in row["model"]:  # 25.09 = r0.1.0, whose run_script.py set these for the token-drop runs
+        needs.append(Need("moe_capacity", "1", "25.09 '(tokendrop)': scripts/performance/run_script.py @ r0.1.0 "
+                          "lines 80 / 109 / 116 apply_moe_token_drop (training/utils/moe_token_drop.py lines 20-21: "
+                          "capacity factor 1.0, padded to capacity)", {}))
+        if row["model"].startswith("DeepSeekV3"):
+            needs.append(Need("shared_overlap", "true", "run_script.py @ r0.1.0 line 89: moe_shared_expert_overlap = "
+                              "True on B200 / GB200", {}))
+            needs.append(Need("recompute_modules", "mla_up_proj", "run_script.py @ r0.1.0 lines 93 / 96: "
+                              "recompute_modules = ['mla_up_proj']; meshplan recomputes core attention, whole layers "
+                              "or none: priced without it", {"recompute": "none"}))
+    if row["model"].startswith("Kimi"):
+        needs.append(Need("optimizer", "muon", "'Muon optimizer was used for pre-training Kimi-K2': meshplan prices "
+                          "Adam's states and step", {}))
+    if row.get("task") == "sft":
+        needs.append(Need("packing", "per-document attention", "packed sequences (packed_sequence_size = seq): "
+                          "attention spans each packed document, not the whole sequence", {}))
+    if row.get("task") == "lora":
+        needs.append(Need("peft", "lora", "LoRA on linear_qkv over a frozen base (llama3_70b_peft_config): no "
+                          "weight gradients nor optimizer states for the base; meshplan has no PEFT decision", None))
+    return needs
+
+
 def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     """Map one dev-set row to meshplan's inputs: the one function later issues extend.
 
@@ -250,7 +465,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     needs: list[Need] = []
     assumptions: list[str] = []
     dtype = "bf16"
-    if src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
+    if is_bridge_row(row):
+        zero, sp, recompute, dtype, needs, assumptions = bridge_needs(row, tp, pp, vpp, ep)
+    elif src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
         conf, recompute, ub, optim_dtype, grad_dtype, p2p = NEMO_CONF[row["model"].split(" (")[0]]
         zero, sp = 1, tp > 1
         dtype = "fp8"  # the table's "at FP8 precision": meshplan's fp8 workload (linear GEMMs in fp8, TE's recipe)
@@ -272,9 +489,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
                               "each packed document, not the whole sequence", {}))
             needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true) with "
-                              "a bf16 master shard in the optimizer (NeMo: store_params=True): 1 B weights + 6/dp B "
-                              "states where meshplan counts bf16 weights with TE's cached fp8 copies + 4/dp B "
-                              "(equal at dp=1, the 70B row)", {}))
+                              "a bf16 master shard in the optimizer (NeMo: store_params=True): meshplan drops the "
+                              "16-bit weights and counts the bf16 optimizer at 4/dp B, where NeMo keeps 6/dp B",
+                              {}))
         needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
                           "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
         needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
@@ -393,13 +610,9 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     if vpp > 1:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
-    if L % pp or (vpp > 1 and L % (pp * vpp)):
-        from meshplan.planner.layout.splits import balanced_split, format_pp_layout
-
-        needs.append(Need("pp_layout", format_pp_layout(balanced_split(L, pp * vpp)),
-                          f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the "
-                          "split; Megatron's account-for-embedding/loss split assumed", None))
-    if ep > 1 and (dp * cp) % ep:
+    if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
+        needs.append(_uneven_split(L, pp, vpp))
+    if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))
     cfg = _config_path(row, runs_dir)
@@ -407,10 +620,10 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("arch", Path(cfg).stem, row.get("notes", "").split("arch approx for meshplan: ")[-1], {}))
     dp_shard = dp if zero else 1
     fix = dict(dp=dp, dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
-               mbs=row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
+               mbs=la.get("mbs") or row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
     if recompute is None:
         del fix["recompute"]
-    profile = SOURCE_PROFILE[src]
+    profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
     stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")))
     if "attention" in stack_sets:
         del fix["attention"]  # the stack's attention kernel is the profile's
@@ -432,13 +645,45 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             if not nd.implied:
                 approximated.append(nd)
     gpn = row.get("gpus_per_node") or 8
-    return RowInputs(name, src, cfg, f"{n // gpn}x{gpn}x{device}", row["gbs"], row["seq"], dtype, fix, n, step,
+    cluster = f"{n // gpn}x{gpn}x{device}"
+    if is_bridge_row(row):
+        cluster, spread = bridge_cluster(row, n)
+        if spread:
+            per_row.append(f"cluster={cluster}: {spread}")
+    return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
-                     from_profile=tuple(from_profile), per_row=tuple(per_row))
+                     from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
+                     precision=precision_group(row), can_express=str(can))
 
 
+def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
+    """The split of ``num_layers`` over ``pp * vpp`` virtual stages the source leaves unsaid: Megatron's
+    account-for-embedding/loss rule (``splits.balanced_split``), or not expressible where that rule leaves a
+    stage with the embedding or the loss alone (meshplan's stages hold at least one decoder layer)."""
+    from meshplan.planner.layout.splits import balanced_split, format_pp_layout
+
+    why = (f"{num_layers} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the split; "
+           "Megatron's account-for-embedding/loss split assumed")
+    try:
+        return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None)
+    except MeshplanError:
+        return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": a virtual stage holds the embedding "
+                    "or the loss alone, which a meshplan stage cannot", None)
+
+
+def precision_group(row: dict) -> str:
+    """The row's precision recipe for the per-precision summary: BF16, FP8-CS, MXFP8 or NVFP4 (Hopper rows: their
+    dtype)."""
+    if not is_bridge_row(row):
+        return str(row.get("dtype") or "")
+    dtype, fp8, _ = bridge_precision(row)
+    return {"": dtype.upper(), "tensorwise": "FP8-CS", "mxfp8": "MXFP8"}[fp8]
+
+
+@functools.lru_cache(maxsize=None)
 def _profile_defaults(profile: str, dtype: str, is_moe: bool) -> dict[str, str]:
-    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text)."""
+    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text); read once
+    per profile, dtype and kind (the catalogue is parsed from its YAML files on every ``load_stacks``)."""
     from meshplan.planner.layout.stacks import load_stacks
 
     return load_stacks().get(profile).defaults(dtype, is_moe)
@@ -484,7 +729,8 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
             res.status, res.detail = "refused OOM", f"misses by {float(miss.group(1)):.1f} GiB"
             _diagnose(res, inp)
         else:
-            res.status, res.detail = "not expressible", f"meshplan: {msg}"
+            said = "" if inp.can_express == "yes" else f"{inp.can_express} — "  # the row's own word, e.g. hybrid Mamba
+            res.status, res.detail = "not expressible", f"{said}meshplan: {msg}"
         return res
     if inp.missing:  # meshplan priced a layout the row does not have
         res.status = "not expressible"
@@ -529,28 +775,51 @@ def _inputs_dict(inp: RowInputs) -> dict:
     return d
 
 
-def load_rows(runs_dir: Path) -> list[dict]:
-    path = runs_dir / "dev_runs.jsonl"
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise MeshplanError(f"{path}: cannot read ({exc.strerror})") from None
+def load_rows(runs_dir: Path, files: Optional[tuple[str, ...]] = None) -> list[dict]:
+    """Every row of every ``*.jsonl`` in ``runs_dir`` (sorted by file name; or only the named ``files``), each
+    keeping its own ``source_id``."""
+    if files is None:
+        paths = sorted(runs_dir.glob("*.jsonl")) if runs_dir.is_dir() else []
+        if not paths:
+            raise MeshplanError(f"{runs_dir}: no *.jsonl of published runs there")
+    else:
+        paths = [runs_dir / f for f in files]
     rows = []
-    for i, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise MeshplanError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise MeshplanError(f"{path}: cannot read ({exc.strerror})") from None
+        for i, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise MeshplanError(f"{path}:{i}: not JSON ({exc.msg})") from None
     return rows
 
 
-def summarize(results: list[RowResult]) -> list[dict]:
-    """Per source (and all): counts by status, mean |error|, worst, median signed over the priced rows."""
+def summary_groups(results: list[RowResult]) -> list[tuple[str, list[RowResult]]]:
+    """Per source, then all; for sources that name their systems (B1, B2) also per system and per precision
+    recipe (``B1 DGX-GB300``, ``B1 MXFP8``)."""
+    rs = [r for r in results if r.status != "out of scope"]
     out = []
-    sources = sorted({r.source for r in results if r.status != "out of scope"}) + ["all"]
-    for s in sources:
-        rs = [r for r in results if r.status != "out of scope" and s in ("all", r.source)]
+    for src in sorted({r.source for r in rs}):
+        mine = [r for r in rs if r.source == src]
+        out.append((src, mine))
+        systems = sorted({r.inputs.get("system", "") for r in mine} - {""})
+        precisions = sorted({r.inputs.get("precision", "") for r in mine} - {""})
+        if systems:
+            out += [(f"{src} {x}", [r for r in mine if r.inputs.get("system") == x]) for x in systems]
+            out += [(f"{src} {x}", [r for r in mine if r.inputs.get("precision") == x]) for x in precisions]
+    return out + [("all", rs)]
+
+
+def summarize(results: list[RowResult]) -> list[dict]:
+    """Per source and group (``summary_groups``): counts by status, mean |error|, worst, median signed over the
+    priced rows, approximated decisions and per-row settings."""
+    out = []
+    for s, rs in summary_groups(results):
         errs = [r.error for r in rs if r.status == "priced"]
         out.append({
             "source": s, "rows": len(rs), "priced": len(errs),
@@ -563,13 +832,15 @@ def summarize(results: list[RowResult]) -> list[dict]:
             "per_row_settings_median": statistics.median(n) if (n := [len(r.inputs.get("per_row", ()))
                                                                       for r in rs]) else None,
             "per_row_settings_total": sum(len(r.inputs.get("per_row", ())) for r in rs),
+            "approximated_rows": sum(bool(r.inputs.get("approximated")) for r in rs if r.status == "priced"),
         })
     return out
 
 
-def run(runs_dir: Path) -> tuple[list[RowResult], list[dict]]:
+def run(runs_dir: Path, files: Optional[tuple[str, ...]] = None) -> tuple[list[RowResult], list[dict]]:
+    """Price every row of ``runs_dir`` (or of the named ``files`` there) and summarize."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = [price_row(row, runs_dir, Path(tmp)) for row in load_rows(runs_dir)]
+        results = [price_row(row, runs_dir, Path(tmp)) for row in load_rows(runs_dir, files)]
     return results, summarize(results)
 
 
@@ -579,7 +850,7 @@ def _pct(x: Optional[float]) -> str:
 
 ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated", "per-row settings")
 SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
-                   "median signed", "profile", "per-row settings (median)")
+                   "median signed", "profile", "per-row settings (median)", "priced approximated")
 
 
 def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
@@ -596,9 +867,22 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
                      per_row])
     per_source = [[x["source"], str(x["rows"]), str(x["priced"]), str(x["not_expressible"]), str(x["refused_oom"]),
                    "" if x["mean_abs_error"] is None else f"{100 * x['mean_abs_error']:.1f}%",
-                   _pct(x["worst_error"]), _pct(x["median_signed_error"]), ", ".join(x["profiles"]),
-                   f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)"] for x in summary]
+                   _pct(x["worst_error"]), _pct(x["median_signed_error"]), _profiles_cell(x["profiles"]),
+                   f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)",
+                   str(x["approximated_rows"])] for x in summary]
     return rows, per_source
+
+
+def _profiles_cell(profiles: list[str]) -> str:
+    """``a@1, a@2, a@3`` as ``a@1 .. a@3 (3)`` when one stack's versions make the list (Megatron-Bridge's
+    containers)."""
+    names = {p.partition("@")[0] for p in profiles}
+    if len(profiles) <= 2 or len(names) != 1:
+        return ", ".join(profiles)
+    from meshplan.planner.layout.stacks import _version_key
+
+    vers = sorted((p.partition("@")[2] for p in profiles), key=_version_key)
+    return f"{names.pop()}@{vers[0]} .. {vers[-1]} ({len(vers)})"
 
 
 def render(results: list[RowResult], summary: list[dict], console: Console) -> None:

@@ -38,9 +38,9 @@ RULES: tuple[tuple[str, bool], ...] = (
     ("kernels/deepbench/tidy/gemm.csv", True), ("kernels/deepbench/tidy/allreduce.csv", True),
     ("kernels/device-specs/*", False),
     ("model_configs/*", False),
-    # The dev set, and the Blackwell rows (tests/test_families.py checks model FLOPs against their TFLOP/s).
-    ("published_runs/README.md", False), ("published_runs/dev_runs.jsonl", False), ("published_runs/configs/*", False),
-    ("published_runs/blackwell_dev.jsonl", False),
+    # The dev set: the Hopper runs and the Blackwell ones (Megatron-Bridge's archive, B1/B2), with their configs.
+    ("published_runs/README.md", False), ("published_runs/dev_runs.jsonl", False),
+    ("published_runs/blackwell_dev.jsonl", False), ("published_runs/configs/*", False),
     ("traces/**/*", False),
     ("notes/exports.md", False),
 )

@@ -259,6 +259,8 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
         held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
         w += lowp_weight_bytes(recipe, all(g.device.supports("mxfp8") for g in work.cluster.groups)) * held
+        if layout.fp8_params and layout.zero_stage < 3:  # the quantized copies are the weights (Layout.fp8_params)
+            w -= param_bytes(work.dtype) * linear
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
     act += remat

@@ -207,6 +207,15 @@ def shared_overlap_notes(plan: Plan, target: str) -> list[str]:
             "priced them overlapped"]
 
 
+def fp8_params_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced the decoder weights held only in their low-precision copies
+    (``fp8_params``, Megatron-Core's ``--fp8-param-gather``) and the target keeps the 16-bit weights beside them."""
+    if not plan.fp8_params or fp8_recipe(plan) == "none":
+        return []
+    return [f"{target}: fp8_params: no option holds the weights in fp8 alone here; the 16-bit weights stay beside "
+            "their fp8 copies, which the plan did not count in memory"]
+
+
 def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp32",),
                       grads: tuple[str, ...] = (), reduce: tuple[str, ...] = ()) -> list[str]:
     """Warnings when the plan priced optimizer states, gradients or their reduction in a precision the target cannot

@@ -65,6 +65,8 @@ def check(plan: Plan) -> None:
         c.fail("megatron: recompute=op (torchtitan's op-level selective checkpointing) has no Megatron flag; "
                "Megatron's selective recompute keeps every GEMM output and recomputes core attention (re-plan with "
                "--fix recompute=selective, or export to torchtitan)")
+    if plan.fp8_params and c.fp8_recipe(plan) != "none" and plan.zero_stage == 0:
+        c.fail("megatron: fp8_params (--fp8-param-gather) needs the distributed optimizer or an FSDP (zero >= 1)")
     if plan.moe_overlap and m.num_experts:
         # TransformerConfig.__post_init__ asserts these for overlap_moe_expert_parallel_comm (megatron-core 0.16.1).
         why = ("needs ep > 1" if d.ep == 1 else
@@ -237,6 +239,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
         if recipe == "delayed":  # Transformer Engine DelayedScaling's own defaults (Megatron's are 1, most_recent)
             a += ["--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
+        if plan.fp8_params:  # weights held only as fp8 tensors, gathered in fp8 (Layout.fp8_params)
+            a.append("--fp8-param-gather")
     if c.compression_methods(plan) & {"bf16"}:
         a.append("--grad-reduce-in-bf16")
     if plan.optim_dtype == "remainder":  # OptimizerConfig.store_param_remainders defaults to True under it

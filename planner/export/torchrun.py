@@ -36,6 +36,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.tp_overlap_notes(plan, "torchrun")
     out += c.pp_overlap_notes(plan, "torchrun")
     out += c.shared_overlap_notes(plan, "torchrun")
+    out += c.fp8_params_notes(plan, "torchrun")
     # examples/train_gpt.py implements dp (DDP / FSDP2), tp, pp with 1f1b|gpipe; the rest needs another framework.
     for name, value in (("cp", d.cp), ("ep", d.ep), ("vpp", d.vpp)):
         if value > 1:

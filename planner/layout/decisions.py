@@ -273,6 +273,16 @@ class Decisions:
     """FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)`` casts each bf16 gradient up into an fp32 reduce-scatter
     buffer and keeps the reduced shard in the parameter's dtype (``foreach_reduce``); DeepSpeed's
     ``communication_data_type``. Doubles the reduction's bytes; memory does not move."""
+    fp8_params: bool = decision(False, "the decoder's linear weights held only in the low-precision recipe's "
+                                "format, without a 16-bit copy", by_stack=True)
+    """Megatron-Core ``DistributedDataParallelConfig.fp8_param_gather`` ("keep the compute param in fp8 (do not use
+    any other intermediate dtype) and perform the param all-gather in fp8"; Transformer Engine's
+    ``quantized_model_init``): the fp32 master weights stay in the optimizer and the model holds only the quantized
+    copies the GEMMs read. Megatron-Bridge's fp8 configs set it (``bf16_with_fp8_current_scaling_mixed`` and
+    ``bf16_with_mxfp8_mixed`` in ``training/mixed_precision.py``, r0.1.0 to v0.5.1). Priced in memory outside
+    ZeRO-3: the 16-bit decoder weights are dropped beside their quantized copies (``memory.lowp_weight_bytes``);
+    the ZeRO-3 shard and the parameter all-gather's bytes are priced as without it. No effect without a
+    low-precision recipe."""
 
 
 def _registry() -> Mapping[str, Decision]:

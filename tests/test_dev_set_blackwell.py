@@ -1,0 +1,186 @@
+"""The dev set's Blackwell rows (Megatron-Bridge's performance-summary archive, B1/B2 of blackwell_dev.jsonl) map
+to meshplan's inputs as their sources say.
+
+Checked against truths the harness does not compute: each row's quoted table cells (``published.quote`` under the
+column header ``published.location`` names), the README's conventions for FSDP, NVL72 racks and the container's
+release, meshplan's own cluster parser, and Megatron-Core's pipeline-layout notation expanded by hand. No accuracy
+thresholds: BENCHMARKS.md reports where these rows stand.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+
+import pytest
+
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.layout.stacks import load_stacks
+from tests.helpers import REPO, data_path
+
+_spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
+dev_set = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(_spec))  # dataclasses look it up
+_spec.loader.exec_module(dev_set)
+
+
+@pytest.fixture(scope="module")
+def runs_dir():
+    return data_path("published_runs")
+
+
+@pytest.fixture(scope="module")
+def rows(runs_dir):
+    return [json.loads(line) for line in (runs_dir / "blackwell_dev.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _cells(row: dict) -> dict[str, str]:
+    """The quoted table row by its column header (the header is named in ``published.location``), each cell as
+    the run the row is (``a (b)``: ``a`` for the main value, ``b`` for the parenthesized one)."""
+    header = re.search(r"\(columns ([^)]*)\)", row["published"]["location"]).group(1).split("|")
+    cells = [c.strip() for c in row["published"]["quote"].strip().strip("|").split("|")]
+    assert len(header) == len(cells), row["name"]
+    out = {}
+    for h, c in zip(header, cells):
+        m = re.fullmatch(r"(.+?) \((.+)\)", c)
+        out[h] = (m.group(2) if row["published"]["value_used"] == "parenthesized" else m.group(1)) if m else c
+    return out
+
+
+def _num(cell: str) -> int:
+    return 1 if cell in ("n/a", "-", "") else int(cell.replace(",", ""))
+
+
+def test_every_jsonl_of_the_folder_is_read_with_its_source(runs_dir, rows):
+    every = dev_set.load_rows(runs_dir)
+    hopper = dev_set.load_rows(runs_dir, ("dev_runs.jsonl",))
+    assert len(every) == len(hopper) + len(rows) == 33 + 228
+    assert {r["source_id"] for r in rows} == {"B1", "B2"}
+    assert sum(r["source_id"] == "B1" for r in rows) == 220  # the README: 220 pre-training, 8 SFT/LoRA
+
+
+def test_layout_batch_and_zero_are_the_quoted_cells(rows, runs_dir):
+    """Each B row's fix string pins the quoted row's TP, PP, CP, VP, EP, MBS, GBS and sequence; FSDP > 0 is
+    Megatron-FSDP (zero=3), else the distributed optimizer (zero=1), as the README's convention says."""
+    for row in rows:
+        cell, inp = _cells(row), dev_set.row_needs(row, runs_dir)
+        fix = dict(kv.split("=", 1) for kv in inp.fix_string.split(","))
+        assert inp.n_gpus == int(cell["#-GPUs"]), row["name"]
+        assert (inp.global_batch, inp.seq_len) == (int(cell["GBS"]), int(cell["Sequence Length"])), row["name"]
+        for key, col in (("tp", "TP"), ("pp", "PP"), ("cp", "CP"), ("vpp", "VP"), ("ep", "EP")):
+            assert int(fix[key]) == _num(cell[col]), (row["name"], key)
+        stated_mbs = int(cell["MBS"])
+        # the one row whose GA cell contradicts its MBS cell (README: the preset with its layout has mbs 1)
+        assert int(fix["mbs"]) == (row.get("layout_assumptions") or {}).get("mbs", stated_mbs), row["name"]
+        fsdp = _num(cell.get("FSDP", "0")) if cell.get("FSDP", "0") not in ("n/a", "-") else 0
+        assert int(fix["zero"]) == (3 if fsdp > 0 else 1), row["name"]
+        assert int(fix["dp"]) * int(fix["tp"]) * int(fix["pp"]) * int(fix["cp"]) == inp.n_gpus, row["name"]
+
+
+def test_gb_systems_are_nvl72_racks_of_trays(rows, runs_dir):
+    """GB200 / GB300: 4 GPUs per tray in NVL72 racks (a job over several racks spread evenly over the fewest that
+    hold it, said per row); B200 / B300: 8-GPU nodes. meshplan's own parser reads the cluster back."""
+    for row in rows:
+        inp = dev_set.row_needs(row, runs_dir)
+        cluster = load_cluster(inp.cluster)
+        assert cluster.world_size == inp.n_gpus, row["name"]
+        group = cluster.groups[0]
+        if row["system"] in ("DGX-GB200", "DGX-GB300"):
+            assert group.devices_per_node == 4 and row["nvlink_domain"] == 72
+            racks = -(-inp.n_gpus // 72)
+            assert group.domain_size == min(72, inp.n_gpus // racks if racks > 1 else 72), row["name"]
+            assert (racks > 1) == any(p.startswith("cluster=") for p in inp.per_row), row["name"]
+        else:
+            assert group.devices_per_node == 8 and group.domain_size == 8, row["name"]
+        assert row["system"].removeprefix("DGX-") in inp.cluster
+
+
+def test_each_row_takes_the_profile_of_its_container(rows, runs_dir):
+    """The container of the table section names the Megatron-Bridge release (README: 25.09 -> r0.1.0 ... 26.06.01 ->
+    v0.5.1); the profile priced is that release's, and cites it."""
+    stacks = load_stacks()
+    for row in rows:
+        inp = dev_set.row_needs(row, runs_dir)
+        assert inp.profile == "megatron-bridge@" + row["container"].removeprefix("NeMo "), row["name"]
+        assert f"@ {row['recipe']['release']} " in stacks.get(inp.profile).source, row["name"]
+
+
+@pytest.mark.parametrize("word, dtype, fix, from_profile", [
+    ("MXFP8", "fp8", "fp8=mxfp8", None), ("FP8-MX", "fp8", "fp8=mxfp8", None),
+    ("FP8-CS", "fp8", None, "fp8=tensorwise"), ("FP8 (current", "fp8", None, "fp8=tensorwise"),
+    ("NVFP4", "nvfp4", None, None), ("BF16", "bf16", None, None)])
+def test_precision_words_map_to_the_perf_scripts_recipes(rows, runs_dir, word, dtype, fix, from_profile):
+    """scripts/performance/utils/precision.py: fp8_cs -> current scaling (the profile's fp8 default), fp8_mx ->
+    MXFP8 (stated per row), nvfp4 -> NVFP4 (the dtype's own recipe), bf16 -> bf16."""
+    seen = [r for r in rows if r["precision_recipe"].startswith(word)]
+    assert seen
+    for row in seen:
+        inp = dev_set.row_needs(row, runs_dir)
+        assert inp.dtype == dtype, row["name"]
+        assert fix is None or fix in inp.fix_string.split(","), row["name"]
+        assert from_profile is None or from_profile in inp.from_profile, row["name"]
+        assert ("fp8_params=true" in inp.from_profile) == (dtype == "fp8" and "Kimi" not in row["model"]), row["name"]
+
+
+def test_megatron_pipeline_layouts_count_the_decoder_layers():
+    """Megatron-Core ``pipeline_model_parallel_layout``: '|' splits virtual stages, 't' is a decoder layer, E / m / L
+    the embedding, MTP and loss. The DeepSeek-V3 preset's layout written out by hand: E + 4 layers, 14 stages of 4,
+    1 layer + MTP + loss (61 decoder layers on 16 virtual stages)."""
+    by_hand = "Ettt" + "t|" + "tttt|" * 14 + "tmL"
+    assert dev_set.megatron_layout_stages("Et*4|(t*4|)*14tmL") == dev_set.megatron_layout_stages(by_hand)
+    assert dev_set.megatron_layout_stages(by_hand) == (4,) * 15 + (1,)
+    for stages in dev_set.DEEPSEEK_V3_LAYOUTS.values():
+        assert sum(stages) == 61
+
+
+def test_uneven_splits_the_source_leaves_unsaid(rows, runs_dir):
+    """Llama 3.1 405B's 126 layers on pp x vpp = 32 virtual stages: Megatron's account-for-embedding/loss split
+    (128 = 32 x 4 slots: E+3 | 4 x 30 | 3+L); on 128 virtual stages a stage would hold the embedding alone, which
+    meshplan cannot express (named, not priced)."""
+    by = {r["name"]: r for r in rows}
+    inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb300-fp8"], runs_dir)
+    assert "pp_layout=3+4*30+3" in inp.fix_string.split(",")
+    inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb200-mxfp8"], runs_dir)  # pp 16 x vp 8
+    assert [m.key for m in inp.missing] == ["pp_layout"]
+
+
+def test_what_meshplan_cannot_express_is_named(rows, runs_dir):
+    """LoRA and activation offloading have no decision: not expressible, by name. Hybrid Mamba rows are not skipped
+    by name: they go to meshplan, whose model loader refuses the architecture today (they price once it can)."""
+    by = {r["name"]: r for r in rows}
+    lora = dev_set.row_needs(by["mbridge26.06-llama3-70b-lora-gb300-fp8"], runs_dir)
+    assert [m.key for m in lora.missing] == ["peft"]
+    offload = [r for r in rows if "CPU offloading" in str(r.get("recompute"))]
+    assert offload and all([m.key for m in dev_set.row_needs(r, runs_dir).missing] == ["activation_offload"]
+                           for r in offload)
+    hybrid = [r for r in rows if r["meshplan_can_express"] == "hybrid Mamba"]
+    assert len(hybrid) == 41
+    assert all(not dev_set.row_needs(r, runs_dir).out_of_scope for r in hybrid)
+
+
+def test_a_dense_and_a_moe_row_price_and_a_hybrid_row_names_its_architecture(rows, runs_dir, tmp_path):
+    by = {r["name"]: r for r in rows}
+    for name in ("mbridge25.11-llama3-8b-gb300-fp8mx", "mbridge26.06-qwen3-30b-a3b-gb300-mxfp8"):
+        res = dev_set.price_row(by[name], runs_dir, tmp_path)
+        assert res.status == "priced" and res.predicted_step_s > 0 and res.memory_gib > 0, (name, res.detail)
+    nano = next(r for r in rows if r["meshplan_can_express"] == "hybrid Mamba")
+    res = dev_set.price_row(nano, runs_dir, tmp_path)
+    assert res.status == "not expressible" and res.detail.startswith("hybrid Mamba") and "nemotron_h" in res.detail
+
+
+def test_summary_splits_b1_by_system_and_precision(rows, runs_dir):
+    """The summary's groups (no pricing: the rows' inputs only)."""
+    results = [dev_set.RowResult(r["name"], r["source_id"], 1.0, "priced", error=0.0,
+                                 inputs=dev_set._inputs_dict(dev_set.row_needs(r, runs_dir))) for r in rows]
+    names = [s["source"] for s in dev_set.summarize(results)]
+    assert {"B1", "B2", "B1 DGX-GB300", "B1 DGX-B200", "B1 MXFP8", "B1 NVFP4", "B1 FP8-CS", "B1 BF16"} <= set(names)
+    assert names[-1] == "all"
+
+
+def test_token_drop_runs_route_at_capacity_one(rows, runs_dir):
+    """25.09's '(tokendrop)' rows (the table's model label) ran Megatron-Bridge r0.1.0's apply_moe_token_drop:
+    capacity factor 1.0, padded to capacity; every other MoE row is dropless (the page's footnote)."""
+    for row in rows:
+        fix = dev_set.row_needs(row, runs_dir).fix_string.split(",")
+        model_cell = row["published"]["quote"].strip().strip("|").split("|")[0]  # 25.09 / 25.11: the Model column
+        assert ("moe_capacity=1" in fix) == ("(tokendrop)" in model_cell), row["name"]
