@@ -211,7 +211,16 @@ def _quote_cells(row: dict) -> list[str]:
     return [c.strip() for c in row["published"]["quote"].strip().strip("|").split("|")]
 
 
+# The rows' GPT-OSS configs are Mixtral-family stand-ins written when meshplan could not express GPT-OSS (README:
+# no attention sinks, no 128-token sliding window); meshplan's presets are the models themselves (HF config.json of
+# openai/gpt-oss-120b and -20b: alternating sliding and full attention, sinks, expert biases).
+REAL_MODEL_OF_STAND_IN = {"configs/gpt-oss-120b-approx.json": "gpt-oss-120b",
+                          "configs/gpt-oss-20b-approx.json": "gpt-oss-20b"}
+
+
 def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
+    if row.get("config") in REAL_MODEL_OF_STAND_IN:
+        return REAL_MODEL_OF_STAND_IN[row["config"]]
     if row.get("config"):
         return str((runs_dir / row["config"]).resolve())
     # torchtitan rows name no config: Llama 3 / 3.1 shapes (the rows' own fields agree, tests/test_dev_set.py)
