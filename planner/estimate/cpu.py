@@ -7,9 +7,11 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Compute**: one decoder block of the model's shape (its TP shard: heads / tp, ffn / tp), and the final
   norm + LM head + cross-entropy, are timed forward + backward at the plan's micro-batch and sequence on one
   thread (``planner.host.cpu_bench.HostBench``, fastest of several repetitions = free-core speed), with the plan's
-  activation checkpointing applied for real. That folds the per-op dispatcher/autograd overhead, the glue
-  between ops (views, bias adds, ``AccumulateGrad``) and the GEMM efficiency at small shapes into the price;
-  summing isolated ``OpSpec`` timings instead came out a third low. The embedding is priced per ``OpSpec``.
+  activation checkpointing applied for real (every recompute mode of a shape timed in one paired session, so no
+  mode prices below none under any load: ``cpu_bench.paired_layer_s``). That folds the per-op dispatcher/autograd
+  overhead, the glue between ops (views, bias adds, ``AccumulateGrad``) and the GEMM efficiency at small shapes
+  into the price; summing isolated ``OpSpec`` timings instead came out a third low. The embedding is
+  priced per ``OpSpec``.
 * **Collectives**: priced from the calibration's in-step gloo measurement (``planner.host.gloo_in_step``,
   ``measured['in_step_s']``): the mean time of an all-reduce / all-gather of that size issued right after
   compute by ranks placed as ``meshplan profile`` places them. A rank is pinned to one core and gloo's worker

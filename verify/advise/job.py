@@ -179,15 +179,22 @@ def _search(req, inf, stack, spec, model, out, cal: Calibration, measured_s, mea
     work = Workload(load_model(model), cluster, gb, seq, dtype)
     ran = ran_layout(inf, stack)
 
-    def price(lay: Layout) -> Optional[float]:
+    def priced(lay: Layout):
         try:
             lay.validate(world_size=cluster.world_size, num_layers=work.model.num_layers,
                          num_heads=work.model.num_heads, num_kv_heads=work.model.num_kv_heads, seq_len=seq,
                          global_batch=gb, num_experts=work.model.num_experts)
-            est = estimator.estimate(work, lay)
+            return estimator.estimate(work, lay)
         except MeshplanError:
             return None
-        return est.step_time_s if est.fits else None
+
+    def price(lay: Layout) -> Optional[float]:  # a layout that can run: valid and within memory
+        est = priced(lay)
+        return est.step_time_s if est is not None and est.fits else None
+
+    def step_of(lay: Layout) -> Optional[float]:  # a point on the attribution's way: memory aside
+        est = priced(lay)
+        return est.step_time_s if est is not None else None
 
     ran_s = price(ran)
     if ran_s is None:
@@ -203,7 +210,7 @@ def _search(req, inf, stack, spec, model, out, cal: Calibration, measured_s, mea
     plan = to_plan(work, best, best_est, name, model, estimator.name)
     refuse_overwrite(out, {"RUN": req.run, "--model": model}, "--out")
     write_atomic(out, plan.to_yaml())
-    changes = attribute(ran, best, price) if best_s < ran_s else []
+    changes = attribute(ran, best, step_of) if best_s < ran_s else []
     exported, warns = None, []
     if req.to:
         exported = out.with_name(f"{out.stem}.{req.to}.{EXTENSIONS[req.to]}")
