@@ -245,6 +245,7 @@ class CpuEstimator:
         # pipeline stage's wait for its neighbour is the bubble, priced above)
         scale = self.terms.compute_scale
         compute, bubble, optimizer = (x * scale for x in (compute, bubble, optimizer))
+        bubble *= self.terms.bubble_scale
         stage_mb = [x * scale for x in stage_mb]
         comm += sync_points(layout, m, n_layers) * self.terms.sync_wait_s
         step = compute + comm + bubble + optimizer
