@@ -175,6 +175,9 @@ def _recompute(ev: RankEvidence) -> Part:
         return Part("full", HIGH, what)
     if ratio > 0:
         return Part("selective", MEDIUM, what)
+    if ev.recomputed_attention:  # selective recompute (Korthikanti et al. 2022): only the attention core again
+        return Part("selective", HIGH, f"{what}; {ev.recomputed_attention:.0f} of {ev.attention_ops:.0f} attention "
+                    "calls per step run again inside backward")
     return Part("none", HIGH if ev.backward_nodes else LOW, what)
 
 
