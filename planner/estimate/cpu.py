@@ -39,7 +39,8 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Learned from runs** (``planner.host.terms.HostTerms``, given to the estimator; fitted by ``verify.learn``,
   ``meshplan costmodel fit --runs`` / ``check --learn``; neutral before any fit): the CPU work is scaled by the
   host's learned ratio of measured to priced compute, and every collective (``sync_points``) costs the host's
-  learned wait for peers.
+  learned wait for peers. ``meshplan advise`` prices candidates in one run's own conditions
+  (``verify.advise.calibrate``) and may also scale the pipeline bubble (``HostTerms.bubble_scale``).
 * **Pipeline bubble**: the slowest stage waits, per step, for the other stages' per-micro-batch work (the first
   forward reaching it, the last backward draining), for GPipe and 1F1B alike; with balanced stages that is
   (p - 1) micro-batch slots (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
