@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.estimate.cpu import sync_points
 from meshplan.planner.host.terms import Host, HostTerms
+from meshplan.planner.plan.build import plan_layout
 from meshplan.planner.plan.schema import load_plan
 from meshplan.profiler.runs import Run
 from meshplan.verify import learn
@@ -58,7 +60,9 @@ def measured_step_s(run_path: Path, run: Run) -> tuple[float, str]:
     return statistics.median(per_step.values()), f"median of {len(per_step)} ProfilerStep# length(s), slowest rank"
 
 
-IN_RUN_SCALE_RANGE = (0.5, 8.0)  # a run's CPU work more than 8x its free-core price is a broken run, not load
+# a run's CPU work over its free-core price: beyond 16x it is a broken run, not load (the profiled runs of
+# bench/advise.py on a host at load average 5-8 measured contention up to 9.9, so 8x clipped a real run)
+IN_RUN_SCALE_RANGE = (0.5, 16.0)
 
 
 def in_run_terms(fit: dict, measured_s: float, plan_path: Path, host: Host) -> HostTerms:
@@ -67,14 +71,18 @@ def in_run_terms(fit: dict, measured_s: float, plan_path: Path, host: Host) -> H
 
     The CPU work is the measured step less its traced waits (the load not divided out). What the waits hold beyond
     the priced collectives and bubble goes, as in ``verify.learn``, to the wait per collective when the run has
-    enough collectives to say so, else, for a pipeline, to its bubble (``HostTerms.bubble_scale``)."""
+    enough collectives to say so (spread over the collectives the estimator counts, which is how it is priced back),
+    else, for a pipeline, to its bubble (``HostTerms.bubble_scale``)."""
     lo, hi = IN_RUN_SCALE_RANGE
     compute_s = fit["measured_compute_s"] * fit["contention"]
     scale = min(max(compute_s / fit["predicted_compute_s"], lo), hi)
-    b = learn.unfitted_estimate(load_plan(plan_path), host.calibration)
+    plan = load_plan(plan_path)
+    b = learn.unfitted_estimate(plan, host.calibration)
     extra_s = measured_s - compute_s - b.exposed_comm_s - b.bubble_s * scale  # the waits left unpriced
-    if fit["sync_points"] >= learn.MIN_SYNC_POINTS:
-        return HostTerms(sync_wait_s=max(0.0, extra_s / fit["sync_points"]), compute_scale=scale)
+    lay = plan_layout(plan)
+    priced_points = sync_points(lay, plan.grad_accum, lay.stage_num_layers(plan.model.num_layers, lay.pp - 1))
+    if fit["sync_points"] >= learn.MIN_SYNC_POINTS and priced_points:
+        return HostTerms(sync_wait_s=max(0.0, extra_s / priced_points), compute_scale=scale)
     bubble = min(max(1.0 + extra_s / (b.bubble_s * scale), lo), hi) if b.bubble_s > 0 else 1.0
     return HostTerms(sync_wait_s=host.terms.sync_wait_s, compute_scale=scale, bubble_scale=bubble)
 
