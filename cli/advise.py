@@ -30,13 +30,13 @@ def _render(a) -> None:
         return
     console.print(f"advised {a.best_layout}: {1e3 * a.best_predicted_s:.1f} ms predicted, "
                   f"[bold]{100 * a.gain:.1f}% faster[/bold]; plan written to {a.plan_path}", highlight=False)
-    changes = Table(title="what changed (sequential attribution: one change at a time, in a fixed order)")
-    for col in ("change", "step after (ms)", "gain (ms)", "share"):
+    changes = Table(title="what changed (Shapley shares: each change's effect averaged over every order)")
+    for col in ("change", "gain (ms)", "share", "step with it alone (ms)"):
         changes.add_column(col, justify="left" if col == "change" else "right")
     total = sum(c.gain_s for c in a.changes) or 1.0
     for c in a.changes:
-        changes.add_row(escape(c.label()), f"{1e3 * c.step_s:.1f}", f"{1e3 * c.gain_s:+.1f}",
-                        f"{100 * c.gain_s / total:.0f}%")
+        alone = "not valid alone" if c.alone_s is None else f"{1e3 * c.alone_s:.1f}"
+        changes.add_row(escape(c.label()), f"{1e3 * c.gain_s:+.1f}", f"{100 * c.gain_s / total:.0f}%", alone)
     console.print(changes)
 
 
@@ -52,7 +52,14 @@ def advise(
                                                 "plans/<run>-advised.yaml).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the advice as JSON.")] = False,
 ) -> None:
-    """Infer the layout RUN ran, price it against its measured step, and write a faster plan if there is one."""
+    """Infer the layout RUN ran, price it against its measured step, and write a faster plan if there is one.
+
+    Each changed decision's share of the predicted gain is its Shapley
+    value: the step-time change it makes, averaged over every order of
+    applying the changes (the mesh's degrees count as one change). The
+    shares add up to the gain; a change that only adds work, such as more
+    recomputation, gets a share of zero or less.
+    """
     from meshplan.planner.host.terms import load_host
     from meshplan.verify.advise.job import AdviseRequest
     from meshplan.verify.advise.job import advise as advise_run

@@ -179,13 +179,18 @@ def _runs_figure(results: list[CheckResult]):
     return styled(fig, 380, barmode="stack", yaxis_title="seconds per step")
 
 
+def _ms(s) -> str:
+    return "not valid alone" if s is None else f"{1e3 * s:.1f}"
+
+
 def advice_markdown(a) -> list[str]:
     """The advice section of the summary: the verdict line and, when a faster layout is predicted, its changes."""
     lines = ["### meshplan advise", "", advice_line(a), "",
              f"The layout that ran, re-priced: {1e3 * a.ran_predicted_s:.1f} ms vs {1e3 * a.measured_s:.1f} ms "
              f"measured ({100 * a.price_error:+.1f}%)."]
     if not a.still_best:
-        lines += ["", "| change | step after (ms) | gain (ms) |", "|---|---:|---:|"]
-        lines += [f"| {c.label()} | {1e3 * c.step_s:.1f} | {1e3 * c.gain_s:+.1f} |" for c in a.changes]
-        lines += ["", "Shares: each change applied one at a time in a fixed order (sequential attribution)."]
+        lines += ["", "| change | share of the gain (ms) | step with it alone (ms) |", "|---|---:|---:|"]
+        lines += [f"| {c.label()} | {1e3 * c.gain_s:+.1f} | {_ms(c.alone_s)} |" for c in a.changes]
+        lines += ["", "Shares: each change's step-time change averaged over every order of applying the changes "
+                  "(Shapley); they add up to the gain, and a change that only adds work gets zero or less."]
     return lines

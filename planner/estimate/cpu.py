@@ -7,9 +7,11 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Compute**: one decoder block of the model's shape (its TP shard: heads / tp, ffn / tp), and the final
   norm + LM head + cross-entropy, are timed forward + backward at the plan's micro-batch and sequence on one
   thread (``planner.host.cpu_bench.HostBench``, fastest of several repetitions = free-core speed), with the plan's
-  activation checkpointing applied for real. That folds the per-op dispatcher/autograd overhead, the glue
-  between ops (views, bias adds, ``AccumulateGrad``) and the GEMM efficiency at small shapes into the price;
-  summing isolated ``OpSpec`` timings instead came out a third low. The embedding is priced per ``OpSpec``.
+  activation checkpointing applied for real (every recompute mode of a shape timed in one paired session, so no
+  mode prices below none under any load: ``cpu_bench.paired_layer_s``). That folds the per-op dispatcher/autograd
+  overhead, the glue between ops (views, bias adds, ``AccumulateGrad``) and the GEMM efficiency at small shapes
+  into the price; summing isolated ``OpSpec`` timings instead came out a third low. The embedding is
+  priced per ``OpSpec``.
 * **Collectives**: priced from the calibration's in-step gloo measurement (``planner.host.gloo_in_step``,
   ``measured['in_step_s']``): the mean time of an all-reduce / all-gather of that size issued right after
   compute by ranks placed as ``meshplan profile`` places them. A rank is pinned to one core and gloo's worker
@@ -37,7 +39,8 @@ module prices a CPU step from what it really costs, measured on this host:
 * **Learned from runs** (``planner.host.terms.HostTerms``, given to the estimator; fitted by ``verify.learn``,
   ``meshplan costmodel fit --runs`` / ``check --learn``; neutral before any fit): the CPU work is scaled by the
   host's learned ratio of measured to priced compute, and every collective (``sync_points``) costs the host's
-  learned wait for peers.
+  learned wait for peers. ``meshplan advise`` prices candidates in one run's own conditions
+  (``verify.advise.calibrate``) and may also scale the pipeline bubble (``HostTerms.bubble_scale``).
 * **Pipeline bubble**: the slowest stage waits, per step, for the other stages' per-micro-batch work (the first
   forward reaching it, the last backward draining), for GPipe and 1F1B alike; with balanced stages that is
   (p - 1) micro-batch slots (Narayanan et al. 2021 §2.2: bubble fraction (p - 1) / m).
@@ -249,6 +252,7 @@ class CpuEstimator:
         # pipeline stage's wait for its neighbour is the bubble, priced above)
         scale = self.terms.compute_scale
         compute, bubble, optimizer = (x * scale for x in (compute, bubble, optimizer))
+        bubble *= self.terms.bubble_scale
         stage_mb = [x * scale for x in stage_mb]
         comm += sync_points(layout, m, n_layers) * self.terms.sync_wait_s
         step = compute + comm + bubble + optimizer

@@ -33,10 +33,15 @@ class HostTerms:
     Attributes:
         sync_wait_s: Wait for peers per collective a rank waits on, seconds (free-core time).
         compute_scale: Measured over priced CPU work (contention divided out), a ratio in ``SCALE_RANGE``.
+        bubble_scale: A pipeline's measured wait for its neighbour stages over its priced bubble (after
+            ``compute_scale``). Only ``meshplan advise`` sets it, pricing candidates in one run's own conditions
+            (``verify.advise.calibrate``): on a loaded host a stage's wait in recv grows beyond its neighbour's
+            compute. Not a stored term (not in ``as_dict``): what a host's runs teach every plan stays the two above.
     """
 
     sync_wait_s: float = 0.0
     compute_scale: float = 1.0
+    bubble_scale: float = 1.0
 
     def as_dict(self) -> dict[str, float]:
         return {"sync_wait_s": self.sync_wait_s, "compute_scale": self.compute_scale}

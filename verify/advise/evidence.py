@@ -53,6 +53,9 @@ class RankEvidence:
     graph_roots: float = 0.0  # backward passes started (a forward GEMM followed by an autograd node)
     forward_ops: float = 0.0  # FORWARD_OPS and autograd Functions with a Backward node, outside backward
     recomputed_ops: float = 0.0  # the same ops inside a backward node
+    recomputed_kinds_ops: float = 0.0  # forward ops of the (name, shapes) that are recomputed at all, outside backward
+    attention_ops: float = 0.0  # ATTENTION_OPS outside backward
+    recomputed_attention: float = 0.0  # ATTENTION_OPS inside a backward node (selective recompute re-runs them)
     linear_shapes: Counter = field(default_factory=Counter)  # ((tokens dims...), (out, in)) of forward linears
     attention_shapes: Counter = field(default_factory=Counter)  # Input Dims of forward attention ops
     bmm_shapes: Counter = field(default_factory=Counter)  # baddbmm/bmm inputs (unfused attention)
@@ -183,7 +186,8 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
         "mesh_") and isinstance(pg.get("pg_size"), int)}
     fwd_names = _forward_function_names(t)
     ev.dtensor = any(e.cat == "cpu_op" and e.name in ("Redistribute", "_FromTorchTensor") for e in events)
-    fwd = rec = roots = nodes = 0
+    fwd = rec = roots = nodes = att = att_rec = 0
+    fwd_by, rec_by = Counter(), Counter()  # the same ops by (name, input shapes)
     order: list[tuple[float, bool]] = []  # (start, is a backward node) of forward GEMMs and autograd nodes
     for e in events:
         if e.cat == "cpu_op":
@@ -195,13 +199,17 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
             if e.name in fwd_names:
                 rec += inside
                 fwd += not inside
+                (rec_by if inside else fwd_by)[(e.name, e.shapes)] += 1
                 if not inside:
                     order.append((e.ts_us, False))
                 weight = e.shapes[1] if e.shapes and len(e.shapes) >= 2 else None
                 if not inside and isinstance(weight, tuple) and len(weight) == 2 and e.shapes[0]:
                     ev.linear_shapes[(tuple(e.shapes[0]), tuple(weight))] += 1
-            elif e.name in ATTENTION_OPS and not inside and e.shapes:
-                ev.attention_shapes[tuple(tuple(s) for s in e.shapes[:3] if isinstance(s, tuple))] += 1
+            elif e.name in ATTENTION_OPS:
+                att_rec += inside
+                att += not inside
+                if not inside and e.shapes:
+                    ev.attention_shapes[tuple(tuple(s) for s in e.shapes[:3] if isinstance(s, tuple))] += 1
             elif e.name in ("aten::baddbmm", "aten::bmm") and not inside and e.shapes:
                 ev.bmm_shapes[tuple(tuple(s) for s in e.shapes[:3] if isinstance(s, tuple))] += 1
             elif e.name in ("c10d::send", "c10d::recv_") or e.name.startswith(("c10d::send", "c10d::recv")):
@@ -223,5 +231,7 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
     roots = sum(1 for a, b in zip(order, order[1:]) if not a[1] and b[1])  # forward, then a backward pass starts
     ev.backward_nodes, ev.graph_roots = nodes, roots / steps
     ev.forward_ops, ev.recomputed_ops = fwd / steps, rec / steps
+    ev.attention_ops, ev.recomputed_attention = att / steps, att_rec / steps
+    ev.recomputed_kinds_ops = sum(fwd_by[k] for k in rec_by) / steps
     ev.sends, ev.recvs = ev.sends / steps, ev.recvs / steps
     return ev

@@ -173,8 +173,16 @@ def _recompute(ev: RankEvidence) -> Part:
     what = f"{ev.recomputed_ops:.0f} of {ev.forward_ops:.0f} forward GEMMs per step run again inside backward"
     if ratio >= 0.9:
         return Part("full", HIGH, what)
+    # whole blocks re-run: every GEMM of a recomputed shape runs again, while the ones outside the blocks (LM head)
+    # never do; an op-level policy (torchtitan's selective op AC saves every other matmul) re-runs part of a shape
+    if ev.recomputed_kinds_ops and ev.recomputed_ops / ev.recomputed_kinds_ops >= 0.9:
+        return Part("full", MEDIUM, f"{what}; so do all {ev.recomputed_kinds_ops:.0f} forward calls of their shapes: "
+                    "whole blocks re-run, the rest lie outside them")
     if ratio > 0:
         return Part("selective", MEDIUM, what)
+    if ev.recomputed_attention:  # selective recompute (Korthikanti et al. 2022): only the attention core again
+        return Part("selective", HIGH, f"{what}; {ev.recomputed_attention:.0f} of {ev.attention_ops:.0f} attention "
+                    "calls per step run again inside backward")
     return Part("none", HIGH if ev.backward_nodes else LOW, what)
 
 

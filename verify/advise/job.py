@@ -44,6 +44,7 @@ class AdviseRequest:
     to: Optional[str] = None
     out: Optional[Path] = None
     plans_dir: Path = Path("plans")
+    in_run_terms: bool = True  # local:N: host terms in the run's own conditions (verify.advise.calibrate)
 
 
 @dataclass
@@ -166,7 +167,8 @@ def advise(req: AdviseRequest, host_for=lambda spec: Host()) -> Advice:
     model = _model(req, inf, name, stack)
     measured_s, measured_from = measured_step_s(Path(req.run), run)
     host = host_for(spec) if spec.startswith("local:") else Host()
-    cal = calibrate(Path(req.run), run, host, out.parent / f"{name}-costmodel", spec.startswith("local:"))
+    cal = calibrate(Path(req.run), run, host, out.parent / f"{name}-costmodel", spec.startswith("local:"),
+                    measured_s, req.in_run_terms)
     return _search(req, inf, stack, spec, model, out, cal, measured_s, measured_from)
 
 
@@ -179,20 +181,32 @@ def _search(req, inf, stack, spec, model, out, cal: Calibration, measured_s, mea
     work = Workload(load_model(model), cluster, gb, seq, dtype)
     ran = ran_layout(inf, stack)
 
-    def price(lay: Layout) -> Optional[float]:
+    def priced(lay: Layout):
         try:
             lay.validate(world_size=cluster.world_size, num_layers=work.model.num_layers,
                          num_heads=work.model.num_heads, num_kv_heads=work.model.num_kv_heads, seq_len=seq,
                          global_batch=gb, num_experts=work.model.num_experts)
-            est = estimator.estimate(work, lay)
+            return estimator.estimate(work, lay)
         except MeshplanError:
             return None
-        return est.step_time_s if est.fits else None
+
+    def price(lay: Layout) -> Optional[float]:  # a layout that can run: valid and within memory
+        est = priced(lay)
+        return est.step_time_s if est is not None and est.fits else None
+
+    def step_of(lay: Layout) -> Optional[float]:  # a point on the attribution's way: memory aside
+        est = priced(lay)
+        return est.step_time_s if est is not None else None
 
     ran_s = price(ran)
     if ran_s is None:
         raise MeshplanError(f"{req.run}: the inferred layout ({_label(ran)}) does not price on {spec} (invalid or "
                             "over memory there); pass --model or --cluster")
+    notes = list(cal.notes)
+    if cal.free_core is not None:  # the terms are fitted on this run's step: the free-core price says more of the model
+        free_s = estimator_for(cluster, estimator.pricer, cal.free_core).estimate(work, ran).step_time_s
+        notes.append(f"with free-core terms the layout that ran prices {1e3 * free_s:.1f} ms: "
+                     f"{100 * (measured_s - free_s) / free_s:+.1f}% to its measured step")
     # one estimator prices the layout that ran, every candidate and every step of the attribution: a local:N
     # estimator times operators on this host as it goes, so two estimators would price the same layout twice
     result = search(work, Pins.of({"stack": stack}), top=5, estimator=estimator,
@@ -203,12 +217,12 @@ def _search(req, inf, stack, spec, model, out, cal: Calibration, measured_s, mea
     plan = to_plan(work, best, best_est, name, model, estimator.name)
     refuse_overwrite(out, {"RUN": req.run, "--model": model}, "--out")
     write_atomic(out, plan.to_yaml())
-    changes = attribute(ran, best, price) if best_s < ran_s else []
+    changes = attribute(ran, best, step_of) if best_s < ran_s else []
     exported, warns = None, []
     if req.to:
         exported = out.with_name(f"{out.stem}.{req.to}.{EXTENSIONS[req.to]}")
         warns = list(export_file(out, req.to, exported).warnings)
     return Advice(str(req.run), inf, spec, model, _label(ran), measured_s, measured_from, ran_s, _label(best),
-                  best_s, out, changes, cal.notes, exported, warns,
+                  best_s, out, changes, notes, exported, warns,
                   [f"search: {result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,}",
                    *getattr(getattr(estimator, "pricer", None), "warnings", ())])
