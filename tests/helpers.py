@@ -28,3 +28,23 @@ def data_path(*parts: str) -> Path:
 def open_data(*parts: str) -> IO[str]:
     """Text handle on a table in ``data/``, decompressed when it is stored compressed."""
     return open_table(data_path(*parts))
+
+
+def load_dev_set():
+    """``bench/dev_set.py`` as a module, registered as ``dev_set`` (its dataclasses look their module up)."""
+    import importlib.util
+    import sys
+
+    if "dev_set" in sys.modules and getattr(sys.modules["dev_set"], "row_needs", None):
+        return sys.modules["dev_set"]
+    spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
+    module = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+def jsonl_rows(path: Path) -> list[dict]:
+    """The JSON objects of a ``.jsonl`` file, one per non-empty line."""
+    import json
+
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

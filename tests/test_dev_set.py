@@ -7,20 +7,16 @@ thresholds on meshplan's predictions here (issue 13 sets those).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 
 import pytest
 
 from meshplan.planner.model.config import load_model
-from tests.helpers import REPO, data_path
+from tests.helpers import data_path, jsonl_rows, load_dev_set
 
-_spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
-dev_set = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(_spec))  # dataclasses look it up
-_spec.loader.exec_module(dev_set)
+dev_set = load_dev_set()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +26,7 @@ def runs_dir():
 
 @pytest.fixture(scope="module")
 def rows(runs_dir):
-    return [json.loads(line) for line in (runs_dir / "dev_runs.jsonl").read_text().splitlines() if line.strip()]
+    return jsonl_rows(runs_dir / "dev_runs.jsonl")
 
 
 def _by_name(rows):

@@ -8,20 +8,15 @@ thresholds: BENCHMARKS.md reports where these rows stand.
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
-import sys
 
 import pytest
 
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.layout.stacks import load_stacks
-from tests.helpers import REPO, data_path
+from tests.helpers import data_path, jsonl_rows, load_dev_set
 
-_spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
-dev_set = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(_spec))  # dataclasses look it up
-_spec.loader.exec_module(dev_set)
+dev_set = load_dev_set()
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +26,7 @@ def runs_dir():
 
 @pytest.fixture(scope="module")
 def rows(runs_dir):
-    return [json.loads(line) for line in (runs_dir / "blackwell_dev.jsonl").read_text().splitlines() if line.strip()]
+    return jsonl_rows(runs_dir / "blackwell_dev.jsonl")
 
 
 def _cells(row: dict) -> dict[str, str]:
