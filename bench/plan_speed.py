@@ -30,6 +30,8 @@ CASES = [  # name, model, cluster, global batch (sequences), seq len
     ("qwen3-30b", "qwen3-30b-a3b", "16x8xH100", 1024, 4096),
     ("qwen3-235b", "qwen3-235b-a22b", "32x8xH100", 1024, 4096),
     ("70b-128k", "llama-3.1-70b", "8x8xH100", 64, 131072),
+    # eight NVL72 racks (576 GB200): the batch carries the 9 of 576 = 64 x 9
+    ("dsv3-nvl72", "deepseek-v3", "144x4xGB200-NVL72", 4608, 4096),
 ]
 
 # Wall s (median of 3 fresh processes), layouts priced and peak RSS MiB on the commit before the speed-up
