@@ -22,18 +22,19 @@ sys.path.insert(0, str(ROOT))
 
 
 def gemm_ratios(records, pricer, dev, OpSpec) -> dict:
-    """(dtype, tokens_per_expert) -> predicted/measured of the grouped call, and of the same-FLOPs dense GEMM."""
-    out = defaultdict(lambda: {"grouped": [], "dense": []})
+    """(dtype, tokens_per_expert) -> predicted/measured of the grouped call (``costmodel.grouped``, as the planner
+    prices it), and of the same-FLOPs dense GEMM."""
+    from meshplan.costmodel.grouped import priced_over_measured
+
+    grouped = priced_over_measured(pricer, {"sections": {"gemm": {"records": records}}}, dev)
+    out = {key: {"grouped": vals, "dense": []} for key, vals in grouped.items()}
     for r in records:
         if r.get("pass") != "fwd" or "grouped" not in r:
             continue
-        impl = "rowwise" if r["dtype"] == "fp8" else ""
-        grouped = OpSpec("matmul", (r["tokens_per_expert"], r["n"], r["k"]), r["dtype"], impl=impl,
-                         groups=r["experts_local"])
-        dense = OpSpec("matmul", (r["m_total"], r["n"], r["k"]), r["dtype"], impl=impl)
-        key = (r["dtype"], r["tokens_per_expert"])
-        out[key]["grouped"].append(pricer.predict(grouped, dev) * 1e3 / r["grouped"]["median_ms"])
-        out[key]["dense"].append(pricer.predict(dense, dev) * 1e3 / r["dense"]["median_ms"])
+        dense = OpSpec("matmul", (r["m_total"], r["n"], r["k"]), r["dtype"], impl="rowwise" if r["dtype"] == "fp8"
+                       else "")
+        out[(r["dtype"], r["tokens_per_expert"])]["dense"].append(
+            pricer.predict(dense, dev) * 1e3 / r["dense"]["median_ms"])
     return out
 
 

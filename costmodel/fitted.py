@@ -42,9 +42,9 @@ def grouped_rows(pricer) -> list[dict]:
     inside, held = [], []
     for name, data in files.items():
         dev = cat[MEASURED_ON[name]]
-        inside += priced_over_measured(pricer, data, dev).values()
+        inside += map(statistics.median, priced_over_measured(pricer, data, dev).values())
         others = curves_of([d for n, d in files.items() if n != name])
-        held += priced_over_measured(pricer, data, dev, others).values()
+        held += map(statistics.median, priced_over_measured(pricer, data, dev, others).values())
     return [{"constant": "grouped GEMM share of dense", "fitted_on": f"{len(files)} GPUs' grouped kernels "
              f"({', '.join(MEASURED_ON[n] for n in files)})", "in_sample_error_pct": round(_mape(inside), 1),
              "held_out": "one GPU", "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]

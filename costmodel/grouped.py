@@ -87,9 +87,9 @@ def grouped_efficiency(rows_per_group: int, dtype: str, backward: bool, curves: 
 MEASURED_ON = {"nvidia-h200.json": "H200", "nvidia-h100.json": "H100-SXM"}
 
 
-def priced_over_measured(pricer, data: dict, device, curves: dict | None = None) -> dict[tuple[str, int], float]:
-    """(dtype, rows per expert) -> median predicted / measured time of the grouped forward calls in one measurement
-    file, priced by ``pricer`` with the shares of ``curves`` (default: every measured GPU)."""
+def priced_over_measured(pricer, data: dict, device, curves: dict | None = None) -> dict[tuple[str, int], list[float]]:
+    """(dtype, rows per expert) -> predicted / measured time of each grouped forward call in one measurement file,
+    priced by ``pricer`` with the shares of ``curves`` (default: every measured GPU)."""
     from meshplan.costmodel.ops import OpSpec
 
     out: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -101,4 +101,4 @@ def priced_over_measured(pricer, data: dict, device, curves: dict | None = None)
         share = grouped_efficiency(r["tokens_per_expert"], r["dtype"], False, curves)
         out[(r["dtype"], r["tokens_per_expert"])].append(
             pricer.predict(dense, device) / share * 1e3 / r["grouped"]["median_ms"])
-    return {k: statistics.median(v) for k, v in out.items()}
+    return dict(out)

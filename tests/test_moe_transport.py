@@ -41,13 +41,14 @@ def test_distinct_nodes_matches_the_simulated_router(nodes, groups, per_token):
 
 
 def test_deepep_inside_a_node_sends_one_copy_per_destination_rank():
-    """EP8 in one DGX H100, top-8: each token goes to 8 (1 - (7/8)^8) = 5.25 distinct ranks on average, so the
-    NVLink bytes per routed copy, and the time, shrink by 5.25 / 8 against one copy per expert."""
+    """EP8 in one DGX H100, Qwen3-30B-A3B's routing (128 experts, top-8, 16 per rank): a token reaches about 5.2
+    distinct ranks (the simulated router), so the NVLink bytes per routed copy, and the time, shrink by that over 8
+    against one copy per expert: within 3% of the simulation."""
     c = load_cluster("1x8xH100")
     plain = c.alltoall_link(8, 1)
     deepep = c.alltoall_link(8, 1, dedup_topk=8)
-    share = 8 * (1 - (7 / 8) ** 8) / 8
-    assert deepep.bandwidth_bytes_per_s == pytest.approx(plain.bandwidth_bytes_per_s / share)
+    share = _simulated_nodes(128, 8, 8, 1, 0) / 8
+    assert deepep.bandwidth_bytes_per_s == pytest.approx(plain.bandwidth_bytes_per_s / share, rel=0.03)
 
 
 def test_group_limited_routing_cuts_the_rdma_bytes_at_ep64():
