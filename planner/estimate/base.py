@@ -13,6 +13,7 @@ Units: seconds, bytes, FLOPs.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -334,9 +335,12 @@ TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_para
                "shared_overlap")
 
 
+_time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 17 (a search asks 10^5 times)
+
+
 def time_signature(layout: Layout) -> tuple:
     """``TIME_FIELDS`` of ``layout`` as a plain tuple (a cheaper dictionary key than a ``Layout``)."""
-    return tuple(getattr(layout, f) for f in TIME_FIELDS)
+    return _time_fields_of(layout)
 
 
 def time_key(layout: Layout) -> Layout:

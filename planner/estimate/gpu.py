@@ -137,7 +137,8 @@ class GpuEstimator:
         self._link_cluster, self._link_memo = None, {}
         self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
-        self._scope: tuple = (None, None, None, None, {}, {})  # (cluster, tables, seq, dtype, pipes, syncs)
+        # (cluster, tables, seq, dtype, pipeline parts, sync terms, work bounds)
+        self._scope: tuple = (None, None, None, None, {}, {}, {})
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
 
     # ---- operators
@@ -245,9 +246,12 @@ class GpuEstimator:
         Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
         # the fields the op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same ops;
         # the dispatcher decides the token sorts around the experts)
-        k = (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
-             key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity, key.moe_imbalance,
-             key.tp_overlap, key.moe_dispatcher)
+        # (a layer without routed experts reads none of the expert fields)
+        k = ((tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
+              key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity,
+              key.moe_imbalance, key.tp_overlap, key.moe_dispatcher) if "E" in moe else
+             (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
+              key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap))
         hit = self._ops.get(k)
         if hit is not None:
             return hit
@@ -289,7 +293,9 @@ class GpuEstimator:
 
     def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
         """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds."""
-        k = (tb, device, key, seq_len, dtype)
+        # the embedding and the head read the micro-batch, tp, cp and the stack only; the MTP modules every field
+        k = ((tb, device, key, seq_len, dtype) if tb.model.num_mtp_layers else
+             (tb, device, key.micro_batch, key.tp, key.cp, key.stack, seq_len, dtype))
         hit = self._edge.get(k)
         if hit is None:
             emb = embedding_ops(tb.model, key, seq_len, dtype)
@@ -361,18 +367,40 @@ class GpuEstimator:
         _, _, _, t_max, bubble, straggle = pipe
         return m * t_max + straggle + bubble
 
+    def work_bound_s(self, work: Workload, layout: Layout) -> float:
+        """A lower bound on ``pipeline_bound_s`` of ``layout`` and of every layout that differs from it only in
+        pipeline depth, chunks, split or recomputation: one micro-batch's work (every layer's compute and exposed
+        comm, the embedding, the head) spread evenly over the stages, since the slowest stage holds at least the
+        mean and recomputation and the pipeline sends only add to it; with its straggler share and the bubble
+        (1F1B and interleaved: rising with the stage time) of that mean. Priced once per ``time_signature``: a
+        search bounds 10^4-10^5 layouts over a tenth as many."""
+        tb = self.tables(work.model)
+        works = self._scoped(work, tb)[2]
+        sig = time_signature(layout)
+        w = works.get(sig)
+        if w is None:
+            times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
+            counts = tb.kind_counts((range(work.model.num_layers),))
+            w = works[sig] = sum((times[k][0] + times[k][1] + times[k][3]) * n for k, n in counts.items() if n) \
+                + emb + head
+        m = layout.num_microbatches(work.global_batch)
+        mean_s = w / layout.pp
+        bubble = (layout.pp_runs * bubble_s(layout.schedule, layout.pp, layout.vpp, mean_s, 0.0)
+                  if layout.schedule in ("1f1b", "interleaved") else 0.0)
+        return m * mean_s * (1.0 + straggler_slowdown(layout.world_size)) + bubble
+
     def _step_parts(self, work: Workload, layout: Layout) -> tuple:
         """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) of ``layout``, seconds."""
         tb, m, pipe = self._pipeline_of(work, layout)
         return _step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
 
-    def _scoped(self, work: Workload, tb) -> tuple[dict, dict]:
-        """(pipeline parts, sync terms) cached for ``work``'s cluster, model, sequence and dtype: keys without
-        them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
+    def _scoped(self, work: Workload, tb) -> tuple[dict, dict, dict]:
+        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence and dtype: keys
+        without them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
         sc = self._scope
         if sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype:
-            return sc[4], sc[5]
-        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype), ({}, {}))
+            return sc[4], sc[5], sc[6]
+        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype), ({}, {}, {}))
         self._scope = (work.cluster, tb, work.seq_len, work.dtype, *caches)
         return caches
 
@@ -405,15 +433,8 @@ class GpuEstimator:
         dev = cluster.device
         pp, vpp = layout.pp, layout.vpp
         pp_link = self._links_of(cluster)(*layout.pp_neighbours)
+        times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
         sig = (tb, cluster, work.seq_len, work.dtype, sig)
-        per_mb = self._per_mb.get(sig)
-        if per_mb is None:
-            key = time_key(layout)
-            links = group_links(cluster, model, layout)
-            per_mb = self._per_mb[sig] = (
-                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links) for k in tb.rep},
-                self._edge_times(tb, dev, key, work.seq_len, work.dtype))
-        times, (emb, head) = per_mb
 
         skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
         stages = self._stages.get(skey)
@@ -429,6 +450,20 @@ class GpuEstimator:
         bubble = layout.pp_runs * bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
         straggle = m * t_max * straggler_slowdown(layout.world_size)
         return slow, stage_compute[slow], stage_comm[slow], t_max, bubble, straggle
+
+    def _per_mb_times(self, work: Workload, layout: Layout, tb, sig: tuple) -> tuple:
+        """({layer kind: ``layer_times``}, (embedding, head) ``_edge_times``) of one micro-batch of ``layout``, whose
+        ``time_signature`` is ``sig``, cached on it."""
+        cluster = work.cluster
+        key_ = (tb, cluster, work.seq_len, work.dtype, sig)
+        per_mb = self._per_mb.get(key_)
+        if per_mb is None:
+            dev, key = cluster.device, time_key(layout)
+            links = group_links(cluster, work.model, layout)
+            per_mb = self._per_mb[key_] = (
+                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links) for k in tb.rep},
+                self._edge_times(tb, dev, key, work.seq_len, work.dtype))
+        return per_mb
 
     def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
