@@ -132,6 +132,7 @@ class GpuEstimator:
         self.tables = TablesCache()
         self._layer: dict[tuple, tuple[float, ...]] = {}
         self._ops: dict[tuple, tuple] = {}
+        self._lists: dict[tuple, tuple] = {}  # op lists built to be primed in a batch, not yet priced
         self._per_mb: dict[tuple, tuple] = {}
         self._bwd: dict[tuple, float] = {}
         self._link_cluster, self._link_memo = None, {}
@@ -240,36 +241,74 @@ class GpuEstimator:
             return hit
         return link
 
-    def _priced_ops(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str) -> tuple:
-        """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
-        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
-        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
-        # the fields the op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same ops;
-        # the dispatcher decides the token sorts around the experts)
-        # (a layer without routed experts reads none of the expert fields)
-        k = ((tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
-              key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity,
-              key.moe_imbalance, key.tp_overlap, key.moe_dispatcher) if "E" in moe else
-             (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
-              key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap))
-        hit = self._ops.get(k)
-        if hit is not None:
-            return hit
-        predict = self.pricer.predict
-        lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
-        counts = lo.weighted()
-        # tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the experts, not the
-        # router), each also priced in tp chunks along the tokens
-        routed = set(lo.experts)
-        chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
-                   if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
-                   and op not in routed and op.shape[1] != tb.model.num_experts}
-        every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
+    @staticmethod
+    def _op_key(tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+        """The fields a layer's op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same
+        ops; the dispatcher decides the token sorts around the experts; a layer without routed experts reads none
+        of the expert fields)."""
+        if "E" in moe:
+            return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
+                    key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity,
+                    key.moe_imbalance, key.tp_overlap, key.moe_dispatcher)
+        return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
+                key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
+
+    def _op_lists(self, k: tuple, tb, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+        """(layer ops, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price) of op key ``k``,
+        cached until priced. tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the
+        experts, not the router), each also priced in tp chunks along the tokens."""
+        hit = self._lists.get(k)
+        if hit is None:
+            lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
+            counts = lo.weighted()
+            routed = set(lo.experts)
+            chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
+                       if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
+                       and op not in routed and op.shape[1] != tb.model.num_experts}
+            every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
+            hit = self._lists[k] = (lo, counts, chunked, every)
+        return hit
+
+    def prime_layouts(self, work: Workload, layouts) -> None:
+        """Price every op the layer and edge times of ``layouts`` need in one call of the cost model per op class
+        (its per-call cost dominates pricing op lists one by one); layouts whose ops cannot be built are left to
+        the pricing that says why."""
+        tb, dev, seq, dtype = self.tables(work.model), work.cluster.device, work.seq_len, work.dtype
+        todo: dict = {}
+        for lay in layouts:
+            key = time_key(lay)
+            try:
+                for moe in tb.rep:
+                    k = self._op_key(tb, dev, key, moe, seq, dtype)
+                    if k not in self._ops:
+                        todo.update(dict.fromkeys(self._op_lists(k, tb, key, moe, seq, dtype)[3]))
+                todo.update(dict.fromkeys((*embedding_ops(tb.model, key, seq, dtype),
+                                           *head_ops(tb.model, key, seq, dtype))))
+            except MeshplanError:
+                continue
+        self._prime_with_backward(list(todo), dev)
+
+    def _prime_with_backward(self, every: list, device) -> None:
+        """Price ``every`` op and the backward of its GEMMs and attention in one batch, keeping the backward's."""
         need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
         backward = [replace(op, backward=True) for op in need]
         self.pricer.prime(every + backward, device)
         for op, bop in zip(need, backward):
             self._bwd[(op, device)] = self.pricer.predict(bop, device)
+
+    def _priced_ops(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+        """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
+        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
+        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
+        k = self._op_key(tb, device, key, moe, seq_len, dtype)
+        hit = self._ops.get(k)
+        if hit is not None:
+            return hit
+        predict = self.pricer.predict
+        lo, counts, chunked, every = self._op_lists(k, tb, key, moe, seq_len, dtype)
+        self._lists.pop(k)
+        routed = set(lo.experts)
+        self._prime_with_backward(every, device)
         f = {op: predict(op, device) for op in counts}
         b = {op: self._bwd_s(op, device) for op in counts}
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
@@ -367,27 +406,44 @@ class GpuEstimator:
         _, _, _, t_max, bubble, straggle = pipe
         return m * t_max + straggle + bubble
 
-    def work_bound_s(self, work: Workload, layout: Layout) -> float:
-        """A lower bound on ``pipeline_bound_s`` of ``layout`` and of every layout that differs from it only in
-        pipeline depth, chunks, split or recomputation: one micro-batch's work (every layer's compute and exposed
-        comm, the embedding, the head) spread evenly over the stages, since the slowest stage holds at least the
-        mean and recomputation and the pipeline sends only add to it; with its straggler share and the bubble
-        (1F1B and interleaved: rising with the stage time) of that mean. Priced once per ``time_signature``: a
-        search bounds 10^4-10^5 layouts over a tenth as many."""
+    def work_bounds_s(self, work: Workload, layouts: list) -> list[Optional[float]]:
+        """A lower bound on ``pipeline_bound_s`` of each of ``layouts`` and of every layout that differs from it
+        only in pipeline depth, chunks, split or recomputation (``None``: its ops cannot be priced; pricing it says
+        why). One micro-batch's work (every layer's compute and exposed comm, the embedding, the head) spread evenly
+        over the stages, since the slowest stage holds at least the mean and recomputation and the pipeline sends
+        only add to it; with its straggler share and the bubble (1F1B and interleaved: rising with the stage time)
+        of that mean. The work is priced once per ``time_signature`` (a search bounds 10^4-10^5 layouts over a
+        tenth as many), its ops in one batch per op class (``prime_layouts``)."""
         tb = self.tables(work.model)
         works = self._scoped(work, tb)[2]
-        sig = time_signature(layout)
-        w = works.get(sig)
-        if w is None:
-            times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
-            counts = tb.kind_counts((range(work.model.num_layers),))
-            w = works[sig] = sum((times[k][0] + times[k][1] + times[k][3]) * n for k, n in counts.items() if n) \
+        sigs = [time_signature(lay) for lay in layouts]
+        fresh = {sig: lay for sig, lay in zip(sigs, layouts) if sig not in works}
+        self.prime_layouts(work, list(fresh.values()))
+        counts = tb.kind_counts((range(work.model.num_layers),))
+        for sig, lay in fresh.items():
+            try:
+                times, (emb, head) = self._per_mb_times(work, lay, tb, sig)
+            except (MeshplanError, ArithmeticError):
+                works[sig] = None
+                continue
+            works[sig] = sum((times[k][0] + times[k][1] + times[k][3]) * n for k, n in counts.items() if n) \
                 + emb + head
-        m = layout.num_microbatches(work.global_batch)
-        mean_s = w / layout.pp
-        bubble = (layout.pp_runs * bubble_s(layout.schedule, layout.pp, layout.vpp, mean_s, 0.0)
-                  if layout.schedule in ("1f1b", "interleaved") else 0.0)
-        return m * mean_s * (1.0 + straggler_slowdown(layout.world_size)) + bubble
+        gb, slowdown = work.global_batch, {}
+        out: list[Optional[float]] = []
+        for sig, lay in zip(sigs, layouts):
+            w = works[sig]
+            if w is None:
+                out.append(None)
+                continue
+            pp, world = lay.pp, lay.world_size
+            if world not in slowdown:
+                slowdown[world] = 1.0 + straggler_slowdown(world)
+            mean_s = w / pp
+            schedule = lay.schedule
+            bubble = (lay.pp_runs * bubble_s(schedule, pp, lay.vpp, mean_s, 0.0)
+                      if schedule in ("1f1b", "interleaved") else 0.0)
+            out.append(lay.num_microbatches(gb) * mean_s * slowdown[world] + bubble)
+        return out
 
     def _step_parts(self, work: Workload, layout: Layout) -> tuple:
         """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) of ``layout``, seconds."""

@@ -108,11 +108,11 @@ class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
     def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None,
-                 work_bound=None):
+                 work_bounds=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
         self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
         self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
-        self.work_bound = work_bound  # a bound below that, shared by many groups (``None``: it has none)
+        self.work_bounds = work_bounds  # bounds below that, for many layouts at once (``None``: it has none)
         self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
         self.vkw = dict(world_size=work.cluster.world_size, num_layers=m.num_layers, num_heads=m.num_heads,
@@ -217,7 +217,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     bound_evals = 0
     if prune:
         rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
-                     getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bound_s", None))
+                     getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bounds_s", None))
         try:
             bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
         except _Fallback as exc:
@@ -300,17 +300,6 @@ class _Bounds:
                     return s, est
         return None
 
-    def work_bound(self, g, r: int) -> Optional[float]:
-        """A bound on recompute ``r`` of group ``g`` below ``pipeline_bound`` (the estimator's ``work_bound_s``:
-        the micro-batch's work spread evenly over the stages), priced once per time signature; ``None``: the
-        estimator has none, or cannot price the member (``pipeline_bound`` then says)."""
-        if self.rk.work_bound is None:
-            return None
-        try:
-            return self.rk.work_bound(self.rk.work, g.member(r, 0)) * (1 - _REL)
-        except Exception:  # e.g. a recipe the device lacks: the pipeline bound (or pricing a member) says why
-            return None
-
     def pipeline_bound(self, g, r: int) -> Optional[float]:
         """The bound of recompute ``r`` of group ``g`` from the pipeline part alone (the estimator's
         ``pipeline_bound_s``, the same floats as a priced member's ``pipeline_s + bubble_s``), no member priced in
@@ -366,16 +355,19 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
         return max(floor, cheap), (_REP if rep else _FINAL)
 
+    firsts = []  # (group, recompute, which, its first member: the group's base when that is recompute r)
     for gi, g in enumerate(groups):
         rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
         for r in rs:
-            which = -1 if len(rs) == 1 and g.recomputes[r] == "none" else r
-            w = bo.work_bound(g, r)
-            if w is not None:
-                heap.append((w, gi, which, _WORK))
-                continue
-            b, st = first_bound(gi, g, r, 0.0)
-            heap.append((b, gi, which, st))
+            firsts.append((gi, r, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r,
+                           g.base if r == 0 else g.member(r, 0)))
+    works = rk.work_bounds(rk.work, [f[3] for f in firsts]) if rk.work_bounds else [None] * len(firsts)
+    for (gi, r, which, _), w in zip(firsts, works):
+        if w is not None:
+            heap.append((w * (1 - _REL), gi, which, _WORK))
+            continue
+        b, st = first_bound(gi, groups[gi], r, 0.0)
+        heap.append((b, gi, which, st))
     heapq.heapify(heap)
     while heap:
         lb, gi, r, state = heapq.heappop(heap)
