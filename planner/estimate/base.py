@@ -114,6 +114,7 @@ class ModelTables:
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._params: dict[tuple, tuple[float, float]] = {}
         self._act: dict[tuple, float] = {}
+        self._stage_act: dict[tuple, tuple] = {}  # stage_memory's activations, keyed without the sharding
 
     def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[str, int], dict[str, int]]:
         """(layer ranges, ``{layer kind: layers}``, ``{layer kind: recomputed layers}``) of pipeline rank ``stage``,
@@ -232,27 +233,16 @@ def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, f
 
 def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m: int) -> MemoryBreakdown:
     """Peak bytes on one rank of pipeline stage ``stage`` with ``m`` micro-batches per step."""
-    model = work.model
     dense, expert = stage_params(tb, layout, stage)
     w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
-    s = work.seq_len // layout.cp
-    b = layout.micro_batch
-    chunks, counts, rec = tb.stage_counts(layout, stage)
-    n_layers = sum(len(r) for r in chunks)
+    # the activations do not depend on how the data-parallel states are sharded: the members of a search's group
+    # share them
+    akey = (stage, m, work.seq_len, work.dtype, tuple(v for k, v in layout.__dict__.items() if k not in _SHARDING))
+    hit = tb._stage_act.get(akey)
+    if hit is None:
+        hit = tb._stage_act[akey] = _stage_activations(work, tb, layout, stage, m)
+    act, remat, ends, n_layers = hit
     recipe = lowp_recipe(layout.fp8, work.dtype)
-    lin = saved_input_bytes(recipe)
-    kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none") for k, n in counts.items() if n}
-    per_mb = 0.0
-    for k, n in counts.items():
-        if n:
-            if rec[k]:
-                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind)
-            per_mb += (n - rec[k]) * kept[k]
-    act = per_mb * inflight_factor(layout, m, stage)
-    # one layer re-materialised during its backward
-    remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
-    if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
-        act, remat = 2 * act, 2 * remat
     if recipe != "none":
         # Transformer Engine keeps the quantized copies of each linear weight the GEMMs read
         # (``memory.lowp_weight_bytes``: on Hopper an fp8 copy and its transpose, 2 B per parameter), cast once per
@@ -265,16 +255,48 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
         act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
     act += remat
-    if stage == layout.pp - 1:
-        logits = logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
-        act += logits * (1 + model.num_mtp_layers)
-        # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
-        # in flight on the last stage
-        mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none") for k in mtp_kinds(model) if k in tb.shape)
-        act += model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage)
+    for extra in ends:
+        act += extra
     if grads_born_in_backward(layout, m):  # two peaks: backward's first op (no gradient yet), the optimizer step
         g, act = (0.0, act) if act >= g else (g, 0.0)
     return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
+
+
+# The fields that shard the data-parallel states: the rest of a layout sets its activations.
+_SHARDING = frozenset({"zero_stage", "dp_shard", "dp_replicate"})
+
+
+def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: int,
+                       m: int) -> tuple[float, float, tuple[float, ...], int]:
+    """(activations held at the peak, the one layer re-materialised in backward, what the last stage adds: the
+    logits and the MTP modules' activations, the stage's layers) of ``stage_memory``, bytes."""
+    model = work.model
+    s = work.seq_len // layout.cp
+    b = layout.micro_batch
+    chunks, counts, rec = tb.stage_counts(layout, stage)
+    n_layers = sum(len(r) for r in chunks)
+    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
+    kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none") for k, n in counts.items() if n}
+    per_mb = 0.0
+    for k, n in counts.items():
+        if n:
+            if rec[k]:
+                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind)
+            per_mb += (n - rec[k]) * kept[k]
+    act = per_mb * inflight_factor(layout, m, stage)
+    # one layer re-materialised during its backward
+    remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
+    if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
+        act, remat = 2 * act, 2 * remat
+    ends: tuple[float, ...] = ()
+    if stage == layout.pp - 1:
+        logits = logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+        # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
+        # in flight on the last stage
+        mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none") for k in mtp_kinds(model) if k in tb.shape)
+        ends = (logits * (1 + model.num_mtp_layers),
+                model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage))
+    return act, remat, ends, n_layers
 
 
 def grads_born_in_backward(layout: Layout, m: int) -> bool:
