@@ -14,7 +14,7 @@ Units: seconds, bytes, FLOPs.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Protocol
 
 from meshplan.costmodel.devices import DeviceSpec
@@ -237,7 +237,7 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
     # the activations do not depend on how the data-parallel states are sharded: the members of a search's group
     # share them
-    akey = (stage, m, work.seq_len, work.dtype, tuple(v for k, v in layout.__dict__.items() if k not in _SHARDING))
+    akey = (stage, m, work.seq_len, work.dtype, _unsharded_fields(layout))
     hit = tb._stage_act.get(akey)
     if hit is None:
         hit = tb._stage_act[akey] = _stage_activations(work, tb, layout, stage, m)
@@ -262,8 +262,22 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
 
 
+def memory_floor_bytes(work: Workload, tb: ModelTables, layout: Layout, m: int) -> int:
+    """A lower bound on ``finish_estimate``'s peak memory of ``layout`` and of every layout that shards its
+    data-parallel states otherwise: the first stage's activations (``stage_memory``; FSDP's gathered layers only
+    add to them) and the runtime overhead of no activations, no weights, gradients or optimizer states (when a
+    gradient-free backward start is the peak, the gradients it trades for the activations are larger)."""
+    hit = tb._stage_act.get((0, m, work.seq_len, work.dtype, _unsharded_fields(layout)))
+    act, remat, ends, _ = hit if hit is not None else _stage_activations(work, tb, layout, 0, m)
+    act += remat
+    for extra in ends:
+        act += extra
+    return int(act) + runtime_overhead_bytes(layout, 0.0)
+
+
 # The fields that shard the data-parallel states: the rest of a layout sets its activations.
 _SHARDING = frozenset({"zero_stage", "dp_shard", "dp_replicate"})
+_unsharded_fields = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in _SHARDING))
 
 
 def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: int,

@@ -33,11 +33,12 @@ from meshplan.planner.estimate.base import (
     Workload,
     decoder_params,
     finish_estimate,
+    memory_floor_bytes,
     stage_params,
     time_key,
     time_signature,
 )
-from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
+from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
@@ -405,6 +406,13 @@ class GpuEstimator:
         _, m, pipe = self._pipeline_of(work, layout)
         _, _, _, t_max, bubble, straggle = pipe
         return m * t_max + straggle + bubble
+
+    def cannot_fit(self, work: Workload, layout: Layout) -> bool:
+        """Whether no sharding of ``layout``'s data-parallel states fits: its activations and runtime overhead alone
+        (``memory_floor_bytes``) exceed the memory ``estimate`` allows."""
+        limit = int(work.cluster.device.memory_bytes * USABLE_FRACTION)
+        m = layout.num_microbatches(work.global_batch)
+        return memory_floor_bytes(work, self.tables(work.model), layout, m) > limit
 
     def work_bounds_s(self, work: Workload, layouts: list) -> list[Optional[float]]:
         """A lower bound on ``pipeline_bound_s`` of each of ``layouts`` and of every layout that differs from it

@@ -88,6 +88,7 @@ class SearchResult:
     fallback: str = ""  # why a pruned search fell back to pricing everything ("" = it did not)
     priced: list[Priced] = field(default_factory=list)  # every layout priced, in pricing order (a report's scatter)
     timed: int = 0  # members whose step time alone showed they cannot rank (never priced in full)
+    unfit: int = 0  # members whose activations alone showed no sharding of them fits (never priced)
 
 
 
@@ -108,11 +109,13 @@ class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
     def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None,
-                 work_bounds=None):
+                 work_bounds=None, cannot_fit=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
         self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
         self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
         self.work_bounds = work_bounds  # bounds below that, for many layouts at once (``None``: it has none)
+        self.cannot_fit = cannot_fit  # whether no sharding of a layout fits (``None``: it cannot tell)
+        self.unfit = 0  # members never priced: no sharding of their layout fits
         self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
         self.vkw = dict(world_size=work.cluster.world_size, num_layers=m.num_layers, num_heads=m.num_heads,
@@ -216,13 +219,18 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     fallback = ""
     bound_evals = 0
     if prune:
-        rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
-                     getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bounds_s", None))
-        try:
-            bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
-        except _Fallback as exc:
-            fallback = str(exc)
-            prune = False
+        for unfit in (getattr(estimator, "cannot_fit", None), None):
+            rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
+                         getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bounds_s", None),
+                         unfit)
+            try:
+                bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
+            except _Fallback as exc:
+                fallback = str(exc)
+                prune = False
+                break
+            if rk.kept or not rk.unfit:
+                break  # else nothing fits: search again pricing them all, for the closest miss
     if not prune:
         rk = _Ranker(work, estimator.estimate, top, progress)
         for gi, g in enumerate(groups):
@@ -239,7 +247,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
     return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
                         pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra,
-                        timed=rk.timed)
+                        timed=rk.timed, unfit=rk.unfit)
 
 
 def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins) -> None:
@@ -410,6 +418,14 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
     """Price the members of recompute ``r`` of group ``gi``: per ZeRO stage from the most sharded down, stopping
     at the first that does not fit (less sharding holds at least as much)."""
+    if rk.cannot_fit is not None:
+        try:
+            unfit = rk.cannot_fit(rk.work, g.member(r, 0))
+        except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
+            unfit = False
+        if unfit:
+            rk.unfit += len(g.shards)
+            return
     steps = None  # each member's step time alone, a fraction of a full pricing, once K layouts fit
     if rk.step_times is not None and math.isfinite(rk.kth_time()):
         try:
