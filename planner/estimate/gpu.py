@@ -134,6 +134,7 @@ class GpuEstimator:
         self._layer: dict[tuple, tuple[float, ...]] = {}
         self._ops: dict[tuple, tuple] = {}
         self._lists: dict[tuple, tuple] = {}  # op lists built to be primed in a batch, not yet priced
+        self._primed: dict = {}  # {device: ops whose prices (and backward's) the pricer holds}
         self._per_mb: dict[tuple, tuple] = {}
         self._bwd: dict[tuple, float] = {}
         self._link_cluster, self._link_memo = None, {}
@@ -291,6 +292,11 @@ class GpuEstimator:
 
     def _prime_with_backward(self, every: list, device) -> None:
         """Price ``every`` op and the backward of its GEMMs and attention in one batch, keeping the backward's."""
+        primed = self._primed.setdefault(device, set())
+        every = [op for op in every if op not in primed]
+        if not every:
+            return
+        primed.update(every)
         need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
         backward = [replace(op, backward=True) for op in need]
         self.pricer.prime(every + backward, device)
