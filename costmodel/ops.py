@@ -145,7 +145,8 @@ def ssd_bytes(op: OpSpec) -> float:
     Forward: five kernels (chunk cumsum, chunk-state bmm ``C B^T``, chunk state, state passing, chunk scan) that
     write and read their intermediates in fp32 ("mostly bottlenecked by memory bandwidth and latency ... writing
     and reading intermediate data", PyTorch blog "Accelerating Mamba2 with Kernel Fusion", 2025): x read twice, z
-    once, B and C twice each, dt once, y written; C B^T written and read (G Q per token), the chunk states
+    once, B and C twice each, dt once, y written and, with the z gate, the ungated y too (``_chunk_scan_fwd``
+    returns ``out_x``, which the backward reads); C B^T written and read (G Q per token), the chunk states
     written, read and written by the state passing, read by the scan (4 H P N / Q), dA cumsum and dt written once
     and read three times.
 
@@ -155,7 +156,7 @@ def ssd_bytes(op: OpSpec) -> float:
     e = DTYPE_BYTES.get(op.dtype, 2)
     if op.backward:
         return b * seq * ssd_bwd_bytes_per_token(heads, p_dim, n, groups, q, e)
-    io = e * (4 * heads * p_dim + 4 * groups * n + heads)
+    io = e * (5 * heads * p_dim + 4 * groups * n + heads)
     scratch = 4.0 * (2 * groups * q + 4 * heads * p_dim * n / q + 8 * heads)
     return b * seq * (io + scratch)
 
