@@ -9,6 +9,12 @@ from meshplan.costmodel.api import SSD_SOURCE, Pricer
 from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.ops import OpSpec, ssd_bytes, ssd_chunk_scan_bytes, ssd_flops
 from meshplan.costmodel.roofline import ROOFLINE_EFFICIENCY, roofline_s
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.explain import explain_gpu
+from meshplan.planner.estimate.gpu import GpuEstimator
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
 
 
 def _measured() -> dict:
@@ -66,3 +72,17 @@ def test_ssd_backward_is_its_own_kernel_list_not_twice_the_forward():
     dev = get_device("GB300")
     pricer = Pricer.roofline()
     assert pricer.predict(bwd, dev) >= roofline_s(bwd, dev) > 2 * roofline_s(op, dev)
+
+
+def test_explain_on_blackwell_says_the_ssd_rests_on_the_h800_timing():
+    """On a GB300 rack, where no SSD kernel timing is published, ``--explain`` names the H800 measurement, and the
+    estimator prices the SSD's backward from its own kernel list (more than twice its forward)."""
+    est = GpuEstimator(Pricer.roofline())
+    work = Workload(load_model("nemotron-3-nano-30b-a3b"), load_cluster("2x4xGB300-NVL72"), global_batch=64,
+                    seq_len=8192)
+    lay = Layout(dp_shard=8, ep=8, zero_stage=1)
+    note = explain_gpu(est, work, lay)["unmeasured"]["ssd bf16"]
+    assert "H800" in note and "no timing" in note
+    op = OpSpec("ssd", (1, 64, 8192, 64, 128, 8, 128), "bf16")
+    dev = get_device("GB300")
+    assert est._bwd_s(op, dev) > 2 * est.op_time_s(op, dev)
