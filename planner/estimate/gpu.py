@@ -45,6 +45,10 @@ from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
 from meshplan.planner.layout.splits import weighted_split
 
+# kinds whose backward is priced as its own op (its FLOPs and bytes); any other kind's backward is a memory-bound
+# pass over twice the forward's bytes (read the gradient and the saved input, write the gradient). The SSD's
+# backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward.
+BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd")
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
 # are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
@@ -152,7 +156,7 @@ class GpuEstimator:
         return [float(t) for t in self.pricer.predict_batch(ops, device)]
 
     def _bwd_s(self, op: OpSpec, device) -> float:
-        if op.kind in ("matmul", "bmm", "attention"):
+        if op.kind in BWD_PRICED_KINDS:
             hit = self._bwd.get((op, device))
             if hit is None:
                 hit = self._bwd[(op, device)] = self.pricer.predict(replace(op, backward=True), device)
@@ -297,7 +301,7 @@ class GpuEstimator:
         if not every:
             return
         primed.update(every)
-        need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
+        need = [op for op in every if op.kind in BWD_PRICED_KINDS and (op, device) not in self._bwd]
         backward = [replace(op, backward=True) for op in need]
         self.pricer.prime(every + backward, device)
         for op, bop in zip(need, backward):
