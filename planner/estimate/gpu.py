@@ -18,8 +18,9 @@ Units: seconds, bytes, FLOPs.
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
@@ -392,22 +393,24 @@ class GpuEstimator:
         dp_replicate)`` of ``shards`` (one data-parallel degree), without memory and rates: the pipeline part is
         priced once for all of them, each sharding's collectives once per estimator (``_sync_terms``)."""
         tb, m, pipe = self._pipeline_of(work, layout)
-        slow = pipe[0]
-        items = [(k, v) for k, v in layout.__dict__.items() if k not in _SYNC_FREE]
-        vals = [v for _, v in items]
-        at = [next(i for i, (k, _) in enumerate(items) if k == f) for f in ("zero_stage", "dp_shard", "dp_replicate")]
+        slow, stage_c, stage_q, t_max, bubble, straggle = pipe
+        vals = list(_sync_fields_of(layout))
         syncs = self._scoped(work, tb)[1]
+        # _step_of's step, summed in the same order
+        before_sync = m * t_max + straggle + bubble
+        stage_s = stage_c + stage_q
         out = []
+        z_at, d_at, rep_at = _SHARD_AT
         for shard in shards:
-            for i, v in zip(at, shard):
-                vals[i] = v
+            vals[z_at], vals[d_at], vals[rep_at] = shard
             key = (slow, tuple(vals))
             terms = syncs.get(key)
             if terms is None:
                 z, d, rep = shard
                 member = replace(layout, zero_stage=z, dp_shard=d, dp_replicate=rep)
                 terms = syncs[key] = self._price_sync_terms(work, member, tb, slow)
-            out.append(_step_of(pipe, terms, m)[0])
+            dp_exposed, fsdp_copies = terms.exposed_s(stage_s, stage_c, m)
+            out.append(before_sync + dp_exposed + terms.other_s(fsdp_copies))
         return out
 
     def pipeline_bound_s(self, work: Workload, layout: Layout) -> float:
@@ -543,7 +546,7 @@ class GpuEstimator:
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
         overlap is known: every collective priced once, cached on the fields they read (``_SYNC_FREE`` are not)."""
         syncs = self._scoped(work, tb)[1]
-        key = (slow, tuple(v for k, v in layout.__dict__.items() if k not in _SYNC_FREE))
+        key = (slow, _sync_fields_of(layout))
         hit = syncs.get(key)
         if hit is None:
             hit = syncs[key] = self._price_sync_terms(work, layout, tb, slow)
@@ -694,3 +697,6 @@ class _SyncTerms(NamedTuple):
 _SYNC_FREE = frozenset({"recompute", "micro_batch", "sequence_parallel", "attention", "pipeline_schedule", "cp_kind",
                         "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap",
                         "shared_overlap"})
+_SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
+_sync_fields_of = operator.attrgetter(*_SYNC_FIELDS)
+_SHARD_AT = tuple(_SYNC_FIELDS.index(f) for f in ("zero_stage", "dp_shard", "dp_replicate"))

@@ -164,6 +164,14 @@ class _Ranker:
         if self.progress and (self.evaluated + self.timed) % 512 == 0:
             self.progress(self.evaluated + self.timed)
 
+    def tick_many(self, n: int) -> None:
+        """``n`` members timed out of the ranking at once (``tick``'s report when the count passes a multiple of
+        512)."""
+        before = self.evaluated + self.timed
+        self.timed += n
+        if self.progress and (before + n) // 512 > before // 512:
+            self.progress(before + n)
+
     def kth_time(self) -> float:
         """The rounded step time of the K-th best so far (inf until K fit): a bound above it ranks after it."""
         return -self.kept[0][0] if len(self.kept) >= self.top else math.inf
@@ -432,6 +440,11 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
             steps = rk.step_times(rk.work, g.member(r, 0), g.shards)
         except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
             steps = None
+    if steps is not None:
+        low = min(steps)
+        if low >= lb and _r3(low) > rk.kth_time() and not any((gi, r, s) in rk.done for s in range(len(steps))):
+            rk.tick_many(len(steps))  # every member's step time alone shows it cannot rank (as below, at once)
+            return
     by_zero: dict[int, list[int]] = {}
     for s, (z, d, _) in enumerate(g.shards):
         by_zero.setdefault(z, []).append(s)
