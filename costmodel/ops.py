@@ -76,6 +76,16 @@ class OpSpec:
         if self.groups != 1 and (self.kind != "matmul" or self.groups < 1):
             raise ValueError(f"OpSpec {self.kind}: groups={self.groups}; only a matmul is grouped (groups >= 1)")
 
+    def __eq__(self, other: object) -> bool:
+        # field by field, no tuples built: price memos compare equal ops built apart 10^5 times a search
+        if self is other:
+            return True
+        if other.__class__ is not OpSpec:
+            return NotImplemented
+        return (self.shape == other.shape and self.kind == other.kind and self.dtype == other.dtype
+                and self.backward == other.backward and self.impl == other.impl and self.groups == other.groups
+                and self.group_size == other.group_size and self.causal == other.causal)
+
     def __hash__(self) -> int:
         # cached: a layout search looks ops up in price memos 10^5-10^6 times, each hash a tuple of eight fields
         h = self.__dict__.get("_hash")
