@@ -142,7 +142,7 @@ class ModelTables:
         """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of ``kind``, cached on
         the fields it reads."""
         k = (kind, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
-             layout.moe_capacity, layout.moe_imbalance, layout.stack)
+             layout.moe_capacity, layout.moe_imbalance, layout.stack, layout.recompute_modules)
         hit = self._act.get(k)
         if hit is None:
             hit = self._act[k] = activation_bytes_per_layer(self.shape[kind], s, b, layout, lin_bytes, recompute)
@@ -331,7 +331,7 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
 # The fields that change one micro-batch's per-layer time: the estimators' cache keys read them from here only.
 TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "expert_tp", "fp8",
                "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap",
-               "shared_overlap")
+               "shared_overlap", "recompute_modules")
 
 
 def time_signature(layout: Layout) -> tuple:

@@ -167,7 +167,9 @@ class GpuEstimator:
             return hit
         lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
         fwd, bwd = p["fwd"], p["bwd"]
-        re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
+        re = {"full": fwd, "op": p["op"]}.get(key.recompute_kind, 0.0)
+        if key.recompute_kind == "selective":  # the modules Megatron-Core re-runs (``Layout.recomputed_modules``)
+            re = sum(t for m, t in p["modules"].items() if m in key.recomputed_modules)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
         if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
@@ -205,6 +207,8 @@ class GpuEstimator:
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost  # forward and backward
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
+            re += ep_re
         out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, cp + cp_bwd)
         return out
 
@@ -274,6 +278,7 @@ class GpuEstimator:
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   "shared_fwd": sum(f[op] for op in lo.shared),
+                  "modules": {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules},
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0,
                   # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides

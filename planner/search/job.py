@@ -30,7 +30,7 @@ from meshplan.planner.model.config import load_model
 from meshplan.planner.model.spec import ModelSpec
 from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
-from meshplan.planner.search.exact import Priced, layout_row, search
+from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.solve.compression import solve_compression
 from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
@@ -220,8 +220,7 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     """The homogeneous layout search (and ``--compress``'s choice), the best plan written."""
     req, opts, clus, estimator = job.request, job.request.options, job.cluster, job.estimator
     clus.device.peak(job.dtype)  # refuses a dtype the device lacks, naming the device
-    work = Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype)
-    fixes = job.fix
+    work, fixes = pinned_work(Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype), job.fix)
     if opts.compress:
         for k in ("tp", "pp", "cp", "ep"):
             if fixes.get(k, 1) != 1:
