@@ -116,3 +116,18 @@ def test_mtp_counts_the_modules_on_the_last_stage() -> None:
     base, more = est.estimate(work, lay), est.estimate(with_mtp, lay.with_(mtp=1))
     assert more.step_time_s > base.step_time_s
     assert more.memory.total_bytes >= base.memory.total_bytes
+
+
+def test_recomputed_flops_are_the_modules_forward() -> None:
+    """core_attn alone re-runs what the FLOP counter's selective recomputation counts; a dense MLP re-runs its
+    three GEMMs, 2 x 3 x h x ffn per token and layer (plus its norm and activation, under 0.1%)."""
+    from meshplan.planner.estimate.base import ModelTables
+    from meshplan.planner.model.flops import recompute_flops_per_token
+
+    model = load_model("llama-3.1-8b")
+    tb = ModelTables(model)
+    for tp in (1, 2, 8):
+        lay = Layout(tp=tp, recompute="selective", recompute_modules="core_attn")
+        assert tb.flops_per_token(S, lay)[1] == pytest.approx(recompute_flops_per_token(model, S, "selective"))
+    mlp = tb.flops_per_token(S, Layout(tp=2, recompute="selective", recompute_modules="mlp"))[1]
+    assert mlp == pytest.approx(6 * model.hidden_size * model.ffn_hidden_size * model.num_layers, rel=1e-3)
