@@ -230,6 +230,9 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
                      fp8_recipes, work.seq_len)
     if estimator is None:
         estimator = estimator_for(cluster)
+    if fix.get("recompute_modules") and getattr(estimator, "recompute_kinds", None) is not None:
+        raise MeshplanError(f"--fix recompute_modules={fix.recompute_modules}: {cluster.spec} is priced from this "
+                            "host's timed blocks, which run Megatron's default selective recomputation only")
     groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
                                    work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None)))
     n = sum(len(g) for g in groups)

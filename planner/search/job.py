@@ -212,8 +212,19 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
     if request.stack:
         prof = load_stacks().get(request.stack)
         defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, spec.is_moe).items()))
-        fix, profile = Pins(**{**defaults.pinned(), **request.fix.pinned()}), prof.ref
+        fix, profile = Pins(**_over_profile(defaults.pinned(), request.fix)), prof.ref
     return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, profile)
+
+
+def _over_profile(defaults: dict, fix: Pins) -> dict:
+    """The profile's values under the request's pins. ``recompute`` and ``recompute_modules`` go together (a module
+    list is selective recomputation): pinning one drops the profile's value of the other."""
+    out = {**defaults, **fix.pinned()}
+    if "recompute_modules" in fix and "recompute" not in fix:
+        out.pop("recompute", None)
+    if "recompute" in fix and "recompute_modules" not in fix:
+        out.pop("recompute_modules", None)
+    return out
 
 
 def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOutcome:
