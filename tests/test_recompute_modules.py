@@ -131,3 +131,13 @@ def test_recomputed_flops_are_the_modules_forward() -> None:
         assert tb.flops_per_token(S, lay)[1] == pytest.approx(recompute_flops_per_token(model, S, "selective"))
     mlp = tb.flops_per_token(S, Layout(tp=2, recompute="selective", recompute_modules="mlp"))[1]
     assert mlp == pytest.approx(6 * model.hidden_size * model.ffn_hidden_size * model.num_layers, rel=1e-3)
+
+
+def test_a_layout_read_back_prices_its_mtp_modules() -> None:
+    """A plan's layout priced on the main model (as ``meshplan check`` loads it) counts the MTP modules it names."""
+    work = Workload(load_model("deepseek-v3"), load_cluster("32x8xH100"), 1024, S)
+    lay = Layout(dp_shard=16, tp=2, pp=8, ep=32, etp=1, sequence_parallel=True, zero_stage=1, recompute="full",
+                 pp_layout=(7, 8, 8, 8, 8, 8, 8, 6), mtp=1)
+    est = estimator_for(work.cluster)
+    with_mtp = pinned_work(work, parse_fix("mtp=1"))[0]
+    assert est.estimate(work, lay).step_time_s == est.estimate(with_mtp, lay).step_time_s

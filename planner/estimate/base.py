@@ -266,6 +266,8 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     act = per_mb * inflight_factor(layout, m, stage)
     # one layer re-materialised during its backward
     remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
+    if layout.recompute_modules:  # a re-run module re-creates what it freed, one layer at a time
+        remat = max(kept[k] - tb.activation_bytes(k, s, b, layout, lin, "selective") for k in kept)
     if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
         act, remat = 2 * act, 2 * remat
     if recipe != "none":

@@ -139,6 +139,7 @@ class GpuEstimator:
         self._edge: dict[tuple, tuple[float, float]] = {}
         self._scope: tuple = (None, None, None, None, {}, {})  # (cluster, tables, seq, dtype, pipes, syncs)
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
+        self._mtp_models: dict[tuple, tuple] = {}
 
     # ---- operators
     def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
@@ -327,9 +328,19 @@ class GpuEstimator:
     # ---- the estimate
     def estimate(self, work: Workload, layout: Layout) -> Estimate:
         """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
+        if layout.mtp != work.model.num_mtp_layers:  # a plan's layout read back: its MTP modules are priced
+            work = replace(work, model=self._mtp_model(work.model, layout.mtp))
         step, compute, pipeline, exposed, bubble, optimizer, m = self._step_parts(work, layout)
         return finish_estimate(work, self.tables(work.model), layout, m, step=step, compute_s=compute,
                                pipeline_s=pipeline, exposed_comm_s=exposed, bubble_s=bubble, other_s=optimizer)
+
+    def _mtp_model(self, model, mtp: int):
+        """``model`` with ``mtp`` MTP modules, one object per pair (the tables are cached per model object)."""
+        key = (id(model), mtp)
+        hit = self._mtp_models.get(key)
+        if hit is None or hit[0] is not model:
+            hit = self._mtp_models[key] = (model, model.with_mtp(mtp))
+        return hit[1]
 
     def step_time_s(self, work: Workload, layout: Layout) -> float:
         """The step time ``estimate`` predicts, the same float, without the memory and the rates: what a search
