@@ -141,3 +141,14 @@ def test_a_layout_read_back_prices_its_mtp_modules() -> None:
     est = estimator_for(work.cluster)
     with_mtp = pinned_work(work, parse_fix("mtp=1"))[0]
     assert est.estimate(work, lay).step_time_s == est.estimate(with_mtp, lay).step_time_s
+
+
+def test_a_pinned_module_list_overrides_a_profiles_recompute() -> None:
+    """A stack profile's recompute default gives way to a pinned module list (selective), and a profile's module
+    list to a pinned recompute: the request's pin decides, never a contradiction between the two."""
+    from meshplan.planner.search.job import _over_profile
+
+    assert _over_profile({"recompute": "full", "zero": 1}, parse_fix("recompute_modules=moe_act")) == {
+        "zero": 1, "recompute_modules": "moe_act"}
+    assert _over_profile({"recompute_modules": "moe_act"}, parse_fix("recompute=full")) == {"recompute": "full"}
+    assert _over_profile({"recompute": "selective"}, parse_fix("mbs=2")) == {"recompute": "selective", "mbs": 2}
