@@ -328,7 +328,8 @@ class GpuEstimator:
     # ---- the estimate
     def estimate(self, work: Workload, layout: Layout) -> Estimate:
         """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
-        if layout.mtp != work.model.num_mtp_layers:  # a plan's layout read back: its MTP modules are priced
+        if layout.mtp and layout.mtp != work.model.num_mtp_layers:  # a plan's layout read back prices its MTP
+            # modules (a layout at the default 0 prices what the model counts: ``load_model(mtp=True)``)
             work = replace(work, model=self._mtp_model(work.model, layout.mtp))
         step, compute, pipeline, exposed, bubble, optimizer, m = self._step_parts(work, layout)
         return finish_estimate(work, self.tables(work.model), layout, m, step=step, compute_s=compute,
