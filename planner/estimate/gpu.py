@@ -148,6 +148,7 @@ class GpuEstimator:
         # (cluster, tables, seq, dtype, pipeline parts, sync terms, work bounds)
         self._scope: tuple = (None, None, None, None, {}, {}, {})
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
+        self._mtp_models: dict[tuple, tuple] = {}
 
     # ---- operators
     def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
@@ -176,7 +177,9 @@ class GpuEstimator:
             return hit
         lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
         fwd, bwd = p["fwd"], p["bwd"]
-        re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
+        re = {"full": fwd, "op": p["op"]}.get(key.recompute_kind, 0.0)
+        if key.recompute_kind == "selective":  # the modules Megatron-Core re-runs (``Layout.recomputed_modules``)
+            re = sum(t for m, t in p["modules"].items() if m in key.recomputed_modules)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
         if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
@@ -214,6 +217,8 @@ class GpuEstimator:
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost  # forward and backward
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
+            re += ep_re
         out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, cp + cp_bwd)
         return out
 
@@ -329,6 +334,7 @@ class GpuEstimator:
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   "shared_fwd": sum(f[op] for op in lo.shared),
+                  "modules": {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules},
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0,
                   # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides
@@ -379,9 +385,20 @@ class GpuEstimator:
     # ---- the estimate
     def estimate(self, work: Workload, layout: Layout) -> Estimate:
         """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
+        if layout.mtp and layout.mtp != work.model.num_mtp_layers:  # a plan's layout read back prices its MTP
+            # modules (a layout at the default 0 prices what the model counts: ``load_model(mtp=True)``)
+            work = replace(work, model=self._mtp_model(work.model, layout.mtp))
         step, compute, pipeline, exposed, bubble, optimizer, m = self._step_parts(work, layout)
         return finish_estimate(work, self.tables(work.model), layout, m, step=step, compute_s=compute,
                                pipeline_s=pipeline, exposed_comm_s=exposed, bubble_s=bubble, other_s=optimizer)
+
+    def _mtp_model(self, model, mtp: int):
+        """``model`` with ``mtp`` MTP modules, one object per pair (the tables are cached per model object)."""
+        key = (id(model), mtp)
+        hit = self._mtp_models.get(key)
+        if hit is None or hit[0] is not model:
+            hit = self._mtp_models[key] = (model, model.with_mtp(mtp))
+        return hit[1]
 
     def step_time_s(self, work: Workload, layout: Layout) -> float:
         """The step time ``estimate`` predicts, the same float, without the memory and the rates: what a search

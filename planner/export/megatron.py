@@ -18,7 +18,8 @@ EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs T
 ``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced
 with its sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, ``shared_overlap`` as
 ``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher or beside moe_overlap, as megatron-core refuses
-it). Refused in one line: ``recompute op``
+it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*') and ``mtp`` as ``--mtp-num-layers``. Refused in one
+line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
@@ -171,13 +172,14 @@ def unsupported(plan: Plan) -> list[str]:
 
 
 def _layout(plan: Plan) -> str:
-    """``--pipeline-model-parallel-layout`` for uneven stages: E = embedding, t = decoder layer, L = loss head,
-    stages separated by ``|`` in model order (virtual stage v of rank r is stage v*pp + r); ``t*n`` repeats
-    (``PipelineParallelLayerLayout.parse_str_to_list``, megatron/core/transformer/pipeline_parallel_layer_layout.py).
+    """``--pipeline-model-parallel-layout`` for uneven stages: E = embedding, t = decoder layer, m = MTP module,
+    L = loss head, stages separated by ``|`` in model order (virtual stage v of rank r is stage v*pp + r); ``t*n``
+    repeats (``PipelineParallelLayerLayout.parse_str_to_list``,
+    megatron/core/transformer/pipeline_parallel_layer_layout.py).
     """
     parts = [f"t*{s.num_layers}" for s in plan.stages]
     parts[0] = "E" + parts[0]
-    parts[-1] = parts[-1] + "L"
+    parts[-1] = parts[-1] + "m" * plan.mtp + "L"  # the MTP modules (m) on the last stage, before the loss
     return "|".join(parts)
 
 
@@ -215,6 +217,10 @@ def parallel_args(plan: Plan) -> list[str]:
               str(c.recompute_layers(plan))]
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+        if plan.recompute_modules:  # nargs='*' (megatron/training/arguments.py); TransformerConfig.recompute_modules
+            a += ["--recompute-modules", *plan.recompute_modules.split("+")]
+    if plan.mtp:  # --mtp-num-layers (arguments.py _add_mtp_args): the MTP modules, built on the last stage
+        a += ["--mtp-num-layers", str(plan.mtp)]
     if plan.zero_stage >= 1 and _shards_over(plan) > 1:
         if _uses_fsdp(plan):
             strategy = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"

@@ -82,6 +82,8 @@ def fix_help() -> str:
             return "true | false"
         if d.kind == "recompute":
             return " | ".join(RECOMPUTE) + " | full:N"
+        if d.kind == "modules":
+            return "+".join(d.choices[:2]) + "+... of " + " | ".join(d.choices)
         return "7+8*14+7" if d.kind == "stages" else " | ".join(map(str, d.choices))
     return ("Pin decisions, key=value[,key=value...] (see docs/decisions.md): "
             + "; ".join(f"{k}={values(k)}" for k in FIX_KEYS))
@@ -91,7 +93,7 @@ def _pin_type(key: str) -> type:
     d = BY_FIX_KEY.get(key)
     if d is None:
         return int
-    return {"float": float, "bool": bool, "tristate": bool, "recompute": str, "stages": tuple}.get(
+    return {"float": float, "bool": bool, "tristate": bool, "recompute": str, "modules": str, "stages": tuple}.get(
         d.kind, type(d.default) if d.kind == "choice" else int)
 
 
@@ -231,6 +233,8 @@ def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
     of the whole chunk; ``planner.layout.layout.Layout.recompute_layers``)."""
     if "recompute" in fix:
         return [fix.recompute]
+    if fix.get("recompute_modules"):  # a module list is Megatron's selective recomputation
+        return ["selective"]
     ns = sorted({chunk_layers // f for f in FULL_N_FRACTIONS if 1 <= chunk_layers // f < chunk_layers})
     return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
 

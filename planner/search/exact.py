@@ -31,13 +31,13 @@ not on how the estimator prices a decision:
    pipeline part (1.) is priced only when its first bound comes up (2,119 of 47,391 groups for Qwen3-30B-A3B on
    128 H100).
 
-Groups are expanded in order of their bound (the first bound, then the pipeline part); once a bound rounds (as ``_rank_key`` rounds) above the K-th best
-step found, nothing left can enter the top K and the search stops. Within an expanded variant, an estimator that
-gives step times alone (the GPU estimator's ``shard_step_times_s``: the same floats as ``estimate``, the pipeline
-part shared, each sharding's collectives priced once) tells the members that round above the K-th best before
-their memory is priced: they are never priced in full (``SearchResult.timed``; a family none of whose members
-can rank is timed out at once). Ties rank by the canonical
-enumeration order, as an exhaustive search would. Every pair the search does price is checked against the facts
+Groups are expanded in order of their bound (the first bound, then the pipeline part); once a bound rounds (as
+``_rank_key`` rounds) above the K-th best step found, nothing left can enter the top K and the search stops. Within
+an expanded variant, an estimator that gives step times alone (the GPU estimator's ``shard_step_times_s``: the same
+floats as ``estimate``, the pipeline part shared, each sharding's collectives priced once) tells the members that
+round above the K-th best before their memory is priced: they are never priced in full (``SearchResult.timed``; a
+family none of whose members can rank is timed out at once). Ties rank by the canonical enumeration order, as an
+exhaustive search would. Every pair the search does price is checked against the facts
 (with the bounds' 1e-6 slack); a contradiction (an estimator change that breaks one) makes it price every candidate
 instead, and ``SearchResult.fallback`` says why. A contradiction only among pairs it never priced goes unseen:
 ``tests/test_search_pruning.py`` is the check that catches those.
@@ -190,6 +190,32 @@ class _Ranker:
         return [(it[4], it[5]) for it in sorted(self.kept, key=lambda it: it[:4], reverse=True)]
 
 
+def pinned_work(work: Workload, fix: Pins) -> tuple[Workload, Pins]:
+    """The workload with the pins that change what is trained applied to its model, and the pins with the model's
+    own MTP depth when ``mtp`` is free: ``mtp`` counts that many MTP modules (``ModelSpec.with_mtp``). A module
+    list naming a module the model lacks is refused as Megatron-Core refuses it (``TransformerConfig``:
+    mla_up_proj needs multi-latent attention, moe_act the MoE grouped GEMM)."""
+    model = work.model
+    mods = str(fix.get("recompute_modules", "")).split("+")
+    if "mla_up_proj" in mods and not (model.q_lora_rank or model.kv_lora_rank):
+        raise MeshplanError(f"--fix recompute_modules={fix.recompute_modules}: mla_up_proj recomputes multi-latent "
+                            f"attention's up-projections; model {model.name} has no MLA")
+    if "moe_act" in mods and not model.num_experts:
+        raise MeshplanError(f"--fix recompute_modules={fix.recompute_modules}: moe_act recomputes the routed experts' "
+                            f"activation; model {model.name} has no experts")
+    if "mtp" not in fix:
+        return work, fix.with_(mtp=model.num_mtp_layers) if model.num_mtp_layers else fix
+    if fix.mtp and not model.config_mtp_layers:
+        raise MeshplanError(f"--fix mtp={fix.mtp}: model {model.name} has no multi-token-prediction module (its "
+                            "config's num_nextn_predict_layers is 0)")
+    if fix.mtp != model.num_mtp_layers:
+        try:
+            work = replace(work, model=model.with_mtp(fix.mtp))
+        except MeshplanError as exc:
+            raise MeshplanError(f"--fix mtp={fix.mtp}: {exc}") from None
+    return work, fix
+
+
 def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: int = 10,
            progress: Callable[[int], None] | None = None, estimator: Estimator | None = None,
            max_layouts: int = MAX_LAYOUTS, fp8_recipes: tuple[str, ...] | None = None,
@@ -216,8 +242,8 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
             candidate and by how many GiB it misses).
     """
     t0 = time.perf_counter()
+    work, fix = pinned_work(work, Pins.of(fix))
     model, cluster = work.model, work.cluster
-    fix = Pins.of(fix)
     if top < 1:
         raise MeshplanError(f"top={top}: a search keeps at least one layout")
     if cluster.is_heterogeneous:
@@ -229,6 +255,9 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
                      fp8_recipes, work.seq_len)
     if estimator is None:
         estimator = estimator_for(cluster)
+    if fix.get("recompute_modules") and getattr(estimator, "recompute_kinds", None) is not None:
+        raise MeshplanError(f"--fix recompute_modules={fix.recompute_modules}: {cluster.spec} is priced from this "
+                            "host's timed blocks, which run Megatron's default selective recomputation only")
     groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
                                    work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None)))
     n = sum(len(g) for g in groups)
