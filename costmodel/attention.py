@@ -38,7 +38,7 @@ import json
 import math
 from importlib import resources
 
-from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.ops import OpSpec
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -198,9 +198,22 @@ def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
     return _interp_at(seq, *curve) * device.peak("bf16") / _peak_of(key[0])
 
 
-def _peak_of(name: str) -> float:
-    from meshplan.costmodel.devices import catalogue
+def blackwell_held_out_ratios() -> tuple[list[float], list[float]]:
+    """(in sample, held out) priced / measured time of every bf16 case of the cuDNN benchmark: in sample from its
+    own GPU's curve (exact at a measured length), held out from the other GPU's curve scaled by bf16 peak."""
+    curves = blackwell_curves()
+    inside, held = [], []
+    for (gpu, kind, pass_), (seqs, rates) in curves.items():
+        other = {"GB200": "GB300", "GB300": "GB200"}[gpu]
+        for seq, rate in zip(seqs, rates):
+            inside.append(rate / _interp_at(seq, seqs, rates))
+            o_seqs, o_rates = curves[(other, kind, pass_)]
+            held.append(rate / (_interp_at(seq, o_seqs, o_rates) * _peak_of(gpu) / _peak_of(other)))
+    return inside, held
 
+
+def _peak_of(name: str) -> float:
+    """Dense bf16 peak of a catalogued device, FLOP/s."""
     return catalogue()[name].peak("bf16")
 
 

@@ -81,3 +81,16 @@ def test_other_kernels_and_devices_keep_their_own_prices(pricer):
     assert "cudnn-frontend" not in pricer.basis(op, catalogue()["GB300"])
     hop = OpSpec("attention", (2, 64, 4096, 4096, 128), "bf16", causal=True, impl="cudnn")
     assert "FlashAttention-3 paper" in pricer.basis(hop, catalogue()["H100-SXM"])
+
+
+def test_the_held_out_error_is_one_gpus_curve_pricing_the_other():
+    """``costmodel.fitted`` reports the curves held out one GPU at a time: GB300's causal d128 forward at 4k priced
+    from GB200's curve (same bf16 peak) is off by the published time ratio, 0.391 / 0.323 ms."""
+    from meshplan.costmodel.attention import blackwell_held_out_ratios
+    from meshplan.costmodel.fitted import attention_rows
+
+    inside, held = blackwell_held_out_ratios()
+    assert all(r == pytest.approx(1.0) for r in inside)
+    assert any(r == pytest.approx(0.391 / 0.323, rel=1e-3) for r in held)
+    (row,) = attention_rows()
+    assert row["step_times_used"] == 0 and row["held_out_error_pct"] > 0
