@@ -117,9 +117,10 @@ def _window_keys(seq: int, window: int) -> float:
 
 def _measured_flops(r: dict) -> float:
     """FLOPs of one published cuDNN case counted as ``costmodel.ops`` counts the op meshplan prices against it: head
-    dim the mean of the q/k and v dims; a window as causal attention over ``round(2 * window keys)`` keys, as
-    ``planner.estimate.ops_graph`` lists it."""
-    d = (r["d_qk"] + r["d_vo"]) / 2
+    dim the q/k one (``planner.estimate.ops_graph`` lists MLA's attention at its q/k head dim, 192, so the same shape
+    prices at the measured time); a window as causal attention over ``round(2 * window keys)`` keys, as the op
+    list holds it."""
+    d = r["d_qk"]
     keys = max(1, round(2 * _window_keys(r["seq"], r["window"]))) if r["window"] else r["seq"]
     f = 4.0 * r["batch"] * r["heads_q"] * r["seq"] * keys * d / (2.0 if r["mask"] == "top_left" else 1.0)
     return f * (2.5 if r["pass"] == "bwd" else 1.0)

@@ -27,12 +27,14 @@ def _window_op_keys(seq: int, window: int) -> int:
 # (gpu, shape (b, heads, s, s_kv, d), causal, forward ms, backward ms): rows of the published CSVs
 # llama3.1/gb300/llama3.1_20260424_100757.csv, llama3.1/gb200/llama3.1_20260424_100750.csv (64 query heads,
 # 8 KV heads, head dim 128, batch 2), gpt_oss/gb300/gpt_oss_20260424_100022.csv and gpt_oss/gb200/...100011.csv
-# (128 heads, head dim 64, sliding window 128, batch 2); deterministic_bwd False
+# (128 heads, head dim 64, sliding window 128, batch 2), dsv3 (128 heads, q/k head dim 192, v 128, batch 2; priced at
+# its q/k head dim as ops_graph lists MLA); deterministic_bwd False
 CASES = [
     ("GB300", (2, 64, 4096, 4096, 128), True, 0.323, 1.101),
     ("GB300", (2, 64, 16384, 16384, 128), False, 8.734, 28.638),
     ("GB200", (2, 64, 8192, 8192, 128), True, 1.397, 4.127),
     ("GB300", (2, 128, 4096, _window_op_keys(4096, 128), 64), True, 0.202, 0.442),
+    ("GB300", (2, 128, 4096, 4096, 192), True, 0.864, 3.127),  # dsv3/gb300/dsv3_20260424_101002.csv
     ("GB200", (2, 128, 8192, _window_op_keys(8192, 128), 64), True, 0.414, 0.911),
 ]
 
