@@ -96,3 +96,16 @@ def test_the_held_out_error_is_one_gpus_curve_pricing_the_other():
     assert any(r == pytest.approx(0.391 / 0.323, rel=1e-3) for r in held)
     (row,) = attention_rows()
     assert row["step_times_used"] == 0 and row["held_out_error_pct"] > 0
+
+
+def test_explain_lists_attention_as_unmeasured_only_where_the_curve_stands_in(pricer):
+    """``--explain``'s unmeasured lines: GPT-OSS's window on GB300 is measured there (no line); on B300 the GB300 curve
+    stands in (a line naming it); a d64 full-mask op on GB300 takes the d128 rate (a line saying so)."""
+    from meshplan.planner.estimate.explain import unmeasured
+
+    window = OpSpec("attention", (4, 64, 4096, 252, 64), "bf16", causal=True, impl="cudnn")
+    full = OpSpec("attention", (4, 64, 4096, 4096, 64), "bf16", causal=True, impl="cudnn")
+    cls = "attention bf16 (cudnn)"
+    assert cls not in unmeasured(pricer, catalogue()["GB300"], {cls: window})
+    assert "scaled by bf16 peak to B300" in unmeasured(pricer, catalogue()["B300"], {cls: window})[cls]
+    assert "no head-dim-64 measurement" in unmeasured(pricer, catalogue()["GB300"], {cls: full})[cls]
