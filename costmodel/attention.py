@@ -37,6 +37,8 @@ import functools
 import json
 import math
 from importlib import resources
+from types import MappingProxyType
+from typing import Mapping
 
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.ops import OpSpec
@@ -134,16 +136,16 @@ def _blackwell_kind(r: dict) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def blackwell_curves() -> dict:
+def blackwell_curves() -> Mapping[tuple, tuple]:
     """``{(gpu, kind, pass): ((seq, ...), (TFLOP/s, ...))}`` of the packaged cuDNN benchmark's bf16 cases (read once
-    per process; tuples, never mutated): TFLOP/s under ``_measured_flops``, by sequence length."""
+    per process, handed out read-only): TFLOP/s under ``_measured_flops``, by sequence length."""
     data = json.loads(resources.files("meshplan.costmodel").joinpath(BLACKWELL_FILE).read_text(encoding="utf-8"))
     points: dict = {}
     for r in data["rows"]:
         if r["dtype"] == "bfloat16":
             key = (r["gpu"], _blackwell_kind(r), r["pass"])
             points.setdefault(key, {})[r["seq"]] = _measured_flops(r) / (r["time_ms"] * 1e-3) / 1e12
-    return {k: (tuple(sorted(v)), tuple(v[s] for s in sorted(v))) for k, v in points.items()}
+    return MappingProxyType({k: (tuple(sorted(v)), tuple(v[s] for s in sorted(v))) for k, v in points.items()})
 
 
 def _interp_at(seq: float, xs: tuple, ys: tuple) -> float:
