@@ -69,7 +69,8 @@ class TreeEnsemble:
     def predict(self, X) -> np.ndarray:
         """The margin (for ``reg:squarederror`` the prediction) of each row of ``X`` (rows x ``n_features``), float32,
         equal to xgboost's ``Booster.inplace_predict`` on the same rows."""
-        X = np.asarray(X, dtype=np.float32)  # xgboost casts its input to float32 before any comparison
+        with np.errstate(over="ignore"):  # xgboost casts its input to float32 first, beyond 3.4e38 to +-inf
+            X = np.asarray(X, dtype=np.float32)
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise ValueError(f"expected rows x {self.n_features} features, got shape {X.shape}")
         out = np.empty(len(X), dtype=np.float32)
