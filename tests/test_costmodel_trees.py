@@ -75,13 +75,15 @@ def _edge_rows(ens, rng: np.random.Generator, n: int = 2000) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", sorted(json.loads((SHIPPED / "metadata.json").read_text())["kinds"]))
 def test_numpy_trees_equal_xgboost_inplace_predict(shipped, kind):
-    """Every shipped class, bit for bit: rows spanning its training range, threshold and special values, and rows
-    one at a time (a single row's sum runs along the contiguous axis, where numpy would sum pairwise)."""
+    """Every shipped class, bit for bit: rows spanning its training range, threshold and special values, repeated
+    rows (walked once each), and rows one at a time (a single row's sum runs along the contiguous axis, where numpy
+    would sum pairwise)."""
     rng = np.random.default_rng(27)
     ens, booster = shipped.trees[kind], shipped.boosters[kind]
     real = _range_rows(shipped, kind, rng)
     assert len(real) >= 1000, f"{kind}: only {len(real)} in-range rows generated"
-    for X in (real, _edge_rows(ens, rng)):
+    edge = _edge_rows(ens, rng)
+    for X in (real, edge, rng.permutation(np.concatenate([np.repeat(real[:300], 3, axis=0), edge[:300]]))):
         want = booster.inplace_predict(X)
         got = ens.predict(X)
         assert got.dtype == np.float32
