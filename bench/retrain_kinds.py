@@ -27,7 +27,7 @@ def main(kinds: Annotated[str, typer.Option(help="Comma-separated op classes to 
          data: Annotated[Path, typer.Option(help="Dataset root")] = ROOT / "data" / "kernels") -> None:
     from meshplan.core.atomic import write_atomic
     from meshplan.costmodel.datasets import load
-    from meshplan.costmodel.learned import file_sha256
+    from meshplan.costmodel.learned import save_kind
     from meshplan.costmodel.ops import COMPUTE_KINDS
     from meshplan.costmodel.train import DEFAULT_MAX_ROWS, data_hashes, prepare, train_models
 
@@ -49,12 +49,11 @@ def main(kinds: Annotated[str, typer.Option(help="Comma-separated op classes to 
         before = meta["kinds"].pop(kind, None)
         if kind not in fresh:  # no rows left in this class: drop it
             (model / f"{kind}.ubj").unlink(missing_ok=True)
+            (model / f"{kind}.npz").unlink(missing_ok=True)
             out.add_row(kind, "0", "-", "-", f"{before['train_mape']:.1f}" if before else "-")
             continue
         m = fresh[kind]
-        write_atomic(model / f"{kind}.ubj", bytes(m["model"].save_raw(raw_format="ubj")))
-        meta["kinds"][kind] = {k: v for k, v in m.items() if k != "model"} | {
-            "file": f"{kind}.ubj", "sha256": file_sha256(model / f"{kind}.ubj")}
+        meta["kinds"][kind] = {k: v for k, v in m.items() if k != "model"} | save_kind(model, kind, m["model"])
         out.add_row(kind, str(m["n_train"]), ", ".join(m["devices"]), f"{m['train_mape']:.1f}",
                     f"{before['train_mape']:.1f} ({before['n_train']} rows)" if before else "new class")
     write_atomic(model / "metadata.json", json.dumps(meta, indent=1, sort_keys=True))

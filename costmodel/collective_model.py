@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 
 import numpy as np
-import xgboost as xgb
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import Link, collective_time_s
@@ -43,6 +42,8 @@ class CollectiveModel:
     """A fitted collective model (from ``costmodel.collective_fit.fit``'s dict)."""
 
     def __init__(self, fitted: dict):
+        import xgboost as xgb  # here, not at the top: ``costmodel.learned`` imports this module on the plan path
+
         self.links = fitted["links"]
         self.booster = xgb.Booster()
         self.booster.load_model(bytearray(base64.b64decode(fitted["model_ubj_b64"])))

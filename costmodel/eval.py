@@ -45,7 +45,7 @@ def metrics(pred_s: np.ndarray, true_s: np.ndarray) -> dict:
 def _as_model(models: dict) -> LearnedModel:
     meta = {"format": FORMAT, "features": list(FEATURES), "range_margin_log2": [RANGE_MARGIN_LO, RANGE_MARGIN_HI],
             "kinds": {k: {kk: vv for kk, vv in v.items() if kk != "model"} for k, v in models.items()}}
-    return LearnedModel(Path("."), meta, {k: v["model"] for k, v in models.items()})
+    return LearnedModel.from_boosters(Path("."), meta, {k: v["model"] for k, v in models.items()})
 
 
 def _fit_eval(train: KernelTable, test: KernelTable, n_estimators=None, max_rows=None, progress=None,

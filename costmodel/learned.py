@@ -1,7 +1,9 @@
-"""Load a trained model folder (``metadata.json`` + ``<kind>.ubj``) and predict op latencies in batch.
+"""Load a trained model folder (``metadata.json`` + ``<kind>.ubj`` + ``<kind>.npz``) and predict op latencies in batch.
 
-Every model file's sha256 is checked against the metadata before xgboost sees it, so a corrupt or edited
-file is a ``MeshplanError`` naming the file, never a crash inside xgboost. Queries outside the trained
+Each class's trees are evaluated from ``<kind>.npz`` by ``costmodel.trees`` (numpy, xgboost's own semantics): the
+prediction path never imports xgboost, which only trains and checks (``LearnedModel.boosters`` loads the ``.ubj``
+boosters on demand). Every model file's sha256 is checked against the metadata before it is read, so a corrupt or
+edited file is a ``MeshplanError`` naming the file, never a crash inside numpy or xgboost. Queries outside the trained
 range (a kind without a model, a device class never trained on, sizes far outside the training rows) are
 priced by the calibrated roofline (``costmodel.roofline.ROOFLINE_EFFICIENCY``) and flagged as such. On a GPU whose
 class signature (``costmodel.features.device_signature``) the class never trained on, the trees' prediction is
@@ -16,9 +18,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import xgboost as xgb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshplan.core.atomic import write_atomic
 from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError, validation_line
 from meshplan.costmodel.collective_model import CollectiveModel
@@ -35,6 +37,7 @@ from meshplan.costmodel.features import (
 )
 from meshplan.costmodel.ops import COMPUTE_KINDS, OpSpec
 from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
+from meshplan.costmodel.trees import TreeEnsemble, from_booster, load_trees
 
 FORMAT = "meshplan-costmodel/1"  # metadata.json "format" of a model folder (written by costmodel.train)
 
@@ -62,7 +65,7 @@ def is_learned(source) -> np.ndarray:
 
 
 def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file (model files are checked against their metadata before xgboost reads them)."""
+    """Hex sha256 of a file (model files are checked against their metadata before they are read)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -96,11 +99,22 @@ def ideal_roofline_s(op: OpSpec, device: DeviceSpec) -> float:
     return float(roof[0]) * mult
 
 
+class _TreesFile(BaseModel):
+    """A class's numpy trees (``costmodel.trees``), exported from the booster whose ``.ubj`` has ``ubj_sha256``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    file: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    ubj_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class _KindFile(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     file: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")  # a file of the folder itself, never a path out of it
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    trees: _TreesFile | None = None  # absent in folders written before the numpy trees: read from the .ubj
 
 
 class _Meta(BaseModel):
@@ -124,26 +138,86 @@ def _check_meta(meta, mpath: Path) -> None:
         raise MeshplanError(f"{mpath}: {validation_line(exc)}") from None
 
 
+def _checked(path: Path, sha256: str) -> Path:
+    """``path`` if it exists and its sha256 is ``sha256``.
+
+    Raises:
+        MeshplanError: missing, or a checksum mismatch (naming the file).
+    """
+    if not path.is_file():
+        raise MeshplanError(f"{path}: model file missing")
+    got = file_sha256(path)
+    if got != sha256:
+        raise MeshplanError(f"{path}: checksum mismatch (sha256 {got[:12]}..., metadata says {sha256[:12]}...): the "
+                            "model file is corrupt")
+    return path
+
+
+def _load_kind_trees(directory: Path, info: dict) -> TreeEnsemble:
+    """A class's numpy trees, checked against the metadata (checksum, the booster they came from, the features)."""
+    t = info["trees"]
+    f = directory / t["file"]
+    if t["ubj_sha256"] != info["sha256"]:
+        raise MeshplanError(f"{f}: exported from another booster than {info['file']} (sha256 {t['ubj_sha256'][:12]}"
+                            f"..., metadata says {info['sha256'][:12]}...): export the trees again")
+    ens = load_trees(_checked(f, t["sha256"]))
+    if ens.n_features != len(FEATURES):
+        raise MeshplanError(f"{f}: trees over {ens.n_features} features, this meshplan version has {len(FEATURES)}")
+    return ens
+
+
+def _load_booster(path: Path, sha256: str):
+    """An ``xgboost.Booster`` from a checked ``.ubj`` file (training and checking only: imports xgboost)."""
+    import xgboost as xgb
+
+    b = xgb.Booster()
+    try:
+        b.load_model(bytearray(_checked(path, sha256).read_bytes()))
+    except xgb.core.XGBoostError as exc:
+        raise MeshplanError(f"{path}: cannot load xgboost model ({str(exc).splitlines()[0]})") from None
+    return b
+
+
+def save_kind(out_dir: Path, kind: str, booster) -> dict:
+    """Write ``<kind>.ubj`` and its numpy trees ``<kind>.npz`` (atomically) and return the class's metadata keys
+    ``file``, ``sha256`` and ``trees``."""
+    ubj = write_atomic(Path(out_dir) / f"{kind}.ubj", bytes(booster.save_raw(raw_format="ubj")))
+    ubj_sha = file_sha256(ubj)
+    return {"file": ubj.name, "sha256": ubj_sha, "trees": save_trees(out_dir, kind, booster, ubj_sha)}
+
+
+def save_trees(out_dir: Path, kind: str, booster, ubj_sha256: str) -> dict:
+    """Write ``<kind>.npz``, the numpy trees of ``booster`` (whose ``.ubj`` has ``ubj_sha256``), atomically; return
+    the class's ``trees`` metadata entry."""
+    npz = from_booster(booster).save(Path(out_dir) / f"{kind}.npz")
+    return {"file": npz.name, "sha256": file_sha256(npz), "ubj_sha256": ubj_sha256}
+
+
 class LearnedModel:
     """A loaded model folder.
 
     Attributes:
         directory: Where it was loaded from.
         meta: The metadata dict.
-        boosters: ``{kind: xgboost.Booster}``.
+        trees: ``{kind: costmodel.trees.TreeEnsemble}``, what predicts.
         measured_devices: ``{name: DeviceSpec}`` of the devices ``collect`` measured and the model was trained on
             (this machine's CPU): in no catalogue, so the model carries them (``costmodel.devices.resolve(name,
             extra=...)``).
     """
 
-    def __init__(self, directory: Path, meta: dict, boosters: dict[str, xgb.Booster]):
+    def __init__(self, directory: Path, meta: dict, trees: dict[str, TreeEnsemble], boosters: dict | None = None):
         self.directory = directory
         self.meta = meta
-        self.boosters = boosters
+        self.trees = trees
+        self._boosters = boosters
         self.measured_devices = {dd["name"]: device_from_dict(dd, str(Path(directory) / "metadata.json"))
                                  for dd in meta.get("measured_devices", [])}
         self._coll = None
-        self._nthread: dict[str, int] = {}
+
+    @classmethod
+    def from_boosters(cls, directory: Path, meta: dict, boosters: dict) -> "LearnedModel":
+        """A model of freshly trained ``{kind: xgboost.Booster}`` (evaluation), predicting through their arrays."""
+        return cls(directory, meta, {k: from_booster(b) for k, b in boosters.items()}, dict(boosters))
 
     @classmethod
     def load(cls, directory: str | Path) -> "LearnedModel":
@@ -163,29 +237,29 @@ class LearnedModel:
             raise MeshplanError(f"{mpath}: not a meshplan cost model (format {found}, expected {FORMAT})")
         if meta.get("features") != list(FEATURES):
             raise MeshplanError(f"{mpath}: model features differ from this meshplan version's; retrain the model")
-        boosters = {}
+        trees, boosters = {}, {}
         for kind, info in meta.get("kinds", {}).items():
-            f = d / info["file"]
-            if not f.is_file():
-                raise MeshplanError(f"{f}: model file missing")
-            got = file_sha256(f)
-            if got != info["sha256"]:
-                raise MeshplanError(f"{f}: checksum mismatch (sha256 {got[:12]}..., metadata says "
-                                    f"{info['sha256'][:12]}...): the model file is corrupt")
-            b = xgb.Booster()
-            try:
-                b.load_model(bytearray(f.read_bytes()))
-            except xgb.core.XGBoostError as exc:
-                raise MeshplanError(f"{f}: cannot load xgboost model ({str(exc).splitlines()[0]})") from None
-            boosters[kind] = b
-        return cls(d, meta, boosters)
+            if info.get("trees"):
+                trees[kind] = _load_kind_trees(d, info)
+            else:  # a folder written before the numpy trees: convert its booster (needs xgboost, ~0.1 s a class)
+                boosters[kind] = _load_booster(d / info["file"], info["sha256"])
+                trees[kind] = from_booster(boosters[kind])
+        return cls(d, meta, trees, boosters if boosters else None)
 
-    def _threads(self, kind: str, rows: int) -> None:
-        """One thread for small batches (xgboost's thread start-up costs ~4 ms a call), two for large ones."""
-        want = 1 if rows < 4096 else 2
-        if self._nthread.get(kind) != want:
-            self.boosters[kind].set_param({"nthread": want})
-            self._nthread[kind] = want
+    @property
+    def boosters(self) -> dict:
+        """``{kind: xgboost.Booster}`` of the ``.ubj`` files, for training and checking code only (imports
+        xgboost and loads each file on first use; prediction goes through :attr:`trees`).
+
+        Raises:
+            MeshplanError: a ``.ubj`` file missing, corrupt (checksum) or unloadable.
+        """
+        if self._boosters is None or set(self._boosters) != set(self.trees):
+            have = self._boosters or {}
+            self._boosters = {k: have[k] if k in have else _load_booster(Path(self.directory) / info["file"],
+                                                                          info["sha256"])
+                              for k, info in self.meta.get("kinds", {}).items() if k in self.trees}
+        return self._boosters
 
     @property
     def model_id(self) -> str:
@@ -202,7 +276,7 @@ class LearnedModel:
 
     @property
     def kinds(self) -> list[str]:
-        return sorted(self.boosters)
+        return sorted(self.trees)
 
     def collective_model(self):
         """The fitted collective model stored in the metadata, or ``None``."""
@@ -241,7 +315,7 @@ class LearnedModel:
         source = np.full(len(op), SOURCE_NO_MODEL, dtype=object)
         lo_m, hi_m = self.meta.get("range_margin_log2", [1.0, 4.0])
         for kind in np.unique(op):
-            if kind not in self.boosters:
+            if kind not in self.trees:
                 continue
             info = self.meta["kinds"][kind]
             idx = np.flatnonzero(op == kind)
@@ -256,8 +330,7 @@ class LearnedModel:
             source[idx[~dev_ok]] = SOURCE_DEVICE
             use = idx[ok]
             if len(use):
-                self._threads(kind, len(use))
-                log_ratio = self.boosters[kind].inplace_predict(X[use])
+                log_ratio = self.trees[kind].predict(X[use])
                 out[use] = roof[use] * np.exp(np.maximum(log_ratio, 0.0))  # never below the ideal roofline
                 source[use] = SOURCE_LEARNED
                 # A GPU whose class signature the trees never saw: shrink toward the (wave-quantised) calibrated

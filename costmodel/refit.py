@@ -17,7 +17,7 @@ from meshplan.core.atomic import write_atomic
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.datasets.table import KernelTable
 from meshplan.costmodel.devices import DeviceSpec
-from meshplan.costmodel.learned import LearnedModel, file_sha256
+from meshplan.costmodel.learned import LearnedModel, save_kind
 from meshplan.costmodel.train import prepare
 
 MIN_SHAPES = 2  # distinct shapes of a class a run must hold for that class to be calibrated
@@ -93,7 +93,7 @@ def refit(base: LearnedModel, rows: KernelTable, measured: tuple[DeviceSpec, ...
                 continue
             a, c = affine_fit(prep.roof_s[idx], prep.table.latency_s[idx])
             cal.setdefault(str(dev), {})[str(kind)] = {"overhead_s": a, "roofline_multiple": c, "rows": int(idx.sum())}
-    return LearnedModel(base.directory, meta, dict(base.boosters))
+    return LearnedModel(base.directory, meta, dict(base.trees))  # boosters: base's files, loaded if saved
 
 
 def save_model(model: LearnedModel, out_dir: str | Path) -> Path:
@@ -101,10 +101,6 @@ def save_model(model: LearnedModel, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     meta = json.loads(json.dumps(model.meta))
     for kind, booster in model.boosters.items():
-        fname = f"{kind}.ubj"
-        write_atomic(out / fname, bytes(booster.save_raw(raw_format="ubj")))
-        meta["kinds"].setdefault(kind, {})
-        meta["kinds"][kind]["file"] = fname
-        meta["kinds"][kind]["sha256"] = file_sha256(out / fname)
+        meta["kinds"].setdefault(kind, {}).update(save_kind(out, kind, booster))
     write_atomic(out / "metadata.json", json.dumps(meta, indent=1, sort_keys=True))
     return out

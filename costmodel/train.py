@@ -2,8 +2,9 @@
 
 The target is the log of the ratio between the measured time and the *ideal* roofline time
 max(flops / peak, bytes / bw) (notes/costmodel.md sec. 5.1). Predictions are clipped at ratio 1, so the model
-never predicts below the roofline bound. Saved as xgboost UBJSON (one file per kind) plus ``metadata.json``
-(features, data files and their sha256, per-kind training ranges and metrics, sha256 of every model file).
+never predicts below the roofline bound. Saved as xgboost UBJSON (one file per kind), the same trees as numpy
+arrays (``<kind>.npz``, what predicts: ``costmodel.trees``) plus ``metadata.json`` (features, data files and their
+sha256, per-kind training ranges and metrics, sha256 of every model file).
 No pickle anywhere. The shipped default is rebuilt by
 ``meshplan costmodel train --data data/kernels --out costmodel/data/model`` (the repository's copy of the kernel
 tables, ``data/README.md``).
@@ -35,7 +36,7 @@ from meshplan.costmodel.features import (
     device_signature,
     feature_matrix,
 )
-from meshplan.costmodel.learned import FORMAT, file_sha256
+from meshplan.costmodel.learned import FORMAT, save_kind, save_trees
 from meshplan.costmodel.ops import COMPUTE_KINDS
 
 MIN_ROWS = 30  # fewer training rows than this for a kind: no model, the roofline fallback prices it
@@ -260,11 +261,7 @@ def save(models: dict[str, dict], out_dir: Path, data_files: list[tuple[str, str
             "params": PARAMS | {"rounds": N_ROUNDS}, "range_margin_log2": [RANGE_MARGIN_LO, RANGE_MARGIN_HI],
             "data": [{"file": f, "sha256": h} for f, h in data_files], "kinds": {}}
     for kind, m in models.items():
-        raw = m["model"].save_raw(raw_format="ubj")
-        fname = f"{kind}.ubj"
-        write_atomic(out_dir / fname, bytes(raw))
-        meta["kinds"][kind] = {k: v for k, v in m.items() if k != "model"} | {
-            "file": fname, "sha256": file_sha256(out_dir / fname)}
+        meta["kinds"][kind] = {k: v for k, v in m.items() if k != "model"} | save_kind(out_dir, kind, m["model"])
     meta.update(extra or {})
     write_atomic(out_dir / "metadata.json", json.dumps(meta, indent=1, sort_keys=True))
     return out_dir
@@ -321,3 +318,56 @@ def train(data: list[str | Path], out_dir: str | Path, progress=None, n_estimato
              "train_seconds": round(time.perf_counter() - t0, 2)}
     save(models, Path(out_dir), data_hashes(list(ds.files), data), extra)
     return json.loads((Path(out_dir) / "metadata.json").read_text(encoding="utf-8"))
+
+
+def export_trees(model_dir: str | Path, check_rows: int = 4000) -> dict[str, str]:
+    """Write the numpy trees (``<kind>.npz``) of every class of a model folder from its ``.ubj`` boosters and record
+    them in its ``metadata.json`` (for folders trained before the trees were saved with the boosters).
+
+    Each class is checked before anything is written: ``check_rows`` rows whose every feature sits on, or one
+    float32 step beside, a split threshold of that class (a few NaN among them) must predict exactly as xgboost's
+    ``inplace_predict``.
+
+    Returns:
+        ``{kind: sha256 of its .npz}``.
+
+    Raises:
+        MeshplanError: an unreadable folder or booster, or trees that disagree with xgboost on a check row.
+    """
+    from meshplan.core.bounds import load_json_file
+    from meshplan.costmodel.learned import _check_meta, _load_booster
+    from meshplan.costmodel.trees import from_booster
+
+    d = Path(model_dir)
+    mpath = d / "metadata.json"
+    meta = load_json_file(mpath, f"{mpath}: corrupt metadata")
+    _check_meta(meta, mpath)
+    entries = {}
+    for kind, info in sorted(meta.get("kinds", {}).items()):
+        booster = _load_booster(d / info["file"], info["sha256"])
+        X = threshold_rows(from_booster(booster), check_rows, np.random.default_rng(0))
+        got, want = from_booster(booster).predict(X), booster.inplace_predict(X)
+        if not np.array_equal(got, want):
+            raise MeshplanError(f"{d / info['file']}: numpy trees differ from xgboost on {int((got != want).sum())} of "
+                                f"{len(X)} check rows (max {float(np.abs(got - want).max()):.3g}); nothing written")
+        entries[kind] = save_trees(d, kind, booster, info["sha256"])  # the .ubj stays byte for byte (model id)
+    for kind, entry in entries.items():
+        meta["kinds"][kind]["trees"] = entry
+    write_atomic(mpath, json.dumps(meta, indent=1, sort_keys=True))
+    return {k: e["sha256"] for k, e in entries.items()}
+
+
+def threshold_rows(ens, n: int, rng: np.random.Generator, nan_share: float = 0.02) -> np.ndarray:
+    """``n`` float32 rows for checking an evaluator: each feature a split threshold of ``ens`` on that feature, or
+    the next float32 above or below it (the comparisons where ``<`` against ``<=`` or a float64 cast would show),
+    ``nan_share`` of the cells NaN (the default directions); features no tree splits on are 0."""
+    X = np.zeros((n, ens.n_features), dtype=np.float32)
+    internal = ens.threshold.ravel(), ens.feature.ravel()
+    for j in range(ens.n_features):
+        th = internal[0][internal[1] == j]
+        if len(th):
+            v = rng.choice(th, n)
+            step = rng.integers(-1, 2, n)
+            X[:, j] = np.where(step == 0, v, np.nextafter(v, np.where(step > 0, np.inf, -np.inf).astype(np.float32)))
+    X[rng.random(X.shape) < nan_share] = np.nan
+    return X

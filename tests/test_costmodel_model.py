@@ -106,7 +106,7 @@ def test_corrupt_model_is_a_checksum_error(tmp_path, runner):
 
     bad = tmp_path / "model"
     shutil.copytree(SHIPPED, bad)
-    f = bad / "matmul.ubj"
+    f = bad / "matmul.npz"  # the file that prices (the .ubj: test_costmodel_trees)
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF
     f.write_bytes(bytes(data))
