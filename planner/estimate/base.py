@@ -247,6 +247,10 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
             if rec[k]:
                 per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind)
             per_mb += (n - rec[k]) * kept[k]
+    if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
+        first = chunks[0].start
+        gone = tb.kind_counts((range(first, first + layout.offload_layers),))
+        per_mb -= sum(n * kept[k] for k, n in gone.items() if n)
     act = per_mb * inflight_factor(layout, m, stage)
     # one layer re-materialised during its backward
     remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0

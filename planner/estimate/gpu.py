@@ -37,7 +37,8 @@ from meshplan.planner.estimate.base import (
     time_key,
     time_signature,
 )
-from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param
+from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param, saved_input_bytes
+from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
@@ -105,6 +106,24 @@ def ring_cp_exposed_s(kv_s: float, attn_fwd_s: float, attn_bwd_s: float, device)
     fwd = max(0.0, kv_s - attn_fwd_s) + min(kv_s, attn_fwd_s) * share
     bwd = max(0.0, 2 * kv_s - attn_bwd_s) + min(2 * kv_s, attn_bwd_s) * share
     return fwd, bwd
+
+
+def offload_s(work, layout: Layout, tb, times: dict, stage: int) -> float:
+    """Seconds per micro-batch stage ``stage`` waits for its activation offload copies (``estimate.offload``):
+    each layer's saved tensors, as the memory model counts them, over the device's host link."""
+    dev = work.cluster.device
+    if not dev.host_bw_bytes_per_s:
+        raise MeshplanError(f"offload_layers={layout.offload_layers}: the host link of {dev.name} is not in the "
+                            "device catalogue (host_bw_bytes_per_s), so its copies cannot be priced")
+    chunks, _, _ = tb.stage_counts(layout, stage)
+    kinds = [work.model.layer_kind(i) for r in chunks for i in r]
+    s, b = work.seq_len // layout.cp, layout.micro_batch
+    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
+    scale = 2.0 if work.dtype == "fp32" else 1.0  # as ``base.stage_memory``: 16-bit accounting, fp32 keeps 4 B
+    copy = [scale * tb.activation_bytes(k, s, b, layout, lin, "none") / dev.host_bw_bytes_per_s for k in kinds]
+    fwd, bwd = offload_exposed_s([times[k][0] for k in kinds], [times[k][1] for k in kinds], copy,
+                                 min(layout.offload_layers, len(kinds)))
+    return fwd + bwd
 
 
 def pp_p2p_s(layout: Layout, hidden_size: int, seq_len: int, pp_link, stage_compute_s: float, device) -> float:
@@ -391,7 +410,7 @@ class GpuEstimator:
         # the pipeline part does not depend on how the data-parallel states are sharded (dp_shard x dp_replicate
         # = dp is in the key): the members of a search's group share it
         pkey = (sig, layout.pp, layout.vpp, layout.pp_layout, layout.recompute, layout.pp_runs,
-                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m)
+                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m, layout.offload_layers)
         pipes = self._scoped(work, tb)[0]
         pipe = pipes.get(pkey)
         if pipe is None:
@@ -422,6 +441,8 @@ class GpuEstimator:
         stage_compute, stage_q, stage_bwd = stages
         stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
                       for q, c in zip(stage_q, stage_compute)]
+        if layout.offload_layers:
+            stage_comm = [q + offload_s(work, layout, tb, times, st) for st, q in enumerate(stage_comm)]
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]

@@ -318,6 +318,16 @@ def common_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
     return out
 
 
+def offload_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced activation offloading (``offload_layers``: Megatron-Core's
+    ``--cpu-offloading``, Transformer Engine's offload context) and the target has no such option."""
+    if not plan.offload_layers:
+        return []
+    return [f"{target}: offload_layers={plan.offload_layers}: no option offloads activations to host memory here; "
+            "the launched job keeps every layer's activations on the GPU, which the plan did not price (re-plan "
+            "without offload_layers, or export to megatron / megatron-bridge)"]
+
+
 def size_tag(plan: Plan) -> str:
     """Size tag of the model name, e.g. ``70B`` from ``Llama-3.1-70B`` ('' when the name has none)."""
     found = re.findall(r"(\d+(?:\.\d+)?[BbMm])(?![a-zA-Z0-9])", plan.model.name)

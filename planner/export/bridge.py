@@ -151,7 +151,8 @@ def parallel_overrides(plan: Plan) -> dict[str, object]:
 
 def recompute_overrides(plan: Plan) -> dict[str, object]:
     """``recompute``: full = every layer (uniform, 1 per group), full:N = the first N layers of every stage (block),
-    selective = core attention (TransformerConfig's default ``recompute_modules``), none = null."""
+    selective = core attention (TransformerConfig's default ``recompute_modules``), none = null; ``offload_layers``
+    (only without recomputation: megatron.check) as ``cpu_offloading`` / ``cpu_offloading_num_layers``."""
     n = c.recompute_layers(plan)
     if plan.recompute == "full":
         return {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
@@ -160,8 +161,11 @@ def recompute_overrides(plan: Plan) -> dict[str, object]:
         return {"model.recompute_granularity": "full", "model.recompute_method": "block",
                 "model.recompute_num_layers": n}
     granularity = "selective" if plan.recompute == "selective" else None
-    return {"model.recompute_granularity": granularity, "model.recompute_method": None,
-            "model.recompute_num_layers": None}
+    out = {"model.recompute_granularity": granularity, "model.recompute_method": None,
+           "model.recompute_num_layers": None}
+    if plan.offload_layers:  # the perf recipes' cpu_offloading_num_layers (megatron-core ModelParallelConfig)
+        out.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": plan.offload_layers})
+    return out
 
 
 def optimizer_overrides(plan: Plan) -> dict[str, object]:

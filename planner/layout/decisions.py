@@ -283,6 +283,16 @@ class Decisions:
     ZeRO-3: the 16-bit decoder weights are dropped beside their quantized copies (``memory.lowp_weight_bytes``);
     the ZeRO-3 shard and the parameter all-gather's bytes are priced as without it. No effect without a
     low-precision recipe."""
+    offload_layers: int = decision(0, "decoder layers whose saved activations are copied to host memory in "
+                                   "forward and back in backward (Megatron-Core cpu_offloading_num_layers)",
+                                   fix="offload_layers", lo=0)
+    """Megatron-Core ``TransformerConfig.cpu_offloading`` with ``cpu_offloading_num_layers`` N, run by Transformer
+    Engine's ``cpu_offload.get_cpu_offload_context``: the tensors layers 0..N-1 save for backward go to host memory
+    on a side stream; layer i's copy must be done before layer L-N+i's forward, and its reload starts at layer
+    L-1-N+i's backward (``OffloadSynchronizer._default_offload_sync_init``), so a stage holds L-N layers'
+    activations at any moment. The copies run on the GPU's host link (``DeviceSpec.host_bw_bytes_per_s``); what
+    they do not fit under the layers' compute is exposed. Megatron-Core refuses it with pipeline parallelism and
+    with recomputation (``TransformerConfig.__post_init__``). Fixed only: a free search leaves it at 0."""
 
 
 def _registry() -> Mapping[str, Decision]:

@@ -266,6 +266,7 @@ class Layout(Decisions, Degrees):
         self._check_pipeline(num_layers, global_batch)
         self._check_experts(num_experts)
         self._check_recompute(num_layers)
+        self._check_offload(num_layers)
         self._check_batch(global_batch)
 
     def _check_heads(self, num_heads: int, num_kv_heads: int, seq_len: int) -> None:
@@ -345,6 +346,21 @@ class Layout(Decisions, Degrees):
             if self.recompute_layers > per_chunk:
                 raise MeshplanError(f"recompute full:{self.recompute_layers}: a pipeline chunk holds only "
                                     f"{per_chunk} layers (pp={self.pp}, vpp={self.vpp})")
+
+    def _check_offload(self, num_layers: int) -> None:
+        """Activation offloading as Megatron-Core accepts it (``TransformerConfig.__post_init__``)."""
+        n = self.offload_layers
+        if not n:
+            return
+        if n < 0 or n >= num_layers:
+            raise MeshplanError(f"offload_layers={n}: must be below the {num_layers} layers (Megatron-Core: "
+                                "'CPU offloading can be done only for layers less than num_layers')")
+        if self.pp > 1:
+            raise MeshplanError(f"offload_layers={n} with pp={self.pp}: Megatron-Core has no CPU offloading under "
+                                "pipeline parallelism")
+        if self.recompute != "none":
+            raise MeshplanError(f"offload_layers={n} with recompute {self.recompute}: Megatron-Core's CPU offloading "
+                                "does not work with activation recomputation")
 
     def _check_batch(self, global_batch: int) -> None:
         """The global batch against micro-batches, data parallelism and the interleaved schedule."""
