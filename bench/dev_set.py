@@ -297,17 +297,21 @@ def bridge_precision(row: dict) -> tuple[str, str, str]:
     raise MeshplanError(f"{row['name']}: precision_recipe '{said}' is none of the table's words")
 
 
-def bridge_recompute(row: dict) -> tuple[str, list[Need], str]:
+def bridge_recompute(row: dict, pp: int = 1) -> tuple[str, list[Need], str]:
     """(recompute, needs, note) from the row's recipe: the library recipes' default is no recomputation
     (recompute_granularity None); ``selective`` with ``recompute_modules`` recomputes only the modules named
     (Megatron-Core TransformerConfig.recompute_modules: core_attn is meshplan's "selective", an empty list
-    recomputes nothing); CPU offloading of activations (``cpu_offloading_num_layers``) has no decision."""
+    recomputes nothing); CPU offloading of activations (``cpu_offloading_num_layers``) is ``offload_layers``,
+    except where the table's layout is pipelined: Megatron-Core refuses CPU offloading with pp > 1
+    (TransformerConfig.__post_init__), so a recipe that differs from the row there cannot have run it."""
     said = str(row.get("recompute") or "")
     off = re.search(r"CPU offloading of (\d+) layers", said)
+    if off and pp > 1:
+        return "none", [], (f"recipe {row['recipe'].get('match')} offloads {off.group(1)} layers, which "
+                            f"Megatron-Core refuses at the table's pp={pp}: priced without offloading")
     if off:
-        return "none", [Need("activation_offload", f"{off.group(1)} layers", "the preset offloads the activations "
-                             f"of {off.group(1)} layers to host memory (cpu_offloading_num_layers); meshplan has "
-                             "no activation-offload decision", None)], ""
+        return "none", [Need("offload_layers", off.group(1), "the preset offloads the activations of "
+                             f"{off.group(1)} layers to host memory (cpu_offloading_num_layers)", {})], ""
     mods = re.search(r"recompute_modules=\[([^\]]*)\]", said)
     if not said.startswith("selective") or not mods:
         return "none", [], "recompute none (library recipe default recompute_granularity=None)"
@@ -374,7 +378,7 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     where = f"{rec.get('release')} {rec.get('workload_config') or rec.get('perf_matrix_entry')}"
     zero = int((row.get("layout_assumptions") or {}).get("zero", 1))
     dtype, fp8, note = bridge_precision(row)
-    recompute, needs, rnote = bridge_recompute(row)
+    recompute, needs, rnote = bridge_recompute(row, pp)
     assumptions = [f"recipe {where} ({rec.get('match')}); zero={zero} ("
                    + ("table FSDP column: Megatron-FSDP optim_grads_params" if zero == 3 else
                       "library recipes' distributed optimizer") + f"); sp={tp > 1}"]
