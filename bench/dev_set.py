@@ -671,8 +671,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
 
 def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
     """The split of ``num_layers`` over ``pp * vpp`` virtual stages the source leaves unsaid: Megatron's
-    account-for-embedding/loss rule (``splits.balanced_split``), or not expressible where that rule leaves a
-    stage with the embedding or the loss alone (meshplan's stages hold at least one decoder layer)."""
+    account-for-embedding/loss rule (``splits.balanced_split``; a first or last virtual stage may hold the embedding
+    or the loss alone), or not expressible where even that leaves a virtual stage empty."""
     from meshplan.planner.layout.splits import balanced_split, format_pp_layout
 
     why = (f"{num_layers} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the split; "
@@ -680,8 +680,8 @@ def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
     try:
         return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None)
     except MeshplanError:
-        return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": a virtual stage holds the embedding "
-                    "or the loss alone, which a meshplan stage cannot", None)
+        return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": more virtual stages than the layers, "
+                    "the embedding and the loss", None)
 
 
 def precision_group(row: dict) -> str:

@@ -181,7 +181,7 @@ def _layout(plan: Plan) -> str:
     stages separated by ``|`` in model order (virtual stage v of rank r is stage v*pp + r); ``t*n`` repeats
     (``PipelineParallelLayerLayout.parse_str_to_list``, megatron/core/transformer/pipeline_parallel_layer_layout.py).
     """
-    parts = [f"t*{s.num_layers}" for s in plan.stages]
+    parts = [f"t*{s.num_layers}" if s.num_layers else "" for s in plan.stages]  # "E" / "L" alone: no decoder layer
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "L"
     return "|".join(parts)

@@ -291,9 +291,12 @@ class Layout(Decisions, Degrees):
         """Stages, chunks, schedule and pipeline runs against the layers and the micro-batches."""
         if self.pp_layout:
             n = self.pp * self.vpp
-            if len(self.pp_layout) != n or min(self.pp_layout) < 1 or sum(self.pp_layout) != num_layers:
+            inner = self.pp_layout[1:-1]
+            if (len(self.pp_layout) != n or min(self.pp_layout) < 0 or (inner and min(inner) < 1)
+                    or sum(self.pp_layout) != num_layers or (n == 1 and self.pp_layout[0] < 1)):
                 what = f"pp={self.pp} stages" if self.vpp == 1 else f"pp*vpp = {n} virtual stages"
                 raise MeshplanError(f"pp_layout {format_pp_layout(self.pp_layout)}: needs {what} of >= 1 layer "
+                                    "(the first and last may hold only the embedding / the loss, 0 layers) "
                                     f"adding up to the {num_layers} layers (sum {sum(self.pp_layout)}, "
                                     f"{len(self.pp_layout)} stages)")
         elif num_layers % self.pp:
@@ -342,7 +345,8 @@ class Layout(Decisions, Degrees):
                 r"full:[1-9]\d*", self.recompute)):
             raise MeshplanError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)} or full:N")
         if self.recompute_layers:
-            per_chunk = min(self.pp_layout) if self.pp_layout else num_layers // (self.pp * self.vpp)
+            per_chunk = (min(k for k in self.pp_layout if k) if self.pp_layout
+                         else num_layers // (self.pp * self.vpp))
             if self.recompute_layers > per_chunk:
                 raise MeshplanError(f"recompute full:{self.recompute_layers}: a pipeline chunk holds only "
                                     f"{per_chunk} layers (pp={self.pp}, vpp={self.vpp})")

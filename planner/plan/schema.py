@@ -99,7 +99,7 @@ class Stage(_Frozen):
     """One pipeline stage: a contiguous run of layers on one device group."""
 
     first_layer: Count
-    num_layers: PositiveInt
+    num_layers: Count  # 0 only for a first stage holding just the embedding or a last one holding just the loss
     device_group: Count = 0
 
 
