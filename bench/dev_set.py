@@ -173,6 +173,7 @@ class RowInputs:
     system: str = ""  # the source's system name (DGX-GB200, ...) where it gives one
     precision: str = ""  # the precision recipe (precision_group)
     can_express: str = "yes"  # the row's own meshplan_can_express (e.g. "hybrid Mamba"): priced if meshplan can
+    lora: str = ""  # LoRA over a frozen base (``--lora``): the task's, not a layout decision
 
     @property
     def fix_string(self) -> str:
@@ -444,10 +445,17 @@ def _bridge_model_needs(row: dict) -> list[Need]:
     if row.get("task") == "sft":
         needs.append(Need("packing", "per-document attention", "packed sequences (packed_sequence_size = seq): "
                           "attention spans each packed document, not the whole sequence", {}))
-    if row.get("task") == "lora":
-        needs.append(Need("peft", "lora", "LoRA on linear_qkv over a frozen base (llama3_70b_peft_config): no "
-                          "weight gradients nor optimizer states for the base; meshplan has no PEFT decision", None))
     return needs
+
+
+def bridge_lora(row: dict) -> str:
+    """``--lora`` of a Megatron-Bridge LoRA row, a fact of its task (the table's PEFT section): rank 16
+    (``llama3_70b_peft_config``: "70B uses dim=16") on the modules the performance recipe targets
+    (``cfg.peft.target_modules = ['linear_qkv']``), else LoRA's default four."""
+    if row.get("task") != "lora":
+        return ""
+    targets = "qkv" if _recipe_says(row, "target_modules = ['linear_qkv']") else ""
+    return "16" + (f":{targets}" if targets else "")
 
 
 def row_needs(row: dict, runs_dir: Path) -> RowInputs:
@@ -666,7 +674,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
-                     precision=precision_group(row), can_express=str(can))
+                     precision=precision_group(row), can_express=str(can),
+                     lora=bridge_lora(row) if is_bridge_row(row) else "")
 
 
 def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
@@ -730,7 +739,7 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
         return res
     try:
         out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
-                                      stack=inp.profile, top=1, dtype=inp.dtype, name="devset",
+                                      stack=inp.profile, top=1, dtype=inp.dtype, name="devset", lora=inp.lora,
                                       out=out_dir / f"{inp.name}.yaml"))
     except MeshplanError as exc:
         msg = str(exc)
@@ -768,7 +777,8 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
     from meshplan.planner.layout.space import enumerate_layouts, parse_fix
     from meshplan.planner.model.config import load_model
 
-    work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype)
+    work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype,
+                    lora=inp.lora)
     estimator = estimator_for(work.cluster)
     ests = [estimator.estimate(work, lay) for lay in enumerate_layouts(
         work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len,

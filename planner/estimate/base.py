@@ -34,6 +34,7 @@ from meshplan.planner.estimate.ops_graph import mtp_kinds
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.flops import recompute_flops_per_token
+from meshplan.planner.model.peft import adapter_params_per_layer, parse_lora
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Workload:
     global_batch: int
     seq_len: int
     dtype: str = "bf16"
+    lora: str = ""  # LoRA adapters over a frozen base (``planner.model.peft``); "" trains every weight
 
 
 @dataclass(frozen=True)
@@ -229,11 +231,24 @@ def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, f
     return dense, expert
 
 
+def trainable_params(work: Workload, tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one rank of ``stage`` trains: ``stage_params``, or under LoRA
+    (``Workload.lora``) its adapters alone, the base frozen."""
+    lora = parse_lora(work.lora)
+    if lora is None:
+        return stage_params(tb, layout, stage)
+    layers = [i for r in layout.stage_chunks(work.model.num_layers, stage) for i in r]
+    return sum(adapter_params_per_layer(work.model, lora, i, layout.tp) for i in layers), 0.0
+
+
 def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m: int) -> MemoryBreakdown:
     """Peak bytes on one rank of pipeline stage ``stage`` with ``m`` micro-batches per step."""
     model = work.model
     dense, expert = stage_params(tb, layout, stage)
     w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
+    if work.lora:  # a frozen base has weights only; its adapters have weights, gradients and optimizer states
+        aw, g, o = model_state_bytes(*trainable_params(work, tb, layout, stage), layout, work.dtype)
+        w += aw
     s = work.seq_len // layout.cp
     b = layout.micro_batch
     chunks, counts, rec = tb.stage_counts(layout, stage)

@@ -36,6 +36,7 @@ from meshplan.planner.estimate.base import (
     stage_params,
     time_key,
     time_signature,
+    trainable_params,
 )
 from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
@@ -176,16 +177,17 @@ class GpuEstimator:
 
     # ---- one micro-batch
     def layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
-                    tp_link, ep_link, cp_link) -> tuple[float, ...]:
+                    tp_link, ep_link, cp_link, frozen: bool = False) -> tuple[float, ...]:
         """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
         recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, and the exposed comm fwd+bwd of the
-        tp, ep and cp groups, which add up to the fourth)."""
-        k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link)
+        tp, ep and cp groups, which add up to the fourth). ``frozen``: the weights take no gradient (LoRA's base,
+        ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
+        k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         hit = self._layer.get(k)
         if hit is not None:
             return hit
         lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
-        fwd, bwd = p["fwd"], p["bwd"]
+        fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
         re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
@@ -289,6 +291,9 @@ class GpuEstimator:
         b = {op: self._bwd_s(op, device) for op in counts}
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
                   "bwd": sum(n * b[op] for op, n in counts.items()),
+                  # a frozen weight GEMM's backward is the input gradient alone: one GEMM of the forward's FLOPs
+                  # (dY W against X W^T), priced as the forward; LoRA's rank-r adapter GEMMs (r / hidden of it) left out
+                  "bwd_frozen": sum(n * (f[op] if op.kind == "matmul" else b[op]) for op, n in counts.items()),
                   "attn": sum(predict(op, device) for op in lo.core_attention),
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
@@ -306,9 +311,11 @@ class GpuEstimator:
         out = self._ops[k] = (lo, prices)
         return out
 
-    def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
-        """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds."""
-        k = (tb, device, key, seq_len, dtype)
+    def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str,
+                    frozen: bool = False) -> tuple[float, float]:
+        """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds; ``frozen``:
+        a frozen embedding has no backward and the output layer's backward is its input gradient alone."""
+        k = (tb, device, key, seq_len, dtype, frozen)
         hit = self._edge.get(k)
         if hit is None:
             emb = embedding_ops(tb.model, key, seq_len, dtype)
@@ -317,8 +324,14 @@ class GpuEstimator:
             # the MTP modules run on the last stage, after the main model's head (ops_graph.mtp_ops)
             mtp = sum(n * (predict(o, device) + self._bwd_s(o, device))
                       for o, n in mtp_ops(tb.model, key, seq_len, dtype).items())
-            hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
-                                   sum(predict(o, device) + self._bwd_s(o, device) for o in head) + mtp)
+            if frozen:
+                hit = self._edge[k] = (sum(predict(o, device) for o in emb),
+                                       sum(predict(o, device) * (2.0 if o.kind == "matmul" else 1.0)
+                                           + (0.0 if o.kind == "matmul" else self._bwd_s(o, device))
+                                           for o in head) + mtp)
+            else:
+                hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
+                                       sum(predict(o, device) + self._bwd_s(o, device) for o in head) + mtp)
         return hit
 
     def time_balanced_split(self, work: Workload, layout: Layout) -> tuple[int, ...]:
@@ -332,10 +345,10 @@ class GpuEstimator:
         links = group_links(cluster, model, layout)
         per_kind = {}
         for moe in tb.rep:
-            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links)
+            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links, frozen=bool(work.lora))
             per_kind[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
         weights = [per_kind[model.layer_kind(i)] for i in range(model.num_layers)]
-        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
+        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=bool(work.lora))
         return weighted_split(weights, layout.pp * layout.vpp, emb, head)
 
     # ---- the estimate
@@ -389,10 +402,11 @@ class GpuEstimator:
         """(pipeline parts, sync terms) cached for ``work``'s cluster, model, sequence and dtype: keys without
         them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
         sc = self._scope
-        if sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype:
-            return sc[4], sc[5]
-        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype), ({}, {}))
-        self._scope = (work.cluster, tb, work.seq_len, work.dtype, *caches)
+        if (sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype
+                and sc[4] == work.lora):
+            return sc[5], sc[6]
+        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora), ({}, {}))
+        self._scope = (work.cluster, tb, work.seq_len, work.dtype, work.lora, *caches)
         return caches
 
     def _pipeline_of(self, work: Workload, layout: Layout) -> tuple:
@@ -424,14 +438,16 @@ class GpuEstimator:
         dev = cluster.device
         pp, vpp = layout.pp, layout.vpp
         pp_link = self._links_of(cluster)(*layout.pp_neighbours)
-        sig = (tb, cluster, work.seq_len, work.dtype, sig)
+        sig = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
         per_mb = self._per_mb.get(sig)
         if per_mb is None:
             key = time_key(layout)
             links = group_links(cluster, model, layout)
+            frozen = bool(work.lora)
             per_mb = self._per_mb[sig] = (
-                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links) for k in tb.rep},
-                self._edge_times(tb, dev, key, work.seq_len, work.dtype))
+                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
+                 for k in tb.rep},
+                self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
         times, (emb, head) = per_mb
 
         skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
@@ -467,24 +483,26 @@ class GpuEstimator:
         folding)."""
         dev, link = work.cluster.device, self._links_of(work.cluster)
         dense, expert = stage_params(tb, layout, slow)
+        trained = trainable_params(work, tb, layout, slow)  # LoRA: the adapters alone take gradients and steps
         groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
         if expert:
             eshard = layout.expert_shard_group
             groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
                            max(1, layout.expert_dp // eshard.size)))
         grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
-        grad_total = (dense + expert) * grad_b
+        trained_share = sum(trained) / max(dense + expert, 1.0)  # 1 unless LoRA freezes the base
+        grad_total = (dense + expert) * grad_b * trained_share
         zero3 = layout.zero_stage == 3
         out = []
         for params, grad_group, shard_group, replicas in groups:
-            grad_bytes = params * grad_b
+            grad_bytes = params * grad_b * trained_share
             bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
             share = params / (dense + expert)
             if zero3:
                 shard = shard_group[0]
                 shard_link = link(*shard_group)
                 gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
-                scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
+                scatter = collective_time_s("reducescatter", grad_bytes, shard, shard_link)
                 rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 copy_s = copy_in_s = 0.0
@@ -497,14 +515,15 @@ class GpuEstimator:
                     grad_dtype = "fp32" if grad_b == 4 else "bf16"
                     copy_in = "cast" if grad_dtype != param_dtype else "copy"
                     copy_s = self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
-                    copy_in_s = self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev)
+                    copy_in_s = self.op_time_s(OpSpec(copy_in, (int(max(1.0, params * trained_share)),), grad_dtype),
+                                               dev)
                 out.append((params, share, bucket, rep, gather, scatter, copy_s, copy_in_s, shard > 1))
             else:
                 sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
                 out.append((params, share, bucket, sync))
         z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
-        opt_numel = (dense / (layout.shard_group.size if z1 else 1)
-                     + expert / (layout.expert_shard_group.size if z1 else 1))
+        opt_numel = (trained[0] / (layout.shard_group.size if z1 else 1)
+                     + trained[1] / (layout.expert_shard_group.size if z1 else 1))
         optimizer_s = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
         cast_s = None
         if lowp_recipe(layout.fp8, work.dtype) != "none":

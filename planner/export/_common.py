@@ -311,6 +311,9 @@ def common_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
     if plan.schedule in UNLAUNCHED_SCHEDULES and plan.degrees.pp > 1:
         out.append(f"{target}: no {plan.schedule} pipeline schedule; the launched job runs 1F1B, whose bubble the "
                    "plan did not price (re-plan with --fix schedule=1f1b to compare)")
+    if plan.lora:
+        out.append(f"{target}: lora {plan.lora}: the launched job trains every weight; the plan priced LoRA adapters "
+                   "over a frozen base (no weight gradients or optimizer states for it)")
     if plan.pp_runs > 1:
         out.append(f"{target}: pp_runs={plan.pp_runs}: the launched job runs its {plan.grad_accum} micro-batches "
                    "in one pipeline schedule, one fill and drain, not the plan's "

@@ -179,7 +179,8 @@ class Decisions:
                                           kind="stages", searched=True, plan="")
     """() = pp divides the layers evenly. The first and last (virtual) stage may hold 0 decoder layers, only the
     embedding or only the loss, where the layers are fewer than the stages (``0+1*126+0``: Llama 3.1 405B over
-    PP16 x VP8, Megatron's account-for-embedding/loss split). Megatron-LM ``--decoder-first/last-pipeline-num-layers`` or
+    PP16 x VP8, Megatron's account-for-embedding/loss split). Megatron-LM
+    ``--decoder-first/last-pipeline-num-layers`` or
     ``--pipeline-model-parallel-layout``: Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4). With
     vpp > 1: pp * vpp virtual stages in model-depth order (``Layout.stage_chunks``). A plan file keeps it as
     ``stages``."""
