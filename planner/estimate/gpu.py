@@ -157,7 +157,7 @@ class GpuEstimator:
         self._link_cluster, self._link_memo = None, {}
         self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
-        self._scope: tuple = (None, None, None, None, {}, {})  # (cluster, tables, seq, dtype, pipes, syncs)
+        self._scope: tuple = (None, None, None, None, "", {}, {})  # (cluster, tables, seq, dtype, lora, pipes, syncs)
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
 
     # ---- operators
@@ -399,7 +399,7 @@ class GpuEstimator:
         return _step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
 
     def _scoped(self, work: Workload, tb) -> tuple[dict, dict]:
-        """(pipeline parts, sync terms) cached for ``work``'s cluster, model, sequence and dtype: keys without
+        """(pipeline parts, sync terms) cached for ``work``'s cluster, model, sequence, dtype and LoRA: keys without
         them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
         sc = self._scope
         if (sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype
