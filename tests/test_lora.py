@@ -53,6 +53,14 @@ def test_frozen_base_keeps_weights_and_sheds_states_and_wgrad() -> None:
     assert lora.step_time_s < full.step_time_s
 
 
+def test_plan_field_takes_what_parse_lora_takes() -> None:
+    """The plan file's pattern (planner.plan.schema sees no planner.model) is the parser's."""
+    from meshplan.planner.model.peft import LORA_PATTERN
+    from meshplan.planner.plan.schema import Plan
+
+    assert Plan.model_json_schema()["properties"]["lora"]["pattern"] == LORA_PATTERN
+
+
 def test_parse_and_refusals() -> None:
     assert parse_lora("16:qkv+fc1") == Lora(16, ("qkv", "fc1"))
     assert parse_lora("") is None
