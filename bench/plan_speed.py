@@ -61,6 +61,7 @@ def run_one(name: str, exhaustive: bool) -> dict:
     res = search(work, {}, top=10)
     wall = time.perf_counter() - t0
     out = {"wall_s": wall, "candidates": res.candidates, "priced": res.evaluated, "bound_evals": res.bound_evals,
+           "timed": res.timed, "unfit": res.unfit,
            "feasible": res.feasible, "fallback": res.fallback, "pruned": res.pruned,
            "rows": [layout_row(lay, est) for lay, est in res.ranked]}
     if exhaustive:

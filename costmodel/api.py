@@ -99,6 +99,9 @@ class Pricer:
     def __init__(self, model: "LearnedModel | None" = None):
         self.model = model
         self._memo: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
+        # every compute op's final (seconds, source), whichever rule priced it: a search asks for the same few
+        # thousand ops 10^5 times, and the grouped / fp8 rules each take a rebuilt OpSpec and a second lookup
+        self._final: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
         self._flags: dict[tuple[str, str, str], int] = {}  # (device, op class, source) -> ops flagged
 
     def _note(self, sources, ops: list[OpSpec], devices: list[DeviceSpec]) -> None:
@@ -185,6 +188,16 @@ class Pricer:
             from meshplan.costmodel.collective_model import predict_collective
 
             return predict_collective(op.kind, op.bytes, op.group_size, link, model=cm), "learned collective"
+        key = (op, device)
+        hit = self._final.get(key)
+        if hit is None:
+            if len(self._final) >= MEMO_MAX:
+                self._final.clear()
+            hit = self._final[key] = self._compute_with_source(op, device)
+        return hit
+
+    def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
+        """``predict_with_source`` of a compute op, not memoised at this level."""
         if op.kind == "attention" and op.impl:
             t = fused_attention_s(op, device)
             if t is not None:

@@ -76,6 +76,15 @@ class OpSpec:
         if self.groups != 1 and (self.kind != "matmul" or self.groups < 1):
             raise ValueError(f"OpSpec {self.kind}: groups={self.groups}; only a matmul is grouped (groups >= 1)")
 
+    def __hash__(self) -> int:
+        # cached: a layout search looks ops up in price memos 10^5-10^6 times, each hash a tuple of eight fields
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kind, self.shape, self.dtype, self.group_size, self.causal, self.backward, self.impl,
+                      self.groups))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def is_collective(self) -> bool:
         return self.kind in COLLECTIVE_KINDS

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.select import estimator_for
@@ -118,3 +119,46 @@ def test_step_times_by_parts_are_the_estimates(model, cluster, gb, seq, dtype, f
                 checked += 1
     assert checked > 500
 
+
+
+@pytest.mark.parametrize("model,cluster,gb,seq,dtype,fix", [
+    ("llama-3.1-8b", "2x8xH100", 16, 8192, "bf16", {}),
+    ("qwen3-30b-a3b", "4x8xH100", 32, 4096, "fp8", {"tp": 2, "pp": 4, "cp": 1, "mbs": 1}),
+    ("mixtral-8x7b", "3x8xH100", 48, 4096, "bf16", {"pp": 3, "cp": 1, "tp": 2}),
+], ids=["dense", "moe-fp8", "moe-uneven-pp"])
+def test_work_bound_is_below_every_pipeline_part(model, cluster, gb, seq, dtype, fix):
+    """The first bound of a group (its micro-batch's work spread over the stages) is below the pipeline part of each
+    of its recompute variants, checked on every group of the space by pricing them all."""
+    from meshplan.planner.layout.space import Pins, enumerate_groups, fp8_recipe_choices
+
+    work = Workload(load_model(model), load_cluster(cluster), gb, seq, dtype)
+    est = estimator_for(work.cluster)
+    c = work.cluster
+    groups = list(enumerate_groups(work.model, c.world_size, c.nvlink_width, gb, seq, Pins.of(fix),
+                                   fp8_recipe_choices(dtype, c.device)))
+    bounds = est.work_bounds_s(work, [g.base for g in groups])
+    checked = 0
+    for g, bound in zip(groups, bounds):
+        assert bound is not None
+        for r in range(len(g.recomputes)):
+            assert bound <= est.pipeline_bound_s(work, g.member(r, 0)) * (1 + 1e-9), (g.member(r, 0), bound)
+            checked += 1
+    assert checked >= len(groups) > 10
+
+
+def test_memory_pruning_keeps_the_exhaustive_answer_and_its_closest_miss():
+    """Families whose activations alone overflow the GPU are never priced: the ranking is exhaustive search's, and
+    where nothing fits the error names the same closest miss."""
+    work = Workload(load_model("llama-3.1-70b"), load_cluster("2x8xH100"), 16, 8192)
+    est = estimator_for(work.cluster)
+    fast = search(work, {}, top=10, estimator=est, prune=True)
+    full = search(work, {}, top=10, estimator=est, prune=False)
+    assert fast.unfit > 0 and not fast.fallback
+    assert [(lay, e.step_time_s) for lay, e in fast.ranked] == [(lay, e.step_time_s) for lay, e in full.ranked]
+    big = Workload(load_model("llama-3.1-405b"), load_cluster("1x8xH100"), 8, 8192)
+    msgs = []
+    for prune in (True, False):
+        with pytest.raises(MeshplanError, match="fits nowhere") as err:
+            search(big, {}, top=10, estimator=est, prune=prune)
+        msgs.append(str(err.value).split(" layouts tried")[1])  # the closest miss (the counts differ)
+    assert msgs[0] == msgs[1]

@@ -13,7 +13,8 @@ Units: seconds, bytes, FLOPs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 from typing import Optional, Protocol
 
 from meshplan.costmodel.devices import DeviceSpec
@@ -115,6 +116,7 @@ class ModelTables:
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._params: dict[tuple, tuple[float, float]] = {}
         self._act: dict[tuple, float] = {}
+        self._stage_act: dict[tuple, tuple] = {}  # stage_memory's activations, keyed without the sharding
 
     def stage_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[str, int], dict[str, int]]:
         """(layer ranges, ``{layer kind: layers}``, ``{layer kind: recomputed layers}``) of pipeline rank ``stage``,
@@ -243,18 +245,66 @@ def trainable_params(work: Workload, tb: ModelTables, layout: Layout, stage: int
 
 def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m: int) -> MemoryBreakdown:
     """Peak bytes on one rank of pipeline stage ``stage`` with ``m`` micro-batches per step."""
-    model = work.model
     dense, expert = stage_params(tb, layout, stage)
     w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
     if work.lora:  # a frozen base has weights only; its adapters have weights, gradients and optimizer states
         aw, g, o = model_state_bytes(*trainable_params(work, tb, layout, stage), layout, work.dtype)
         w += aw
+    # the activations do not depend on how the data-parallel states are sharded: the members of a search's group
+    # share them
+    akey = (stage, m, work.seq_len, work.dtype, _unsharded_fields(layout))
+    hit = tb._stage_act.get(akey)
+    if hit is None:
+        hit = tb._stage_act[akey] = _stage_activations(work, tb, layout, stage, m)
+    act, remat, ends, n_layers = hit
+    recipe = lowp_recipe(layout.fp8, work.dtype)
+    if recipe != "none":
+        # Transformer Engine keeps the quantized copies of each linear weight the GEMMs read
+        # (``memory.lowp_weight_bytes``: on Hopper an fp8 copy and its transpose, 2 B per parameter), cast once per
+        # step; under FSDP only for the layers gathered at the moment
+        linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
+        held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
+        w += lowp_weight_bytes(recipe, all(g.device.supports("mxfp8") for g in work.cluster.groups)) * held
+        if layout.fp8_params and layout.zero_stage < 3:  # the quantized copies are the weights (Layout.fp8_params)
+            w -= param_bytes(work.dtype) * linear
+    if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
+        act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
+    act += remat
+    for extra in ends:
+        act += extra
+    if grads_born_in_backward(layout, m):  # two peaks: backward's first op (no gradient yet), the optimizer step
+        g, act = (0.0, act) if act >= g else (g, 0.0)
+    return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
+
+
+def memory_floor_bytes(work: Workload, tb: ModelTables, layout: Layout, m: int) -> int:
+    """A lower bound on ``finish_estimate``'s peak memory of ``layout`` and of every layout that shards its
+    data-parallel states otherwise: the first stage's activations (``stage_memory``; FSDP's gathered layers only
+    add to them) and the runtime overhead of no activations, no weights, gradients or optimizer states (when a
+    gradient-free backward start is the peak, the gradients it trades for the activations are larger)."""
+    hit = tb._stage_act.get((0, m, work.seq_len, work.dtype, _unsharded_fields(layout)))
+    act, remat, ends, _ = hit if hit is not None else _stage_activations(work, tb, layout, 0, m)
+    act += remat
+    for extra in ends:
+        act += extra
+    return int(act) + runtime_overhead_bytes(layout, 0.0)
+
+
+# The fields that shard the data-parallel states: the rest of a layout sets its activations.
+_SHARDING = frozenset({"zero_stage", "dp_shard", "dp_replicate"})
+_unsharded_fields = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in _SHARDING))
+
+
+def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: int,
+                       m: int) -> tuple[float, float, tuple[float, ...], int]:
+    """(activations held at the peak, the one layer re-materialised in backward, what the last stage adds: the
+    logits and the MTP modules' activations, the stage's layers) of ``stage_memory``, bytes."""
+    model = work.model
     s = work.seq_len // layout.cp
     b = layout.micro_batch
     chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
-    recipe = lowp_recipe(layout.fp8, work.dtype)
-    lin = saved_input_bytes(recipe)
+    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
     kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none") for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():
@@ -271,28 +321,15 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
     remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
     if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
         act, remat = 2 * act, 2 * remat
-    if recipe != "none":
-        # Transformer Engine keeps the quantized copies of each linear weight the GEMMs read
-        # (``memory.lowp_weight_bytes``: on Hopper an fp8 copy and its transpose, 2 B per parameter), cast once per
-        # step; under FSDP only for the layers gathered at the moment
-        linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
-        held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
-        w += lowp_weight_bytes(recipe, all(g.device.supports("mxfp8") for g in work.cluster.groups)) * held
-        if layout.fp8_params and layout.zero_stage < 3:  # the quantized copies are the weights (Layout.fp8_params)
-            w -= param_bytes(work.dtype) * linear
-    if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
-        act += 2 * (dense + expert) / max(1, n_layers) * param_bytes(work.dtype)
-    act += remat
+    ends: tuple[float, ...] = ()
     if stage == layout.pp - 1:
         logits = logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
-        act += logits * (1 + model.num_mtp_layers)
         # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
         # in flight on the last stage
         mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none") for k in mtp_kinds(model) if k in tb.shape)
-        act += model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage)
-    if grads_born_in_backward(layout, m):  # two peaks: backward's first op (no gradient yet), the optimizer step
-        g, act = (0.0, act) if act >= g else (g, 0.0)
-    return MemoryBreakdown(int(w), int(g), int(o), int(act), runtime_overhead_bytes(layout, act))
+        ends = (logits * (1 + model.num_mtp_layers),
+                model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage))
+    return act, remat, ends, n_layers
 
 
 def grads_born_in_backward(layout: Layout, m: int) -> bool:
@@ -353,9 +390,12 @@ TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_para
                "shared_overlap")
 
 
+_time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 17 (a search asks 10^5 times)
+
+
 def time_signature(layout: Layout) -> tuple:
     """``TIME_FIELDS`` of ``layout`` as a plain tuple (a cheaper dictionary key than a ``Layout``)."""
-    return tuple(getattr(layout, f) for f in TIME_FIELDS)
+    return _time_fields_of(layout)
 
 
 def time_key(layout: Layout) -> Layout:

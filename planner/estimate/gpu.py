@@ -33,12 +33,13 @@ from meshplan.planner.estimate.base import (
     Workload,
     decoder_params,
     finish_estimate,
+    memory_floor_bytes,
     stage_params,
     time_key,
     time_signature,
     trainable_params,
 )
-from meshplan.planner.estimate.memory import param_bytes, reduce_bytes_per_param, saved_input_bytes
+from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.layout.decisions import lowp_recipe
@@ -152,12 +153,15 @@ class GpuEstimator:
         self.tables = TablesCache()
         self._layer: dict[tuple, tuple[float, ...]] = {}
         self._ops: dict[tuple, tuple] = {}
+        self._lists: dict[tuple, tuple] = {}  # op lists built to be primed in a batch, not yet priced
+        self._primed: dict = {}  # {device: ops whose prices (and backward's) the pricer holds}
         self._per_mb: dict[tuple, tuple] = {}
         self._bwd: dict[tuple, float] = {}
         self._link_cluster, self._link_memo = None, {}
         self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
-        self._scope: tuple = (None, None, None, None, "", {}, {})  # (cluster, tables, seq, dtype, lora, pipes, syncs)
+        # (cluster, tables, seq, dtype, lora, pipeline parts, sync terms, work bounds)
+        self._scope: tuple = (None, None, None, None, "", {}, {}, {})
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
 
     # ---- operators
@@ -260,33 +264,79 @@ class GpuEstimator:
             return hit
         return link
 
-    def _priced_ops(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str) -> tuple:
-        """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
-        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
-        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
-        # the fields the op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same ops;
-        # the dispatcher decides the token sorts around the experts)
-        k = (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
-             key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity, key.moe_imbalance,
-             key.tp_overlap, key.moe_dispatcher)
-        hit = self._ops.get(k)
-        if hit is not None:
-            return hit
-        predict = self.pricer.predict
-        lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
-        counts = lo.weighted()
-        # tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the experts, not the
-        # router), each also priced in tp chunks along the tokens
-        routed = set(lo.experts)
-        chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
-                   if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
-                   and op not in routed and op.shape[1] != tb.model.num_experts}
-        every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
+    @staticmethod
+    def _op_key(tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+        """The fields a layer's op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same
+        ops; the dispatcher decides the token sorts around the experts; a layer without routed experts reads none
+        of the expert fields)."""
+        if "E" in moe:
+            return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
+                    key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity,
+                    key.moe_imbalance, key.tp_overlap, key.moe_dispatcher)
+        return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
+                key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
+
+    def _op_lists(self, k: tuple, tb, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+        """(layer ops, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price) of op key ``k``,
+        cached until priced. tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the
+        experts, not the router), each also priced in tp chunks along the tokens."""
+        hit = self._lists.get(k)
+        if hit is None:
+            lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
+            counts = lo.weighted()
+            routed = set(lo.experts)
+            chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
+                       if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
+                       and op not in routed and op.shape[1] != tb.model.num_experts}
+            every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
+            hit = self._lists[k] = (lo, counts, chunked, every)
+        return hit
+
+    def prime_layouts(self, work: Workload, layouts) -> None:
+        """Price every op the layer and edge times of ``layouts`` need in one call of the cost model per op class
+        (its per-call cost dominates pricing op lists one by one); layouts whose ops cannot be built are left to
+        the pricing that says why."""
+        tb, dev, seq, dtype = self.tables(work.model), work.cluster.device, work.seq_len, work.dtype
+        todo: dict = {}
+        for lay in layouts:
+            key = time_key(lay)
+            try:
+                for moe in tb.rep:
+                    k = self._op_key(tb, dev, key, moe, seq, dtype)
+                    if k not in self._ops:
+                        todo.update(dict.fromkeys(self._op_lists(k, tb, key, moe, seq, dtype)[3]))
+                todo.update(dict.fromkeys((*embedding_ops(tb.model, key, seq, dtype),
+                                           *head_ops(tb.model, key, seq, dtype))))
+            except MeshplanError:
+                continue
+        self._prime_with_backward(list(todo), dev)
+
+    def _prime_with_backward(self, every: list, device) -> None:
+        """Price ``every`` op and the backward of its GEMMs and attention in one batch, keeping the backward's."""
+        primed = self._primed.setdefault(device, set())
+        every = [op for op in every if op not in primed]
+        if not every:
+            return
+        primed.update(every)
         need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
         backward = [replace(op, backward=True) for op in need]
         self.pricer.prime(every + backward, device)
         for op, bop in zip(need, backward):
             self._bwd[(op, device)] = self.pricer.predict(bop, device)
+
+    def _priced_ops(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+        """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
+        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
+        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
+        k = self._op_key(tb, device, key, moe, seq_len, dtype)
+        hit = self._ops.get(k)
+        if hit is not None:
+            return hit
+        predict = self.pricer.predict
+        lo, counts, chunked, every = self._op_lists(k, tb, key, moe, seq_len, dtype)
+        self._lists.pop(k)
+        routed = set(lo.experts)
+        self._prime_with_backward(every, device)
         f = {op: predict(op, device) for op in counts}
         b = {op: self._bwd_s(op, device) for op in counts}
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
@@ -315,7 +365,9 @@ class GpuEstimator:
                     frozen: bool = False) -> tuple[float, float]:
         """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds; ``frozen``:
         a frozen embedding has no backward and the output layer's backward is its input gradient alone."""
-        k = (tb, device, key, seq_len, dtype, frozen)
+        # the embedding and the head read the micro-batch, tp, cp and the stack only; the MTP modules every field
+        k = ((tb, device, key, seq_len, dtype, frozen) if tb.model.num_mtp_layers else
+             (tb, device, key.micro_batch, key.tp, key.cp, key.stack, seq_len, dtype, frozen))
         hit = self._edge.get(k)
         if hit is None:
             emb = embedding_ops(tb.model, key, seq_len, dtype)
@@ -393,19 +445,65 @@ class GpuEstimator:
         _, _, _, t_max, bubble, straggle = pipe
         return m * t_max + straggle + bubble
 
+    def cannot_fit(self, work: Workload, layout: Layout) -> bool:
+        """Whether no sharding of ``layout``'s data-parallel states fits: its activations and runtime overhead alone
+        (``memory_floor_bytes``) exceed the memory ``estimate`` allows."""
+        limit = int(work.cluster.device.memory_bytes * USABLE_FRACTION)
+        m = layout.num_microbatches(work.global_batch)
+        return memory_floor_bytes(work, self.tables(work.model), layout, m) > limit
+
+    def work_bounds_s(self, work: Workload, layouts: list) -> list[Optional[float]]:
+        """A lower bound on ``pipeline_bound_s`` of each of ``layouts`` and of every layout that differs from it
+        only in pipeline depth, chunks, split or recomputation (``None``: its ops cannot be priced; pricing it says
+        why). One micro-batch's work (every layer's compute and exposed comm, the embedding, the head) spread evenly
+        over the stages, since the slowest stage holds at least the mean and recomputation and the pipeline sends
+        only add to it; with its straggler share and the bubble (1F1B and interleaved: rising with the stage time)
+        of that mean. The work is priced once per ``time_signature`` (a search bounds 10^4-10^5 layouts over a
+        tenth as many), its ops in one batch per op class (``prime_layouts``)."""
+        tb = self.tables(work.model)
+        works = self._scoped(work, tb)[2]
+        sigs = [time_signature(lay) for lay in layouts]
+        fresh = {sig: lay for sig, lay in zip(sigs, layouts) if sig not in works}
+        self.prime_layouts(work, list(fresh.values()))
+        counts = tb.kind_counts((range(work.model.num_layers),))
+        for sig, lay in fresh.items():
+            try:
+                times, (emb, head) = self._per_mb_times(work, lay, tb, sig)
+            except (MeshplanError, ArithmeticError):
+                works[sig] = None
+                continue
+            works[sig] = sum((times[k][0] + times[k][1] + times[k][3]) * n for k, n in counts.items() if n) \
+                + emb + head
+        gb, slowdown = work.global_batch, {}
+        out: list[Optional[float]] = []
+        for sig, lay in zip(sigs, layouts):
+            w = works[sig]
+            if w is None:
+                out.append(None)
+                continue
+            pp, world = lay.pp, lay.world_size
+            if world not in slowdown:
+                slowdown[world] = 1.0 + straggler_slowdown(world)
+            mean_s = w / pp
+            schedule = lay.schedule
+            bubble = (lay.pp_runs * bubble_s(schedule, pp, lay.vpp, mean_s, 0.0)
+                      if schedule in ("1f1b", "interleaved") else 0.0)
+            out.append(lay.num_microbatches(gb) * mean_s * slowdown[world] + bubble)
+        return out
+
     def _step_parts(self, work: Workload, layout: Layout) -> tuple:
         """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) of ``layout``, seconds."""
         tb, m, pipe = self._pipeline_of(work, layout)
         return _step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
 
-    def _scoped(self, work: Workload, tb) -> tuple[dict, dict]:
-        """(pipeline parts, sync terms) cached for ``work``'s cluster, model, sequence, dtype and LoRA: keys without
-        them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
+    def _scoped(self, work: Workload, tb) -> tuple[dict, dict, dict]:
+        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence, dtype and LoRA:
+        keys without them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
         sc = self._scope
         if (sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype
                 and sc[4] == work.lora):
-            return sc[5], sc[6]
-        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora), ({}, {}))
+            return sc[5], sc[6], sc[7]
+        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora), ({}, {}, {}))
         self._scope = (work.cluster, tb, work.seq_len, work.dtype, work.lora, *caches)
         return caches
 
@@ -438,17 +536,8 @@ class GpuEstimator:
         dev = cluster.device
         pp, vpp = layout.pp, layout.vpp
         pp_link = self._links_of(cluster)(*layout.pp_neighbours)
+        times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
         sig = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
-        per_mb = self._per_mb.get(sig)
-        if per_mb is None:
-            key = time_key(layout)
-            links = group_links(cluster, model, layout)
-            frozen = bool(work.lora)
-            per_mb = self._per_mb[sig] = (
-                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
-                 for k in tb.rep},
-                self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
-        times, (emb, head) = per_mb
 
         skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
         stages = self._stages.get(skey)
@@ -466,6 +555,22 @@ class GpuEstimator:
         bubble = layout.pp_runs * bubble_s(layout.schedule, pp, vpp, sum(per_mb) / pp, sum(stage_bwd) / pp)
         straggle = m * t_max * straggler_slowdown(layout.world_size)
         return slow, stage_compute[slow], stage_comm[slow], t_max, bubble, straggle
+
+    def _per_mb_times(self, work: Workload, layout: Layout, tb, sig: tuple) -> tuple:
+        """({layer kind: ``layer_times``}, (embedding, head) ``_edge_times``) of one micro-batch of ``layout``, whose
+        ``time_signature`` is ``sig``, cached on it."""
+        cluster = work.cluster
+        key_ = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
+        per_mb = self._per_mb.get(key_)
+        if per_mb is None:
+            dev, key = cluster.device, time_key(layout)
+            links = group_links(cluster, work.model, layout)
+            frozen = bool(work.lora)  # LoRA: the base's weight GEMMs run no weight gradient
+            per_mb = self._per_mb[key_] = (
+                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
+                 for k in tb.rep},
+                self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
+        return per_mb
 
     def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they

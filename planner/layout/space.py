@@ -267,6 +267,15 @@ def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
     return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if device.supports("mxfp8") else ())
 
 
+def _copy_with(layout: Layout, fields: dict) -> Layout:
+    """``dataclasses.replace(layout, **fields)`` without its per-field ``__init__`` (a search builds 10^5 layouts):
+    ``Layout`` is a frozen dataclass of plain fields with no ``__post_init__``, so the copy is the same value."""
+    out = object.__new__(Layout)
+    out.__dict__.update(layout.__dict__)
+    out.__dict__.update(fields)
+    return out
+
+
 @dataclass(frozen=True)
 class LayoutGroup:
     """Candidates that share every decision but activation recomputation and the sharding of the data-parallel
@@ -287,12 +296,7 @@ class LayoutGroup:
     def member(self, r: int, s: int) -> Layout:
         """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
         z, d, rep = self.shards[s]
-        # ``dataclasses.replace`` without its per-field ``__init__`` (a search builds 10^5 members): ``Layout`` is a
-        # frozen dataclass of plain fields with no ``__post_init__``, so the copy is the same value
-        out = object.__new__(Layout)
-        out.__dict__.update(self.base.__dict__)
-        out.__dict__.update(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
-        return out
+        return _copy_with(self.base, dict(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep))
 
     def layouts(self) -> Iterator[Layout]:
         for r in range(len(self.recomputes)):
@@ -405,6 +409,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     stacks = fix.choices("stack", ["megatron"])
     moe_kw = free_defaults(fix)  # the decisions a free search leaves at their default
     sched = fix.schedule or ""
+    proto = None  # the first group's layout: every later one is a copy with the enumerated fields set
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):
         z0, d0, r0 = shards[0]
@@ -426,12 +431,14 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     for mbs in fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
                                                    and (vpp == 1 or "vpp" in fix or
                                                         global_batch // (b * dp) % pp == 0)]):
-                        base = Layout(dp_replicate=r0, dp_shard=d0, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
+                        fields = dict(dp_replicate=r0, dp_shard=d0, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
                                       micro_batch=mbs, zero_stage=z0, recompute=rcs[0],
                                       sequence_parallel=sp, attention=att, pp_layout=split,
                                       pipeline_schedule=sched, etp=etp, fp8=f8, cp_kind=ck, stack=st,
-                                      moe_overlap=mo, **moe_kw)
-                        yield LayoutGroup(base, rcs, shards)
+                                      moe_overlap=mo)
+                        if proto is None:
+                            proto = Layout(**fields, **moe_kw)
+                        yield LayoutGroup(_copy_with(proto, fields), rcs, shards)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,

@@ -88,9 +88,12 @@ class SearchResult:
     fallback: str = ""  # why a pruned search fell back to pricing everything ("" = it did not)
     priced: list[Priced] = field(default_factory=list)  # every layout priced, in pricing order (a report's scatter)
     timed: int = 0  # members whose step time alone showed they cannot rank (never priced in full)
+    unfit: int = 0  # members whose activations alone showed no sharding of them fits (never priced)
 
 
 
+# The states of a branch-and-bound heap item (``_branch_and_bound``): its bound is final, or can be tightened.
+_FINAL, _REP, _WORK = 0, 1, 2
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
 PRUNE_ABOVE = 2000
 # Every bound is taken 1e-6 below what it is computed as, and a priced pair contradicts an assumption only beyond
@@ -105,10 +108,14 @@ class _Fallback(Exception):
 class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
-    def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None):
+    def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None,
+                 work_bounds=None, cannot_fit=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
         self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
         self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
+        self.work_bounds = work_bounds  # bounds below that, for many layouts at once (``None``: it has none)
+        self.cannot_fit = cannot_fit  # whether no sharding of a layout fits (``None``: it cannot tell)
+        self.unfit = 0  # members never priced: no sharding of their layout fits
         self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
         self.vkw = dict(world_size=work.cluster.world_size, num_layers=m.num_layers, num_heads=m.num_heads,
@@ -212,13 +219,18 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     fallback = ""
     bound_evals = 0
     if prune:
-        rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
-                     getattr(estimator, "pipeline_bound_s", None))
-        try:
-            bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
-        except _Fallback as exc:
-            fallback = str(exc)
-            prune = False
+        for unfit in (getattr(estimator, "cannot_fit", None), None):
+            rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
+                         getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bounds_s", None),
+                         unfit)
+            try:
+                bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
+            except _Fallback as exc:
+                fallback = str(exc)
+                prune = False
+                break
+            if rk.kept or not rk.unfit:
+                break  # else nothing fits: search again pricing them all, for the closest miss
     if not prune:
         rk = _Ranker(work, estimator.estimate, top, progress)
         for gi, g in enumerate(groups):
@@ -235,7 +247,7 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
     extra = [Priced(lay, est.step_time_s, est.memory.total_bytes, est.fits) for lay, est in ranked if lay not in seen]
     return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
                         pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra,
-                        timed=rk.timed)
+                        timed=rk.timed, unfit=rk.unfit)
 
 
 def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins) -> None:
@@ -332,52 +344,72 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     bo = _Bounds(rk, estimate)
     first_zero0, pipeline_bound = bo.first_zero0, bo.pipeline_bound
 
-    # heap items: (bound, group, recompute index or -1 for the whole group, refined). A first bound is the
-    # member's compute + bubble (free once it is priced); the tighter one costs a pricing at twice the batch and
-    # is taken only for items that come up.
+    # heap items: (bound, group, recompute index or -1 for the whole group, state). A group's first bound is its
+    # work spread over the stages (``_WORK``: shared by the groups of one time signature), refined to its pipeline
+    # part when it comes up; without those, the member's compute + bubble (free once it is priced,
+    # ``_REP``), refined by a pricing at twice the batch when it comes up. ``_FINAL``: nothing tighter to take.
     heap: list = []
     reps: dict[tuple[int, int], Optional[tuple[int, Estimate]]] = {}
+
+    def first_bound(gi: int, g, r: int, floor: float) -> tuple[float, int]:
+        """(bound, state) of recompute ``r`` of group ``gi`` before it comes up (at least ``floor``)."""
+        b = pipeline_bound(g, r)
+        if b is not None:
+            if b < floor * (1 - _REL):
+                raise _Fallback(f"{describe(g.member(r, 0))}: pipeline part {b:.6g} s below its first bound "
+                                f"{floor:.6g} s (its work over the stages, or recompute=none's bound)")
+            return b, _FINAL
+        rep = reps[gi, r] = first_zero0(gi, g, r)
+        cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
+        return max(floor, cheap), (_REP if rep else _FINAL)
+
+    firsts = []  # (group, recompute, which, its first member: the group's base when that is recompute r)
     for gi, g in enumerate(groups):
         rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
         for r in rs:
-            which = -1 if len(rs) == 1 and g.recomputes[r] == "none" else r
-            b = pipeline_bound(g, r)
-            if b is not None:
-                heap.append((b, gi, which, True))
-                continue
-            rep = reps[gi, r] = first_zero0(gi, g, r)
-            cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
-            heap.append((cheap, gi, which, rep is None))
+            firsts.append((gi, r, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r,
+                           g.base if r == 0 else g.member(r, 0)))
+    works = rk.work_bounds(rk.work, [f[3] for f in firsts]) if rk.work_bounds else [None] * len(firsts)
+    for (gi, r, which, _), w in zip(firsts, works):
+        if w is not None:
+            heap.append((w * (1 - _REL), gi, which, _WORK))
+            continue
+        b, st = first_bound(gi, groups[gi], r, 0.0)
+        heap.append((b, gi, which, st))
     heapq.heapify(heap)
     while heap:
-        lb, gi, r, refined = heapq.heappop(heap)
+        lb, gi, r, state = heapq.heappop(heap)
         if _r3(lb) > rk.kth_time():
             break  # every bound left is at least this one
         g = groups[gi]
         r0 = g.recomputes.index("none") if r < 0 else r
-        if not refined:
+        if state == _WORK:
+            b, st = first_bound(gi, g, r0, lb)
+            heapq.heappush(heap, (b, gi, r, st))
+            continue
+        if state == _REP:
             b = bo.bound(g, r0, reps[gi, r0])
             if b < lb * (1 - _REL):
                 raise _Fallback(f"{describe(g.member(r0, 0))}: per-micro-batch part {b:.6g} s below its first "
                                 f"bound {lb:.6g} s (its compute + bubble, or recompute=none's bound)")
-            heapq.heappush(heap, (b, gi, r, True))
+            heapq.heappush(heap, (b, gi, r, _FINAL))
             continue
         if r < 0:  # a group bounded by its recompute=none members: bound each recompute variant on its own
             for rr in range(len(g.recomputes)):
                 if rr == r0:
-                    heapq.heappush(heap, (lb, gi, rr, True))
+                    heapq.heappush(heap, (lb, gi, rr, _FINAL))
                     continue
                 b = pipeline_bound(g, rr)
                 if b is not None:
                     if b < lb * (1 - _REL):
                         raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
                                         f"recompute=none's {lb:.6g} s")
-                    heapq.heappush(heap, (b, gi, rr, True))
+                    heapq.heappush(heap, (b, gi, rr, _FINAL))
                     continue
                 rep = reps[gi, rr] = first_zero0(gi, g, rr)
                 cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
                 # recomputation only adds to the recompute=none bound
-                heapq.heappush(heap, (max(lb, cheap), gi, rr, rep is None))
+                heapq.heappush(heap, (max(lb, cheap), gi, rr, _FINAL if rep is None else _REP))
             continue
         _price_family(rk, gi, g, r, lb)
     return bo.extra
@@ -386,6 +418,14 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
     """Price the members of recompute ``r`` of group ``gi``: per ZeRO stage from the most sharded down, stopping
     at the first that does not fit (less sharding holds at least as much)."""
+    if rk.cannot_fit is not None:
+        try:
+            unfit = rk.cannot_fit(rk.work, g.member(r, 0))
+        except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
+            unfit = False
+        if unfit:
+            rk.unfit += len(g.shards)
+            return
     steps = None  # each member's step time alone, a fraction of a full pricing, once K layouts fit
     if rk.step_times is not None and math.isfinite(rk.kth_time()):
         try:

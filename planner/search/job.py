@@ -263,7 +263,9 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
              f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
              f"({result.wall_s:.2f} s)")
     counts = {"layouts_in_space": result.candidates, "layouts_priced": result.evaluated,
-              "layouts_pruned": result.candidates - result.evaluated}
+              "layouts_pruned": result.candidates - result.evaluated,
+              # of those pruned: shown by their step time alone not to rank, or by their activations not to fit
+              "layouts_timed": result.timed, "layouts_unfit": result.unfit}
     return PlanOutcome(title, rows, plan, job.path, notes, priced=tuple(result.priced),
                        memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why, counts=counts)
 
