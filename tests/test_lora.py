@@ -41,6 +41,20 @@ def test_adapter_count_is_the_golden_count(lora: str, want: int) -> None:
     assert trainable_params(_work(""), tb, lay, 0) == stage_params(tb, lay, 0)
 
 
+def test_frozen_linears_save_no_input() -> None:
+    """Transformer Engine saves a linear's input only when its weight takes a gradient ("backward_needs_input =
+    is_grad_enabled and weight.requires_grad"): with adapters on QKV alone, a Llama-3.1-8B layer (bf16, tp 1) drops
+    FC1's input (h) and FC2's (the SwiGLU product, ffn), 2 B each; QKV's input stays (the adapter's copy), and so
+    does the projection's (the fused attention's saved output)."""
+    from meshplan.planner.estimate.memory import activation_bytes_per_layer, layer_shape
+
+    model, s, b = load_model("llama-3.1-8b-instruct"), 4096, 1
+    lay = Layout.of(Degrees(dp_shard=8), micro_batch=1, zero_stage=1, recompute="none")
+    full = activation_bytes_per_layer(layer_shape(model, 0), s, b, lay, 2.0, "none")
+    lora = activation_bytes_per_layer(layer_shape(model, 0), s, b, lay, 2.0, "none", adapted=("qkv",))
+    assert full - lora == 2 * s * b * (4096 + 14336)
+
+
 def test_frozen_base_keeps_weights_and_sheds_states_and_wgrad() -> None:
     est = estimator_for(load_cluster("1x8xH100"))
     full, lora = est.estimate(_work(""), _layout()), est.estimate(_work("16:qkv"), _layout())

@@ -122,7 +122,8 @@ def offload_s(work, layout: Layout, tb, times: dict, stage: int) -> float:
     s, b = work.seq_len // layout.cp, layout.micro_batch
     lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
     scale = 2.0 if work.dtype == "fp32" else 1.0  # as ``base.stage_memory``: 16-bit accounting, fp32 keeps 4 B
-    copy = [scale * tb.activation_bytes(k, s, b, layout, lin, "none") / dev.host_bw_bytes_per_s for k in kinds]
+    host_bw = dev.host_bw_bytes_per_s
+    copy = [scale * tb.activation_bytes(k, s, b, layout, lin, "none", work.lora) / host_bw for k in kinds]
     fwd, bwd = offload_exposed_s([times[k][0] for k in kinds], [times[k][1] for k in kinds], copy,
                                  min(layout.offload_layers, len(kinds)))
     return fwd + bwd
