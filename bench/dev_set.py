@@ -301,10 +301,11 @@ def bridge_precision(row: dict) -> tuple[str, str, str]:
 def bridge_recompute(row: dict, pp: int = 1) -> tuple[str, list[Need], str]:
     """(recompute, needs, note) from the row's recipe: the library recipes' default is no recomputation
     (recompute_granularity None); ``selective`` with ``recompute_modules`` recomputes only the modules named
-    (Megatron-Core TransformerConfig.recompute_modules: core_attn is meshplan's "selective", an empty list
-    recomputes nothing); CPU offloading of activations (``cpu_offloading_num_layers``) is ``offload_layers``,
-    except where the table's layout is pipelined: Megatron-Core refuses CPU offloading with pp > 1
-    (TransformerConfig.__post_init__), so a recipe that differs from the row there cannot have run it."""
+    (Megatron-Core TransformerConfig.recompute_modules, meshplan's ``recompute_modules`` decision; core_attn alone is
+    meshplan's "selective", an empty list recomputes nothing); CPU offloading of activations
+    (``cpu_offloading_num_layers``) is ``offload_layers``, except where the table's layout is pipelined: Megatron-Core
+    refuses CPU offloading with pp > 1 (TransformerConfig.__post_init__), so a recipe that differs from the row there
+    cannot have run it."""
     said = str(row.get("recompute") or "")
     off = re.search(r"CPU offloading of (\d+) layers", said)
     if off and pp > 1:
@@ -321,9 +322,8 @@ def bridge_recompute(row: dict, pp: int = 1) -> tuple[str, list[Need], str]:
         return "none", [], "selective with recompute_modules=[]: nothing recomputed"
     if names == ["core_attn"]:
         return "selective", [], ""
-    return "none", [Need("recompute_modules", "+".join(names), f"selective recomputation of {names} (preset "
-                         "recompute_modules); meshplan recomputes core attention, whole layers or none: priced "
-                         "without it", {"recompute": "none"})], ""
+    return "selective", [Need("recompute_modules", "+".join(names), f"selective recomputation of {names} (preset "
+                              "recompute_modules)", {"recompute": "none"})], ""
 
 
 # Megatron-Bridge's DeepSeek-V3 library recipe picks the pipeline layout by (pp, vp) when the preset gives none
@@ -428,7 +428,7 @@ def _bridge_model_needs(row: dict) -> list[Need]:
     needs = []
     if "(w/o MTP)" not in row["model"] and row["model"].startswith("DeepSeekV3"):
         needs.append(Need("mtp", "1", "Megatron-Bridge's DeepSeek-V3 recipe sets mtp_num_layers = 1 (the table's "
-                          "TFLOP/s match with one MTP layer); meshplan prices no MTP module: priced without it", {}))
+                          "TFLOP/s match with one MTP layer)", {}))
     if "(tokendrop)" in row["model"]:  # 25.09 = r0.1.0, whose run_script.py set these for the token-drop runs
         needs.append(Need("moe_capacity", "1", "25.09 '(tokendrop)': scripts/performance/run_script.py @ r0.1.0 "
                           "lines 80 / 109 / 116 apply_moe_token_drop (training/utils/moe_token_drop.py lines 20-21: "
@@ -437,8 +437,7 @@ def _bridge_model_needs(row: dict) -> list[Need]:
             needs.append(Need("shared_overlap", "true", "run_script.py @ r0.1.0 line 89: moe_shared_expert_overlap = "
                               "True on B200 / GB200", {}))
             needs.append(Need("recompute_modules", "mla_up_proj", "run_script.py @ r0.1.0 lines 93 / 96: "
-                              "recompute_modules = ['mla_up_proj']; meshplan recomputes core attention, whole layers "
-                              "or none: priced without it", {"recompute": "none"}))
+                              "recompute_modules = ['mla_up_proj']", {"recompute": "none"}))
     if row["model"].startswith("Kimi"):
         needs.append(Need("optimizer", "muon", "'Muon optimizer was used for pre-training Kimi-K2': meshplan prices "
                           "Adam's states and step", {}))
@@ -665,6 +664,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
             fix.update(fb)
             if not nd.implied:
                 approximated.append(nd)
+    if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs
+        fix["recompute"] = "selective"
     gpn = row.get("gpus_per_node") or 8
     cluster = f"{n // gpn}x{gpn}x{device}"
     if is_bridge_row(row):

@@ -31,10 +31,13 @@ if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CL
     from meshplan.costmodel.collective_model import CollectiveModel
     from meshplan.costmodel.learned import LearnedModel
 
-# How a Mamba-2 SSD scan is priced: no op-level dataset measures it, so the calibrated roofline over the FLOPs of
-# the paper's chunked algorithm and the bytes of mamba_ssm's five kernels (costmodel.ops.ssd_flops / ssd_bytes)
+# How a Mamba-2 SSD scan is priced: no op-level dataset measures it, so the roofline over the FLOPs of the paper's
+# chunked algorithm and the bytes of mamba_ssm's kernels (costmodel.ops.ssd_flops / ssd_bytes), at the fractions
+# of peak and bandwidth its chunk-scan kernel reached on H800 (costmodel.roofline, "ssd")
 SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §6) and the HBM bytes of mamba_ssm's "
-              "five chunked-scan kernels (no published per-kernel timing)")
+              "five forward and fourteen backward kernels, at 13.5% of peak and 41% of HBM bandwidth: what its "
+              "chunk-scan kernel reached on H800 (tile-ai/tilelang benchmark/mamba2); no timing of these kernels "
+              "is published for other GPUs")
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 
 # fp8 GEMMs, priced from their bf16 twin: no fp8 kernel measurements reach the learned model, and an fp8 GEMM is not

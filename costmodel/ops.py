@@ -76,6 +76,16 @@ class OpSpec:
         if self.groups != 1 and (self.kind != "matmul" or self.groups < 1):
             raise ValueError(f"OpSpec {self.kind}: groups={self.groups}; only a matmul is grouped (groups >= 1)")
 
+    def __eq__(self, other: object) -> bool:
+        # field by field, no tuples built: price memos compare equal ops built apart 10^5 times a search
+        if self is other:
+            return True
+        if other.__class__ is not OpSpec:
+            return NotImplemented
+        return (self.shape == other.shape and self.kind == other.kind and self.dtype == other.dtype
+                and self.backward == other.backward and self.impl == other.impl and self.groups == other.groups
+                and self.group_size == other.group_size and self.causal == other.causal)
+
     def __hash__(self) -> int:
         # cached: a layout search looks ops up in price memos 10^5-10^6 times, each hash a tuple of eight fields
         h = self.__dict__.get("_hash")
@@ -134,26 +144,65 @@ def ssd_flops(op: OpSpec) -> float:
     chunks of length Q, per token: the diagonal blocks' ``C B^T`` per group (Q N multiply-adds, half of them
     under the causal mask) and their ``(L o C B^T) X`` per head (Q P, half), the chunk states ``B^T X`` (N P per
     head) and the states' contribution to the output ``C h`` (N P per head); the state passing between chunks
-    (N P per chunk) is negligible. Linear in the sequence: O(T N Q + T N P) against attention's O(T^2). The
-    backward runs each product twice (input and weight-like gradients), as a GEMM's."""
+    (N P per chunk) is negligible. Linear in the sequence: O(T N Q + T N P) against attention's O(T^2).
+
+    The backward is mamba_ssm's ``_mamba_chunk_scan_combined_bwd`` (``ssd_combined.py``) kernel by kernel: it
+    recomputes ``C B^T`` (all Q x Q, G Q N) and the chunk states (H P N), then the states' gradient (H P N), dx
+    (causal Q P and the states' H P N), dB and dC (H P N each), dCB (causal Q P), its two products back to dB and
+    dC (G Q N each) and the stable dA cumsum gradient (causal Q P): 3 G Q N + 5 H P N + 1.5 H Q P."""
     b, heads, seq, p_dim, n, groups, q = op.shape
-    macs = groups * q * n / 2 + heads * q * p_dim / 2 + 2 * heads * n * p_dim
-    return 2.0 * b * seq * macs * (2.0 if op.backward else 1.0)
+    if op.backward:
+        macs = 3 * groups * q * n + 5 * heads * p_dim * n + 1.5 * heads * q * p_dim
+    else:
+        macs = groups * q * n / 2 + heads * q * p_dim / 2 + 2 * heads * n * p_dim
+    return 2.0 * b * seq * macs
 
 
 def ssd_bytes(op: OpSpec) -> float:
-    """HBM bytes of the SSD forward as mamba_ssm runs it: five kernels (chunk cumsum, chunk-state bmm ``C B^T``,
-    chunk state, state passing, chunk scan) that write and read their intermediates in fp32 ("mostly bottlenecked
-    by memory bandwidth and latency ... writing and reading intermediate data", PyTorch blog "Accelerating Mamba2
-    with Kernel Fusion", 2025). Per token: x read twice, z once, B and C twice each, dt once, y written (16-bit);
-    C B^T written and read (G Q per token), the chunk states written, read and written by the state passing,
-    read by the scan (4 H P N / Q per token), dA cumsum and dt written once and read three times (fp32). The
-    backward reads and writes about twice that (memory-bound rule of the estimator)."""
+    """HBM bytes of the SSD as mamba_ssm runs it, per token (16-bit tensors ``e`` bytes, fp32 scratch 4).
+
+    Forward: five kernels (chunk cumsum, chunk-state bmm ``C B^T``, chunk state, state passing, chunk scan) that
+    write and read their intermediates in fp32 ("mostly bottlenecked by memory bandwidth and latency ... writing
+    and reading intermediate data", PyTorch blog "Accelerating Mamba2 with Kernel Fusion", 2025): x read twice, z
+    once, B and C twice each, dt once, y written and, with the z gate, the ungated y too (``_chunk_scan_fwd``
+    returns ``out_x``, which the backward reads); C B^T written and read (G Q per token), the chunk states
+    written, read and written by the state passing, read by the scan (4 H P N / Q), dA cumsum and dt written once
+    and read three times.
+
+    Backward: ``_mamba_chunk_scan_combined_bwd``'s fourteen kernels, each reading its inputs from HBM and writing
+    its outputs (``ssd_bwd_bytes``)."""
     b, heads, seq, p_dim, n, groups, q = op.shape
     e = DTYPE_BYTES.get(op.dtype, 2)
-    io = e * (4 * heads * p_dim + 4 * groups * n + heads)
+    if op.backward:
+        return b * seq * ssd_bwd_bytes_per_token(heads, p_dim, n, groups, q, e)
+    io = e * (5 * heads * p_dim + 4 * groups * n + heads)
     scratch = 4.0 * (2 * groups * q + 4 * heads * p_dim * n / q + 8 * heads)
-    return b * seq * (io + scratch) * (2.0 if op.backward else 1.0)
+    return b * seq * (io + scratch)
+
+
+def ssd_bwd_bytes_per_token(heads: int, p_dim: int, n: int, groups: int, q: int, e: float) -> float:
+    """HBM bytes per token of mamba_ssm's SSD backward (``ssd_combined._mamba_chunk_scan_combined_bwd``), read off
+    its kernels' arguments. Per-head tensors (x, z, y, dy, dx, dz: H P elements a token) are read or written 17
+    times: dz (x, z, y, dy in; dz, dy_x out), the states' gradient (dy), dx (x, dy in; dx out), dB (x), dC (dy),
+    dCB (x, dy), the dA gradient (x, dy) and the chunk-state recompute (x). The chunk states (H P N / Q a token)
+    pass six times in fp32 (recomputed and written, read and written by the state passing, the states' gradient
+    written, read by its passing backward) and five times in 16 bits (the passing backward's two outputs, read by
+    dx, dB and dC). B, C and their gradients (G N) 11 times in 16 bits and 4 in fp32 (dB and dC partials and
+    their residuals in the C B^T backward); ``C B^T`` and its gradient (G Q, fp32) six times; dt and the dA
+    cumsum (H, fp32) about 27 times."""
+    head = 17 * e * heads * p_dim
+    states = (6 * 4 + 5 * e) * heads * p_dim * n / q
+    bc = (11 * e + 4 * 4) * groups * n
+    cb = 6 * 4 * groups * q
+    return head + states + bc + cb + (e + 108) * heads
+
+
+def ssd_chunk_scan_bytes(b: int, seq: int, heads: int, p_dim: int, n: int, groups: int, q: int, e: float) -> float:
+    """Unique HBM bytes of the chunk-scan forward kernel alone (``_chunk_scan_fwd``): x, C, C B^T, dt, dA cumsum
+    and the previous chunk states in, y out, all ``e`` bytes an element (the measured kernel's fp16 inputs,
+    ``costmodel/data/published/ssd_chunk_scan_h800.json``)."""
+    per_token = e * (2 * heads * p_dim + groups * n + groups * q + 2 * heads + heads * p_dim * n / q)
+    return b * seq * per_token
 
 
 def op_bytes(op: OpSpec) -> float:

@@ -86,7 +86,10 @@ def _field(cfg, dotted: str):
         obj = getattr(obj, part)
     if hasattr(obj, "value") and type(obj).__module__.startswith("megatron"):  # enums (cp_comm_type is a str)
         obj = obj.value
-    return obj if isinstance(obj, (bool, int, float, str, type(None))) else str(obj)
+    plain = (bool, int, float, str, type(None))
+    if isinstance(obj, list) and all(isinstance(x, plain) for x in obj):  # a list field (recompute_modules)
+        return obj
+    return obj if isinstance(obj, plain) else str(obj)
 
 
 def _read(case: dict, recipes, process, update, auto_bridge) -> dict:

@@ -187,3 +187,26 @@ def test_token_drop_runs_route_at_capacity_one(rows, runs_dir):
         fix = dev_set.row_needs(row, runs_dir).fix_string.split(",")
         model_cell = row["published"]["quote"].strip().strip("|").split("|")[0]  # 25.09 / 25.11: the Model column
         assert ("moe_capacity=1" in fix) == ("(tokendrop)" in model_cell), row["name"]
+
+
+def test_recipe_module_lists_and_mtp_are_pinned_not_approximated(rows, runs_dir):
+    """A recipe's ``recompute_modules=[...]`` is pinned as meshplan's ``recompute_modules`` with selective
+    recomputation, and DeepSeek-V3's MTP layer (the recipe's ``mtp_num_layers = 1``; "(w/o MTP)" in the model label
+    turns it off) as ``mtp=1``: neither is an approximation any more."""
+    from meshplan.planner.layout.decisions import RECOMPUTE_MODULES
+    from meshplan.planner.layout.space import parse_fix
+
+    listed = 0
+    for row in rows:
+        inp = dev_set.row_needs(row, runs_dir)
+        assert not {n.key for n in inp.approximated} & {"recompute_modules", "mtp"}, row["name"]
+        said = re.search(r"recompute_modules=\[([^\]]*)\]", str(row.get("recompute") or ""))
+        names = set(re.findall(r"'(\w+)'", said.group(1))) if said else set()
+        if names and names != {"core_attn"} and not inp.missing:
+            listed += 1
+            assert inp.fix["recompute"] == "selective", row["name"]
+            pins = parse_fix(inp.fix_string)  # what plan_job is handed (the module list in the registry's order)
+            assert pins.recompute_modules == "+".join(m for m in RECOMPUTE_MODULES if m in names), row["name"]
+        mtp = row["model"].startswith("DeepSeekV3") and "(w/o MTP)" not in row["model"]
+        assert inp.fix.get("mtp") == ("1" if mtp else None), row["name"]
+    assert listed >= 40

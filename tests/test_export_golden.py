@@ -142,6 +142,11 @@ VARIANTS.update({
     "moe-deepep": lambda: _moe_variant(moe_dispatcher="deepep"),
     "reduce-fp32": lambda: _variant(reduce_dtype="fp32"),
     "reduce-bf16": lambda: _variant(reduce_dtype="bf16"),
+    # Megatron-Core's selective module list and DeepSeek-V3's MTP module (one uneven pipeline: the layout names it)
+    "moe-recompute-modules": lambda: _moe_variant(recompute_modules="moe_act+layernorm+mla_up_proj"),
+    "moe-mtp": lambda: _moe_variant(mtp=1),
+    "moe-mtp-uneven": lambda: _moe_variant(mtp=1, etp=1, degrees=dict(dp_shard=32, tp=2, pp=4, ep=64),
+                                           stages=_stages(16, 16, 16, 13)),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

@@ -124,6 +124,9 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
         assert (cfg.recompute_method, cfg.recompute_num_layers) == ("uniform", 1)  # every layer recomputed
     elif plan.recompute.startswith("full:"):  # the first N layers of every stage / virtual chunk
         assert (cfg.recompute_method, cfg.recompute_num_layers) == ("block", _common.recompute_layers(plan))
+    if plan.recompute == "selective":  # the module list, or TransformerConfig's default
+        assert cfg.recompute_modules == (plan.recompute_modules.split("+") if plan.recompute_modules else ["core_attn"])
+    assert (cfg.mtp_num_layers or 0) == plan.mtp
     recipe = _common.fp8_recipe(plan)
     want = {"bf16": (True, False), "fp16": (False, True), "fp8": (True, False), "nvfp4": (True, False)}[plan.dtype]
     assert (cfg.bf16, cfg.fp16) == want

@@ -61,7 +61,8 @@ def _render_or_refusal(plan, target: str) -> str | None:
         assert "\n" not in msg and msg.startswith(f"{target}: "), msg
         d = plan.degrees
         named = (plan.dtype, plan.recompute, plan.schedule, f"cp={d.cp}", "zero_stage", f"fp8 recipe {plan.fp8}",
-                 f"fp8 recipe {_common.fp8_recipe(plan)}", f"cp_kind {plan.cp_kind}", f"etp={plan.etp}", "moe_overlap")
+                 f"fp8 recipe {_common.fp8_recipe(plan)}", f"cp_kind {plan.cp_kind}", f"etp={plan.etp}", "moe_overlap",
+                 f"recompute_modules={plan.recompute_modules}", f"mtp={plan.mtp}")
         assert any(w in msg for w in named), msg
         return None
 
@@ -122,8 +123,9 @@ def _megatron_flags_from_notes() -> set[str]:
     # of the same names (test_export_megatron_core builds the config from them): --moe-expert-capacity-factor,
     # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm,
     # --moe-shared-expert-overlap, --moe-flex-dispatcher-backend; --fp4-format and --fp4-recipe (TransformerConfig
-    # fp4, argparse_meta arg_names ["--fp4-format"], and fp4_recipe).
-    return flags | {"--fp4-format", "--fp4-recipe",
+    # fp4, argparse_meta arg_names ["--fp4-format"], and fp4_recipe). --recompute-modules (nargs='*') and
+    # --mtp-num-layers (_add_mtp_args, type=int) are arguments.py's own add_argument flags.
+    return flags | {"--fp4-format", "--fp4-recipe", "--recompute-modules", "--mtp-num-layers",
                     "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
@@ -136,12 +138,12 @@ def _megatron_args(words: list[str]) -> dict[str, object]:
     while i < len(words):
         w = words[i]
         assert w.startswith("--"), f"stray value {w!r}"
-        if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            out[w] = words[i + 1]
-            i += 2
-        else:
-            out[w] = True
-            i += 1
+        values = []
+        while i + 1 + len(values) < len(words) and not words[i + 1 + len(values)].startswith("--"):
+            values.append(words[i + 1 + len(values)])
+        assert len(values) <= 1 or w == "--recompute-modules", f"{w} takes one value, got {values}"  # nargs='*'
+        out[w] = (values if w == "--recompute-modules" else values[0]) if values else True
+        i += 1 + len(values)
     return out
 
 

@@ -31,7 +31,7 @@ from meshplan.planner.estimate.memory import (
     runtime_overhead_bytes,
     saved_input_bytes,
 )
-from meshplan.planner.estimate.ops_graph import mtp_kinds
+from meshplan.planner.estimate.ops_graph import kind_ops, mtp_kinds
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.flops import recompute_flops_per_token
@@ -131,22 +131,38 @@ class ModelTables:
     def flops_per_token(self, seq_len: int, layout: Layout) -> tuple[float, float]:
         """(model FLOPs, recompute FLOPs) per token, cached; ``full:N`` counts the share of layers it recomputes."""
         k = (seq_len, layout.recompute, layout.pp, layout.vpp, layout.pp_layout)
+        if layout.recompute_modules:  # the modules' share depends on how the layer is split
+            k += (layout.recompute_modules, layout.tp, layout.cp, layout.micro_batch, layout.ep, layout.etp)
         hit = self._flops.get(k)
         if hit is None:
             share = 1.0
             if layout.recompute_layers:  # the layers full:N recomputes, over every stage
                 recomputed = sum(sum(self.stage_counts(layout, st)[2].values()) for st in range(layout.pp))
                 share = recomputed / max(1, self.model.num_layers)
-            hit = self._flops[k] = (self.model.model_flops_per_token(seq_len),
-                                    recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
+            again = (self.module_flops_per_token(seq_len, layout) if layout.recompute_modules
+                     else recompute_flops_per_token(self.model, seq_len, layout.recompute, share))
+            hit = self._flops[k] = (self.model.model_flops_per_token(seq_len), again)
         return hit
+
+    def module_flops_per_token(self, seq_len: int, layout: Layout) -> float:
+        """FLOPs per token that Megatron-Core's ``recompute_modules`` run again: the forward FLOPs of each listed
+        module's ops (``LayerOps.modules``) over every decoder layer, scaled from one rank's share (1/tp of a layer
+        for its b*s/cp tokens) to the whole layer per token."""
+        tokens = layout.micro_batch * seq_len / layout.cp
+        counts = self.kind_counts((range(self.model.num_layers),))
+        out = 0.0
+        for kind, n in counts.items():
+            lo = kind_ops(self.model, kind, layout, seq_len)
+            again = sum(op.flops for m, ops in lo.modules if m in layout.recomputed_modules for op in ops)
+            out += n * again * layout.tp / tokens
+        return out
 
     def activation_bytes(self, kind: str, s: int, b: int, layout: Layout, lin_bytes: float,
                          recompute: str, lora: str = "") -> float:
         """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of ``kind``, cached on
         the fields it reads; ``lora``: the job's (``Workload.lora``), whose frozen linears save no input."""
         k = (kind, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
-             layout.moe_capacity, layout.moe_imbalance, layout.stack, lora)
+             layout.moe_capacity, layout.moe_imbalance, layout.stack, layout.recompute_modules, lora)
         hit = self._act.get(k)
         if hit is None:
             adapted = parse_lora(lora).modules if lora else None
@@ -321,6 +337,8 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
     act = per_mb * inflight_factor(layout, m, stage)
     # one layer re-materialised during its backward
     remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
+    if layout.recompute_modules:  # a re-run module re-creates what it freed, one layer at a time
+        remat = max(kept[k] - tb.activation_bytes(k, s, b, layout, lin, "selective") for k in kept)
     if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B
         act, remat = 2 * act, 2 * remat
     ends: tuple[float, ...] = ()
@@ -390,7 +408,7 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
 # The fields that change one micro-batch's per-layer time: the estimators' cache keys read them from here only.
 TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "expert_tp", "fp8",
                "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap",
-               "shared_overlap")
+               "shared_overlap", "recompute_modules")
 
 
 _time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 17 (a search asks 10^5 times)

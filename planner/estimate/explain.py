@@ -49,8 +49,8 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
             if not n:
                 continue
             lo = layer_ops(model, tb.rep[moe], key, work.seq_len, work.dtype)
-            again = {"full": lo.compute, "selective": lo.core_attention, "op": lo.op_recompute}.get(
-                layout.recompute_kind, ())
+            selective = tuple(op for mod, ops in lo.modules if mod in key.recomputed_modules for op in ops)
+            again = {"full": lo.compute, "selective": selective, "op": lo.op_recompute}.get(layout.recompute_kind, ())
             passes = [(op, n, True) for op in lo.compute] + [(op, rec[moe], False) for op in again]
             for op, runs, with_bwd in passes:
                 f = estimator.op_time_s(op, dev)

@@ -18,8 +18,9 @@ Units: seconds, bytes, FLOPs.
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
@@ -47,6 +48,10 @@ from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
 from meshplan.planner.layout.splits import weighted_split
 
+# kinds whose backward is priced as its own op (its FLOPs and bytes); any other kind's backward is a memory-bound
+# pass over twice the forward's bytes (read the gradient and the saved input, write the gradient). The SSD's
+# backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward.
+BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd")
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
 # are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
@@ -164,6 +169,7 @@ class GpuEstimator:
         # (cluster, tables, seq, dtype, lora, pipeline parts, sync terms, work bounds)
         self._scope: tuple = (None, None, None, None, "", {}, {}, {})
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
+        self._mtp_models: dict[tuple, tuple] = {}
 
     # ---- operators
     def op_time_s(self, op: OpSpec, device: DeviceSpec) -> float:
@@ -173,7 +179,7 @@ class GpuEstimator:
         return [float(t) for t in self.pricer.predict_batch(ops, device)]
 
     def _bwd_s(self, op: OpSpec, device) -> float:
-        if op.kind in ("matmul", "bmm", "attention"):
+        if op.kind in BWD_PRICED_KINDS:
             hit = self._bwd.get((op, device))
             if hit is None:
                 hit = self._bwd[(op, device)] = self.pricer.predict(replace(op, backward=True), device)
@@ -193,7 +199,9 @@ class GpuEstimator:
             return hit
         lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
         fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
-        re = {"full": fwd, "selective": p["attn"], "op": p["op"]}.get(key.recompute_kind, 0.0)
+        re = {"full": fwd, "op": p["op"]}.get(key.recompute_kind, 0.0)
+        if key.recompute_kind == "selective":  # the modules Megatron-Core re-runs (``Layout.recomputed_modules``)
+            re = sum(t for m, t in p["modules"].items() if m in key.recomputed_modules)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
         if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
@@ -231,6 +239,8 @@ class GpuEstimator:
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost  # forward and backward
         comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
+            re += ep_re
         out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, cp + cp_bwd)
         return out
 
@@ -319,7 +329,7 @@ class GpuEstimator:
         if not every:
             return
         primed.update(every)
-        need = [op for op in every if op.kind in ("matmul", "bmm", "attention") and (op, device) not in self._bwd]
+        need = [op for op in every if op.kind in BWD_PRICED_KINDS and (op, device) not in self._bwd]
         backward = [replace(op, backward=True) for op in need]
         self.pricer.prime(every + backward, device)
         for op, bop in zip(need, backward):
@@ -349,6 +359,7 @@ class GpuEstimator:
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   "shared_fwd": sum(f[op] for op in lo.shared),
+                  "modules": {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules},
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0,
                   # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides
@@ -407,9 +418,20 @@ class GpuEstimator:
     # ---- the estimate
     def estimate(self, work: Workload, layout: Layout) -> Estimate:
         """Predict step time, throughput and peak memory of ``layout`` (validated beforehand)."""
+        if layout.mtp and layout.mtp != work.model.num_mtp_layers:  # a plan's layout read back prices its MTP
+            # modules (a layout at the default 0 prices what the model counts: ``load_model(mtp=True)``)
+            work = replace(work, model=self._mtp_model(work.model, layout.mtp))
         step, compute, pipeline, exposed, bubble, optimizer, m = self._step_parts(work, layout)
         return finish_estimate(work, self.tables(work.model), layout, m, step=step, compute_s=compute,
                                pipeline_s=pipeline, exposed_comm_s=exposed, bubble_s=bubble, other_s=optimizer)
+
+    def _mtp_model(self, model, mtp: int):
+        """``model`` with ``mtp`` MTP modules, one object per pair (the tables are cached per model object)."""
+        key = (id(model), mtp)
+        hit = self._mtp_models.get(key)
+        if hit is None or hit[0] is not model:
+            hit = self._mtp_models[key] = (model, model.with_mtp(mtp))
+        return hit[1]
 
     def step_time_s(self, work: Workload, layout: Layout) -> float:
         """The step time ``estimate`` predicts, the same float, without the memory and the rates: what a search
@@ -421,22 +443,24 @@ class GpuEstimator:
         dp_replicate)`` of ``shards`` (one data-parallel degree), without memory and rates: the pipeline part is
         priced once for all of them, each sharding's collectives once per estimator (``_sync_terms``)."""
         tb, m, pipe = self._pipeline_of(work, layout)
-        slow = pipe[0]
-        items = [(k, v) for k, v in layout.__dict__.items() if k not in _SYNC_FREE]
-        vals = [v for _, v in items]
-        at = [next(i for i, (k, _) in enumerate(items) if k == f) for f in ("zero_stage", "dp_shard", "dp_replicate")]
+        slow, stage_c, stage_q, t_max, bubble, straggle = pipe
+        vals = list(_sync_fields_of(layout))
         syncs = self._scoped(work, tb)[1]
+        # _step_of's step, summed in the same order
+        before_sync = m * t_max + straggle + bubble
+        stage_s = stage_c + stage_q
         out = []
+        z_at, d_at, rep_at = _SHARD_AT
         for shard in shards:
-            for i, v in zip(at, shard):
-                vals[i] = v
+            vals[z_at], vals[d_at], vals[rep_at] = shard
             key = (slow, tuple(vals))
             terms = syncs.get(key)
             if terms is None:
                 z, d, rep = shard
                 member = replace(layout, zero_stage=z, dp_shard=d, dp_replicate=rep)
                 terms = syncs[key] = self._price_sync_terms(work, member, tb, slow)
-            out.append(_step_of(pipe, terms, m)[0])
+            dp_exposed, fsdp_copies = terms.exposed_s(stage_s, stage_c, m)
+            out.append(before_sync + dp_exposed + terms.other_s(fsdp_copies))
         return out
 
     def pipeline_bound_s(self, work: Workload, layout: Layout) -> float:
@@ -577,7 +601,7 @@ class GpuEstimator:
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
         overlap is known: every collective priced once, cached on the fields they read (``_SYNC_FREE`` are not)."""
         syncs = self._scoped(work, tb)[1]
-        key = (slow, tuple(v for k, v in layout.__dict__.items() if k not in _SYNC_FREE))
+        key = (slow, _sync_fields_of(layout))
         hit = syncs.get(key)
         if hit is None:
             hit = syncs[key] = self._price_sync_terms(work, layout, tb, slow)
@@ -731,3 +755,6 @@ class _SyncTerms(NamedTuple):
 _SYNC_FREE = frozenset({"recompute", "micro_batch", "sequence_parallel", "attention", "pipeline_schedule", "cp_kind",
                         "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap",
                         "shared_overlap"})
+_SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
+_sync_fields_of = operator.attrgetter(*_SYNC_FIELDS)
+_SHARD_AT = tuple(_SYNC_FIELDS.index(f) for f in ("zero_stage", "dp_shard", "dp_replicate"))

@@ -153,6 +153,7 @@ class LayerShape:
     expert_width: int = 0  # width the routed experts' tokens travel at (a LatentMoE's latent; 0: hidden)
     mamba_in: int = 0  # Mamba-2 in_proj output, 2 d_inner + 2 G N + H
     mamba_inner: int = 0  # d_inner
+    mla: bool = False  # multi-latent attention (its input norm stands alone; Q, K, V come from up-projections)
 
 
 def has_dropout(model) -> bool:
@@ -181,7 +182,7 @@ def layer_shape(model, layer: int) -> LayerShape:
         shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0, blocks=kind, keys=window,
         expert_width=model.moe_latent_size,
         mamba_in=2 * model.mamba_inner + 2 * model.mamba_groups * model.mamba_state + model.mamba_heads,
-        mamba_inner=model.mamba_inner,
+        mamba_inner=model.mamba_inner, mla=bool(model.q_lora_rank or model.kv_lora_rank),
     )
 
 
@@ -247,16 +248,57 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
     if kind == "op":
         return op_saved_bytes(ls, s, b, layout)
     lin = lin_bytes  # bytes per element of a saved linear-layer input
+    modules = layout.recomputed_modules if kind == "selective" else frozenset()
     saved = ({m: lin for m in ("qkv", "proj", "fc1", "fc2")} if adapted is None else
              {m: 2.0 if m in adapted else 0.0 for m in ("qkv", "fc1", "fc2")}
              | {"proj": 2.0 if "proj" in adapted or layout.attention != "unfused" else 0.0})
     out = 2.0 * sbh / rep * len(ls.blocks)  # the norm inputs, one per block
     if "*" in ls.blocks or "S" in ls.blocks:
-        out += _attention_bytes(ls, s, b, layout, saved["qkv"], kind, saved["proj"])
+        out += _attention_bytes(ls, s, b, layout, saved["qkv"], "selective" if "core_attn" in modules else "none",
+                                saved["proj"])
     if "M" in ls.blocks:
         out += _mamba_bytes(ls, s, b, layout, lin)
     if "-" in ls.blocks or "E" in ls.blocks:
         out += _mlp_bytes(ls, s, b, layout, lin, None if adapted is None else (saved["fc1"], saved["fc2"]))
+    return out - module_freed_bytes(ls, s, b, layout, lin, modules)
+
+
+def module_freed_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float, modules: frozenset) -> float:
+    """Bytes of one layer's saved activations that Megatron-Core's ``recompute_modules`` free (megatron-core 0.16.1;
+    core_attn is ``_attention_bytes``' selective case). A checkpointed module keeps its input and frees what its
+    inside saves; an output-discarding one (``CheckpointWithoutOutput``) frees its output, which the next op saved
+    (under fp8 that op is told to save its original input, ``set_save_original_input``, so ``lin`` bytes):
+
+    - mla_up_proj: ``qkv_up_proj_and_rope_apply``'s outputs, the query, key and value core attention saved;
+    - layernorm: the output of each norm not fused into a linear, which the linears after it saved: MLA's input
+      norm (two down-projections read it) and an MoE layer's pre-MLP norm (router and experts read it); Transformer
+      Engine fuses the others into ``linear_qkv`` / ``linear_fc1``, where ``input_layernorm`` is an ``IdentityOp``;
+    - mlp: a dense layer's MLP (fused norm and all) but its input, the residual stream the norm-input term counts;
+    - moe: an MoE layer's MLP but its input (the pre-MLP norm's output; freed by layernorm); within it moe_act and
+      shared_experts free nothing more;
+    - moe_act: the routed experts' activation output (linear_fc2's input);
+    - shared_experts: the shared experts' FC1 outputs and activation output (their input is the router's too).
+    """
+    if not modules - {"core_attn"}:
+        return 0.0
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    sbh = s * b * ls.hidden
+    attention = "*" in ls.blocks or "S" in ls.blocks
+    out = 0.0
+    if ls.mla and attention and "mla_up_proj" in modules:
+        out += 2.0 * s * b * (ls.q_dim + ls.kv_dim + ls.v_dim) / t
+    if "layernorm" in modules:
+        out += lin * sbh / rep * ((ls.mla and attention) + bool(ls.experts_per_token))
+    drop = (1.0 if ls.dropout else 0.0) * sbh / rep  # the bias-dropout-add's mask sits outside the MLP
+    if "mlp" in modules and "-" in ls.blocks and not ls.experts_per_token:
+        out += _mlp_bytes(ls, s, b, layout, lin) - drop
+    if ls.experts_per_token and "moe" in modules:
+        return out + _mlp_bytes(ls, s, b, layout, lin) - drop - lin * sbh / rep
+    if ls.experts_per_token and "moe_act" in modules:
+        out += lin * ls.experts_per_token * _moe_load(layout) * s * b * ls.ffn / t
+    if ls.experts_per_token and "shared_experts" in modules:
+        out += ((4.0 if ls.gated else 2.0) + lin) * s * b * ls.shared_ffn / t
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.memory import has_dropout
-from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, lowp_recipe
+from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, RECOMPUTE_MODULES, lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.flops import window_keys
 
@@ -48,6 +48,9 @@ class LayerOps:
             the outputs of SDPA and of alternate ``mm`` calls).
         experts: the routed experts' ops (overlappable with the all-to-all when ``moe_overlap``).
         shared: the shared experts' forward ops (overlappable with the dispatch/combine when ``shared_overlap``).
+        modules: ``(module, forward ops)`` for each Megatron-Core ``recompute_modules`` entry the layer has: what
+            selective recomputation of that module runs again in backward (``_LayerBuild.modules``). The "moe"
+            module also runs the dispatch and combine again (``ep_comm``).
     """
 
     compute: tuple[OpSpec, ...]
@@ -59,6 +62,7 @@ class LayerOps:
     experts: tuple[OpSpec, ...] = ()
     expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
     shared: tuple[OpSpec, ...] = ()
+    modules: tuple[tuple[str, tuple[OpSpec, ...]], ...] = ()
 
     def weighted(self) -> dict[OpSpec, int]:
         """``compute`` as {op: times it runs}: equal ops summed, and the local experts' GEMMs (``compute`` holds
@@ -83,6 +87,16 @@ class _LayerBuild:
     seq_len: int
     dtype: str
     ops: list = field(default_factory=list)
+    modules: dict = field(default_factory=dict)
+    """``{recompute module: its forward ops}`` (megatron-core 0.16.1: ``mla_up_proj`` is MLA's
+    ``qkv_up_proj_and_rope_apply``; ``layernorm`` the norms ``TransformerLayer`` checkpoints, those not fused into
+    the next linear: MLA's input norm and an MoE layer's pre-MLP norm (``gpt_layer_specs``); ``mlp`` a dense
+    layer's ``self.mlp`` with its fused norm; ``moe`` the MoE layer after its norm; ``moe_act`` the experts'
+    activation; ``shared_experts`` theirs)."""
+
+    def module(self, name: str, first: int) -> None:
+        """Record ``ops[first:]`` as (more of) recompute module ``name``'s forward."""
+        self.modules.setdefault(name, []).extend(self.ops[first:])
 
     def __post_init__(self) -> None:
         lay = self.layout
@@ -137,27 +151,39 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
         else:
             e, sh, ep = _mlp_block(lb, block == "E")
             experts, shared, ep_comm = e, sh, ep
+    if attn_core:
+        lb.modules["core_attn"] = list(attn_core)
+    if shared:
+        lb.modules["shared_experts"] = list(shared)
     return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, len(kind))), tuple(ep_comm),
                     tuple(cp_comm), _op_recompute(lb.ops, attn_core), tuple(experts),
-                    expert_copies(model, layout) if experts else 1, shared)
+                    expert_copies(model, layout) if experts else 1, shared,
+                    tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules))
 
 
 def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], int, float]:
     """The attention block's ops, appended to ``lb.ops``: (core attention ops, output projection width, KV bytes
     of this rank)."""
     model, ops, mm, T, h, a_t, d = lb.model, lb.ops, lb.mm, lb.T, lb.h, lb.a_t, lb.d
+    mla = bool(model.q_lora_rank or model.kv_lora_rank)
+    first = len(ops)
     lb.norm(lb.Tn, h)
-    if model.q_lora_rank or model.kv_lora_rank:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
+    if mla:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
+        lb.module("layernorm", first)  # MLA's input norm feeds two down-projections: not fused into either
         qk = model.head_dim
         rope = model.qk_rope_head_dim
         nope = qk - rope
         if model.q_lora_rank:
             ops.extend(mm(T, model.q_lora_rank, h))
+            up = len(ops)
             ops.extend(mm(T, a_t * qk, model.q_lora_rank))
+            lb.module("mla_up_proj", up)
         else:
             ops.extend(mm(T, a_t * qk, h))
         ops.extend(mm(T, model.kv_lora_rank + rope, h))
+        up = len(ops)
         ops.extend(mm(T, a_t * (nope + model.v_head_dim), model.kv_lora_rank))
+        lb.module("mla_up_proj", up)
         v_out = a_t * model.v_head_dim
         kv_bytes = 2.0 * T * (model.kv_lora_rank + rope)
         rope_width = a_t * rope + rope
@@ -168,7 +194,10 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
         kv_bytes = 2.0 * T * 2 * kv
         rope_width = a_t * d + kv
     if not model.position_embeddings:  # rotary embeddings on q and k
+        first = len(ops)
         ops.extend(lb.ew(T * rope_width) for _ in range(EAGER_ROPE_PASSES if lb.eager else 1))
+        if mla:  # RoPE is applied inside the up-projection's checkpoint
+            lb.module("mla_up_proj", first)
     attn_core = _core_attention(lb, window)
     ops.extend(attn_core)
     ops.extend(mm(T, h, v_out))
@@ -237,12 +266,15 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
     dispatch and back up after the combine (megatron-core ``MoELayer`` fc1_latent_proj / fc2_latent_proj,
     replicated over tp): the all-to-alls and the experts run at the latent width."""
     model, layout, ops, mm, T, h, t = lb.model, lb.layout, lb.ops, lb.mm, lb.T, lb.h, lb.t
+    first = len(ops)
     lb.norm(lb.Tn, h)
     gate = 2 if model.gated_mlp else 1
     ep_comm: list[tuple[str, float]] = []
     experts: list[OpSpec] = []
     shared: tuple[OpSpec, ...] = ()
     if moe:
+        lb.module("layernorm", first)  # the router and the experts read it: not fused into a linear
+        start = len(ops)
         k = model.experts_per_token
         ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
         ops.append(OpSpec("softmax", (T, model.num_experts), "fp32"))  # router scores (top-k: see _token_moves)
@@ -251,6 +283,7 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
             ops.extend(mm(T, width, h))
         moves = _token_moves(lb, T * k * layout.expert_tp / t, width)
         experts = expert_ops(model, layout, T * k, lb.dtype)
+        lb.modules["moe_act"] = [op for op in experts if op.kind in ("swiglu", "activation", "elementwise")]
         ops.extend(moves[:-1])
         ops.extend(experts)
         ops.append(moves[-1])
@@ -269,11 +302,13 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
             # (dropless) or the capacity it pads to (token dropping)
             a2a = 2.0 * T * k * layout.expert_tp / t * width * _expert_load(layout)  # the copies this rank computes
             ep_comm = [("alltoall", a2a), ("alltoall", a2a)]
+        lb.module("moe", start)
     else:
         f = model.ffn_hidden_size
         ops.extend(mm(T, gate * f // t, h))
         lb.activation(T * f // t, model.gated_mlp)
         ops.extend(mm(T, h, f // t))
+        lb.module("mlp", first)
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))
     return experts, shared, ep_comm
 

@@ -65,8 +65,23 @@ def render(plan: Plan, target: str) -> ExportResult:
         MeshplanError: unknown target, or the plan breaks one of the target's constraints.
     """
     mod = get_target(target)
+    if target in ("deepspeed", "torchtitan", "accelerate"):
+        _megatron_only(plan, target)
     mod.check(plan)
     return ExportResult(target=target, text=mod.render(plan), warnings=list(mod.unsupported(plan)))
+
+
+def _megatron_only(plan: Plan, target: str) -> None:
+    """Refuse, naming it, a decision only Megatron-Core's configuration expresses: the selective module list
+    (``recompute_modules``) and multi-token prediction (``mtp_num_layers``): DeepSpeed, torchtitan 0.2.2 and
+    Accelerate's configs have neither (torchrun, Slurm and Kubeflow launch a script of the user's: they name them
+    among what the example trainer does not run, ``torchrun.unsupported``)."""
+    if plan.recompute_modules:
+        raise MeshplanError(f"{target}: recompute_modules={plan.recompute_modules} is Megatron-Core's selective "
+                            "module list, which this target cannot set; export to megatron or megatron-bridge")
+    if plan.mtp:
+        raise MeshplanError(f"{target}: mtp={plan.mtp} multi-token-prediction modules are built by Megatron-Core "
+                            "(mtp_num_layers), which this target cannot set; export to megatron or megatron-bridge")
 
 
 def export_file(plan_path: str | Path, target: str, out: str | Path | None = None) -> ExportResult:

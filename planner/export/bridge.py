@@ -39,7 +39,7 @@ SOURCE = "NVIDIA-NeMo/Megatron-Bridge v0.3.1"
 class Recipe:
     """A v0.3.1 pretraining recipe: its function in ``megatron.bridge.recipes``, the HF model it loads, whether it
     sets a ``CommOverlapConfig`` (``cfg.comm_overlap``; None otherwise) and whether it turns on multi-token prediction
-    (``model.mtp_num_layers``), which no plan prices (a plan's model is the main model)."""
+    (``model.mtp_num_layers``), which the override sets to the plan's ``mtp`` (None when the plan has none)."""
 
     name: str
     hf_model: str
@@ -121,12 +121,14 @@ def unsupported(plan: Plan) -> list[str]:
 
 
 def _value(v: object) -> str:
-    """A Hydra override value: ``true`` / ``false`` / ``null``, numbers as they are, strings quoted when they hold
-    grammar characters (Hydra's ``OverridesParser``)."""
+    """A Hydra override value: ``true`` / ``false`` / ``null``, numbers as they are, lists as ``[a,b]``, strings
+    quoted when they hold grammar characters (Hydra's ``OverridesParser``)."""
     if v is None:
         return "null"
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, list):  # Hydra's list syntax (recompute_modules)
+        return "[" + ",".join(map(_value, v)) + "]"
     text = str(v)
     return f'"{text}"' if any(ch in text for ch in "|*[]{}(),= '\"") else text
 
@@ -151,8 +153,9 @@ def parallel_overrides(plan: Plan) -> dict[str, object]:
 
 def recompute_overrides(plan: Plan) -> dict[str, object]:
     """``recompute``: full = every layer (uniform, 1 per group), full:N = the first N layers of every stage (block),
-    selective = core attention (TransformerConfig's default ``recompute_modules``), none = null; ``offload_layers``
-    (only without recomputation: megatron.check) as ``cpu_offloading`` / ``cpu_offloading_num_layers``."""
+    selective = the plan's ``recompute_modules`` (TransformerConfig's default, core attention, when it names none),
+    none = null; ``offload_layers`` (only without recomputation: megatron.check) as ``cpu_offloading`` /
+    ``cpu_offloading_num_layers``."""
     n = c.recompute_layers(plan)
     if plan.recompute == "full":
         return {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
@@ -161,11 +164,13 @@ def recompute_overrides(plan: Plan) -> dict[str, object]:
         return {"model.recompute_granularity": "full", "model.recompute_method": "block",
                 "model.recompute_num_layers": n}
     granularity = "selective" if plan.recompute == "selective" else None
-    out = {"model.recompute_granularity": granularity, "model.recompute_method": None,
-           "model.recompute_num_layers": None}
+    o: dict[str, object] = {"model.recompute_granularity": granularity, "model.recompute_method": None,
+                            "model.recompute_num_layers": None}
+    if granularity and plan.recompute_modules:
+        o["model.recompute_modules"] = plan.recompute_modules.split("+")
     if plan.offload_layers:  # the perf recipes' cpu_offloading_num_layers (megatron-core ModelParallelConfig)
-        out.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": plan.offload_layers})
-    return out
+        o.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": plan.offload_layers})
+    return o
 
 
 def optimizer_overrides(plan: Plan) -> dict[str, object]:
@@ -224,8 +229,8 @@ def overrides(plan: Plan) -> list[str]:
     recipe = recipe_of(plan)
     o = {**parallel_overrides(plan), **recompute_overrides(plan), **optimizer_overrides(plan),
          "mixed_precision": PRESETS[c.fp8_recipe(plan)], **moe_overrides(plan), **overlap_overrides(plan, recipe)}
-    if recipe.mtp:  # "Set to 0 or None to disable MTP" (recipes/deepseek/deepseek_v3.py)
-        o["model.mtp_num_layers"] = None
+    if recipe.mtp or plan.mtp:  # "Set to 0 or None to disable MTP" (recipes/deepseek/deepseek_v3.py)
+        o["model.mtp_num_layers"] = plan.mtp or None
     return [f"{k}={_value(v)}" for k, v in o.items()]
 
 

@@ -18,7 +18,8 @@ EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs T
 ``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced
 with its sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, ``shared_overlap`` as
 ``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher or beside moe_overlap, as megatron-core refuses
-it), ``offload_layers`` as ``--cpu-offloading --cpu-offloading-num-layers N`` (ModelParallelConfig ``cpu_offloading``,
+it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*'), ``mtp`` as ``--mtp-num-layers``,
+``offload_layers`` as ``--cpu-offloading --cpu-offloading-num-layers N`` (ModelParallelConfig ``cpu_offloading``,
 ``cpu_offloading_num_layers``; refused with pp > 1 or recomputation, as megatron-core refuses it). Refused in one
 line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
@@ -177,13 +178,14 @@ def unsupported(plan: Plan) -> list[str]:
 
 
 def _layout(plan: Plan) -> str:
-    """``--pipeline-model-parallel-layout`` for uneven stages: E = embedding, t = decoder layer, L = loss head,
-    stages separated by ``|`` in model order (virtual stage v of rank r is stage v*pp + r); ``t*n`` repeats
-    (``PipelineParallelLayerLayout.parse_str_to_list``, megatron/core/transformer/pipeline_parallel_layer_layout.py).
+    """``--pipeline-model-parallel-layout`` for uneven stages: E = embedding, t = decoder layer, m = MTP module,
+    L = loss head, stages separated by ``|`` in model order (virtual stage v of rank r is stage v*pp + r); ``t*n``
+    repeats (``PipelineParallelLayerLayout.parse_str_to_list``,
+    megatron/core/transformer/pipeline_parallel_layer_layout.py).
     """
     parts = [f"t*{s.num_layers}" if s.num_layers else "" for s in plan.stages]  # "E" / "L" alone: no decoder layer
     parts[0] = "E" + parts[0]
-    parts[-1] = parts[-1] + "L"
+    parts[-1] = parts[-1] + "m" * plan.mtp + "L"  # the MTP modules (m) on the last stage, before the loss
     return "|".join(parts)
 
 
@@ -221,6 +223,10 @@ def parallel_args(plan: Plan) -> list[str]:
               str(c.recompute_layers(plan))]
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+        if plan.recompute_modules:  # nargs='*' (megatron/training/arguments.py); TransformerConfig.recompute_modules
+            a += ["--recompute-modules", *plan.recompute_modules.split("+")]
+    if plan.mtp:  # --mtp-num-layers (arguments.py _add_mtp_args): the MTP modules, built on the last stage
+        a += ["--mtp-num-layers", str(plan.mtp)]
     if plan.offload_layers:  # Transformer Engine offloads the saved tensors of the first N layers
         a += ["--cpu-offloading", "--cpu-offloading-num-layers", str(plan.offload_layers)]
     if plan.zero_stage >= 1 and _shards_over(plan) > 1:

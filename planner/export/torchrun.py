@@ -56,6 +56,12 @@ def unsupported(plan: Plan) -> list[str]:
                    "torchtitan target")
     if c.mixed_layer_precision(plan):
         out.append(f"torchrun: {ENTRY} trains every layer in {plan.dtype}; per-layer precision is not applied")
+    if plan.recompute_modules:
+        out.append(f"torchrun: {ENTRY} has no recompute_modules={plan.recompute_modules} (Megatron-Core's module "
+                   "list); use the megatron or megatron-bridge target")
+    if plan.mtp:
+        out.append(f"torchrun: {ENTRY} trains no mtp={plan.mtp} multi-token-prediction modules; use the megatron or "
+                   "megatron-bridge target")
     return out
 
 

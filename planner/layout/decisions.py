@@ -23,6 +23,10 @@ from meshplan.planner.layout.splits import parse_pp_layout
 
 RECOMPUTE = ("none", "selective", "full", "op")  # plus "full:N" (``Layout.recompute_layers``)
 RECOMPUTE_PATTERN = r"^(none|selective|full|op|full:[1-9][0-9]{0,3})$"
+# Megatron-Core ``TransformerConfig.recompute_modules`` (megatron-core 0.16.1 ``transformer/transformer_config.py``),
+# in its docstring's order; a value joins them with "+" in this order ("" = its default, ["core_attn"]).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+RECOMPUTE_MODULES_PATTERN = r"^$|^({0})(\+({0}))*$".format("|".join(RECOMPUTE_MODULES))
 # The schedules a plan file names: the layout's own, plus GPipe, which plans of older versions recorded.
 PLAN_SCHEDULES = ("1f1b", "interleaved", "gpipe", "zbh1", "dualpipe")
 # Bytes per parameter of each choice of the model-state precisions (``optim_dtype``; ``grad_dtype`` and
@@ -50,7 +54,8 @@ class Decision:
     name: str
     default: object
     doc: str
-    kind: str  # "int", "float", "bool", "tristate" (None = the stack's own), "choice", "recompute", "stages"
+    kind: str  # "int", "float", "bool", "tristate" (None = the stack's own), "choice", "recompute", "stages",
+    # "modules" (a "+"-joined subset of ``choices``)
     fix_key: str
     choices: tuple = ()
     lo: Optional[float] = None
@@ -80,6 +85,8 @@ class Decision:
                 raise MeshplanError(f"--fix {key}={text}: expected one of {', '.join(RECOMPUTE)} or full:N "
                                     "(N layers per stage)")
             return val
+        if self.kind == "modules":
+            return parse_modules(key, val, self.choices)
         if self.kind == "choice" and isinstance(self.default, str):
             if val.lower() not in self.choices:
                 raise MeshplanError(f"--fix {key}={text}: expected one of {', '.join(self.choices)}")
@@ -125,6 +132,8 @@ class Decision:
         """The type of its plan-file field (pydantic; its JSON Schema is ``docs/schemas/plan.schema.json``'s)."""
         if self.kind == "recompute":
             return Annotated[str, Field(pattern=RECOMPUTE_PATTERN)]
+        if self.kind == "modules":
+            return Annotated[str, Field(pattern=RECOMPUTE_MODULES_PATTERN)]
         if self.kind == "choice" and isinstance(self.default, str):
             return Literal[tuple(([""] if self.stack_own else []) + list(self.choices))]
         if self.kind in ("int", "choice"):
@@ -133,6 +142,16 @@ class Decision:
         if self.kind == "float":
             return Annotated[float, Field(ge=self.lo, le=self.hi)]
         return Optional[bool] if self.kind == "tristate" else bool
+
+
+def parse_modules(key: str, text: str, choices: tuple) -> str:
+    """``a+b`` as a set of ``choices`` joined with "+" in their declared order (``--fix key=text``; "" = none named).
+    Raises ``MeshplanError`` naming the key and the unknown module."""
+    names = [n for n in text.lower().split("+") if n]
+    for n in names:
+        if n not in choices:
+            raise MeshplanError(f"--fix {key}={text}: '{n}' is not one of {', '.join(choices)} (join several with +)")
+    return "+".join(c for c in choices if c in names)
 
 
 def decision(default: object, doc: str, *, kind: str = "", fix: str = "", choices: tuple = (),
@@ -166,6 +185,19 @@ class Decisions:
     selective checkpointing; "full:N" Megatron's ``--recompute-method block --recompute-num-layers N``. What each
     stack can run: Megatron-Core has no op-level checkpointing, torchtitan's selective AC is op-level or
     every-k-layers, HF code checkpoints whole layers (``gradient_checkpointing``)."""
+    recompute_modules: str = decision(
+        "", "the modules recompute=selective re-runs in backward, joined with + (mla_up_proj+moe_act)",
+        kind="modules", choices=RECOMPUTE_MODULES, stack_own="core_attn (Megatron-Core's default)")
+    """Megatron-Core ``recompute_granularity="selective"`` with ``recompute_modules`` (megatron-core 0.16.1):
+    "core_attn" the core attention (what "selective" alone means); "moe_act" the routed experts' activation, its
+    output discarded (``TEGroupedMLP``'s ``CheckpointWithoutOutput``); "layernorm" the input and pre-MLP norms that
+    are not fused into the next linear (MLA's input norm, an MoE layer's pre-MLP norm), their outputs discarded;
+    "mla_up_proj" MLA's Q and KV up-projections and RoPE, their outputs (the attention's Q, K, V) discarded; "mlp" a
+    dense layer's whole MLP; "moe" a whole MoE layer, its token dispatch and combine included; "shared_experts" the
+    MoE's shared experts. What each frees and re-runs: ``planner.estimate.memory.module_freed_bytes`` and
+    ``planner.estimate.ops_graph`` (``LayerOps.modules``). Needs ``recompute=selective`` (pinning the modules pins
+    it) and Megatron-Core: torchtitan and HF code have no module list. A free search keeps the default: the
+    variants would multiply the candidates for the few rows that need them."""
     sequence_parallel: bool = decision(False, "Megatron sequence parallelism (norms and dropout sharded over TP)",
                                        fix="sp", searched=True, plan_optional=False)
     """Needs tp > 1; a free search runs it wherever tp > 1."""
@@ -286,6 +318,12 @@ class Decisions:
     ZeRO-3: the 16-bit decoder weights are dropped beside their quantized copies (``memory.lowp_weight_bytes``);
     the ZeRO-3 shard and the parameter all-gather's bytes are priced as without it. No effect without a
     low-precision recipe."""
+    mtp: int = decision(0, "multi-token-prediction modules trained on the last stage (0 = none)", lo=0)
+    """DeepSeek-V3 §2.2's MTP modules (HF ``num_nextn_predict_layers``, Megatron-Core ``mtp_num_layers``): each one
+    more transformer block, its eh_proj and the shared output head and loss once more, held and run on the last
+    pipeline stage (``planner.estimate.ops_graph.mtp_ops``). At most the model's config count (a hybrid's repeated
+    module up to ``ModelSpec.MTP_REPEAT_MAX``); 0 on a model without MTP. A plan of the main model alone keeps 0:
+    the modules are trained work, not a speed knob, so a free search never adds them."""
     offload_layers: int = decision(0, "decoder layers whose saved activations are copied to host memory in "
                                    "forward and back in backward (Megatron-Core cpu_offloading_num_layers)",
                                    fix="offload_layers", lo=0)

@@ -36,6 +36,8 @@ def _values(d: Decision) -> str:
         return "layers per stage, `7+8*14+7`"
     if d.kind in ("bool", "tristate"):
         return "true, false"
+    if d.kind == "modules":
+        return "any of " + ", ".join(d.choices) + ", joined with +"
     if d.choices:
         return ", ".join(map(str, d.choices))
     hi = "" if d.hi is None else f", at most {d.hi:g}"

@@ -215,6 +215,14 @@ class Layout(Decisions, Degrees):
         return self.recompute.split(":", 1)[0]
 
     @property
+    def recomputed_modules(self) -> frozenset[str]:
+        """What selective recomputation re-runs (``recompute_modules``, or Megatron-Core's default core_attn); empty
+        under any other recompute."""
+        if self.recompute_kind != "selective":
+            return frozenset()
+        return frozenset(self.recompute_modules.split("+")) if self.recompute_modules else frozenset({"core_attn"})
+
+    @property
     def recompute_layers(self) -> int:
         """``full:N``: layers fully recomputed per stage (per chunk when interleaved); 0 = every layer."""
         head, _, n = self.recompute.partition(":")
@@ -344,6 +352,13 @@ class Layout(Decisions, Degrees):
         if self.recompute_kind not in RECOMPUTE or (":" in self.recompute and not re.fullmatch(
                 r"full:[1-9]\d*", self.recompute)):
             raise MeshplanError(f"recompute '{self.recompute}' is not one of {', '.join(RECOMPUTE)} or full:N")
+        if self.recompute_modules and self.recompute != "selective":
+            raise MeshplanError(f"recompute_modules={self.recompute_modules} are what selective recomputation re-runs "
+                                f"(Megatron-Core recompute_granularity='selective'): needs recompute=selective, "
+                                f"got {self.recompute}")
+        if self.recompute_modules and self.stack != "megatron":
+            raise MeshplanError(f"recompute_modules={self.recompute_modules} is Megatron-Core's module list; stack "
+                                f"{self.stack} has none (recompute=op or full there)")
         if self.recompute_layers:
             per_chunk = (min(k for k in self.pp_layout if k) if self.pp_layout
                          else num_layers // (self.pp * self.vpp))

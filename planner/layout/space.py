@@ -82,6 +82,8 @@ def fix_help() -> str:
             return "true | false"
         if d.kind == "recompute":
             return " | ".join(RECOMPUTE) + " | full:N"
+        if d.kind == "modules":
+            return "+".join(d.choices[:2]) + "+... of " + " | ".join(d.choices)
         return "7+8*14+7" if d.kind == "stages" else " | ".join(map(str, d.choices))
     return ("Pin decisions, key=value[,key=value...] (see docs/decisions.md): "
             + "; ".join(f"{k}={values(k)}" for k in FIX_KEYS))
@@ -91,7 +93,7 @@ def _pin_type(key: str) -> type:
     d = BY_FIX_KEY.get(key)
     if d is None:
         return int
-    return {"float": float, "bool": bool, "tristate": bool, "recompute": str, "stages": tuple}.get(
+    return {"float": float, "bool": bool, "tristate": bool, "recompute": str, "modules": str, "stages": tuple}.get(
         d.kind, type(d.default) if d.kind == "choice" else int)
 
 
@@ -232,6 +234,8 @@ def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
     of the whole chunk; ``planner.layout.layout.Layout.recompute_layers``)."""
     if "recompute" in fix:
         return [fix.recompute]
+    if fix.get("recompute_modules"):  # a module list is Megatron's selective recomputation
+        return ["selective"]
     ns = sorted({chunk_layers // f for f in FULL_N_FRACTIONS if 1 <= chunk_layers // f < chunk_layers})
     return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
 
@@ -409,36 +413,47 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     stacks = fix.choices("stack", ["megatron"])
     moe_kw = free_defaults(fix)  # the decisions a free search leaves at their default
     sched = fix.schedule or ""
-    proto = None  # the first group's layout: every later one is a copy with the enumerated fields set
+    # every group's layout is this one's fields with the enumerated ones set, layer by layer of the loops below
+    # (a dict display per group instead of the frozen dataclass's per-field ``__init__``: a search builds 10^5;
+    # ``Layout`` has no ``__post_init__``, and updating existing keys keeps the fields' order)
+    base = Layout(pipeline_schedule=sched, **moe_kw).__dict__
+    runs: dict[tuple, bool] = {}
+    rc_memo: dict[tuple, tuple[str, ...]] = {}
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):
         z0, d0, r0 = shards[0]
+        mesh = {**base, "dp_replicate": r0, "dp_shard": d0, "tp": tp, "pp": pp, "cp": cp, "zero_stage": z0}
         sps = fix.choices("sp", [tp > 1])
         for etp in etps:
             for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp):
                 for vpp, sp, att, ck, f8, st, mo in product(
                         vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
-                    if not stack_runs(st, fix, cp_kind=ck, fp8=f8):
+                    ok = runs.get((st, ck, f8))
+                    if ok is None:
+                        ok = runs[st, ck, f8] = stack_runs(st, fix, cp_kind=ck, fp8=f8)
+                    if not ok:
                         continue
                     split = splits[vpp]
                     chunk = min(split) if split else L // (pp * vpp)
-                    rcs = tuple(r for r in recompute_choices(fix, chunk)
-                                if (recompute_kinds is None or "recompute" in fix
-                                    or r.split(":")[0] in recompute_kinds
-                                    and (":" not in r or "full:N" in recompute_kinds))
-                                and stack_runs(st, fix, recompute=r))
+                    rcs = rc_memo.get((chunk, st))
+                    if rcs is None:
+                        rcs = rc_memo[chunk, st] = tuple(
+                            r for r in recompute_choices(fix, chunk)
+                            if (recompute_kinds is None or "recompute" in fix or r.split(":")[0] in recompute_kinds
+                                and (":" not in r or "full:N" in recompute_kinds))
+                            and stack_runs(st, fix, recompute=r))
                     # free vpp > 1 also needs a multiple of pp micro-batches (the interleaved schedule)
-                    for mbs in fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
-                                                   and (vpp == 1 or "vpp" in fix or
-                                                        global_batch // (b * dp) % pp == 0)]):
-                        fields = dict(dp_replicate=r0, dp_shard=d0, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
-                                      micro_batch=mbs, zero_stage=z0, recompute=rcs[0],
-                                      sequence_parallel=sp, attention=att, pp_layout=split,
-                                      pipeline_schedule=sched, etp=etp, fp8=f8, cp_kind=ck, stack=st,
-                                      moe_overlap=mo)
-                        if proto is None:
-                            proto = Layout(**fields, **moe_kw)
-                        yield LayoutGroup(_copy_with(proto, fields), rcs, shards)
+                    mbss = fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
+                                               and (vpp == 1 or "vpp" in fix or global_batch // (b * dp) % pp == 0)])
+                    if not mbss:
+                        continue
+                    outer = {**mesh, "vpp": vpp, "ep": ep, "recompute": rcs[0], "sequence_parallel": sp,
+                             "attention": att, "pp_layout": split, "etp": etp, "fp8": f8, "cp_kind": ck,
+                             "stack": st, "moe_overlap": mo}
+                    for mbs in mbss:
+                        lay = object.__new__(Layout)
+                        object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
+                        yield LayoutGroup(lay, rcs, shards)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,

@@ -31,7 +31,7 @@ from meshplan.planner.model.peft import parse_lora
 from meshplan.planner.model.spec import ModelSpec
 from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
-from meshplan.planner.search.exact import Priced, layout_row, search
+from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.solve.compression import solve_compression
 from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
@@ -220,16 +220,27 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
     if request.stack:
         prof = load_stacks().get(request.stack)
         defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, spec.is_moe).items()))
-        fix, profile = Pins(**{**defaults.pinned(), **request.fix.pinned()}), prof.ref
+        fix, profile = Pins(**_over_profile(defaults.pinned(), request.fix)), prof.ref
     return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, profile)
+
+
+def _over_profile(defaults: dict, fix: Pins) -> dict:
+    """The profile's values under the request's pins. ``recompute`` and ``recompute_modules`` go together (a module
+    list is selective recomputation): pinning one drops the profile's value of the other."""
+    out = {**defaults, **fix.pinned()}
+    if "recompute_modules" in fix and "recompute" not in fix:
+        out.pop("recompute", None)
+    if "recompute" in fix and "recompute_modules" not in fix:
+        out.pop("recompute_modules", None)
+    return out
 
 
 def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOutcome:
     """The homogeneous layout search (and ``--compress``'s choice), the best plan written."""
     req, opts, clus, estimator = job.request, job.request.options, job.cluster, job.estimator
     clus.device.peak(job.dtype)  # refuses a dtype the device lacks, naming the device
-    work = Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype, lora=req.lora)
-    fixes = job.fix
+    work, fixes = pinned_work(Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype, lora=req.lora),
+                              job.fix)
     if opts.compress:
         for k in ("tp", "pp", "cp", "ep"):
             if fixes.get(k, 1) != 1:
