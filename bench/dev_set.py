@@ -383,7 +383,7 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     assumptions = [f"recipe {where} ({rec.get('match')}); zero={zero} ("
                    + ("table FSDP column: Megatron-FSDP optim_grads_params" if zero == 3 else
                       "library recipes' distributed optimizer") + f"); sp={tp > 1}"]
-    assumptions += [a for a in (note, rnote) if a]
+    assumptions += [a for a in (note, rnote) if a] + known_regressions(row)
     if fp8:
         needs.append(Need("fp8", fp8, f"table precision '{row['precision_recipe']}'", {}, stated=True))
     unpriced = {k: v for k, v in ws.items() if k in ("cuda_graph_impl", "cuda_graph_scope", "cutedsl_fused_grouped_mlp")
@@ -420,6 +420,21 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
         needs.append(lay)
     needs += _bridge_model_needs(row)
     return zero, tp > 1, recompute, dtype, needs, assumptions
+
+
+# Kernel regressions a page footnote names, with what their own issue measured: the row ran them and meshplan
+# prices no kernel per library version, so they are said, not priced
+KNOWN_REGRESSIONS = {
+    "cudnn-frontend#256": "NVIDIA/cudnn-frontend issue 256: grouped_gemm_dglu_wrapper_sm100 (the MXFP8 grouped "
+    "GEMM + dGLU + dbias kernel, the backward of the preset's cutedsl_fused_grouped_mlp) ran 10x slower from "
+    "cudnn-frontend 1.24.0 on GB200-class GPUs (GPT-OSS-20B, DeepSeek-V3 workloads); not priced",
+}
+
+
+def known_regressions(row: dict) -> list[str]:
+    """The assumption lines for the known kernel regressions a row's page footnotes name."""
+    notes = row.get("notes") or ""
+    return [f"page footnote names a known regression: {v}" for k, v in KNOWN_REGRESSIONS.items() if k in notes]
 
 
 def _bridge_model_needs(row: dict) -> list[Need]:

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel.attention import curve_source, fused_attention_s
+from meshplan.costmodel.attention import blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
@@ -204,7 +204,7 @@ class Pricer:
         if op.kind == "attention" and op.impl:
             t = fused_attention_s(op, device)
             if t is not None:
-                return t, f"published {op.impl} curve: {curve_source(op.impl, device)}"
+                return t, f"published {op.impl} curve: {blackwell_source(op, device) or curve_source(op.impl, device)}"
         if op.kind in ANALYTIC_KINDS:  # no op-level dataset measures it: the roofline over its FLOPs and bytes
             return roofline_predict(op, device), SSD_SOURCE
         if op.groups > 1:

@@ -19,15 +19,28 @@ Sources (BF16, head dim 128, FLOPs counted as 4 s^2 d h forward, halved when cau
   * FlexAttention (torch.compile-generated Triton): PyTorch blog "FlexAttention: The Flexibility of PyTorch with the
     Performance of FlashAttention" (Aug 2024): "90% of FlashAttention2's performance in the forward pass and 85%
     in the backward pass" (H100): the FlashAttention-2 curve times those shares.
+  * GB200 and GB300 (cuDNN through Transformer Engine): cuDNN's own training-attention benchmark,
+    NVIDIA/cudnn-frontend ``benchmark/sdpa_benchmark_training/results`` @ 3929da2 (2026-04-24, cudnn-frontend
+    1.21.1, cuDNN 9.22), kept in ``costmodel/data/published/cudnn_sdpa_blackwell.json``: forward and
+    (non-deterministic) backward times at 2k..32k tokens for Llama 3.1's heads (64 query, 8 KV, head dim 128;
+    causal and unmasked), DeepSeek-V3's (128 heads, head dims 192/128) and GPT-OSS's sliding window (128 keys,
+    head dim 64, causal). B200 and B300 take their NVL72 sibling's curve scaled by bf16 peak (same dies, lower
+    clocks). Attention with head dim up to 128 takes the d128 curve: no full-mask head-dim-64 cuDNN measurement
+    is published, so GPT-OSS's full-attention layers are priced at the d128 rate (the source string says so).
 Other devices have no published curve here and keep the learned model's / roofline's price.
 Units: TFLOP/s in the tables, seconds returned.
 """
 from __future__ import annotations
 
 import bisect
+import functools
+import json
 import math
+from importlib import resources
+from types import MappingProxyType
+from typing import Mapping
 
-from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.ops import OpSpec
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -46,6 +59,9 @@ HOPPER = frozenset({"H100-SXM", "H100-PCIe", "H800", "H200", "H100-SXM-96GB-500W
 AMPERE = frozenset({"A100-80GB", "A100-40GB", "A100-PCIe-40GB", "A100-PCIe-80GB"})
 FUSED_IMPLS = ("flash2", "flash3", "cudnn", "flex")
 FLEX_SHARE_OF_FA2 = {"fwd": 0.90, "bwd": 0.85}  # PyTorch FlexAttention blog, Aug 2024
+BLACKWELL_FILE = "data/published/cudnn_sdpa_blackwell.json"
+# the part whose cuDNN curve each Blackwell device takes (B200 / B300: the same dies as GB200 / GB300 at lower clocks)
+BLACKWELL_MEASURED = {"GB200": "GB200", "B200": "GB200", "GB300": "GB300", "B300": "GB300"}
 
 
 def curve_source(impl: str, device: DeviceSpec) -> str:
@@ -95,6 +111,115 @@ def attention_tflops(impl: str, device: DeviceSpec, seq: float, backward: bool,
     return None
 
 
+def _window_keys(seq: int, window: int) -> float:
+    """Keys one query sees on average under a causal window of ``window`` keys (``planner.model.flops.window_keys``,
+    restated here: the cost model sits below the planner)."""
+    return (window * (window + 1) / 2 + (seq - window) * window) / seq if 0 < window < seq else seq / 2
+
+
+def _measured_flops(r: dict) -> float:
+    """FLOPs of one published cuDNN case counted as ``costmodel.ops`` counts the op meshplan prices against it: head
+    dim the q/k one (``planner.estimate.ops_graph`` lists MLA's attention at its q/k head dim, 192, so the same shape
+    prices at the measured time); a window as causal attention over ``round(2 * window keys)`` keys, as the op
+    list holds it."""
+    d = r["d_qk"]
+    keys = max(1, round(2 * _window_keys(r["seq"], r["window"]))) if r["window"] else r["seq"]
+    f = 4.0 * r["batch"] * r["heads_q"] * r["seq"] * keys * d / (2.0 if r["mask"] == "top_left" else 1.0)
+    return f * (2.5 if r["pass"] == "bwd" else 1.0)
+
+
+def _blackwell_kind(r: dict) -> str:
+    """``window``, ``d128-causal``, ``d128-full``, ``d192-causal`` or ``d192-full``: which curve a case belongs to."""
+    if r["window"]:
+        return "window"
+    return ("d192" if r["d_qk"] > 128 else "d128") + ("-causal" if r["mask"] == "top_left" else "-full")
+
+
+@functools.lru_cache(maxsize=1)
+def blackwell_curves() -> Mapping[tuple, tuple]:
+    """``{(gpu, kind, pass): ((seq, ...), (TFLOP/s, ...))}`` of the packaged cuDNN benchmark's bf16 cases (read once
+    per process, handed out read-only): TFLOP/s under ``_measured_flops``, by sequence length."""
+    data = json.loads(resources.files("meshplan.costmodel").joinpath(BLACKWELL_FILE).read_text(encoding="utf-8"))
+    points: dict = {}
+    for r in data["rows"]:
+        if r["dtype"] == "bfloat16":
+            key = (r["gpu"], _blackwell_kind(r), r["pass"])
+            points.setdefault(key, {})[r["seq"]] = _measured_flops(r) / (r["time_ms"] * 1e-3) / 1e12
+    return MappingProxyType({k: (tuple(sorted(v)), tuple(v[s] for s in sorted(v))) for k, v in points.items()})
+
+
+def _interp_at(seq: float, xs: tuple, ys: tuple) -> float:
+    """Linear in log2(sequence length) between measured points; flat beyond them."""
+    x = math.log2(max(xs[0], min(xs[-1], seq)))
+    lx = [math.log2(s) for s in xs]
+    i = min(len(lx) - 2, max(0, bisect.bisect_right(lx, x) - 1))
+    f = (x - lx[i]) / (lx[i + 1] - lx[i])
+    return ys[i] + f * (ys[i + 1] - ys[i])
+
+
+def _blackwell_key(op: OpSpec, device: DeviceSpec) -> tuple | None:
+    """The curve a cuDNN attention ``op`` on a Blackwell ``device`` is priced from, or ``None``: keys fewer than
+    queries under the causal mask is a sliding window; otherwise the head dim picks the d128 or d192 curve."""
+    measured = BLACKWELL_MEASURED.get(device.name)
+    if measured is None or op.impl != "cudnn" or op.dtype not in ("bf16", "fp16"):
+        return None
+    _, _, s_q, s_kv, d = op.shape
+    kind = "window" if op.causal and s_kv < s_q else ("d192" if d > 128 else "d128") + (
+        "-causal" if op.causal else "-full")
+    return measured, kind, "bwd" if op.backward else "fwd"
+
+
+def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
+    """What a Blackwell cuDNN attention price rests on, in words (``None``: no Blackwell curve applies)."""
+    key = _blackwell_key(op, device)
+    if key is None:
+        return None
+    measured, kind, _ = key
+    what = {"window": "GPT-OSS sliding window (128 keys, head dim 64)",
+            "d128-causal": "Llama 3.1 heads (d128), causal", "d128-full": "Llama 3.1 heads (d128), unmasked",
+            "d192-causal": "DeepSeek-V3 heads (d192/128), causal",
+            "d192-full": "DeepSeek-V3 heads (d192/128), unmasked"}[kind]
+    out = f"cuDNN 9.22 on {measured}, {what}: NVIDIA/cudnn-frontend sdpa_benchmark_training results @ 3929da2"
+    if measured != device.name:
+        out += f", scaled by bf16 peak to {device.name}"
+    if kind.startswith("d128") and op.shape[4] < 128:
+        out += f"; no head-dim-{op.shape[4]} measurement with this mask: the d128 rate"
+    if kind == "window" and op.shape[4] != 64:
+        out += f"; head dim {op.shape[4]} priced at the measured d64 window rate"
+    return out
+
+
+def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
+    """Achieved TFLOP/s of a cuDNN attention ``op`` on a Blackwell ``device`` (``None``: no curve applies), at the
+    query length for a window, else the shorter of the query and key lengths."""
+    key = _blackwell_key(op, device)
+    curve = blackwell_curves().get(key) if key else None
+    if curve is None:
+        return None
+    _, _, s_q, s_kv, _ = op.shape
+    seq = s_q if key[1] == "window" else min(s_q, s_kv)
+    return _interp_at(seq, *curve) * device.peak("bf16") / _peak_of(key[0])
+
+
+def blackwell_held_out_ratios() -> tuple[list[float], list[float]]:
+    """(in sample, held out) priced / measured time of every bf16 case of the cuDNN benchmark: in sample from its
+    own GPU's curve (exact at a measured length), held out from the other GPU's curve scaled by bf16 peak."""
+    curves = blackwell_curves()
+    inside, held = [], []
+    for (gpu, kind, pass_), (seqs, rates) in curves.items():
+        other = {"GB200": "GB300", "GB300": "GB200"}[gpu]
+        for seq, rate in zip(seqs, rates):
+            inside.append(rate / _interp_at(seq, seqs, rates))
+            o_seqs, o_rates = curves[(other, kind, pass_)]
+            held.append(rate / (_interp_at(seq, o_seqs, o_rates) * _peak_of(gpu) / _peak_of(other)))
+    return inside, held
+
+
+def _peak_of(name: str) -> float:
+    """Dense bf16 peak of a catalogued device, FLOP/s."""
+    return catalogue()[name].peak("bf16")
+
+
 def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
     """Seconds of a fused-attention ``op`` from the published curves (``None``: no curve for it).
 
@@ -103,6 +228,9 @@ def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
     """
     if op.kind != "attention" or op.dtype not in ("bf16", "fp16"):
         return None
+    blackwell = blackwell_tflops(op, device)
+    if blackwell:
+        return op.flops / (blackwell * 1e12)
     _, _, s_q, s_kv, _ = op.shape
     tflops = attention_tflops(op.impl, device, min(s_q, s_kv), op.backward, op.causal)
     if not tflops:

@@ -3,12 +3,15 @@ it was not fitted to (``bench/dev_set.py`` prints them beside the dev set's erro
 
 None of them saw a training step time: the learned op classes are fitted to kernel timings (``data/kernels``), their
 held-out error is leave-one-device-out (``metadata.json`` ``unseen_device``, from ``costmodel train``); the grouped
-GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at a time.
+GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at a time; so are the Blackwell cuDNN
+attention curves (``costmodel.attention``), whose held-out error prices each GPU's cases from the other GPU's curve
+scaled by bf16 peak, the rule B200 and B300 are priced by.
 """
 from __future__ import annotations
 
 import statistics
 
+from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
 
@@ -50,6 +53,16 @@ def grouped_rows(pricer) -> list[dict]:
              "held_out": "one GPU", "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
 
 
+def attention_rows() -> list[dict]:
+    """The Blackwell cuDNN attention curves: exact at their own cases (interpolated between them), held out as the
+    other measured GPU's curve scaled by bf16 peak."""
+    inside, held = blackwell_held_out_ratios()
+    return [{"constant": "cuDNN attention rate on Blackwell (published curve)", "fitted_on": f"{len(inside)} bf16 "
+             "cases of cuDNN's benchmark on GB200 and GB300", "in_sample_error_pct": round(_mape(inside), 1),
+             "held_out": "one GPU (the other's curve, scaled by bf16 peak)", "held_out_error_pct":
+             round(_mape(held), 1), "step_times_used": 0}]
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
-    return learned_rows(pricer) + grouped_rows(pricer)
+    return learned_rows(pricer) + grouped_rows(pricer) + attention_rows()

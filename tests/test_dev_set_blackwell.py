@@ -210,3 +210,31 @@ def test_recipe_module_lists_and_mtp_are_pinned_not_approximated(rows, runs_dir)
         mtp = row["model"].startswith("DeepSeekV3") and "(w/o MTP)" not in row["model"]
         assert inp.fix.get("mtp") == ("1" if mtp else None), row["name"]
     assert listed >= 40
+
+
+def test_a_footnoted_kernel_regression_is_said_not_priced(rows, runs_dir):
+    """26.06.01's GPT-OSS rows carry the page's footnote naming cudnn-frontend#256 (the fused expert MLP's
+    grouped_gemm_dglu kernel 10x slower from cudnn-frontend 1.24.0): their inputs say so; the 26.06 rows of the same
+    preset, without the footnote, do not."""
+    for row in rows:
+        if not row["name"].split("-")[0].endswith(("26.06", "26.06.01")) or "gptoss" not in row["name"]:
+            continue
+        said = [a for a in dev_set.row_needs(row, runs_dir).assumptions if "cudnn-frontend issue 256" in a]
+        assert bool(said) == ("cudnn-frontend#256" in row["notes"]) == row["name"].startswith("mbridge26.06.01"), \
+            row["name"]
+
+
+def test_moe_all_to_alls_run_in_line_unless_the_preset_overlaps_them(rows, runs_dir):
+    """Megatron-Bridge's CommOverlapConfig turns overlap_moe_expert_parallel_comm off unless a preset's moe_a2a_overlap
+    turns it on (profile ``moe_overlap``): a MoE row prices the preset's choice, never a searched one."""
+    seen = set()
+    for row in rows:
+        if not row.get("num_experts") or row["ep"] <= 1 or row.get("meshplan_can_express") != "yes":
+            continue
+        inp = dev_set.row_needs(row, runs_dir)
+        pinned = "moe_overlap=true" in inp.fix_string
+        assert pinned == bool((row["recipe"].get("workload_settings") or {}).get("moe_a2a_overlap")), row["name"]
+        defaults = load_stacks().get(inp.profile).defaults(inp.dtype, True)
+        assert defaults["moe_overlap"] == "false", inp.profile
+        seen.add(pinned)
+    assert seen == {True, False}

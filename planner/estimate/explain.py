@@ -140,8 +140,9 @@ def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
     """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs (the caller adds
     the Mamba-2 SSD scan on every device: ``costmodel.api.SSD_SOURCE``): every class on
     the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused attention
-    (FlashAttention / cuDNN on Blackwell), the GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs
-    among them) and the memory-bound kernels. Empty for every other device."""
+    (FlashAttention; cuDNN where its published GB200 / GB300 curve stands in for another part or head dim), the
+    GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs among them) and the memory-bound kernels.
+    Empty for every other device."""
     if not dev.supports("mxfp8"):
         return {}
     out = {}
@@ -151,7 +152,13 @@ def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
             source = source.replace("learned", "learned model trained on other GPUs, extrapolated by device "
                                     "features", 1)
         what = f"no published measurement on {dev.name}: {source}"
-        if op.kind == "attention":
+        if op.kind == "attention" and source.startswith("published"):
+            # cuDNN's own GB200 / GB300 times (costmodel.attention): unmeasured only where the curve stands in for
+            # another part (scaled by bf16 peak) or another head dim
+            if "scaled by" not in source and "no head-dim" not in source and "priced at the measured" not in source:
+                continue
+            what = f"measured for another part or head dim: {source}"
+        elif op.kind == "attention":
             what += f"; {FA4_NOTE}"
         elif op.dtype in ("fp8", "nvfp4") and op.kind in ("matmul", "bmm"):
             what += f" ({op.impl or op.dtype} GEMMs, grouped expert GEMMs included, priced from their bf16 twin)"

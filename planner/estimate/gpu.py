@@ -201,7 +201,11 @@ class GpuEstimator:
         fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
         re = {"full": fwd, "op": p["op"]}.get(key.recompute_kind, 0.0)
         if key.recompute_kind == "selective":  # the modules Megatron-Core re-runs (``Layout.recomputed_modules``)
-            re = sum(t for m, t in p["modules"].items() if m in key.recomputed_modules)
+            modules = p.get("modules")
+            if modules is None:  # priced when a selective layout first asks (a search bounds without them)
+                predict = self.pricer.predict
+                modules = p["modules"] = {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules}
+            re = sum(t for m, t in modules.items() if m in key.recomputed_modules)
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
         if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
@@ -359,7 +363,6 @@ class GpuEstimator:
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   "shared_fwd": sum(f[op] for op in lo.shared),
-                  "modules": {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules},
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0,
                   # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides

@@ -251,7 +251,7 @@ class Decisions:
     cross-entropy; Megatron-Core, NeMo, AutoModel's TE backend); "torchtitan": torch.compile per block, SDPA
     attention, PyTorch cross-entropy; "eager": HF / plain PyTorch code, one kernel per op. It is the user's code,
     which the export target names, so a free search keeps Megatron-Core's."""
-    moe_overlap: bool = decision(False, "expert all-to-alls overlapped with computation", searched=True)
+    moe_overlap: bool = decision(False, "expert all-to-alls overlapped with computation", searched=True, by_stack=True)
     """MegaScale-MoE §4, Comet; DeepSeek-V3 DualPipe's forward/backward chunk pairing. Tried where ep > 1."""
     moe_capacity: float = decision(0.0, "token-dropping capacity factor (0 = dropless routing)", lo=0.0, hi=64.0)
     """Each expert takes at most capacity x its balanced share, padded to it."""

@@ -1,0 +1,111 @@
+"""cuDNN attention on Blackwell, priced from cuDNN's own published training-attention benchmark.
+
+The truths are the times NVIDIA/cudnn-frontend publishes in ``benchmark/sdpa_benchmark_training/results`` @ 3929da2
+(cudnn-frontend 1.21.1, cuDNN 9.22, 2026-04-24), copied here from the CSV files by hand: a price of the measured
+shape must be the measured time, whatever path the cost model takes to it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.devices import catalogue
+from meshplan.costmodel.ops import OpSpec
+
+
+@pytest.fixture(scope="module")
+def pricer():
+    return Pricer.shipped()
+
+
+def _window_op_keys(seq: int, window: int) -> int:
+    """Keys of the causal op a 128-key window is listed as (ops_graph: twice the mean keys a query sees)."""
+    mean = (window * (window + 1) / 2 + (seq - window) * window) / seq
+    return round(2 * mean)
+
+
+# (gpu, shape (b, heads, s, s_kv, d), causal, forward ms, backward ms): rows of the published CSVs
+# llama3.1/gb300/llama3.1_20260424_100757.csv, llama3.1/gb200/llama3.1_20260424_100750.csv (64 query heads,
+# 8 KV heads, head dim 128, batch 2), gpt_oss/gb300/gpt_oss_20260424_100022.csv and gpt_oss/gb200/...100011.csv
+# (128 heads, head dim 64, sliding window 128, batch 2), dsv3 (128 heads, q/k head dim 192, v 128, batch 2; priced at
+# its q/k head dim as ops_graph lists MLA); deterministic_bwd False
+CASES = [
+    ("GB300", (2, 64, 4096, 4096, 128), True, 0.323, 1.101),
+    ("GB300", (2, 64, 16384, 16384, 128), False, 8.734, 28.638),
+    ("GB200", (2, 64, 8192, 8192, 128), True, 1.397, 4.127),
+    ("GB300", (2, 128, 4096, _window_op_keys(4096, 128), 64), True, 0.202, 0.442),
+    ("GB300", (2, 128, 4096, 4096, 192), True, 0.864, 3.127),  # dsv3/gb300/dsv3_20260424_101002.csv
+    ("GB200", (2, 128, 8192, _window_op_keys(8192, 128), 64), True, 0.414, 0.911),
+]
+
+
+@pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", CASES)
+def test_measured_shapes_price_at_the_published_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
+    dev = catalogue()[gpu]
+    fwd = OpSpec("attention", shape, "bf16", causal=causal, impl="cudnn")
+    bwd = OpSpec("attention", shape, "bf16", causal=causal, impl="cudnn", backward=True)
+    assert pricer.predict(fwd, dev) * 1e3 == pytest.approx(fwd_ms, rel=1e-6)
+    assert pricer.predict(bwd, dev) * 1e3 == pytest.approx(bwd_ms, rel=1e-6)
+
+
+def test_between_measured_lengths_the_rate_lies_between_theirs(pricer):
+    """6k tokens on GB300: the causal d128 rate between the 4k (1702 TFLOP/s) and 8k (1856) measurements."""
+    dev = catalogue()["GB300"]
+    op = OpSpec("attention", (2, 64, 6144, 6144, 128), "bf16", causal=True, impl="cudnn")
+    rate = op.flops / pricer.predict(op, dev) / 1e12
+    assert 1702 < rate < 1856
+
+
+@pytest.mark.parametrize("part,measured", [("B200", "GB200"), ("B300", "GB300")])
+def test_the_air_cooled_parts_take_their_siblings_curve_at_their_bf16_peak(pricer, part, measured):
+    """B200 / B300 run the GB200 / GB300 dies at lower clocks: 2.25 against 2.5 PFLOP/s dense bf16
+    (``costmodel/data/devices.yaml``)."""
+    op = OpSpec("attention", (4, 64, 4096, 4096, 64), "bf16", causal=True, impl="cudnn", backward=True)
+    ratio = pricer.predict(op, catalogue()[part]) / pricer.predict(op, catalogue()[measured])
+    assert ratio == pytest.approx(2.5 / 2.25, rel=1e-9)
+
+
+def test_explain_names_the_measurement_and_what_it_lacks(pricer):
+    """GPT-OSS's full-attention layers (head dim 64) have no published full-mask d64 cuDNN time: the source says the
+    d128 rate stands in; its window layers name the GPT-OSS measurement."""
+    dev = catalogue()["B300"]
+    full = OpSpec("attention", (4, 64, 4096, 4096, 64), "bf16", causal=True, impl="cudnn")
+    window = OpSpec("attention", (4, 64, 4096, 252, 64), "bf16", causal=True, impl="cudnn")
+    src_full = pricer.basis(full, dev)
+    assert "cudnn-frontend" in src_full and "GB300" in src_full and "scaled by bf16 peak to B300" in src_full
+    assert "no head-dim-64 measurement" in src_full
+    assert "GPT-OSS sliding window" in pricer.basis(window, dev)
+
+
+def test_other_kernels_and_devices_keep_their_own_prices(pricer):
+    """FlashAttention-2 (SDPA) on Blackwell has no curve here; a Hopper cuDNN op keeps the FA3 paper's."""
+    op = OpSpec("attention", (2, 64, 4096, 4096, 128), "bf16", causal=True, impl="flash2")
+    assert "cudnn-frontend" not in pricer.basis(op, catalogue()["GB300"])
+    hop = OpSpec("attention", (2, 64, 4096, 4096, 128), "bf16", causal=True, impl="cudnn")
+    assert "FlashAttention-3 paper" in pricer.basis(hop, catalogue()["H100-SXM"])
+
+
+def test_the_held_out_error_is_one_gpus_curve_pricing_the_other():
+    """``costmodel.fitted`` reports the curves held out one GPU at a time: GB300's causal d128 forward at 4k priced
+    from GB200's curve (same bf16 peak) is off by the published time ratio, 0.391 / 0.323 ms."""
+    from meshplan.costmodel.attention import blackwell_held_out_ratios
+    from meshplan.costmodel.fitted import attention_rows
+
+    inside, held = blackwell_held_out_ratios()
+    assert all(r == pytest.approx(1.0) for r in inside)
+    assert any(r == pytest.approx(0.391 / 0.323, rel=1e-3) for r in held)
+    (row,) = attention_rows()
+    assert row["step_times_used"] == 0 and row["held_out_error_pct"] > 0
+
+
+def test_explain_lists_attention_as_unmeasured_only_where_the_curve_stands_in(pricer):
+    """``--explain``'s unmeasured lines: GPT-OSS's window on GB300 is measured there (no line); on B300 the GB300 curve
+    stands in (a line naming it); a d64 full-mask op on GB300 takes the d128 rate (a line saying so)."""
+    from meshplan.planner.estimate.explain import unmeasured
+
+    window = OpSpec("attention", (4, 64, 4096, 252, 64), "bf16", causal=True, impl="cudnn")
+    full = OpSpec("attention", (4, 64, 4096, 4096, 64), "bf16", causal=True, impl="cudnn")
+    cls = "attention bf16 (cudnn)"
+    assert cls not in unmeasured(pricer, catalogue()["GB300"], {cls: window})
+    assert "scaled by bf16 peak to B300" in unmeasured(pricer, catalogue()["B300"], {cls: window})[cls]
+    assert "no head-dim-64 measurement" in unmeasured(pricer, catalogue()["GB300"], {cls: full})[cls]
