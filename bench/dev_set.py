@@ -173,6 +173,7 @@ class RowInputs:
     system: str = ""  # the source's system name (DGX-GB200, ...) where it gives one
     precision: str = ""  # the precision recipe (precision_group)
     can_express: str = "yes"  # the row's own meshplan_can_express (e.g. "hybrid Mamba"): priced if meshplan can
+    lora: str = ""  # LoRA over a frozen base (``--lora``): the task's, not a layout decision
 
     @property
     def fix_string(self) -> str:
@@ -297,18 +298,22 @@ def bridge_precision(row: dict) -> tuple[str, str, str]:
     raise MeshplanError(f"{row['name']}: precision_recipe '{said}' is none of the table's words")
 
 
-def bridge_recompute(row: dict) -> tuple[str, list[Need], str]:
+def bridge_recompute(row: dict, pp: int = 1) -> tuple[str, list[Need], str]:
     """(recompute, needs, note) from the row's recipe: the library recipes' default is no recomputation
     (recompute_granularity None); ``selective`` with ``recompute_modules`` recomputes only the modules named
     (Megatron-Core TransformerConfig.recompute_modules, meshplan's ``recompute_modules`` decision; core_attn alone is
     meshplan's "selective", an empty list recomputes nothing); CPU offloading of activations
-    (``cpu_offloading_num_layers``) has no decision."""
+    (``cpu_offloading_num_layers``) is ``offload_layers``, except where the table's layout is pipelined: Megatron-Core
+    refuses CPU offloading with pp > 1 (TransformerConfig.__post_init__), so a recipe that differs from the row there
+    cannot have run it."""
     said = str(row.get("recompute") or "")
     off = re.search(r"CPU offloading of (\d+) layers", said)
+    if off and pp > 1:
+        return "none", [], (f"recipe {row['recipe'].get('match')} offloads {off.group(1)} layers, which "
+                            f"Megatron-Core refuses at the table's pp={pp}: priced without offloading")
     if off:
-        return "none", [Need("activation_offload", f"{off.group(1)} layers", "the preset offloads the activations "
-                             f"of {off.group(1)} layers to host memory (cpu_offloading_num_layers); meshplan has "
-                             "no activation-offload decision", None)], ""
+        return "none", [Need("offload_layers", off.group(1), "the preset offloads the activations of "
+                             f"{off.group(1)} layers to host memory (cpu_offloading_num_layers)", {})], ""
     mods = re.search(r"recompute_modules=\[([^\]]*)\]", said)
     if not said.startswith("selective") or not mods:
         return "none", [], "recompute none (library recipe default recompute_granularity=None)"
@@ -374,7 +379,7 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     where = f"{rec.get('release')} {rec.get('workload_config') or rec.get('perf_matrix_entry')}"
     zero = int((row.get("layout_assumptions") or {}).get("zero", 1))
     dtype, fp8, note = bridge_precision(row)
-    recompute, needs, rnote = bridge_recompute(row)
+    recompute, needs, rnote = bridge_recompute(row, pp)
     assumptions = [f"recipe {where} ({rec.get('match')}); zero={zero} ("
                    + ("table FSDP column: Megatron-FSDP optim_grads_params" if zero == 3 else
                       "library recipes' distributed optimizer") + f"); sp={tp > 1}"]
@@ -454,10 +459,17 @@ def _bridge_model_needs(row: dict) -> list[Need]:
     if row.get("task") == "sft":
         needs.append(Need("packing", "per-document attention", "packed sequences (packed_sequence_size = seq): "
                           "attention spans each packed document, not the whole sequence", {}))
-    if row.get("task") == "lora":
-        needs.append(Need("peft", "lora", "LoRA on linear_qkv over a frozen base (llama3_70b_peft_config): no "
-                          "weight gradients nor optimizer states for the base; meshplan has no PEFT decision", None))
     return needs
+
+
+def bridge_lora(row: dict) -> str:
+    """``--lora`` of a Megatron-Bridge LoRA row, a fact of its task (the table's PEFT section): rank 16
+    (``llama3_70b_peft_config``: "70B uses dim=16") on the modules the performance recipe targets
+    (``cfg.peft.target_modules = ['linear_qkv']``), else LoRA's default four."""
+    if row.get("task") != "lora":
+        return ""
+    targets = "qkv" if _recipe_says(row, "target_modules = ['linear_qkv']") else ""
+    return "16" + (f":{targets}" if targets else "")
 
 
 def row_needs(row: dict, runs_dir: Path) -> RowInputs:
@@ -678,13 +690,14 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
-                     precision=precision_group(row), can_express=str(can))
+                     precision=precision_group(row), can_express=str(can),
+                     lora=bridge_lora(row) if is_bridge_row(row) else "")
 
 
 def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
     """The split of ``num_layers`` over ``pp * vpp`` virtual stages the source leaves unsaid: Megatron's
-    account-for-embedding/loss rule (``splits.balanced_split``), or not expressible where that rule leaves a
-    stage with the embedding or the loss alone (meshplan's stages hold at least one decoder layer)."""
+    account-for-embedding/loss rule (``splits.balanced_split``; a first or last virtual stage may hold the embedding
+    or the loss alone), or not expressible where even that leaves a virtual stage empty."""
     from meshplan.planner.layout.splits import balanced_split, format_pp_layout
 
     why = (f"{num_layers} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the split; "
@@ -692,8 +705,8 @@ def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
     try:
         return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None)
     except MeshplanError:
-        return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": a virtual stage holds the embedding "
-                    "or the loss alone, which a meshplan stage cannot", None)
+        return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": more virtual stages than the layers, "
+                    "the embedding and the loss", None)
 
 
 def precision_group(row: dict) -> str:
@@ -742,7 +755,7 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
         return res
     try:
         out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
-                                      stack=inp.profile, top=1, dtype=inp.dtype, name="devset",
+                                      stack=inp.profile, top=1, dtype=inp.dtype, name="devset", lora=inp.lora,
                                       out=out_dir / f"{inp.name}.yaml"))
     except MeshplanError as exc:
         msg = str(exc)
@@ -780,7 +793,8 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
     from meshplan.planner.layout.space import enumerate_layouts, parse_fix
     from meshplan.planner.model.config import load_model
 
-    work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype)
+    work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype,
+                    lora=inp.lora)
     estimator = estimator_for(work.cluster)
     ests = [estimator.estimate(work, lay) for lay in enumerate_layouts(
         work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len,

@@ -29,6 +29,9 @@ def plan(
     dtype: Annotated[Optional[str], typer.Option("--dtype",
                                                  help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
+    lora: Annotated[Optional[str], typer.Option("--lora", help="Fine-tune LoRA adapters over a frozen base: "
+                                                "RANK[:MODULES], modules qkv, proj, fc1, fc2 joined by + "
+                                                "(default all four), e.g. 16:qkv")] = None,
     quality_budget: Annotated[Optional[float], typer.Option("--quality-budget", callback=finite_budget,
                                                             help="Bound on summed per-layer quantization "
                                                             "sensitivity")] = None,
@@ -78,7 +81,7 @@ def plan(
 
         check_writable(out)
     request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
-                             stack=stack, top=top, name=name, out=out, quality_budget=quality_budget,
+                             stack=stack, lora=lora, top=top, name=name, out=out, quality_budget=quality_budget,
                              compress=compress, net=net, gen_len=gen_len, error_budget=error_budget,
                              sensitivity=sensitivity, costmodel=costmodel, explain=explain,
                              breakdown=report is not None)

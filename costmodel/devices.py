@@ -37,6 +37,9 @@ class DeviceSpec:
         base_clock_hz: Datasheet base clock, Hz (0 = not published). With ``tdp_w`` it gives the clock a dense
             GEMM sustains under the board power limit (:meth:`sustained_clock_hz`).
         tdp_w: Board power limit (TDP / max board power), watts (0 = not published).
+        host_bw_bytes_per_s: The link to host memory, bytes/s in one direction for one GPU while every GPU of its
+            node copies at once (0 = not in the catalogue): what activation offloading's device-to-host and
+            host-to-device copies run at.
         family: Default node/link family (``dgx-h100``, ``dgx-a100``, ``pcie``, ...), see cluster presets.
         launch_s: Fixed cost of one op call, seconds (framework dispatch + launch; ``collect`` measures it on this
             machine's CPU). 0 = not measured: GPUs use ``costmodel.api.KERNEL_LAUNCH_S`` in the calibrated roofline.
@@ -56,6 +59,7 @@ class DeviceSpec:
     launch_s: float = 0.0
     base_clock_hz: float = 0.0
     tdp_w: float = 0.0
+    host_bw_bytes_per_s: float = 0.0
     aliases: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -110,7 +114,7 @@ class DeviceSpec:
 VENDORS = ("nvidia", "amd", "cpu")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8", "int4")
 _REQUIRED = ("name", "vendor", "peak_flops", "memory_bytes", "mem_bw_bytes_per_s", "sm_count", "l2_bytes", "clock_hz")
-_OPTIONAL = ("family", "aliases", "sources", "launch_s", "base_clock_hz", "tdp_w")
+_OPTIONAL = ("family", "aliases", "sources", "launch_s", "base_clock_hz", "tdp_w", "host_bw_bytes_per_s")
 # PCIe CEM slot power, watts: a board drawing no more has no auxiliary power connector and (P4/T4/L4) passive
 # cooling, and runs dense math at its base clock (``DeviceSpec.sustained_clock_hz``). PCI Express Card
 # Electromechanical Specification rev. 4.0, sec. 4.2: 75 W for a x16 graphics card from the slot.
@@ -168,6 +172,8 @@ def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
         base_clock_hz=(_positive(origin, name, "base_clock_hz", d["base_clock_hz"], float)
                        if "base_clock_hz" in d else 0.0),
         tdp_w=_positive(origin, name, "tdp_w", d["tdp_w"], float) if "tdp_w" in d else 0.0,
+        host_bw_bytes_per_s=(_positive(origin, name, "host_bw_bytes_per_s", d["host_bw_bytes_per_s"], float)
+                             if "host_bw_bytes_per_s" in d else 0.0),
         aliases=tuple(str(a) for a in d.get("aliases", ()) or ()),
         sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
     )
@@ -189,6 +195,7 @@ def device_to_dict(dev: DeviceSpec) -> dict:
         **({"launch_s": dev.launch_s} if dev.launch_s else {}),
         **({"base_clock_hz": dev.base_clock_hz} if dev.base_clock_hz else {}),
         **({"tdp_w": dev.tdp_w} if dev.tdp_w else {}),
+        **({"host_bw_bytes_per_s": dev.host_bw_bytes_per_s} if dev.host_bw_bytes_per_s else {}),
         "sources": dict(dev.sources),
     }
 

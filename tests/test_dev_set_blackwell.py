@@ -130,24 +130,30 @@ def test_megatron_pipeline_layouts_count_the_decoder_layers():
 
 def test_uneven_splits_the_source_leaves_unsaid(rows, runs_dir):
     """Llama 3.1 405B's 126 layers on pp x vpp = 32 virtual stages: Megatron's account-for-embedding/loss split
-    (128 = 32 x 4 slots: E+3 | 4 x 30 | 3+L); on 128 virtual stages a stage would hold the embedding alone, which
-    meshplan cannot express (named, not priced)."""
+    (128 = 32 x 4 slots: E+3 | 4 x 30 | 3+L); on 128 virtual stages one slot each: the first virtual stage holds
+    the embedding alone and the last the loss alone (E | 1 x 126 | L)."""
     by = {r["name"]: r for r in rows}
     inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb300-fp8"], runs_dir)
     assert "pp_layout=3+4*30+3" in inp.fix_string.split(",")
     inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb200-mxfp8"], runs_dir)  # pp 16 x vp 8
-    assert [m.key for m in inp.missing] == ["pp_layout"]
+    assert not inp.missing and "pp_layout=0+1*126+0" in inp.fix_string.split(",")
 
 
-def test_what_meshplan_cannot_express_is_named(rows, runs_dir):
-    """LoRA and activation offloading have no decision: not expressible, by name. Hybrid Mamba rows are not skipped
-    by name: they go to meshplan, whose model loader refuses the architecture today (they price once it can)."""
+def test_lora_and_offload_rows_are_expressed(rows, runs_dir):
+    """LoRA is the task's (``--lora``: rank 16 of llama3_70b_peft_config on the recipe's linear_qkv); the recipes'
+    cpu_offloading_num_layers is ``offload_layers``, except where the table's layout is pipelined (Megatron-Core
+    refuses CPU offloading with pp > 1: the recipe matched only closest). Hybrid Mamba rows are not skipped by
+    name: they go to meshplan like the others."""
     by = {r["name"]: r for r in rows}
     lora = dev_set.row_needs(by["mbridge26.06-llama3-70b-lora-gb300-fp8"], runs_dir)
-    assert [m.key for m in lora.missing] == ["peft"]
+    assert not lora.missing and lora.lora == "16:qkv"
     offload = [r for r in rows if "CPU offloading" in str(r.get("recompute"))]
-    assert offload and all([m.key for m in dev_set.row_needs(r, runs_dir).missing] == ["activation_offload"]
-                           for r in offload)
+    assert offload
+    for r in offload:
+        inp = dev_set.row_needs(r, runs_dir)
+        n = re.search(r"CPU offloading of (\d+) layers", r["recompute"]).group(1)
+        assert not inp.missing
+        assert (f"offload_layers={n}" in inp.fix_string.split(",")) == (r["pp"] == 1), r["name"]
     hybrid = [r for r in rows if r["meshplan_can_express"] == "hybrid Mamba"]
     assert len(hybrid) == 41
     assert all(not dev_set.row_needs(r, runs_dir).out_of_scope for r in hybrid)

@@ -83,6 +83,7 @@ CASES = {
     "qwen25": plan_qwen25, "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
     "moe-recompute-modules": ALL_PLANS["moe-recompute-modules"], "moe-mtp-uneven": ALL_PLANS["moe-mtp-uneven"],
+    "offload": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"recompute": "none", "offload_layers": 12}),
 }
 
 
@@ -123,7 +124,8 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
             "base_recipe": "llama31_70b_pretrain_config" if recipe.comm_overlap else "llama31_8b_pretrain_config",
             "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
                       "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32",
-                      "model.mtp_num_layers", "model.recompute_modules"]}
+                      "model.mtp_num_layers", "model.recompute_modules", "model.cpu_offloading",
+                      "model.cpu_offloading_num_layers"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -177,7 +179,8 @@ def _expected(plan: Plan) -> dict[str, object]:
          "model.tp_comm_overlap": plan.tp_overlap,
          "ddp.num_distributed_optimizer_instances": d.dp_replicate if sharded and not fsdp else 1,
          "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
-         "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True}
+         "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True,
+         "model.cpu_offloading": bool(plan.offload_layers), "model.cpu_offloading_num_layers": plan.offload_layers}
     if m.model_type == "deepseek_v3":  # the recipe's one MTP layer, kept only where the plan prices it
         e["model.mtp_num_layers"] = plan.mtp or None
     if plan.recompute_modules:

@@ -62,7 +62,8 @@ def _sync_points_per_step(traces: Run, rank: int) -> float:
 def unfitted_estimate(plan: Plan, calibration: Calibration) -> Estimate:
     """``Estimate`` of a ``local:N`` plan's layout on this host with neutral terms (nothing learned)."""
     cluster = load_cluster(plan.cluster.spec, calibration=calibration)
-    work = Workload(load_model(plan.model.source), cluster, plan.global_batch, plan.seq_len, plan.dtype)
+    work = Workload(load_model(plan.model.source), cluster, plan.global_batch, plan.seq_len, plan.dtype,
+                    lora=plan.lora)
     return estimator_for(cluster, terms=NEUTRAL_TERMS).estimate(work, plan_layout(plan))
 
 

@@ -35,6 +35,7 @@ from meshplan.planner.estimate.ops_graph import kind_ops, mtp_kinds
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.flops import recompute_flops_per_token
+from meshplan.planner.model.peft import adapter_params_per_layer, parse_lora
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Workload:
     global_batch: int
     seq_len: int
     dtype: str = "bf16"
+    lora: str = ""  # LoRA adapters over a frozen base (``planner.model.peft``); "" trains every weight
 
 
 @dataclass(frozen=True)
@@ -156,14 +158,16 @@ class ModelTables:
         return out
 
     def activation_bytes(self, kind: str, s: int, b: int, layout: Layout, lin_bytes: float,
-                         recompute: str) -> float:
+                         recompute: str, lora: str = "") -> float:
         """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of ``kind``, cached on
-        the fields it reads."""
+        the fields it reads; ``lora``: the job's (``Workload.lora``), whose frozen linears save no input."""
         k = (kind, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
-             layout.moe_capacity, layout.moe_imbalance, layout.stack, layout.recompute_modules)
+             layout.moe_capacity, layout.moe_imbalance, layout.stack, layout.recompute_modules, lora)
         hit = self._act.get(k)
         if hit is None:
-            hit = self._act[k] = activation_bytes_per_layer(self.shape[kind], s, b, layout, lin_bytes, recompute)
+            adapted = parse_lora(lora).modules if lora else None
+            hit = self._act[k] = activation_bytes_per_layer(self.shape[kind], s, b, layout, lin_bytes, recompute,
+                                                            adapted)
         return hit
 
     def kind_counts(self, chunks: tuple[range, ...]) -> dict[str, int]:
@@ -247,13 +251,26 @@ def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, f
     return dense, expert
 
 
+def trainable_params(work: Workload, tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters one rank of ``stage`` trains: ``stage_params``, or under LoRA
+    (``Workload.lora``) its adapters alone, the base frozen."""
+    lora = parse_lora(work.lora)
+    if lora is None:
+        return stage_params(tb, layout, stage)
+    layers = [i for r in layout.stage_chunks(work.model.num_layers, stage) for i in r]
+    return sum(adapter_params_per_layer(work.model, lora, i, layout.tp) for i in layers), 0.0
+
+
 def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m: int) -> MemoryBreakdown:
     """Peak bytes on one rank of pipeline stage ``stage`` with ``m`` micro-batches per step."""
     dense, expert = stage_params(tb, layout, stage)
     w, g, o = model_state_bytes(dense, expert, layout, work.dtype)
+    if work.lora:  # a frozen base has weights only; its adapters have weights, gradients and optimizer states
+        aw, g, o = model_state_bytes(*trainable_params(work, tb, layout, stage), layout, work.dtype)
+        w += aw
     # the activations do not depend on how the data-parallel states are sharded: the members of a search's group
     # share them
-    akey = (stage, m, work.seq_len, work.dtype, _unsharded_fields(layout))
+    akey = (stage, m, work.seq_len, work.dtype, work.lora, _unsharded_fields(layout))
     hit = tb._stage_act.get(akey)
     if hit is None:
         hit = tb._stage_act[akey] = _stage_activations(work, tb, layout, stage, m)
@@ -283,7 +300,7 @@ def memory_floor_bytes(work: Workload, tb: ModelTables, layout: Layout, m: int) 
     data-parallel states otherwise: the first stage's activations (``stage_memory``; FSDP's gathered layers only
     add to them) and the runtime overhead of no activations, no weights, gradients or optimizer states (when a
     gradient-free backward start is the peak, the gradients it trades for the activations are larger)."""
-    hit = tb._stage_act.get((0, m, work.seq_len, work.dtype, _unsharded_fields(layout)))
+    hit = tb._stage_act.get((0, m, work.seq_len, work.dtype, work.lora, _unsharded_fields(layout)))
     act, remat, ends, _ = hit if hit is not None else _stage_activations(work, tb, layout, 0, m)
     act += remat
     for extra in ends:
@@ -306,13 +323,17 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
     chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
     lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
-    kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none") for k, n in counts.items() if n}
+    kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none", work.lora) for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():
         if n:
             if rec[k]:
-                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind)
+                per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora)
             per_mb += (n - rec[k]) * kept[k]
+    if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
+        first = chunks[0].start
+        gone = tb.kind_counts((range(first, first + layout.offload_layers),))
+        per_mb -= sum(n * kept[k] for k, n in gone.items() if n)
     act = per_mb * inflight_factor(layout, m, stage)
     # one layer re-materialised during its backward
     remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
@@ -325,7 +346,8 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
         logits = logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
         # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
         # in flight on the last stage
-        mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none") for k in mtp_kinds(model) if k in tb.shape)
+        mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none", work.lora)
+                  for k in mtp_kinds(model) if k in tb.shape)
         ends = (logits * (1 + model.num_mtp_layers),
                 model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage))
     return act, remat, ends, n_layers

@@ -200,6 +200,12 @@ class CpuEstimator:
             # mixer and no sliding window to time
             raise MeshplanError(f"model {model.name}: local:N times one full-attention transformer block on this "
                                 "host; hybrid Mamba and sliding-window models are priced on GPU clusters only")
+        if work.lora:  # this host times whole-layer backwards; a frozen base's backward is not measured
+            raise MeshplanError(f"--lora {work.lora}: local:N prices full training only (its blocks are timed "
+                                "with every weight's gradient)")
+        if layout.offload_layers:  # activations already live in host memory on local:N
+            raise MeshplanError(f"offload_layers={layout.offload_layers}: local:N runs on this host's CPU, whose "
+                                "activations are in host memory already; activation offloading is a GPU decision")
         dev = cluster.device
         m = layout.num_microbatches(work.global_batch)
         pp = layout.pp

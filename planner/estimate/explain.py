@@ -63,7 +63,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
                     amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
                     work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
             times = estimator.layer_times(tb, dev, key, moe, work.seq_len, work.dtype,
-                                          links["tp"], links["ep"], links["cp"])
+                                          links["tp"], links["ep"], links["cp"], frozen=bool(work.lora))
             for group, pairs, size in (("tp", lo.tp_comm, layout.tp), ("ep", lo.ep_comm, layout.ep),
                                        ("cp", lo.cp_comm, layout.cp)):
                 if not pairs:

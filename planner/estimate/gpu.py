@@ -38,8 +38,10 @@ from meshplan.planner.estimate.base import (
     stage_params,
     time_key,
     time_signature,
+    trainable_params,
 )
-from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param
+from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
+from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
@@ -113,6 +115,25 @@ def ring_cp_exposed_s(kv_s: float, attn_fwd_s: float, attn_bwd_s: float, device)
     return fwd, bwd
 
 
+def offload_s(work, layout: Layout, tb, times: dict, stage: int) -> float:
+    """Seconds per micro-batch stage ``stage`` waits for its activation offload copies (``estimate.offload``):
+    each layer's saved tensors, as the memory model counts them, over the device's host link."""
+    dev = work.cluster.device
+    if not dev.host_bw_bytes_per_s:
+        raise MeshplanError(f"offload_layers={layout.offload_layers}: the host link of {dev.name} is not in the "
+                            "device catalogue (host_bw_bytes_per_s), so its copies cannot be priced")
+    chunks, _, _ = tb.stage_counts(layout, stage)
+    kinds = [work.model.layer_kind(i) for r in chunks for i in r]
+    s, b = work.seq_len // layout.cp, layout.micro_batch
+    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
+    scale = 2.0 if work.dtype == "fp32" else 1.0  # as ``base.stage_memory``: 16-bit accounting, fp32 keeps 4 B
+    host_bw = dev.host_bw_bytes_per_s
+    copy = [scale * tb.activation_bytes(k, s, b, layout, lin, "none", work.lora) / host_bw for k in kinds]
+    fwd, bwd = offload_exposed_s([times[k][0] for k in kinds], [times[k][1] for k in kinds], copy,
+                                 min(layout.offload_layers, len(kinds)))
+    return fwd + bwd
+
+
 def pp_p2p_s(layout: Layout, hidden_size: int, seq_len: int, pp_link, stage_compute_s: float, device) -> float:
     """Exposed seconds of one micro-batch's pipeline sends and receives on a stage whose compute for that
     micro-batch is ``stage_compute_s``: an activation forward and a gradient backward at each of the vpp chunk
@@ -145,8 +166,8 @@ class GpuEstimator:
         self._link_cluster, self._link_memo = None, {}
         self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
-        # (cluster, tables, seq, dtype, pipeline parts, sync terms, work bounds)
-        self._scope: tuple = (None, None, None, None, {}, {}, {})
+        # (cluster, tables, seq, dtype, lora, pipeline parts, sync terms, work bounds)
+        self._scope: tuple = (None, None, None, None, "", {}, {}, {})
         self._scopes: dict[tuple, tuple[dict, dict]] = {}
         self._mtp_models: dict[tuple, tuple] = {}
 
@@ -167,16 +188,17 @@ class GpuEstimator:
 
     # ---- one micro-batch
     def layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
-                    tp_link, ep_link, cp_link) -> tuple[float, ...]:
+                    tp_link, ep_link, cp_link, frozen: bool = False) -> tuple[float, ...]:
         """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
         recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, and the exposed comm fwd+bwd of the
-        tp, ep and cp groups, which add up to the fourth)."""
-        k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link)
+        tp, ep and cp groups, which add up to the fourth). ``frozen``: the weights take no gradient (LoRA's base,
+        ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
+        k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         hit = self._layer.get(k)
         if hit is not None:
             return hit
         lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
-        fwd, bwd = p["fwd"], p["bwd"]
+        fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
         re = {"full": fwd, "op": p["op"]}.get(key.recompute_kind, 0.0)
         if key.recompute_kind == "selective":  # the modules Megatron-Core re-runs (``Layout.recomputed_modules``)
             modules = p.get("modules")
@@ -334,6 +356,9 @@ class GpuEstimator:
         b = {op: self._bwd_s(op, device) for op in counts}
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
                   "bwd": sum(n * b[op] for op, n in counts.items()),
+                  # a frozen weight GEMM's backward is the input gradient alone: one GEMM of the forward's FLOPs
+                  # (dY W against X W^T), priced as the forward; LoRA's rank-r adapter GEMMs (r / hidden of it) left out
+                  "bwd_frozen": sum(n * (f[op] if op.kind == "matmul" else b[op]) for op, n in counts.items()),
                   "attn": sum(predict(op, device) for op in lo.core_attention),
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
                   "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
@@ -351,11 +376,13 @@ class GpuEstimator:
         out = self._ops[k] = (lo, prices)
         return out
 
-    def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str) -> tuple[float, float]:
-        """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds."""
+    def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str,
+                    frozen: bool = False) -> tuple[float, float]:
+        """(embedding fwd+bwd, LM head + loss (+ MTP modules) fwd+bwd) for one micro-batch, seconds; ``frozen``:
+        a frozen embedding has no backward and the output layer's backward is its input gradient alone."""
         # the embedding and the head read the micro-batch, tp, cp and the stack only; the MTP modules every field
-        k = ((tb, device, key, seq_len, dtype) if tb.model.num_mtp_layers else
-             (tb, device, key.micro_batch, key.tp, key.cp, key.stack, seq_len, dtype))
+        k = ((tb, device, key, seq_len, dtype, frozen) if tb.model.num_mtp_layers else
+             (tb, device, key.micro_batch, key.tp, key.cp, key.stack, seq_len, dtype, frozen))
         hit = self._edge.get(k)
         if hit is None:
             emb = embedding_ops(tb.model, key, seq_len, dtype)
@@ -364,8 +391,14 @@ class GpuEstimator:
             # the MTP modules run on the last stage, after the main model's head (ops_graph.mtp_ops)
             mtp = sum(n * (predict(o, device) + self._bwd_s(o, device))
                       for o, n in mtp_ops(tb.model, key, seq_len, dtype).items())
-            hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
-                                   sum(predict(o, device) + self._bwd_s(o, device) for o in head) + mtp)
+            if frozen:
+                hit = self._edge[k] = (sum(predict(o, device) for o in emb),
+                                       sum(predict(o, device) * (2.0 if o.kind == "matmul" else 1.0)
+                                           + (0.0 if o.kind == "matmul" else self._bwd_s(o, device))
+                                           for o in head) + mtp)
+            else:
+                hit = self._edge[k] = (sum(predict(o, device) + self._bwd_s(o, device) for o in emb),
+                                       sum(predict(o, device) + self._bwd_s(o, device) for o in head) + mtp)
         return hit
 
     def time_balanced_split(self, work: Workload, layout: Layout) -> tuple[int, ...]:
@@ -379,10 +412,10 @@ class GpuEstimator:
         links = group_links(cluster, model, layout)
         per_kind = {}
         for moe in tb.rep:
-            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links)
+            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links, frozen=bool(work.lora))
             per_kind[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
         weights = [per_kind[model.layer_kind(i)] for i in range(model.num_layers)]
-        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype)
+        emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=bool(work.lora))
         return weighted_split(weights, layout.pp * layout.vpp, emb, head)
 
     # ---- the estimate
@@ -492,13 +525,14 @@ class GpuEstimator:
         return _step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
 
     def _scoped(self, work: Workload, tb) -> tuple[dict, dict, dict]:
-        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence and dtype: keys
-        without them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
+        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence, dtype and LoRA:
+        keys without them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
         sc = self._scope
-        if sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype:
-            return sc[4], sc[5], sc[6]
-        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype), ({}, {}, {}))
-        self._scope = (work.cluster, tb, work.seq_len, work.dtype, *caches)
+        if (sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype
+                and sc[4] == work.lora):
+            return sc[5], sc[6], sc[7]
+        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora), ({}, {}, {}))
+        self._scope = (work.cluster, tb, work.seq_len, work.dtype, work.lora, *caches)
         return caches
 
     def _pipeline_of(self, work: Workload, layout: Layout) -> tuple:
@@ -516,7 +550,7 @@ class GpuEstimator:
         # the pipeline part does not depend on how the data-parallel states are sharded (dp_shard x dp_replicate
         # = dp is in the key): the members of a search's group share it
         pkey = (sig, layout.pp, layout.vpp, layout.pp_layout, layout.recompute, layout.pp_runs,
-                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m)
+                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m, layout.offload_layers)
         pipes = self._scoped(work, tb)[0]
         pipe = pipes.get(pkey)
         if pipe is None:
@@ -531,7 +565,7 @@ class GpuEstimator:
         pp, vpp = layout.pp, layout.vpp
         pp_link = self._links_of(cluster)(*layout.pp_neighbours)
         times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
-        sig = (tb, cluster, work.seq_len, work.dtype, sig)
+        sig = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
 
         skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
         stages = self._stages.get(skey)
@@ -540,6 +574,8 @@ class GpuEstimator:
         stage_compute, stage_q, stage_bwd = stages
         stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
                       for q, c in zip(stage_q, stage_compute)]
+        if layout.offload_layers:
+            stage_comm = [q + offload_s(work, layout, tb, times, st) for st, q in enumerate(stage_comm)]
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]
@@ -552,14 +588,16 @@ class GpuEstimator:
         """({layer kind: ``layer_times``}, (embedding, head) ``_edge_times``) of one micro-batch of ``layout``, whose
         ``time_signature`` is ``sig``, cached on it."""
         cluster = work.cluster
-        key_ = (tb, cluster, work.seq_len, work.dtype, sig)
+        key_ = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
         per_mb = self._per_mb.get(key_)
         if per_mb is None:
             dev, key = cluster.device, time_key(layout)
             links = group_links(cluster, work.model, layout)
+            frozen = bool(work.lora)  # LoRA: the base's weight GEMMs run no weight gradient
             per_mb = self._per_mb[key_] = (
-                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links) for k in tb.rep},
-                self._edge_times(tb, dev, key, work.seq_len, work.dtype))
+                {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
+                 for k in tb.rep},
+                self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
         return per_mb
 
     def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
@@ -578,24 +616,26 @@ class GpuEstimator:
         folding)."""
         dev, link = work.cluster.device, self._links_of(work.cluster)
         dense, expert = stage_params(tb, layout, slow)
+        trained = trainable_params(work, tb, layout, slow)  # LoRA: the adapters alone take gradients and steps
         groups = [(dense, layout.grad_group, layout.shard_group, layout.dp_replicate)]
         if expert:
             eshard = layout.expert_shard_group
             groups.append((expert, (layout.expert_dp, eshard.stride), eshard,
                            max(1, layout.expert_dp // eshard.size)))
         grad_b = reduce_bytes_per_param(layout, work.dtype)  # reduced in fp32, gradients move twice the bytes
-        grad_total = (dense + expert) * grad_b
+        trained_share = sum(trained) / max(dense + expert, 1.0)  # 1 unless LoRA freezes the base
+        grad_total = (dense + expert) * grad_b * trained_share
         zero3 = layout.zero_stage == 3
         out = []
         for params, grad_group, shard_group, replicas in groups:
-            grad_bytes = params * grad_b
+            grad_bytes = params * grad_b * trained_share
             bucket = min(1.0, DDP_BUCKET_BYTES / max(grad_total, 1.0))
             share = params / (dense + expert)
             if zero3:
                 shard = shard_group[0]
                 shard_link = link(*shard_group)
                 gather = collective_time_s("allgather", params * param_bytes(work.dtype), shard, shard_link)
-                scatter = collective_time_s("reducescatter", params * grad_b, shard, shard_link)
+                scatter = collective_time_s("reducescatter", grad_bytes, shard, shard_link)
                 rep_link = link(replicas, shard_group[1] * shard)
                 rep = collective_time_s("allreduce", grad_bytes / shard, replicas, rep_link)
                 copy_s = copy_in_s = 0.0
@@ -608,14 +648,15 @@ class GpuEstimator:
                     grad_dtype = "fp32" if grad_b == 4 else "bf16"
                     copy_in = "cast" if grad_dtype != param_dtype else "copy"
                     copy_s = self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
-                    copy_in_s = self.op_time_s(OpSpec(copy_in, (int(params),), grad_dtype), dev)
+                    copy_in_s = self.op_time_s(OpSpec(copy_in, (int(max(1.0, params * trained_share)),), grad_dtype),
+                                               dev)
                 out.append((params, share, bucket, rep, gather, scatter, copy_s, copy_in_s, shard > 1))
             else:
                 sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
                 out.append((params, share, bucket, sync))
         z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
-        opt_numel = (dense / (layout.shard_group.size if z1 else 1)
-                     + expert / (layout.expert_shard_group.size if z1 else 1))
+        opt_numel = (trained[0] / (layout.shard_group.size if z1 else 1)
+                     + trained[1] / (layout.expert_shard_group.size if z1 else 1))
         optimizer_s = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
         cast_s = None
         if lowp_recipe(layout.fp8, work.dtype) != "none":

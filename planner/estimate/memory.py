@@ -219,7 +219,7 @@ def lowp_weight_bytes(recipe: str, shared_layout: bool) -> float:
 
 
 def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, lin_bytes: float = 2.0,
-                               recompute: str | None = None) -> float:
+                               recompute: str | None = None, adapted: tuple[str, ...] | None = None) -> float:
     """Activation bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022, §4.1).
 
     With the GPT layer of the paper (q=kv=v=h, ffn=4h, dropout, unfused attention) this reduces exactly to
@@ -229,6 +229,11 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
     layers are recomputed, ``recompute_layer_bytes``); ``op`` keeps what torchtitan's op-level policy saves
     (``op_saved_bytes``). ``lin_bytes``: bytes per element of each linear layer's saved input (QKV, projection,
     FC1 and FC2 inputs): 2 in bf16, what ``saved_input_bytes`` gives under a low-precision recipe.
+    ``adapted``: LoRA over a frozen base (``planner.model.peft``), the linears that carry adapters (None = full
+    training). Transformer Engine saves a linear's input only for its weight gradient ("backward_needs_input =
+    is_grad_enabled and weight.requires_grad", ``module/linear.py``, ``layernorm_linear.py``): a frozen linear keeps
+    none, an adapted one its adapter's bf16 copy (LoRA's A reads the same input); the attention output stays, the
+    fused attention's own saved O. Routed experts are left as in full training.
     MoE: routed token copies scale with the busiest rank's load (``moe_imbalance`` or ``moe_capacity``) and, under
     expert tensor parallelism, are gathered over etp (``etp / tp`` of the tokens at ``1 / etp`` of the width).
     """
@@ -244,13 +249,17 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
         return op_saved_bytes(ls, s, b, layout)
     lin = lin_bytes  # bytes per element of a saved linear-layer input
     modules = layout.recomputed_modules if kind == "selective" else frozenset()
+    saved = ({m: lin for m in ("qkv", "proj", "fc1", "fc2")} if adapted is None else
+             {m: 2.0 if m in adapted else 0.0 for m in ("qkv", "fc1", "fc2")}
+             | {"proj": 2.0 if "proj" in adapted or layout.attention != "unfused" else 0.0})
     out = 2.0 * sbh / rep * len(ls.blocks)  # the norm inputs, one per block
     if "*" in ls.blocks or "S" in ls.blocks:
-        out += _attention_bytes(ls, s, b, layout, lin, "selective" if "core_attn" in modules else "none")
+        out += _attention_bytes(ls, s, b, layout, saved["qkv"], "selective" if "core_attn" in modules else "none",
+                                saved["proj"])
     if "M" in ls.blocks:
         out += _mamba_bytes(ls, s, b, layout, lin)
     if "-" in ls.blocks or "E" in ls.blocks:
-        out += _mlp_bytes(ls, s, b, layout, lin)
+        out += _mlp_bytes(ls, s, b, layout, lin, None if adapted is None else (saved["fc1"], saved["fc2"]))
     return out - module_freed_bytes(ls, s, b, layout, lin, modules)
 
 
@@ -293,8 +302,10 @@ def module_freed_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: floa
     return out
 
 
-def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float, kind: str) -> float:
-    """What an attention block keeps for backward (Korthikanti et al. 2022, §4.1), its norm input aside."""
+def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float, kind: str,
+                     proj_in: float | None = None) -> float:
+    """What an attention block keeps for backward (Korthikanti et al. 2022, §4.1), its norm input aside; ``lin``
+    and ``proj_in`` the bytes per element the QKV and projection inputs are saved in (``proj_in`` None: ``lin``)."""
     t = layout.tp
     rep = t if layout.sequence_parallel else 1
     sbh = s * b * ls.hidden
@@ -307,7 +318,7 @@ def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float,
         out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
     elif layout.attention != "unfused":
         out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
-    out += lin * s * b * ls.q_dim / t  # projection input (attention output)
+    out += (lin if proj_in is None else proj_in) * s * b * ls.q_dim / t  # projection input (attention output)
     out += drop * sbh / rep  # attention dropout mask
     return out
 
@@ -327,8 +338,10 @@ def _mamba_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> 
     return out
 
 
-def _mlp_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> float:
-    """What an MLP or MoE block keeps for backward, its norm input aside."""
+def _mlp_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float,
+               dense_in: tuple[float, float] | None = None) -> float:
+    """What an MLP or MoE block keeps for backward, its norm input aside; ``dense_in``: the bytes per element a dense
+    MLP's FC1 and FC2 inputs are saved in, where they differ from ``lin`` (LoRA's frozen base)."""
     t = layout.tp
     rep = t if layout.sequence_parallel else 1
     h = ls.hidden
@@ -349,6 +362,10 @@ def _mlp_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> fl
         out += 2.0 * k * load * s * b * width * etp / t  # dispatched token copies at full width (FC1's input)
         out += per_ffn * k * load * s * b * ls.ffn / t
         out += per_ffn * s * b * ls.shared_ffn / t
+    elif dense_in is not None:  # a frozen dense MLP: its FC1 and FC2 inputs as LoRA leaves them
+        fc1_in, fc2_in = dense_in
+        out += (fc1_in - lin) * sbh / rep
+        out += (per_ffn - lin + fc2_in) * s * b * ls.ffn / t
     else:
         out += per_ffn * s * b * ls.ffn / t
     out += drop * sbh / rep  # MLP dropout mask

@@ -311,11 +311,24 @@ def common_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
     if plan.schedule in UNLAUNCHED_SCHEDULES and plan.degrees.pp > 1:
         out.append(f"{target}: no {plan.schedule} pipeline schedule; the launched job runs 1F1B, whose bubble the "
                    "plan did not price (re-plan with --fix schedule=1f1b to compare)")
+    if plan.lora:
+        out.append(f"{target}: lora {plan.lora}: the launched job trains every weight; the plan priced LoRA adapters "
+                   "over a frozen base (no weight gradients or optimizer states for it)")
     if plan.pp_runs > 1:
         out.append(f"{target}: pp_runs={plan.pp_runs}: the launched job runs its {plan.grad_accum} micro-batches "
                    "in one pipeline schedule, one fill and drain, not the plan's "
                    f"{plan.pp_runs} (re-plan without pp_runs to compare)")
     return out
+
+
+def offload_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced activation offloading (``offload_layers``: Megatron-Core's
+    ``--cpu-offloading``, Transformer Engine's offload context) and the target has no such option."""
+    if not plan.offload_layers:
+        return []
+    return [f"{target}: offload_layers={plan.offload_layers}: no option offloads activations to host memory here; "
+            "the launched job keeps every layer's activations on the GPU, which the plan did not price (re-plan "
+            "without offload_layers, or export to megatron / megatron-bridge)"]
 
 
 def size_tag(plan: Plan) -> str:

@@ -79,6 +79,7 @@ def unsupported(plan: Plan) -> list[str]:
     d = plan.degrees
     kind = distributed_type(plan)
     out = c.common_notes(plan, "accelerate")
+    out += c.offload_notes(plan, "accelerate")
     out += c.stack_notes(plan, "accelerate", "megatron" if kind == "MEGATRON_LM" else "eager")
     out += c.moe_notes(plan, "accelerate")
     out += c.state_dtype_notes(plan, "accelerate")

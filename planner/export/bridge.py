@@ -154,7 +154,8 @@ def parallel_overrides(plan: Plan) -> dict[str, object]:
 def recompute_overrides(plan: Plan) -> dict[str, object]:
     """``recompute``: full = every layer (uniform, 1 per group), full:N = the first N layers of every stage (block),
     selective = the plan's ``recompute_modules`` (TransformerConfig's default, core attention, when it names none),
-    none = null."""
+    none = null; ``offload_layers`` (only without recomputation: megatron.check) as ``cpu_offloading`` /
+    ``cpu_offloading_num_layers``."""
     n = c.recompute_layers(plan)
     if plan.recompute == "full":
         return {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
@@ -167,6 +168,8 @@ def recompute_overrides(plan: Plan) -> dict[str, object]:
                             "model.recompute_num_layers": None}
     if granularity and plan.recompute_modules:
         o["model.recompute_modules"] = plan.recompute_modules.split("+")
+    if plan.offload_layers:  # the perf recipes' cpu_offloading_num_layers (megatron-core ModelParallelConfig)
+        o.update({"model.cpu_offloading": True, "model.cpu_offloading_num_layers": plan.offload_layers})
     return o
 
 

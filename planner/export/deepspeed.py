@@ -73,6 +73,7 @@ def unsupported(plan: Plan) -> list[str]:
     """Plan decisions a ds_config cannot carry."""
     d = plan.degrees
     out = c.common_notes(plan, "deepspeed")
+    out += c.offload_notes(plan, "deepspeed")
     out += c.stack_notes(plan, "deepspeed", "eager")
     out += c.moe_notes(plan, "deepspeed")
     out += c.state_dtype_notes(plan, "deepspeed", reduce=("bf16", "fp32"))

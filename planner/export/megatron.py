@@ -18,7 +18,9 @@ EP all-to-all overlap; ``--delay-wgrad-compute`` is left to the user: it needs T
 ``recompute full:N`` as ``--recompute-method block --recompute-num-layers N``, an interleaved pipeline priced
 with its sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, ``shared_overlap`` as
 ``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher or beside moe_overlap, as megatron-core refuses
-it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*') and ``mtp`` as ``--mtp-num-layers``. Refused in one
+it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*'), ``mtp`` as ``--mtp-num-layers``,
+``offload_layers`` as ``--cpu-offloading --cpu-offloading-num-layers N`` (ModelParallelConfig ``cpu_offloading``,
+``cpu_offloading_num_layers``; refused with pp > 1 or recomputation, as megatron-core refuses it). Refused in one
 line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
@@ -68,6 +70,10 @@ def check(plan: Plan) -> None:
                "--fix recompute=selective, or export to torchtitan)")
     if plan.fp8_params and c.fp8_recipe(plan) != "none" and plan.zero_stage == 0:
         c.fail("megatron: fp8_params (--fp8-param-gather) needs the distributed optimizer or an FSDP (zero >= 1)")
+    if plan.offload_layers and (d.pp > 1 or plan.recompute != "none" or plan.offload_layers >= m.num_layers):
+        # TransformerConfig.__post_init__ (megatron-core 0.16.1) raises for each of these
+        c.fail(f"megatron: offload_layers={plan.offload_layers} (--cpu-offloading-num-layers) needs pp=1, no "
+               f"recomputation and fewer than the {m.num_layers} layers (pp={d.pp}, recompute={plan.recompute})")
     if plan.moe_overlap and m.num_experts:
         # TransformerConfig.__post_init__ asserts these for overlap_moe_expert_parallel_comm (megatron-core 0.16.1).
         why = ("needs ep > 1" if d.ep == 1 else
@@ -177,7 +183,7 @@ def _layout(plan: Plan) -> str:
     repeats (``PipelineParallelLayerLayout.parse_str_to_list``,
     megatron/core/transformer/pipeline_parallel_layer_layout.py).
     """
-    parts = [f"t*{s.num_layers}" for s in plan.stages]
+    parts = [f"t*{s.num_layers}" if s.num_layers else "" for s in plan.stages]  # "E" / "L" alone: no decoder layer
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "m" * plan.mtp + "L"  # the MTP modules (m) on the last stage, before the loss
     return "|".join(parts)
@@ -221,6 +227,8 @@ def parallel_args(plan: Plan) -> list[str]:
             a += ["--recompute-modules", *plan.recompute_modules.split("+")]
     if plan.mtp:  # --mtp-num-layers (arguments.py _add_mtp_args): the MTP modules, built on the last stage
         a += ["--mtp-num-layers", str(plan.mtp)]
+    if plan.offload_layers:  # Transformer Engine offloads the saved tensors of the first N layers
+        a += ["--cpu-offloading", "--cpu-offloading-num-layers", str(plan.offload_layers)]
     if plan.zero_stage >= 1 and _shards_over(plan) > 1:
         if _uses_fsdp(plan):
             strategy = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"

@@ -27,6 +27,7 @@ def unsupported(plan: Plan) -> list[str]:
     """Decisions that neither torchrun nor examples/train_gpt.py's flags express."""
     d = plan.degrees
     out = c.common_notes(plan, "torchrun", placed=placement.is_heterogeneous_pipeline(plan))
+    out += c.offload_notes(plan, "torchrun")
     out += c.stack_notes(plan, "torchrun", "eager")
     out += c.moe_notes(plan, "torchrun")
     # the example trainer keeps fp32 parameters under autocast, with no FSDP mixed-precision policy: its gradients

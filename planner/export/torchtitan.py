@@ -154,6 +154,7 @@ def unsupported(plan: Plan) -> list[str]:
     """Plan decisions the v0.2.2 TOML cannot carry."""
     d, m = plan.degrees, plan.model
     out = c.common_notes(plan, "torchtitan")
+    out += c.offload_notes(plan, "torchtitan")
     out += c.stack_notes(plan, "torchtitan", "torchtitan")
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")

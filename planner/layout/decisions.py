@@ -209,7 +209,10 @@ class Decisions:
     (``costmodel.attention``)."""
     pp_layout: tuple[int, ...] = decision((), "decoder layers per pipeline stage, first to last (7+8*14+7)",
                                           kind="stages", searched=True, plan="")
-    """() = pp divides the layers evenly. Megatron-LM ``--decoder-first/last-pipeline-num-layers`` or
+    """() = pp divides the layers evenly. The first and last (virtual) stage may hold 0 decoder layers, only the
+    embedding or only the loss, where the layers are fewer than the stages (``0+1*126+0``: Llama 3.1 405B over
+    PP16 x VP8, Megatron's account-for-embedding/loss split). Megatron-LM
+    ``--decoder-first/last-pipeline-num-layers`` or
     ``--pipeline-model-parallel-layout``: Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4). With
     vpp > 1: pp * vpp virtual stages in model-depth order (``Layout.stage_chunks``). A plan file keeps it as
     ``stages``."""
@@ -321,6 +324,16 @@ class Decisions:
     pipeline stage (``planner.estimate.ops_graph.mtp_ops``). At most the model's config count (a hybrid's repeated
     module up to ``ModelSpec.MTP_REPEAT_MAX``); 0 on a model without MTP. A plan of the main model alone keeps 0:
     the modules are trained work, not a speed knob, so a free search never adds them."""
+    offload_layers: int = decision(0, "decoder layers whose saved activations are copied to host memory in "
+                                   "forward and back in backward (Megatron-Core cpu_offloading_num_layers)",
+                                   fix="offload_layers", lo=0)
+    """Megatron-Core ``TransformerConfig.cpu_offloading`` with ``cpu_offloading_num_layers`` N, run by Transformer
+    Engine's ``cpu_offload.get_cpu_offload_context``: the tensors layers 0..N-1 save for backward go to host memory
+    on a side stream; layer i's copy must be done before layer L-N+i's forward, and its reload starts at layer
+    L-1-N+i's backward (``OffloadSynchronizer._default_offload_sync_init``), so a stage holds L-N layers'
+    activations at any moment. The copies run on the GPU's host link (``DeviceSpec.host_bw_bytes_per_s``); what
+    they do not fit under the layers' compute is exposed. Megatron-Core refuses it with pipeline parallelism and
+    with recomputation (``TransformerConfig.__post_init__``). Fixed only: a free search leaves it at 0."""
 
 
 def _registry() -> Mapping[str, Decision]:

@@ -274,6 +274,7 @@ class Layout(Decisions, Degrees):
         self._check_pipeline(num_layers, global_batch)
         self._check_experts(num_experts)
         self._check_recompute(num_layers)
+        self._check_offload(num_layers)
         self._check_batch(global_batch)
 
     def _check_heads(self, num_heads: int, num_kv_heads: int, seq_len: int) -> None:
@@ -298,9 +299,12 @@ class Layout(Decisions, Degrees):
         """Stages, chunks, schedule and pipeline runs against the layers and the micro-batches."""
         if self.pp_layout:
             n = self.pp * self.vpp
-            if len(self.pp_layout) != n or min(self.pp_layout) < 1 or sum(self.pp_layout) != num_layers:
+            inner = self.pp_layout[1:-1]
+            if (len(self.pp_layout) != n or min(self.pp_layout) < 0 or (inner and min(inner) < 1)
+                    or sum(self.pp_layout) != num_layers or (n == 1 and self.pp_layout[0] < 1)):
                 what = f"pp={self.pp} stages" if self.vpp == 1 else f"pp*vpp = {n} virtual stages"
                 raise MeshplanError(f"pp_layout {format_pp_layout(self.pp_layout)}: needs {what} of >= 1 layer "
+                                    "(the first and last may hold only the embedding / the loss, 0 layers) "
                                     f"adding up to the {num_layers} layers (sum {sum(self.pp_layout)}, "
                                     f"{len(self.pp_layout)} stages)")
         elif num_layers % self.pp:
@@ -356,10 +360,26 @@ class Layout(Decisions, Degrees):
             raise MeshplanError(f"recompute_modules={self.recompute_modules} is Megatron-Core's module list; stack "
                                 f"{self.stack} has none (recompute=op or full there)")
         if self.recompute_layers:
-            per_chunk = min(self.pp_layout) if self.pp_layout else num_layers // (self.pp * self.vpp)
+            per_chunk = (min(k for k in self.pp_layout if k) if self.pp_layout
+                         else num_layers // (self.pp * self.vpp))
             if self.recompute_layers > per_chunk:
                 raise MeshplanError(f"recompute full:{self.recompute_layers}: a pipeline chunk holds only "
                                     f"{per_chunk} layers (pp={self.pp}, vpp={self.vpp})")
+
+    def _check_offload(self, num_layers: int) -> None:
+        """Activation offloading as Megatron-Core accepts it (``TransformerConfig.__post_init__``)."""
+        n = self.offload_layers
+        if not n:
+            return
+        if n < 0 or n >= num_layers:
+            raise MeshplanError(f"offload_layers={n}: must be below the {num_layers} layers (Megatron-Core: "
+                                "'CPU offloading can be done only for layers less than num_layers')")
+        if self.pp > 1:
+            raise MeshplanError(f"offload_layers={n} with pp={self.pp}: Megatron-Core has no CPU offloading under "
+                                "pipeline parallelism")
+        if self.recompute != "none":
+            raise MeshplanError(f"offload_layers={n} with recompute {self.recompute}: Megatron-Core's CPU offloading "
+                                "does not work with activation recomputation")
 
     def _check_batch(self, global_batch: int) -> None:
         """The global batch against micro-batches, data parallelism and the interleaved schedule."""

@@ -210,8 +210,9 @@ def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, .
         n = pp * vpp
         if model_layers % n == 0:
             return ()
-        if model_layers < n:
-            raise MeshplanError(f"pp({pp}) * vpp({vpp}) = {n} virtual stages: more than the {model_layers} layers")
+        if model_layers + 2 < n:  # the embedding and the loss may each fill a virtual stage of their own
+            raise MeshplanError(f"pp({pp}) * vpp({vpp}) = {n} virtual stages: more than the {model_layers} layers "
+                                "plus the embedding and the loss")
         return balanced_split(model_layers, n)
     ends = [x for x in (first, last) if x is not None]
     middle = pp - len(ends)

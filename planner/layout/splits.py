@@ -15,16 +15,25 @@ def balanced_split(num_layers: int, pp: int, first_extra: float = 1.0, last_extr
     The default (one layer-equivalent each) is Megatron-LM's ``--account-for-embedding-in-pipeline-split
     --account-for-loss-in-pipeline-split`` ("the input embedding layer will be treated as a standard transformer
     layer in the context of partition and placement"): Llama 3.1 405B's 126 layers on 16 stages become
-    E+7 | 8 x 14 | 7+L. Ties go to lighter first and last stages.
+    E+7 | 8 x 14 | 7+L. Ties go to lighter first and last stages. A first or last stage that carries a whole
+    layer-equivalent may hold no decoder layer at all: 126 layers over 128 virtual stages are E | 1 x 126 | L
+    (Megatron-Bridge's Llama 3.1 405B at PP16 x VP8), written 0+1*126+0.
     """
-    if pp < 1 or num_layers < pp:
-        raise MeshplanError(f"pp={pp}: needs at least one of the {num_layers} layers per stage")
+    bare = int(first_extra >= 1.0) + int(last_extra >= 1.0 and pp > 1)  # stages that may hold only E or L
+    if pp < 1 or num_layers < pp - bare:
+        raise MeshplanError(f"pp={pp}: needs at least one of the {num_layers} layers per stage"
+                            + (" besides the embedding-only and loss-only ones" if bare else ""))
     extra = [0.0] * pp
     extra[0] += first_extra
     extra[-1] += last_extra
+    least = [1] * pp  # an end stage goes without decoder layers only where the layers are too few for all
+    if num_layers < pp and first_extra >= 1.0:
+        least[0] = 0
+    if num_layers < pp and last_extra >= 1.0:
+        least[-1] = 0
 
     def capacity(load: float) -> list[int]:
-        return [max(1, int(math.floor(load - e + 1e-9))) for e in extra]
+        return [max(lo, int(math.floor(load - e + 1e-9))) for lo, e in zip(least, extra)]
 
     lo, hi = num_layers / pp, num_layers / pp + max(extra) + 1
     for _ in range(60):  # bisect the heaviest load until the capacities just hold every layer
@@ -40,7 +49,7 @@ def balanced_split(num_layers: int, pp: int, first_extra: float = 1.0, last_extr
     k = 0
     while over > 0:
         i = order[k % pp]
-        if cap[i] > 1:
+        if cap[i] > least[i]:
             cap[i] -= 1
             over -= 1
         k += 1
@@ -107,10 +116,11 @@ def format_pp_layout(layers: tuple[int, ...]) -> str:
 
 
 def parse_pp_layout(text: str) -> tuple[int, ...]:
-    """``3+4*14+3`` -> (3, 4, ..., 4, 3): layers per stage, ``n*k`` = k stages of n layers.
+    """``3+4*14+3`` -> (3, 4, ..., 4, 3): layers per stage, ``n*k`` = k stages of n layers; the first and last
+    stage may hold 0 (only the embedding, only the loss: ``0+1*126+0``).
 
     Raises:
-        MeshplanError: not of that form, or a stage of fewer than 1 layer.
+        MeshplanError: not of that form, or a stage other than the first and last of fewer than 1 layer.
     """
     out: list[int] = []
     for part in str(text).split("+"):
@@ -118,7 +128,10 @@ def parse_pp_layout(text: str) -> tuple[int, ...]:
         if not m:
             raise MeshplanError(f"--fix pp_layout={text}: expected layers per stage such as 7+8*14+7")
         n, k = int(m.group(1)), int(m.group(2) or 1)
-        if n < 1 or k < 1 or k > 4096:
-            raise MeshplanError(f"--fix pp_layout={text}: each stage needs >= 1 layer (and at most 4096 repeats)")
+        if k < 1 or k > 4096:
+            raise MeshplanError(f"--fix pp_layout={text}: at most 4096 repeats of a stage")
         out += [n] * k
+    if 0 in out[1:-1] or len(out) < 2 and 0 in out:
+        raise MeshplanError(f"--fix pp_layout={text}: each stage needs >= 1 layer (the first and last may hold 0: "
+                            "only the embedding, only the loss)")
     return tuple(out)

@@ -34,6 +34,7 @@ def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_sour
     """The ``Plan`` value for one evaluated layout (``costmodel``: what priced it, ``Estimator.name``)."""
     return Plan(name=name, model=model_ref(work.model, model_source), cluster=work.cluster.to_ref(),
                 global_batch=work.global_batch, seq_len=work.seq_len, degrees=layout.degrees, dtype=work.dtype,
+                lora=work.lora,
                 schedule=layout.schedule, stages=_stages(layout), prediction=prediction_of(est, costmodel),
                 meshplan_version=meshplan_version(),
                 **{d.plan_field: getattr(layout, d.name) for d in _PLAIN_DECISIONS})

@@ -99,7 +99,7 @@ class Stage(_Frozen):
     """One pipeline stage: a contiguous run of layers on one device group."""
 
     first_layer: Count
-    num_layers: PositiveInt
+    num_layers: Count  # 0 only for a first stage holding just the embedding or a last one holding just the loss
     device_group: Count = 0
 
 
@@ -217,6 +217,9 @@ _PLAN_FIELDS = {
     "degrees": (Degrees, ...),
     **_decision_fields("sequence_parallel", "zero_stage", "recompute", "pipeline_schedule", "attention"),
     "dtype": (str, "bf16"),
+    # LoRA adapters over a frozen base (``meshplan plan --lora``, ``planner.model.peft``): a property of the job;
+    # "" = every weight trained
+    "lora": (str, Field("", pattern=r"^$|^[1-9][0-9]{0,4}(:(qkv|proj|fc1|fc2)(\+(qkv|proj|fc1|fc2))*)?$")),
     # The decisions added after plan schema 1 was first written: left out of the file while at their default, so
     # plans of older meshplan versions and their golden exports stay byte-identical.
     **_decision_fields(),
@@ -236,7 +239,7 @@ Plan = create_model("Plan", __base__=_PlanBody, __module__=__name__, **_PLAN_FIE
 Plan.__doc__ = """Every decision meshplan makes for one job (``planner.layout.decisions``), the workload, the
 prediction and the versions that made it."""
 OMIT_AT_DEFAULT = {**{d.plan_field: d.default for d in DECISIONS.values() if d.plan_field and d.plan_optional},
-                   "stack_profile": "", "explain": None}
+                   "stack_profile": "", "explain": None, "lora": ""}
 """Plan fields left out of the file while at these values."""
 
 

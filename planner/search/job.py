@@ -27,6 +27,7 @@ from meshplan.planner.host.terms import Host
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
 from meshplan.planner.layout.stacks import load_stacks
 from meshplan.planner.model.config import load_model
+from meshplan.planner.model.peft import parse_lora
 from meshplan.planner.model.spec import ModelSpec
 from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
@@ -92,15 +93,18 @@ class PlanRequest:
     """A stack profile, ``name[@version]`` (``planner.layout.stacks``): its values are the defaults ``fix``
     overrides."""
     options: PlanOptions = field(default_factory=PlanOptions)
+    lora: str = ""
+    """LoRA adapters over a frozen base, ``RANK[:MODULES]`` (``planner.model.peft``); "" trains every weight."""
 
     @classmethod
     def of(cls, model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | Pins | None = None,
-           dtype: str | None = None, workload: str = "train", stack: str | None = None,
+           dtype: str | None = None, workload: str = "train", stack: str | None = None, lora: str | None = None,
            **options) -> "PlanRequest":
         """A request from ``meshplan plan``'s arguments: ``fix`` as the ``--fix`` text, ``options`` by
         ``PlanOptions`` field."""
         pins = fix if isinstance(fix, Pins) else parse_fix(fix)
-        return cls(model, cluster, global_batch, seq_len, pins, dtype, workload, stack, PlanOptions(**options))
+        return cls(model, cluster, global_batch, seq_len, pins, dtype, workload, stack, PlanOptions(**options),
+                   lora or "")
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch", self.global_batch), ("--seq-len", self.seq_len),
@@ -109,6 +113,7 @@ class PlanRequest:
                 raise MeshplanError(f"{flag} {value} must be >= 1")
         if self.workload not in WORKLOADS:
             raise MeshplanError(f"--workload {self.workload}: expected one of {', '.join(WORKLOADS)}")
+        parse_lora(self.lora)  # a malformed --lora is named before any work
 
 
 @dataclass
@@ -184,6 +189,9 @@ def plan_job(request: PlanRequest, host: Host = Host(),
     job = _load_job(request, host)
     if request.workload == "serve" or job.cluster.is_heterogeneous or job.request.options.quality_budget is not None \
             or request.options.sensitivity:
+        if request.lora:
+            raise MeshplanError("--lora prices fine-tuning in the homogeneous layout search; the heterogeneous / "
+                                "serving solver trains every weight")
         if request.fix.pinned():
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
@@ -231,7 +239,8 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     """The homogeneous layout search (and ``--compress``'s choice), the best plan written."""
     req, opts, clus, estimator = job.request, job.request.options, job.cluster, job.estimator
     clus.device.peak(job.dtype)  # refuses a dtype the device lacks, naming the device
-    work, fixes = pinned_work(Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype), job.fix)
+    work, fixes = pinned_work(Workload(job.spec, clus, req.global_batch, req.seq_len, job.dtype, lora=req.lora),
+                              job.fix)
     if opts.compress:
         for k in ("tp", "pp", "cp", "ep"):
             if fixes.get(k, 1) != 1:
