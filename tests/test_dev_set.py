@@ -240,9 +240,13 @@ MEAN_ABS_ERROR_AT_MOST = {"S1": 0.065, "S1f": 0.05, "S5": 0.065, "T": 0.05}
 
 
 # The hybrid Mamba rows (AutoModel Nemotron V3 Nano and Super), priced since 2026-11-26 with the Blackwell set's
-# configs: Nano +8.1%, Super +35.2% (BENCHMARKS.md "Model families of 2026", after the MoE kernel terms). Kept apart
-# from the ratchet above, which was set on the other rows; this bound only guards them from getting worse.
-HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.09, "automodel-nemotronv3-super-64": 0.37}
+# configs. Kept apart from the ratchet above, which was set on the other rows; this bound only guards them from
+# getting worse. Moved once, by a physics change: the SSD scan priced from a published kernel timing (TileLang's
+# chunk-scan on H800, 13.5% of peak, where an unmeasured 70% had stood; BENCHMARKS.md "Nemotron 3 Nano / Super")
+# took Nano +8.1 -> +18.4% and Super +35.2 -> +44.1%: the SSD had been too fast and hid what is too slow on these
+# rows, the expert all-to-all across nodes (Super: 1.68 s exposed + 0.77 s recomputed; its compute alone 7.44 s
+# against 7.29 s published), while every Blackwell Nemotron row moved toward its published time.
+HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.19, "automodel-nemotronv3-super-64": 0.45}
 
 
 def test_accuracy_per_source_does_not_regress(priced):
