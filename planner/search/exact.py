@@ -3,7 +3,7 @@
 The answer is the one pricing every candidate of ``planner.layout.space`` gives (``search(..., prune=False)`` does,
 ``tests/test_search_pruning.py`` checks the two agree), found by a best-first branch and bound that prices a few
 percent of the space (``bench/plan_speed.py``, BENCHMARKS.md "Planner: search speed": DeepSeek-V3 on 16,384 H100,
-14,100 pricings of 656,472 candidates).
+931 pricings of 547,060 candidates).
 
 The space comes as ``planner.layout.space.LayoutGroup`` s: candidates that share every decision but recomputation and
 the sharding of the data-parallel states (zero stage, dp_shard). The bounds rest on facts about any step-time model,
