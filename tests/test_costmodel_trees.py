@@ -73,6 +73,17 @@ def _edge_rows(ens, rng: np.random.Generator, n: int = 2000) -> np.ndarray:
     return X
 
 
+def _shipped_copy(tmp_path):
+    """A copy of the shipped model folder to break, and its metadata."""
+    bad = tmp_path / "model"
+    shutil.copytree(SHIPPED, bad)
+    return bad, json.loads((bad / "metadata.json").read_text())
+
+
+def _write_meta(folder, meta) -> None:
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
 @pytest.mark.parametrize("kind", sorted(json.loads((SHIPPED / "metadata.json").read_text())["kinds"]))
 def test_numpy_trees_equal_xgboost_inplace_predict(shipped, kind):
     """Every shipped class, bit for bit: rows spanning its training range, threshold and special values, repeated
@@ -119,8 +130,7 @@ def _corrupt(path, at: float = 0.5) -> None:
 def test_corrupt_npz_is_refused_by_name(tmp_path, runner):
     from meshplan.cli.main import app
 
-    bad = tmp_path / "model"
-    shutil.copytree(SHIPPED, bad)
+    bad, _ = _shipped_copy(tmp_path)
     _corrupt(bad / "bmm.npz")
     with pytest.raises(MeshplanError, match=r"bmm\.npz: checksum mismatch"):
         LearnedModel.load(bad)
@@ -133,38 +143,33 @@ def test_npz_with_matching_checksum_but_bad_content_is_refused(tmp_path):
     """A file the metadata vouches for but whose arrays do not fit (hand-edited metadata): one line naming it."""
     from meshplan.costmodel.learned import file_sha256
 
-    bad = tmp_path / "model"
-    shutil.copytree(SHIPPED, bad)
-    meta = json.loads((bad / "metadata.json").read_text())
+    bad, meta = _shipped_copy(tmp_path)
     ens = LearnedModel.load(SHIPPED).trees["softmax"]
     np.savez(bad / "softmax.npz", format=np.array("meshplan-trees/1"), feature=ens.feature.astype(np.int64),
              threshold=ens.threshold, default_left=ens.default_left, leaf=ens.leaf, base_score=ens.base_score,
              n_features=np.int64(ens.n_features))
     meta["kinds"]["softmax"]["trees"]["sha256"] = file_sha256(bad / "softmax.npz")
-    (bad / "metadata.json").write_text(json.dumps(meta))
+    _write_meta(bad, meta)
     with pytest.raises(MeshplanError, match=r"softmax\.npz: feature must be uint8"):
         LearnedModel.load(bad)
     (bad / "softmax.npz").write_bytes(b"PK\x03\x04 not a zip")
     meta["kinds"]["softmax"]["trees"]["sha256"] = file_sha256(bad / "softmax.npz")
-    (bad / "metadata.json").write_text(json.dumps(meta))
+    _write_meta(bad, meta)
     with pytest.raises(MeshplanError, match=r"softmax\.npz: cannot read the trees file"):
         LearnedModel.load(bad)
 
 
 def test_trees_of_another_booster_are_refused(tmp_path):
-    bad = tmp_path / "model"
-    shutil.copytree(SHIPPED, bad)
-    meta = json.loads((bad / "metadata.json").read_text())
+    bad, meta = _shipped_copy(tmp_path)
     meta["kinds"]["matmul"]["trees"]["ubj_sha256"] = meta["kinds"]["bmm"]["sha256"]
-    (bad / "metadata.json").write_text(json.dumps(meta))
+    _write_meta(bad, meta)
     with pytest.raises(MeshplanError, match=r"matmul\.npz: exported from another booster than matmul\.ubj"):
         LearnedModel.load(bad)
 
 
 def test_corrupt_ubj_is_refused_when_the_boosters_are_read(tmp_path):
     """The .ubj files no longer predict; training and checking code reads them through ``boosters``, checked."""
-    bad = tmp_path / "model"
-    shutil.copytree(SHIPPED, bad)
+    bad, _ = _shipped_copy(tmp_path)
     _corrupt(bad / "matmul.ubj")
     m = LearnedModel.load(bad)  # prices from the intact .npz
     with pytest.raises(MeshplanError, match=r"matmul\.ubj: checksum mismatch"):
