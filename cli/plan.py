@@ -102,8 +102,10 @@ def plan(
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
                     "plans": outcome.rows, **({"explain": outcome.plan.explain} if explain else {}),
-                    # the search's figures: layouts in the space, priced in full, pruned (a solver's answer: null)
-                    **{k: outcome.counts.get(k) for k in ("layouts_in_space", "layouts_priced", "layouts_pruned")}})
+                    # the search's figures: layouts in the space, priced in full, pruned; of the pruned, those whose
+                    # step time alone could not rank, those whose activations alone overflow (a solver's answer: null)
+                    **{k: outcome.counts.get(k) for k in ("layouts_in_space", "layouts_priced", "layouts_pruned",
+                                                          "layouts_timed", "layouts_unfit")}})
         return
     render_ranked(outcome)
     for note in outcome.notes:

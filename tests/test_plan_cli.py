@@ -65,6 +65,7 @@ def test_json_counts_the_space(runner, tmp_path):
                                              64, 4096, Pins(tp=2, pp=4)))
     assert out["layouts_in_space"] == space > 2000  # large enough that the search prunes
     assert out["layouts_priced"] + out["layouts_pruned"] == space and 0 < out["layouts_priced"] < space / 2
+    assert out["layouts_timed"] + out["layouts_unfit"] <= out["layouts_pruned"]  # the rest: bounds never reached
 
 
 def test_pinning_a_slower_choice_never_beats_the_free_search(runner, tmp_path):

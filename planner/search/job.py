@@ -135,7 +135,8 @@ class PlanOutcome:
     breakdown: Optional[dict] = None
     counts: dict = field(default_factory=dict)
     """The layout search's own figures (``layouts_in_space``, ``layouts_priced``: estimated in full,
-    ``layouts_pruned``: never estimated in full); empty where a solver answered."""
+    ``layouts_pruned``: never estimated in full, of which ``layouts_timed``: shown by their step time alone not to
+    rank, and ``layouts_unfit``: shown by their activations alone not to fit); empty where a solver answered."""
 
 
 @dataclass(frozen=True)
