@@ -199,7 +199,11 @@ class GpuEstimator:
             return hit
         lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
         fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
-        re = {"full": fwd, "op": p["op"]}.get(key.recompute_kind, 0.0)
+        re = fwd if key.recompute_kind == "full" else 0.0
+        if key.recompute_kind == "op":  # priced when an op-level layout first asks (a search bounds without it)
+            if "op" not in p:
+                p["op"] = sum(n * self.pricer.predict(op, device) for op, n in Counter(lo.op_recompute).items())
+            re = p["op"]
         if key.recompute_kind == "selective":  # the modules Megatron-Core re-runs (``Layout.recomputed_modules``)
             modules = p.get("modules")
             if modules is None:  # priced when a selective layout first asks (a search bounds without them)
@@ -361,7 +365,6 @@ class GpuEstimator:
                   "bwd_frozen": sum(n * (f[op] if op.kind == "matmul" else b[op]) for op, n in counts.items()),
                   "attn": sum(predict(op, device) for op in lo.core_attention),
                   "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
-                  "op": sum(n * predict(op, device) for op, n in Counter(lo.op_recompute).items()),
                   "shared_fwd": sum(f[op] for op in lo.shared),
                   # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
                   "gemm": 0.0, "gemm_chunked": 0.0,
