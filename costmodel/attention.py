@@ -135,14 +135,20 @@ def _blackwell_kind(r: dict) -> str:
     return ("d192" if r["d_qk"] > 128 else "d128") + ("-causal" if r["mask"] == "top_left" else "-full")
 
 
-@functools.lru_cache(maxsize=1)
-def blackwell_curves() -> Mapping[tuple, tuple]:
-    """``{(gpu, kind, pass): ((seq, ...), (TFLOP/s, ...))}`` of the packaged cuDNN benchmark's bf16 cases (read once
-    per process, handed out read-only): TFLOP/s under ``_measured_flops``, by sequence length."""
+# meshplan's op dtype -> the cuDNN benchmark's ``dtype`` column (fp8 there is per-tensor-scaled E4M3, the recipe
+# Transformer Engine's fp8 dot-product attention runs).
+BENCH_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+
+
+@functools.lru_cache(maxsize=4)
+def blackwell_curves(dtype: str = "bfloat16") -> Mapping[tuple, tuple]:
+    """``{(gpu, kind, pass): ((seq, ...), (TFLOP/s, ...))}`` of the packaged cuDNN benchmark's cases of ``dtype``
+    (its column: bfloat16, fp8, mxfp8; read once per process, handed out read-only): TFLOP/s under
+    ``_measured_flops``, by sequence length."""
     data = json.loads(resources.files("meshplan.costmodel").joinpath(BLACKWELL_FILE).read_text(encoding="utf-8"))
     points: dict = {}
     for r in data["rows"]:
-        if r["dtype"] == "bfloat16":
+        if r["dtype"] == dtype:
             key = (r["gpu"], _blackwell_kind(r), r["pass"])
             points.setdefault(key, {})[r["seq"]] = _measured_flops(r) / (r["time_ms"] * 1e-3) / 1e12
     return MappingProxyType({k: (tuple(sorted(v)), tuple(v[s] for s in sorted(v))) for k, v in points.items()})
@@ -161,7 +167,7 @@ def _blackwell_key(op: OpSpec, device: DeviceSpec) -> tuple | None:
     """The curve a cuDNN attention ``op`` on a Blackwell ``device`` is priced from, or ``None``: keys fewer than
     queries under the causal mask is a sliding window; otherwise the head dim picks the d128 or d192 curve."""
     measured = BLACKWELL_MEASURED.get(device.name)
-    if measured is None or op.impl != "cudnn" or op.dtype not in ("bf16", "fp16"):
+    if measured is None or op.impl != "cudnn" or op.dtype not in BENCH_DTYPE:
         return None
     _, _, s_q, s_kv, d = op.shape
     kind = "window" if op.causal and s_kv < s_q else ("d192" if d > 128 else "d128") + (
@@ -179,9 +185,10 @@ def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
             "d128-causal": "Llama 3.1 heads (d128), causal", "d128-full": "Llama 3.1 heads (d128), unmasked",
             "d192-causal": "DeepSeek-V3 heads (d192/128), causal",
             "d192-full": "DeepSeek-V3 heads (d192/128), unmasked"}[kind]
-    out = f"cuDNN 9.22 on {measured}, {what}: NVIDIA/cudnn-frontend sdpa_benchmark_training results @ 3929da2"
+    out = (f"cuDNN 9.22 {BENCH_DTYPE[op.dtype]} on {measured}, {what}: NVIDIA/cudnn-frontend "
+           "sdpa_benchmark_training results @ 3929da2")
     if measured != device.name:
-        out += f", scaled by bf16 peak to {device.name}"
+        out += f", scaled by {_scale_dtype(op)} peak to {device.name}"
     if kind.startswith("d128") and op.shape[4] < 128:
         out += f"; no head-dim-{op.shape[4]} measurement with this mask: the d128 rate"
     if kind == "window" and op.shape[4] != 64:
@@ -193,12 +200,18 @@ def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
     """Achieved TFLOP/s of a cuDNN attention ``op`` on a Blackwell ``device`` (``None``: no curve applies), at the
     query length for a window, else the shorter of the query and key lengths."""
     key = _blackwell_key(op, device)
-    curve = blackwell_curves().get(key) if key else None
+    curve = blackwell_curves(BENCH_DTYPE[op.dtype]).get(key) if key else None
     if curve is None:
         return None
     _, _, s_q, s_kv, _ = op.shape
     seq = s_q if key[1] == "window" else min(s_q, s_kv)
-    return _interp_at(seq, *curve) * device.peak("bf16") / _peak_of(key[0])
+    dtype = _scale_dtype(op)
+    return _interp_at(seq, *curve) * device.peak(dtype) / _peak_of(key[0], dtype)
+
+
+def _scale_dtype(op: OpSpec) -> str:
+    """The dense peak that carries a measured rate to a sibling part: the one of the dtype the kernel's GEMMs run in."""
+    return "fp8" if op.dtype == "fp8" else "bf16"
 
 
 def blackwell_held_out_ratios() -> tuple[list[float], list[float]]:
@@ -215,9 +228,9 @@ def blackwell_held_out_ratios() -> tuple[list[float], list[float]]:
     return inside, held
 
 
-def _peak_of(name: str) -> float:
-    """Dense bf16 peak of a catalogued device, FLOP/s."""
-    return catalogue()[name].peak("bf16")
+def _peak_of(name: str, dtype: str = "bf16") -> float:
+    """Dense ``dtype`` peak of a catalogued device, FLOP/s."""
+    return catalogue()[name].peak(dtype)
 
 
 def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
@@ -226,11 +239,13 @@ def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
     The sequence length that sets the kernel's efficiency is the shorter of the query and key lengths: a context-
     parallel ring runs blocks of the local length.
     """
-    if op.kind != "attention" or op.dtype not in ("bf16", "fp16"):
+    if op.kind != "attention" or op.dtype not in BENCH_DTYPE:
         return None
     blackwell = blackwell_tflops(op, device)
     if blackwell:
         return op.flops / (blackwell * 1e12)
+    if op.dtype == "fp8":
+        return None  # fp8 attention is measured only on Blackwell (cuDNN's rows); no curve elsewhere
     _, _, s_q, s_kv, _ = op.shape
     tflops = attention_tflops(op.impl, device, min(s_q, s_kv), op.backward, op.causal)
     if not tflops:

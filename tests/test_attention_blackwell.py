@@ -109,3 +109,22 @@ def test_explain_lists_attention_as_unmeasured_only_where_the_curve_stands_in(pr
     assert cls not in unmeasured(pricer, catalogue()["GB300"], {cls: window})
     assert "scaled by bf16 peak to B300" in unmeasured(pricer, catalogue()["B300"], {cls: window})[cls]
     assert "no head-dim-64 measurement" in unmeasured(pricer, catalogue()["GB300"], {cls: full})[cls]
+
+
+# The same CSVs' fp8 rows (per-tensor-scaled E4M3, what Transformer Engine's fp8 dot-product attention runs): the
+# sliding-window backward is 3.3x slower than bf16 at 4k on GB300 (1.48 vs 0.442 ms), so fp8 is not priced as bf16.
+FP8_CASES = [
+    ("GB300", (2, 64, 4096, 4096, 128), True, 0.217, 0.985),
+    ("GB200", (2, 64, 8192, 8192, 128), True, 1.074, 3.781),
+    ("GB300", (2, 128, 4096, 4096, 192), True, 0.493, 1.803),
+    ("GB300", (2, 128, 4096, _window_op_keys(4096, 128), 64), True, 0.167, 1.48),
+]
+
+
+@pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", FP8_CASES)
+def test_fp8_measured_shapes_price_at_the_published_fp8_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
+    dev = catalogue()[gpu]
+    fwd = OpSpec("attention", shape, "fp8", causal=causal, impl="cudnn")
+    bwd = OpSpec("attention", shape, "fp8", causal=causal, impl="cudnn", backward=True)
+    assert pricer.predict(fwd, dev) * 1e3 == pytest.approx(fwd_ms, rel=1e-6)
+    assert pricer.predict(bwd, dev) * 1e3 == pytest.approx(bwd_ms, rel=1e-6)
