@@ -45,8 +45,13 @@ def test_megatron_core_parses_the_hybridep_dispatcher(tmp_path):
     """The rendered megatron launch read back by torchrun's and Megatron-LM's own parsers into megatron-core 0.16.1's
     TransformerConfig: the flex dispatcher with the hybridep backend (a repeated flag keeps its last value)."""
     from tests.test_export_golden import _moe_variant
-    from tests.test_export_megatron_core import (_argv, _megatron_args, _render_or_refusal, _torchrun_parse,
-                                                 _transformer_config)
+    from tests.test_export_megatron_core import (
+        _argv,
+        _megatron_args,
+        _render_or_refusal,
+        _torchrun_parse,
+        _transformer_config,
+    )
     plan = _moe_variant(moe_dispatcher="hybridep")
     text = _render_or_refusal(plan, "megatron")
     ns = _torchrun_parse(_argv(text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
