@@ -50,3 +50,16 @@ def measured_range() -> tuple[int, int]:
     """(fewest, most) ranks the NVLink share was measured at, for ``--explain``."""
     shares = nvlink_shares()
     return min(shares), max(shares)
+
+
+def explain(ep: int, crosses_nodes: bool) -> tuple[str, str]:
+    """(what the EP dispatch is priced from, what no measurement covers: '' where all is measured) for ``--explain``."""
+    lo, hi = measured_range()
+    basis = (f"Hybrid-EP NVLink at {hybridep_nvlink_share(ep):.3f} of 900 GB/s: deepseek-ai/DeepEP hybrid-ep @ 94a9f8f "
+             f"docs/README_Hybrid-EP.md, B200/GB200 kernel-only bf16 dispatch and combine at {DEFAULT_SMS} SMs")
+    gaps = []
+    if ep > hi:
+        gaps.append(f"EP {ep} is above the {hi} ranks measured; the {hi}-rank share is taken")
+    if crosses_nodes:
+        gaps.append("no Blackwell RDMA row is published; the NICs run at line rate as DeepEP's (H100/H800 rows)")
+    return basis, "; ".join(gaps)

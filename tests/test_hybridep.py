@@ -64,3 +64,11 @@ def test_bridge_overrides_name_the_hybridep_backend():
     from tests.test_export_golden import _moe_variant
     o = bridge.moe_overrides(_moe_variant(moe_dispatcher="hybridep"))
     assert (o["model.moe_token_dispatcher_type"], o["model.moe_flex_dispatcher_backend"]) == ("flex", "hybridep")
+
+
+def test_explain_names_what_no_measurement_covers():
+    """EP 36 in one domain is inside the table: no gap; EP 64 across nodes names both gaps."""
+    from meshplan.costmodel import hybridep
+    assert hybridep.explain(36, False)[1] == ""
+    gap = hybridep.explain(64, True)[1]
+    assert "above the 36 ranks measured" in gap and "no Blackwell RDMA row" in gap
