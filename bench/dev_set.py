@@ -409,9 +409,7 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
                           "other micro-batch's compute", {}))
     backend = ws.get("moe_flex_dispatcher_backend")
     if ep > 1 and backend:
-        needs.append(Need("moe_dispatcher", backend, f"preset moe_flex_dispatcher_backend '{backend}'" + (
-            ": HybridEP (NVLink-domain-wide dispatch, NVLINK_DOMAIN_SIZE 72 on GB200/GB300) is no dispatcher "
-            "meshplan names; priced as NCCL all-to-all over the same links" if backend == "hybridep" else ""), {}))
+        needs.append(Need("moe_dispatcher", backend, f"preset moe_flex_dispatcher_backend '{backend}'", {}))
     if ws.get("fp8_dot_product_attention"):
         needs.append(Need("attention_dtype", "fp8", "preset fp8_dot_product_attention: attention in fp8; meshplan "
                           "prices attention in bf16", {}))

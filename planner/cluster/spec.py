@@ -37,6 +37,7 @@ from meshplan.planner.host.calibrate import Calibration, is_local_spec, local_pr
 from meshplan.planner.plan.schema import ClusterRef, DeviceGroupRef
 
 NCCL_NIC_EFFICIENCY = 0.80  # planner/presets/clusters/links.yaml: InfiniBand families' efficiency
+NCCL_NVLINK_EFFICIENCY = 0.80  # planner/presets/clusters/links.yaml: the NVLink families' efficiency
 
 __all__ = ["ClusterSpec", "LinkFamily", "NodeGroup", "get_family", "link_families", "load_cluster", "load_cluster_file",
            "local_cluster", "nic_share_bytes_per_s", "parse_bandwidth", "parse_shorthand", "preset_names"]
@@ -206,7 +207,7 @@ class ClusterSpec:
                     intra_latency_s=g.intra_link.latency_s)
 
     def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0,
-                      routing_groups: tuple[int, int] = (1, 0)) -> Link:
+                      routing_groups: tuple[int, int] = (1, 0), nvlink_share: float = 0.0) -> Link:
         """The link an all-to-all over ``group_size`` ranks ``stride`` apart sees, as one effective bandwidth.
 
         Unlike a ring, an all-to-all gets no help from the node's other NICs: every rank sends ``(p - k) / p`` of
@@ -220,6 +221,8 @@ class ClusterSpec:
         ``N`` nodes a node receives none of them with probability ``(1 - 1/N)^topk``; under group-limited routing
         (``routing_groups`` = (groups, groups per token)) fewer nodes (``distinct_nodes``). Over NVLink it sends one
         copy per destination rank, so there the bytes shrink by the expected distinct ranks over ``topk``.
+        ``nvlink_share``: where set, NVLink runs at that share of its nominal bandwidth instead of NCCL's (Hybrid-EP's
+        TMA kernels, ``costmodel.hybridep``).
         """
         ring = self.collective_link(group_size, stride, group_index)
         g = self.groups[group_index]
@@ -229,10 +232,12 @@ class ClusterSpec:
         # ``is_token_in_rank``), and its README's bandwidths are of those bytes: per routed copy, NVLink carries
         # E[distinct ranks] / topk of what one copy per expert would, E[distinct ranks] = p (1 - (1 - 1/p)^topk)
         rank_share = p * (1 - (1 - 1 / p) ** dedup_topk) / dedup_topk if dedup_topk else 1.0
-        if not k:
+        if not k:  # the group inside one NVLink domain
             if rank_share == 1.0:
                 return ring
-            return Link(f"{ring.name}-deepep", ring.bandwidth_bytes_per_s / rank_share, ring.latency_s)
+            scale = nvlink_share / NCCL_NVLINK_EFFICIENCY if nvlink_share else 1.0
+            name = f"{ring.name}-{'hybridep' if nvlink_share else 'deepep'}"
+            return Link(name, ring.bandwidth_bytes_per_s / rank_share * scale, ring.latency_s)
         nic = g.nic_link or self.inter_link
         inter = (p - k) / p
         nic_bw = nic.bandwidth_bytes_per_s
@@ -243,7 +248,10 @@ class ClusterSpec:
             # internode EP64 dispatch 51 GB/s, combine 50 GB/s of "~50 GB/s maximum"), where a large NCCL transfer
             # reaches the 0.80 of it that links.yaml's network families carry
             nic_bw /= NCCL_NIC_EFFICIENCY
-        per_byte = max(inter / nic_bw, (k - 1) / p * rank_share / g.intra_link.bandwidth_bytes_per_s)
+        intra_bw = g.intra_link.bandwidth_bytes_per_s
+        if nvlink_share:
+            intra_bw *= nvlink_share / NCCL_NVLINK_EFFICIENCY
+        per_byte = max(inter / nic_bw, (k - 1) / p * rank_share / intra_bw)
         return Link(f"{nic.name}-a2a", (p - 1) / p / per_byte, ring.latency_s)
 
     def with_inter_bandwidth(self, bytes_per_s: float) -> "ClusterSpec":

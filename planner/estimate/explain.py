@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from meshplan.costmodel import hybridep
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
@@ -98,6 +99,11 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     notes = unmeasured(estimator.pricer, dev, first_op)
     notes.update({cls: f"{estimator.pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
                   if op.kind == "ssd" and cls not in notes})
+    if layout.moe_dispatcher == "hybridep" and layout.ep > 1 and model.num_experts:
+        basis, gap = hybridep.explain(layout.ep, links["ep"].name.endswith("-a2a"))
+        out["priced_from"]["ep dispatch (hybridep)"] = basis
+        if gap:
+            notes["ep dispatch (hybridep)"] = gap
     if notes:
         out["unmeasured"] = notes
     return out

@@ -27,6 +27,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.hybridep import hybridep_nvlink_share
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.base import (
     Estimate,
@@ -74,10 +75,13 @@ def straggler_slowdown(world_size: int) -> float:
 
 def group_links(cluster, model, layout: Layout) -> tuple:
     """(tp, ep, cp) links of ``layout`` on ``cluster``: rings for TP and ring/all-gather CP, the spanned all-to-all
-    for EP (one copy per destination node under DeepEP) and Ulysses CP (``ClusterSpec.alltoall_link``)."""
+    for EP (one copy per destination node under DeepEP and Hybrid-EP) and Ulysses CP (``ClusterSpec.alltoall_link``).
+    Hybrid-EP's NVLink share is its published kernel bandwidth at the EP size (``costmodel.hybridep``)."""
+    dedup = layout.moe_dispatcher in ("deepep", "hybridep")
     return (cluster.collective_link(*layout.tp_group),
-            cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token
-                                  if layout.moe_dispatcher == "deepep" else 0,
+            cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token if dedup else 0,
+                                  nvlink_share=hybridep_nvlink_share(layout.ep)
+                                  if layout.moe_dispatcher == "hybridep" else 0.0,
                                   routing_groups=(model.routing_groups, model.routing_groups_per_token)),
             (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
 

@@ -242,9 +242,9 @@ def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool 
     if not plan.model.num_experts:
         return []
     out = []
-    if plan.moe_dispatcher == "deepep" and not deepep:
-        out.append(f"{target}: moe_dispatcher=deepep: no DeepEP dispatcher here; tokens travel by all-to-all, one "
-                   "copy per routed expert (the plan priced one per destination node)")
+    if plan.moe_dispatcher in ("deepep", "hybridep") and not deepep:
+        out.append(f"{target}: moe_dispatcher={plan.moe_dispatcher}: no such dispatcher here; tokens travel by "
+                   "all-to-all, one copy per routed expert (the plan priced one per destination node)")
     if plan.moe_overlap and not overlap:
         out.append(f"{target}: moe_overlap: no option overlaps the expert all-to-all with computation here; it runs "
                    "on the critical path, which the plan did not price")

@@ -199,10 +199,10 @@ def moe_overrides(plan: Plan) -> dict[str, object]:
     token dropping (capacity factor, padded to it, dropping by probability as the plan prices it)."""
     if not plan.model.num_experts:
         return {}
-    deepep = plan.moe_dispatcher == "deepep"
+    flex = plan.moe_dispatcher in ("deepep", "hybridep")
     o: dict[str, object] = {
-        "model.moe_token_dispatcher_type": "flex" if deepep else "alltoall",
-        "model.moe_flex_dispatcher_backend": "deepep" if deepep else None,
+        "model.moe_token_dispatcher_type": "flex" if flex else "alltoall",
+        "model.moe_flex_dispatcher_backend": plan.moe_dispatcher if flex else None,
         "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
         "model.moe_shared_expert_overlap": plan.shared_overlap and bool(plan.model.num_shared_experts),
         "model.moe_expert_capacity_factor": plan.moe_capacity or None,

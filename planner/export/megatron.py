@@ -205,8 +205,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(c.expert_tp(plan))]
     if plan.moe_overlap and plan.model.num_experts:
         a.append("--overlap-moe-expert-parallel-comm")
-    if plan.moe_dispatcher == "deepep" and plan.model.num_experts:
-        a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    if plan.moe_dispatcher in ("deepep", "hybridep") and plan.model.num_experts:
+        a += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", plan.moe_dispatcher]
     if plan.tp_overlap:
         a.append("--tp-comm-overlap")
     if plan.shared_overlap and plan.model.num_experts:
@@ -318,7 +318,7 @@ def model_args(plan: Plan) -> list[str]:
             pattern = _run_length([1 if i in set(m.moe_layers) else 0 for i in range(m.num_layers)])
             a += ["--moe-layer-freq", c.quote(pattern)]
         a.append("--moe-grouped-gemm")
-        if plan.moe_dispatcher != "deepep":  # DeepEP's flex dispatcher is set with the parallel flags above
+        if plan.moe_dispatcher == "alltoall":  # the flex dispatcher is set with the parallel flags above
             a += ["--moe-token-dispatcher-type", "alltoall"]
         if plan.moe_capacity:  # token dropping, each expert padded to its capacity (as the plan prices it)
             a += ["--moe-expert-capacity-factor", f"{plan.moe_capacity:g}", "--moe-pad-expert-input-to-capacity",

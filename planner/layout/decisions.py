@@ -258,11 +258,14 @@ class Decisions:
     moe_imbalance: float = decision(1.0, "dropless routing: the busiest expert group's tokens over the balanced share",
                                     lo=1.0, hi=64.0)
     """1.0 = perfectly balanced, as the dev set's "fake balanced gate" runs."""
-    moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL) or deepep",
-                                   choices=("alltoall", "deepep"))
+    moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
+                                   choices=("alltoall", "deepep", "hybridep"))
     """"alltoall": one copy per routed expert (Megatron's alltoall dispatcher); "deepep": one copy per destination
     node over the NICs, forwarded to its experts over NVLink (Megatron ``--moe-token-dispatcher-type flex
-    --moe-enable-deepep``)."""
+    --moe-enable-deepep``); "hybridep": NVIDIA's Hybrid-EP (DeepEP ``hybrid-ep`` branch), the same copies as deepep
+    (once per destination node or NVLink domain, once per destination rank inside it, no second permute) over TMA
+    NVLink kernels, priced at their published bandwidth (``costmodel.hybridep``; Megatron-Core
+    ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep``)."""
     tp_overlap: bool = decision(False, "tensor-parallel collectives overlapped with their GEMMs (needs sp)")
     """Megatron-Core ``--tp-comm-overlap`` (Transformer Engine userbuffers), torchtitan's async TP: the all-gather
     before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks under it."""

@@ -1,0 +1,74 @@
+"""Hybrid-EP as a dispatcher: its NVLink share recomputed from the README table it rests on (numbers copied here by
+hand from deepseek-ai/DeepEP hybrid-ep @ 94a9f8f, docs/README_Hybrid-EP.md, "Kernel Only", 16 SMs), and the copies a
+rank sends inside one NVL72 domain counted by brute force over a simulated top-8 router."""
+import numpy as np
+import pytest
+
+from meshplan.costmodel.hybridep import hybridep_nvlink_share, measured_range, nvlink_shares
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.export import bridge
+
+# (bf16 dispatch, combine) GB/s, Kernel Only, 16 SMs, as the README prints them
+README_B200_8 = (734.95, 673.84)
+README_GB200 = {8: (750.15, 684.27), 16: (661.93, 600.75), 24: (637.80, 565.53), 32: (629.79, 547.25),
+                36: (612.85, 543.27)}
+
+
+def test_shares_are_the_readme_figures_over_nvlink5():
+    """8 ranks: the B200 and GB200 rows averaged; 16-36: GB200's, each the mean of dispatch and combine / 900 GB/s."""
+    want = {k: sum(v) / 2 / 900 for k, v in README_GB200.items()}
+    want[8] = (sum(README_B200_8) / 2 + sum(README_GB200[8]) / 2) / 2 / 900
+    assert nvlink_shares() == pytest.approx(want, rel=1e-9)
+    assert measured_range() == (8, 36)
+    assert hybridep_nvlink_share(64) == pytest.approx(want[36])  # beyond the table: its last row
+    assert hybridep_nvlink_share(4) == pytest.approx(want[8])
+
+
+def _distinct_ranks(ranks: int, experts: int, topk: int, tokens: int = 20000) -> float:
+    scores = np.random.default_rng(1).random((tokens, experts))
+    chosen = np.argsort(-scores, axis=1)[:, :topk] // (experts // ranks)
+    return float(np.mean([len(set(row)) for row in chosen]))
+
+
+def test_hybridep_in_one_nvl72_domain_sends_one_copy_per_rank_at_its_measured_rate():
+    """EP64 inside a GB200 NVL72 (Qwen3-235B-like routing: 128 experts, top-8): the link is the plain all-to-all's
+    divided by the simulated distinct ranks over 8, at Hybrid-EP's 36-rank share of NVLink instead of NCCL's 0.80."""
+    c = load_cluster("1x72xGB200")
+    plain = c.alltoall_link(64, 1)
+    hyb = c.alltoall_link(64, 1, dedup_topk=8, nvlink_share=hybridep_nvlink_share(64))
+    share = _distinct_ranks(64, 128, 8) / 8
+    want = plain.bandwidth_bytes_per_s / share * (sum(README_GB200[36]) / 2 / 900) / 0.80
+    assert hyb.bandwidth_bytes_per_s == pytest.approx(want, rel=0.03)
+
+
+def test_megatron_core_parses_the_hybridep_dispatcher(tmp_path):
+    """The rendered megatron launch read back by torchrun's and Megatron-LM's own parsers into megatron-core 0.16.1's
+    TransformerConfig: the flex dispatcher with the hybridep backend (a repeated flag keeps its last value)."""
+    from tests.test_export_golden import _moe_variant
+    from tests.test_export_megatron_core import (
+        _argv,
+        _megatron_args,
+        _render_or_refusal,
+        _torchrun_parse,
+        _transformer_config,
+    )
+    plan = _moe_variant(moe_dispatcher="hybridep")
+    text = _render_or_refusal(plan, "megatron")
+    ns = _torchrun_parse(_argv(text, tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
+    cfg, args = _transformer_config(_megatron_args(ns.training_script_args))
+    assert (args["moe_token_dispatcher_type"], cfg.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+
+
+def test_bridge_overrides_name_the_hybridep_backend():
+    """Megatron-Bridge's model fields, as megatron-core's TransformerConfig names them."""
+    from tests.test_export_golden import _moe_variant
+    o = bridge.moe_overrides(_moe_variant(moe_dispatcher="hybridep"))
+    assert (o["model.moe_token_dispatcher_type"], o["model.moe_flex_dispatcher_backend"]) == ("flex", "hybridep")
+
+
+def test_explain_names_what_no_measurement_covers():
+    """EP 36 in one domain is inside the table: no gap; EP 64 across nodes names both gaps."""
+    from meshplan.costmodel import hybridep
+    assert hybridep.explain(36, False)[1] == ""
+    gap = hybridep.explain(64, True)[1]
+    assert "above the 36 ranks measured" in gap and "no Blackwell RDMA row" in gap
