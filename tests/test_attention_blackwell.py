@@ -39,13 +39,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", CASES)
-def test_measured_shapes_price_at_the_published_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
+def _assert_published_time(pricer, gpu, shape, dtype, causal, fwd_ms, bwd_ms) -> None:
+    """A measured shape prices at its published forward and backward times."""
     dev = catalogue()[gpu]
-    fwd = OpSpec("attention", shape, "bf16", causal=causal, impl="cudnn")
-    bwd = OpSpec("attention", shape, "bf16", causal=causal, impl="cudnn", backward=True)
+    fwd = OpSpec("attention", shape, dtype, causal=causal, impl="cudnn")
+    bwd = OpSpec("attention", shape, dtype, causal=causal, impl="cudnn", backward=True)
     assert pricer.predict(fwd, dev) * 1e3 == pytest.approx(fwd_ms, rel=1e-6)
     assert pricer.predict(bwd, dev) * 1e3 == pytest.approx(bwd_ms, rel=1e-6)
+
+
+@pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", CASES)
+def test_measured_shapes_price_at_the_published_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
+    _assert_published_time(pricer, gpu, shape, "bf16", causal, fwd_ms, bwd_ms)
 
 
 def test_between_measured_lengths_the_rate_lies_between_theirs(pricer):
@@ -123,8 +128,4 @@ FP8_CASES = [
 
 @pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", FP8_CASES)
 def test_fp8_measured_shapes_price_at_the_published_fp8_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
-    dev = catalogue()[gpu]
-    fwd = OpSpec("attention", shape, "fp8", causal=causal, impl="cudnn")
-    bwd = OpSpec("attention", shape, "fp8", causal=causal, impl="cudnn", backward=True)
-    assert pricer.predict(fwd, dev) * 1e3 == pytest.approx(fwd_ms, rel=1e-6)
-    assert pricer.predict(bwd, dev) * 1e3 == pytest.approx(bwd_ms, rel=1e-6)
+    _assert_published_time(pricer, gpu, shape, "fp8", causal, fwd_ms, bwd_ms)
