@@ -13,6 +13,7 @@ Units: seconds, bytes, FLOPs.
 """
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, fields
 from typing import Optional, Protocol
@@ -422,7 +423,23 @@ def time_signature(layout: Layout) -> tuple:
 def time_key(layout: Layout) -> Layout:
     """The layout reduced to ``TIME_FIELDS`` (what ``planner.estimate.ops_graph`` builds one micro-batch's op lists
     from)."""
-    v = dict(zip(TIME_FIELDS, time_signature(layout)))
+    return _time_key_of(time_signature(layout))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _time_key_of(sig: tuple) -> Layout:
+    """``time_key`` of a layout whose ``time_signature`` is ``sig`` (one ``Layout`` per signature: a search asks
+    10^4-10^5 times about a tenth as many)."""
+    v = dict(zip(TIME_FIELDS, sig))
     v["recompute"] = v.pop("recompute_kind")
     etp = v.pop("expert_tp")
-    return Layout(**v, etp=etp if etp != layout.tp else 0)
+    v["etp"] = etp if etp != v["tp"] else 0
+    # the default layout's fields with these set, as ``planner.layout.space`` builds its layouts: ``Layout`` is a
+    # frozen dataclass of plain fields with no ``__post_init__``, so this is ``Layout(**v)`` without its per-field
+    # ``__init__``
+    key = object.__new__(Layout)
+    object.__setattr__(key, "__dict__", {**_DEFAULT_FIELDS, **v})
+    return key
+
+
+_DEFAULT_FIELDS = dict(Layout().__dict__)

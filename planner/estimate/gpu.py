@@ -21,7 +21,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import fields, replace
-from typing import NamedTuple, Optional
+from typing import Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
@@ -30,6 +30,7 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.hybridep import hybridep_nvlink_share
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.base import (
+    TIME_FIELDS,
     Estimate,
     TablesCache,
     Workload,
@@ -44,6 +45,7 @@ from meshplan.planner.estimate.base import (
 from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
+from meshplan.planner.estimate.sync import ShardTable, SyncTerms, step_of
 from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
@@ -162,9 +164,15 @@ class GpuEstimator:
         self.name = pricer.name
         self.tables = TablesCache()
         self._layer: dict[tuple, tuple[float, ...]] = {}
+        self._base: dict[tuple, tuple] = {}  # ``_layer_base``
+        self._block_memo: dict = {}  # {model tables: ``ops_graph.kind_ops``' block memo}
+        self._blocks: dict[tuple, tuple] = {}  # ``_block_ops``
+        self._block_price: dict[tuple, tuple] = {}  # ``_block_prices``
+        self._links: dict[tuple, tuple] = {}  # ``group_links`` per time signature less its recomputation
         self._ops: dict[tuple, tuple] = {}
         self._lists: dict[tuple, tuple] = {}  # op lists built to be primed in a batch, not yet priced
         self._primed: dict = {}  # {device: ops whose prices (and backward's) the pricer holds}
+        self._edge_primed: set = set()  # the embedding and head op keys ``prime_layouts`` has priced
         self._per_mb: dict[tuple, tuple] = {}
         self._bwd: dict[tuple, float] = {}
         self._link_cluster, self._link_memo = None, {}
@@ -197,12 +205,12 @@ class GpuEstimator:
         recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, and the exposed comm fwd+bwd of the
         tp, ep and cp groups, which add up to the fourth). ``frozen``: the weights take no gradient (LoRA's base,
         ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
-        k = (tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
+        k = (tb, device, time_signature(key), moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         hit = self._layer.get(k)
         if hit is not None:
             return hit
-        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
-        fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
+        lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, groups = self._layer_base(tb, device, key, moe, seq_len, dtype,
+                                                                            tp_link, ep_link, cp_link, frozen)
         re = fwd if key.recompute_kind == "full" else 0.0
         if key.recompute_kind == "op":  # priced when an op-level layout first asks (a search bounds without it)
             if "op" not in p:
@@ -214,6 +222,24 @@ class GpuEstimator:
                 predict = self.pricer.predict
                 modules = p["modules"] = {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules}
             re = sum(t for m, t in modules.items() if m in key.recomputed_modules)
+        comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
+            re += ep_re
+        out = self._layer[k] = (fwd, bwd, re, comm) + (comm_re,) + groups
+        return out
+
+    def _layer_base(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str, tp_link, ep_link, cp_link,
+                    frozen: bool) -> tuple:
+        """What of ``layer_times`` does not depend on recomputation, cached without it (a search prices each
+        layout's recompute variants): (layer ops, their prices, fwd, bwd, exposed comm fwd+bwd, the forward's tp
+        and cp comm, its ep comm, what a recomputed forward's ep exposes, (tp, ep, cp exposed fwd+bwd))."""
+        k = (self._op_key(tb, device, key, moe, seq_len, dtype), key.cp_kind, key.moe_overlap, key.shared_overlap,
+             tp_link, ep_link, cp_link, frozen)
+        hit = self._base.get(k)
+        if hit is not None:
+            return hit
+        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
+        fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
         if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
@@ -250,10 +276,7 @@ class GpuEstimator:
                 hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost  # forward and backward
-        comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
-        if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
-            re += ep_re
-        out = self._layer[k] = (fwd, bwd, re, comm, comm_re, tp + tp_bwd, ep_cost, cp + cp_bwd)
+        out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd))
         return out
 
     @staticmethod
@@ -300,20 +323,68 @@ class GpuEstimator:
                 key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
 
     def _op_lists(self, k: tuple, tb, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
-        """(layer ops, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price) of op key ``k``,
-        cached until priced. tp_overlap: the attention and dense-MLP GEMMs next to the TP collectives (not the
-        experts, not the router), each also priced in tp chunks along the tokens."""
+        """(layer ops, every distinct op to price) of op key ``k``, cached until priced; the layer's blocks come
+        from a memo per model (``ops_graph.kind_ops``), so that each block is counted and priced once
+        (``_block_ops``)."""
         hit = self._lists.get(k)
         if hit is None:
-            lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype)
-            counts = lo.weighted()
-            routed = set(lo.experts)
-            chunked = {op: replace(op, shape=(op.shape[0] // key.tp,) + op.shape[1:]) for op in counts
-                       if key.tp > 1 and key.tp_overlap and op.kind == "matmul" and op.shape[0] >= key.tp
-                       and op not in routed and op.shape[1] != tb.model.num_experts}
-            every = list(dict.fromkeys([*counts, *lo.op_recompute, *chunked.values()]))
-            hit = self._lists[k] = (lo, counts, chunked, every)
+            lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype, memo=self._block_memo.setdefault(tb, {}))
+            chunk_tp = _chunk_tp(key)
+            if len(lo.blocks) == 1:
+                every = self._block_ops(lo.blocks[0], chunk_tp, tb, lo)[3]
+            else:
+                every = list(dict.fromkeys(op for blk in lo.blocks for op in self._block_ops(blk, chunk_tp, tb, lo)[3]))
+            hit = self._lists[k] = (lo, every)
         return hit
+
+    def _block_ops(self, blk: tuple, chunk_tp: int, tb, lo) -> tuple:
+        """(the block, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price) of block ``blk`` of
+        layer ops ``lo``, cached per block. tp_overlap (``chunk_tp`` > 1): the attention and dense-MLP GEMMs next
+        to the TP collectives (not the routed experts, not the router), each also priced in tp chunks along the
+        tokens."""
+        k = (id(blk), chunk_tp)
+        hit = self._blocks.get(k)
+        if hit is not None and hit[0] is blk:
+            return hit
+        counts: dict = {}
+        for op in blk:  # equal ops summed; an eager stack's local experts are one set of ops listed per expert
+            counts[op] = counts.get(op, 0) + 1
+        chunked = {}
+        if chunk_tp > 1:
+            routed = set(map(id, lo.experts))
+            chunked = {op: replace(op, shape=(op.shape[0] // chunk_tp,) + op.shape[1:]) for op in counts
+                       if op.kind == "matmul" and op.shape[0] >= chunk_tp and id(op) not in routed
+                       and op.shape[1] != tb.model.num_experts}
+        every = list(dict.fromkeys([*counts, *chunked.values()]))
+        hit = self._blocks[k] = (blk, counts, chunked, every)
+        return hit
+
+    def _block_prices(self, blk: tuple, chunk_tp: int, tb, lo, device) -> dict:
+        """Block ``blk``'s share of ``_priced_ops``' sums (its ops primed), cached per block."""
+        k = (id(blk), chunk_tp, device)
+        hit = self._block_price.get(k)
+        if hit is not None and hit[0] is blk:
+            return hit[1]
+        _, counts, chunked, _ = self._block_ops(blk, chunk_tp, tb, lo)
+        predict, h, experts = self.pricer.predict, tb.model.hidden_size, tb.model.num_experts
+        routed = set(map(id, lo.experts))
+        f = {op: predict(op, device) for op in counts}
+        b = {op: self._bwd_s(op, device) for op in counts}
+        prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
+                  "bwd": sum(n * b[op] for op, n in counts.items()),
+                  # a frozen weight GEMM's backward is the input gradient alone: one GEMM of the forward's FLOPs
+                  # (dY W against X W^T), priced as the forward; LoRA's rank-r adapter GEMMs (r / hidden of it) left out
+                  "bwd_frozen": sum(n * (f[op] if op.kind == "matmul" else b[op]) for op, n in counts.items()),
+                  # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides
+                  # its collectives behind (te_sp_backward_tp_s)
+                  "column_bwd": sum(n * b[op] for op, n in counts.items() if op.kind == "matmul"
+                                    and op.shape[2] == h and id(op) not in routed and op.shape[1] != experts),
+                  "gemm": 0.0, "gemm_chunked": 0.0}
+        for op, c in chunked.items():
+            prices["gemm"] += counts[op] * (f[op] + b[op])
+            prices["gemm_chunked"] += counts[op] * chunk_tp * (predict(c, device) + self._bwd_s(c, device))
+        self._block_price[k] = (blk, prices)
+        return prices
 
     def prime_layouts(self, work: Workload, layouts) -> None:
         """Price every op the layer and edge times of ``layouts`` need in one call of the cost model per op class
@@ -327,9 +398,12 @@ class GpuEstimator:
                 for moe in tb.rep:
                     k = self._op_key(tb, dev, key, moe, seq, dtype)
                     if k not in self._ops:
-                        todo.update(dict.fromkeys(self._op_lists(k, tb, key, moe, seq, dtype)[3]))
-                todo.update(dict.fromkeys((*embedding_ops(tb.model, key, seq, dtype),
-                                           *head_ops(tb.model, key, seq, dtype))))
+                        todo.update(dict.fromkeys(self._op_lists(k, tb, key, moe, seq, dtype)[1]))
+                edge = (tb, dev, seq, dtype, key.micro_batch, key.tp, key.cp, key.stack)  # what the two read
+                if edge not in self._edge_primed:
+                    todo.update(dict.fromkeys((*embedding_ops(tb.model, key, seq, dtype),
+                                               *head_ops(tb.model, key, seq, dtype))))
+                    self._edge_primed.add(edge)
             except MeshplanError:
                 continue
         self._prime_with_backward(list(todo), dev)
@@ -349,37 +423,23 @@ class GpuEstimator:
 
     def _priced_ops(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
         """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
-        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks.
-        Repeated ops (a grouped GEMM's local experts) are priced once and counted."""
+        backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks, each
+        the sum of its blocks' (``_block_prices``). Repeated ops (a grouped GEMM's local experts) are priced once
+        and counted."""
         k = self._op_key(tb, device, key, moe, seq_len, dtype)
         hit = self._ops.get(k)
         if hit is not None:
             return hit
         predict = self.pricer.predict
-        lo, counts, chunked, every = self._op_lists(k, tb, key, moe, seq_len, dtype)
+        lo, every = self._op_lists(k, tb, key, moe, seq_len, dtype)
         self._lists.pop(k)
-        routed = set(lo.experts)
         self._prime_with_backward(every, device)
-        f = {op: predict(op, device) for op in counts}
-        b = {op: self._bwd_s(op, device) for op in counts}
-        prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
-                  "bwd": sum(n * b[op] for op, n in counts.items()),
-                  # a frozen weight GEMM's backward is the input gradient alone: one GEMM of the forward's FLOPs
-                  # (dY W against X W^T), priced as the forward; LoRA's rank-r adapter GEMMs (r / hidden of it) left out
-                  "bwd_frozen": sum(n * (f[op] if op.kind == "matmul" else b[op]) for op, n in counts.items()),
-                  "attn": sum(predict(op, device) for op in lo.core_attention),
-                  "attn_bwd": sum(self._bwd_s(op, device) for op in lo.core_attention),
-                  "shared_fwd": sum(f[op] for op in lo.shared),
-                  # (distinct ops only: a grouped GEMM lists each local expert's GEMMs)
-                  "gemm": 0.0, "gemm_chunked": 0.0,
-                  # backward of the column-parallel GEMMs (QKV / FC1: k = hidden), what TE's SP backward hides
-                  # its collectives behind (te_sp_backward_tp_s)
-                  "column_bwd": sum(n * b[op] for op, n in counts.items() if op.kind == "matmul"
-                                    and op.shape[2] == tb.model.hidden_size and op not in routed
-                                    and op.shape[1] != tb.model.num_experts)}
-        for op, c in chunked.items():
-            prices["gemm"] += counts[op] * (f[op] + b[op])
-            prices["gemm_chunked"] += counts[op] * key.tp * (predict(c, device) + self._bwd_s(c, device))
+        chunk_tp = _chunk_tp(key)
+        parts = [self._block_prices(blk, chunk_tp, tb, lo, device) for blk in lo.blocks]
+        prices = {name: sum(part[name] for part in parts) for name in _BLOCK_SUMS}
+        prices.update(attn=sum(predict(op, device) for op in lo.core_attention),
+                      attn_bwd=sum(self._bwd_s(op, device) for op in lo.core_attention),
+                      shared_fwd=sum(predict(op, device) for op in lo.shared))
         out = self._ops[k] = (lo, prices)
         return out
 
@@ -451,27 +511,34 @@ class GpuEstimator:
     def shard_step_times_s(self, work: Workload, layout: Layout, shards: tuple) -> list[float]:
         """The step times ``estimate`` predicts (the same floats) for ``layout`` with each ``(zero_stage, dp_shard,
         dp_replicate)`` of ``shards`` (one data-parallel degree), without memory and rates: the pipeline part is
-        priced once for all of them, each sharding's collectives once per estimator (``_sync_terms``)."""
+        priced once for all of them, each sharding's collectives once per estimator (``_sync_terms``), and their
+        exposure for all the shardings at once (``ShardTable``, kept for every layout of the same sync fields)."""
         tb, m, pipe = self._pipeline_of(work, layout)
         slow, stage_c, stage_q, t_max, bubble, straggle = pipe
-        vals = list(_sync_fields_of(layout))
+        table = self._shard_table(work, layout, tb, slow, shards)
+        return table.step_times_s(m * t_max + straggle + bubble, stage_c + stage_q, stage_c, m)
+
+    def _shard_table(self, work: Workload, layout: Layout, tb, slow: int, shards: tuple) -> ShardTable:
+        """The ``ShardTable`` of stage ``slow`` of ``layout`` under each of ``shards``, cached."""
         syncs = self._scoped(work, tb)[1]
-        # _step_of's step, summed in the same order
-        before_sync = m * t_max + straggle + bubble
-        stage_s = stage_c + stage_q
-        out = []
+        vals = list(_sync_fields_of(layout))
         z_at, d_at, rep_at = _SHARD_AT
-        for shard in shards:
-            vals[z_at], vals[d_at], vals[rep_at] = shard
-            key = (slow, tuple(vals))
-            terms = syncs.get(key)
-            if terms is None:
-                z, d, rep = shard
-                member = replace(layout, zero_stage=z, dp_shard=d, dp_replicate=rep)
-                terms = syncs[key] = self._price_sync_terms(work, member, tb, slow)
-            dp_exposed, fsdp_copies = terms.exposed_s(stage_s, stage_c, m)
-            out.append(before_sync + dp_exposed + terms.other_s(fsdp_copies))
-        return out
+        vals[z_at] = vals[d_at] = vals[rep_at] = None
+        tkey = (slow, tuple(vals), shards)
+        table = syncs.get(tkey)
+        if table is None:
+            terms = []
+            for shard in shards:
+                vals[z_at], vals[d_at], vals[rep_at] = shard
+                key = (slow, tuple(vals))
+                hit = syncs.get(key)
+                if hit is None:
+                    z, d, rep = shard
+                    member = replace(layout, zero_stage=z, dp_shard=d, dp_replicate=rep)
+                    hit = syncs[key] = self._price_sync_terms(work, member, tb, slow)
+                terms.append(hit)
+            table = syncs[tkey] = ShardTable.of(terms)
+        return table
 
     def pipeline_bound_s(self, work: Workload, layout: Layout) -> float:
         """``Estimate.pipeline_s + bubble_s`` of ``layout`` (the same floats), from the pipeline part alone: the part
@@ -509,10 +576,14 @@ class GpuEstimator:
                 continue
             works[sig] = sum((times[k][0] + times[k][1] + times[k][3]) * n for k, n in counts.items() if n) \
                 + emb + head
+        return self._spread_s(work, layouts, [works[sig] for sig in sigs])
+
+    @staticmethod
+    def _spread_s(work: Workload, layouts: list, works: list) -> list[Optional[float]]:
+        """``work_bounds_s``' bound of each layout from its micro-batch's work ``works`` (``None`` stays)."""
         gb, slowdown = work.global_batch, {}
         out: list[Optional[float]] = []
-        for sig, lay in zip(sigs, layouts):
-            w = works[sig]
+        for w, lay in zip(works, layouts):
             if w is None:
                 out.append(None)
                 continue
@@ -529,16 +600,18 @@ class GpuEstimator:
     def _step_parts(self, work: Workload, layout: Layout) -> tuple:
         """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) of ``layout``, seconds."""
         tb, m, pipe = self._pipeline_of(work, layout)
-        return _step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
+        return step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
 
     def _scoped(self, work: Workload, tb) -> tuple[dict, dict, dict]:
-        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence, dtype and LoRA:
-        keys without them hash in a fraction of the time (a search asks about one workload 10^5 times)."""
+        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence,
+        dtype and LoRA: keys without them hash in a fraction of the time (a search asks about one workload 10^5
+        times)."""
         sc = self._scope
         if (sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype
                 and sc[4] == work.lora):
             return sc[5], sc[6], sc[7]
-        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora), ({}, {}, {}))
+        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora),
+                                         ({}, {}, {}))
         self._scope = (work.cluster, tb, work.seq_len, work.dtype, work.lora, *caches)
         return caches
 
@@ -599,7 +672,11 @@ class GpuEstimator:
         per_mb = self._per_mb.get(key_)
         if per_mb is None:
             dev, key = cluster.device, time_key(layout)
-            links = group_links(cluster, work.model, layout)
+            # the links read no recomputation: one pricing for a layout's recompute variants
+            lkey = (tb, cluster, _without_recompute(sig))
+            links = self._links.get(lkey)
+            if links is None:
+                links = self._links[lkey] = group_links(cluster, work.model, layout)
             frozen = bool(work.lora)  # LoRA: the base's weight GEMMs run no weight gradient
             per_mb = self._per_mb[key_] = (
                 {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
@@ -607,7 +684,7 @@ class GpuEstimator:
                 self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
         return per_mb
 
-    def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
+    def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> SyncTerms:
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
         overlap is known: every collective priced once, cached on the fields they read (``_SYNC_FREE`` are not)."""
         syncs = self._scoped(work, tb)[1]
@@ -617,7 +694,7 @@ class GpuEstimator:
             hit = syncs[key] = self._price_sync_terms(work, layout, tb, slow)
         return hit
 
-    def _price_sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> "_SyncTerms":
+    def _price_sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> SyncTerms:
         """``_sync_terms`` uncached. Dense parameters sync over the data-parallel (x context-parallel) group, routed
         experts over the expert-data-parallel group of the folded expert mesh (Megatron-Core MoE parallel
         folding)."""
@@ -671,93 +748,26 @@ class GpuEstimator:
             # them across the micro-batches of a step (``is_first_microbatch``)
             linear = decoder_params(tb, layout, slow)
             cast_s = self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
-        return _SyncTerms(tuple(out), dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
+        return SyncTerms(tuple(out), dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
                           layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s)
 
 
-def _step_of(pipe: tuple, terms: "_SyncTerms", m: int) -> tuple:
-    """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) from a layout's pipeline part
-    (``GpuEstimator._pipeline_part``) and its sync terms, seconds."""
-    slow, stage_c, stage_q, t_max, bubble, straggle = pipe
-    compute = m * stage_c
-    comm_exposed = m * stage_q
-    dp_exposed, fsdp_copies = terms.exposed_s(stage_c + stage_q, stage_c, m)
-    optimizer = terms.other_s(fsdp_copies)
-    # the slowest of the job's ranks sets the pace of every synchronous step
-    compute += straggle
-    step = m * t_max + straggle + bubble + dp_exposed + optimizer
-    return step, compute, m * t_max + straggle, comm_exposed + dp_exposed, bubble, optimizer, m
+# ``_priced_ops``' sums that add up block by block (``_block_prices``)
+_BLOCK_SUMS = ("fwd", "bwd", "bwd_frozen", "column_bwd", "gemm", "gemm_chunked")
 
 
-class _SyncTerms(NamedTuple):
-    """One stage's gradient sync and optimizer step priced apart from the compute they overlap (seconds): per
-    parameter group (dense; routed experts) ``(params, share, bucket, all-reduce)``, under ZeRO-3
-    ``(params, share, bucket, replica all-reduce, gather, reduce-scatter, FSDP2 copy, copy-in, sharded)``."""
+def _chunk_tp(key: Layout) -> int:
+    """The tp chunks tp_overlap splits the GEMMs next to the TP collectives into (1: none)."""
+    return key.tp if key.tp > 1 and key.tp_overlap else 1
 
-    groups: tuple
-    params: float  # dense + expert parameters of the stage
-    zero3: bool
-    pp: int
-    vpp: int
-    pp_runs: int
-    torch_fsdp: bool
-    sm_share: float
-    optimizer_s: float
-    cast_s: Optional[float]  # the fp8 weight casts (None: no fp8)
 
-    def other_s(self, fsdp_copies: float) -> float:
-        """The step's time beside the pipeline and the sync: the optimizer, FSDP2's copies, the fp8 casts."""
-        optimizer = self.optimizer_s + fsdp_copies
-        if self.cast_s is not None:
-            optimizer += 2 * self.cast_s
-        return optimizer
+_RECOMPUTE_AT = tuple(TIME_FIELDS.index(f) for f in ("recompute_kind", "recompute_modules"))
 
-    def exposed_s(self, stage_s: float, compute_s: float, m: int) -> tuple[float, float]:
-        """(exposed gradient-sync seconds per step, FSDP2's copy passes) of a stage whose per-micro-batch time is
-        ``stage_s`` (``compute_s`` of it compute), with ``m`` micro-batches.
 
-        The sync (ring all-reduce, or ZeRO's reduce-scatter + all-gather) overlaps the last micro-batch's backward
-        but for its last bucket. ZeRO-3 gathers per micro-batch, prefetched under the compute
-        (``_zero3_exposed_s``), and all-reduces over the replicas of a shard."""
-        last_bwd = stage_s * 2 / 3
-        dp_exposed = hidden = fsdp_copies = 0.0
-        for g in self.groups:
-            params, bucket = g[0], g[2]
-            if self.zero3:
-                out, comm_hidden, copies = self._zero3_exposed_s(g, compute_s, m)
-                rep = g[3]
-                fsdp_copies += copies
-                rep_out = max(rep * bucket, rep - last_bwd * params / self.params)
-                dp_exposed += out + rep_out
-                hidden += comm_hidden + rep - rep_out
-            else:
-                sync = g[3]
-                out = max(sync * bucket, sync - last_bwd * params / self.params)
-                dp_exposed += out
-                hidden += sync - out
-        # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
-        return dp_exposed + hidden * self.sm_share, fsdp_copies
-
-    def _zero3_exposed_s(self, g: tuple, compute_s: float, m: int) -> tuple[float, float, float]:
-        """ZeRO-3 / FSDP of one parameter group: (exposed gathers and reduce-scatters, the hidden part, FSDP2's copy
-        passes), seconds per step."""
-        share, gather, scatter = g[1], g[4], g[5]
-        if self.pp > 1:
-            # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
-            # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
-            # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
-            # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
-            # run's compute, the last chunk's reduce-scatter ends the run
-            runs, comm = self.pp_runs, gather + scatter
-            out = runs * (max(0.0, gather - compute_s * m / runs * share) + scatter / self.vpp)
-        else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
-            runs, comm = m, 2 * gather + scatter
-            out = runs * max(0.0, comm - compute_s * share)
-        copies = 0.0
-        if self.torch_fsdp and g[8]:
-            gathers = runs * (1 if self.pp > 1 else 2)
-            copies = gathers * g[6] + runs * g[7]
-        return out, runs * comm - out, copies
+def _without_recompute(sig: tuple) -> tuple:
+    """A ``time_signature`` with its recomputation fields taken out."""
+    a, b = _RECOMPUTE_AT
+    return sig[:a] + sig[a + 1:b] + sig[b + 1:]
 
 
 # Layout fields the gradient sync and the optimizer step never read (``GpuEstimator._sync_terms``' cache key is

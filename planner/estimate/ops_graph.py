@@ -10,6 +10,7 @@ parallelism, Korthikanti et al. 2022 §4.2.2) after attention and after the MLP,
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 
 from meshplan.core.errors import MeshplanError
@@ -63,6 +64,10 @@ class LayerOps:
     expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
     shared: tuple[OpSpec, ...] = ()
     modules: tuple[tuple[str, tuple[OpSpec, ...]], ...] = ()
+    blocks: tuple[tuple[OpSpec, ...], ...] = ()
+    """``compute`` cut into its blocks in order (norm + attention, Mamba mixer, MLP or MoE): with a block memo
+    (``kind_ops``), one tuple per distinct block that every layer holding it shares, so that a caller pricing op
+    lists prices each block once."""
 
     def weighted(self) -> dict[OpSpec, int]:
         """``compute`` as {op: times it runs}: equal ops summed, and the local experts' GEMMs (``compute`` holds
@@ -87,6 +92,7 @@ class _LayerBuild:
     seq_len: int
     dtype: str
     ops: list = field(default_factory=list)
+    blocks: list = field(default_factory=list)
     modules: dict = field(default_factory=dict)
     """``{recompute module: its forward ops}`` (megatron-core 0.16.1: ``mla_up_proj`` is MLA's
     ``qkv_up_proj_and_rope_apply``; ``layernorm`` the norms ``TransformerLayer`` checkpoints, those not fused into
@@ -124,14 +130,19 @@ class _LayerBuild:
         self.ops.extend(activation_ops(n, gated, self.eager, self.act))
 
 
-def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
+def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16",
+              memo: dict | None = None) -> LayerOps:
     """Ops of decoder layer ``layer`` for one micro-batch on one rank: its blocks (``ModelSpec.layer_kind``) in
-    order, attention (full or sliding-window), Mamba-2, dense MLP or MoE, each behind its own pre-norm."""
-    return kind_ops(model, model.layer_kind(layer), layout, seq_len, dtype)
+    order, attention (full or sliding-window), Mamba-2, dense MLP or MoE, each behind its own pre-norm (``memo``:
+    ``kind_ops``)."""
+    return kind_ops(model, model.layer_kind(layer), layout, seq_len, dtype, memo)
 
 
-def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16") -> LayerOps:
-    """The ops of one layer made of the blocks ``kind`` (``planner.model.spec.LAYER_KINDS``)."""
+def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16",
+             memo: dict | None = None) -> LayerOps:
+    """The ops of one layer made of the blocks ``kind`` (``planner.model.spec.LAYER_KINDS``). ``memo``: a dict the
+    caller keeps for ``model`` (and only it), in which each block's ops are built once per value of the fields the
+    block reads (``_BLOCK_FIELDS``) and shared by every layer, and layout, that holds it."""
     problem = model.mamba_split_problem(layout.tp, layout.cp) if "M" in kind else ""
     if problem:
         raise MeshplanError(f"model {model.name}: {problem}")
@@ -143,13 +154,14 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
     cp_comm: list[tuple[str, float]] = []
     for block in kind:
         if block in "*S":
-            core, v_out, kv_bytes = _attention_block(lb, window=model.sliding_window if block == "S" else 0)
+            window = model.sliding_window if block == "S" else 0
+            core, v_out, kv_bytes = _block(lb, memo, "A", _attention_block, window)
             attn_core += core
             cp_comm += _cp_comm(lb, v_out, kv_bytes)
         elif block == "M":
-            cp_comm += _mamba_block(lb)
+            cp_comm += _block(lb, memo, "M", _mamba_block)
         else:
-            e, sh, ep = _mlp_block(lb, block == "E")
+            e, sh, ep = _block(lb, memo, "E" if block == "E" else "D", _mlp_block, block == "E")
             experts, shared, ep_comm = e, sh, ep
     if attn_core:
         lb.modules["core_attn"] = list(attn_core)
@@ -158,7 +170,45 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
     return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, len(kind))), tuple(ep_comm),
                     tuple(cp_comm), _op_recompute(lb.ops, attn_core), tuple(experts),
                     expert_copies(model, layout) if experts else 1, shared,
-                    tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules))
+                    tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules), tuple(lb.blocks))
+
+
+# The layout fields each block's ops read (besides the model, the sequence length and the dtype): a block memo's key
+# (``kind_ops``). Attention reads the tokens and heads on the rank (tp, cp, micro-batch), sequence parallelism's rows
+# outside the TP region, the GEMM precision, the stack's kernels, the attention kernel and Ulysses CP; the Mamba mixer
+# and a dense MLP the same but the attention's; the MoE block also the expert mesh, the routing load and the
+# dispatcher (its token sorts).
+_COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
+_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention",), "M": _COMMON_FIELDS, "D": _COMMON_FIELDS,
+                 "E": _COMMON_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher")}
+_block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
+
+
+def _block(lb: _LayerBuild, memo: dict | None, tag: str, build, *args):
+    """Append block ``tag``'s ops (``build(lb, *args)``) to ``lb`` and return what ``build`` returns, from ``memo``
+    when it holds the block for these fields (its ops, the recompute modules it adds to, its return)."""
+    if memo is None:
+        first = len(lb.ops)
+        out = build(lb, *args)
+        lb.blocks.append(tuple(lb.ops[first:]))
+        return out
+    lay = lb.layout
+    key = (tag, args, lb.seq_len, lb.dtype, _block_fields_of[tag](lay), lay.cp_kind == "a2a" if tag == "A" else None)
+    hit = memo.get(key)
+    if hit is None:
+        first, before = len(lb.ops), {m: len(ops) for m, ops in lb.modules.items()}
+        out = build(lb, *args)
+        added = tuple((m, tuple(ops[before.get(m, 0):])) for m, ops in lb.modules.items()
+                      if len(ops) > before.get(m, 0))
+        hit = memo[key] = (tuple(lb.ops[first:]), added, out)
+        lb.blocks.append(hit[0])
+        return out
+    ops, added, out = hit
+    lb.ops.extend(ops)
+    for m, more in added:
+        lb.modules.setdefault(m, []).extend(more)
+    lb.blocks.append(ops)
+    return out
 
 
 def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], int, float]:

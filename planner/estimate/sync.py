@@ -1,0 +1,133 @@
+"""The gradient sync and the optimizer step of one pipeline stage, priced apart from the compute they overlap.
+
+``SyncTerms`` holds every collective of one sharding priced once (``GpuEstimator._price_sync_terms``); what of them
+stays exposed depends on the stage's per-micro-batch time, known only once the pipeline part is priced. The same
+arithmetic runs on one sharding (floats) and on many at once (``ShardTable``: the terms of a search's shardings
+stacked as numpy arrays, one element each), so a search's step times per sharding are the floats ``estimate`` gives.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+
+class SyncTerms(NamedTuple):
+    """One stage's gradient sync and optimizer step priced apart from the compute they overlap (seconds): per
+    parameter group (dense; routed experts) ``(params, share, bucket, all-reduce)``, under ZeRO-3
+    ``(params, share, bucket, replica all-reduce, gather, reduce-scatter, FSDP2 copy, copy-in, sharded)``. The
+    numbers are floats, or arrays over the shardings of a ``ShardTable``."""
+
+    groups: tuple
+    params: float  # dense + expert parameters of the stage
+    zero3: bool
+    pp: int
+    vpp: int
+    pp_runs: int
+    torch_fsdp: bool
+    sm_share: float
+    optimizer_s: float
+    cast_s: Optional[float]  # the fp8 weight casts (None: no fp8)
+
+    def other_s(self, fsdp_copies: float) -> float:
+        """The step's time beside the pipeline and the sync: the optimizer, FSDP2's copies, the fp8 casts."""
+        optimizer = self.optimizer_s + fsdp_copies
+        if self.cast_s is not None:
+            optimizer += 2 * self.cast_s
+        return optimizer
+
+    def exposed_s(self, stage_s: float, compute_s: float, m: int) -> tuple[float, float]:
+        """(exposed gradient-sync seconds per step, FSDP2's copy passes) of a stage whose per-micro-batch time is
+        ``stage_s`` (``compute_s`` of it compute), with ``m`` micro-batches.
+
+        The sync (ring all-reduce, or ZeRO's reduce-scatter + all-gather) overlaps the last micro-batch's backward
+        but for its last bucket. ZeRO-3 gathers per micro-batch, prefetched under the compute
+        (``_zero3_exposed_s``), and all-reduces over the replicas of a shard."""
+        last_bwd = stage_s * 2 / 3
+        dp_exposed = hidden = fsdp_copies = 0.0
+        for g in self.groups:
+            params, bucket = g[0], g[2]
+            if self.zero3:
+                out, comm_hidden, copies = self._zero3_exposed_s(g, compute_s, m)
+                rep = g[3]
+                fsdp_copies += copies
+                rep_out = np.maximum(rep * bucket, rep - last_bwd * params / self.params)
+                dp_exposed += out + rep_out
+                hidden += comm_hidden + rep - rep_out
+            else:
+                sync = g[3]
+                out = np.maximum(sync * bucket, sync - last_bwd * params / self.params)
+                dp_exposed += out
+                hidden += sync - out
+        # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
+        return dp_exposed + hidden * self.sm_share, fsdp_copies
+
+    def _zero3_exposed_s(self, g: tuple, compute_s: float, m: int) -> tuple[float, float, float]:
+        """ZeRO-3 / FSDP of one parameter group: (exposed gathers and reduce-scatters, the hidden part, FSDP2's copy
+        passes), seconds per step."""
+        share, gather, scatter = g[1], g[4], g[5]
+        if self.pp > 1:
+            # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
+            # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
+            # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
+            # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
+            # run's compute, the last chunk's reduce-scatter ends the run
+            runs, comm = self.pp_runs, gather + scatter
+            out = runs * (np.maximum(0.0, gather - compute_s * m / runs * share) + scatter / self.vpp)
+        else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
+            runs, comm = m, 2 * gather + scatter
+            out = runs * np.maximum(0.0, comm - compute_s * share)
+        copies = 0.0
+        if self.torch_fsdp:
+            gathers = runs * (1 if self.pp > 1 else 2)
+            copies = np.where(g[8], gathers * g[6] + runs * g[7], 0.0)  # g[8]: the group is sharded
+        return out, runs * comm - out, copies
+
+
+def step_of(pipe: tuple, terms: SyncTerms, m: int) -> tuple:
+    """(step, compute, pipeline, exposed comm, bubble, other, micro-batches) from a layout's pipeline part
+    (``GpuEstimator._pipeline_part``) and its sync terms, seconds."""
+    slow, stage_c, stage_q, t_max, bubble, straggle = pipe
+    compute = m * stage_c
+    comm_exposed = m * stage_q
+    dp_exposed, fsdp_copies = terms.exposed_s(stage_c + stage_q, stage_c, m)
+    dp_exposed, optimizer = float(dp_exposed), float(terms.other_s(fsdp_copies))
+    # the slowest of the job's ranks sets the pace of every synchronous step
+    compute += straggle
+    step = m * t_max + straggle + bubble + dp_exposed + optimizer
+    return step, compute, m * t_max + straggle, comm_exposed + dp_exposed, bubble, optimizer, m
+
+
+class ShardTable(NamedTuple):
+    """The sync terms of one pipeline part's shardings, stacked: ``parts`` holds (positions, ``SyncTerms`` of arrays)
+    per kind of arithmetic (ZeRO-3 or not, one or two parameter groups), ``size`` the shardings in all."""
+
+    parts: tuple
+    size: int
+
+    @classmethod
+    def of(cls, terms: list[SyncTerms]) -> "ShardTable":
+        kinds: dict[tuple, list[int]] = {}
+        for i, t in enumerate(terms):
+            kind = (t.zero3, len(t.groups), t.cast_s is None, t.pp, t.vpp, t.pp_runs, t.torch_fsdp, t.sm_share)
+            kinds.setdefault(kind, []).append(i)
+        parts = []
+        for at in kinds.values():
+            rows = [terms[i] for i in at]
+            first = rows[0]
+            groups = tuple(tuple(np.array([r.groups[j][f] for r in rows]) for f in range(len(first.groups[j])))
+                           for j in range(len(first.groups)))
+            stacked = first._replace(groups=groups, params=np.array([r.params for r in rows]),
+                                     optimizer_s=np.array([r.optimizer_s for r in rows]),
+                                     cast_s=None if first.cast_s is None else np.array([r.cast_s for r in rows]))
+            parts.append((np.array(at), stacked))
+        return cls(tuple(parts), len(terms))
+
+    def step_times_s(self, before_sync_s: float, stage_s: float, compute_s: float, m: int) -> list[float]:
+        """Each sharding's step time: ``before_sync_s`` (the pipeline part, straggler and bubble) plus its exposed
+        sync and other time (``step_of``'s step, summed in the same order)."""
+        out = np.empty(self.size)
+        for at, terms in self.parts:
+            dp_exposed, copies = terms.exposed_s(stage_s, compute_s, m)
+            out[at] = before_sync_s + dp_exposed + terms.other_s(copies)
+        return out.tolist()
