@@ -21,7 +21,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import fields, replace
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
@@ -168,19 +168,16 @@ class GpuEstimator:
         self._block_memo: dict = {}  # {model tables: ``ops_graph.kind_ops``' block memo}
         self._blocks: dict[tuple, tuple] = {}  # ``_block_ops``
         self._block_price: dict[tuple, tuple] = {}  # ``_block_prices``
-        self._links: dict[tuple, tuple] = {}  # ``group_links`` per time signature less its recomputation
         self._ops: dict[tuple, tuple] = {}
         self._lists: dict[tuple, tuple] = {}  # op lists built to be primed in a batch, not yet priced
         self._primed: dict = {}  # {device: ops whose prices (and backward's) the pricer holds}
         self._edge_primed: set = set()  # the embedding and head op keys ``prime_layouts`` has priced
-        self._per_mb: dict[tuple, tuple] = {}
         self._bwd: dict[tuple, float] = {}
         self._link_cluster, self._link_memo = None, {}
-        self._stages: dict[tuple, tuple] = {}
         self._edge: dict[tuple, tuple[float, float]] = {}
-        # (cluster, tables, seq, dtype, lora, pipeline parts, sync terms, work bounds)
-        self._scope: tuple = (None, None, None, None, "", {}, {}, {})
-        self._scopes: dict[tuple, tuple[dict, dict]] = {}
+        # (cluster, tables, seq, dtype, lora, its _Scope)
+        self._scope: tuple = (None, None, None, None, "", None)
+        self._scopes: dict[tuple, _Scope] = {}
         self._mtp_models: dict[tuple, tuple] = {}
 
     # ---- operators
@@ -520,7 +517,7 @@ class GpuEstimator:
 
     def _shard_table(self, work: Workload, layout: Layout, tb, slow: int, shards: tuple) -> ShardTable:
         """The ``ShardTable`` of stage ``slow`` of ``layout`` under each of ``shards``, cached."""
-        syncs = self._scoped(work, tb)[1]
+        syncs = self._scoped(work, tb).syncs
         vals = list(_sync_fields_of(layout))
         z_at, d_at, rep_at = _SHARD_AT
         vals[z_at] = vals[d_at] = vals[rep_at] = None
@@ -563,7 +560,7 @@ class GpuEstimator:
         of that mean. The work is priced once per ``time_signature`` (a search bounds 10^4-10^5 layouts over a
         tenth as many), its ops in one batch per op class (``prime_layouts``)."""
         tb = self.tables(work.model)
-        works = self._scoped(work, tb)[2]
+        works = self._scoped(work, tb).works
         sigs = [time_signature(lay) for lay in layouts]
         fresh = {sig: lay for sig, lay in zip(sigs, layouts) if sig not in works}
         self.prime_layouts(work, list(fresh.values()))
@@ -602,17 +599,18 @@ class GpuEstimator:
         tb, m, pipe = self._pipeline_of(work, layout)
         return step_of(pipe, self._sync_terms(work, layout, tb, pipe[0]), m)
 
-    def _scoped(self, work: Workload, tb) -> tuple[dict, dict, dict]:
-        """(pipeline parts, sync terms, work bounds) cached for ``work``'s cluster, model, sequence,
-        dtype and LoRA: keys without them hash in a fraction of the time (a search asks about one workload 10^5
-        times)."""
+    def _scoped(self, work: Workload, tb) -> "_Scope":
+        """The caches of ``work``'s cluster, model, sequence, dtype and LoRA: keys without them hash in a fraction of
+        the time (a search asks about one workload 10^5 times)."""
         sc = self._scope
         if (sc[0] is work.cluster and sc[1] is tb and sc[2] == work.seq_len and sc[3] == work.dtype
                 and sc[4] == work.lora):
-            return sc[5], sc[6], sc[7]
-        caches = self._scopes.setdefault((work.cluster, tb, work.seq_len, work.dtype, work.lora),
-                                         ({}, {}, {}))
-        self._scope = (work.cluster, tb, work.seq_len, work.dtype, work.lora, *caches)
+            return sc[5]
+        caches = self._scopes.get((work.cluster, tb, work.seq_len, work.dtype, work.lora))
+        if caches is None:
+            caches = self._scopes[work.cluster, tb, work.seq_len, work.dtype, work.lora] = _Scope({}, {}, {}, {},
+                                                                                                 {}, {})
+        self._scope = (work.cluster, tb, work.seq_len, work.dtype, work.lora, caches)
         return caches
 
     def _pipeline_of(self, work: Workload, layout: Layout) -> tuple:
@@ -631,7 +629,7 @@ class GpuEstimator:
         # = dp is in the key): the members of a search's group share it
         pkey = (sig, layout.pp, layout.vpp, layout.pp_layout, layout.recompute, layout.pp_runs,
                 layout.pipeline_schedule, layout.pp_overlap, layout.dp, m, layout.offload_layers)
-        pipes = self._scoped(work, tb)[0]
+        pipes = self._scoped(work, tb).pipes
         pipe = pipes.get(pkey)
         if pipe is None:
             pipe = pipes[pkey] = self._pipeline_part(work, layout, tb, sig, m)
@@ -645,12 +643,11 @@ class GpuEstimator:
         pp, vpp = layout.pp, layout.vpp
         pp_link = self._links_of(cluster)(*layout.pp_neighbours)
         times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
-        sig = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
-
         skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
-        stages = self._stages.get(skey)
+        cached = self._scoped(work, tb).stages
+        stages = cached.get(skey)
         if stages is None:
-            stages = self._stages[skey] = self._stage_times(tb, layout, times, emb, head)
+            stages = cached[skey] = self._stage_times(tb, layout, times, emb, head)
         stage_compute, stage_q, stage_bwd = stages
         stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
                       for q, c in zip(stage_q, stage_compute)]
@@ -667,18 +664,17 @@ class GpuEstimator:
     def _per_mb_times(self, work: Workload, layout: Layout, tb, sig: tuple) -> tuple:
         """({layer kind: ``layer_times``}, (embedding, head) ``_edge_times``) of one micro-batch of ``layout``, whose
         ``time_signature`` is ``sig``, cached on it."""
-        cluster = work.cluster
-        key_ = (tb, cluster, work.seq_len, work.dtype, work.lora, sig)
-        per_mb = self._per_mb.get(key_)
+        cluster, scope = work.cluster, self._scoped(work, tb)
+        per_mb = scope.per_mb.get(sig)
         if per_mb is None:
             dev, key = cluster.device, time_key(layout)
             # the links read no recomputation: one pricing for a layout's recompute variants
-            lkey = (tb, cluster, _without_recompute(sig))
-            links = self._links.get(lkey)
+            lkey = _without_recompute(sig)
+            links = scope.links.get(lkey)
             if links is None:
-                links = self._links[lkey] = group_links(cluster, work.model, layout)
+                links = scope.links[lkey] = group_links(cluster, work.model, layout)
             frozen = bool(work.lora)  # LoRA: the base's weight GEMMs run no weight gradient
-            per_mb = self._per_mb[key_] = (
+            per_mb = scope.per_mb[sig] = (
                 {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
                  for k in tb.rep},
                 self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
@@ -687,7 +683,7 @@ class GpuEstimator:
     def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> SyncTerms:
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
         overlap is known: every collective priced once, cached on the fields they read (``_SYNC_FREE`` are not)."""
-        syncs = self._scoped(work, tb)[1]
+        syncs = self._scoped(work, tb).syncs
         key = (slow, _sync_fields_of(layout))
         hit = syncs.get(key)
         if hit is None:
@@ -750,6 +746,17 @@ class GpuEstimator:
             cast_s = self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
         return SyncTerms(tuple(out), dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
                           layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s)
+
+
+class _Scope(NamedTuple):
+    """An estimator's caches for one workload's cluster, model, sequence, dtype and LoRA (``GpuEstimator._scoped``)."""
+
+    pipes: dict  # ``_pipeline_part`` per pipeline key
+    syncs: dict  # ``_sync_terms`` and ``ShardTable`` s
+    works: dict  # ``work_bounds_s``' work per time signature
+    per_mb: dict  # ``_per_mb_times`` per time signature
+    links: dict  # ``group_links`` per time signature less its recomputation
+    stages: dict  # ``_stage_times`` per (signature, pipeline shape, recompute)
 
 
 # ``_priced_ops``' sums that add up block by block (``_block_prices``)
