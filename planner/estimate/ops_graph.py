@@ -198,6 +198,15 @@ def _block(lb: _LayerBuild, memo: dict | None, tag: str, build, *args):
     if hit is None:
         first, before = len(lb.ops), {m: len(ops) for m, ops in lb.modules.items()}
         out = build(lb, *args)
+        # each op as the memo's one object of its value: equal ops of different blocks compare by identity in the
+        # caller's price tables (a search merges them 10^5 times)
+        canon, ids = memo.setdefault(None, {}), {}
+        for op in lb.ops[first:]:
+            ids[id(op)] = canon.setdefault(op, op)
+        lb.ops[first:] = [ids[id(op)] for op in lb.ops[first:]]
+        for m, ops in lb.modules.items():
+            ops[before.get(m, 0):] = [ids.get(id(op), op) for op in ops[before.get(m, 0):]]
+        out = _same_ops(out, ids)
         added = tuple((m, tuple(ops[before.get(m, 0):])) for m, ops in lb.modules.items()
                       if len(ops) > before.get(m, 0))
         hit = memo[key] = (tuple(lb.ops[first:]), added, out)
@@ -209,6 +218,16 @@ def _block(lb: _LayerBuild, memo: dict | None, tag: str, build, *args):
         lb.modules.setdefault(m, []).extend(more)
     lb.blocks.append(ops)
     return out
+
+
+def _same_ops(value, ids: dict):
+    """``value`` (ops, and lists and tuples of them and of other things) with each op ``o`` replaced by
+    ``ids[id(o)]`` where it has one."""
+    if isinstance(value, OpSpec):
+        return ids.get(id(value), value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_same_ops(v, ids) for v in value)
+    return value
 
 
 def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], int, float]:
