@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import fields, replace
 from typing import NamedTuple, Optional
 
+import numpy as np
+
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
@@ -730,10 +732,10 @@ class GpuEstimator:
                     copy_s = self.op_time_s(OpSpec("copy", (int(params),), param_dtype), dev)
                     copy_in_s = self.op_time_s(OpSpec(copy_in, (int(max(1.0, params * trained_share)),), grad_dtype),
                                                dev)
-                out.append((params, share, bucket, rep, gather, scatter, copy_s, copy_in_s, shard > 1))
+                out.append((params, share, bucket, rep, gather, scatter, copy_s, copy_in_s, float(shard > 1)))
             else:
                 sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
-                out.append((params, share, bucket, sync))
+                out.append((params, share, bucket, sync, 0.0, 0.0, 0.0, 0.0, 0.0))
         z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
         opt_numel = (trained[0] / (layout.shard_group.size if z1 else 1)
                      + trained[1] / (layout.expert_shard_group.size if z1 else 1))
@@ -744,7 +746,7 @@ class GpuEstimator:
             # them across the micro-batches of a step (``is_first_microbatch``)
             linear = decoder_params(tb, layout, slow)
             cast_s = self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
-        return SyncTerms(tuple(out), dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
+        return SyncTerms(np.array(out).T, dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
                           layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s)
 
 

@@ -13,12 +13,13 @@ import numpy as np
 
 
 class SyncTerms(NamedTuple):
-    """One stage's gradient sync and optimizer step priced apart from the compute they overlap (seconds): per
-    parameter group (dense; routed experts) ``(params, share, bucket, all-reduce)``, under ZeRO-3
-    ``(params, share, bucket, replica all-reduce, gather, reduce-scatter, FSDP2 copy, copy-in, sharded)``. The
-    numbers are floats, or arrays over the shardings of a ``ShardTable``."""
+    """One stage's gradient sync and optimizer step priced apart from the compute they overlap (seconds). ``groups``
+    holds, per parameter group (dense; routed experts: the columns), the rows ``GROUP_ROWS``: its parameters, their
+    share of the stage's, the last DDP bucket's share, the all-reduce (under ZeRO-3: over the replicas of a shard),
+    and under ZeRO-3 the gather, the reduce-scatter, FSDP2's copy out and copy in, and whether it is sharded. For
+    a ``ShardTable`` every number gains a last axis, one element per sharding."""
 
-    groups: tuple
+    groups: np.ndarray  # GROUP_ROWS x parameter groups (x shardings)
     params: float  # dense + expert parameters of the stage
     zero3: bool
     pp: int
@@ -42,30 +43,28 @@ class SyncTerms(NamedTuple):
 
         The sync (ring all-reduce, or ZeRO's reduce-scatter + all-gather) overlaps the last micro-batch's backward
         but for its last bucket. ZeRO-3 gathers per micro-batch, prefetched under the compute
-        (``_zero3_exposed_s``), and all-reduces over the replicas of a shard."""
+        (``_zero3_exposed_s``), and all-reduces over the replicas of a shard. Each sum over the parameter groups
+        adds them in order, as a loop over them would."""
+        params, _, bucket, sync = self.groups[:4]
         last_bwd = stage_s * 2 / 3
-        dp_exposed = hidden = fsdp_copies = 0.0
-        for g in self.groups:
-            params, bucket = g[0], g[2]
-            if self.zero3:
-                out, comm_hidden, copies = self._zero3_exposed_s(g, compute_s, m)
-                rep = g[3]
-                fsdp_copies += copies
-                rep_out = np.maximum(rep * bucket, rep - last_bwd * params / self.params)
-                dp_exposed += out + rep_out
-                hidden += comm_hidden + rep - rep_out
-            else:
-                sync = g[3]
-                out = np.maximum(sync * bucket, sync - last_bwd * params / self.params)
-                dp_exposed += out
-                hidden += sync - out
+        # what the last micro-batch's backward leaves of a group's all-reduce: all of it but its last bucket
+        out = np.maximum(sync * bucket, sync - last_bwd * params / self.params)
+        fsdp_copies = 0.0
+        if self.zero3:
+            gathered, comm_hidden, copies = self._zero3_exposed_s(compute_s, m)
+            fsdp_copies = copies.sum(axis=0)
+            dp_exposed = (gathered + out).sum(axis=0)
+            hidden = (comm_hidden + sync - out).sum(axis=0)
+        else:
+            dp_exposed = out.sum(axis=0)
+            hidden = (sync - out).sum(axis=0)
         # overlap is not free: the hidden collectives' kernels hold SMs the overlapped compute then lacks
         return dp_exposed + hidden * self.sm_share, fsdp_copies
 
-    def _zero3_exposed_s(self, g: tuple, compute_s: float, m: int) -> tuple[float, float, float]:
-        """ZeRO-3 / FSDP of one parameter group: (exposed gathers and reduce-scatters, the hidden part, FSDP2's copy
+    def _zero3_exposed_s(self, compute_s: float, m: int) -> tuple:
+        """ZeRO-3 / FSDP per parameter group: (exposed gathers and reduce-scatters, the hidden part, FSDP2's copy
         passes), seconds per step."""
-        share, gather, scatter = g[1], g[4], g[5]
+        _, share, _, _, gather, scatter, copy_s, copy_in_s, sharded = self.groups
         if self.pp > 1:
             # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
             # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
@@ -77,11 +76,15 @@ class SyncTerms(NamedTuple):
         else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
             runs, comm = m, 2 * gather + scatter
             out = runs * np.maximum(0.0, comm - compute_s * share)
-        copies = 0.0
+        copies = np.zeros_like(out)
         if self.torch_fsdp:
             gathers = runs * (1 if self.pp > 1 else 2)
-            copies = np.where(g[8], gathers * g[6] + runs * g[7], 0.0)  # g[8]: the group is sharded
+            copies = np.where(sharded > 0, gathers * copy_s + runs * copy_in_s, 0.0)
         return out, runs * comm - out, copies
+
+
+# The rows of ``SyncTerms.groups``
+GROUP_ROWS = ("params", "share", "bucket", "allreduce", "gather", "reducescatter", "copy_s", "copy_in_s", "sharded")
 
 
 def step_of(pipe: tuple, terms: SyncTerms, m: int) -> tuple:
@@ -109,17 +112,15 @@ class ShardTable(NamedTuple):
     def of(cls, terms: list[SyncTerms]) -> "ShardTable":
         kinds: dict[tuple, list[int]] = {}
         for i, t in enumerate(terms):
-            kind = (t.zero3, len(t.groups), t.cast_s is None, t.pp, t.vpp, t.pp_runs, t.torch_fsdp, t.sm_share)
+            kind = (t.zero3, t.groups.shape, t.cast_s is None, t.pp, t.vpp, t.pp_runs, t.torch_fsdp, t.sm_share)
             kinds.setdefault(kind, []).append(i)
         parts = []
         for at in kinds.values():
             rows = [terms[i] for i in at]
-            first = rows[0]
-            groups = tuple(tuple(np.array([r.groups[j][f] for r in rows]) for f in range(len(first.groups[j])))
-                           for j in range(len(first.groups)))
-            stacked = first._replace(groups=groups, params=np.array([r.params for r in rows]),
-                                     optimizer_s=np.array([r.optimizer_s for r in rows]),
-                                     cast_s=None if first.cast_s is None else np.array([r.cast_s for r in rows]))
+            stacked = rows[0]._replace(groups=np.stack([r.groups for r in rows], axis=-1),
+                                       params=np.array([r.params for r in rows]),
+                                       optimizer_s=np.array([r.optimizer_s for r in rows]),
+                                       cast_s=None if rows[0].cast_s is None else np.array([r.cast_s for r in rows]))
             parts.append((np.array(at), stacked))
         return cls(tuple(parts), len(terms))
 
