@@ -14,9 +14,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-import yaml
-
 from meshplan.core.errors import MeshplanError
+from meshplan.core.yamlio import load_packaged
 
 
 @dataclass(frozen=True)
@@ -211,7 +210,7 @@ def catalogue() -> Mapping[str, DeviceSpec]:
     text = resources.files("meshplan.costmodel").joinpath("data/devices.yaml").read_text(encoding="utf-8")
     out: dict[str, DeviceSpec] = {}
     seen: dict[str, str] = {}
-    for d in yaml.safe_load(text)["devices"]:
+    for d in load_packaged(text)["devices"]:
         dev = device_from_dict(d, origin)
         for key in (dev.name, *dev.aliases):
             owner = seen.setdefault(_norm(key), dev.name)
@@ -282,7 +281,7 @@ def dataset_supplement() -> Mapping[str, DeviceSpec]:
     (read-only: the value is cached)."""
     text = resources.files("meshplan.costmodel").joinpath("data/dataset_devices.yaml").read_text(encoding="utf-8")
     out = {}
-    for d in yaml.safe_load(text)["devices"]:
+    for d in load_packaged(text)["devices"]:
         out[d["name"].lower()] = DeviceSpec(
             name=d["name"], vendor=d["vendor"], peak_flops={k: float(v) for k, v in d["peak_flops"].items()},
             memory_bytes=int(float(d["memory_bytes"])), mem_bw_bytes_per_s=float(d["mem_bw_bytes_per_s"]),

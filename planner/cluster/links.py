@@ -11,9 +11,8 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Mapping
 
-import yaml
-
 from meshplan.core.errors import MeshplanError
+from meshplan.core.yamlio import load_packaged
 from meshplan.costmodel.collectives import Link
 
 PRESET_DIR = "presets/clusters"
@@ -62,7 +61,7 @@ def link_families() -> Mapping[str, LinkFamily]:
     """All link families from the packaged ``links.yaml``, keyed by family name (read-only: it is cached)."""
     text = resources.files("meshplan.planner").joinpath(PRESET_DIR, "links.yaml").read_text(encoding="utf-8")
     out = {}
-    for key, fam in yaml.safe_load(text)["families"].items():
+    for key, fam in load_packaged(text)["families"].items():
         intra, inter = fam["intra"], fam["inter"]
         out[key] = LinkFamily(
             name=key,

@@ -17,11 +17,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from meshplan.core.bounds import load_json_file
 from meshplan.core.errors import MeshplanError
 from meshplan.core.frozen import freeze
+from meshplan.core.yamlio import load_packaged
 from meshplan.planner.model.hf_config import check_hf_config
 from meshplan.planner.model.spec import ModelSpec
 
@@ -354,7 +353,7 @@ def read_config(path: Path) -> Any:
 @functools.lru_cache(maxsize=1)
 def _index() -> tuple[Mapping[str, Mapping[str, Any]], Mapping[str, str]]:
     """(presets by canonical name, lower-cased name/alias -> canonical name) from ``index.yaml``, read-only (cached)."""
-    data = yaml.safe_load(PRESET_INDEX.read_text(encoding="utf-8"))["presets"]
+    data = load_packaged(PRESET_INDEX.read_text(encoding="utf-8"))["presets"]
     lookup: dict[str, str] = {}
     for name, entry in data.items():
         for key in [name, *entry.get("aliases", [])]:
