@@ -32,7 +32,6 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.hybridep import hybridep_nvlink_share
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.base import (
-    TIME_FIELDS,
     Estimate,
     TablesCache,
     Workload,
@@ -539,6 +538,27 @@ class GpuEstimator:
             table = syncs[tkey] = ShardTable.of(terms)
         return table
 
+    def group_bound_s(self, work: Workload, layout: Layout, shards: tuple) -> Optional[float]:
+        """A lower bound on the step time of ``layout`` (a recompute=none member of a search's group) with each
+        ``(zero_stage, dp_shard, dp_replicate)`` of ``shards`` and any recomputation (``None``: none is given, for
+        a pipeline of several stages or with activation offload, whose slowest stage and copies recomputation may
+        move). The recompute=none pipeline part bounds every variant's (recomputation only adds to it); what a
+        variant adds per micro-batch is at most one forward of every layer with its forward collectives
+        (``layer_times``' fwd and comm_re), and the exposed gradient sync only falls as the stage's time and
+        compute grow (``SyncTerms.exposed_s``): so each sharding's step is at least the pipeline part plus its
+        exposed sync at the stage time and compute raised by that much, plus its optimizer step."""
+        if layout.pp != 1 or layout.offload_layers:
+            return None
+        tb, m, pipe = self._pipeline_of(work, layout)
+        slow, stage_c, stage_q, t_max, bubble, straggle = pipe
+        times, _ = self._per_mb_times(work, layout, tb, time_signature(layout))
+        counts = tb.kind_counts((range(work.model.num_layers),))
+        more_c = sum((times[k][0] + times[k][4]) * n for k, n in counts.items() if n)  # fwd, and a moe module's a2a
+        more_q = sum(times[k][4] * n for k, n in counts.items() if n)
+        table = self._shard_table(work, layout, tb, slow, shards)
+        stage_s, compute_s = stage_c + stage_q + more_c + more_q, stage_c + more_c
+        return min(table.step_times_s(m * t_max + straggle + bubble, stage_s, compute_s, m))
+
     def pipeline_bound_s(self, work: Workload, layout: Layout) -> float:
         """``Estimate.pipeline_s + bubble_s`` of ``layout`` (the same floats), from the pipeline part alone: the part
         of the step no sharding of the data-parallel states changes, a search's lower bound for all of them."""
@@ -670,8 +690,8 @@ class GpuEstimator:
         per_mb = scope.per_mb.get(sig)
         if per_mb is None:
             dev, key = cluster.device, time_key(layout)
-            # the links read no recomputation: one pricing for a layout's recompute variants
-            lkey = _without_recompute(sig)
+            # what the links read (``group_links``): one pricing per mesh shape, not per signature
+            lkey = (layout.tp, layout.ep, layout.expert_tp, layout.cp, layout.cp_kind == "a2a", layout.moe_dispatcher)
             links = scope.links.get(lkey)
             if links is None:
                 links = scope.links[lkey] = group_links(cluster, work.model, layout)
@@ -757,7 +777,7 @@ class _Scope(NamedTuple):
     syncs: dict  # ``_sync_terms`` and ``ShardTable`` s
     works: dict  # ``work_bounds_s``' work per time signature
     per_mb: dict  # ``_per_mb_times`` per time signature
-    links: dict  # ``group_links`` per time signature less its recomputation
+    links: dict  # ``group_links`` per mesh shape (tp, ep, etp, cp, Ulysses CP, dispatcher)
     stages: dict  # ``_stage_times`` per (signature, pipeline shape, recompute)
 
 
@@ -768,15 +788,6 @@ _BLOCK_SUMS = ("fwd", "bwd", "bwd_frozen", "column_bwd", "gemm", "gemm_chunked")
 def _chunk_tp(key: Layout) -> int:
     """The tp chunks tp_overlap splits the GEMMs next to the TP collectives into (1: none)."""
     return key.tp if key.tp > 1 and key.tp_overlap else 1
-
-
-_RECOMPUTE_AT = tuple(TIME_FIELDS.index(f) for f in ("recompute_kind", "recompute_modules"))
-
-
-def _without_recompute(sig: tuple) -> tuple:
-    """A ``time_signature`` with its recomputation fields taken out."""
-    a, b = _RECOMPUTE_AT
-    return sig[:a] + sig[a + 1:b] + sig[b + 1:]
 
 
 # Layout fields the gradient sync and the optimizer step never read (``GpuEstimator._sync_terms``' cache key is

@@ -30,6 +30,12 @@ not on how the estimator prices a decision:
    search prices it once per signature, the ops of them all in one cost-model call per op class; a group's own
    pipeline part (1.) is priced only when its first bound comes up (2,119 of 47,391 groups for Qwen3-30B-A3B on
    128 H100).
+6. Where the estimator bounds a whole group from its recompute=none variant (the GPU estimator's ``group_bound_s``,
+   single-stage pipelines: the pipeline part plus each sharding's exposed sync at the most compute any
+   recomputation could add, since more compute only hides more of it), a group whose pipeline part comes up is
+   pushed back at that bound before its recompute variants are bounded one by one: a group whose gradient sync or
+   ZeRO-3 gathers alone keep it out of the top K is never expanded (DeepSeek-V3 on 16,384 H100: 931 -> 226
+   pricings).
 
 Groups are expanded in order of their bound (the first bound, then the pipeline part); once a bound rounds (as
 ``_rank_key`` rounds) above the K-th best step found, nothing left can enter the top K and the search stops. Within
@@ -105,7 +111,7 @@ class SearchResult:
 
 
 # The states of a branch-and-bound heap item (``_branch_and_bound``): its bound is final, or can be tightened.
-_FINAL, _REP, _WORK = 0, 1, 2
+_FINAL, _REP, _WORK, _GROUP = 0, 1, 2, 3
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
 PRUNE_ABOVE = 2000
 # Every bound is taken 1e-6 below what it is computed as, and a priced pair contradicts an assumption only beyond
@@ -121,12 +127,13 @@ class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
     def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None,
-                 work_bounds=None, cannot_fit=None):
+                 work_bounds=None, cannot_fit=None, group_bound=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
         self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
         self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
         self.work_bounds = work_bounds  # bounds below that, for many layouts at once (``None``: it has none)
         self.cannot_fit = cannot_fit  # whether no sharding of a layout fits (``None``: it cannot tell)
+        self.group_bound = group_bound  # a bound on a group's every member (``None``: it has none)
         self.unfit = 0  # members never priced: no sharding of their layout fits
         self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
@@ -291,7 +298,7 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
         for unfit in (getattr(estimator, "cannot_fit", None), None):
             rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
                          getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bounds_s", None),
-                         unfit)
+                         unfit, getattr(estimator, "group_bound_s", None))
             try:
                 bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
             except _Fallback as exc:
@@ -390,6 +397,15 @@ class _Bounds:
         except Exception:  # a pipeline that cannot be priced: first_zero0 prices (and validates) a member instead
             return None
 
+    def group_bound(self, g, r: int) -> Optional[float]:
+        """The estimator's bound on every member of group ``g`` (``group_bound_s``, from its recompute=none variant
+        ``r``), ``None`` where it gives none."""
+        try:
+            b = self.rk.group_bound(self.rk.work, g.member(r, 0), g.shards)
+        except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
+            return None
+        return None if b is None else b * (1 - _REL)
+
     def bound(self, g, r: int, rep: Optional[tuple[int, Estimate]]) -> Optional[float]:
         """Lower bound on every member of recompute ``r`` of group ``g``: the per-micro-batch part (pipeline and
         bubble) of its first ZeRO-0 member ``rep``, from that member priced at the global batch and at twice it
@@ -419,6 +435,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     # ``_REP``), refined by a pricing at twice the batch when it comes up. ``_FINAL``: nothing tighter to take.
     heap: list = []
     reps: dict[tuple[int, int], Optional[tuple[int, Estimate]]] = {}
+    pipe_lbs: dict[int, float] = {}  # a group raised to its group bound (``_GROUP``): its pipeline part's bound
 
     def first_bound(gi: int, g, r: int, floor: float) -> tuple[float, int]:
         """(bound, state) of recompute ``r`` of group ``gi`` before it comes up (at least ``floor``)."""
@@ -464,16 +481,23 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
             heapq.heappush(heap, (b, gi, r, _FINAL))
             continue
         if r < 0:  # a group bounded by its recompute=none members: bound each recompute variant on its own
+            if state == _FINAL and rk.group_bound is not None:
+                gb = bo.group_bound(g, r0)
+                if gb is not None and gb > lb:
+                    pipe_lbs[gi] = lb
+                    heapq.heappush(heap, (gb, gi, r, _GROUP))
+                    continue
+            pipe_lb = pipe_lbs.pop(gi, lb)  # recompute=none's pipeline part, below every variant's
             for rr in range(len(g.recomputes)):
                 if rr == r0:
                     heapq.heappush(heap, (lb, gi, rr, _FINAL))
                     continue
                 b = pipeline_bound(g, rr)
                 if b is not None:
-                    if b < lb * (1 - _REL):
+                    if b < pipe_lb * (1 - _REL):
                         raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
-                                        f"recompute=none's {lb:.6g} s")
-                    heapq.heappush(heap, (b, gi, rr, _FINAL))
+                                        f"recompute=none's {pipe_lb:.6g} s")
+                    heapq.heappush(heap, (max(b, lb), gi, rr, _FINAL))
                     continue
                 rep = reps[gi, rr] = first_zero0(gi, g, rr)
                 cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
