@@ -525,15 +525,17 @@ class GpuEstimator:
         tkey = (slow, tuple(vals), shards)
         table = syncs.get(tkey)
         if table is None:
+            # the shardings' optimizer steps priced in one call of the cost model (its per-call cost dominates)
+            members = [layout.with_(zero_stage=z, dp_shard=d, dp_replicate=rep) for z, d, rep in shards]
+            self.pricer.prime([_optimizer_op(lay, trainable_params(work, tb, lay, slow)) for lay in members],
+                              work.cluster.device)
             terms = []
             for shard in shards:
                 vals[z_at], vals[d_at], vals[rep_at] = shard
                 key = (slow, tuple(vals))
                 hit = syncs.get(key)
                 if hit is None:
-                    z, d, rep = shard
-                    member = replace(layout, zero_stage=z, dp_shard=d, dp_replicate=rep)
-                    hit = syncs[key] = self._price_sync_terms(work, member, tb, slow)
+                    hit = syncs[key] = self._price_sync_terms(work, members[len(terms)], tb, slow)
                 terms.append(hit)
             table = syncs[tkey] = ShardTable.of(terms)
         return table
@@ -756,10 +758,7 @@ class GpuEstimator:
             else:
                 sync = collective_time_s("allreduce", grad_bytes, grad_group[0], link(*grad_group))
                 out.append((params, share, bucket, sync, 0.0, 0.0, 0.0, 0.0, 0.0))
-        z1 = layout.zero_stage >= 1  # ZeRO shards dense states over dp_shard x cp, expert states over expert-dp
-        opt_numel = (trained[0] / (layout.shard_group.size if z1 else 1)
-                     + trained[1] / (layout.expert_shard_group.size if z1 else 1))
-        optimizer_s = self.pricer.predict(OpSpec("optimizer", (int(opt_numel),), "fp32"), dev)
+        optimizer_s = self.pricer.predict(_optimizer_op(layout, trained), dev)
         cast_s = None
         if lowp_recipe(layout.fp8, work.dtype) != "none":
             # the fp8 / NVFP4 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
@@ -779,6 +778,15 @@ class _Scope(NamedTuple):
     per_mb: dict  # ``_per_mb_times`` per time signature
     links: dict  # ``group_links`` per mesh shape (tp, ep, etp, cp, Ulysses CP, dispatcher)
     stages: dict  # ``_stage_times`` per (signature, pipeline shape, recompute)
+
+
+def _optimizer_op(layout: Layout, trained: tuple[float, float]) -> OpSpec:
+    """The optimizer step of a stage training ``trained`` (dense, expert) parameters: ZeRO shards dense states over
+    dp_shard x cp, expert states over expert-dp."""
+    z1 = layout.zero_stage >= 1
+    numel = trained[0] / (layout.shard_group.size if z1 else 1) + trained[1] / (layout.expert_shard_group.size if z1
+                                                                                 else 1)
+    return OpSpec("optimizer", (int(numel),), "fp32")
 
 
 # ``_priced_ops``' sums that add up block by block (``_block_prices``)

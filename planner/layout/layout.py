@@ -12,7 +12,7 @@ and ``meshplan plan --fix`` pins its fields (``planner.layout.space.Pins``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
 from pydantic import ConfigDict, Field
@@ -255,7 +255,15 @@ class Layout(Decisions, Degrees):
         return global_batch // (self.micro_batch * self.dp)
 
     def with_(self, **kw) -> "Layout":
-        return replace(self, **kw)
+        """This layout with the fields ``kw`` changed: ``dataclasses.replace`` without the frozen per-field
+        ``__init__`` (a search copies 10^5 layouts; ``Layout`` is plain fields with no ``__post_init__``, so the copy
+        is the same value)."""
+        unknown = kw.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"Layout has no field {', '.join(sorted(unknown))}")
+        out = object.__new__(type(self))
+        object.__setattr__(out, "__dict__", {**self.__dict__, **kw})
+        return out
 
     def validate(self, *, world_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
                  seq_len: int, global_batch: int, num_experts: int = 0) -> None:

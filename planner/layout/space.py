@@ -271,15 +271,6 @@ def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
     return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if device.supports("mxfp8") else ())
 
 
-def _copy_with(layout: Layout, fields: dict) -> Layout:
-    """``dataclasses.replace(layout, **fields)`` without its per-field ``__init__`` (a search builds 10^5 layouts):
-    ``Layout`` is a frozen dataclass of plain fields with no ``__post_init__``, so the copy is the same value."""
-    out = object.__new__(Layout)
-    out.__dict__.update(layout.__dict__)
-    out.__dict__.update(fields)
-    return out
-
-
 @dataclass(slots=True)  # not frozen: a search builds 10^4-10^5 groups, and a frozen __init__ costs 3x
 class LayoutGroup:
     """Candidates that share every decision but activation recomputation and the sharding of the data-parallel
@@ -300,7 +291,7 @@ class LayoutGroup:
     def member(self, r: int, s: int) -> Layout:
         """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
         z, d, rep = self.shards[s]
-        return _copy_with(self.base, dict(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep))
+        return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
 
     def layouts(self) -> Iterator[Layout]:
         for r in range(len(self.recomputes)):
