@@ -70,16 +70,11 @@ class LayerOps:
     lists prices each block once."""
 
     def weighted(self) -> dict[OpSpec, int]:
-        """``compute`` as {op: times it runs}: equal ops summed, and the local experts' GEMMs (``compute`` holds
-        ``expert_copies`` references to one set of them) counted without hashing every copy."""
-        one = self.experts[:len(self.experts) // max(1, self.expert_copies)]
-        skip = set(map(id, one))
+        """``compute`` as {op: times it runs}: equal ops summed (an eager stack lists its local experts' ops once per
+        expert, ``expert_copies``)."""
         out: dict[OpSpec, int] = {}
         for op in self.compute:
-            if id(op) not in skip:
-                out[op] = out.get(op, 0) + 1
-        for op in one:
-            out[op] = out.get(op, 0) + self.expert_copies
+            out[op] = out.get(op, 0) + 1
         return out
 
 
