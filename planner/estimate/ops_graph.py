@@ -168,14 +168,15 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
                     tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules), tuple(lb.blocks))
 
 
-# The layout fields each block's ops read (besides the model, the sequence length and the dtype): a block memo's key
+# What each block's ops read (besides the model, the sequence length and the dtype): a block memo's key
 # (``kind_ops``). Attention reads the tokens and heads on the rank (tp, cp, micro-batch), sequence parallelism's rows
 # outside the TP region, the GEMM precision, the stack's kernels, the attention kernel and Ulysses CP; the Mamba mixer
-# and a dense MLP the same but the attention's; the MoE block also the expert mesh, the routing load and the
-# dispatcher (its token sorts).
+# the same but the attention's; an MLP only the rank's tokens (inside and outside the TP region), tp, the precision
+# and the stack, and an MoE block also the expert mesh, the routing load and the dispatcher (its token sorts).
 _COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
-_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention",), "M": _COMMON_FIELDS, "D": _COMMON_FIELDS,
-                 "E": _COMMON_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher")}
+_MLP_FIELDS = ("tp", "fp8", "stack")
+_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention",), "M": _COMMON_FIELDS, "D": _MLP_FIELDS,
+                 "E": _MLP_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher")}
 _block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
 
 
@@ -188,7 +189,8 @@ def _block(lb: _LayerBuild, memo: dict | None, tag: str, build, *args):
         lb.blocks.append(tuple(lb.ops[first:]))
         return out
     lay = lb.layout
-    key = (tag, args, lb.seq_len, lb.dtype, _block_fields_of[tag](lay), lay.cp_kind == "a2a" if tag == "A" else None)
+    key = (tag, args, lb.seq_len, lb.dtype, _block_fields_of[tag](lay),
+           lay.cp_kind == "a2a" if tag == "A" else (lb.T, lb.Tn) if tag in "DE" else None)
     hit = memo.get(key)
     if hit is None:
         first, before = len(lb.ops), {m: len(ops) for m, ops in lb.modules.items()}
