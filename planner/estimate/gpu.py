@@ -231,12 +231,12 @@ class GpuEstimator:
         """What of ``layer_times`` does not depend on recomputation, cached without it (a search prices each
         layout's recompute variants): (layer ops, their prices, fwd, bwd, exposed comm fwd+bwd, the forward's tp
         and cp comm, its ep comm, what a recomputed forward's ep exposes, (tp, ep, cp exposed fwd+bwd))."""
-        k = (self._op_key(tb, device, key, moe, seq_len, dtype), key.cp_kind, key.moe_overlap, key.shared_overlap,
-             tp_link, ep_link, cp_link, frozen)
+        op_key = self._op_key(tb, device, key, moe, seq_len, dtype)
+        k = (op_key, key.cp_kind, key.moe_overlap, key.shared_overlap, tp_link, ep_link, cp_link, frozen)
         hit = self._base.get(k)
         if hit is not None:
             return hit
-        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype)
+        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype, op_key)
         fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
@@ -419,12 +419,14 @@ class GpuEstimator:
         for op, bop in zip(need, backward):
             self._bwd[(op, device)] = self.pricer.predict(bop, device)
 
-    def _priced_ops(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
+    def _priced_ops(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str,
+                    k: Optional[tuple] = None) -> tuple:
         """The layer's op lists and their prices, which do not depend on recomputation (cached without it): forward,
         backward, core attention, what op-level checkpointing recomputes, and the GEMMs whole and in tp chunks, each
         the sum of its blocks' (``_block_prices``). Repeated ops (a grouped GEMM's local experts) are priced once
-        and counted."""
-        k = self._op_key(tb, device, key, moe, seq_len, dtype)
+        and counted. ``k``: the op key (``_op_key``), when the caller has it."""
+        if k is None:
+            k = self._op_key(tb, device, key, moe, seq_len, dtype)
         hit = self._ops.get(k)
         if hit is not None:
             return hit
@@ -589,13 +591,18 @@ class GpuEstimator:
         fresh = {sig: lay for sig, lay in zip(sigs, layouts) if sig not in works}
         self.prime_layouts(work, list(fresh.values()))
         counts = tb.kind_counts((range(work.model.num_layers),))
+        dev, seq, dtype, frozen, scope = work.cluster.device, work.seq_len, work.dtype, bool(work.lora), \
+            self._scoped(work, tb)
         for sig, lay in fresh.items():
             try:
-                times, (emb, head) = self._per_mb_times(work, lay, tb, sig)
+                key, links = time_key(lay), self._group_links(work, lay, scope)
+                # a layer's fwd, bwd and exposed comm (``layer_times``' first, second and fourth: no recomputation)
+                parts = {k: self._layer_base(tb, dev, key, k, seq, dtype, *links, frozen)[2:5] for k in tb.rep}
+                emb, head = self._edge_times(tb, dev, key, seq, dtype, frozen=frozen)
             except (MeshplanError, ArithmeticError):
                 works[sig] = None
                 continue
-            works[sig] = sum((times[k][0] + times[k][1] + times[k][3]) * n for k, n in counts.items() if n) \
+            works[sig] = sum((parts[k][0] + parts[k][1] + parts[k][2]) * n for k, n in counts.items() if n) \
                 + emb + head
         return self._spread_s(work, layouts, [works[sig] for sig in sigs])
 
@@ -691,18 +698,22 @@ class GpuEstimator:
         cluster, scope = work.cluster, self._scoped(work, tb)
         per_mb = scope.per_mb.get(sig)
         if per_mb is None:
-            dev, key = cluster.device, time_key(layout)
-            # what the links read (``group_links``): one pricing per mesh shape, not per signature
-            lkey = (layout.tp, layout.ep, layout.expert_tp, layout.cp, layout.cp_kind == "a2a", layout.moe_dispatcher)
-            links = scope.links.get(lkey)
-            if links is None:
-                links = scope.links[lkey] = group_links(cluster, work.model, layout)
+            dev, key, links = cluster.device, time_key(layout), self._group_links(work, layout, scope)
             frozen = bool(work.lora)  # LoRA: the base's weight GEMMs run no weight gradient
             per_mb = scope.per_mb[sig] = (
                 {k: self.layer_times(tb, dev, key, k, work.seq_len, work.dtype, *links, frozen=frozen)
                  for k in tb.rep},
                 self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
         return per_mb
+
+    @staticmethod
+    def _group_links(work: Workload, layout: Layout, scope: "_Scope") -> tuple:
+        """``group_links``, kept per what it reads: one pricing per mesh shape, not per signature."""
+        lkey = (layout.tp, layout.ep, layout.expert_tp, layout.cp, layout.cp_kind == "a2a", layout.moe_dispatcher)
+        links = scope.links.get(lkey)
+        if links is None:
+            links = scope.links[lkey] = group_links(work.cluster, work.model, layout)
+        return links
 
     def _sync_terms(self, work: Workload, layout: Layout, tb, slow: int) -> SyncTerms:
         """What the gradient sync and the optimizer step of pipeline stage ``slow`` cost before the compute they
