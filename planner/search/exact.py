@@ -431,8 +431,9 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 
     # heap items: (bound, group, recompute index or -1 for the whole group, state). A group's first bound is its
     # work spread over the stages (``_WORK``: shared by the groups of one time signature), refined to its pipeline
-    # part when it comes up; without those, the member's compute + bubble (free once it is priced,
-    # ``_REP``), refined by a pricing at twice the batch when it comes up. ``_FINAL``: nothing tighter to take.
+    # part when it comes up, then to the estimator's group bound (``_GROUP``); without those, the member's compute +
+    # bubble (free once it is priced, ``_REP``), refined by a pricing at twice the batch when it comes up.
+    # ``_FINAL``: nothing tighter to take.
     heap: list = []
     reps: dict[tuple[int, int], Optional[tuple[int, Estimate]]] = {}
     pipe_lbs: dict[int, float] = {}  # a group raised to its group bound (``_GROUP``): its pipeline part's bound
@@ -488,24 +489,34 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                     heapq.heappush(heap, (gb, gi, r, _GROUP))
                     continue
             pipe_lb = pipe_lbs.pop(gi, lb)  # recompute=none's pipeline part, below every variant's
-            for rr in range(len(g.recomputes)):
-                if rr == r0:
-                    heapq.heappush(heap, (lb, gi, rr, _FINAL))
-                    continue
-                b = pipeline_bound(g, rr)
-                if b is not None:
-                    if b < pipe_lb * (1 - _REL):
-                        raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
-                                        f"recompute=none's {pipe_lb:.6g} s")
-                    heapq.heappush(heap, (max(b, lb), gi, rr, _FINAL))
-                    continue
-                rep = reps[gi, rr] = first_zero0(gi, g, rr)
-                cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
-                # recomputation only adds to the recompute=none bound
-                heapq.heappush(heap, (max(lb, cheap), gi, rr, _FINAL if rep is None else _REP))
+            for item in _variants(bo, reps, gi, g, r0, lb, pipe_lb):
+                heapq.heappush(heap, item)
             continue
         _price_family(rk, gi, g, r, lb)
     return bo.extra
+
+
+def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: float) -> list[tuple]:
+    """Heap items of each recompute variant of group ``gi`` (``r0``: its recompute=none), at least ``lb`` (the
+    group's bound), each bounded on its own: its pipeline part (checked against recompute=none's, ``pipe_lb``),
+    else its first ZeRO-0 member's compute + bubble."""
+    items = []
+    for rr in range(len(g.recomputes)):
+        if rr == r0:
+            items.append((lb, gi, rr, _FINAL))
+            continue
+        b = bo.pipeline_bound(g, rr)
+        if b is not None:
+            if b < pipe_lb * (1 - _REL):
+                raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
+                                f"recompute=none's {pipe_lb:.6g} s")
+            items.append((max(b, lb), gi, rr, _FINAL))
+            continue
+        rep = reps[gi, rr] = bo.first_zero0(gi, g, rr)
+        cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
+        # recomputation only adds to the recompute=none bound
+        items.append((max(lb, cheap), gi, rr, _FINAL if rep is None else _REP))
+    return items
 
 
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
