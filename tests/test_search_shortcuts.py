@@ -93,11 +93,12 @@ def test_block_summed_prices_are_the_ops_prices(name):
     ("qwen3-30b-a3b", "16x8xH100", 128, 4096, {"tp": 1, "pp": 1, "cp": 1}),
     ("llama-3.1-8b", "2x8xH100", 16, 8192, {"pp": 1}),
 ], ids=["moe-zero3-16-nodes", "dense"])
-def test_group_bound_is_below_every_member(model, cluster, gb, seq, fix):
+def test_group_bound_and_sync_floor_are_below_every_member(model, cluster, gb, seq, fix):
     """``GpuEstimator.group_bound_s`` of a group's recompute=none member is at most the step time of each member of
     the group, every recompute variant and sharding, each priced on its own (``shard_step_times_s``: the full
-    estimates' floats, tests/test_search_pruning.py); and it is above the pipeline part alone for some groups (it
-    bounds something the pipeline part does not)."""
+    estimates' floats, tests/test_search_pruning.py), and ``sync_floor_s`` at most what each adds to its own
+    pipeline part; the group bound is above the pipeline part alone for some groups (it bounds something the
+    pipeline part does not)."""
     work = Workload(load_model(model), load_cluster(cluster), gb, seq)
     est = estimator_for(work.cluster)
     c = work.cluster
@@ -106,11 +107,15 @@ def test_group_bound_is_below_every_member(model, cluster, gb, seq, fix):
                               fp8_recipe_choices("bf16", c.device)):
         base = g.member(g.recomputes.index("none"), 0)
         bound = est.group_bound_s(work, base, g.shards)
-        assert bound is not None
+        floor = est.sync_floor_s(work, base, g.shards)
+        assert bound is not None and floor is not None
         tighter += bound > est.pipeline_bound_s(work, base) * (1 + 1e-9)
         for r in range(len(g.recomputes)):
+            pipeline = est.pipeline_bound_s(work, g.member(r, 0))
             for step in est.shard_step_times_s(work, g.member(r, 0), g.shards):
                 assert bound <= step * (1 + 1e-9), (g.member(r, 0), bound, step)
+                # the floor: what any member adds to its own pipeline part
+                assert floor <= (step - pipeline) * (1 + 1e-9) + 1e-12, (g.member(r, 0), floor, step, pipeline)
                 checked += 1
     assert checked > 200 and tighter > 0
 

@@ -563,6 +563,18 @@ class GpuEstimator:
         stage_s, compute_s = stage_c + stage_q + more_c + more_q, stage_c + more_c
         return min(table.step_times_s(m * t_max + straggle + bubble, stage_s, compute_s, m))
 
+    def sync_floor_s(self, work: Workload, layout: Layout, shards: tuple) -> Optional[float]:
+        """A lower bound on what the step of ``layout`` (a search's group: ``shards`` its shardings) adds to its
+        pipeline part, under any sharding and recomputation (``None`` where ``group_bound_s`` gives none): the least
+        over the shardings of the exposed gradient sync with compute enough to hide all it can
+        (``SyncTerms.exposed_s`` only falls as compute grows) plus the optimizer step. It reads the ``ShardTable`` that
+        ``group_bound_s`` reads, and no pipeline part."""
+        if layout.pp != 1 or layout.offload_layers:
+            return None
+        m = layout.num_microbatches(work.global_batch)
+        table = self._shard_table(work, layout, self.tables(work.model), 0, shards)
+        return min(table.step_times_s(0.0, _HIDE_ALL_S, _HIDE_ALL_S, m))
+
     def pipeline_bound_s(self, work: Workload, layout: Layout) -> float:
         """``Estimate.pipeline_s + bubble_s`` of ``layout`` (the same floats), from the pipeline part alone: the part
         of the step no sharding of the data-parallel states changes, a search's lower bound for all of them."""
@@ -798,6 +810,11 @@ def _optimizer_op(layout: Layout, trained: tuple[float, float]) -> OpSpec:
     numel = trained[0] / (layout.shard_group.size if z1 else 1) + trained[1] / (layout.expert_shard_group.size if z1
                                                                                  else 1)
     return OpSpec("optimizer", (int(numel),), "fp32")
+
+
+# A stage time and compute long enough to hide every collective that compute can hide (``sync_floor_s``): finite, so
+# that a parameter group with no share of the compute multiplies it by 0, not inf
+_HIDE_ALL_S = 1e30
 
 
 # ``_priced_ops``' sums that add up block by block (``_block_prices``)

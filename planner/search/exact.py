@@ -36,6 +36,11 @@ not on how the estimator prices a decision:
    pushed back at that bound before its recompute variants are bounded one by one: a group whose gradient sync or
    ZeRO-3 gathers alone keep it out of the top K is never expanded (DeepSeek-V3 on 16,384 H100: 931 -> 226
    pricings).
+7. Where it also gives what any member of a group adds to its pipeline part (the GPU estimator's ``sync_floor_s``,
+   single-stage pipelines: each sharding's exposed gradient sync with compute enough to hide all it can, plus its
+   optimizer step, from the sync table the group bound reads), a group's work bound comes up first with that floor
+   added, and its pipeline part with it (DeepSeek-V3 on 16,384 H100: 1,702 -> 873 pipeline parts, 1,078 -> 249 group
+   bounds).
 
 Groups are expanded in order of their bound (the first bound, then the pipeline part); once a bound rounds (as
 ``_rank_key`` rounds) above the K-th best step found, nothing left can enter the top K and the search stops. Within
@@ -111,7 +116,7 @@ class SearchResult:
 
 
 # The states of a branch-and-bound heap item (``_branch_and_bound``): its bound is final, or can be tightened.
-_FINAL, _REP, _WORK, _GROUP = 0, 1, 2, 3
+_FINAL, _REP, _WORK, _GROUP, _FLOOR = 0, 1, 2, 3, 4
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
 PRUNE_ABOVE = 2000
 # Every bound is taken 1e-6 below what it is computed as, and a priced pair contradicts an assumption only beyond
@@ -127,13 +132,14 @@ class _Ranker:
     """Prices members, keeps the top-K (rank key, canonical index) and the closest miss, counts."""
 
     def __init__(self, work: Workload, estimate, top: int, progress, step_times=None, pipeline_bound=None,
-                 work_bounds=None, cannot_fit=None, group_bound=None):
+                 work_bounds=None, cannot_fit=None, group_bound=None, sync_floor=None):
         self.work, self.estimate, self.top, self.progress = work, estimate, top, progress
         self.step_times = step_times  # the estimator's step times alone, per sharding (``None``: it has none)
         self.pipeline_bound = pipeline_bound  # its pipeline part + bubble alone (``None``: it has none)
         self.work_bounds = work_bounds  # bounds below that, for many layouts at once (``None``: it has none)
         self.cannot_fit = cannot_fit  # whether no sharding of a layout fits (``None``: it cannot tell)
         self.group_bound = group_bound  # a bound on a group's every member (``None``: it has none)
+        self.sync_floor = sync_floor  # what every member adds to its pipeline part (``None``: it cannot tell)
         self.unfit = 0  # members never priced: no sharding of their layout fits
         self.timed = 0  # members whose step time alone showed they cannot rank: never priced in full
         m = work.model
@@ -298,7 +304,7 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
         for unfit in (getattr(estimator, "cannot_fit", None), None):
             rk = _Ranker(work, estimator.estimate, top, progress, getattr(estimator, "shard_step_times_s", None),
                          getattr(estimator, "pipeline_bound_s", None), getattr(estimator, "work_bounds_s", None),
-                         unfit, getattr(estimator, "group_bound_s", None))
+                         unfit, getattr(estimator, "group_bound_s", None), getattr(estimator, "sync_floor_s", None))
             try:
                 bound_evals = _branch_and_bound(rk, groups, estimator.estimate)
             except _Fallback as exc:
@@ -397,6 +403,17 @@ class _Bounds:
         except Exception:  # a pipeline that cannot be priced: first_zero0 prices (and validates) a member instead
             return None
 
+    def sync_floor(self, g, r: int) -> Optional[float]:
+        """The estimator's floor on what every member of group ``g`` adds to its pipeline part (``sync_floor_s``,
+        from its recompute=none variant ``r``), ``None`` where it gives none."""
+        if self.rk.sync_floor is None or self.rk.pipeline_bound is None:
+            return None
+        try:
+            b = self.rk.sync_floor(self.rk.work, g.member(r, 0), g.shards)
+        except (MeshplanError, ArithmeticError):  # an invalid member: pricing it validates it and says why
+            return None
+        return None if b is None else b * (1 - _REL)
+
     def group_bound(self, g, r: int) -> Optional[float]:
         """The estimator's bound on every member of group ``g`` (``group_bound_s``, from its recompute=none variant
         ``r``), ``None`` where it gives none."""
@@ -431,12 +448,13 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 
     # heap items: (bound, group, recompute index or -1 for the whole group, state). A group's first bound is its
     # work spread over the stages (``_WORK``: shared by the groups of one time signature), refined to its pipeline
-    # part when it comes up, then to the estimator's group bound (``_GROUP``); without those, the member's compute +
-    # bubble (free once it is priced, ``_REP``), refined by a pricing at twice the batch when it comes up.
-    # ``_FINAL``: nothing tighter to take.
-    heap: list = []
+    # part when it comes up (first, when the estimator gives one, raised by its sync floor: ``_FLOOR``), then to the
+    # estimator's group bound (``_GROUP``); without those, the member's compute + bubble (free once it is priced,
+    # ``_REP``), refined by a pricing at twice the batch when it comes up. ``_FINAL``: nothing tighter to take.
     reps: dict[tuple[int, int], Optional[tuple[int, Estimate]]] = {}
-    pipe_lbs: dict[int, float] = {}  # a group raised to its group bound (``_GROUP``): its pipeline part's bound
+    pipe_lbs: dict[int, float] = {}  # a group's recompute=none pipeline part, its variants' floor
+    work_lbs: dict[int, float] = {}  # a group raised by its sync floor (``_FLOOR``): its work bound alone
+    floors: dict[int, float] = {}  # and that floor
 
     def first_bound(gi: int, g, r: int, floor: float) -> tuple[float, int]:
         """(bound, state) of recompute ``r`` of group ``gi`` before it comes up (at least ``floor``)."""
@@ -450,19 +468,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else 0.0
         return max(floor, cheap), (_REP if rep else _FINAL)
 
-    firsts = []  # (group, recompute, which, its first member: the group's base when that is recompute r)
-    for gi, g in enumerate(groups):
-        rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
-        for r in rs:
-            firsts.append((gi, r, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r,
-                           g.base if r == 0 else g.member(r, 0)))
-    works = rk.work_bounds(rk.work, [f[3] for f in firsts]) if rk.work_bounds else [None] * len(firsts)
-    for (gi, r, which, _), w in zip(firsts, works):
-        if w is not None:
-            heap.append((w * (1 - _REL), gi, which, _WORK))
-            continue
-        b, st = first_bound(gi, groups[gi], r, 0.0)
-        heap.append((b, gi, which, st))
+    heap = _first_items(rk, groups, first_bound)
     heapq.heapify(heap)
     while heap:
         lb, gi, r, state = heapq.heappop(heap)
@@ -471,8 +477,18 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         g = groups[gi]
         r0 = g.recomputes.index("none") if r < 0 else r
         if state == _WORK:
+            fl = bo.sync_floor(g, r0) if r < 0 else None
+            if fl is not None and fl > 0.0:  # the work bound plus what every member adds to it (fact 7)
+                work_lbs[gi], floors[gi] = lb, fl
+                heapq.heappush(heap, (lb + fl, gi, r, _FLOOR))
+                continue
             b, st = first_bound(gi, g, r0, lb)
             heapq.heappush(heap, (b, gi, r, st))
+            continue
+        if state == _FLOOR:
+            b, st = first_bound(gi, g, r0, work_lbs.pop(gi))
+            pipe_lbs[gi] = b  # the pipeline part alone: what each recompute variant's is checked against
+            heapq.heappush(heap, (max(b + floors.pop(gi), lb), gi, r, st))
             continue
         if state == _REP:
             b = bo.bound(g, r0, reps[gi, r0])
@@ -485,7 +501,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
             if state == _FINAL and rk.group_bound is not None:
                 gb = bo.group_bound(g, r0)
                 if gb is not None and gb > lb:
-                    pipe_lbs[gi] = lb
+                    pipe_lbs.setdefault(gi, lb)
                     heapq.heappush(heap, (gb, gi, r, _GROUP))
                     continue
             pipe_lb = pipe_lbs.pop(gi, lb)  # recompute=none's pipeline part, below every variant's
@@ -494,6 +510,26 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
             continue
         _price_family(rk, gi, g, r, lb)
     return bo.extra
+
+
+def _first_items(rk: _Ranker, groups: list, first_bound) -> list[tuple]:
+    """The heap items the search starts from: per group, its recompute=none variant for the whole group (or each
+    variant where it has none), at its work bound (``_WORK``) or, without one, at ``first_bound``'s."""
+    firsts = []  # (group, recompute, which, its first member: the group's base when that is recompute r)
+    for gi, g in enumerate(groups):
+        rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
+        for r in rs:
+            firsts.append((gi, r, -1 if len(rs) == 1 and g.recomputes[r] == "none" else r,
+                           g.base if r == 0 else g.member(r, 0)))
+    works = rk.work_bounds(rk.work, [f[3] for f in firsts]) if rk.work_bounds else [None] * len(firsts)
+    heap = []
+    for (gi, r, which, _), w in zip(firsts, works):
+        if w is not None:
+            heap.append((w * (1 - _REL), gi, which, _WORK))
+            continue
+        b, st = first_bound(gi, groups[gi], r, 0.0)
+        heap.append((b, gi, which, st))
+    return heap
 
 
 def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: float) -> list[tuple]:
