@@ -173,6 +173,7 @@ class GpuEstimator:
         self._lists: dict[tuple, tuple] = {}  # op lists built to be primed in a batch, not yet priced
         self._primed: dict = {}  # {device: ops whose prices (and backward's) the pricer holds}
         self._edge_primed: set = set()  # the embedding and head op keys ``prime_layouts`` has priced
+        self._primed_blocks: set = set()  # (block id, tp chunks, device) whose ops are priced or queued to be
         self._bwd: dict[tuple, float] = {}
         self._link_cluster, self._link_memo = None, {}
         self._edge: dict[tuple, tuple[float, float]] = {}
@@ -321,17 +322,19 @@ class GpuEstimator:
                 key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
 
     def _op_lists(self, k: tuple, tb, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
-        """(layer ops, every distinct op to price) of op key ``k``, cached until priced; the layer's blocks come
-        from a memo per model (``ops_graph.kind_ops``), so that each block is counted and priced once
-        (``_block_ops``)."""
+        """(layer ops, the ops of its blocks not yet priced on the layout's device) of op key ``k``, cached until
+        priced; the layer's blocks come from a memo per model (``ops_graph.kind_ops``), so that each block is
+        counted, primed and priced once (``_block_ops``)."""
         hit = self._lists.get(k)
         if hit is None:
             lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype, memo=self._block_memo.setdefault(tb, {}))
-            chunk_tp = _chunk_tp(key)
-            if len(lo.blocks) == 1:
-                every = self._block_ops(lo.blocks[0], chunk_tp, tb, lo)[3]
-            else:
-                every = list(dict.fromkeys(op for blk in lo.blocks for op in self._block_ops(blk, chunk_tp, tb, lo)[3]))
+            chunk_tp, device = _chunk_tp(key), k[1]
+            every = []
+            for blk in lo.blocks:
+                bkey = (id(blk), chunk_tp, device)  # blocks live in the memo: their ids are theirs
+                if bkey not in self._primed_blocks:
+                    self._primed_blocks.add(bkey)
+                    every += self._block_ops(blk, chunk_tp, tb, lo)[3]
             hit = self._lists[k] = (lo, every)
         return hit
 
