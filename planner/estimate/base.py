@@ -434,12 +434,7 @@ def _time_key_of(sig: tuple) -> Layout:
     v["recompute"] = v.pop("recompute_kind")
     etp = v.pop("expert_tp")
     v["etp"] = etp if etp != v["tp"] else 0
-    # the default layout's fields with these set, as ``planner.layout.space`` builds its layouts: ``Layout`` is a
-    # frozen dataclass of plain fields with no ``__post_init__``, so this is ``Layout(**v)`` without its per-field
-    # ``__init__``
-    key = object.__new__(Layout)
-    object.__setattr__(key, "__dict__", {**_DEFAULT_FIELDS, **v})
-    return key
+    return _DEFAULT_LAYOUT.with_(**v)  # ``Layout(**v)`` without the frozen per-field ``__init__``
 
 
-_DEFAULT_FIELDS = dict(Layout().__dict__)
+_DEFAULT_LAYOUT = Layout()

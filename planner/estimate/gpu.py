@@ -328,7 +328,7 @@ class GpuEstimator:
         hit = self._lists.get(k)
         if hit is None:
             lo = layer_ops(tb.model, tb.rep[moe], key, seq_len, dtype, memo=self._block_memo.setdefault(tb, {}))
-            chunk_tp, device = _chunk_tp(key), k[1]
+            chunk_tp, device = _chunk_tp(key), k[1]  # (``_op_key`` leads with the tables and the device)
             every = []
             for blk in lo.blocks:
                 bkey = (id(blk), chunk_tp, device)  # blocks live in the memo: their ids are theirs
@@ -339,7 +339,8 @@ class GpuEstimator:
         return hit
 
     def _block_ops(self, blk: tuple, chunk_tp: int, tb, lo) -> tuple:
-        """(the block, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price) of block ``blk`` of
+        """(the block, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price, the ids of its routed
+        experts' ops) of block ``blk`` of
         layer ops ``lo``, cached per block. tp_overlap (``chunk_tp`` > 1): the attention and dense-MLP GEMMs next
         to the TP collectives (not the routed experts, not the router), each also priced in tp chunks along the
         tokens."""
@@ -350,14 +351,14 @@ class GpuEstimator:
         counts: dict = {}
         for op in blk:  # equal ops summed; an eager stack's local experts are one set of ops listed per expert
             counts[op] = counts.get(op, 0) + 1
+        routed = {id(op) for op in lo.experts}
         chunked = {}
         if chunk_tp > 1:
-            routed = set(map(id, lo.experts))
             chunked = {op: replace(op, shape=(op.shape[0] // chunk_tp,) + op.shape[1:]) for op in counts
                        if op.kind == "matmul" and op.shape[0] >= chunk_tp and id(op) not in routed
                        and op.shape[1] != tb.model.num_experts}
         every = list(dict.fromkeys([*counts, *chunked.values()]))
-        hit = self._blocks[k] = (blk, counts, chunked, every)
+        hit = self._blocks[k] = (blk, counts, chunked, every, routed)
         return hit
 
     def _block_prices(self, blk: tuple, chunk_tp: int, tb, lo, device) -> dict:
@@ -366,9 +367,8 @@ class GpuEstimator:
         hit = self._block_price.get(k)
         if hit is not None and hit[0] is blk:
             return hit[1]
-        _, counts, chunked, _ = self._block_ops(blk, chunk_tp, tb, lo)
+        _, counts, chunked, _, routed = self._block_ops(blk, chunk_tp, tb, lo)
         predict, h, experts = self.pricer.predict, tb.model.hidden_size, tb.model.num_experts
-        routed = set(map(id, lo.experts))
         f = {op: predict(op, device) for op in counts}
         b = {op: self._bwd_s(op, device) for op in counts}
         prices = {"fwd": sum(n * f[op] for op, n in counts.items()),
@@ -530,19 +530,18 @@ class GpuEstimator:
         tkey = (slow, tuple(vals), shards)
         table = syncs.get(tkey)
         if table is None:
-            # the shardings' optimizer steps priced in one call of the cost model (its per-call cost dominates)
-            members = [layout.with_(zero_stage=z, dp_shard=d, dp_replicate=rep) for z, d, rep in shards]
-            self.pricer.prime([_optimizer_op(lay, trainable_params(work, tb, lay, slow)) for lay in members],
-                              work.cluster.device)
-            terms = []
+            keys = []
             for shard in shards:
                 vals[z_at], vals[d_at], vals[rep_at] = shard
-                key = (slow, tuple(vals))
-                hit = syncs.get(key)
-                if hit is None:
-                    hit = syncs[key] = self._price_sync_terms(work, members[len(terms)], tb, slow)
-                terms.append(hit)
-            table = syncs[tkey] = ShardTable.of(terms)
+                keys.append((slow, tuple(vals)))
+            todo = {key: layout.with_(zero_stage=z, dp_shard=d, dp_replicate=rep)
+                    for key, (z, d, rep) in zip(keys, shards) if key not in syncs}
+            # the new shardings' optimizer steps priced in one call of the cost model (its per-call cost dominates)
+            self.pricer.prime([_optimizer_op(lay, trainable_params(work, tb, lay, slow)) for lay in todo.values()],
+                              work.cluster.device)
+            for key, member in todo.items():
+                syncs[key] = self._price_sync_terms(work, member, tb, slow)
+            table = syncs[tkey] = ShardTable.of([syncs[key] for key in keys])
         return table
 
     def group_bound_s(self, work: Workload, layout: Layout, shards: tuple) -> Optional[float]:
@@ -554,7 +553,7 @@ class GpuEstimator:
         (``layer_times``' fwd and comm_re), and the exposed gradient sync only falls as the stage's time and
         compute grow (``SyncTerms.exposed_s``): so each sharding's step is at least the pipeline part plus its
         exposed sync at the stage time and compute raised by that much, plus its optimizer step."""
-        if layout.pp != 1 or layout.offload_layers:
+        if not _bounds_whole_group(layout):
             return None
         tb, m, pipe = self._pipeline_of(work, layout)
         slow, stage_c, stage_q, t_max, bubble, straggle = pipe
@@ -572,7 +571,7 @@ class GpuEstimator:
         over the shardings of the exposed gradient sync with compute enough to hide all it can
         (``SyncTerms.exposed_s`` only falls as compute grows) plus the optimizer step. It reads the ``ShardTable`` that
         ``group_bound_s`` reads, and no pipeline part."""
-        if layout.pp != 1 or layout.offload_layers:
+        if not _bounds_whole_group(layout):
             return None
         m = layout.num_microbatches(work.global_batch)
         table = self._shard_table(work, layout, self.tables(work.model), 0, shards)
@@ -635,8 +634,10 @@ class GpuEstimator:
         worlds, at = np.unique(dp * cp * tp * pp, return_inverse=True)
         slowdown = np.array([1.0 + straggler_slowdown(int(world)) for world in worlds])[at]
         mean_s = np.array([works[i] for i in keep]) / pp
-        rising = np.array([layouts[i].pipeline_schedule in ("", "1f1b", "interleaved") for i in keep]) & (pp > 1)
-        bubble = np.where(rising, runs * ((pp - 1) / np.maximum(1, vpp) * mean_s), 0.0)
+        # 1F1B's and interleaved's bubble is linear in the stage time: ``bubble_s`` of a 1 s stage, times the mean
+        shapes = [(layouts[i].schedule, layouts[i].pp, layouts[i].vpp) for i in keep]
+        per_s = {sh: bubble_s(*sh, 1.0, 0.0) if sh[0] in ("1f1b", "interleaved") else 0.0 for sh in set(shapes)}
+        bubble = runs * (np.array([per_s[sh] for sh in shapes]) * mean_s)
         for i, bound in zip(keep, (work.global_batch // (mbs * dp) * mean_s * slowdown + bubble).tolist()):
             out[i] = bound
         return out
@@ -814,6 +815,12 @@ def _optimizer_op(layout: Layout, trained: tuple[float, float]) -> OpSpec:
     numel = trained[0] / (layout.shard_group.size if z1 else 1) + trained[1] / (layout.expert_shard_group.size if z1
                                                                                  else 1)
     return OpSpec("optimizer", (int(numel),), "fp32")
+
+
+def _bounds_whole_group(layout: Layout) -> bool:
+    """Whether ``group_bound_s`` and ``sync_floor_s`` bound ``layout``'s group: a single-stage pipeline without
+    activation offload (with several stages the slowest one, whose sync is exposed, may move with recomputation)."""
+    return layout.pp == 1 and not layout.offload_layers
 
 
 # A stage time and compute long enough to hide every collective that compute can hide (``sync_floor_s``): finite, so
