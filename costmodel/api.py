@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 from meshplan.costmodel.attention import blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.fp8_recipes import recipe_time_multiple
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
+from meshplan.costmodel.sustained import sustained_share
 
 if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CLI start-up stays fast)
     from meshplan.costmodel.collective_model import CollectiveModel
@@ -48,7 +50,8 @@ MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before startin
 # 1204, 1470 TFLOP/s at K = 512, 1536, 2048, 16384) over the bf16 prices of the same shapes (592, 707, 684, 740):
 # the fixed part solves to 148, 163, 139 K-elements at K <= 2048 (and is lost in the noise at 16384), 150 taken.
 # DeepGEMM is the block-wise recipe of DeepSeek-V3 §3.3 (scales promoted every 128 K-elements in the main loop) and
-# reaches the rates tensor-wise scaling is priced at on large K, so one rule serves every recipe.
+# reaches the rates tensor-wise scaling is priced at on large K. The kernels the stacks call differ by recipe
+# (cuBLASLt's block-scaled GEMM runs at 0.84 of its tensor-wise one on an H200): ``costmodel.fp8_recipes``.
 FP8_FIXED_K = 150.0
 
 
@@ -97,10 +100,15 @@ class Pricer:
 
     Args:
         model: The learned model, or ``None`` for the calibrated roofline / alpha-beta alone.
+        sustained: Price compute as a GPU sustains it through a training run: every compute op's one-shot price
+            divided by the device's measured sustained share (``costmodel.sustained``). Off, prices are what a
+            kernel benchmark measures (``meshplan costmodel predict``, the held-out checks).
     """
 
-    def __init__(self, model: "LearnedModel | None" = None):
+    def __init__(self, model: "LearnedModel | None" = None, *, sustained: bool = False):
         self.model = model
+        self.sustained = sustained
+        self._shares: dict[DeviceSpec, float] = {}
         self._memo: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
         # every compute op's final (seconds, source), whichever rule priced it: a search asks for the same few
         # thousand ops 10^5 times, and the grouped / fp8 rules each take a rebuilt OpSpec and a second lookup
@@ -113,6 +121,24 @@ class Pricer:
             if str(src).startswith("learned (unseen device"):
                 key = (d.name, o.kind, str(src))
                 self._flags[key] = self._flags.get(key, 0) + 1
+
+    def under_load(self) -> "Pricer":
+        """This pricer's model pricing compute under sustained load (``sustained=True``), sharing its learned prices
+        and its warnings; itself when it already does."""
+        if self.sustained:
+            return self
+        twin = Pricer(self.model, sustained=True)
+        twin._memo, twin._flags = self._memo, self._flags
+        return twin
+
+    def _load_factor(self, device: DeviceSpec) -> float:
+        """1 / the device's sustained share when pricing under load, else 1."""
+        if not self.sustained:
+            return 1.0
+        hit = self._shares.get(device)
+        if hit is None:
+            hit = self._shares[device] = 1.0 / sustained_share(device)[0]
+        return hit
 
     @property
     def warnings(self) -> list[str]:
@@ -196,7 +222,8 @@ class Pricer:
         if hit is None:
             if len(self._final) >= MEMO_MAX:
                 self._final.clear()
-            hit = self._final[key] = self._compute_with_source(op, device)
+            sec, src = self._compute_with_source(op, device)
+            hit = self._final[key] = (sec * self._load_factor(device), src)
         return hit
 
     def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
@@ -209,12 +236,13 @@ class Pricer:
             return roofline_predict(op, device), SSD_SOURCE
         if op.groups > 1:
             dense, scale = _dense_of(op)
-            sec, src = self.predict_with_source(dense, device)
+            sec, src = self._compute_with_source(dense, device)
             return sec * scale, f"{src} (grouped: {GROUPED_SOURCE})"
         twin = _bf16_twin(op)
         if twin is not None and device.supports("bf16"):
-            sec, src = self.predict_with_source(twin, device)
-            return sec * fp8_time_share(op, device), f"{src} (bf16 twin, {op.dtype} rule)"
+            sec, src = self._compute_with_source(twin, device)
+            share = fp8_time_share(op, device) * recipe_time_multiple(op.impl, device)
+            return sec * share, f"{src} (bf16 twin, {op.dtype} rule)"
         if self.model is None:
             return roofline_predict(op, device), "roofline (no learned model)"
         key = (op, device)
@@ -229,7 +257,8 @@ class Pricer:
 
     def basis(self, op: OpSpec, device: DeviceSpec) -> str:
         """What ``op``'s price on ``device`` rests on, in words: the source ``predict_with_source`` names and, for a
-        learned price, the kernel measurements its op class was trained on (devices, rows)."""
+        learned price, the kernel measurements its op class was trained on (devices, rows). Under ``sustained`` the
+        one-shot price is further divided by the device's sustained share, which ``sustained_share`` names."""
         source = self.predict_with_source(op, device)[1]
         if source.startswith("roofline"):
             return f"{source}: {device.name}'s datasheet peak and HBM bandwidth (costmodel/data/devices.yaml)"
@@ -279,7 +308,7 @@ class Pricer:
             priced[i] = o
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):
-                priced[i], scale[i] = twin, scale[i] * fp8_time_share(o, d)
+                priced[i], scale[i] = twin, scale[i] * fp8_time_share(o, d) * recipe_time_multiple(o.impl, d)
         ssd = [i for i, o in enumerate(priced) if o.kind in ANALYTIC_KINDS]
         for i in ssd:  # priced below by the roofline; the learned model holds no class for them
             priced[i] = OpSpec("copy", (1,))
@@ -296,4 +325,6 @@ class Pricer:
                 t = fused_attention_s(o, d)
                 if t is not None:
                     out[i] = t
+        if self.sustained:
+            out = out * np.array([self._load_factor(d) for d in devs])
         return out

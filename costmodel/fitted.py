@@ -5,12 +5,14 @@ None of them saw a training step time: the learned op classes are fitted to kern
 held-out error is leave-one-device-out (``metadata.json`` ``unseen_device``, from ``costmodel train``); the grouped
 GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at a time; so are the Blackwell cuDNN
 attention curves (``costmodel.attention``), whose held-out error prices each GPU's cases from the other GPU's curve
-scaled by bf16 peak, the rule B200 and B300 are priced by.
+scaled by bf16 peak, the rule B200 and B300 are priced by; the sustained-load share (``costmodel.sustained``) is
+held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time.
 """
 from __future__ import annotations
 
 import statistics
 
+from meshplan.costmodel import fp8_recipes, sustained
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
@@ -63,6 +65,23 @@ def attention_rows() -> list[dict]:
              round(_mape(held), 1), "step_times_used": 0}]
 
 
+def measured_rows() -> list[dict]:
+    """The sustained-load share (held out: one run) and the blockwise fp8 GEMM multiple (held out: one M)."""
+    rows = []
+    inside, held = sustained.held_out_ratios()
+    if inside:
+        rows.append({"constant": "sustained share of one-shot rates (power cap)", "fitted_on": f"{len(inside)} "
+                     "workloads held 25-40 s on an H200 (2 runs)", "in_sample_error_pct": round(_mape(inside), 1),
+                     "held_out": "one run", "held_out_error_pct": round(_mape(held), 1) if held else None,
+                     "step_times_used": 0})
+    inside, held = fp8_recipes.held_out_ratios("blockwise")
+    if inside:
+        rows.append({"constant": "blockwise fp8 GEMM time / tensor-wise (Hopper)", "fitted_on": f"{len(inside)} "
+                     "GEMMs on an H200 (8 shapes x 3 M)", "in_sample_error_pct": round(_mape(inside), 1),
+                     "held_out": "one M", "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0})
+    return rows
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
-    return learned_rows(pricer) + grouped_rows(pricer) + attention_rows()
+    return learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + measured_rows()

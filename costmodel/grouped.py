@@ -21,22 +21,14 @@ Both GPUs are Hopper parts with the same SMs and clocks; Blackwell and Ampere ta
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
 from functools import lru_cache
-from importlib import resources
 
-MEASURED = "data/measured"
+from meshplan.costmodel.measured import measured_files
+
 SOURCE = "grouped/dense ratio measured on H200 + H100 (costmodel/data/measured, bench/gpu_kernels.py)"
-
-
-def measured_files() -> dict[str, dict]:
-    """File name -> the parsed measurement file, for every GPU measured (``costmodel/data/measured/*.json``)."""
-    folder = resources.files("meshplan.costmodel").joinpath(MEASURED)
-    return {e.name: json.loads(e.read_text(encoding="utf-8"))
-            for e in sorted(folder.iterdir(), key=lambda p: p.name) if e.name.endswith(".json")}
 
 
 def curves_of(files: list[dict]) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:

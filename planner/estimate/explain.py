@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from meshplan.costmodel import hybridep
 from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.sustained import sustained_share
 from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
@@ -95,10 +96,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
            "stages": stages,
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
-    out["priced_from"] = {cls: estimator.pricer.basis(op, dev) for cls, op in sorted(first_op.items())}
-    notes = unmeasured(estimator.pricer, dev, first_op)
-    notes.update({cls: f"{estimator.pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
-                  if op.kind == "ssd" and cls not in notes})
+    out["priced_from"], notes = _bases(estimator.pricer, dev, first_op)
     if layout.moe_dispatcher == "hybridep" and layout.ep > 1 and model.num_experts:
         basis, gap = hybridep.explain(layout.ep, links["ep"].name.endswith("-a2a"))
         out["priced_from"]["ep dispatch (hybridep)"] = basis
@@ -140,6 +138,20 @@ def _step_parts(est, stages: list[dict]) -> tuple[dict, dict]:
 # FlashAttention-4 (Dao et al. 2026; together.ai/blog/flashattention-4): up to 1,613 TFLOP/s forward in BF16 on a B200
 # (71% of peak), 1.3x cuDNN 9.13: one peak, no curve over sequence length, so it does not price anything here.
 FA4_NOTE = "FlashAttention-4 reports only a peak (1,613 TFLOP/s forward, B200 BF16, 1.3x cuDNN 9.13), no curve"
+
+
+def _bases(pricer, dev, first_op: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(op class -> what its price rests on, op class -> why no measurement backs it on ``dev``); the sustained-load
+    share, which scales every compute op, is a row of its own."""
+    priced_from = {cls: pricer.basis(op, dev) for cls, op in sorted(first_op.items())}
+    share, share_source = sustained_share(dev)
+    priced_from["every compute op, sustained load"] = share_source
+    notes = unmeasured(pricer, dev, first_op)
+    if share == 1.0:
+        notes["sustained load"] = share_source
+    notes.update({cls: f"{pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
+                  if op.kind == "ssd" and cls not in notes})
+    return priced_from, notes
 
 
 def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:

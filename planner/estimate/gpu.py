@@ -161,7 +161,8 @@ class GpuEstimator:
     """Analytic step-time estimate on accelerators, every op priced by ``pricer`` (memoised per instance)."""
 
     def __init__(self, pricer: Pricer):
-        self.pricer = pricer
+        # a training step holds the GPU at its power limit: compute at the sustained share of one-shot kernel rates
+        self.pricer = pricer.under_load()
         self.name = pricer.name
         self.tables = TablesCache()
         self._layer: dict[tuple, tuple[float, ...]] = {}

@@ -1,0 +1,166 @@
+"""What an H200 sustains under minutes of training-like work, and the fp8 recipes' GEMMs
+(costmodel/data/measured/nvidia-h200-sustained*.json, bench/gpu_sustained.py; BENCHMARKS.md "Sustained load").
+
+Every summary figure the pricing uses is recomputed here from the file's raw windows; the FLOP count of the layer
+workload from the Llama-3.1-70B HF config; every rate against the H200 datasheet peaks (costmodel/data/devices.yaml:
+989.4 TFLOP/s dense bf16, 1978.9 fp8). The physics the share rests on is checked in the samples nvidia-smi took: the
+boost clock at the start, the software power cap (clock-event reason 0x4) at the 700 W limit after.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.devices import catalogue
+from meshplan.costmodel.fp8_recipes import recipe_time_multiple
+from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.sustained import NO_MEASUREMENT, sustained_share
+from meshplan.planner.estimate.gpu import GpuEstimator
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "costmodel" / "data" / "measured"
+FILES = ("nvidia-h200-sustained.json", "nvidia-h200-sustained-repeat.json")
+POWER_CAP = 0x4  # NVML clocksEventReasonSwPowerCap
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, dict]:
+    return {name: json.loads((MEASURED / name).read_text(encoding="utf-8")) for name in FILES}
+
+
+def _share_from_windows(rec: dict) -> float:
+    """steady (median of windows from 60% of the hold on) / the best window of the first second."""
+    hold_s, windows = rec["hold_s"], rec["windows"]
+    steady = statistics.median(w["tflops"] for w in windows if w["t"] >= 0.6 * hold_s)
+    return steady / max(w["tflops"] for w in windows if w["t"] < 1.0)
+
+
+def test_every_window_rate_and_summary_recomputes(files):
+    h200 = catalogue()["H200"]
+    for name, data in files.items():
+        assert data["schema"] == "meshplan.gpu_sustained/1" and "H200" in data["environment"]["device_name"]
+        records = data["sections"]["sustain"]["records"]
+        assert set(records) == {"gemm_bf16", "gemm_fp8", "layer_bf16"}, name
+        for workload, rec in records.items():
+            peak = h200.peak("fp8" if workload == "gemm_fp8" else "bf16") / 1e12
+            for w in rec["windows"]:
+                tflops = rec["flops_per_call"] * w["calls"] / (w["ms"] * 1e-3) / 1e12
+                assert math.isclose(tflops, w["tflops"], rel_tol=1e-9) and tflops < peak, (name, workload, w)
+            assert rec["windows"][-1]["t"] >= 0.95 * rec["hold_s"] - 1.0  # held for the time planned
+            assert math.isclose(_share_from_windows(rec), rec["summary"]["steady_over_first_second_max"],
+                                rel_tol=1e-12)
+
+
+def test_layer_flops_are_the_70b_layer_at_tp8(files):
+    cfg = json.loads((ROOT / "planner/presets/models/llama-3.1-70b-instruct.json").read_text(encoding="utf-8"))
+    h, tp, d = cfg["hidden_size"], 8, cfg["hidden_size"] // cfg["num_attention_heads"]
+    hq, hkv, f = cfg["num_attention_heads"] // tp, cfg["num_key_value_heads"] // tp, cfg["intermediate_size"] // tp
+    t = files[FILES[0]]["plan"]["layer_tokens"]
+    gemm_fwd = 2 * t * (h * (hq + 2 * hkv) * d + hq * d * h + h * 2 * f + f * h)
+    attn_fwd = 4 * t * t * hq * d / 2  # causal
+    for data in files.values():
+        assert math.isclose(data["sections"]["sustain"]["records"]["layer_bf16"]["flops_per_call"],
+                            3 * gemm_fwd + 3.5 * attn_fwd, rel_tol=1e-12)
+
+
+def test_the_drop_is_the_power_cap(files):
+    """Boost clock before the work starts; under it, the SM clock below boost with the software power cap active
+    and the board at its 700 W limit."""
+    h200 = catalogue()["H200"]
+    for data in files.values():
+        for workload, rec in data["sections"]["sustain"]["records"].items():
+            smi = rec["smi"]
+            before = [s for s in smi if s["t"] < 0]
+            steady = [s for s in smi if s["t"] >= 0.6 * rec["hold_s"]]
+            assert before and steady, workload
+            assert all(float(s["clocks.sm"]) == h200.clock_hz / 1e6 for s in before), workload
+            assert statistics.median(float(s["clocks.sm"]) for s in steady) < 0.9 * h200.clock_hz / 1e6
+            assert all(int(s["clocks_event_reasons.active"], 16) & POWER_CAP for s in steady), workload
+            assert statistics.median(float(s["power.draw"]) for s in steady) >= 0.97 * h200.tdp_w
+
+
+def test_share_is_the_median_over_runs_and_reaches_the_same_die_only(files):
+    expected = statistics.median(_share_from_windows(rec) for data in files.values()
+                                 for rec in data["sections"]["sustain"]["records"].values())
+    assert 0.9 < expected < 1.0
+    cat = catalogue()
+    for name in ("H200", "H100-SXM", "H800"):
+        share, source = sustained_share(cat[name])
+        assert math.isclose(share, expected, rel_tol=1e-12) and "gpu_sustained" in source, name
+    for name in ("H100-SXM-96GB-500W", "H100-PCIe", "A100-80GB", "B200", "GB300"):
+        assert sustained_share(cat[name]) == (1.0, NO_MEASUREMENT), name
+
+
+def test_estimator_prices_compute_under_load():
+    """The planner's estimator divides each compute price by the share; a kernel-level pricer does not, and a part
+    without a measurement is priced alike by both."""
+    cat, pricer = catalogue(), Pricer.shipped()
+    est = GpuEstimator(pricer)
+    ops = (OpSpec("matmul", (8192, 8192, 8192), "bf16"), OpSpec("matmul", (4096, 7168, 8192), "fp8", impl="delayed"),
+           OpSpec("rmsnorm", (8192, 8192), "bf16"))
+    for op in ops:
+        for dev in (cat["H100-SXM"], cat["B200"]):
+            share = sustained_share(dev)[0]
+            assert math.isclose(est.op_time_s(op, dev), pricer.predict(op, dev) / share, rel_tol=1e-12)
+            assert math.isclose(est.op_times_s([op], dev)[0], est.op_time_s(op, dev), rel_tol=1e-9)
+    assert est.pricer.sustained and not pricer.sustained and est.pricer.under_load() is est.pricer
+
+
+def test_fp8_recipe_multiples_recompute_from_the_gemm_records(files):
+    recs = files[FILES[0]]["sections"]["fp8gemm"]["records"]
+    assert not [r for r in recs if "error" in r]
+    ms = {(r["shape"], r["m"], r["recipe"]): r["median_ms"] for r in recs}
+    cat = catalogue()
+    for recipe, impl in (("fp8_block", "blockwise"), ("fp8_rowwise", "rowwise")):
+        expected = statistics.median(v / ms[(s, m, "fp8_tensor_fast")] for (s, m, r), v in ms.items() if r == recipe)
+        for name in ("H200", "H100-SXM"):
+            assert math.isclose(recipe_time_multiple(impl, cat[name]), expected, rel_tol=1e-12)
+        assert recipe_time_multiple(impl, cat["B200"]) == 1.0  # blockwise runs as MXFP8 in Blackwell hardware
+    assert recipe_time_multiple("blockwise", cat["H200"]) > 1.1  # cuBLASLt's block-scaled GEMM, 0.84 of tensorwise
+    pricer = Pricer.shipped()
+    gemm = OpSpec("matmul", (4096, 7168, 8192), "fp8", impl="tensorwise")
+    block = OpSpec("matmul", (4096, 7168, 8192), "fp8", impl="blockwise")
+    assert math.isclose(pricer.predict(block, cat["H200"]) / pricer.predict(gemm, cat["H200"]),
+                        recipe_time_multiple("blockwise", cat["H200"]), rel_tol=1e-12)
+
+
+def test_duty_cycles_recompute_and_a_waiting_gpu_keeps_its_boost():
+    """The bursts' summaries recompute from their cycles; a GEMM busy 78% of the time drops as much as a busy one,
+    at 38-58% it keeps nearly all its rate (the gaps let the board's average power fall under the cap)."""
+    data = json.loads((MEASURED / "nvidia-h200-sustained-duty.json").read_text(encoding="utf-8"))
+    section = data["sections"]["duty"]
+    shares = {}
+    for rec in section["records"].values():
+        steady = [c for c in rec["cycles"] if c["t"] >= 0.6 * rec["hold_s"]]
+        busy = sum(c["burst_ms"] for c in steady) / sum(c["burst_ms"] + c["gap_ms"] for c in steady)
+        share = statistics.median(c["tflops"] for c in steady) / rec["cycles"][0]["tflops"]
+        for c in rec["cycles"]:
+            flops = section["flops_per_call"] * rec["burst_calls"]
+            assert math.isclose(flops / (c["burst_ms"] * 1e-3) / 1e12, c["tflops"], rel_tol=1e-9)
+        assert math.isclose(busy, rec["summary"]["busy_fraction"], rel_tol=1e-12)
+        assert math.isclose(share, rec["summary"]["steady_over_first_burst"], rel_tol=1e-12)
+        assert abs(busy - rec["target_duty"]) < 0.05
+        shares[round(busy, 2)] = share
+    low, mid, high = sorted(shares)
+    assert shares[low] > 0.97 and shares[mid] > 0.97, shares
+    assert abs(shares[high] - sustained_share(catalogue()["H200"])[0]) < 0.02, shares
+
+
+def test_quick_mode_writes_the_schema(tmp_path):
+    """The script's code paths on this CPU (tiny shapes), the file it writes read back."""
+    out = tmp_path / "s.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_sustained.py"), "--quick", "--sections",
+                    "sustain,launch,duty", "--out", str(out)], check=True, capture_output=True, timeout=120)
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["schema"] == "meshplan.gpu_sustained/1"
+    for rec in data["sections"]["sustain"]["records"].values():
+        assert rec["windows"] and 0 < rec["summary"]["steady_over_first_second_max"]
+    assert data["sections"]["launch"]["host_enqueue_us"] > 0
+    assert [r["cycles"] for r in data["sections"]["duty"]["records"].values()]
