@@ -10,9 +10,9 @@ in what the GEMM kernel does with its scales, measured on one H200 through the k
 - ``blockwise`` (1x128 activation tiles, 128x128 weight blocks; DeepSeek-V3 §3.3.2, Transformer Engine's
   ``Float8BlockScaling``): cuBLASLt's block-scaled GEMM (CUDA 12.9+), which is what Transformer Engine calls on
   Hopper (``transformer_engine/common/gemm``: scale modes ``CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F`` and
-  ``BLK128x128_32F`` for its 1-D and 2-D block scaling). DeepGEMM, DeepSeek's own kernel, reaches tensor-wise rates
-  with the same recipe (the fp8 rule's source); no stack meshplan exports runs it. It promotes the partial sums by the scales every 128 K-elements inside the main loop, and runs at a
-  median 0.84 of tensor-wise.
+  ``BLK128x128_32F`` for its 1-D and 2-D block scaling). It promotes the partial sums by the scales every 128
+  K-elements inside the main loop, and runs at a median 0.84 of tensor-wise. DeepGEMM, DeepSeek's own kernel,
+  reaches tensor-wise rates with the same recipe (the fp8 rule's source); no stack meshplan exports runs it.
 
 The multiple is the median over the measured shapes of (recipe time / tensor-wise time), for the measured part and
 parts of the same die and power limit (``costmodel.sustained``'s rule). Blackwell runs blockwise as MXFP8 in

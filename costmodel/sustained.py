@@ -6,12 +6,14 @@ boost clock. Training keeps the GPU busy for hours, and an SXM part then runs at
 and backward of one Llama-3.1-70B decoder layer as TP 8 leaves it. Within 250 ms of the start the SM clock fell from
 1980 MHz to 1350-1680 MHz (nvidia-smi clock-event reason 0x4, the software power cap, at 692-694 W), and the rate
 settled at 0.934-0.947 of the first call's, alike for the GEMMs and the whole layer (two runs on two machines;
-``costmodel/data/measured/nvidia-h200-sustained*.json``).
+``costmodel/data/measured/nvidia-h200-sustained*.json``). One H100 80GB HBM3 at the same 700 W gave 0.907-0.941
+(``nvidia-h100-sustained.json``).
 
-The share is the median of steady / first over every workload and run. The planner's estimator divides every
-compute op's price by it (``costmodel.api.Pricer(..., sustained=True)``). It holds for the measured part and for
-parts with the same SMs, boost clock and power limit (H100 SXM, H800: the same GH100 die at 700 W). Every other part
-takes 1: no sustained-load measurement exists for it, and ``meshplan plan --explain`` says so.
+The share is the median of steady / first over every workload and run of a part. The planner's estimator divides
+every compute op's price by it (``costmodel.api.Pricer(..., sustained=True)``). A part with no run of its own but
+the same SMs, boost clock and power limit as measured ones (H800: the GH100 die at 700 W) takes the median over
+theirs. Every other part takes 1: no sustained-load measurement exists for it, and ``meshplan plan --explain`` says
+so.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from functools import lru_cache
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.measured import SUSTAINED, measured_files
 
-# measurement file -> the catalogued device it ran on (its environment.device_name is "NVIDIA H200")
-MEASURED_ON = {"nvidia-h200-sustained.json": "H200", "nvidia-h200-sustained-repeat.json": "H200"}
+# measurement file -> the catalogued device it ran on (environment.device_name "NVIDIA H200", "NVIDIA H100 80GB HBM3")
+MEASURED_ON = {"nvidia-h200-sustained.json": "H200", "nvidia-h200-sustained-repeat.json": "H200",
+               "nvidia-h100-sustained.json": "H100-SXM"}
 NO_MEASUREMENT = "no sustained-load measurement for this part: priced at one-shot kernel rates"
 
 
@@ -39,39 +42,46 @@ def same_part(a: DeviceSpec, b: DeviceSpec) -> bool:
 
 
 @lru_cache(maxsize=1)
-def _measured() -> tuple[tuple[DeviceSpec, float, str], ...]:
+def _measured() -> tuple[tuple[DeviceSpec, tuple[float, ...], tuple[str, ...]], ...]:
+    """(device, its workloads' steady / first ratios over every run, the files) per measured device."""
     cat, by_device = catalogue(), {}
     for name, data in measured_files(SUSTAINED).items():
-        if name in MEASURED_ON:
-            by_device.setdefault(MEASURED_ON[name], ([], []))
-            by_device[MEASURED_ON[name]][0].extend(shares_of(data).values())
-            by_device[MEASURED_ON[name]][1].append(name)
-    return tuple((cat[dev], statistics.median(vals), ", ".join(files)) for dev, (vals, files) in by_device.items())
+        if name in MEASURED_ON and "sustain" in data["sections"]:
+            vals, files = by_device.setdefault(MEASURED_ON[name], ([], []))
+            vals.extend(shares_of(data).values())
+            files.append(name)
+    return tuple((cat[dev], tuple(vals), tuple(files)) for dev, (vals, files) in sorted(by_device.items()))
 
 
 def sustained_share(device: DeviceSpec) -> tuple[float, str]:
-    """``(share, source)``: the fraction of its one-shot kernel rate ``device`` sustains under training load (1 for
-    a part with no measurement), and where the figure comes from."""
-    for measured, share, files in _measured():
-        if same_part(device, measured):
-            via = "" if device.name == measured.name else " (the same die at the same power limit)"
-            return share, (f"{share:.3f} of one-shot rates under sustained load: measured on an {measured.name}{via} "
-                           f"(bench/gpu_sustained.py; costmodel/data/measured/{files})")
-    return 1.0, NO_MEASUREMENT
+    """``(share, source)``: the fraction of its one-shot kernel rate ``device`` sustains under training load, and
+    where the figure comes from. A measured part takes its own runs' median; a part of the same die and power limit
+    as measured ones (``same_part``) the median over all of theirs; any other part 1."""
+    own = [(m, vals, files) for m, vals, files in _measured() if m.name == device.name]
+    kin = own or [(m, vals, files) for m, vals, files in _measured() if same_part(device, m)]
+    if not kin:
+        return 1.0, NO_MEASUREMENT
+    share = statistics.median(v for _, vals, _ in kin for v in vals)
+    parts = " and ".join(f"an {m.name}" for m, _, _ in kin)
+    files = ", ".join(f for _, _, fs in kin for f in fs)
+    via = "" if own else " (the same die at the same power limit)"
+    return share, (f"{share:.3f} of one-shot rates under sustained load: measured on {parts}{via} "
+                   f"(bench/gpu_sustained.py; costmodel/data/measured/{files})")
 
 
 def held_out_ratios() -> tuple[list[float], list[float]]:
     """(in sample, one run held out): predicted / measured steady rate of every workload of every run, the
-    prediction being the share times the workload's first-second rate; held out, the share of the other runs."""
-    runs = [(name, data["sections"]["sustain"]["records"]) for name, data in measured_files(SUSTAINED).items()
-            if name in MEASURED_ON]
-    shares = {name: shares_of({"sections": {"sustain": {"records": recs}}}) for name, recs in runs}
-    every = statistics.median(v for s in shares.values() for v in s.values())
+    prediction being a share times the workload's first-second rate: in sample, its part's share; held out, the
+    median of every other run (of either part)."""
+    runs = {name: shares_of(data) for name, data in measured_files(SUSTAINED).items()
+            if name in MEASURED_ON and "sustain" in data["sections"]}
+    cat = catalogue()
     inside, held = [], []
-    for name, recs in runs:
-        others = [v for n, s in shares.items() if n != name for v in s.values()]
-        for workload, share in shares[name].items():
-            inside.append(every / share)
+    for name, shares in runs.items():
+        own = sustained_share(cat[MEASURED_ON[name]])[0]
+        others = [v for n, s in runs.items() if n != name for v in s.values()]
+        for share in shares.values():
+            inside.append(own / share)
             if others:
                 held.append(statistics.median(others) / share)
     return inside, held
