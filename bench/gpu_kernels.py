@@ -624,17 +624,23 @@ def conventions() -> dict:
 
 
 def run(args, log) -> dict:
+    return run_sections("meshplan.gpu_kernels/1", SECTIONS, SECTION_BUDGET_S, QUICK_PLAN if args.quick else FULL_PLAN,
+                        conventions(), args, log)
+
+
+def run_sections(schema: str, sections: dict, budgets: dict, plan: dict, notes: dict, args, log) -> dict:
+    """Run the sections ``args.sections`` names, each under its time guard, rewriting ``args.out`` after each (a
+    cut run keeps what it measured): the driver this script and bench/gpu_sustained.py share."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    plan = QUICK_PLAN if args.quick else FULL_PLAN
-    result = {"schema": "meshplan.gpu_kernels/1", "environment": environment(device), "conventions": conventions(),
+    result = {"schema": schema, "environment": environment(device), "conventions": notes,
               "plan": {k: v for k, v in plan.items()}, "sections": {}}
     log(f"device {result['environment'].get('device_name', device.type)}, torch {torch.__version__}")
     clock = Clock(device, args.quick)
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
     for name in args.sections.split(","):
-        guard = Guard(SECTION_BUDGET_S[name], deadline)
-        section = attempt(log, f"section {name}", lambda: SECTIONS[name](clock, guard, plan, log))
+        guard = Guard(budgets[name], deadline)
+        section = attempt(log, f"section {name}", lambda: sections[name](clock, guard, plan, log))
         section["guard"] = guard.summary()
         if device.type == "cuda":
             section["nvidia_smi_after"] = nvidia_smi()
@@ -651,14 +657,19 @@ def parse(argv):
     ap.add_argument("--budget-s", type=float, default=220.0, help="deadline for the whole run, seconds")
     ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
     args = ap.parse_args(argv)
-    bad = [s for s in args.sections.split(",") if s not in SECTIONS]
-    if bad:
-        ap.exit(2, f"--sections: '{bad[0]}' is not a section (known: {', '.join(SECTIONS)})\n")
+    check_sections(ap, args.sections, SECTIONS)
     return args
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def check_sections(ap, names: str, sections: dict) -> None:
+    """Exit 2 with one line when ``--sections`` names a section the script does not have."""
+    bad = [s for s in names.split(",") if s not in sections]
+    if bad:
+        ap.exit(2, f"--sections: '{bad[0]}' is not a section (known: {', '.join(sections)})\n")
+
+
+def run_logged(run, args) -> int:
+    """``run(args, log)`` with a log that stamps each line with the seconds since the start."""
     t0 = time.monotonic()
 
     def log(msg: str) -> None:
@@ -666,6 +677,10 @@ def main(argv=None) -> int:
     run(args, log)
     log(f"wrote {args.out}")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_logged(run, parse(argv))
 
 
 if __name__ == "__main__":

@@ -34,15 +34,13 @@ import torch.nn.functional as F
 from gpu_kernels import (
     FP8,
     FP8_MAX,
-    Clock,
-    Guard,
     attempt,
+    check_sections,
     compiled,
     empty_cache,
-    environment,
-    nvidia_smi,
     rate,
-    write_atomic,
+    run_logged,
+    run_sections,
 )
 
 SMI_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu", "clocks_event_reasons.active",
@@ -506,24 +504,8 @@ def conventions() -> dict:
 
 
 def run(args, log) -> dict:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    plan = QUICK_PLAN if args.quick else FULL_PLAN
-    result = {"schema": "meshplan.gpu_sustained/1", "environment": environment(device), "conventions": conventions(),
-              "plan": plan, "sections": {}}
-    log(f"device {result['environment'].get('device_name', device.type)}, torch {torch.__version__}")
-    clock = Clock(device, args.quick)
-    deadline = time.monotonic() + args.budget_s
-    torch.manual_seed(0)
-    for name in args.sections.split(","):
-        guard = Guard(SECTION_BUDGET_S[name], deadline)
-        section = attempt(log, f"section {name}", lambda: SECTIONS[name](clock, guard, plan, log))
-        section["guard"] = guard.summary()
-        if device.type == "cuda":
-            section["nvidia_smi_after"] = nvidia_smi()
-        result["sections"][name] = section
-        write_atomic(Path(args.out), json.dumps(result, indent=1) + "\n")
-        log(f"section {name} done in {section['guard']['used_s']} s")
-    return result
+    return run_sections("meshplan.gpu_sustained/1", SECTIONS, SECTION_BUDGET_S,
+                        QUICK_PLAN if args.quick else FULL_PLAN, conventions(), args, log)
 
 
 # ------------------------------------------------------------------------------------------------------- tables
@@ -584,9 +566,7 @@ def parse(argv):
     args = ap.parse_args(argv)
     if not args.out and not args.tables:
         ap.exit(2, "--out: a file to write is needed (or --tables FILE... to print measured files)\n")
-    bad = [s for s in args.sections.split(",") if s not in SECTIONS]
-    if bad:
-        ap.exit(2, f"--sections: '{bad[0]}' is not a section (known: {', '.join(SECTIONS)})\n")
+    check_sections(ap, args.sections, SECTIONS)
     return args
 
 
@@ -595,13 +575,7 @@ def main(argv=None) -> int:
     if args.tables:
         print("\n".join(tables(args.tables)))
         return 0
-    t0 = time.monotonic()
-
-    def log(msg: str) -> None:
-        print(f"[{time.monotonic() - t0:7.1f}s] {msg}", flush=True)
-    run(args, log)
-    log(f"wrote {args.out}")
-    return 0
+    return run_logged(run, args)
 
 
 if __name__ == "__main__":
