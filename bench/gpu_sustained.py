@@ -38,6 +38,7 @@ from gpu_kernels import (
     check_sections,
     compiled,
     empty_cache,
+    error_line,
     rate,
     run_logged,
     run_sections,
@@ -51,6 +52,11 @@ SMI_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu", "clocks_event_reason
 # heads, head dim 128, intermediate 28672. Tensor parallelism of 8 leaves 8 query heads, 1 KV head and 3584 of the
 # MLP on each GPU.
 LAYER_70B_TP8 = {"hidden": 8192, "q_heads": 8, "kv_heads": 1, "head_dim": 128, "ffn": 3584}
+# Qwen3-30B-A3B (HF config planner/presets/models/qwen3-30b-a3b.json): hidden 2048, 32 query heads, 4 KV heads,
+# head dim 128, per-head q/k RMSNorm, 128 routed experts of width 768, top-8 with renormalised probabilities. One GPU
+# of EP 8 holds 16 experts and, with balanced routing, computes as many token copies as its own tokens send out.
+QWEN3_30B = {"hidden": 2048, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "moe_ffn": 768, "experts": 128,
+             "topk": 8}
 # Dense projection shapes (K, N) per GPU: Llama 3.1 8B unsplit (hidden 4096, 32/8 heads, ffn 14336) and 70B at TP 8.
 FP8_SHAPES = {
     "8b.qkv": (4096, 6144), "8b.proj": (4096, 4096), "8b.fc1": (4096, 28672), "8b.fc2": (14336, 4096),
@@ -61,12 +67,15 @@ FULL_PLAN = {"hold_s": {"gemm_bf16": 40.0, "gemm_fp8": 25.0, "layer_bf16": 40.0}
              "layer_tokens": 8192, "layer": LAYER_70B_TP8, "fp8_m": [1024, 4096, 16384], "fp8_shapes": FP8_SHAPES,
              "launch_n": 2000,
              "quant_m": [4096, 16384], "compile": True, "launch_linear": 4096, "duties": [0.8, 0.6, 0.4],
-             "duty_hold_s": 15.0, "duty_burst_ms": 20.0}
+             "duty_hold_s": 15.0, "duty_burst_ms": 20.0,
+             "moe": QWEN3_30B, "moe_local_experts": 16, "moe_tokens": 16384, "moe_batch": 4, "moe_hold_s": 30.0}
 QUICK_PLAN = {"hold_s": {"gemm_bf16": 0.3, "gemm_fp8": 0.3, "layer_bf16": 0.3}, "idle_s": 0.05, "gemm_mnk": 256,
               "layer_tokens": 256, "layer": {"hidden": 256, "q_heads": 4, "kv_heads": 1, "head_dim": 32, "ffn": 512},
               "fp8_m": [256], "fp8_shapes": {"8b.proj": (256, 256), "70b-tp8.qkv": (512, 256)},
               "launch_n": 50, "quant_m": [256], "compile": False, "launch_linear": 64, "duties": [0.5],
-              "duty_hold_s": 0.3, "duty_burst_ms": 5.0}
+              "duty_hold_s": 0.3, "duty_burst_ms": 5.0,
+              "moe": {"hidden": 128, "q_heads": 4, "kv_heads": 2, "head_dim": 32, "moe_ffn": 64, "experts": 16,
+                      "topk": 4}, "moe_local_experts": 4, "moe_tokens": 256, "moe_batch": 2, "moe_hold_s": 0.3}
 
 
 # --------------------------------------------------------------------------------------------------- nvidia-smi
@@ -310,6 +319,110 @@ def duty_section(clock, guard, plan, log) -> dict:
     return {"flops_per_call": flops, "one_call_ms": first_ms, "records": records}
 
 
+# ---------------------------------------------------------------------------------------------------- MoE layer
+def moe_weights(shape: dict, local: int, device) -> dict:
+    h, d, f = shape["hidden"], shape["head_dim"], shape["moe_ffn"]
+
+    def w(*dims, fan_in):
+        return (torch.randn(*dims, device=device, dtype=torch.bfloat16) * fan_in ** -0.5).requires_grad_()
+    ones = {k: torch.ones(n, device=device, dtype=torch.bfloat16, requires_grad=True)
+            for k, n in (("norm1", h), ("norm2", h), ("q_norm", d), ("k_norm", d))}
+    return {"qkv": w((shape["q_heads"] + 2 * shape["kv_heads"]) * d, h, fan_in=h),
+            "proj": w(h, shape["q_heads"] * d, fan_in=shape["q_heads"] * d),
+            "router": w(shape["experts"], h, fan_in=h), "gate_up": w(local, h, 2 * f, fan_in=h),
+            "down": w(local, f, h, fan_in=f), **ones}
+
+
+def moe_attention(x, w: dict, shape: dict, batch: int):
+    t, h = x.shape
+    hq, hkv, d = shape["q_heads"], shape["kv_heads"], shape["head_dim"]
+    q, k, v = F.linear(F.rms_norm(x, (h,), w["norm1"]), w["qkv"]).split([hq * d, hkv * d, hkv * d], dim=-1)
+    q = F.rms_norm(q.view(batch, -1, hq, d), (d,), w["q_norm"]).transpose(1, 2)
+    k = F.rms_norm(k.view(batch, -1, hkv, d), (d,), w["k_norm"]).transpose(1, 2)
+    v = v.view(batch, -1, hkv, d).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return x + F.linear(o.transpose(1, 2).reshape(t, hq * d), w["proj"])
+
+
+def moe_experts(x, w: dict, shape: dict, local: int, grouped: bool):
+    """Router (softmax, top-k, renormalised), the copies sorted to the local experts (expert id modulo the local
+    count: what a balanced all-to-all hands this GPU), gate+up and down as grouped GEMMs, SwiGLU, and the weighted
+    sum back to token order with index_add_."""
+    t, h = x.shape
+    y = F.rms_norm(x, (h,), w["norm2"])
+    probs, idx = torch.topk(torch.softmax(F.linear(y, w["router"]).float(), dim=-1), shape["topk"], dim=-1)
+    probs = (probs / probs.sum(dim=-1, keepdim=True)).to(x.dtype)
+    local_id = (idx % local).flatten()
+    order = torch.argsort(local_id, stable=True)
+    token = order // shape["topk"]
+    counts = torch.bincount(local_id, minlength=local)
+    rows = y[token]
+    if grouped:
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        gate, up = torch._grouped_mm(rows, w["gate_up"], offs=offs).chunk(2, dim=-1)
+        out = torch._grouped_mm(F.silu(gate) * up, w["down"], offs=offs)
+    else:  # per-expert loop: where the grouped kernel does not run (recorded as the section's path)
+        parts, start = [], 0
+        for e, n in enumerate(counts.tolist()):
+            g, u = (rows[start:start + n] @ w["gate_up"][e]).chunk(2, dim=-1)
+            parts.append((F.silu(g) * u) @ w["down"][e])
+            start += n
+        out = torch.cat(parts)
+    out = out * probs.flatten()[order].unsqueeze(-1)
+    return x + torch.zeros_like(x).index_add_(0, token, out)
+
+
+def moe_layer_workload(device, plan: dict, grouped: bool):
+    shape, local, tokens, batch = plan["moe"], plan["moe_local_experts"], plan["moe_tokens"], plan["moe_batch"]
+    w = moe_weights(shape, local, device)
+    x = torch.randn(tokens, shape["hidden"], device=device, dtype=torch.bfloat16, requires_grad=True)
+    h, d, f, k = shape["hidden"], shape["head_dim"], shape["moe_ffn"], shape["topk"]
+    seq = tokens // batch
+    gemm_fwd = 2.0 * tokens * h * ((shape["q_heads"] + 2 * shape["kv_heads"]) * d + shape["q_heads"] * d
+                                   + shape["experts"]) + 2.0 * tokens * k * 3 * h * f
+    attn_fwd = 4.0 * batch * seq * seq * shape["q_heads"] * d / 2
+
+    def step():
+        moe_experts(moe_attention(x, w, shape, batch), w, shape, local, grouped).sum().backward()
+    return step, 3 * gemm_fwd + 3.5 * attn_fwd, (x, w)
+
+
+def moe_phases(clock, plan: dict, grouped: bool, x, w) -> dict:
+    """Forward only, per part (median of 5 calls, no grad): the attention block, and the MoE block."""
+    shape, local, batch = plan["moe"], plan["moe_local_experts"], plan["moe_batch"]
+    with torch.no_grad():
+        a = moe_attention(x, w, shape, batch)
+        return {"attention_block_fwd": clock.median_ms(lambda: moe_attention(x, w, shape, batch), reps=5),
+                "moe_block_fwd": clock.median_ms(lambda: moe_experts(a, w, shape, local, grouped), reps=5)}
+
+
+def moe_section(clock, guard, plan, log) -> dict:
+    """One Qwen3-30B-A3B decoder layer, forward + backward, held like ``sustain``'s workloads, as one GPU of EP 8
+    runs it (16 local experts, its micro-batch's token copies); then its forward parts timed alone."""
+    sampler = SmiSampler() if clock.cuda else None
+    grouped = True
+    try:
+        fn, flops, (x, w) = moe_layer_workload(clock.device, plan, grouped)
+        try:
+            fn()
+        except RuntimeError as exc:  # no grouped kernel (or its backward) here: the per-expert loop
+            log(f"moe: grouped GEMM unavailable ({error_line(exc)}); per-expert loop")
+            grouped = False
+            fn, flops, (x, w) = moe_layer_workload(clock.device, plan, grouped)
+        rec = _hold_one(lambda: (fn, flops), plan["moe_hold_s"], clock, sampler)
+        rec["path"] = "torch._grouped_mm" if grouped else "loop of torch.mm"
+        rec["phases"] = moe_phases(clock, plan, grouped, x, w)
+        s = rec["summary"]
+        log(f"moe layer: first second {s['first_second_max_tflops']:.0f} -> steady {s['steady_median_tflops']:.0f} "
+            f"TFLOP/s ({s['steady_over_first_second_max']:.3f}); steady "
+            f"{rec['flops_per_call'] / (s['steady_median_tflops'] * 1e9):.2f} ms per fwd+bwd; fwd parts "
+            + ", ".join(f"{k} {v['median_ms']:.2f} ms" for k, v in rec["phases"].items()))
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    return {"workload": "qwen3-30b-a3b layer, EP 8 local shapes", "records": {"moe_layer_bf16": rec}}
+
+
 # ------------------------------------------------------------------------------------------------------- launch
 def launch_section(clock, guard, plan, log) -> dict:
     """Per-launch host cost of an eager op; eager kernels back to back; the same kernels from a CUDA graph.
@@ -481,8 +594,9 @@ def quantize_cases(clock, guard, plan, log) -> list:
 
 
 # --------------------------------------------------------------------------------------------------------- run
-SECTION_BUDGET_S = {"sustain": 130, "launch": 15, "fp8gemm": 70, "duty": 70}
-SECTIONS = {"sustain": sustain_section, "launch": launch_section, "fp8gemm": fp8gemm_section, "duty": duty_section}
+SECTION_BUDGET_S = {"sustain": 130, "launch": 15, "fp8gemm": 70, "duty": 70, "moe": 60}
+SECTIONS = {"sustain": sustain_section, "launch": launch_section, "fp8gemm": fp8gemm_section, "duty": duty_section,
+            "moe": moe_section}
 
 
 def conventions() -> dict:

@@ -27,7 +27,7 @@ from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
-from meshplan.costmodel.sustained import sustained_share
+from meshplan.costmodel.sustained import TENSOR_CORE_KINDS, sustained_share
 
 if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CLI start-up stays fast)
     from meshplan.costmodel.collective_model import CollectiveModel
@@ -100,8 +100,8 @@ class Pricer:
 
     Args:
         model: The learned model, or ``None`` for the calibrated roofline / alpha-beta alone.
-        sustained: Price compute as a GPU sustains it through a training run: every compute op's one-shot price
-            divided by the device's measured sustained share (``costmodel.sustained``). Off, prices are what a
+        sustained: Price compute as a GPU sustains it through a training run: every tensor-core op's one-shot
+            price divided by the device's measured sustained share (``costmodel.sustained``). Off, prices are what a
             kernel benchmark measures (``meshplan costmodel predict``, the held-out checks).
     """
 
@@ -131,9 +131,9 @@ class Pricer:
         twin._memo, twin._flags = self._memo, self._flags
         return twin
 
-    def _load_factor(self, device: DeviceSpec) -> float:
-        """1 / the device's sustained share when pricing under load, else 1."""
-        if not self.sustained:
+    def _load_factor(self, op: OpSpec, device: DeviceSpec) -> float:
+        """1 / the device's sustained share for a tensor-core op when pricing under load, else 1."""
+        if not self.sustained or op.kind not in TENSOR_CORE_KINDS:
             return 1.0
         hit = self._shares.get(device)
         if hit is None:
@@ -223,7 +223,7 @@ class Pricer:
             if len(self._final) >= MEMO_MAX:
                 self._final.clear()
             sec, src = self._compute_with_source(op, device)
-            hit = self._final[key] = (sec * self._load_factor(device), src)
+            hit = self._final[key] = (sec * self._load_factor(op, device), src)
         return hit
 
     def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
@@ -326,5 +326,5 @@ class Pricer:
                 if t is not None:
                     out[i] = t
         if self.sustained:
-            out = out * np.array([self._load_factor(d) for d in devs])
+            out = out * np.array([self._load_factor(o, d) for o, d in zip(ops, devs)])
         return out

@@ -10,10 +10,12 @@ settled at 0.934-0.947 of the first call's, alike for the GEMMs and the whole la
 (``nvidia-h100-sustained.json``).
 
 The share is the median of steady / first over every workload and run of a part. The planner's estimator divides
-every compute op's price by it (``costmodel.api.Pricer(..., sustained=True)``). A part with no run of its own but
-the same SMs, boost clock and power limit as measured ones (H800: the GH100 die at 700 W) takes the median over
-theirs. Every other part takes 1: no sustained-load measurement exists for it, and ``meshplan plan --explain`` says
-so.
+every tensor-core op's price by it (``TENSOR_CORE_KINDS``; ``costmodel.api.Pricer(..., sustained=True)``): a dense
+layer, 80-90% GEMMs and attention, loses what a bare GEMM loses, while a Qwen3-30B MoE layer at EP 8, whose token
+copies and scatters keep HBM busy, ran at the cap with its SM clock at 1905 MHz and kept 0.988 of its rate
+(``nvidia-h100-sustained-moe.json``). A part with no run of its own but the same SMs, boost clock and power limit
+as measured ones (H800: the GH100 die at 700 W) takes the median over theirs. Every other part takes 1: no
+sustained-load measurement exists for it, and ``meshplan plan --explain`` says so.
 """
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ from meshplan.costmodel.measured import SUSTAINED, measured_files
 MEASURED_ON = {"nvidia-h200-sustained.json": "H200", "nvidia-h200-sustained-repeat.json": "H200",
                "nvidia-h100-sustained.json": "H100-SXM"}
 NO_MEASUREMENT = "no sustained-load measurement for this part: priced at one-shot kernel rates"
+# Ops whose rate follows the SM clock (tensor-core math): the share applies to them. The memory-bound kernels (norms,
+# elementwise, copies, casts, softmax, embedding, optimizer) run at HBM speed, and the power cap lowers the SM clock
+# only: nvidia-smi read the memory clock at its maximum after every held workload (3201 MHz on the H200s, 2619 MHz
+# on the H100). Checked on two whole layers, whose kernels mix both (BENCHMARKS.md "Sustained load").
+TENSOR_CORE_KINDS = ("matmul", "bmm", "attention", "ssd")
 
 
 def shares_of(data: dict) -> dict[str, float]:

@@ -142,10 +142,10 @@ FA4_NOTE = "FlashAttention-4 reports only a peak (1,613 TFLOP/s forward, B200 BF
 
 def _bases(pricer, dev, first_op: dict) -> tuple[dict[str, str], dict[str, str]]:
     """(op class -> what its price rests on, op class -> why no measurement backs it on ``dev``); the sustained-load
-    share, which scales every compute op, is a row of its own."""
+    share, which scales every tensor-core op, is a row of its own."""
     priced_from = {cls: pricer.basis(op, dev) for cls, op in sorted(first_op.items())}
     share, share_source = sustained_share(dev)
-    priced_from["every compute op, sustained load"] = share_source
+    priced_from["tensor-core ops, sustained load"] = share_source
     notes = unmeasured(pricer, dev, first_op)
     if share == 1.0:
         notes["sustained load"] = share_source
