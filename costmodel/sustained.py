@@ -92,3 +92,35 @@ def held_out_ratios() -> tuple[list[float], list[float]]:
             if others:
                 held.append(statistics.median(others) / share)
     return inside, held
+
+
+DUTY_FILE = "nvidia-h200-sustained-duty.json"  # bench/gpu_sustained.py --sections duty
+
+
+@lru_cache(maxsize=1)
+def duty_points() -> tuple[tuple[float, float], ...]:
+    """(busy fraction, steady / first burst) of the measured duty cycles, by busy fraction: how much of its rate a
+    GPU keeps when it waits part of the time (one H200, bf16 GEMM bursts between near-idle gaps)."""
+    data = measured_files(SUSTAINED).get(DUTY_FILE)
+    if data is None:
+        return ()
+    recs = data["sections"]["duty"]["records"].values()
+    return tuple(sorted((r["summary"]["busy_fraction"], r["summary"]["steady_over_first_burst"]) for r in recs))
+
+
+def busy_note(busy: float, device: DeviceSpec) -> str | None:
+    """What the share leaves out for a step whose compute is ``busy`` of its time, or ``None`` when nothing: a GPU
+    that waits keeps more of its boost than the share grants (linear between the measured duty cycles)."""
+    share, points = sustained_share(device)[0], duty_points()
+    if share >= 1.0 or not points or busy >= points[-1][0]:
+        return None
+    kept = points[0][1]
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if b0 <= busy <= b1:
+            kept = s0 + (s1 - s0) * (busy - b0) / (b1 - b0)
+    if kept <= share + 0.01:
+        return None
+    return (f"the step computes {busy:.0%} of its time; a GPU that waits this much keeps about {kept:.3f} of its "
+            f"rate (measured duty cycles: " + ", ".join(f"busy {b:.2f} kept {s:.3f}" for b, s in points)
+            + f"; costmodel/data/measured/{DUTY_FILE}), not the {share:.3f} priced, so its tensor-core ops may run "
+            f"up to {kept / share - 1:.0%} faster than priced")

@@ -231,3 +231,21 @@ def test_moe_layer_file_is_the_qwen3_layer_at_ep8():
     steady = [s for s in rec["smi"] if s["t"] >= 0.6 * rec["hold_s"]]
     assert statistics.median(float(s["power.draw"]) for s in steady) >= 0.97 * dev.tdp_w
     assert statistics.median(float(s["clocks.sm"]) for s in steady) > 0.9 * dev.clock_hz / 1e6
+
+
+def test_busy_note_interpolates_the_measured_duty_cycles():
+    """A step computing under 78% of its time is told how much of its rate the measured duty cycles keep (linear
+    between them); a busier step, or a part without a share, is told nothing."""
+    from meshplan.costmodel.sustained import busy_note, duty_points
+
+    data = json.loads((MEASURED / "nvidia-h200-sustained-duty.json").read_text(encoding="utf-8"))
+    points = sorted((r["summary"]["busy_fraction"], r["summary"]["steady_over_first_burst"])
+                    for r in data["sections"]["duty"]["records"].values())
+    assert list(duty_points()) == points
+    cat = catalogue()
+    (b0, s0), (b1, s1) = points[0], points[1]
+    mid = (b0 + b1) / 2
+    note = busy_note(mid, cat["H100-SXM"])
+    assert note and f"keeps about {(s0 + s1) / 2:.3f}" in note
+    assert busy_note(points[-1][0] + 0.01, cat["H100-SXM"]) is None
+    assert busy_note(mid, cat["B200"]) is None

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from meshplan.costmodel import hybridep
 from meshplan.costmodel.collectives import collective_time_s
-from meshplan.costmodel.sustained import sustained_share
+from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
@@ -97,6 +97,9 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
     out["priced_from"], notes = _bases(estimator.pricer, dev, first_op)
+    waits = busy_note(est.compute_s / est.step_time_s, dev) if est.step_time_s > 0 else None
+    if waits:
+        notes["sustained load"] = waits
     if layout.moe_dispatcher == "hybridep" and layout.ep > 1 and model.num_experts:
         basis, gap = hybridep.explain(layout.ep, links["ep"].name.endswith("-a2a"))
         out["priced_from"]["ep dispatch (hybridep)"] = basis
