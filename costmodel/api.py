@@ -25,6 +25,7 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
+from meshplan.costmodel.learned import SOURCE_CALIBRATED
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 from meshplan.costmodel.sustained import TENSOR_CORE_KINDS, sustained_share
@@ -131,9 +132,10 @@ class Pricer:
         twin._memo, twin._flags = self._memo, self._flags
         return twin
 
-    def _load_factor(self, op: OpSpec, device: DeviceSpec) -> float:
-        """1 / the device's sustained share for a tensor-core op when pricing under load, else 1."""
-        if not self.sustained or op.kind not in TENSOR_CORE_KINDS:
+    def _load_factor(self, op: OpSpec, device: DeviceSpec, source: str = "") -> float:
+        """1 / the device's sustained share for a tensor-core op when pricing under load, else 1. A price calibrated
+        on a profiled run's own kernels (``costmodel fit``: source ``calibrated``) was timed at the cap already."""
+        if not self.sustained or op.kind not in TENSOR_CORE_KINDS or source.startswith(SOURCE_CALIBRATED):
             return 1.0
         hit = self._shares.get(device)
         if hit is None:
@@ -223,7 +225,7 @@ class Pricer:
             if len(self._final) >= MEMO_MAX:
                 self._final.clear()
             sec, src = self._compute_with_source(op, device)
-            hit = self._final[key] = (sec * self._load_factor(op, device), src)
+            hit = self._final[key] = (sec * self._load_factor(op, device, src), src)
         return hit
 
     def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
@@ -257,8 +259,8 @@ class Pricer:
 
     def basis(self, op: OpSpec, device: DeviceSpec) -> str:
         """What ``op``'s price on ``device`` rests on, in words: the source ``predict_with_source`` names and, for a
-        learned price, the kernel measurements its op class was trained on (devices, rows). Under ``sustained`` the
-        one-shot price is further divided by the device's sustained share, which ``sustained_share`` names."""
+        learned price, the kernel measurements its op class was trained on (devices, rows). The sustained share a
+        pricer under load divides tensor-core prices by is not part of it: ``sustained_share`` names it."""
         source = self.predict_with_source(op, device)[1]
         if source.startswith("roofline"):
             return f"{source}: {device.name}'s datasheet peak and HBM bandwidth (costmodel/data/devices.yaml)"
@@ -312,6 +314,7 @@ class Pricer:
         ssd = [i for i, o in enumerate(priced) if o.kind in ANALYTIC_KINDS]
         for i in ssd:  # priced below by the roofline; the learned model holds no class for them
             priced[i] = OpSpec("copy", (1,))
+        src = [""] * len(ops)
         if self.model is None:
             out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale
         else:
@@ -326,5 +329,5 @@ class Pricer:
                 if t is not None:
                     out[i] = t
         if self.sustained:
-            out = out * np.array([self._load_factor(o, d) for o, d in zip(ops, devs)])
+            out = out * np.array([self._load_factor(o, d, str(s)) for o, d, s in zip(ops, devs, src)])
         return out

@@ -4,12 +4,13 @@ Every compute price rests on kernel benchmarks: calls timed on a GPU that was id
 boost clock. Training keeps the GPU busy for hours, and an SXM part then runs at its board power limit. On one H200
 (700 W), ``bench/gpu_sustained.py`` held three workloads for 25-40 s each: a bf16 GEMM, an fp8 GEMM, and the forward
 and backward of one Llama-3.1-70B decoder layer as TP 8 leaves it. Within 250 ms of the start the SM clock fell from
-1980 MHz to 1350-1680 MHz (nvidia-smi clock-event reason 0x4, the software power cap, at 692-694 W), and the rate
+1980 MHz to 1380-1800 MHz (nvidia-smi clock-event reason 0x4, the software power cap, at 692-694 W), and the rate
 settled at 0.934-0.947 of the first call's, alike for the GEMMs and the whole layer (two runs on two machines;
 ``costmodel/data/measured/nvidia-h200-sustained*.json``). One H100 80GB HBM3 at the same 700 W gave 0.907-0.941
 (``nvidia-h100-sustained.json``).
 
-The share is the median of steady / first over every workload and run of a part. The planner's estimator divides
+The share is the median of steady / first over every workload and run of a part (a part with more runs weighs more
+in a pooled median). The planner's estimator divides
 every tensor-core op's price by it (``TENSOR_CORE_KINDS``; ``costmodel.api.Pricer(..., sustained=True)``): a dense
 layer, 80-90% GEMMs and attention, loses what a bare GEMM loses, while a Qwen3-30B MoE layer at EP 8, whose token
 copies and scatters keep HBM busy, ran at the cap with its SM clock at 1905 MHz and kept 0.988 of its rate

@@ -249,3 +249,30 @@ def test_busy_note_interpolates_the_measured_duty_cycles():
     assert note and f"keeps about {(s0 + s1) / 2:.3f}" in note
     assert busy_note(points[-1][0] + 0.01, cat["H100-SXM"]) is None
     assert busy_note(mid, cat["B200"]) is None
+
+
+def test_prices_calibrated_on_a_run_are_not_shared_twice():
+    """A model refitted on kernels timed inside a run (``meshplan costmodel fit``; here on the H100's measured dense
+    bf16 GEMMs, timed back to back) was timed at the cap already: under load its calibrated GEMMs keep their price,
+    while an op it has no calibration for (cuDNN attention, from the published curve) still takes the share."""
+    import numpy as np
+
+    from meshplan.costmodel.datasets.table import KernelTable
+    from meshplan.costmodel.refit import refit
+
+    data = json.loads((MEASURED / "nvidia-h100.json").read_text(encoding="utf-8"))
+    recs = [r for r in data["sections"]["gemm"]["records"] if r["dtype"] == "bf16" and r["pass"] == "fwd"]
+    m, n, k = (np.array([r[key] for r in recs], dtype=float) for key in ("m_total", "n", "k"))
+    table = KernelTable.from_columns(len(recs), device="H100-SXM", op="matmul", dtype="bf16", source="run",
+                                     m=m, n=n, k=k, flops=2 * m * n * k, bytes=2 * (m * k + k * n + m * n),
+                                     latency_s=np.array([r["dense"]["median_ms"] * 1e-3 for r in recs]))
+    shipped = Pricer.shipped()
+    calibrated = Pricer(refit(shipped.model, table))
+    dev = catalogue()["H100-SXM"]
+    gemm = OpSpec("matmul", (8192, 7168, 8192), "bf16")
+    assert calibrated.predict_with_source(gemm, dev)[1].startswith("calibrated")
+    loaded = calibrated.under_load()
+    assert loaded.predict(gemm, dev) == calibrated.predict(gemm, dev)
+    assert loaded.predict_batch([gemm], dev)[0] == pytest.approx(calibrated.predict(gemm, dev), rel=1e-12)
+    attn = OpSpec("attention", (1, 8, 8192, 8192, 128), "bf16", causal=True, impl="cudnn")
+    assert loaded.predict(attn, dev) == pytest.approx(calibrated.predict(attn, dev) / sustained_share(dev)[0])
