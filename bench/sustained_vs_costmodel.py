@@ -20,8 +20,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_sustained import LAYER_70B_TP8 as LAYER  # noqa: E402 -- the shapes the script held
+
 DEVICE_OF = {"NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100-SXM"}
-LAYER = {"hidden": 8192, "q_heads": 8, "kv_heads": 1, "head_dim": 128, "ffn": 3584}  # bench/gpu_sustained.py
 
 
 def layer_ops(tokens: int, attention: str):

@@ -33,10 +33,14 @@ BASELINE = "fp8_tensor_fast"  # tensor-wise, fast accumulation: the GEMM the fp8
 MEASURED_ON = {"nvidia-h200-sustained.json": "H200"}
 
 
+def _times(records: list[dict]) -> dict[tuple, float]:
+    """(shape, M, recipe) -> median ms of the GEMMs that ran."""
+    return {(r["shape"], r["m"], r["recipe"]): r["median_ms"] for r in records if "median_ms" in r}
+
+
 def multiples_of(data: dict) -> dict[str, float]:
     """impl -> median over shapes of (recipe time / tensor-wise time) in one file's ``fp8gemm`` section."""
-    times = {(r["shape"], r["m"], r["recipe"]): r["median_ms"] for r in data["sections"]["fp8gemm"]["records"]
-             if "median_ms" in r}
+    times = _times(data["sections"]["fp8gemm"]["records"])
     out = {}
     for recipe, impl in RECIPE_IMPL.items():
         ratios = [ms / times[(s, m, BASELINE)] for (s, m, r), ms in times.items()
@@ -72,7 +76,7 @@ def held_out_ratios(impl: str = "blockwise") -> tuple[list[float], list[float]]:
         if name not in files:
             continue
         recs = [r for r in files[name]["sections"]["fp8gemm"]["records"] if "median_ms" in r]
-        times = {(r["shape"], r["m"], r["recipe"]): r["median_ms"] for r in recs}
+        times = _times(recs)
         every = multiples_of(files[name])[impl]
         for m in sorted({r["m"] for r in recs}):
             rest = {"sections": {"fp8gemm": {"records": [r for r in recs if r["m"] != m]}}}

@@ -49,15 +49,20 @@ def same_part(a: DeviceSpec, b: DeviceSpec) -> bool:
     return (a.vendor, a.sm_count, a.clock_hz, a.tdp_w) == (b.vendor, b.sm_count, b.clock_hz, b.tdp_w) and a.tdp_w > 0
 
 
+def _runs() -> dict[str, dict[str, float]]:
+    """Run file -> its workloads' steady / first ratios, for every held run of a catalogued part."""
+    return {name: shares_of(data) for name, data in measured_files(SUSTAINED).items()
+            if name in MEASURED_ON and "sustain" in data["sections"]}
+
+
 @lru_cache(maxsize=1)
 def _measured() -> tuple[tuple[DeviceSpec, tuple[float, ...], tuple[str, ...]], ...]:
     """(device, its workloads' steady / first ratios over every run, the files) per measured device."""
     cat, by_device = catalogue(), {}
-    for name, data in measured_files(SUSTAINED).items():
-        if name in MEASURED_ON and "sustain" in data["sections"]:
-            vals, files = by_device.setdefault(MEASURED_ON[name], ([], []))
-            vals.extend(shares_of(data).values())
-            files.append(name)
+    for name, shares in _runs().items():
+        vals, files = by_device.setdefault(MEASURED_ON[name], ([], []))
+        vals.extend(shares.values())
+        files.append(name)
     return tuple((cat[dev], tuple(vals), tuple(files)) for dev, (vals, files) in sorted(by_device.items()))
 
 
@@ -81,8 +86,7 @@ def held_out_ratios() -> tuple[list[float], list[float]]:
     """(in sample, one run held out): predicted / measured steady rate of every workload of every run, the
     prediction being a share times the workload's first-second rate: in sample, its part's share; held out, the
     median of every other run (of either part)."""
-    runs = {name: shares_of(data) for name, data in measured_files(SUSTAINED).items()
-            if name in MEASURED_ON and "sustain" in data["sections"]}
+    runs = _runs()
     cat = catalogue()
     inside, held = [], []
     for name, shares in runs.items():
