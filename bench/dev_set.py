@@ -411,8 +411,8 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     if ep > 1 and backend:
         needs.append(Need("moe_dispatcher", backend, f"preset moe_flex_dispatcher_backend '{backend}'", {}))
     if ws.get("fp8_dot_product_attention"):
-        needs.append(Need("attention_dtype", "fp8", "preset fp8_dot_product_attention: attention in fp8; meshplan "
-                          "prices attention in bf16", {}))
+        needs.append(Need("attention_dtype", "fp8", "preset fp8_dot_product_attention: Transformer Engine's fp8 "
+                          "attention", {}))
     lay = bridge_pp_layout(row, pp, vpp)
     if lay:
         needs.append(lay)

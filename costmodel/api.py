@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel.attention import blackwell_source, curve_source, fused_attention_s
+from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple
@@ -230,6 +230,9 @@ class Pricer:
 
     def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
         """``predict_with_source`` of a compute op, not memoised at this level."""
+        if op.kind == "attention" and op.dtype in LOWP_ATTENTION_DTYPES and blackwell_source(op, device) is None:
+            sec, src = self._compute_with_source(replace(op, dtype="bf16"), device)
+            return sec, f"{src}; no {op.dtype} attention measurement on {device.name}: its bf16 rate"
         if op.kind == "attention" and op.impl:
             t = fused_attention_s(op, device)
             if t is not None:
@@ -325,6 +328,8 @@ class Pricer:
             out[i] = roofline_predict(ops[i], devs[i])
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
+                if o.dtype in LOWP_ATTENTION_DTYPES and blackwell_source(o, d) is None:
+                    o = replace(o, dtype="bf16")  # no fp8 attention measurement here: its bf16 rate
                 t = fused_attention_s(o, d)
                 if t is not None:
                     out[i] = t

@@ -135,9 +135,11 @@ def _blackwell_kind(r: dict) -> str:
     return ("d192" if r["d_qk"] > 128 else "d128") + ("-causal" if r["mask"] == "top_left" else "-full")
 
 
-# meshplan's op dtype -> the cuDNN benchmark's ``dtype`` column (fp8 there is per-tensor-scaled E4M3, the recipe
-# Transformer Engine's fp8 dot-product attention runs).
-BENCH_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+# meshplan's op dtype -> the cuDNN benchmark's ``dtype`` column: fp8 there is per-tensor-scaled E4M3 (what Transformer
+# Engine's fp8 dot-product attention runs under tensor-wise and delayed scaling), mxfp8 E4M3 in 1x32 blocks (its
+# MXFP8 path).
+BENCH_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "mxfp8": "mxfp8"}
+LOWP_ATTENTION_DTYPES = ("fp8", "mxfp8")
 
 
 @functools.lru_cache(maxsize=4)
@@ -211,7 +213,7 @@ def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
 
 def _scale_dtype(op: OpSpec) -> str:
     """The dense peak that carries a measured rate to a sibling part: the one of the dtype the kernel's GEMMs run in."""
-    return "fp8" if op.dtype == "fp8" else "bf16"
+    return "fp8" if op.dtype in LOWP_ATTENTION_DTYPES else "bf16"
 
 
 def blackwell_held_out_ratios() -> tuple[list[float], list[float]]:
@@ -244,8 +246,8 @@ def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
     blackwell = blackwell_tflops(op, device)
     if blackwell:
         return op.flops / (blackwell * 1e12)
-    if op.dtype == "fp8":
-        return None  # fp8 attention is measured only on Blackwell (cuDNN's rows); no curve elsewhere
+    if op.dtype in LOWP_ATTENTION_DTYPES:
+        return None  # fp8 attention is measured only on Blackwell (cuDNN's rows): the caller takes the bf16 rate
     _, _, s_q, s_kv, _ = op.shape
     tflops = attention_tflops(op.impl, device, min(s_q, s_kv), op.backward, op.causal)
     if not tflops:

@@ -236,6 +236,8 @@ def apply_plan(a: argparse.Namespace) -> None:
     elif plan.fp8 != "none":
         print(f"train_gpt.py: {a.plan}: fp8 recipe {plan.fp8} is not implemented; GEMMs in {a.dtype}",
               file=sys.stderr)
+    if plan.attention_dtype == "fp8":
+        print(f"train_gpt.py: {a.plan}: fp8 attention is not implemented; attention in {a.dtype}", file=sys.stderr)
     a.zero_stage = plan.zero_stage
     if plan.sequence_parallel:
         print(f"train_gpt.py: {a.plan}: sequence parallelism is not implemented; running plain TP", file=sys.stderr)

@@ -28,6 +28,7 @@ Two things the bridge cannot do on a CPU-only machine, and what this does instea
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
 import importlib.machinery
 import json
@@ -110,10 +111,18 @@ def _read(case: dict, recipes, process, update, auto_bridge) -> dict:
     out = {k: _field(cfg, k) for k in keys + case.get("extra", [])}
     mp = cfg.mixed_precision
     if not isinstance(mp, str):
-        out.update({"mp.fp8": mp.fp8, "mp.fp8_recipe": mp.fp8_recipe, "mp.fp4": mp.fp4, "mp.bf16": mp.bf16})
+        out.update({"mp.fp8": mp.fp8, "mp.fp8_recipe": mp.fp8_recipe, "mp.fp4": mp.fp4, "mp.bf16": mp.bf16,
+                    "mp.fields": _fields(mp)})
     out.update({"mixed_precision": mixed_precision_name, "validate_error": refused,
                 "data_parallel_size": getattr(cfg, "data_parallel_size", None)})
     return out
+
+
+def _fields(mp) -> dict:
+    """Every field of a ``MixedPrecisionConfig``, plain (dtypes as their names)."""
+    plain = (bool, int, float, str, type(None))
+    return {f.name: (v if isinstance(v, plain) else str(v)) for f in dataclasses.fields(mp)
+            for v in [getattr(mp, f.name)]}
 
 
 def _one_line(exc: Exception) -> str:
@@ -133,7 +142,7 @@ def main() -> None:
     for name in request.get("presets", []):
         mp = get_mixed_precision_config(name)
         result["presets"][name] = {"fp8": mp.fp8, "fp8_recipe": mp.fp8_recipe, "fp4": mp.fp4,
-                                   "fp4_recipe": mp.fp4_recipe, "bf16": mp.bf16}
+                                   "fp4_recipe": mp.fp4_recipe, "bf16": mp.bf16, "fields": _fields(mp)}
     for case in request["cases"]:
         try:
             result[case["name"]] = _read(case, recipes, process_config_with_overrides, runtime_config_update,

@@ -129,3 +129,30 @@ FP8_CASES = [
 @pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", FP8_CASES)
 def test_fp8_measured_shapes_price_at_the_published_fp8_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
     _assert_published_time(pricer, gpu, shape, "fp8", causal, fwd_ms, bwd_ms)
+
+
+# The same CSVs' MXFP8 rows (E4M3 in 1x32 blocks: Transformer Engine's fp8 attention under the MXFP8 recipe):
+# llama3.1/gb300 at 4k, gpt_oss/gb200 (the 128-key window) at 4k, whose backward is 4.5x the bf16 one (2.080 vs
+# 0.465 ms).
+MXFP8_CASES = [
+    ("GB300", (2, 64, 4096, 4096, 128), True, 0.242, 1.203),
+    ("GB200", (2, 128, 4096, _window_op_keys(4096, 128), 64), True, 0.210, 2.080),
+]
+
+
+@pytest.mark.parametrize("gpu,shape,causal,fwd_ms,bwd_ms", MXFP8_CASES)
+def test_mxfp8_measured_shapes_price_at_the_published_mxfp8_time(pricer, gpu, shape, causal, fwd_ms, bwd_ms):
+    _assert_published_time(pricer, gpu, shape, "mxfp8", causal, fwd_ms, bwd_ms)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "mxfp8"])
+def test_fp8_attention_without_a_measurement_takes_the_bf16_rate_and_says_so(pricer, dtype):
+    """No fp8 attention timing is published for Hopper: an H100 prices it at the cuDNN bf16 curve, and the source
+    says that no measurement exists."""
+    dev = catalogue()["H100-SXM"]
+    shape = (2, 64, 8192, 8192, 128)
+    low = OpSpec("attention", shape, dtype, causal=True, impl="cudnn", backward=True)
+    bf16 = OpSpec("attention", shape, "bf16", causal=True, impl="cudnn", backward=True)
+    sec, src = pricer.predict_with_source(low, dev)
+    assert sec == pricer.predict(bf16, dev)
+    assert f"no {dtype} attention measurement on H100-SXM: its bf16 rate" in src

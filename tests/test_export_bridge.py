@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.core.errors import MeshplanError
+from meshplan.planner.export import _common as c
 from meshplan.planner.export import bridge, render
 from meshplan.planner.model.config import load_model
 from meshplan.planner.plan.build import model_ref
@@ -84,7 +85,10 @@ CASES = {
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
     "moe-recompute-modules": ALL_PLANS["moe-recompute-modules"], "moe-mtp-uneven": ALL_PLANS["moe-mtp-uneven"],
     "offload": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"recompute": "none", "offload_layers": 12}),
+    "attention-fp8": ALL_PLANS["attention-fp8"], "attention-fp8-delayed": ALL_PLANS["attention-fp8-delayed"],
+    "attention-fp8-mxfp8": ALL_PLANS["attention-fp8-mxfp8"],
 }
+FP8_ATTENTION_CASES = ("attention-fp8", "attention-fp8-delayed", "attention-fp8-mxfp8")
 
 
 # Where validation stops on a CPU-only machine, past the overrides: DeepEP's flex dispatcher is checked against the
@@ -125,7 +129,7 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
             "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
                       "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32",
                       "model.mtp_num_layers", "model.recompute_modules", "model.cpu_offloading",
-                      "model.cpu_offloading_num_layers"]}
+                      "model.cpu_offloading_num_layers", "model.fp8_dot_product_attention"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -180,7 +184,8 @@ def _expected(plan: Plan) -> dict[str, object]:
          "ddp.num_distributed_optimizer_instances": d.dp_replicate if sharded and not fsdp else 1,
          "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
          "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True,
-         "model.cpu_offloading": bool(plan.offload_layers), "model.cpu_offloading_num_layers": plan.offload_layers}
+         "model.cpu_offloading": bool(plan.offload_layers), "model.cpu_offloading_num_layers": plan.offload_layers,
+         "model.fp8_dot_product_attention": plan.attention_dtype == "fp8"}
     if m.model_type == "deepseek_v3":  # the recipe's one MTP layer, kept only where the plan prices it
         e["model.mtp_num_layers"] = plan.mtp or None
     if plan.recompute_modules:
@@ -269,6 +274,17 @@ def test_megatron_constraints_named_for_the_bridge() -> None:
     plan = ALL_PLANS["recompute-op"]()
     with pytest.raises(MeshplanError, match=r"^megatron-bridge: recompute=op"):
         render(plan, "megatron-bridge")
+
+
+@needs_bridge
+@pytest.mark.parametrize("name", FP8_ATTENTION_CASES)
+def test_fp8_attention_keeps_the_preset(read_back: dict, name: str) -> None:
+    """fp8 attention is written field by field on the recipe's own config (a preset's name cannot take a field
+    override): what the bridge runs is the plan recipe's preset, as its registry builds it, in every field but
+    fp8_dot_product_attention, which reaches the model (``_expected``)."""
+    plan = CASES[name]()
+    preset = read_back["presets"][bridge.PRESETS[c.fp8_recipe(plan)]]["fields"]
+    assert read_back[name]["mp.fields"] == {**preset, "fp8_dot_product_attention": True}
 
 
 @needs_bridge

@@ -147,6 +147,10 @@ VARIANTS.update({
     "moe-mtp": lambda: _moe_variant(mtp=1),
     "moe-mtp-uneven": lambda: _moe_variant(mtp=1, etp=1, degrees=dict(dp_shard=32, tp=2, pp=4, ep=64),
                                            stages=_stages(16, 16, 16, 13)),
+    # Transformer Engine's fp8 dot-product attention under each recipe it runs with (Megatron-Bridge only)
+    "attention-fp8": lambda: _variant(dtype="fp8", fp8="tensorwise", attention_dtype="fp8"),
+    "attention-fp8-delayed": lambda: _variant(dtype="fp8", attention_dtype="fp8"),
+    "attention-fp8-mxfp8": lambda: _variant(dtype="fp8", fp8="mxfp8", attention_dtype="fp8"),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

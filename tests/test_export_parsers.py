@@ -62,7 +62,7 @@ def _render_or_refusal(plan, target: str) -> str | None:
         d = plan.degrees
         named = (plan.dtype, plan.recompute, plan.schedule, f"cp={d.cp}", "zero_stage", f"fp8 recipe {plan.fp8}",
                  f"fp8 recipe {_common.fp8_recipe(plan)}", f"cp_kind {plan.cp_kind}", f"etp={plan.etp}", "moe_overlap",
-                 f"recompute_modules={plan.recompute_modules}", f"mtp={plan.mtp}")
+                 f"recompute_modules={plan.recompute_modules}", f"mtp={plan.mtp}", "attention_dtype=fp8")
         assert any(w in msg for w in named), msg
         return None
 
@@ -79,7 +79,10 @@ def _torchrun_parse(argv: list[str]) -> argparse.Namespace:
 def test_torchrun_script_parses(plan_name: str, tmp_path: Path) -> None:
     plan = ALL_PLANS[plan_name]()
     plan_file = plan.save(tmp_path / "plan.yaml")
-    argv = _argv(render(plan, "torchrun").text, tmp_path, {"HEAD_NODE": "node-a", "MESHPLAN_PLAN": str(plan_file),
+    text = _render_or_refusal(plan, "torchrun")
+    if text is None:
+        return
+    argv = _argv(text, tmp_path, {"HEAD_NODE": "node-a", "MESHPLAN_PLAN": str(plan_file),
                                                            "NODE_RANK": "1"})
     ns = _torchrun_parse(argv)
     nodes, per_node = plan.cluster.nodes, plan.cluster.devices_per_node

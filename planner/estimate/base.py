@@ -162,8 +162,9 @@ class ModelTables:
                          recompute: str, lora: str = "") -> float:
         """``planner.estimate.memory.activation_bytes_per_layer`` of the representative layer of ``kind``, cached on
         the fields it reads; ``lora``: the job's (``Workload.lora``), whose frozen linears save no input."""
-        k = (kind, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, lin_bytes, layout.expert_tp,
-             layout.moe_capacity, layout.moe_imbalance, layout.stack, layout.recompute_modules, lora)
+        k = (kind, s, b, layout.tp, layout.sequence_parallel, recompute, layout.attention, layout.attention_dtype,
+             lin_bytes, layout.expert_tp, layout.moe_capacity, layout.moe_imbalance, layout.stack,
+             layout.recompute_modules, lora)
         hit = self._act.get(k)
         if hit is None:
             adapted = parse_lora(lora).modules if lora else None
@@ -407,12 +408,12 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
 
 
 # The fields that change one micro-batch's per-layer time: the estimators' cache keys read them from here only.
-TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "expert_tp", "fp8",
-               "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap",
-               "shared_overlap", "recompute_modules")
+TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "attention_dtype",
+               "expert_tp", "fp8", "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance",
+               "moe_dispatcher", "tp_overlap", "shared_overlap", "recompute_modules")
 
 
-_time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 17 (a search asks 10^5 times)
+_time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 19 (a search asks 10^5 times)
 
 
 def time_signature(layout: Layout) -> tuple:

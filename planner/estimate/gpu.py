@@ -47,7 +47,7 @@ from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduc
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sync import ShardTable, SyncTerms, step_of
-from meshplan.planner.layout.decisions import lowp_recipe
+from meshplan.planner.layout.decisions import FP8_ATTENTION_RECIPES, lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import bubble_s
 from meshplan.planner.layout.splits import weighted_split
@@ -670,6 +670,10 @@ class GpuEstimator:
         if layout.fp8 in ("mxfp8", "nvfp4") and not dev.supports(layout.fp8):
             raise MeshplanError(f"fp8={layout.fp8} needs block-scaled {layout.fp8} tensor cores (Blackwell); "
                                 f"{dev.name} has none (use tensorwise, delayed or blockwise)")
+        if layout.attention_dtype == "fp8" and lowp_recipe(layout.fp8, work.dtype) not in FP8_ATTENTION_RECIPES:
+            raise MeshplanError(f"attention_dtype=fp8: Transformer Engine runs fp8 attention under tensor-wise, "
+                                f"delayed or MXFP8 scaling, not {lowp_recipe(layout.fp8, work.dtype)} (dtype "
+                                f"{work.dtype}, fp8={layout.fp8})")
         tb = self.tables(work.model)
         # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
         # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
@@ -844,9 +848,9 @@ def _chunk_tp(key: Layout) -> int:
 
 # Layout fields the gradient sync and the optimizer step never read (``GpuEstimator._sync_terms``' cache key is
 # every other field): what one micro-batch runs and how the pipeline schedules it.
-_SYNC_FREE = frozenset({"recompute", "micro_batch", "sequence_parallel", "attention", "pipeline_schedule", "cp_kind",
-                        "moe_overlap", "moe_capacity", "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap",
-                        "shared_overlap"})
+_SYNC_FREE = frozenset({"recompute", "micro_batch", "sequence_parallel", "attention", "attention_dtype",
+                        "pipeline_schedule", "cp_kind", "moe_overlap", "moe_capacity", "moe_imbalance",
+                        "moe_dispatcher", "tp_overlap", "pp_overlap", "shared_overlap"})
 _SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
 _sync_fields_of = operator.attrgetter(*_SYNC_FIELDS)
 _SHARD_AT = tuple(_SYNC_FIELDS.index(f) for f in ("zero_stage", "dp_shard", "dp_replicate"))

@@ -175,7 +175,7 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
 # and the stack, and an MoE block also the expert mesh, the routing load and the dispatcher (its token sorts).
 _COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
 _MLP_FIELDS = ("tp", "fp8", "stack")
-_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention",), "M": _COMMON_FIELDS, "D": _MLP_FIELDS,
+_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _COMMON_FIELDS, "D": _MLP_FIELDS,
                  "E": _MLP_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher")}
 _block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
 
@@ -316,14 +316,33 @@ def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
         attn_heads, attn_s = max(1, lb.a_t // lb.cp), seq_len
     keys = seq_len if not window or window >= seq_len else max(1, round(2 * window_keys(seq_len, window)))
     if layout.attention != "unfused":
-        return [OpSpec("attention", (b, attn_heads, attn_s, keys, d), lb.act, causal=True,
-                       impl=attention_impl(layout))]
+        fp8 = layout.attention_dtype == "fp8"
+        kernel = OpSpec("attention", (b, attn_heads, attn_s, keys, d), _attention_dtype(lb) if fp8 else lb.act,
+                        causal=True, impl=attention_impl(layout))
+        return [_qkv_cast(lb), kernel] if fp8 else [kernel]
     bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
     core = [OpSpec("bmm", (bh, attn_s, keys, d), lb.act), OpSpec("softmax", (bh * attn_s, keys), lb.act)]
     if lb.drop:
         core.append(lb.ew(bh * attn_s * keys))
     core.append(OpSpec("bmm", (bh, attn_s, d, keys), lb.act))
     return core
+
+
+def _attention_dtype(lb: _LayerBuild) -> str:
+    """The dtype fp8 attention runs in: MXFP8 blocks under the MXFP8 recipe, per-tensor fp8 otherwise (Transformer
+    Engine's qkv_type, ``Layout.attention_dtype``)."""
+    return "mxfp8" if lowp_recipe(lb.layout.fp8, lb.dtype) == "mxfp8" else "fp8"
+
+
+def _qkv_cast(lb: _LayerBuild) -> OpSpec:
+    """fp8 attention's quantize pass: Q, K and V of this rank's tokens cast from the activation dtype (Transformer
+    Engine's ``FusedAttnFunc`` quantizes them before cuDNN's fp8 kernel; its backward prices the dO cast alike)."""
+    model = lb.model
+    if model.q_lora_rank or model.kv_lora_rank:  # MLA: full-width K and V out of the up-projection
+        width = lb.a_t * (2 * model.head_dim + model.v_head_dim)
+    else:
+        width = lb.a_t * lb.d + 2 * max(1, model.num_kv_heads // lb.t) * lb.d
+    return OpSpec("cast", (int(lb.T * width),), lb.act)
 
 
 def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:

@@ -57,6 +57,14 @@ def dtype_of(plan: Plan) -> str:
     return d
 
 
+def refuse_fp8_attention(plan: Plan, target: str, why: str) -> None:
+    """Refuse a plan priced with fp8 attention (``attention_dtype``: Transformer Engine's fp8 dot-product
+    attention) on a target that cannot run it, saying ``why`` and where it can be run."""
+    if plan.attention_dtype == "fp8":
+        fail(f"{target}: attention_dtype=fp8 (Transformer Engine's fp8 dot-product attention): {why}; re-plan with "
+             "--fix attention_dtype=bf16, or export to megatron-bridge")
+
+
 def check_plan(plan: Plan) -> None:
     """Target-independent consistency of a plan; every exporter's ``check`` calls this first.
 

@@ -55,6 +55,8 @@ def distributed_type(plan: Plan) -> str:
 def check(plan: Plan) -> None:
     """Accelerate's constraints (exports.md, "What meshplan should check", item 4)."""
     c.check_plan(plan)
+    c.refuse_fp8_attention(plan, "accelerate", "its fp8 recipes (TE, torchao, MS-AMP) quantize linear layers, "
+                           "not attention")
     placement.refuse(plan, "accelerate")
     d = plan.degrees
     kind = distributed_type(plan)

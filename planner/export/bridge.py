@@ -69,6 +69,33 @@ PRESETS = {"none": "bf16_mixed", "delayed": "bf16_with_fp8_delayed_scaling_mixed
            "tensorwise": "bf16_with_fp8_current_scaling_mixed", "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
            "mxfp8": "bf16_with_mxfp8_mixed", "nvfp4": "bf16_with_nvfp4_mixed"}
 
+# The fields each preset above sets beyond the recipes' own bf16 config (v0.3.1 training/mixed_precision.py: the
+# preset functions over bf16_mixed()), for the recipes fp8 attention runs under. A preset name is a string the
+# overrides cannot reach into, and the preset overwrites the model's fp8_dot_product_attention
+# (MixedPrecisionConfig.setup), so fp8 attention is written as these fields on the recipe's own config, plus
+# mixed_precision.fp8_dot_product_attention=true (tests/test_export_bridge.py checks them against the preset).
+PRESET_FIELDS = {
+    "delayed": {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max",
+                "fp8_param_gather": True},
+    "tensorwise": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True,
+                   "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1, "fp8_param_gather": True},
+    "mxfp8": {"fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
+              "reuse_grad_buf_for_mxfp8_param_ag": True},
+}
+
+
+def precision_overrides(plan: Plan) -> dict[str, object]:
+    """The mixed-precision preset by name; with fp8 attention, its fields and fp8_dot_product_attention on the
+    recipe's own config (``PRESET_FIELDS``)."""
+    recipe = c.fp8_recipe(plan)
+    if plan.attention_dtype != "fp8":
+        return {"mixed_precision": PRESETS[recipe]}
+    if recipe not in PRESET_FIELDS:
+        c.fail(f"megatron-bridge: attention_dtype=fp8 with fp8 recipe {recipe}: Transformer Engine runs fp8 attention "
+               "under tensorwise, delayed or mxfp8 scaling")
+    fields = {**PRESET_FIELDS[recipe], "fp8_dot_product_attention": True}
+    return {f"mixed_precision.{k}": v for k, v in fields.items()}
+
 
 def recipe_of(plan: Plan) -> Recipe:
     """The recipe that builds the plan's model, or ``MeshplanError`` naming the model and the recipes there are."""
@@ -91,7 +118,7 @@ def check(plan: Plan) -> None:
     """Megatron-Core's constraints (the bridge builds the same ``TransformerConfig``), the fp32 workload (no fp32
     preset), and a recipe for the model."""
     try:
-        megatron.check(plan)
+        megatron.check(plan, flags=False)
     except MeshplanError as exc:
         raise MeshplanError(_renamed(str(exc)), exc.exit_code) from None
     if c.dtype_of(plan) == "fp32":
@@ -228,7 +255,7 @@ def overrides(plan: Plan) -> list[str]:
     """Every override word, ``section.field=value``, in the order the sections above are written."""
     recipe = recipe_of(plan)
     o = {**parallel_overrides(plan), **recompute_overrides(plan), **optimizer_overrides(plan),
-         "mixed_precision": PRESETS[c.fp8_recipe(plan)], **moe_overrides(plan), **overlap_overrides(plan, recipe)}
+         **precision_overrides(plan), **moe_overrides(plan), **overlap_overrides(plan, recipe)}
     if recipe.mtp or plan.mtp:  # "Set to 0 or None to disable MTP" (recipes/deepseek/deepseek_v3.py)
         o["model.mtp_num_layers"] = plan.mtp or None
     return [f"{k}={_value(v)}" for k, v in o.items()]

@@ -50,6 +50,7 @@ def _int8(plan: Plan) -> bool:
 def check(plan: Plan) -> None:
     """DeepSpeed's own constraints (exports.md, "What meshplan should check", item 2)."""
     c.check_plan(plan)
+    c.refuse_fp8_attention(plan, "deepspeed", "the trainer calls PyTorch SDPA, which has no fp8 attention")
     placement.refuse(plan, "deepspeed")
     d = plan.degrees
     mbs, gas, dp = plan.micro_batch, plan.grad_accum, d.dp

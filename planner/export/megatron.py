@@ -37,9 +37,13 @@ ENTRY = "pretrain_gpt.py"
 CP_COMM_TYPE = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}
 
 
-def check(plan: Plan) -> None:
-    """Megatron's own constraints (exports.md, "What meshplan should check", item 1)."""
+def check(plan: Plan, flags: bool = True) -> None:
+    """Megatron's own constraints (exports.md, "What meshplan should check", item 1); ``flags``: the plan runs from
+    Megatron-LM's command line (Megatron-Bridge builds the same ``TransformerConfig`` from its own config)."""
     c.check_plan(plan)
+    if flags:  # arguments.py generates flags from TransformerConfig but excludes this field (_add_network_size_args)
+        c.refuse_fp8_attention(plan, "megatron", "Megatron-LM's arguments.py has no flag for TransformerConfig."
+                               "fp8_dot_product_attention (its generated flags exclude it)")
     d, m = plan.degrees, plan.model
     world = plan.cluster.world_size
     if world % (d.tp * d.pp * d.cp):

@@ -93,6 +93,7 @@ def _ac_every(plan: Plan) -> int:
 def check(plan: Plan) -> None:
     """TorchTitan's constraints (exports.md, "What meshplan should check", item 3)."""
     c.check_plan(plan)
+    c.refuse_fp8_attention(plan, "torchtitan", "v0.2.2 runs PyTorch SDPA, which has no fp8 attention")
     placement.refuse(plan, "torchtitan")
     d, m = plan.degrees, plan.model
     dt = c.dtype_of(plan)

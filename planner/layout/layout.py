@@ -283,6 +283,7 @@ class Layout(Decisions, Degrees):
         self._check_experts(num_experts)
         self._check_recompute(num_layers)
         self._check_offload(num_layers)
+        self._check_attention_dtype()
         self._check_batch(global_batch)
 
     def _check_heads(self, num_heads: int, num_kv_heads: int, seq_len: int) -> None:
@@ -388,6 +389,14 @@ class Layout(Decisions, Degrees):
         if self.recompute != "none":
             raise MeshplanError(f"offload_layers={n} with recompute {self.recompute}: Megatron-Core's CPU offloading "
                                 "does not work with activation recomputation")
+
+    def _check_attention_dtype(self) -> None:
+        """fp8 attention as Transformer Engine runs it: cuDNN's fused kernel under Megatron's stack (the recipe it
+        needs is the workload's: ``planner.layout.space.fp8_attention_recipes``)."""
+        if self.attention_dtype == "fp8" and (self.stack != "megatron" or self.attention not in ("flash", "cudnn")):
+            raise MeshplanError(f"attention_dtype=fp8 is Transformer Engine's fp8 dot-product attention (cuDNN fused "
+                                f"attention): it needs stack megatron and attention flash or cudnn (got stack "
+                                f"{self.stack}, attention {self.attention})")
 
     def _check_batch(self, global_batch: int) -> None:
         """The global batch against micro-batches, data parallelism and the interleaved schedule."""

@@ -16,7 +16,14 @@ from typing import Iterator, Mapping, Optional
 
 from meshplan.core.bounds import MAX_COUNT
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout.decisions import BY_FIX_KEY, RECOMPUTE, free_defaults, stack_can
+from meshplan.planner.layout.decisions import (
+    BY_FIX_KEY,
+    FP8_ATTENTION_RECIPES,
+    RECOMPUTE,
+    free_defaults,
+    lowp_recipe,
+    stack_can,
+)
 from meshplan.planner.layout.layout import DEGREE_NAMES, Layout
 from meshplan.planner.layout.splits import balanced_split
 
@@ -269,6 +276,22 @@ def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
     if dtype != "fp8":
         return ("none",)
     return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if device.supports("mxfp8") else ())
+
+
+def fp8_attention_recipes(fix: Pins, recipes: tuple[str, ...], dtype: str) -> tuple[str, ...]:
+    """``recipes`` (what a free ``fp8`` tries) kept to those fp8 attention runs under when ``--fix
+    attention_dtype=fp8`` (``FP8_ATTENTION_RECIPES``, each recipe as the workload's dtype resolves it); all of them
+    otherwise. Raises ``MeshplanError`` when none is left, naming the recipes and the dtype."""
+    if fix.get("attention_dtype", "bf16") != "fp8":
+        return recipes
+    tried = fix.choices("fp8", list(recipes))
+    kept = tuple(r for r in tried if lowp_recipe(r, dtype) in FP8_ATTENTION_RECIPES)
+    if not kept:
+        runs = ", ".join(sorted({lowp_recipe(r, dtype) for r in tried}))
+        raise MeshplanError(f"--fix attention_dtype=fp8: Transformer Engine runs fp8 attention under tensor-wise, "
+                            f"delayed or MXFP8 scaling; this workload (--dtype {dtype}) runs {runs} (use --dtype fp8 "
+                            "with fp8=tensorwise, delayed or mxfp8)")
+    return kept
 
 
 @dataclass(slots=True)  # not frozen: a search builds 10^4-10^5 groups, and a frozen __init__ costs 3x

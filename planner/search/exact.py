@@ -74,6 +74,7 @@ from meshplan.planner.layout.space import (
     check_space_size,
     enumerate_groups,
     explain_empty,
+    fp8_attention_recipes,
     fp8_recipe_choices,
 )
 from meshplan.planner.layout.splits import format_pp_layout
@@ -286,6 +287,7 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
                             "(meshplan plan picks it automatically for mixed clusters)")
     if fp8_recipes is None:
         fp8_recipes = fp8_recipe_choices(work.dtype, cluster.device)
+    fp8_recipes = fp8_attention_recipes(fix, tuple(fp8_recipes), work.dtype)
     check_space_size(model, cluster.world_size, cluster.nvlink_width, work.global_batch, fix, max_layouts,
                      fp8_recipes, work.seq_len)
     if estimator is None:
@@ -640,6 +642,8 @@ def describe(layout: Layout) -> str:
         parts.append("tp_overlap")
     if layout.attention != "flash":
         parts.append(f"attention={layout.attention}")
+    if layout.attention_dtype != "bf16":
+        parts.append(f"attention_dtype={layout.attention_dtype}")
     if layout.fp8 != "none":
         parts.append(f"fp8={layout.fp8}")
     if layout.moe_overlap:
@@ -676,7 +680,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "dp": layout.dp, "tp": layout.tp,
         "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "sp": layout.sequence_parallel,
         "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,
-        "attention": layout.attention, "etp": layout.expert_tp, "fp8": layout.fp8, "cp_kind": layout.cp_kind,
+        "attention": layout.attention, "attention_dtype": layout.attention_dtype, "etp": layout.expert_tp,
+        "fp8": layout.fp8, "cp_kind": layout.cp_kind,
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
         "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
