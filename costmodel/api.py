@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
-from meshplan.costmodel.devices import DeviceSpec
+from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
@@ -29,6 +29,8 @@ from meshplan.costmodel.learned import SOURCE_CALIBRATED
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 from meshplan.costmodel.sustained import TENSOR_CORE_KINDS, sustained_share
+from meshplan.costmodel.xla_gemm import PARTS as GEMM_SCALED
+from meshplan.costmodel.xla_gemm import gemm_scale
 
 if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CLI start-up stays fast)
     from meshplan.costmodel.collective_model import CollectiveModel
@@ -115,6 +117,7 @@ class Pricer:
         # thousand ops 10^5 times, and the grouped / fp8 rules each take a rebuilt OpSpec and a second lookup
         self._final: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
         self._flags: dict[tuple[str, str, str], int] = {}  # (device, op class, source) -> ops flagged
+        self._gemm_scales: dict[str, tuple[float, str]] = {}  # device name -> costmodel.xla_gemm scale
 
     def _note(self, sources, ops: list[OpSpec], devices: list[DeviceSpec]) -> None:
         """Count the ops whose source flags an unseen-device price (``learned (unseen device, ...)``)."""
@@ -248,6 +251,25 @@ class Pricer:
             sec, src = self._compute_with_source(twin, device)
             share = fp8_time_share(op, device) * recipe_time_multiple(op.impl, device)
             return sec * share, f"{src} (bf16 twin, {op.dtype} rule)"
+        sec, src = self.model_price(op, device)
+        if op.kind == "matmul":
+            scale, note = self._gemm_scale(device)
+            if note:
+                return sec * scale, f"{src} ({note})"
+        return sec, src
+
+    def _gemm_scale(self, device: DeviceSpec) -> tuple[float, str]:
+        """(scale, words) of a dense GEMM's model price on ``device``: the B200/H100 time ratio OpenXLA measured,
+        over this pricer's own (``costmodel.xla_gemm``); 1 off Blackwell."""
+        hit = self._gemm_scales.get(device.name)
+        if hit is None:
+            cat = catalogue()
+            hit = self._gemm_scales[device.name] = gemm_scale(lambda op, name: self.model_price(op, cat[name])[0],
+                                                              device.name)
+        return hit
+
+    def model_price(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
+        """The learned model's price of a plain compute op (memoised), or the roofline's without a model."""
         if self.model is None:
             return roofline_predict(op, device), "roofline (no learned model)"
         key = (op, device)
@@ -326,6 +348,9 @@ class Pricer:
             out = sec * scale
         for i in ssd:
             out[i] = roofline_predict(ops[i], devs[i])
+        for i, (o, d) in enumerate(zip(priced, devs)):
+            if o.kind == "matmul" and d.name in GEMM_SCALED:
+                out[i] *= self._gemm_scale(d)[0]
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
                 if o.dtype in LOWP_ATTENTION_DTYPES and blackwell_source(o, d) is None:

@@ -6,13 +6,14 @@ held-out error is leave-one-device-out (``metadata.json`` ``unseen_device``, fro
 GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at a time; so are the Blackwell cuDNN
 attention curves (``costmodel.attention``), whose held-out error prices each GPU's cases from the other GPU's curve
 scaled by bf16 peak, the rule B200 and B300 are priced by; the sustained-load share (``costmodel.sustained``) is
-held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time.
+held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time, the
+Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs of OpenXLA's table.
 """
 from __future__ import annotations
 
 import statistics
 
-from meshplan.costmodel import fp8_recipes, sustained
+from meshplan.costmodel import fp8_recipes, sustained, xla_gemm
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
@@ -82,6 +83,18 @@ def measured_rows() -> list[dict]:
     return rows
 
 
+def gemm_scale_rows(pricer) -> list[dict]:
+    """The Blackwell GEMM scale (``costmodel.xla_gemm``): the median of the single GEMMs' ratios, held out on the
+    batched ones."""
+    cat = catalogue()
+    inside, held = xla_gemm.held_out_ratios(lambda op, name: pricer.model_price(op, cat[name])[0])
+    return [{"constant": "Blackwell / H100 dense GEMM time (OpenXLA's measured table)", "fitted_on":
+             f"{len(inside)} bf16 GEMMs timed on a B200 and an H100", "in_sample_error_pct": round(_mape(inside), 1),
+             "held_out": f"the {len(held)} batched GEMMs", "held_out_error_pct": round(_mape(held), 1),
+             "step_times_used": 0}]
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
-    return learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + measured_rows()
+    return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + measured_rows()
+            + gemm_scale_rows(pricer))

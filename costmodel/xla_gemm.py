@@ -1,0 +1,76 @@
+"""Blackwell dense GEMMs priced against the H100 through OpenXLA's measured GEMM table.
+
+No kernel dataset here times a GEMM on a Blackwell part: the learned model prices a B200 GEMM by extrapolating
+from its peak and bandwidth features. OpenXLA ships the dot throughput its latency-hiding scheduler profiled on an
+H100 (sm_90) and a B200 (sm_100) at the same 375 shapes (``costmodel/data/published/xla_gemm_sm90_sm100.json``).
+One harness timed both parts, so the ratio of the two times is a measurement of how much longer a B200 takes than
+an H100 on the same GEMM, whatever the harness adds to both. A price on a Blackwell part is scaled so that its ratio
+to the same pricer's H100 price is the measured one:
+
+    t(B) = t_model(B) * scale
+    scale = median over the shapes of (measured t_B200 / t_H100) / (t_model(B200) / t_model(H100))
+
+over the single GEMMs (b = 1, the planner's matmuls) of at least ``MIN_FLOPS``, where both parts are past their
+launch and tile-quantization floor, as a training step's GEMMs (1e11-1e13 FLOPs) are. The H100 end is the part the
+learned model was trained on, and the one whose step times the dev set checks (S1, S5, T). GB200 is the B200's die
+(the model carries its higher clock through its peak); the B300 and GB300 are Blackwell Ultra (sm_103), which the
+table does not hold: they take the B200's scale, and the source says so. Held out: the batched shapes (b = 2, 4),
+priced as one GEMM of b*m rows.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from importlib import resources
+from typing import Callable, Mapping
+
+from meshplan.costmodel.ops import OpSpec
+
+DATA_FILE = "data/published/xla_gemm_sm90_sm100.json"
+COMMIT = "71feeddf"
+REFERENCE = "H100-SXM"  # sm_90 in the table
+MEASURED = "B200"  # sm_100
+# the parts whose GEMMs take the scale: the B200's die (sm_100) and Blackwell Ultra (sm_103, unmeasured)
+PARTS = {"B200": "measured", "GB200": "the B200's die", "B300": "sm_103, unmeasured: the B200's",
+         "GB300": "sm_103, unmeasured: the B200's"}
+MIN_FLOPS = 2 * 2048**3  # 1.7e10: both parts past their launch floor (the smaller shapes run 3-60 us)
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> tuple[Mapping, ...]:
+    """The packaged rows (b, m, n, k, sm_90 and sm_100 FLOP/s), read once per process."""
+    data = json.loads(resources.files("meshplan.costmodel").joinpath(DATA_FILE).read_text(encoding="utf-8"))
+    return tuple(data["rows"])
+
+
+def _ratios(price: Callable[[OpSpec, str], float], batched: bool) -> list[float]:
+    """(measured B200 / H100 time) / (priced B200 / H100 time) of the single (or the batched) GEMMs of at least
+    ``MIN_FLOPS``; ``price(op, part name)``: the model's one-shot seconds."""
+    out = []
+    for r in table():
+        flops = 2.0 * r["b"] * r["m"] * r["n"] * r["k"]
+        if flops < MIN_FLOPS or (r["b"] > 1) != batched:
+            continue
+        op = OpSpec("matmul", (r["b"] * r["m"], r["n"], r["k"]), "bf16")
+        measured = r["sm_90_flops_per_s"] / r["sm_100_flops_per_s"]
+        out.append(measured / (price(op, MEASURED) / price(op, REFERENCE)))
+    return out
+
+
+def gemm_scale(price: Callable[[OpSpec, str], float], device_name: str) -> tuple[float, str]:
+    """(scale, source words) of a dense GEMM price on ``device_name``: 1 and "" off ``PARTS``."""
+    if device_name not in PARTS:
+        return 1.0, ""
+    scale = statistics.median(_ratios(price, batched=False))
+    where = PARTS[device_name]
+    return scale, (f"x {scale:.3f}: the B200/H100 time ratio OpenXLA measured on the same GEMMs (xla {COMMIT} "
+                   f"matmul_interpolator_data.h, sm_100 / sm_90, bf16){'' if where == 'measured' else '; ' + where}")
+
+
+def held_out_ratios(price: Callable[[OpSpec, str], float]) -> tuple[list[float], list[float]]:
+    """(in sample, held out) measured / scaled-priced B200 time ratio to the H100: the single GEMMs the scale is
+    the median of, and the batched ones it never saw."""
+    inside = _ratios(price, batched=False)
+    scale = statistics.median(inside)
+    return [r / scale for r in inside], [r / scale for r in _ratios(price, batched=True)]
