@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshplan.costmodel import blackwell_grouped
 from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec, catalogue
@@ -118,6 +119,7 @@ class Pricer:
         self._final: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
         self._flags: dict[tuple[str, str, str], int] = {}  # (device, op class, source) -> ops flagged
         self._gemm_scales: dict[str, tuple[float, str]] = {}  # device name -> costmodel.xla_gemm scale
+        self._blackwell_fits: dict[str, float] = {}  # costmodel.blackwell_grouped's share and GB300 speed
 
     def _note(self, sources, ops: list[OpSpec], devices: list[DeviceSpec]) -> None:
         """Count the ops whose source flags an unseen-device price (``learned (unseen device, ...)``)."""
@@ -243,9 +245,9 @@ class Pricer:
         if op.kind in ANALYTIC_KINDS:  # no op-level dataset measures it: the roofline over its FLOPs and bytes
             return roofline_predict(op, device), SSD_SOURCE
         if op.groups > 1:
-            dense, scale = _dense_of(op)
+            dense, scale, words = self._grouped_of(op, device)
             sec, src = self._compute_with_source(dense, device)
-            return sec * scale, f"{src} (grouped: {GROUPED_SOURCE})"
+            return sec * scale, f"{src} (grouped: {words})"
         twin = _bf16_twin(op)
         if twin is not None and device.supports("bf16"):
             sec, src = self._compute_with_source(twin, device)
@@ -260,13 +262,41 @@ class Pricer:
 
     def _gemm_scale(self, device: DeviceSpec) -> tuple[float, str]:
         """(scale, words) of a dense GEMM's model price on ``device``: the B200/H100 time ratio OpenXLA measured,
-        over this pricer's own (``costmodel.xla_gemm``); 1 off Blackwell."""
+        over this pricer's own (``costmodel.xla_gemm``), and on the GB300 its speed over the GB200's
+        (``costmodel.blackwell_grouped``); 1 off Blackwell."""
         hit = self._gemm_scales.get(device.name)
         if hit is None:
             cat = catalogue()
-            hit = self._gemm_scales[device.name] = gemm_scale(lambda op, name: self.model_price(op, cat[name])[0],
-                                                              device.name)
+            scale, words = gemm_scale(lambda op, name: self.model_price(op, cat[name])[0], device.name)
+            if device.name == "GB300":
+                speed = self._blackwell("speed")
+                scale, words = scale / speed, (f"{words}; / {speed:.3f}: the GB300's GEMMs against the GB200's in "
+                                               f"{blackwell_grouped.SOURCE}")
+            hit = self._gemm_scales[device.name] = (scale, words)
         return hit
+
+    def _blackwell(self, which: str) -> float:
+        """``costmodel.blackwell_grouped``'s grouped share ("share") or GB300 speed ("speed") under this pricer's
+        one-shot prices."""
+        hit = self._blackwell_fits.get(which)
+        if hit is None:
+            cat = catalogue()
+            fit = blackwell_grouped.grouped_share if which == "share" else blackwell_grouped.gb300_speed
+            hit = self._blackwell_fits[which] = fit(lambda op, name: self._compute_with_source(op, cat[name])[0])
+        return hit
+
+    def _grouped_of(self, op: OpSpec, device: DeviceSpec) -> tuple[OpSpec, float, str]:
+        """(the dense GEMM a grouped one is priced from, its time multiple, the words): the grouped kernel's
+        measured share (``costmodel.grouped``); low-precision grouped GEMMs on Blackwell at the share cuDNN
+        frontend's MoE benchmark measured, in the Hopper curve's shape over rows (``costmodel.blackwell_grouped``)."""
+        dense, multiple = _dense_of(op)
+        if op.dtype not in LOWP_GEMM_DTYPES or device.name not in blackwell_grouped.PARTS or op.groups == 1:
+            return dense, multiple, GROUPED_SOURCE
+        share = self._blackwell("share")
+        at_measured = grouped_efficiency(blackwell_grouped.TOKENS, op.dtype, False)
+        return dense, multiple * at_measured / share, (
+            f"MXFP8 grouped/dense {share:.3f} at {blackwell_grouped.TOKENS} rows per group measured in "
+            f"{blackwell_grouped.SOURCE}, shaped over rows by the Hopper curve")
 
     def model_price(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
         """The learned model's price of a plain compute op (memoised), or the roofline's without a model."""
@@ -331,7 +361,7 @@ class Pricer:
         scale = np.ones(len(ops))
         priced = list(ops)
         for i, (o, d) in enumerate(zip(ops, devs)):
-            o, scale[i] = _dense_of(o)
+            o, scale[i], _ = self._grouped_of(o, d)
             priced[i] = o
             twin = _bf16_twin(o)
             if twin is not None and d.supports("bf16"):

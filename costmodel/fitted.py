@@ -7,13 +7,14 @@ GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at
 attention curves (``costmodel.attention``), whose held-out error prices each GPU's cases from the other GPU's curve
 scaled by bf16 peak, the rule B200 and B300 are priced by; the sustained-load share (``costmodel.sustained``) is
 held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time, the
-Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs of OpenXLA's table.
+Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs of OpenXLA's table, the Blackwell grouped share
+and GB300 speed (``costmodel.blackwell_grouped``) on the second run of each part.
 """
 from __future__ import annotations
 
 import statistics
 
-from meshplan.costmodel import fp8_recipes, sustained, xla_gemm
+from meshplan.costmodel import blackwell_grouped, fp8_recipes, sustained, xla_gemm
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
@@ -94,7 +95,20 @@ def gemm_scale_rows(pricer) -> list[dict]:
              "step_times_used": 0}]
 
 
+def blackwell_grouped_rows(pricer) -> list[dict]:
+    """The Blackwell MXFP8 grouped share and the GB300's GEMM speed (``costmodel.blackwell_grouped``): medians of
+    the first GB200 / GB300 runs, held out on the second."""
+    cat = catalogue()
+    fits = blackwell_grouped.held_out_ratios(lambda op, name: pricer.predict(op, cat[name]))
+    words = {"share": ("MXFP8 grouped / dense GEMM time on Blackwell", "3 forward cases, one GB200 run"),
+             "speed": ("GB300 / GB200 GEMM time", "6 cases, one GB200 and one GB300 run")}
+    return [{"constant": words[k][0], "fitted_on": f"{words[k][1]} (cuDNN frontend's MoE benchmark)",
+             "in_sample_error_pct": round(_mape(inside), 1), "held_out": "the other run",
+             "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}
+            for k, (inside, held) in fits.items()]
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
     return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + measured_rows()
-            + gemm_scale_rows(pricer))
+            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer))
