@@ -254,7 +254,7 @@ class Pricer:
             share = fp8_time_share(op, device) * recipe_time_multiple(op.impl, device)
             return sec * share, f"{src} (bf16 twin, {op.dtype} rule)"
         sec, src = self.model_price(op, device)
-        if op.kind == "matmul":
+        if op.kind == "matmul" and not src.startswith(SOURCE_CALIBRATED):  # a calibrated price was timed on the part
             scale, note = self._gemm_scale(device)
             if note:
                 return sec * scale, f"{src} ({note})"
@@ -379,7 +379,7 @@ class Pricer:
         for i in ssd:
             out[i] = roofline_predict(ops[i], devs[i])
         for i, (o, d) in enumerate(zip(priced, devs)):
-            if o.kind == "matmul" and d.name in GEMM_SCALED:
+            if o.kind == "matmul" and d.name in GEMM_SCALED and not str(src[i]).startswith(SOURCE_CALIBRATED):
                 out[i] *= self._gemm_scale(d)[0]
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:

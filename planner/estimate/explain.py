@@ -162,7 +162,8 @@ def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
     the Mamba-2 SSD scan on every device: ``costmodel.api.SSD_SOURCE``): every class on
     the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused attention
     (FlashAttention; cuDNN where its published GB200 / GB300 curve stands in for another part or head dim), the
-    GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs among them) and the memory-bound kernels.
+    GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs among them; their level set by OpenXLA's measured
+    B200 / H100 ratio, ``costmodel.xla_gemm``, their shape dependence the model's) and the memory-bound kernels.
     Empty for every other device."""
     if not dev.supports("mxfp8"):
         return {}
@@ -181,6 +182,11 @@ def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
             what = f"measured for another part or head dim: {source}"
         elif op.kind == "attention":
             what += f"; {FA4_NOTE}"
+        elif op.kind == "matmul" and "OpenXLA measured" in source:
+            # costmodel.xla_gemm: a measured ratio to the H100 sets the level, the model the shape dependence
+            what = f"extrapolated by the model from other GPUs, set to a measured B200 / H100 ratio: {source}"
+            if op.dtype in ("fp8", "nvfp4"):
+                what += f" ({op.impl or op.dtype} GEMMs, grouped expert GEMMs included, priced from their bf16 twin)"
         elif op.dtype in ("fp8", "nvfp4") and op.kind in ("matmul", "bmm"):
             what += f" ({op.impl or op.dtype} GEMMs, grouped expert GEMMs included, priced from their bf16 twin)"
         out[cls] = what

@@ -317,10 +317,10 @@ class GpuEstimator:
         of the expert fields)."""
         if "E" in moe:
             return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
-                    key.attention, key.etp, key.fp8, key.cp_kind == "a2a", key.stack, key.moe_capacity,
-                    key.moe_imbalance, key.tp_overlap, key.moe_dispatcher)
+                    key.attention, key.attention_dtype, key.etp, key.fp8, key.cp_kind == "a2a", key.stack,
+                    key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher)
         return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
-                key.attention, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
+                key.attention, key.attention_dtype, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
 
     def _op_lists(self, k: tuple, tb, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
         """(layer ops, the ops of its blocks not yet priced on the layout's device) of op key ``k``, cached until

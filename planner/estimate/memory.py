@@ -311,9 +311,11 @@ def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float,
     sbh = s * b * ls.hidden
     drop = 1.0 if ls.dropout else 0.0
     out = lin * sbh / rep  # QKV input
-    # Q, K and V: fp8 attention keeps its quantized copies, 1 B (TE FusedAttnFunc saves q_fp8, k_fp8, v_fp8; MXFP8's
-    # scales, 1/32 B more, left out)
-    qkv = 1.0 if layout.attention_dtype == "fp8" and layout.attention != "unfused" else 2.0
+    # Q, K and V: fp8 attention keeps its quantized copies (TE FusedAttnFunc saves q_fp8, k_fp8, v_fp8): 1 B
+    # per-tensor; row- and column-wise under MXFP8 (get_attention_quantizers sets columnwise_usage for the backward)
+    qkv = 2.0
+    if layout.attention_dtype == "fp8" and layout.attention != "unfused":
+        qkv = 2.0 * MXFP8_BYTES if layout.fp8 == "mxfp8" else 1.0
     out += qkv * s * b * (ls.q_dim + ls.kv_dim) / t  # Q, K
     out += qkv * s * b * ls.v_dim / t  # V
     if layout.attention == "unfused" and kind != "selective":

@@ -336,13 +336,15 @@ def _attention_dtype(lb: _LayerBuild) -> str:
 
 def _qkv_cast(lb: _LayerBuild) -> OpSpec:
     """fp8 attention's quantize pass: Q, K and V of this rank's tokens cast from the activation dtype (Transformer
-    Engine's ``FusedAttnFunc`` quantizes them before cuDNN's fp8 kernel; its backward prices the dO cast alike)."""
+    Engine's ``FusedAttnFunc`` quantizes them before cuDNN's fp8 kernel; under MXFP8 row- and column-wise, twice the
+    elements). Its backward takes the estimator's twice-the-forward rule, an upper bound on TE's dO cast."""
     model = lb.model
     if model.q_lora_rank or model.kv_lora_rank:  # MLA: full-width K and V out of the up-projection
         width = lb.a_t * (2 * model.head_dim + model.v_head_dim)
     else:
         width = lb.a_t * lb.d + 2 * max(1, model.num_kv_heads // lb.t) * lb.d
-    return OpSpec("cast", (int(lb.T * width),), lb.act)
+    copies = 2 if _attention_dtype(lb) == "mxfp8" else 1
+    return OpSpec("cast", (int(lb.T * width * copies),), lb.act)
 
 
 def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:

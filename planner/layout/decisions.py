@@ -42,8 +42,9 @@ LOWP_DEFAULT_RECIPE = MappingProxyType({"fp8": "delayed", "nvfp4": "nvfp4"})
 
 
 # The recipes under which Transformer Engine runs fp8 dot-product attention (``attention_dtype`` fp8): its
-# ``FusedAttnFunc`` quantizes Q, K and V per tensor ("delayed", "current") or in MX blocks ("mxfp8") and has no
-# blockwise or NVFP4 path (TE ``pytorch/attention/dot_product_attention/backends.py``, 2.20 d0067d0).
+# ``FusedAttnFunc`` quantizes Q, K and V per tensor ("delayed", "current") or in MX blocks ("mxfp8"), by default
+# under the linear layers' own recipe, which has no blockwise or NVFP4 attention path (TE
+# ``pytorch/attention/dot_product_attention/backends.py``, 2.20 d0067d0; NVTE_DPA_FP8_RECIPE can pick another).
 FP8_ATTENTION_RECIPES = ("tensorwise", "delayed", "mxfp8")
 
 
@@ -215,13 +216,14 @@ class Decisions:
     (``costmodel.attention``)."""
     attention_dtype: str = decision("bf16", "the dtype fused attention runs in: bf16, or fp8 (Transformer Engine's "
                                     "fp8 dot-product attention)", choices=("bf16", "fp8"))
-    """Megatron-Core ``--fp8-dot-product-attention`` (Megatron-Bridge ``mixed_precision.fp8_dot_product_attention``):
+    """Megatron-Core ``TransformerConfig.fp8_dot_product_attention`` (Megatron-Bridge
+    ``mixed_precision.fp8_dot_product_attention``; Megatron-LM's command line generates no flag for it):
     Transformer Engine quantizes Q, K and V (per tensor under tensor-wise and delayed scaling, in 1x32 blocks under
     MXFP8: TE ``dot_product_attention/backends.py`` qkv_type) and runs cuDNN's fp8 fused attention forward and
-    backward, keeping the fp8 Q, K and V for backward. Needs Megatron's stack, its fused attention and a
-    tensor-wise, delayed or MXFP8 recipe. Priced from cuDNN's own fp8 and MXFP8 benchmark on GB200 / GB300
-    (``costmodel.attention``); no fp8 attention measurement is published for other parts, which take their bf16
-    rate (``--explain`` says so). It trades numerics for speed, so a free search keeps bf16."""
+    backward, keeping the fp8 Q, K and V for backward (row- and column-wise under MXFP8). Needs Megatron's stack, its
+    fused attention and a tensor-wise, delayed or MXFP8 recipe. Priced from cuDNN's own fp8 and MXFP8 benchmark on
+    GB200 / GB300 (``costmodel.attention``); other parts have no published fp8 forward-and-backward measurement and
+    take their bf16 rate (``--explain`` says so). It trades numerics for speed, so a free search keeps bf16."""
     pp_layout: tuple[int, ...] = decision((), "decoder layers per pipeline stage, first to last (7+8*14+7)",
                                           kind="stages", searched=True, plan="")
     """() = pp divides the layers evenly. The first and last (virtual) stage may hold 0 decoder layers, only the

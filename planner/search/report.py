@@ -26,6 +26,7 @@ DECISIONS = (
     ("micro-batch", lambda l: l.micro_batch), ("zero", lambda l: l.zero_stage), ("recompute", lambda l: l.recompute),
     ("schedule", lambda l: l.schedule), ("sequence parallel", lambda l: l.sequence_parallel),
     ("cp kind", lambda l: l.cp_kind), ("fp8", lambda l: l.fp8), ("attention", lambda l: l.attention),
+    ("attention dtype", lambda l: l.attention_dtype),
     ("tp overlap", lambda l: l.tp_overlap), ("etp", lambda l: l.etp),
 )
 # The schedule drawing holds at most this many forward passes per rank (warm-up and cool-down are those of the full
