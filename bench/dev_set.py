@@ -470,6 +470,191 @@ def bridge_lora(row: dict) -> str:
     return "16" + (f":{targets}" if targets else "")
 
 
+def _nemo_needs(row: dict, src: str, tp: int, pp: int, cp: int, vpp: int) -> tuple:
+    """(zero, sp, recompute, dtype, needs, assumptions, vpp) of a NeMo 24.07 row (S1, S1f): Megatron-Core +
+    Transformer Engine in fp8, as the launcher confs and the SFT example scripts at tag 24.07 set it up."""
+    needs: list[Need] = []
+    assumptions: list[str] = []
+    conf, recompute, ub, optim_dtype, grad_dtype, p2p = NEMO_CONF[row["model"].split(" (")[0]]
+    zero, sp = 1, tp > 1
+    dtype = "fp8"  # the table's "at FP8 precision": meshplan's fp8 workload (linear GEMMs in fp8, TE's recipe)
+    if src == "S1f":  # conf/peft/llama/sft.yaml: optim.dtype bf16, grad_sync_dtype bf16
+        optim_dtype, grad_dtype = "bf16", "bf16"
+    assumptions.append(f"launcher conf {conf}.yaml @ NeMo-Framework-Launcher 24.07: distributed_fused_adam "
+                       f"(apex: optimizer states sharded, whole contiguous grad buffer) -> zero=1, "
+                       f"optim_dtype={optim_dtype}, grad_dtype={grad_dtype}; sp={sp}; recompute={recompute}")
+    needs.append(Need("optim_dtype", optim_dtype, "apex DistributedFusedAdam as NeMo r2.0.0rc1 sets it up "
+                      "(store_param_remainders for an fp32 optimizer over bf16 weights; optim.dtype bf16: the "
+                      "bf16 weights are the master)", {}))
+    needs.append(Need("grad_dtype", grad_dtype, "apex grad_sync_dtype (launcher conf / fp8 example script; "
+                      "default: the optimizer dtype)", {}))
+    if src == "S1f":
+        vpp = NEMO_SFT_VP[row["model"].split(" (")[0]]
+        p2p = vpp > 1  # the example scripts of the interleaved SFT runs set overlap_p2p_comm=true
+        assumptions.append(f"finetuning table has no VP/CP column: cp=1, vpp={vpp} from the launcher's SFT "
+                           "example at tag 24.07")
+        needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
+                          "each packed document, not the whole sequence", {}))
+        needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true) with "
+                          "a bf16 master shard in the optimizer (NeMo: store_params=True): meshplan drops the "
+                          "16-bit weights and counts the bf16 optimizer at 4/dp B, where NeMo keeps 6/dp B",
+                          {}))
+    needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
+                      "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
+    needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
+    needs.append(Need("attention", "flash2", "the launcher's env_vars export NVTE_FUSED_ATTN=0 ('Disable cudnn FA "
+                      "until we've tested it more', launcher_scripts/conf/config.yaml @ 24.07): TE's "
+                      "DotProductAttention skips cuDNN fused attention and runs FlashAttention-2", {}))
+    if pp > 1 and vpp > 1:
+        needs.append(Need("pp_overlap", str(p2p).lower(), f"overlap_p2p_comm: {p2p} ({conf}.yaml or the SFT "
+                          "example script at tag 24.07; NeMo's default False)", {}))
+    if ub:
+        needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
+                          "(Transformer Engine userbuffers)", {}))
+    if cp > 1:
+        needs.append(Need("cp_kind", "ring", "Megatron-Core/TE context parallel, cp_comm_type p2p", {},
+                          implied=True))
+    return zero, sp, recompute, dtype, needs, assumptions, vpp
+
+
+def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> tuple:
+    """(zero, sp, recompute, needs, assumptions) of a NeMo AutoModel row (S5): FSDP2 + TE kernels + DeepEP, bf16."""
+    name, la = row["name"], row.get("layout_assumptions") or {}
+    needs: list[Need] = []
+    assumptions: list[str] = []
+    zero, sp = 3, False
+    said = str(la.get("recompute", row.get("recompute") or ""))
+    # the source's config states activation checkpointing for some rows; where it says nothing (recompute
+    # null), meshplan chooses (a free decision), as a user planning that run would let it
+    recompute = "full" if said.startswith("full") else ("none" if said or "false" in row.get("notes", "")
+                                                          else None)
+    if recompute is None and name in AUTOMODEL_RUN_AC:
+        recompute, where = AUTOMODEL_RUN_AC[name]
+        assumptions.append(f"recompute={recompute}: {where}")
+    assumptions.append(f"FSDP2 = zero=3 over the FSDP size {dp}; recompute="
+                       f"{recompute or 'not stated: chosen by meshplan'}")
+    if "ep" in la:
+        assumptions.append(f"ep={ep} (table '-', config ep_size)")
+    kernels = _quote_cells(row)[13]
+    needs.append(Need("fsdp", "torch", "AutoModel shards with torch FSDP2 fully_shard (components/moe/"
+                      "parallelizer.py apply_fsdp, components/distributed/parallelizer.py @ 89e3a9fdd), not "
+                      "Megatron-FSDP", {}))
+    needs.append(Need("stack", "megatron" if "TE" in kernels else "torchtitan",
+                      f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 (zero=3) with Transformer Engine's "
+                      "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
+                      {}))
+    ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
+    if pp > 1:
+        needs.append(Need("pp_overlap", "false", "torch.distributed.pipelining's interleaved schedule "
+                          "(PipelineScheduleMulti._step_microbatches) waits for each time step's batched sends "
+                          "and receives (_wait_batch_p2p(_batch_p2p(ops))) before the next compute", {}))
+    if pp > 1 and ga > 1:  # each gradient-accumulation step runs the whole pipeline schedule once
+        needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
+                          "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "
+                          "schedule.step on its local batch (recipes/llm/train_ft.py): one pipeline fill and "
+                          "drain, one FSDP gather and reduce-scatter per run", {}, stated=True))
+    if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
+        needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
+                          "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
+    if "FlexAttn" in kernels:
+        needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {},
+                          stated=True))
+    elif cp > 1:
+        needs.append(Need("attention", "flash2", "torch context_parallel runs PyTorch SDPA (flash backend: "
+                          "FlashAttention-2), not TE attention", {}))
+    if row.get("num_experts"):
+        needs.append(Need("etp", "1", "expert tensor parallel 1 (TP 1)", {}, implied=True))
+        # AutoModel's own MoE models are cast whole to bf16 at initialisation (initialize_weights(dtype=
+        # torch.bfloat16) ends in self.to(dtype): components/models/{deepseek_v3,qwen3_moe,gpt_oss}/model.py
+        # @ 89e3a9fdd, called by components/checkpoint/checkpointing.py) and the configs' optimizer is
+        # torch.optim.Adam, whose moments take the parameter's dtype: bf16 moments, the bf16 weights their own
+        # master (4 B per parameter)
+        needs.append(Need("optim_dtype", "bf16", "bf16 model under torch.optim.Adam (AutoModel @ 89e3a9fdd)",
+                          {}))
+        if "DeepEP" in kernels:
+            needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
+        # AutoModel's MoE apply_fsdp shards the blocks with MixedPrecisionPolicy(param_dtype=bf16,
+        # reduce_dtype=float32) (components/moe/parallelizer.py @ 89e3a9fdd): dense gradients reduced in fp32;
+        # the routed experts' own fully_shard over the expert-shard mesh takes no policy: bf16
+        needs.append(Need("reduce_dtype", "fp32", "AutoModel MoE apply_fsdp: MixedPrecisionPolicy(reduce_dtype="
+                          "torch.float32)", {}))
+        if (dp * cp * tp) // ep > 1:
+            needs.append(Need("expert_reduce_dtype", "bf16", f"the routed experts' FSDP over "
+                              f"{(dp * cp * tp) // ep} ranks reduces in bf16 (fully_shard without mp_policy); "
+                              "meshplan prices every gradient at the one reduce_dtype, fp32", {}))
+        needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "
+                          "with another micro-batch's compute (no DualPipe in AutoModel)", {}, implied=True))
+        if row.get("shared_experts"):
+            needs.append(Need("shared_overlap", "true", "AutoModel MoE.forward runs the shared experts on a side "
+                              "stream during the routed experts' dispatch and combine (components/moe/layers.py "
+                              "@ 89e3a9fdd: 'Execute shared experts in a separate stream to overlap compute "
+                              "with the communication for grouped experts')", {}))
+    else:  # a dense model under FSDP2Manager: its default policy reduces in bf16
+        needs.append(Need("reduce_dtype", "bf16", "AutoModel FSDP2Manager's default MixedPrecisionPolicy("
+                          "reduce_dtype=torch.bfloat16) (components/distributed/config.py @ 2013a4dd6, where the "
+                          "row entered the table; its config sets no mp_policy)", {}))
+    return zero, sp, recompute, needs, assumptions
+
+
+def _torchtitan_needs(row: dict, n: int, dp: int, tp: int, device: str) -> tuple:
+    """(zero, sp, recompute, needs, assumptions, device) of a torchtitan row (T): FSDP2 (+TP), bf16."""
+    name = row["name"]
+    needs: list[Need] = []
+    assumptions: list[str] = []
+    facts = TORCHTITAN_FACTS[name]
+    zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)
+    assumptions.append(f"{TORCHTITAN_DOCS[facts['doc']]}, {facts['table']}: {facts['quote']}")
+    assumptions.append(f"FSDP2 = zero=3 over dp={dp}; n_gpus {n} from the source")
+    if facts["ac"] == "op":
+        recompute = "selective"
+        needs.append(Need("recompute", "op", "torchtitan selective_ac_option='op': saves matmul outputs "
+                          "except every second mm, and SDPA", {"recompute": "selective"}, stated=True))
+    elif facts["ac"] == "layer":
+        recompute = "selective"
+        needs.append(Need("recompute", f"full:{row['layers'] // 2}", "torchtitan selective layer AC "
+                          "(selective_ac_option='2'): every second layer fully checkpointed",
+                          {"recompute": "selective"}, stated=True))
+    else:
+        recompute = "full"
+    needs.append(Need("reduce_dtype", "fp32", "torchtitan reduces gradients in fp32, its only choice "
+                      "(config_manager.py, 2024: --training.mixed_precision_reduce default float32, choices "
+                      "['float32']; FSDP2 MixedPrecisionPolicy.reduce_dtype)", {}))
+    needs.append(Need("stack", "torchtitan" if facts["compile"] else "eager",
+                      "FSDP2 + torch.compile" if facts["compile"] else
+                      "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "
+                      "run one kernel per op", {}, stated=True))
+    if facts.get("device"):  # the catalogue's 500 W HBM2e part (costmodel/data/devices.yaml, sourced there)
+        device = "H100-SXM-96GB-500W"
+        assumptions.append(f"device {facts['device']} -> {device}" + (
+            "" if "500" in facts["device"] else " (doc A says 'lower TDP' without the figure: taken as the "
+            "500 W part of doc B)"))
+    return zero, sp, recompute, needs, assumptions, device
+
+
+def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype: str) -> tuple:
+    """(approximated, missing, from_profile, per_row, device, dtype): each need the stack profile sets already, each
+    one ``--fix`` takes (added to ``fix``, a per-row setting unless implied or stated), and each meshplan cannot
+    express, priced by its fallback (which may change the device or the dtype) or missing."""
+    approximated, missing, from_profile, per_row = [], [], [], []
+    for nd in needs:
+        if meshplan_accepts(nd.key, nd.value) and stack_sets.get(nd.key) == nd.value:
+            from_profile.append(f"{nd.key}={nd.value}")
+        elif meshplan_accepts(nd.key, nd.value):
+            fix[nd.key] = nd.value
+            if not (nd.implied or nd.stated):
+                per_row.append(f"{nd.key}={nd.value}: {nd.why}")
+        elif nd.fallback is None:
+            missing.append(nd)
+        else:
+            fb = dict(nd.fallback)
+            device = fb.pop("device", device)
+            dtype = fb.pop("dtype", dtype)
+            fix.update(fb)
+            if not nd.implied:
+                approximated.append(nd)
+    return approximated, missing, from_profile, per_row, device, dtype
+
+
 def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     """Map one dev-set row to meshplan's inputs: the one function later issues extend.
 
@@ -495,151 +680,15 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     ep = row.get("ep") or la.get("ep") or 1
     gpu = row["gpu"]
     device = "A100-80GB" if "A100" in gpu else "H100"
-    needs: list[Need] = []
-    assumptions: list[str] = []
     dtype = "bf16"
     if is_bridge_row(row):
         zero, sp, recompute, dtype, needs, assumptions = bridge_needs(row, tp, pp, vpp, ep)
-    elif src in ("S1", "S1f"):  # NeMo 24.07, Megatron-Core + Transformer Engine, FP8
-        conf, recompute, ub, optim_dtype, grad_dtype, p2p = NEMO_CONF[row["model"].split(" (")[0]]
-        zero, sp = 1, tp > 1
-        dtype = "fp8"  # the table's "at FP8 precision": meshplan's fp8 workload (linear GEMMs in fp8, TE's recipe)
-        if src == "S1f":  # conf/peft/llama/sft.yaml: optim.dtype bf16, grad_sync_dtype bf16
-            optim_dtype, grad_dtype = "bf16", "bf16"
-        assumptions.append(f"launcher conf {conf}.yaml @ NeMo-Framework-Launcher 24.07: distributed_fused_adam "
-                           f"(apex: optimizer states sharded, whole contiguous grad buffer) -> zero=1, "
-                           f"optim_dtype={optim_dtype}, grad_dtype={grad_dtype}; sp={sp}; recompute={recompute}")
-        needs.append(Need("optim_dtype", optim_dtype, "apex DistributedFusedAdam as NeMo r2.0.0rc1 sets it up "
-                          "(store_param_remainders for an fp32 optimizer over bf16 weights; optim.dtype bf16: the "
-                          "bf16 weights are the master)", {}))
-        needs.append(Need("grad_dtype", grad_dtype, "apex grad_sync_dtype (launcher conf / fp8 example script; "
-                          "default: the optimizer dtype)", {}))
-        if src == "S1f":
-            vpp = NEMO_SFT_VP[row["model"].split(" (")[0]]
-            p2p = vpp > 1  # the example scripts of the interleaved SFT runs set overlap_p2p_comm=true
-            assumptions.append(f"finetuning table has no VP/CP column: cp=1, vpp={vpp} from the launcher's SFT "
-                               "example at tag 24.07")
-            needs.append(Need("packing", "per-document attention", "SQuAD packed to 4096 tokens: attention spans "
-                              "each packed document, not the whole sequence", {}))
-            needs.append(Need("fp8_params", "true", "weights held as fp8 tensors (++peft.model.fp8_params=true) with "
-                              "a bf16 master shard in the optimizer (NeMo: store_params=True): meshplan drops the "
-                              "16-bit weights and counts the bf16 optimizer at 4/dp B, where NeMo keeps 6/dp B",
-                              {}))
-        needs.append(Need("fp8", "delayed", "TE DelayedScaling, HYBRID (E4M3 fwd / E5M2 bwd), amax history 1024: "
-                          "linear GEMMs in fp8, attention and optimizer in bf16/fp32", {"dtype": "fp8"}))
-        needs.append(Need("stack", "megatron", "Megatron-Core + TE fused kernels", {}))
-        needs.append(Need("attention", "flash2", "the launcher's env_vars export NVTE_FUSED_ATTN=0 ('Disable cudnn FA "
-                          "until we've tested it more', launcher_scripts/conf/config.yaml @ 24.07): TE's "
-                          "DotProductAttention skips cuDNN fused attention and runs FlashAttention-2", {}))
-        if pp > 1 and vpp > 1:
-            needs.append(Need("pp_overlap", str(p2p).lower(), f"overlap_p2p_comm: {p2p} ({conf}.yaml or the SFT "
-                              "example script at tag 24.07; NeMo's default False)", {}))
-        if ub:
-            needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
-                              "(Transformer Engine userbuffers)", {}))
-        if cp > 1:
-            needs.append(Need("cp_kind", "ring", "Megatron-Core/TE context parallel, cp_comm_type p2p", {},
-                              implied=True))
-    elif src == "S5":  # NeMo AutoModel: FSDP2 + TE kernels + DeepEP, bf16
-        zero, sp = 3, False
-        said = str(la.get("recompute", row.get("recompute") or ""))
-        # the source's config states activation checkpointing for some rows; where it says nothing (recompute
-        # null), meshplan chooses (a free decision), as a user planning that run would let it
-        recompute = "full" if said.startswith("full") else ("none" if said or "false" in row.get("notes", "")
-                                                              else None)
-        if recompute is None and name in AUTOMODEL_RUN_AC:
-            recompute, where = AUTOMODEL_RUN_AC[name]
-            assumptions.append(f"recompute={recompute}: {where}")
-        assumptions.append(f"FSDP2 = zero=3 over the FSDP size {dp}; recompute="
-                           f"{recompute or 'not stated: chosen by meshplan'}")
-        if "ep" in la:
-            assumptions.append(f"ep={ep} (table '-', config ep_size)")
-        kernels = _quote_cells(row)[13]
-        needs.append(Need("fsdp", "torch", "AutoModel shards with torch FSDP2 fully_shard (components/moe/"
-                          "parallelizer.py apply_fsdp, components/distributed/parallelizer.py @ 89e3a9fdd), not "
-                          "Megatron-FSDP", {}))
-        needs.append(Need("stack", "megatron" if "TE" in kernels else "torchtitan",
-                          f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 (zero=3) with Transformer Engine's "
-                          "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
-                          {}))
-        ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
-        if pp > 1:
-            needs.append(Need("pp_overlap", "false", "torch.distributed.pipelining's interleaved schedule "
-                              "(PipelineScheduleMulti._step_microbatches) waits for each time step's batched sends "
-                              "and receives (_wait_batch_p2p(_batch_p2p(ops))) before the next compute", {}))
-        if pp > 1 and ga > 1:  # each gradient-accumulation step runs the whole pipeline schedule once
-            needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
-                              "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "
-                              "schedule.step on its local batch (recipes/llm/train_ft.py): one pipeline fill and "
-                              "drain, one FSDP gather and reduce-scatter per run", {}, stated=True))
-        if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
-            needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
-                              "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
-        if "FlexAttn" in kernels:
-            needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {},
-                              stated=True))
-        elif cp > 1:
-            needs.append(Need("attention", "flash2", "torch context_parallel runs PyTorch SDPA (flash backend: "
-                              "FlashAttention-2), not TE attention", {}))
-        if row.get("num_experts"):
-            needs.append(Need("etp", "1", "expert tensor parallel 1 (TP 1)", {}, implied=True))
-            # AutoModel's own MoE models are cast whole to bf16 at initialisation (initialize_weights(dtype=
-            # torch.bfloat16) ends in self.to(dtype): components/models/{deepseek_v3,qwen3_moe,gpt_oss}/model.py
-            # @ 89e3a9fdd, called by components/checkpoint/checkpointing.py) and the configs' optimizer is
-            # torch.optim.Adam, whose moments take the parameter's dtype: bf16 moments, the bf16 weights their own
-            # master (4 B per parameter)
-            needs.append(Need("optim_dtype", "bf16", "bf16 model under torch.optim.Adam (AutoModel @ 89e3a9fdd)",
-                              {}))
-            if "DeepEP" in kernels:
-                needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
-            # AutoModel's MoE apply_fsdp shards the blocks with MixedPrecisionPolicy(param_dtype=bf16,
-            # reduce_dtype=float32) (components/moe/parallelizer.py @ 89e3a9fdd): dense gradients reduced in fp32;
-            # the routed experts' own fully_shard over the expert-shard mesh takes no policy: bf16
-            needs.append(Need("reduce_dtype", "fp32", "AutoModel MoE apply_fsdp: MixedPrecisionPolicy(reduce_dtype="
-                              "torch.float32)", {}))
-            if (dp * cp * tp) // ep > 1:
-                needs.append(Need("expert_reduce_dtype", "bf16", f"the routed experts' FSDP over "
-                                  f"{(dp * cp * tp) // ep} ranks reduces in bf16 (fully_shard without mp_policy); "
-                                  "meshplan prices every gradient at the one reduce_dtype, fp32", {}))
-            needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "
-                              "with another micro-batch's compute (no DualPipe in AutoModel)", {}, implied=True))
-            if row.get("shared_experts"):
-                needs.append(Need("shared_overlap", "true", "AutoModel MoE.forward runs the shared experts on a side "
-                                  "stream during the routed experts' dispatch and combine (components/moe/layers.py "
-                                  "@ 89e3a9fdd: 'Execute shared experts in a separate stream to overlap compute "
-                                  "with the communication for grouped experts')", {}))
-        else:  # a dense model under FSDP2Manager: its default policy reduces in bf16
-            needs.append(Need("reduce_dtype", "bf16", "AutoModel FSDP2Manager's default MixedPrecisionPolicy("
-                              "reduce_dtype=torch.bfloat16) (components/distributed/config.py @ 2013a4dd6, where the "
-                              "row entered the table; its config sets no mp_policy)", {}))
-    else:  # torchtitan: FSDP2 (+TP), bf16 (none of the dev rows carries Float8)
-        facts = TORCHTITAN_FACTS[name]
-        zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)
-        assumptions.append(f"{TORCHTITAN_DOCS[facts['doc']]}, {facts['table']}: {facts['quote']}")
-        assumptions.append(f"FSDP2 = zero=3 over dp={dp}; n_gpus {n} from the source")
-        if facts["ac"] == "op":
-            recompute = "selective"
-            needs.append(Need("recompute", "op", "torchtitan selective_ac_option='op': saves matmul outputs "
-                              "except every second mm, and SDPA", {"recompute": "selective"}, stated=True))
-        elif facts["ac"] == "layer":
-            recompute = "selective"
-            needs.append(Need("recompute", f"full:{row['layers'] // 2}", "torchtitan selective layer AC "
-                              "(selective_ac_option='2'): every second layer fully checkpointed",
-                              {"recompute": "selective"}, stated=True))
-        else:
-            recompute = "full"
-        needs.append(Need("reduce_dtype", "fp32", "torchtitan reduces gradients in fp32, its only choice "
-                          "(config_manager.py, 2024: --training.mixed_precision_reduce default float32, choices "
-                          "['float32']; FSDP2 MixedPrecisionPolicy.reduce_dtype)", {}))
-        needs.append(Need("stack", "torchtitan" if facts["compile"] else "eager",
-                          "FSDP2 + torch.compile" if facts["compile"] else
-                          "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "
-                          "run one kernel per op", {}, stated=True))
-        if facts.get("device"):  # the catalogue's 500 W HBM2e part (costmodel/data/devices.yaml, sourced there)
-            device = "H100-SXM-96GB-500W"
-            assumptions.append(f"device {facts['device']} -> {device}" + (
-                "" if "500" in facts["device"] else " (doc A says 'lower TDP' without the figure: taken as the "
-                "500 W part of doc B)"))
+    elif src in ("S1", "S1f"):
+        zero, sp, recompute, dtype, needs, assumptions, vpp = _nemo_needs(row, src, tp, pp, cp, vpp)
+    elif src == "S5":
+        zero, sp, recompute, needs, assumptions = _automodel_needs(row, dp, tp, pp, cp, ep)
+    else:
+        zero, sp, recompute, needs, assumptions, device = _torchtitan_needs(row, n, dp, tp, device)
     if vpp > 1:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
@@ -660,23 +709,7 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")))
     if "attention" in stack_sets:
         del fix["attention"]  # the stack's attention kernel is the profile's
-    approximated, missing, from_profile, per_row = [], [], [], []
-    for nd in needs:
-        if meshplan_accepts(nd.key, nd.value) and stack_sets.get(nd.key) == nd.value:
-            from_profile.append(f"{nd.key}={nd.value}")
-        elif meshplan_accepts(nd.key, nd.value):
-            fix[nd.key] = nd.value
-            if not (nd.implied or nd.stated):
-                per_row.append(f"{nd.key}={nd.value}: {nd.why}")
-        elif nd.fallback is None:
-            missing.append(nd)
-        else:
-            fb = dict(nd.fallback)
-            device = fb.pop("device", device)
-            dtype = fb.pop("dtype", dtype)
-            fix.update(fb)
-            if not nd.implied:
-                approximated.append(nd)
+    approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype)
     if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs
         fix["recompute"] = "selective"
     gpn = row.get("gpus_per_node") or 8
