@@ -84,6 +84,11 @@ def _bf16_twin(op: OpSpec) -> OpSpec | None:
     return None
 
 
+def _unmeasured_lowp_attention(op: OpSpec, device: DeviceSpec) -> bool:
+    """An fp8 or MXFP8 attention op on a part with no such measurement (priced at its bf16 twin's rate)."""
+    return op.kind == "attention" and op.dtype in LOWP_ATTENTION_DTYPES and blackwell_source(op, device) is None
+
+
 def _dense_of(op: OpSpec) -> tuple[OpSpec, float]:
     """``(the dense GEMM a grouped one is priced from, its time multiple)`` (``costmodel.grouped``); a GEMM that is
     not grouped is its own, at 1."""
@@ -235,7 +240,7 @@ class Pricer:
 
     def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
         """``predict_with_source`` of a compute op, not memoised at this level."""
-        if op.kind == "attention" and op.dtype in LOWP_ATTENTION_DTYPES and blackwell_source(op, device) is None:
+        if _unmeasured_lowp_attention(op, device):
             sec, src = self._compute_with_source(replace(op, dtype="bf16"), device)
             return sec, f"{src}; no {op.dtype} attention measurement on {device.name}: its bf16 rate"
         if op.kind == "attention" and op.impl:
@@ -254,11 +259,15 @@ class Pricer:
             share = fp8_time_share(op, device) * recipe_time_multiple(op.impl, device)
             return sec * share, f"{src} (bf16 twin, {op.dtype} rule)"
         sec, src = self.model_price(op, device)
-        if op.kind == "matmul" and not src.startswith(SOURCE_CALIBRATED):  # a calibrated price was timed on the part
-            scale, note = self._gemm_scale(device)
-            if note:
-                return sec * scale, f"{src} ({note})"
-        return sec, src
+        scale, note = self._gemm_factor(op, device, src)
+        return (sec * scale, f"{src} ({note})") if note else (sec, src)
+
+    def _gemm_factor(self, op: OpSpec, device: DeviceSpec, source: str) -> tuple[float, str]:
+        """``_gemm_scale`` for a GEMM's model price on a Blackwell part; 1 and "" for other ops and parts, and for a
+        price calibrated on a run's own kernels (timed on the part already)."""
+        if op.kind != "matmul" or device.name not in GEMM_SCALED or source.startswith(SOURCE_CALIBRATED):
+            return 1.0, ""
+        return self._gemm_scale(device)
 
     def _gemm_scale(self, device: DeviceSpec) -> tuple[float, str]:
         """(scale, words) of a dense GEMM's model price on ``device``: the B200/H100 time ratio OpenXLA measured,
@@ -282,8 +291,13 @@ class Pricer:
         if hit is None:
             cat = catalogue()
             fit = blackwell_grouped.grouped_share if which == "share" else blackwell_grouped.gb300_speed
-            hit = self._blackwell_fits[which] = fit(lambda op, name: self._compute_with_source(op, cat[name])[0])
+            hit = self._blackwell_fits[which] = fit(lambda op, name: self.one_shot_s(op, cat[name]))
         return hit
+
+    def one_shot_s(self, op: OpSpec, device: DeviceSpec) -> float:
+        """Seconds of a compute op as a kernel benchmark times it: every rule but the sustained share, not memoised
+        at this level (what ``costmodel.blackwell_grouped``'s fits and their held-out checks price with)."""
+        return self._compute_with_source(op, device)[0]
 
     def _grouped_of(self, op: OpSpec, device: DeviceSpec) -> tuple[OpSpec, float, str]:
         """(the dense GEMM a grouped one is priced from, its time multiple, the words): the grouped kernel's
@@ -379,11 +393,10 @@ class Pricer:
         for i in ssd:
             out[i] = roofline_predict(ops[i], devs[i])
         for i, (o, d) in enumerate(zip(priced, devs)):
-            if o.kind == "matmul" and d.name in GEMM_SCALED and not str(src[i]).startswith(SOURCE_CALIBRATED):
-                out[i] *= self._gemm_scale(d)[0]
+            out[i] *= self._gemm_factor(o, d, str(src[i]))[0]
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
-                if o.dtype in LOWP_ATTENTION_DTYPES and blackwell_source(o, d) is None:
+                if _unmeasured_lowp_attention(o, d):
                     o = replace(o, dtype="bf16")  # no fp8 attention measurement here: its bf16 rate
                 t = fused_attention_s(o, d)
                 if t is not None:

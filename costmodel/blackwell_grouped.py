@@ -24,9 +24,9 @@ import functools
 import json
 import statistics
 from importlib import resources
-from typing import Callable
 
 from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.xla_gemm import Price
 
 DATA_FILE = "data/published/cudnn_moe_grouped_blackwell.json"
 EXPERTS, TOKENS, K, N = 8, 4096, 8192, 4096
@@ -34,7 +34,6 @@ FORWARD = ("swiglu", "geglu", "srelu")
 GATED = ("swiglu", "geglu", "dswiglu", "dgeglu")
 PARTS = ("B200", "GB200", "B300", "GB300")  # the parts whose low-precision grouped GEMMs take the Blackwell share
 SOURCE = "cuDNN frontend's MoE benchmark (Transformer Engine's MXFP8 grouped GEMM path, GB200 and GB300)"
-Price = Callable[[OpSpec, str], float]  # (op, part name) -> one-shot seconds
 
 
 @functools.lru_cache(maxsize=1)

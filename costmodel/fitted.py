@@ -99,7 +99,7 @@ def blackwell_grouped_rows(pricer) -> list[dict]:
     """The Blackwell MXFP8 grouped share and the GB300's GEMM speed (``costmodel.blackwell_grouped``): medians of
     the first GB200 / GB300 runs, held out on the second."""
     cat = catalogue()
-    fits = blackwell_grouped.held_out_ratios(lambda op, name: pricer.predict(op, cat[name]))
+    fits = blackwell_grouped.held_out_ratios(lambda op, name: pricer.one_shot_s(op, cat[name]))
     words = {"share": ("MXFP8 grouped / dense GEMM time on Blackwell", "3 forward cases, one GB200 run"),
              "speed": ("GB300 / GB200 GEMM time", "6 cases, one GB200 and one GB300 run")}
     return [{"constant": words[k][0], "fitted_on": f"{words[k][1]} (cuDNN frontend's MoE benchmark)",

@@ -38,6 +38,7 @@ MEASURED = "B200"  # sm_100
 # the parts whose GEMMs take the scale: the B200's die (sm_100) and Blackwell Ultra (sm_103, unmeasured)
 PARTS = {"B200": "measured", "GB200": "the B200's die", "B300": "sm_103, unmeasured: the B200's",
          "GB300": "sm_103, unmeasured: the B200's"}
+Price = Callable[[OpSpec, str], float]  # (op, part name) -> a pricer's one-shot seconds
 MIN_FLOPS = 2 * 2048**3  # 1.7e10: both parts past their launch floor (the smaller shapes run 3-60 us)
 
 
@@ -48,7 +49,7 @@ def table() -> tuple[Mapping, ...]:
     return tuple(data["rows"])
 
 
-def _ratios(price: Callable[[OpSpec, str], float], batched: bool) -> list[float]:
+def _ratios(price: Price, batched: bool) -> list[float]:
     """(measured B200 / H100 time) / (priced B200 / H100 time) of the single (or the batched) GEMMs of at least
     ``MIN_FLOPS``; a batched one whose b*m x n x k is a single GEMM of the table is left out (the same price);
     ``price(op, part name)``: the model's one-shot seconds."""
@@ -64,7 +65,7 @@ def _ratios(price: Callable[[OpSpec, str], float], batched: bool) -> list[float]
     return out
 
 
-def gemm_scale(price: Callable[[OpSpec, str], float], device_name: str) -> tuple[float, str]:
+def gemm_scale(price: Price, device_name: str) -> tuple[float, str]:
     """(scale, source words) of a dense GEMM price on ``device_name``: 1 and "" off ``PARTS``."""
     if device_name not in PARTS:
         return 1.0, ""
@@ -74,7 +75,7 @@ def gemm_scale(price: Callable[[OpSpec, str], float], device_name: str) -> tuple
                    f"matmul_interpolator_data.h, sm_100 / sm_90, bf16){'' if where == 'measured' else '; ' + where}")
 
 
-def held_out_ratios(price: Callable[[OpSpec, str], float]) -> tuple[list[float], list[float]]:
+def held_out_ratios(price: Price) -> tuple[list[float], list[float]]:
     """(in sample, held out) measured / scaled-priced B200 time ratio to the H100: the single GEMMs the scale is
     the median of, and the batched ones it never saw."""
     inside = _ratios(price, batched=False)

@@ -316,10 +316,10 @@ def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
         attn_heads, attn_s = max(1, lb.a_t // lb.cp), seq_len
     keys = seq_len if not window or window >= seq_len else max(1, round(2 * window_keys(seq_len, window)))
     if layout.attention != "unfused":
-        fp8 = layout.attention_dtype == "fp8"
-        kernel = OpSpec("attention", (b, attn_heads, attn_s, keys, d), _attention_dtype(lb) if fp8 else lb.act,
-                        causal=True, impl=attention_impl(layout))
-        return [_qkv_cast(lb), kernel] if fp8 else [kernel]
+        dtype = _attention_dtype(lb) if layout.attention_dtype == "fp8" else lb.act
+        kernel = OpSpec("attention", (b, attn_heads, attn_s, keys, d), dtype, causal=True,
+                        impl=attention_impl(layout))
+        return [kernel] if dtype == lb.act else [_qkv_cast(lb, dtype), kernel]
     bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
     core = [OpSpec("bmm", (bh, attn_s, keys, d), lb.act), OpSpec("softmax", (bh * attn_s, keys), lb.act)]
     if lb.drop:
@@ -334,7 +334,7 @@ def _attention_dtype(lb: _LayerBuild) -> str:
     return "mxfp8" if lowp_recipe(lb.layout.fp8, lb.dtype) == "mxfp8" else "fp8"
 
 
-def _qkv_cast(lb: _LayerBuild) -> OpSpec:
+def _qkv_cast(lb: _LayerBuild, dtype: str) -> OpSpec:
     """fp8 attention's quantize pass: Q, K and V of this rank's tokens cast from the activation dtype (Transformer
     Engine's ``FusedAttnFunc`` quantizes them before cuDNN's fp8 kernel; under MXFP8 row- and column-wise, twice the
     elements). Its backward takes the estimator's twice-the-forward rule, an upper bound on TE's dO cast."""
@@ -343,7 +343,7 @@ def _qkv_cast(lb: _LayerBuild) -> OpSpec:
         width = lb.a_t * (2 * model.head_dim + model.v_head_dim)
     else:
         width = lb.a_t * lb.d + 2 * max(1, model.num_kv_heads // lb.t) * lb.d
-    copies = 2 if _attention_dtype(lb) == "mxfp8" else 1
+    copies = 2 if dtype == "mxfp8" else 1
     return OpSpec("cast", (int(lb.T * width * copies),), lb.act)
 
 
