@@ -240,7 +240,9 @@ HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3
 
 
 # Megatron-Bridge's published runs (B1 pre-training, B2 fine-tuning; blackwell_dev.jsonl): each table section is one
-# NeMo container, whose Megatron-Bridge release is the stack profile (planner/presets/stacks/megatron-bridge@<ver>).
+# NeMo container, whose Megatron-Bridge release is the stack profile: its performance scripts, which launched the
+# published runs (planner/presets/stacks/megatron-bridge-perf@<ver>, on the library's megatron-bridge@<ver>; 25.09's
+# scripts add nothing to the library's defaults, so its rows take the library's profile).
 # What a row states: model, GPUs and system, precision, GBS / MBS / sequence, FSDP, TP / PP / CP / VP / EP. The
 # README's conventions (data/published_runs/README.md, "B1, B2"): FSDP > 0 = Megatron-FSDP optim_grads_params
 # (zero=3), else the library recipes' distributed optimizer (zero=1); sp = TP > 1 (the perf scripts' rule); GB200 /
@@ -250,8 +252,11 @@ def is_bridge_row(row: dict) -> bool:
 
 
 def bridge_profile(row: dict) -> str:
-    """``megatron-bridge@26.06.01`` for a row of the ``## 26.06.01 NeMo Container`` section."""
-    return "megatron-bridge@" + row["container"].split()[-1]
+    """``megatron-bridge-perf@26.06.01`` for a row of the ``## 26.06.01 NeMo Container`` section
+    (``megatron-bridge@<ver>`` where the release's performance scripts have no profile of their own)."""
+    version = row["container"].split()[-1]
+    perf = f"megatron-bridge-perf@{version}"
+    return perf if perf in _stack_refs() else f"megatron-bridge@{version}"
 
 
 def bridge_cluster(row: dict, n_gpus: int) -> tuple[str, str]:
@@ -750,6 +755,14 @@ def precision_group(row: dict) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _stack_refs() -> frozenset:
+    """``name@version`` of every shipped stack profile, read once."""
+    from meshplan.planner.layout.stacks import load_stacks
+
+    return frozenset(load_stacks().profiles)
+
+
+@functools.lru_cache(maxsize=None)
 def _profile_defaults(profile: str, dtype: str, is_moe: bool) -> dict[str, str]:
     """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text); read once
     per profile, dtype and kind (the catalogue is parsed from its YAML files on every ``load_stacks``)."""
@@ -944,15 +957,20 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
 
 
 def _profiles_cell(profiles: list[str]) -> str:
-    """``a@1, a@2, a@3`` as ``a@1 .. a@3 (3)`` when one stack's versions make the list (Megatron-Bridge's
-    containers)."""
-    names = {p.partition("@")[0] for p in profiles}
-    if len(profiles) <= 2 or len(names) != 1:
-        return ", ".join(profiles)
+    """``a@1, a@2, a@3, b@1`` as ``a@1 .. a@3 (3), b@1``: each stack whose versions make more than two of the list
+    (Megatron-Bridge's containers) as its range."""
     from meshplan.planner.layout.stacks import _version_key
 
-    vers = sorted((p.partition("@")[2] for p in profiles), key=_version_key)
-    return f"{names.pop()}@{vers[0]} .. {vers[-1]} ({len(vers)})"
+    by_name: dict[str, list[str]] = {}
+    for p in profiles:
+        name, _, version = p.partition("@")
+        by_name.setdefault(name, []).append(version)
+    cells = []
+    for name, vers in by_name.items():
+        vers.sort(key=_version_key)
+        cells.append(f"{name}@{vers[0]} .. {vers[-1]} ({len(vers)})" if len(vers) > 2 else
+                     ", ".join(f"{name}@{v}" for v in vers))
+    return ", ".join(cells)
 
 
 def render(results: list[RowResult], summary: list[dict], console: Console) -> None:

@@ -22,7 +22,8 @@ def stacks(
         return
     for prof in cat.profiles.values():
         newest = " (default)" if cat.newest[prof.name] == prof.version else ""
-        table = Table(title=f"{prof.ref}{newest}: {prof.title}", caption=f"read at {prof.source}")
+        base = f"; adds to {prof.base}, whose values it keeps where it sets none" if prof.base else ""
+        table = Table(title=f"{prof.ref}{newest}: {prof.title}", caption=f"read at {prof.source}{base}")
         for col in ("--fix", "value", "when", "source"):
             table.add_column(col, overflow="fold", no_wrap=col in ("--fix", "value"))
         for v in prof.values:

@@ -94,12 +94,29 @@ def test_gb_systems_are_nvl72_racks_of_trays(rows, runs_dir):
 
 def test_each_row_takes_the_profile_of_its_container(rows, runs_dir):
     """The container of the table section names the Megatron-Bridge release (README: 25.09 -> r0.1.0 ... 26.06.01 ->
-    v0.5.1); the profile priced is that release's, and cites it."""
+    v0.5.1); the profile priced is that release's performance scripts (which launched the runs; 25.09's add nothing
+    to the library's defaults, so those rows take the library's), and cites it."""
     stacks = load_stacks()
     for row in rows:
         inp = dev_set.row_needs(row, runs_dir)
-        assert inp.profile == "megatron-bridge@" + row["container"].removeprefix("NeMo "), row["name"]
+        version = row["container"].removeprefix("NeMo ")
+        want = "megatron-bridge@" if version == "25.09" else "megatron-bridge-perf@"
+        assert inp.profile == want + version, row["name"]
         assert f"@ {row['recipe']['release']} " in stacks.get(inp.profile).source, row["name"]
+        if version != "25.09":  # every perf-scripts model config reduces gradients in bf16: the profile says so
+            assert "grad_dtype=bf16" in inp.from_profile and not any(
+                p.startswith("grad_dtype") for p in inp.per_row), row["name"]
+
+
+def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
+    """Issue 25: a row is priced from its table's facts and its stack profile; what it needs beyond both is counted,
+    with a goal of none. B2 needs nothing beyond the perf-scripts profile; B1's count may only fall (433 on
+    2026-11-27, when the perf-scripts profiles took the bf16 gradient reduction every model config sets)."""
+    counts = {"B1": [], "B2": []}
+    for row in rows:
+        counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 433 and statistics.median(counts["B1"]) <= 2
+    assert counts["B2"] == [0] * 8
 
 
 @pytest.mark.parametrize("word, dtype, fix, from_profile", [

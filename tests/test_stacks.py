@@ -28,6 +28,51 @@ def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
             assert "@" in v.source or prof.version in v.source or "torch.distributed" in v.source, (prof.ref, v.key)
 
 
+def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_release() -> None:
+    """Megatron-Bridge's performance scripts (which launched the published runs) keep the library release's
+    defaults and reduce gradients in bf16: each perf profile equals its release's library profile but for
+    grad_dtype, for every workload, and says where."""
+    cat = load_stacks()
+    perf = sorted(p.version for p in cat.profiles.values() if p.name == "megatron-bridge-perf")
+    assert perf == ["25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01"]
+    assert cat.get("megatron-bridge-perf").version == "26.06.01"
+    for version in perf:
+        prof, lib = cat.get(f"megatron-bridge-perf@{version}"), cat.get(f"megatron-bridge@{version}")
+        assert prof.base == lib.ref and lib.source.split(" (")[0] in prof.source
+        for dtype in ("bf16", "fp8", "nvfp4"):
+            for moe in (False, True):
+                got, want = prof.defaults(dtype, moe), lib.defaults(dtype, moe)
+                assert want["grad_dtype"] == "fp32" and got == {**want, "grad_dtype": "bf16"}, (version, dtype)
+        assert set(lib.unpriced) <= set(prof.unpriced)
+
+
+def _catalogue_in(tmp_path, monkeypatch, files: dict):
+    from meshplan.planner.layout import stacks
+
+    for name, body in files.items():
+        (tmp_path / name).write_text(yaml.safe_dump(body))
+    monkeypatch.setattr(stacks, "resources", type("R", (), {"files": staticmethod(lambda _: tmp_path.parent)}))
+    monkeypatch.setattr(stacks, "STACKS_DIR", tmp_path.name)
+    return stacks.load_stacks
+
+
+def test_a_profile_on_a_base_keeps_its_values_and_refuses_a_missing_base(tmp_path, monkeypatch) -> None:
+    base = {"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1",
+            "values": [{"key": "grad_dtype", "value": "fp32", "source": "somewhere @ v1"},
+                       {"key": "fp8", "value": "tensorwise", "when": "fp8", "source": "somewhere @ v1"}]}
+    top = {"name": "x-perf", "version": "1", "title": "t", "source": "somewhere @ v1", "base": "x@1",
+           "values": [{"key": "grad_dtype", "value": "bf16", "source": "somewhere else @ v1"}]}
+    load = _catalogue_in(tmp_path, monkeypatch, {"x@1.yaml": base, "x-perf@1.yaml": top})
+    got = load().get("x-perf@1").defaults("fp8", False)
+    assert got == {"grad_dtype": "bf16", "fp8": "tensorwise"}
+    (tmp_path / "x-perf@1.yaml").write_text(yaml.safe_dump({**top, "base": "x@2"}))
+    with pytest.raises(MeshplanError, match="base x@2 is not a shipped profile"):
+        load()
+    (tmp_path / "x-perf@1.yaml").write_text("name: [unclosed")
+    with pytest.raises(MeshplanError, match="x-perf@1.yaml: not YAML"):
+        load()
+
+
 def test_torchtitan_profile_is_torchtitans_own_defaults() -> None:
     """Read back from torchtitan 0.2.2's own JobConfig dataclasses."""
     _torchtitan()  # loads torchtitan's config modules without its GPU kernels, or skips

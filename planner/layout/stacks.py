@@ -4,6 +4,9 @@ A profile (``planner/presets/stacks/<name>@<version>.yaml``) names, for the deci
 that the stack fixes by default, the value it runs and the file and version that say so; a value may hold only for
 an fp8 workload or only for MoE (or dense) models (``when``). What the stack does that meshplan does not price
 (CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its source, so a user sees it was not forgotten.
+A profile may add to another (``base``: an entry point of the same release, such as Megatron-Bridge's performance
+scripts on top of its library): it holds the base's values and unpriced items, its own value of a key replacing
+the base's.
 
 ``meshplan plan --stack NAME[@VERSION]`` plans with the profile's values as defaults: ``--fix`` overrides any of
 them; the plan records the profile (``Plan.stack_profile``). ``meshplan stacks`` lists them with their sources.
@@ -55,8 +58,11 @@ class StackProfile(_Frozen):
     source: str = Field(min_length=8)
     """The repository and the tag or commit every value below was read at."""
     values: tuple[ProfileValue, ...]
-    """At most one that holds per ``--fix`` key for any workload (``when`` tells them apart)."""
+    """At most one that holds per ``--fix`` key for any workload (``when`` tells them apart); with a ``base``, what
+    this profile sets beyond it (read from the file) and then, once loaded, the base's values it keeps too."""
     unpriced: tuple[Unpriced, ...] = ()
+    base: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*@[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """``name@version`` of the profile this one adds to (``None``: it stands alone)."""
 
     @property
     def ref(self) -> str:
@@ -74,9 +80,28 @@ def _holds(when: Optional[str], dtype: str, is_moe: bool) -> bool:
 def _read(name: str) -> StackProfile:
     path = resources.files("meshplan.planner").joinpath(STACKS_DIR, name)
     try:
-        prof = StackProfile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        return StackProfile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     except ValidationError as exc:
         raise MeshplanError(f"{STACKS_DIR}/{name}: not a stack profile: {validation_line(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise MeshplanError(f"{STACKS_DIR}/{name}: not YAML: {str(exc).splitlines()[0]}") from None
+
+
+def _on_base(prof: StackProfile, profiles: Mapping[str, StackProfile]) -> StackProfile:
+    """``prof`` with its base's values (those of keys it does not set itself) and unpriced items added."""
+    if prof.base is None:
+        return prof
+    base = profiles.get(prof.base)
+    if base is None or base.base is not None:
+        raise MeshplanError(f"{STACKS_DIR}/{prof.ref}.yaml: base {prof.base} is not a shipped profile that stands "
+                            "alone")
+    own = {v.key for v in prof.values}
+    return prof.model_copy(update={"values": prof.values + tuple(v for v in base.values if v.key not in own),
+                                   "unpriced": prof.unpriced + base.unpriced})
+
+
+def _check(name: str, prof: StackProfile) -> StackProfile:
+    """``prof`` (its base's values included), each value checked against the decision registry."""
     for val in prof.values:
         if val.key not in BY_FIX_KEY:
             raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is not a decision (known: {', '.join(BY_FIX_KEY)})")
@@ -117,13 +142,14 @@ class StackCatalogue:
 def load_stacks() -> StackCatalogue:
     """The shipped profiles (``planner/presets/stacks``), read and checked against the decision registry."""
     folder = resources.files("meshplan.planner").joinpath(STACKS_DIR)
-    profiles = {}
+    read = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             prof = _read(entry.name)
             if entry.name != f"{prof.ref}.yaml":
                 raise MeshplanError(f"{STACKS_DIR}/{entry.name}: holds {prof.ref}; name the file {prof.ref}.yaml")
-            profiles[prof.ref] = prof
+            read[prof.ref] = prof
+    profiles = {ref: _check(f"{ref}.yaml", _on_base(prof, read)) for ref, prof in read.items()}
     newest: dict[str, str] = {}
     for prof in profiles.values():
         if prof.name not in newest or _version_key(prof.version) > _version_key(newest[prof.name]):
