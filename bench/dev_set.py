@@ -830,7 +830,8 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
 
 
 def _diagnose(res: RowResult, inp: RowInputs) -> None:
-    """For a refused row: the same layout priced by meshplan's estimator anyway (what it would predict)."""
+    """For a refused row: the same layout priced by meshplan's estimator anyway (what it would predict), with the
+    row's stack profile under its pins as ``plan_job`` takes them."""
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.select import estimator_for
@@ -839,10 +840,12 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype,
                     lora=inp.lora)
+    pins = {**_profile_defaults(inp.profile, inp.dtype, work.model.is_moe),
+            **dict(kv.split("=", 1) for kv in inp.fix_string.split(",") if kv)}
     estimator = estimator_for(work.cluster)
     ests = [estimator.estimate(work, lay) for lay in enumerate_layouts(
         work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len,
-        parse_fix(inp.fix_string))]
+        parse_fix(",".join(f"{k}={v}" for k, v in pins.items())))]
     est = min(ests, key=lambda e: e.memory.total_bytes)  # the closest miss, as meshplan's refusal names it
     res.breakdown = {"step_time_s_if_it_fit": est.step_time_s, "compute_s": est.compute_s,
                      "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s, "other_s": est.other_s,

@@ -30,8 +30,9 @@ def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
 
 def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_release() -> None:
     """Megatron-Bridge's performance scripts (which launched the published runs) keep the library release's
-    defaults and reduce gradients in bf16: each perf profile equals its release's library profile but for
-    grad_dtype, for every workload, and says where."""
+    defaults, reduce gradients in bf16 and, in a bf16 run, keep Adam's master weights as remainders (the
+    precision-aware optimizer): each perf profile equals its release's library profile but for those, for every
+    workload, and says where."""
     cat = load_stacks()
     perf = sorted(p.version for p in cat.profiles.values() if p.name == "megatron-bridge-perf")
     assert perf == ["25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01"]
@@ -42,7 +43,9 @@ def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_releas
         for dtype in ("bf16", "fp8", "nvfp4"):
             for moe in (False, True):
                 got, want = prof.defaults(dtype, moe), lib.defaults(dtype, moe)
-                assert want["grad_dtype"] == "fp32" and got == {**want, "grad_dtype": "bf16"}, (version, dtype)
+                more = {"optim_dtype": "remainder"} if dtype == "bf16" else {}
+                assert want["grad_dtype"] == "fp32" and "optim_dtype" not in want, (version, dtype)
+                assert got == {**want, "grad_dtype": "bf16", **more}, (version, dtype)
         assert set(lib.unpriced) <= set(prof.unpriced)
 
 

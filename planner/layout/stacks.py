@@ -2,8 +2,9 @@
 
 A profile (``planner/presets/stacks/<name>@<version>.yaml``) names, for the decisions of ``decisions.DECISIONS``
 that the stack fixes by default, the value it runs and the file and version that say so; a value may hold only for
-an fp8 workload or only for MoE (or dense) models (``when``). What the stack does that meshplan does not price
-(CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its source, so a user sees it was not forgotten.
+an fp8 or a bf16 workload, or only for MoE (or dense) models (``when``). What the stack does that meshplan does not
+price (CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its source, so a user sees it was not
+forgotten.
 A profile may add to another (``base``: an entry point of the same release, such as Megatron-Bridge's performance
 scripts on top of its library): it holds the base's values and unpriced items, its own value of a key replacing
 the base's.
@@ -38,8 +39,8 @@ class ProfileValue(_Frozen):
     key: str
     value: str
     source: str = Field(min_length=8)
-    when: Optional[str] = Field(None, pattern=r"^(fp8|moe|dense)$")
-    """Holds only for an fp8 workload, or only for MoE / dense models; ``None``: always."""
+    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense)$")
+    """Holds only for an fp8 (or a bf16) workload, or only for MoE / dense models; ``None``: always."""
 
 
 class Unpriced(_Frozen):
@@ -74,7 +75,7 @@ class StackProfile(_Frozen):
 
 
 def _holds(when: Optional[str], dtype: str, is_moe: bool) -> bool:
-    return {None: True, "fp8": dtype == "fp8", "moe": is_moe, "dense": not is_moe}[when]
+    return {None: True, "fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe}[when]
 
 
 def _read(name: str) -> StackProfile:
