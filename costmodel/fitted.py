@@ -73,7 +73,8 @@ def measured_rows() -> list[dict]:
     inside, held = sustained.held_out_ratios()
     if inside:
         rows.append({"constant": "sustained share of one-shot rates (power cap)", "fitted_on": f"{len(inside)} "
-                     "workloads held 25-40 s on H200 and H100 (3 runs)", "in_sample_error_pct": round(_mape(inside), 1),
+                     "workloads held 25-40 s on H200 and H100 (3 runs) and "
+                     "FlashInfer's published B200 run", "in_sample_error_pct": round(_mape(inside), 1),
                      "held_out": "one run", "held_out_error_pct": round(_mape(held), 1) if held else None,
                      "step_times_used": 0})
     inside, held = fp8_recipes.held_out_ratios("blockwise")

@@ -14,14 +14,20 @@ in a pooled median). The planner's estimator divides
 every tensor-core op's price by it (``TENSOR_CORE_KINDS``; ``costmodel.api.Pricer(..., sustained=True)``): a dense
 layer, 80-90% GEMMs and attention, loses what a bare GEMM loses, while a Qwen3-30B MoE layer at EP 8, whose token
 copies and scatters keep HBM busy, ran at the cap with its SM clock at 1905 MHz and kept 0.988 of its rate
-(``nvidia-h100-sustained-moe.json``). A part with no run of its own but the same SMs, boost clock and power limit
-as measured ones (H800: the GH100 die at 700 W) takes the median over theirs. Every other part takes 1: no
-sustained-load measurement exists for it, and ``meshplan plan --explain`` says so.
+(``nvidia-h100-sustained-moe.json``). One B200 (1000 W) run is published, not ours: flashinfer-ai/flashinfer PR
+#2899 timed 100 back-to-back bf16 FlashAttention-4 iterations and read 1450 TFLOP/s at the peak, 1237 once fully
+throttled (0.853), the SM clock down from 1965 to about 1580 MHz at 1000 W (``costmodel/data/published/
+flashinfer_b200_sustained.json``). A part with no run of its own but the same SMs, boost clock and power limit as
+measured ones (H800: the GH100 die at 700 W) takes the median over theirs. Every other part takes 1 (GB200, B300 and
+GB300 have other clocks and power limits than the B200): no sustained-load measurement exists for it, and
+``meshplan plan --explain`` says so.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from functools import lru_cache
+from importlib import resources
 
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.measured import SUSTAINED, measured_files
@@ -29,6 +35,8 @@ from meshplan.costmodel.measured import SUSTAINED, measured_files
 # measurement file -> the catalogued device it ran on (environment.device_name "NVIDIA H200", "NVIDIA H100 80GB HBM3")
 MEASURED_ON = {"nvidia-h200-sustained.json": "H200", "nvidia-h200-sustained-repeat.json": "H200",
                "nvidia-h100-sustained.json": "H100-SXM"}
+# published runs (costmodel/data/published) -> the catalogued device they ran on
+PUBLISHED_ON = {"flashinfer_b200_sustained.json": "B200"}
 NO_MEASUREMENT = "no sustained-load measurement for this part: priced at one-shot kernel rates"
 # Ops whose rate follows the SM clock (tensor-core math): the share applies to them. The memory-bound kernels (norms,
 # elementwise, copies, casts, softmax, embedding, optimizer) run at HBM speed, and the power cap lowers the SM clock
@@ -49,10 +57,39 @@ def same_part(a: DeviceSpec, b: DeviceSpec) -> bool:
     return (a.vendor, a.sm_count, a.clock_hz, a.tdp_w) == (b.vendor, b.sm_count, b.clock_hz, b.tdp_w) and a.tdp_w > 0
 
 
+def published_share(data: dict) -> float:
+    """A published run's steady rate over its peak window: the last window's rate over the best one's."""
+    rates = [w["tflops"] for w in data["windows"]]
+    return rates[-1] / max(rates)
+
+
+def _published() -> dict[str, dict[str, float]]:
+    """Published file -> {its workload: steady / peak}."""
+    folder = resources.files("meshplan.costmodel").joinpath("data/published")
+    out = {}
+    for name in PUBLISHED_ON:
+        data = json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
+        out[name] = {data["workload"]["kernel"]: published_share(data)}
+    return out
+
+
+def _device_of(run: str) -> str:
+    return MEASURED_ON.get(run) or PUBLISHED_ON[run]
+
+
+def _where(run: str) -> str:
+    """Who measured ``run`` and its file."""
+    if run in PUBLISHED_ON:
+        return f"published: flashinfer-ai/flashinfer PR #2899, costmodel/data/published/{run}"
+    return f"bench/gpu_sustained.py, costmodel/data/measured/{run}"
+
+
 def _runs() -> dict[str, dict[str, float]]:
-    """Run file -> its workloads' steady / first ratios, for every held run of a catalogued part."""
-    return {name: shares_of(data) for name, data in measured_files(SUSTAINED).items()
+    """Run file -> its workloads' steady / first ratios, for every held run of a catalogued part (ours, then the
+    published ones)."""
+    ours = {name: shares_of(data) for name, data in measured_files(SUSTAINED).items()
             if name in MEASURED_ON and "sustain" in data["sections"]}
+    return {**ours, **_published()}
 
 
 @lru_cache(maxsize=1)
@@ -60,7 +97,7 @@ def _measured() -> tuple[tuple[DeviceSpec, tuple[float, ...], tuple[str, ...]], 
     """(device, its workloads' steady / first ratios over every run, the files) per measured device."""
     cat, by_device = catalogue(), {}
     for name, shares in _runs().items():
-        vals, files = by_device.setdefault(MEASURED_ON[name], ([], []))
+        vals, files = by_device.setdefault(_device_of(name), ([], []))
         vals.extend(shares.values())
         files.append(name)
     return tuple((cat[dev], tuple(vals), tuple(files)) for dev, (vals, files) in sorted(by_device.items()))
@@ -75,11 +112,10 @@ def sustained_share(device: DeviceSpec) -> tuple[float, str]:
     if not kin:
         return 1.0, NO_MEASUREMENT
     share = statistics.median(v for _, vals, _ in kin for v in vals)
-    parts = " and ".join(f"an {m.name}" for m, _, _ in kin)
-    files = ", ".join(f for _, _, fs in kin for f in fs)
+    parts = " and ".join(f"{'an' if m.name[0] in 'AEFHILMNORSX' else 'a'} {m.name}" for m, _, _ in kin)
+    files = "; ".join(_where(f) for _, _, fs in kin for f in fs)
     via = "" if own else " (the same die at the same power limit)"
-    return share, (f"{share:.3f} of one-shot rates under sustained load: measured on {parts}{via} "
-                   f"(bench/gpu_sustained.py; costmodel/data/measured/{files})")
+    return share, f"{share:.3f} of one-shot rates under sustained load: measured on {parts}{via} ({files})"
 
 
 def held_out_ratios() -> tuple[list[float], list[float]]:
@@ -90,7 +126,7 @@ def held_out_ratios() -> tuple[list[float], list[float]]:
     cat = catalogue()
     inside, held = [], []
     for name, shares in runs.items():
-        own = sustained_share(cat[MEASURED_ON[name]])[0]
+        own = sustained_share(cat[_device_of(name)])[0]
         others = [v for n, s in runs.items() if n != name for v in s.values()]
         for share in shares.values():
             inside.append(own / share)
