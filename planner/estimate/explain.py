@@ -23,6 +23,25 @@ MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", 
                 "cast")
 
 
+# What the step leaves out on the host, said for MoE models, where it is measured to matter (BENCHMARKS.md,
+# "Megatron-Bridge's performance scripts as a stack profile ..."): published per-call host costs and the dev set's
+# split by CUDA-graph mode, neither priced.
+HOST_TIME_NOTE = (
+    "host time is not priced: framework dispatch and kernel launches (a Transformer Engine Linear forward costs the "
+    "host 99.7 us on a GB200's Grace CPU, a torch Linear 13.5 us on an H100 DGX's Xeon: TransformerEngine issue "
+    "2053), and an MoE layer's token-count copy to the host each forward, after which the GPU waits for the host. "
+    "Megatron-Bridge's published Qwen3-30B-A3B runs are within 2% of meshplan's price when the whole iteration is "
+    "one CUDA graph and 14-28% slower than it with partial graphs or none; on a DGX B200 its micro-batch-1 run "
+    "(NeMo 26.02) took 2.75x the step of the micro-batch-4 run (26.02.01), where meshplan prices 1.26x. With small "
+    "experts or small micro-batches, expect this step to be slower than priced unless the stack captures the "
+    "iteration in CUDA graphs")
+
+
+def host_note(model, layout: Layout) -> str | None:
+    """``HOST_TIME_NOTE`` for an MoE model on a GPU, else ``None``."""
+    return HOST_TIME_NOTE if model.num_experts else None
+
+
 def op_class(op) -> str:
     """``matmul fp8 (delayed)``, ``grouped matmul bf16``, ``attention bf16 (cudnn)``, ``rmsnorm bf16``: what an op
     is priced as."""
@@ -100,6 +119,9 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     waits = busy_note(est.compute_s / est.step_time_s, dev) if est.step_time_s > 0 else None
     if waits:
         notes["sustained load"] = waits
+    host = host_note(model, layout)
+    if host:
+        notes["host time"] = host
     if layout.moe_dispatcher == "hybridep" and layout.ep > 1 and model.num_experts:
         basis, gap = hybridep.explain(layout.ep, links["ep"].name.endswith("-a2a"))
         out["priced_from"]["ep dispatch (hybridep)"] = basis
