@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import blackwell_grouped
+from meshplan.costmodel import blackwell_grouped, fp4_gemm
 from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec, catalogue
@@ -59,21 +59,25 @@ MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before startin
 FP8_FIXED_K = 150.0
 
 
-# NVFP4 GEMMs take the same rule with the main loop at the device's nvfp4 rate: t_bf16 * (bf16 / nvfp4 peak +
-# FP8_FIXED_K / k) (1/4 on B200 and GB200, 1/6 on GB300). No NVFP4 GEMM measurement reaches this model; the fixed
+# NVFP4 GEMMs take the same rule with the main loop at the measured multiple of the device's bf16 / nvfp4 peak
+# ratio (1/4 on B200 and GB200, 1/6 on GB300): t_bf16 * (multiple * bf16 / nvfp4 peak + FP8_FIXED_K / k). The
+# multiple (1.30) is the median of five published B200 fp4 GEMMs at M >= 4096 (``costmodel.fp4_gemm``); the fixed
 # per-tile part is DeepGEMM's fp8 one, kept because the epilogue and the per-block scale handling do not shrink.
 LOWP_GEMM_DTYPES = ("fp8", "nvfp4")
 
 
 def fp8_time_share(op: OpSpec, device: DeviceSpec | None = None) -> float:
     """``t_lowp / t_bf16`` of an fp8 or nvfp4 GEMM (forward: its K; backward: the mean over dgrad's K = n and
-    wgrad's K = m). fp8's main loop runs at half the bf16 time; nvfp4's at ``device``'s bf16 / nvfp4 peak ratio."""
+    wgrad's K = m). fp8's main loop runs at half the bf16 time; nvfp4's at the measured multiple of ``device``'s
+    bf16 / nvfp4 peak ratio (``costmodel.fp4_gemm``)."""
     if op.kind == "matmul":
         m, n, k = op.shape
     else:
         _, m, n, k = op.shape
     ks = (n, m) if op.backward else (k,)
-    main = 0.5 if op.dtype != "nvfp4" or device is None else device.peak("bf16") / device.peak("nvfp4")
+    main = 0.5
+    if op.dtype == "nvfp4" and device is not None:
+        main = fp4_gemm.main_loop_multiple(FP8_FIXED_K) * device.peak("bf16") / device.peak("nvfp4")
     return sum(main + FP8_FIXED_K / max(1, kk) for kk in ks) / len(ks)
 
 
@@ -257,7 +261,8 @@ class Pricer:
         if twin is not None and device.supports("bf16"):
             sec, src = self._compute_with_source(twin, device)
             share = fp8_time_share(op, device) * recipe_time_multiple(op.impl, device)
-            return sec * share, f"{src} (bf16 twin, {op.dtype} rule)"
+            rule = f"{op.dtype} rule" + (f", main loop measured: {fp4_gemm.SOURCE}" if op.dtype == "nvfp4" else "")
+            return sec * share, f"{src} (bf16 twin, {rule})"
         sec, src = self.model_price(op, device)
         scale, note = self._gemm_factor(op, device, src)
         return (sec * scale, f"{src} ({note})") if note else (sec, src)

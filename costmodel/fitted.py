@@ -8,13 +8,15 @@ attention curves (``costmodel.attention``), whose held-out error prices each GPU
 scaled by bf16 peak, the rule B200 and B300 are priced by; the sustained-load share (``costmodel.sustained``) is
 held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time, the
 Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs of OpenXLA's table, the Blackwell grouped share
-and GB300 speed (``costmodel.blackwell_grouped``) on the second run of each part.
+and GB300 speed (``costmodel.blackwell_grouped``) on the second run of each part, the NVFP4 GEMM main loop
+(``costmodel.fp4_gemm``) one published GEMM at a time.
 """
 from __future__ import annotations
 
 import statistics
 
-from meshplan.costmodel import blackwell_grouped, fp8_recipes, sustained, xla_gemm
+from meshplan.costmodel import blackwell_grouped, fp4_gemm, fp8_recipes, sustained, xla_gemm
+from meshplan.costmodel.api import FP8_FIXED_K
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
@@ -77,6 +79,11 @@ def measured_rows() -> list[dict]:
                      "FlashInfer's published B200 run", "in_sample_error_pct": round(_mape(inside), 1),
                      "held_out": "one run", "held_out_error_pct": round(_mape(held), 1) if held else None,
                      "step_times_used": 0})
+    inside, held = fp4_gemm.held_out_ratios(FP8_FIXED_K)
+    rows.append({"constant": "NVFP4 GEMM main loop / bf16-over-nvfp4 peak ratio (B200)", "fitted_on": f"{len(inside)} "
+                 "published B200 fp4 GEMMs at M >= 4096 (vLLM CUTLASS NVFP4, cuBLASLt MXFP4)",
+                 "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one GEMM",
+                 "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0})
     inside, held = fp8_recipes.held_out_ratios("blockwise")
     if inside:
         rows.append({"constant": "blockwise fp8 GEMM time / tensor-wise (Hopper)", "fitted_on": f"{len(inside)} "

@@ -24,11 +24,16 @@ from meshplan.planner.model.config import load_model
 
 
 def test_datasheet_peaks_set_the_nvfp4_main_loop():
+    """The nvfp4 main loop is the measured multiple (``costmodel.fp4_gemm``, recomputed in tests/test_fp4_gemm.py)
+    of each part's bf16 / nvfp4 datasheet ratio: a quarter on the B200, a sixth on Blackwell Ultra."""
+    from meshplan.costmodel.fp4_gemm import main_loop_multiple
+
     b200, gb300 = get_device("B200"), get_device("GB300")
     assert (b200.peak("bf16"), b200.peak("nvfp4"), b200.peak("mxfp8")) == (2.25e15, 9.0e15, 4.5e15)
     op = OpSpec("matmul", (8192, 8192, 8192), "nvfp4", impl="nvfp4")
-    assert fp8_time_share(op, b200) == pytest.approx(2.25 / 9 + 150 / 8192)  # main loop at a quarter of bf16's
-    assert fp8_time_share(op, gb300) == pytest.approx(2.5 / 15 + 150 / 8192)  # Blackwell Ultra: a sixth
+    x = main_loop_multiple(150.0)
+    assert fp8_time_share(op, b200) == pytest.approx(x * 2.25 / 9 + 150 / 8192)
+    assert fp8_time_share(op, gb300) == pytest.approx(x * 2.5 / 15 + 150 / 8192)
     fp8 = OpSpec("matmul", (8192, 8192, 8192), "fp8", impl="mxfp8")
     assert fp8_time_share(fp8, b200) == fp8_time_share(fp8) == pytest.approx(0.5 + 150 / 8192)
 
@@ -38,7 +43,10 @@ def test_nvfp4_gemm_priced_from_its_bf16_twin():
     dev = get_device("B200")
     bf16 = p.predict(OpSpec("matmul", (8192, 8192, 8192), "bf16"), dev)
     sec, src = p.predict_with_source(OpSpec("matmul", (8192, 8192, 8192), "nvfp4", impl="nvfp4"), dev)
-    assert sec == pytest.approx(bf16 * (0.25 + 150 / 8192)) and "nvfp4 rule" in src
+    from meshplan.costmodel.fp4_gemm import main_loop_multiple
+
+    share = main_loop_multiple(150.0) * 0.25 + 150 / 8192
+    assert sec == pytest.approx(bf16 * share) and "nvfp4 rule" in src and "PR #20646" in src
 
 
 def test_block_scale_bytes_from_te_block_sizes():

@@ -1,0 +1,59 @@
+"""How fast a 4-bit block-scaled GEMM's main loop runs on Blackwell, from published B200 measurements.
+
+The low-precision GEMM rule (``costmodel.api.fp8_time_share``) prices an NVFP4 GEMM from its bf16 twin as
+``t_bf16 * (main + FP8_FIXED_K / k)``, the main loop at the part's bf16 / nvfp4 peak ratio (a quarter on a B200).
+Measured, it is slower than that: ``costmodel/data/published/fp4_gemm_b200.json`` keeps the training-sized rows of
+vLLM PR #20646 (its CUTLASS NVFP4 GEMM against torch bf16 in the same run, M 4096-16384) and DeepGEMM PR #348
+(cuBLASLt's MXFP4 GEMM, the library Transformer Engine calls, at 4096 x 4096 x 7168 and 8192^3). Each row gives
+``main = t_fp4 / t_bf16 - FP8_FIXED_K / k``, with t_bf16 the same run's bf16 GEMM or, for the cuBLASLt rows (no bf16
+column), the median of the vLLM rows' bf16 rates (B200 cuBLAS at M >= 4096); the multiple is the median main over
+the B200's peak ratio. Other Blackwell parts take the same multiple of their own peak ratio: no fp4 GEMM of theirs
+is published here, and ``--explain`` says the B200 measured it.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from functools import lru_cache
+from importlib import resources
+
+from meshplan.costmodel.devices import catalogue
+
+DATA_FILE = "data/published/fp4_gemm_b200.json"
+SOURCE = ("vLLM PR #20646 (CUTLASS NVFP4) and DeepGEMM PR #348 (cuBLASLt MXFP4) on a B200, "
+          "costmodel/data/published/fp4_gemm_b200.json")
+
+
+@lru_cache(maxsize=1)
+def _data() -> dict:
+    return json.loads(resources.files("meshplan.costmodel").joinpath(DATA_FILE).read_text(encoding="utf-8"))
+
+
+def row_mains(fixed_k: float) -> list[float]:
+    """Each published row's main-loop share of its bf16 twin's time (``t_fp4 / t_bf16 - fixed_k / k``)."""
+    rows = _data()["rows"]
+    plateau = statistics.median(r["bf16_tflops"] for r in rows if "bf16_tflops" in r)
+    return [r.get("bf16_tflops", plateau) / r["fp4_tflops"] - fixed_k / r["k"] for r in rows]
+
+
+def _peak_ratio() -> float:
+    b200 = catalogue()[_data()["device"]]
+    return b200.peak("bf16") / b200.peak("nvfp4")
+
+
+@lru_cache(maxsize=4)
+def main_loop_multiple(fixed_k: float) -> float:
+    """The measured NVFP4 main loop over the B200's bf16 / nvfp4 peak ratio (the median row)."""
+    return statistics.median(row_mains(fixed_k)) / _peak_ratio()
+
+
+def held_out_ratios(fixed_k: float) -> tuple[list[float], list[float]]:
+    """(in sample, one row held out): priced / measured fp4 time of every row, the main loop the median of every
+    row, or of the other rows."""
+    mains, ratio = row_mains(fixed_k), _peak_ratio()
+    k = [r["k"] for r in _data()["rows"]]
+    every = main_loop_multiple(fixed_k) * ratio
+    inside = [(every + fixed_k / kk) / (m + fixed_k / kk) for m, kk in zip(mains, k)]
+    held = [(statistics.median(mains[:i] + mains[i + 1:]) + fixed_k / kk) / (m + fixed_k / kk)
+            for i, (m, kk) in enumerate(zip(mains, k))]
+    return inside, held
