@@ -63,14 +63,17 @@ def published_share(data: dict) -> float:
     return rates[-1] / max(rates)
 
 
+@lru_cache(maxsize=None)
+def _published_file(name: str) -> dict:
+    """A published run's file, parsed once (callers read it, never change it)."""
+    folder = resources.files("meshplan.costmodel").joinpath("data/published")
+    return json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
+
+
 def _published() -> dict[str, dict[str, float]]:
     """Published file -> {its workload: steady / peak}."""
-    folder = resources.files("meshplan.costmodel").joinpath("data/published")
-    out = {}
-    for name in PUBLISHED_ON:
-        data = json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
-        out[name] = {data["workload"]["kernel"]: published_share(data)}
-    return out
+    return {name: {_published_file(name)["workload"]["kernel"]: published_share(_published_file(name))}
+            for name in PUBLISHED_ON}
 
 
 def _device_of(run: str) -> str:
@@ -80,7 +83,8 @@ def _device_of(run: str) -> str:
 def _where(run: str) -> str:
     """Who measured ``run`` and its file."""
     if run in PUBLISHED_ON:
-        return f"published: flashinfer-ai/flashinfer PR #2899, costmodel/data/published/{run}"
+        src = _published_file(run)["source"]
+        return f"published: {src['repository']} PR #{src['pull_request']}, costmodel/data/published/{run}"
     return f"bench/gpu_sustained.py, costmodel/data/measured/{run}"
 
 
@@ -112,7 +116,7 @@ def sustained_share(device: DeviceSpec) -> tuple[float, str]:
     if not kin:
         return 1.0, NO_MEASUREMENT
     share = statistics.median(v for _, vals, _ in kin for v in vals)
-    parts = " and ".join(f"{'an' if m.name[0] in 'AEFHILMNORSX' else 'a'} {m.name}" for m, _, _ in kin)
+    parts = " and ".join(m.name for m, _, _ in kin)
     files = "; ".join(_where(f) for _, _, fs in kin for f in fs)
     via = "" if own else " (the same die at the same power limit)"
     return share, f"{share:.3f} of one-shot rates under sustained load: measured on {parts}{via} ({files})"
