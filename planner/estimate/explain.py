@@ -116,6 +116,16 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
     out["priced_from"], notes = _bases(estimator.pricer, dev, first_op)
+    notes.update(_step_notes(est, model, layout, dev, links["ep"], out["priced_from"]))
+    if notes:
+        out["unmeasured"] = notes
+    return out
+
+
+def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> dict[str, str]:
+    """What the step's price leaves out beyond its op classes: a waiting GPU's boost, host time (MoE), Hybrid-EP
+    outside its measured sizes (whose basis it adds to ``priced_from``)."""
+    notes = {}
     waits = busy_note(est.compute_s / est.step_time_s, dev) if est.step_time_s > 0 else None
     if waits:
         notes["sustained load"] = waits
@@ -123,13 +133,11 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     if host:
         notes["host time"] = host
     if layout.moe_dispatcher == "hybridep" and layout.ep > 1 and model.num_experts:
-        basis, gap = hybridep.explain(layout.ep, links["ep"].name.endswith("-a2a"))
-        out["priced_from"]["ep dispatch (hybridep)"] = basis
+        basis, gap = hybridep.explain(layout.ep, ep_link.name.endswith("-a2a"))
+        priced_from["ep dispatch (hybridep)"] = basis
         if gap:
             notes["ep dispatch (hybridep)"] = gap
-    if notes:
-        out["unmeasured"] = notes
-    return out
+    return notes
 
 
 def _efficiency(seconds: dict, work_done: dict, dev) -> dict:
