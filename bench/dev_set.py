@@ -837,15 +837,14 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
     from meshplan.planner.estimate.select import estimator_for
     from meshplan.planner.layout.space import enumerate_layouts, parse_fix
     from meshplan.planner.model.config import load_model
+    from meshplan.planner.search.job import profile_pins
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype,
                     lora=inp.lora)
-    pins = {**_profile_defaults(inp.profile, inp.dtype, work.model.is_moe),
-            **dict(kv.split("=", 1) for kv in inp.fix_string.split(",") if kv)}
+    pins, _ = profile_pins(inp.profile, inp.dtype, work.model.is_moe, parse_fix(inp.fix_string))
     estimator = estimator_for(work.cluster)
     ests = [estimator.estimate(work, lay) for lay in enumerate_layouts(
-        work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len,
-        parse_fix(",".join(f"{k}={v}" for k, v in pins.items())))]
+        work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len, pins)]
     est = min(ests, key=lambda e: e.memory.total_bytes)  # the closest miss, as meshplan's refusal names it
     res.breakdown = {"step_time_s_if_it_fit": est.step_time_s, "compute_s": est.compute_s,
                      "exposed_comm_s": est.exposed_comm_s, "bubble_s": est.bubble_s, "other_s": est.other_s,

@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 import math
-from importlib import resources
 from types import MappingProxyType
 from typing import Mapping
 
 from meshplan.costmodel.devices import DeviceSpec, catalogue
+from meshplan.costmodel.measured import published_file
 from meshplan.costmodel.ops import OpSpec
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -59,7 +58,7 @@ HOPPER = frozenset({"H100-SXM", "H100-PCIe", "H800", "H200", "H100-SXM-96GB-500W
 AMPERE = frozenset({"A100-80GB", "A100-40GB", "A100-PCIe-40GB", "A100-PCIe-80GB"})
 FUSED_IMPLS = ("flash2", "flash3", "cudnn", "flex")
 FLEX_SHARE_OF_FA2 = {"fwd": 0.90, "bwd": 0.85}  # PyTorch FlexAttention blog, Aug 2024
-BLACKWELL_FILE = "data/published/cudnn_sdpa_blackwell.json"
+BLACKWELL_FILE = "cudnn_sdpa_blackwell.json"  # in costmodel/data/published
 # the part whose cuDNN curve each Blackwell device takes (B200 / B300: the same dies as GB200 / GB300 at lower clocks)
 BLACKWELL_MEASURED = {"GB200": "GB200", "B200": "GB200", "GB300": "GB300", "B300": "GB300"}
 
@@ -147,7 +146,7 @@ def blackwell_curves(dtype: str = "bfloat16") -> Mapping[tuple, tuple]:
     """``{(gpu, kind, pass): ((seq, ...), (TFLOP/s, ...))}`` of the packaged cuDNN benchmark's cases of ``dtype``
     (its column: bfloat16, fp8, mxfp8; read once per process, handed out read-only): TFLOP/s under
     ``_measured_flops``, by sequence length."""
-    data = json.loads(resources.files("meshplan.costmodel").joinpath(BLACKWELL_FILE).read_text(encoding="utf-8"))
+    data = published_file(BLACKWELL_FILE)
     points: dict = {}
     for r in data["rows"]:
         if r["dtype"] == dtype:

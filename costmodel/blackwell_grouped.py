@@ -21,14 +21,13 @@ Held out: the second run of each part (the B200 and B300 result folders, whose d
 from __future__ import annotations
 
 import functools
-import json
 import statistics
-from importlib import resources
 
+from meshplan.costmodel.measured import published_file
 from meshplan.costmodel.ops import OpSpec
 from meshplan.costmodel.xla_gemm import Price
 
-DATA_FILE = "data/published/cudnn_moe_grouped_blackwell.json"
+DATA_FILE = "cudnn_moe_grouped_blackwell.json"  # in costmodel/data/published
 EXPERTS, TOKENS, K, N = 8, 4096, 8192, 4096
 FORWARD = ("swiglu", "geglu", "srelu")
 GATED = ("swiglu", "geglu", "dswiglu", "dgeglu")
@@ -39,8 +38,7 @@ SOURCE = "cuDNN frontend's MoE benchmark (Transformer Engine's MXFP8 grouped GEM
 @functools.lru_cache(maxsize=1)
 def runs() -> tuple[dict, ...]:
     """The packaged runs (device, folder, TE path ms per activation), read once per process."""
-    data = json.loads(resources.files("meshplan.costmodel").joinpath(DATA_FILE).read_text(encoding="utf-8"))
-    return tuple(data["runs"])
+    return tuple(published_file(DATA_FILE)["runs"])
 
 
 def gemm_n(act: str) -> int:

@@ -12,21 +12,19 @@ is published here, and ``--explain`` says the B200 measured it.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from functools import lru_cache
-from importlib import resources
 
 from meshplan.costmodel.devices import catalogue
+from meshplan.costmodel.measured import published_file
 
-DATA_FILE = "data/published/fp4_gemm_b200.json"
+DATA_FILE = "fp4_gemm_b200.json"  # in costmodel/data/published
 SOURCE = ("vLLM PR #20646 (CUTLASS NVFP4) and DeepGEMM PR #348 (cuBLASLt MXFP4) on a B200, "
           "costmodel/data/published/fp4_gemm_b200.json")
 
 
-@lru_cache(maxsize=1)
 def _data() -> dict:
-    return json.loads(resources.files("meshplan.costmodel").joinpath(DATA_FILE).read_text(encoding="utf-8"))
+    return published_file(DATA_FILE)
 
 
 def row_mains(fixed_k: float) -> list[float]:

@@ -1,4 +1,5 @@
-"""meshplan's own GPU measurements, kept as data (``costmodel/data/measured/*.json``, with its README).
+"""meshplan's own GPU measurements, kept as data (``costmodel/data/measured/*.json``, with its README), and the
+reader of the published ones (``costmodel/data/published/*.json``).
 
 Each file is the unedited output of one run of a script in ``bench/`` on one lent GPU, and names its kind in
 ``schema``: ``meshplan.gpu_kernels/1`` (``bench/gpu_kernels.py``: grouped GEMMs, permute, attention, casts) or
@@ -26,3 +27,10 @@ def measured_files(schema: str = KERNELS) -> dict[str, dict]:
     """File name -> the parsed measurement file, for every file of ``schema``. Callers get their own dicts' keys
     but share the parsed contents: read, never change them."""
     return {name: data for name, data in _all() if data.get("schema") == schema}
+
+
+@lru_cache(maxsize=None)
+def published_file(name: str) -> dict:
+    """``costmodel/data/published/<name>``, parsed once per process (callers read it, never change it)."""
+    return json.loads(resources.files("meshplan.costmodel").joinpath("data/published", name).read_text(
+        encoding="utf-8"))

@@ -24,13 +24,11 @@ GB300 have other clocks and power limits than the B200): no sustained-load measu
 """
 from __future__ import annotations
 
-import json
 import statistics
 from functools import lru_cache
-from importlib import resources
 
 from meshplan.costmodel.devices import DeviceSpec, catalogue
-from meshplan.costmodel.measured import SUSTAINED, measured_files
+from meshplan.costmodel.measured import SUSTAINED, measured_files, published_file
 
 # measurement file -> the catalogued device it ran on (environment.device_name "NVIDIA H200", "NVIDIA H100 80GB HBM3")
 MEASURED_ON = {"nvidia-h200-sustained.json": "H200", "nvidia-h200-sustained-repeat.json": "H200",
@@ -63,16 +61,9 @@ def published_share(data: dict) -> float:
     return rates[-1] / max(rates)
 
 
-@lru_cache(maxsize=None)
-def _published_file(name: str) -> dict:
-    """A published run's file, parsed once (callers read it, never change it)."""
-    folder = resources.files("meshplan.costmodel").joinpath("data/published")
-    return json.loads(folder.joinpath(name).read_text(encoding="utf-8"))
-
-
 def _published() -> dict[str, dict[str, float]]:
     """Published file -> {its workload: steady / peak}."""
-    return {name: {_published_file(name)["workload"]["kernel"]: published_share(_published_file(name))}
+    return {name: {published_file(name)["workload"]["kernel"]: published_share(published_file(name))}
             for name in PUBLISHED_ON}
 
 
@@ -83,7 +74,7 @@ def _device_of(run: str) -> str:
 def _where(run: str) -> str:
     """Who measured ``run`` and its file."""
     if run in PUBLISHED_ON:
-        src = _published_file(run)["source"]
+        src = published_file(run)["source"]
         return f"published: {src['repository']} PR #{src['pull_request']}, costmodel/data/published/{run}"
     return f"bench/gpu_sustained.py, costmodel/data/measured/{run}"
 

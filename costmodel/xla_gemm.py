@@ -24,14 +24,13 @@ GEMM of the table.
 from __future__ import annotations
 
 import functools
-import json
 import statistics
-from importlib import resources
 from typing import Callable, Mapping
 
+from meshplan.costmodel.measured import published_file
 from meshplan.costmodel.ops import OpSpec
 
-DATA_FILE = "data/published/xla_gemm_sm90_sm100.json"
+DATA_FILE = "xla_gemm_sm90_sm100.json"  # in costmodel/data/published
 COMMIT = "71feeddf"
 REFERENCE = "H100-SXM"  # sm_90 in the table
 MEASURED = "B200"  # sm_100
@@ -45,8 +44,7 @@ MIN_FLOPS = 2 * 2048**3  # 1.7e10: both parts past their launch floor (the small
 @functools.lru_cache(maxsize=1)
 def table() -> tuple[Mapping, ...]:
     """The packaged rows (b, m, n, k, sm_90 and sm_100 FLOP/s), read once per process."""
-    data = json.loads(resources.files("meshplan.costmodel").joinpath(DATA_FILE).read_text(encoding="utf-8"))
-    return tuple(data["rows"])
+    return tuple(published_file(DATA_FILE)["rows"])
 
 
 def _ratios(price: Price, batched: bool) -> list[float]:

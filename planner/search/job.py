@@ -217,12 +217,18 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
                             "--cluster": request.cluster if Path(request.cluster).exists() else None,
                             "--sensitivity": opts.sensitivity}, "--out")
     before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
-    fix, profile = request.fix, ""
-    if request.stack:
-        prof = load_stacks().get(request.stack)
-        defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, spec.is_moe).items()))
-        fix, profile = Pins(**_over_profile(defaults.pinned(), request.fix)), prof.ref
+    fix, profile = profile_pins(request.stack, dtype, spec.is_moe, request.fix)
     return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, profile)
+
+
+def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins) -> tuple[Pins, str]:
+    """(the pins a ``dtype`` run of a MoE or dense model plans under, the profile's ``name@version``): stack
+    profile ``stack``'s values under ``fix`` (``_over_profile``); ``fix`` and "" without a stack."""
+    if not stack:
+        return fix, ""
+    prof = load_stacks().get(stack)
+    defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe).items()))
+    return Pins(**_over_profile(defaults.pinned(), fix)), prof.ref
 
 
 def _over_profile(defaults: dict, fix: Pins) -> dict:
