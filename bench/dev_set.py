@@ -253,7 +253,7 @@ def is_bridge_row(row: dict) -> bool:
 
 def bridge_profile(row: dict) -> str:
     """``megatron-bridge-perf@26.06.01`` for a row of the ``## 26.06.01 NeMo Container`` section
-    (``megatron-bridge@<ver>`` where the release's performance scripts have no profile of their own)."""
+    (``megatron-bridge@<ver>`` for a release whose performance scripts have no profile of their own: none now)."""
     version = row["container"].split()[-1]
     perf = f"megatron-bridge-perf@{version}"
     return perf if perf in _stack_refs() else f"megatron-bridge@{version}"
@@ -441,12 +441,24 @@ def known_regressions(row: dict) -> list[str]:
 
 
 def _bridge_model_needs(row: dict) -> list[Need]:
-    """What the model or task adds: DeepSeek-V3's MTP module, 25.09's token dropping, Kimi-K2's Muon, SFT packing,
-    LoRA."""
+    """What the model or task adds: DeepSeek-V3's and Nemotron 3 Super's MTP modules, Nemotron 3 Super's last layers
+    kept in bf16 under NVFP4, 25.09's token dropping, Kimi-K2's Muon, SFT packing, LoRA."""
     needs = []
     if "(w/o MTP)" not in row["model"] and row["model"].startswith("DeepSeekV3"):
         needs.append(Need("mtp", "1", "Megatron-Bridge's DeepSeek-V3 recipe sets mtp_num_layers = 1 (the table's "
                           "TFLOP/s match with one MTP layer)", {}))
+    if row["model"].startswith("Nemotron_3_Super"):
+        needs.append(Need("mtp", "2", "Megatron-Bridge's Nemotron 3 Super recipe sets mtp_num_layers = 2 over its one "
+                          "repeated MTP module (recipes/nemotronh/nemotron_3_super.py line 94, v0.4.0 to v0.5.1; the "
+                          "table's TFLOP/s per token, 85.0-85.4 G, match two MTP passes: 84.9 G); it keeps the MTP "
+                          "block in bf16 (keep_mtp_spec_in_bf16), priced at the row's precision", {}))
+    if row["model"].startswith("Nemotron_3_Super") and bridge_precision(row)[0] == "nvfp4":
+        needs.append(Need("bf16_last_layers", "14", "the perf scripts' Nemotron 3 Super NVFP4 precision "
+                          "(nemotron_3_super_bf16_with_nvfp4_mixed, training/mixed_precision.py v0.4.0 to v0.5.1; "
+                          "v0.4.0 set it in scripts/performance/configs/nemotronh/nemotron_3_llm_pretrain.py): "
+                          "first_last_layers_bf16 with num_layers_at_end_in_bf16 = 14; its te_quant.cfg module "
+                          "overrides (attention and latent projections in bf16, Mamba out_proj in MXFP8) are not "
+                          "priced", {}))
     if "(tokendrop)" in row["model"]:  # 25.09 = r0.1.0, whose run_script.py set these for the token-drop runs
         needs.append(Need("moe_capacity", "1", "25.09 '(tokendrop)': scripts/performance/run_script.py @ r0.1.0 "
                           "lines 80 / 109 / 116 apply_moe_token_drop (training/utils/moe_token_drop.py lines 20-21: "
@@ -711,7 +723,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     if recompute is None:
         del fix["recompute"]
     profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
-    stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")))
+    pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
+    stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8)
     if "attention" in stack_sets:
         del fix["attention"]  # the stack's attention kernel is the profile's
     approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype)
@@ -763,12 +776,13 @@ def _stack_refs() -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
-def _profile_defaults(profile: str, dtype: str, is_moe: bool) -> dict[str, str]:
-    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model (``--fix`` text); read once
-    per profile, dtype and kind (the catalogue is parsed from its YAML files on every ``load_stacks``)."""
+def _profile_defaults(profile: str, dtype: str, is_moe: bool, fp8: str = "") -> dict[str, str]:
+    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model under the fp8 recipe the row
+    pins (``fp8``; "": the profile's own) as ``--fix`` text; read once per profile, dtype, kind and recipe (the
+    catalogue is parsed from its YAML files on every ``load_stacks``)."""
     from meshplan.planner.layout.stacks import load_stacks
 
-    return load_stacks().get(profile).defaults(dtype, is_moe)
+    return load_stacks().get(profile).defaults(dtype, is_moe, fp8)
 
 
 @dataclass

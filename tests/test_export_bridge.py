@@ -71,7 +71,8 @@ def plan_qwen3_moe(**update) -> Plan:
 CASES = {
     "llama70b": ALL_PLANS["llama70b"], "fsdp8b": ALL_PLANS["fsdp8b"], "hetero": ALL_PLANS["hetero"],
     "fp8": ALL_PLANS["fp8"], "fp8-tensorwise": ALL_PLANS["fp8-tensorwise"], "fp8-mxfp8": ALL_PLANS["fp8-mxfp8"],
-    "fp8-blockwise": ALL_PLANS["fp8-blockwise"],
+    "fp8-blockwise": ALL_PLANS["fp8-blockwise"], "bf16-layers-mxfp8": ALL_PLANS["bf16-layers-mxfp8"],
+    "bf16-layers-tensorwise": ALL_PLANS["bf16-layers-tensorwise"],
     "cp2-a2a": ALL_PLANS["cp2-a2a"], "recompute-full2": ALL_PLANS["recompute-full2"],
     "uneven-interleaved": ALL_PLANS["uneven-interleaved"], "pp-overlap-off": ALL_PLANS["pp-overlap-off"],
     "no-recompute-1f1b": ALL_PLANS["no-recompute-1f1b"], "fsdp2": lambda: ALL_PLANS["fsdp8b"]().model_copy(
@@ -129,7 +130,9 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
             "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
                       "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32",
                       "model.mtp_num_layers", "model.recompute_modules", "model.cpu_offloading",
-                      "model.cpu_offloading_num_layers", "model.fp8_dot_product_attention"]}
+                      "model.cpu_offloading_num_layers", "model.fp8_dot_product_attention",
+                      "model.first_last_layers_bf16", "model.num_layers_at_start_in_bf16",
+                      "model.num_layers_at_end_in_bf16"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -185,7 +188,12 @@ def _expected(plan: Plan) -> dict[str, object]:
          "model.fp8": recipe_fp8[fp8][0], "model.fp8_recipe": recipe_fp8[fp8][1] or "tensorwise",
          "model.fp4": "e2m1" if fp8 == "nvfp4" else None, "ddp.grad_reduce_in_fp32": True,
          "model.cpu_offloading": bool(plan.offload_layers), "model.cpu_offloading_num_layers": plan.offload_layers,
-         "model.fp8_dot_product_attention": plan.attention_dtype == "fp8"}
+         "model.fp8_dot_product_attention": plan.attention_dtype == "fp8",
+         # every decoder layer in the plan's recipe but those it keeps in bf16: the tensorwise preset's own 1 and 1
+         # are turned off unless the plan priced them
+         "model.first_last_layers_bf16": any(c.bf16_layers(plan))}
+    if any(c.bf16_layers(plan)):
+        e["model.num_layers_at_start_in_bf16"], e["model.num_layers_at_end_in_bf16"] = c.bf16_layers(plan)
     if m.model_type == "deepseek_v3":  # the recipe's one MTP layer, kept only where the plan prices it
         e["model.mtp_num_layers"] = plan.mtp or None
     if plan.recompute_modules:
@@ -281,10 +289,27 @@ def test_megatron_constraints_named_for_the_bridge() -> None:
 def test_fp8_attention_keeps_the_preset(read_back: dict, name: str) -> None:
     """fp8 attention is written field by field on the recipe's own config (a preset's name cannot take a field
     override): what the bridge runs is the plan recipe's preset, as its registry builds it, in every field but
-    fp8_dot_product_attention, which reaches the model (``_expected``)."""
+    fp8_dot_product_attention, which reaches the model (``_expected``), and the layers kept in bf16, the plan's."""
     plan = CASES[name]()
     preset = read_back["presets"][bridge.PRESETS[c.fp8_recipe(plan)]]["fields"]
-    assert read_back[name]["mp.fields"] == {**preset, "fp8_dot_product_attention": True}
+    first, last = c.bf16_layers(plan)  # the plan's, which the tensorwise preset's 1 and 1 give way to
+    assert read_back[name]["mp.fields"] == {**preset, "fp8_dot_product_attention": True,
+                                            "first_last_layers_bf16": bool(first or last),
+                                            "num_layers_at_start_in_bf16": first, "num_layers_at_end_in_bf16": last}
+
+
+@needs_bridge
+def test_library_profile_keeps_the_tensorwise_presets_bf16_layers(read_back: dict) -> None:
+    """The megatron-bridge@26.02.01 profile (v0.3.1, the installed package) keeps as many layers in bf16 under
+    tensor-wise fp8 as the package's own preset does, and the plan exported with them names the preset."""
+    from meshplan.planner.layout.stacks import load_stacks
+
+    fields = read_back["presets"]["bf16_with_fp8_current_scaling_mixed"]["fields"]
+    got = load_stacks().get("megatron-bridge@26.02.01").defaults("fp8", False)
+    assert fields["first_last_layers_bf16"]
+    assert (int(got["bf16_first_layers"]), int(got["bf16_last_layers"])) == (
+        fields["num_layers_at_start_in_bf16"], fields["num_layers_at_end_in_bf16"])
+    assert read_back["bf16-layers-tensorwise"]["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
 
 
 @needs_bridge

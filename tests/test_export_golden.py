@@ -151,6 +151,11 @@ VARIANTS.update({
     "attention-fp8": lambda: _variant(dtype="fp8", fp8="tensorwise", attention_dtype="fp8"),
     "attention-fp8-delayed": lambda: _variant(dtype="fp8", attention_dtype="fp8"),
     "attention-fp8-mxfp8": lambda: _variant(dtype="fp8", fp8="mxfp8", attention_dtype="fp8"),
+    # decoder layers kept in bf16 under the recipe: Megatron-Core's first_last_layers_bf16 (the tensorwise one is
+    # Megatron-Bridge's own preset, the NVFP4 one as Megatron-Bridge's Nemotron 3 Super recipe keeps its last layers)
+    "bf16-layers-mxfp8": lambda: _variant(fp8="mxfp8", bf16_first_layers=1, bf16_last_layers=2),
+    "bf16-layers-tensorwise": lambda: _variant(fp8="tensorwise", bf16_first_layers=1, bf16_last_layers=1),
+    "bf16-layers-nvfp4": lambda: _variant(dtype="nvfp4", bf16_last_layers=14),
 })
 # Targets that refuse a pipeline whose stages sit on different device types (planner/export/placement.py).
 UNPINNED_TARGETS = ("deepspeed", "torchtitan", "accelerate", "kubeflow")

@@ -134,6 +134,11 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
     assert (cfg.fp8, cfg.fp8_recipe if cfg.fp8 else "none") == (("hybrid", fp8) if fp8 != "none" else
                                                                  (None, "none"))
     assert (cfg.fp4, cfg.fp4_recipe) == (("e2m1", "nvfp4") if recipe == "nvfp4" else (None, "nvfp4"))
+    # the layers kept in bf16: megatron-core's fp8 / fp4 context skips those its counts name (fp8_utils, fp4_utils)
+    first, last = _common.bf16_layers(plan)
+    assert cfg.first_last_layers_bf16 == bool(first or last)
+    if cfg.first_last_layers_bf16:
+        assert (cfg.num_layers_at_start_in_bf16, cfg.num_layers_at_end_in_bf16) == (first, last)
     if d.cp > 1:
         assert cfg.cp_comm_type == {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}[plan.cp_kind]
     assert (cfg.moe_expert_capacity_factor or 0) == plan.moe_capacity

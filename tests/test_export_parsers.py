@@ -127,8 +127,12 @@ def _megatron_flags_from_notes() -> set[str]:
     # --moe-pad-expert-input-to-capacity, --moe-token-drop-policy, --overlap-moe-expert-parallel-comm,
     # --moe-shared-expert-overlap, --moe-flex-dispatcher-backend; --fp4-format and --fp4-recipe (TransformerConfig
     # fp4, argparse_meta arg_names ["--fp4-format"], and fp4_recipe). --recompute-modules (nargs='*') and
-    # --mtp-num-layers (_add_mtp_args, type=int) are arguments.py's own add_argument flags.
+    # --mtp-num-layers (_add_mtp_args, type=int) are arguments.py's own add_argument flags. --first-last-layers-bf16,
+    # --num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16 are generated from the TransformerConfig fields
+    # (ArgumentGroupFactory(TransformerConfig, exclude=...) in _add_network_size_args, which does not exclude them;
+    # megatron/training/initialize.py reads args.first_last_layers_bf16).
     return flags | {"--fp4-format", "--fp4-recipe", "--recompute-modules", "--mtp-num-layers",
+                    "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
                     "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",

@@ -129,6 +129,26 @@ class ModelTables:
             hit = self._stage[k] = (chunks, self.kind_counts(chunks), recomputed_counts(self, layout, chunks))
         return hit
 
+    def bf16_counts(self, layout: Layout, stage: int) -> tuple[tuple[range, ...], dict[str, int], dict[str, int]]:
+        """``stage_counts`` restricted to the layers that keep bf16 GEMMs under a low-precision recipe
+        (``Layout.bf16_ranges``): (their ranges on pipeline rank ``stage``, ``{kind: layers}``, ``{kind: recomputed
+        layers}``), cached."""
+        k = ("bf16", layout.pp, layout.vpp, layout.pp_layout, layout.recompute, layout.bf16_first_layers,
+             layout.bf16_last_layers, stage)
+        hit = self._stage.get(k)
+        if hit is None:
+            chunks = self.stage_counts(layout, stage)[0]
+            edges = layout.bf16_ranges(self.model.num_layers)
+            held = _meet(chunks, edges)
+            n = layout.recompute_layers
+            if layout.recompute_kind == "none":
+                rec = {kind: 0 for kind in self.rep}
+            else:
+                again = tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks) if n else chunks
+                rec = self.kind_counts(_meet(again, edges))
+            hit = self._stage[k] = (held, self.kind_counts(held), rec)
+        return hit
+
     def flops_per_token(self, seq_len: int, layout: Layout) -> tuple[float, float]:
         """(model FLOPs, recompute FLOPs) per token, cached; ``full:N`` counts the share of layers it recomputes."""
         k = (seq_len, layout.recompute, layout.pp, layout.vpp, layout.pp_layout)
@@ -175,6 +195,34 @@ class ModelTables:
     def kind_counts(self, chunks: tuple[range, ...]) -> dict[str, int]:
         """``{layer kind: number of such layers}`` in the layer ranges ``chunks``."""
         return {k: sum(p[r.stop] - p[r.start] for r in chunks) for k, p in self.prefix.items()}
+
+
+def keeps_bf16_layers(layout: Layout, dtype: str, num_layers: int) -> bool:
+    """Whether some decoder layers run outside the workload's low-precision recipe (``Layout.bf16_ranges``)."""
+    return bool(layout.bf16_ranges(num_layers)) and lowp_recipe(layout.fp8, dtype) != "none"
+
+
+def bf16_time_key(layout: Layout) -> Layout:
+    """``time_key`` of a layer kept in bf16: Megatron-Core runs it outside the fp8 / fp4 autocast, attention
+    included."""
+    return time_key(layout).with_(fp8="none", attention_dtype="bf16")
+
+
+def precision_parts(tb: ModelTables, layout: Layout, dtype: str, stage: int) -> list[tuple]:
+    """[(time key, dtype, ``{kind: layers}``, ``{kind: recomputed layers}``)] of pipeline rank ``stage``: its layers
+    under the workload's precision, then those kept in bf16 (``Layout.bf16_ranges``) when the recipe leaves any."""
+    _, counts, rec = tb.stage_counts(layout, stage)
+    if not keeps_bf16_layers(layout, dtype, tb.model.num_layers):
+        return [(time_key(layout), dtype, counts, rec)]
+    _, n16, rec16 = tb.bf16_counts(layout, stage)
+    return [(time_key(layout), dtype, {k: n - n16[k] for k, n in counts.items()},
+             {k: r - rec16[k] for k, r in rec.items()}), (bf16_time_key(layout), "bf16", n16, rec16)]
+
+
+def _meet(ranges: tuple[range, ...], edges: tuple[range, ...]) -> tuple[range, ...]:
+    """The non-empty intersections of each of ``ranges`` with each of ``edges``."""
+    out = (range(max(r.start, e.start), min(r.stop, e.stop)) for r in ranges for e in edges)
+    return tuple(r for r in out if len(r))
 
 
 class TablesCache:
@@ -236,6 +284,14 @@ def decoder_params(tb: ModelTables, layout: Layout, stage: int) -> float:
     return max(0.0, dense) + expert
 
 
+def bf16_layer_params(tb: ModelTables, layout: Layout, stage: int) -> float:
+    """Parameters one rank of ``stage`` holds in the decoder layers that keep bf16 GEMMs (``Layout.bf16_ranges``):
+    Transformer Engine makes no quantized copy of them."""
+    held = tb.bf16_counts(layout, stage)[0]
+    dense = sum(tb.dense[r.stop] - tb.dense[r.start] for r in held) / layout.tp
+    return dense + sum(tb.expert[r.stop] - tb.expert[r.start] for r in held) / (layout.ep * layout.expert_tp)
+
+
 def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:
     model = tb.model
     chunks = tb.stage_counts(layout, stage)[0]
@@ -282,7 +338,8 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         # Transformer Engine keeps the quantized copies of each linear weight the GEMMs read
         # (``memory.lowp_weight_bytes``: on Hopper an fp8 copy and its transpose, 2 B per parameter), cast once per
         # step; under FSDP only for the layers gathered at the moment
-        linear = decoder_params(tb, layout, stage)  # the embedding and the output layer stay in bf16
+        # the embedding, the output layer and the layers kept in bf16 (``Layout.bf16_ranges``) have no copy
+        linear = decoder_params(tb, layout, stage) - bf16_layer_params(tb, layout, stage)
         held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
         w += lowp_weight_bytes(recipe, all(g.device.supports("mxfp8") for g in work.cluster.groups)) * held
         if layout.fp8_params and layout.zero_stage < 3:  # the quantized copies are the weights (Layout.fp8_params)
@@ -332,6 +389,15 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
             if rec[k]:
                 per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora)
             per_mb += (n - rec[k]) * kept[k]
+    bf16_lin = saved_input_bytes("none")
+    if lin != bf16_lin:  # the layers kept in bf16 save their linears' inputs in bf16 (``Layout.bf16_ranges``)
+        _, n16, rec16 = tb.bf16_counts(layout, stage)
+        for k, n in n16.items():
+            if n:
+                more = tb.activation_bytes(k, s, b, layout, bf16_lin, "none", work.lora) - kept[k]
+                again = (tb.activation_bytes(k, s, b, layout, bf16_lin, layout.recompute_kind, work.lora)
+                         - tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora))
+                per_mb += (n - rec16[k]) * more + rec16[k] * again
     if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
         first = chunks[0].start
         gone = tb.kind_counts((range(first, first + layout.offload_layers),))

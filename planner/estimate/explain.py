@@ -10,11 +10,12 @@ Units: seconds per step, FLOP/s, bytes/s.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from meshplan.costmodel import hybridep
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
-from meshplan.planner.estimate.base import Workload, recomputed_counts, stage_layer_ranges, time_key
+from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
@@ -48,78 +49,95 @@ def op_class(op) -> str:
     return ("grouped " if op.groups > 1 else "") + f"{op.kind} {op.dtype}" + (f" ({op.impl})" if op.impl else "")
 
 
+@dataclass
+class _Tally:
+    """What ``explain_gpu`` sums over a stage's layers: op class -> seconds on the critical stage, FLOPs or bytes
+    done there, one of its ops; and the stage's compute and exposed comm by name."""
+
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+    work_done: dict = field(default_factory=lambda: defaultdict(float))
+    first_op: dict = field(default_factory=dict)
+    compute: dict = field(default_factory=lambda: defaultdict(float))
+    comm: dict = field(default_factory=lambda: defaultdict(float))
+
+    def new_stage(self) -> None:
+        self.compute, self.comm = defaultdict(float), defaultdict(float)
+
+
 def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     """The breakdown of ``estimator.estimate(work, layout)`` (a ``GpuEstimator``), as plain data for YAML/JSON."""
     model, cluster, dev = work.model, work.cluster, work.cluster.device
     est = estimator.estimate(work, layout)
     m = layout.num_microbatches(work.global_batch)
-    key = time_key(layout)
     tb = estimator.tables(model)
     links = dict(zip(("tp", "ep", "cp"), group_links(cluster, model, layout)))
-    seconds: dict[str, float] = defaultdict(float)  # op class -> seconds on the whole job's critical stage
-    work_done: dict[str, float] = defaultdict(float)  # op class -> FLOPs (compute-bound) or bytes (memory-bound)
-    first_op: dict = {}  # op class -> one of its ops (what ``unmeasured`` asks the pricer about)
-    stages = []
+    tally, stages = _Tally(), []
     for st in range(layout.pp):
-        chunks = stage_layer_ranges(model, layout, st)
-        counts = tb.kind_counts(chunks)
-        rec = recomputed_counts(tb, layout, chunks)
-        compute: dict[str, float] = defaultdict(float)
-        comm: dict[str, float] = defaultdict(float)
-        for moe, n in counts.items():
-            if not n:
-                continue
-            lo = layer_ops(model, tb.rep[moe], key, work.seq_len, work.dtype)
-            selective = tuple(op for mod, ops in lo.modules if mod in key.recomputed_modules for op in ops)
-            again = {"full": lo.compute, "selective": selective, "op": lo.op_recompute}.get(layout.recompute_kind, ())
-            passes = [(op, n, True) for op in lo.compute] + [(op, rec[moe], False) for op in again]
-            for op, runs, with_bwd in passes:
-                f = estimator.op_time_s(op, dev)
-                b = estimator._bwd_s(op, dev) if with_bwd else 0.0
-                t = (f + b) * runs * m
-                compute[op_class(op)] += t
-                if st == 0 and t:
-                    first_op.setdefault(op_class(op), op)
-                    seconds[op_class(op)] += t
-                    amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
-                    work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
-            times = estimator.layer_times(tb, dev, key, moe, work.seq_len, work.dtype,
-                                          links["tp"], links["ep"], links["cp"], frozen=bool(work.lora))
-            for group, pairs, size in (("tp", lo.tp_comm, layout.tp), ("ep", lo.ep_comm, layout.ep),
-                                       ("cp", lo.cp_comm, layout.cp)):
-                if not pairs:
-                    continue
-                raw = {kind: 0.0 for kind, _ in pairs}
-                for kind, nbytes in pairs:
-                    raw[kind] += collective_time_s(kind, nbytes, size, links[group])
-                total_raw = sum(raw.values()) or 1.0
-                exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
-                for kind, t in raw.items():
-                    comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
-            if layout.recompute_kind == "full" and rec[moe]:  # forward collectives again in the recompute
-                comm["recomputed forward collectives"] += times[4] * rec[moe] * m
+        tally.new_stage()
+        for key, dtype, counts, rec in precision_parts(tb, layout, work.dtype, st):
+            for moe, n in counts.items():
+                if n:
+                    _tally_kind(tally, estimator, work, layout, (key, dtype, moe, n, rec[moe]), links, st == 0)
+        key = time_key(layout)
         edges = embedding_ops(model, key, work.seq_len, work.dtype) if st == 0 else ()
         edges += head_ops(model, key, work.seq_len, work.dtype) if st == layout.pp - 1 else ()
         for op in edges:
-            compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * m
-            first_op.setdefault(op_class(op), op)
+            tally.compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * m
+            tally.first_op.setdefault(op_class(op), op)
         if layout.pp > 1:
             pp_link = cluster.collective_link(*layout.pp_neighbours)
-            comm[f"pp sendrecv on {pp_link.name}"] += m * pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link,
-                                                                   sum(compute.values()) / m, dev)
-        stages.append({"stage": st, "layers": sum(counts.values()),
-                       "compute_s": _rounded(compute), "exposed_comm_s": _rounded(comm)})
-    efficiency = _efficiency(seconds, work_done, dev)
+            tally.comm[f"pp sendrecv on {pp_link.name}"] += m * pp_p2p_s(layout, model.hidden_size, work.seq_len,
+                                                                         pp_link, sum(tally.compute.values()) / m, dev)
+        stages.append({"stage": st, "layers": layout.stage_num_layers(model.num_layers, st),
+                       "compute_s": _rounded(tally.compute), "exposed_comm_s": _rounded(tally.comm)})
+    efficiency = _efficiency(tally.seconds, tally.work_done, dev)
     slow, step = _step_parts(est, stages)
     out = {"step_time_s": est.step_time_s, "step_s": _rounded(step), "slowest_stage": slow["stage"],
            "stages": stages,
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
-    out["priced_from"], notes = _bases(estimator.pricer, dev, first_op)
+    out["priced_from"], notes = _bases(estimator.pricer, dev, tally.first_op)
     notes.update(_step_notes(est, model, layout, dev, links["ep"], out["priced_from"]))
     if notes:
         out["unmeasured"] = notes
     return out
+
+
+def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: tuple, links: dict,
+                first_stage: bool) -> None:
+    """Add ``part`` = (time key, dtype, layer kind, its layers, those recomputed) of one stage to ``tally``: each
+    op's forward and backward (and recompute), and the kind's exposed tp / ep / cp collectives."""
+    key, dtype, moe, n, rec = part
+    model, dev, tb = work.model, work.cluster.device, estimator.tables(work.model)
+    m = layout.num_microbatches(work.global_batch)
+    lo = layer_ops(model, tb.rep[moe], key, work.seq_len, dtype)
+    selective = tuple(op for mod, ops in lo.modules if mod in key.recomputed_modules for op in ops)
+    again = {"full": lo.compute, "selective": selective, "op": lo.op_recompute}.get(layout.recompute_kind, ())
+    for op, runs, with_bwd in [(op, n, True) for op in lo.compute] + [(op, rec, False) for op in again]:
+        f = estimator.op_time_s(op, dev)
+        b = estimator._bwd_s(op, dev) if with_bwd else 0.0
+        t = (f + b) * runs * m
+        tally.compute[op_class(op)] += t
+        if first_stage and t:
+            tally.first_op.setdefault(op_class(op), op)
+            tally.seconds[op_class(op)] += t
+            amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
+            tally.work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
+    times = estimator.layer_times(tb, dev, key, moe, work.seq_len, dtype, links["tp"], links["ep"], links["cp"],
+                                  frozen=bool(work.lora))
+    for group, pairs, size in (("tp", lo.tp_comm, layout.tp), ("ep", lo.ep_comm, layout.ep),
+                               ("cp", lo.cp_comm, layout.cp)):
+        if not pairs:
+            continue
+        raw = {kind: 0.0 for kind, _ in pairs}
+        for kind, nbytes in pairs:
+            raw[kind] += collective_time_s(kind, nbytes, size, links[group])
+        total_raw = sum(raw.values()) or 1.0
+        exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
+        for kind, t in raw.items():
+            tally.comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
+    if layout.recompute_kind == "full" and rec:  # forward collectives again in the recompute
+        tally.comm["recomputed forward collectives"] += times[4] * rec * m
 
 
 def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> dict[str, str]:

@@ -35,9 +35,13 @@ from meshplan.planner.estimate.base import (
     Estimate,
     TablesCache,
     Workload,
+    bf16_layer_params,
+    bf16_time_key,
     decoder_params,
     finish_estimate,
+    keeps_bf16_layers,
     memory_floor_bytes,
+    precision_parts,
     stage_params,
     time_key,
     time_signature,
@@ -280,15 +284,19 @@ class GpuEstimator:
         return out
 
     @staticmethod
-    def _stage_times(tb, layout: Layout, times: dict, emb: float, head: float) -> tuple[list, list, list]:
-        """Per pipeline rank, one micro-batch: (compute, exposed layer comm, backward incl. recompute), seconds."""
+    def _stage_times(tb, layout: Layout, dtype: str, times: tuple, emb: float, head: float) -> tuple[list, list, list]:
+        """Per pipeline rank, one micro-batch: (compute, exposed layer comm, backward incl. recompute), seconds.
+        ``times``: ``{kind: layer_times}`` under the workload's precision, then (``_bf16_times``) for the layers kept
+        in bf16, in the order of ``precision_parts``."""
         stage_compute, stage_q, stage_bwd = [], [], []
+        full = layout.recompute_kind == "full"
         for st in range(layout.pp):
-            _, counts, rec = tb.stage_counts(layout, st)
-            c = sum((times[k][0] + times[k][1]) * n + times[k][2] * rec[k] for k, n in counts.items() if n)
-            q = sum(times[k][3] * n + (times[k][4] * rec[k] if layout.recompute_kind == "full" else 0.0)
-                    for k, n in counts.items() if n)
-            stage_bwd.append(sum(times[k][1] * n + times[k][2] * rec[k] for k, n in counts.items() if n))
+            c = q = bwd = 0.0
+            for t, (_, _, cnt, rc) in zip(times, precision_parts(tb, layout, dtype, st)):
+                c += sum((t[k][0] + t[k][1]) * n + t[k][2] * rc[k] for k, n in cnt.items() if n)
+                q += sum(t[k][3] * n + (t[k][4] * rc[k] if full else 0.0) for k, n in cnt.items() if n)
+                bwd += sum(t[k][1] * n + t[k][2] * rc[k] for k, n in cnt.items() if n)
+            stage_bwd.append(bwd)
             if st == 0:
                 c += emb
             if st == layout.pp - 1:
@@ -674,6 +682,10 @@ class GpuEstimator:
             raise MeshplanError(f"attention_dtype=fp8: Transformer Engine runs fp8 attention under tensor-wise, "
                                 f"delayed or MXFP8 scaling, not {lowp_recipe(layout.fp8, work.dtype)} (dtype "
                                 f"{work.dtype}, fp8={layout.fp8})")
+        if layout.bf16_ranges(work.model.num_layers) and lowp_recipe(layout.fp8, work.dtype) == "delayed":
+            raise MeshplanError(f"bf16_first_layers={layout.bf16_first_layers}, bf16_last_layers="
+                                f"{layout.bf16_last_layers} under delayed scaling: Megatron-Core refuses bf16 layers "
+                                "with it ('Delayed scaling does not support first / last layer in BF16')")
         tb = self.tables(work.model)
         # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
         # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds
@@ -681,7 +693,8 @@ class GpuEstimator:
         # the pipeline part does not depend on how the data-parallel states are sharded (dp_shard x dp_replicate
         # = dp is in the key): the members of a search's group share it
         pkey = (sig, layout.pp, layout.vpp, layout.pp_layout, layout.recompute, layout.pp_runs,
-                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m, layout.offload_layers)
+                layout.pipeline_schedule, layout.pp_overlap, layout.dp, m, layout.offload_layers,
+                layout.bf16_first_layers, layout.bf16_last_layers)
         pipes = self._scoped(work, tb).pipes
         pipe = pipes.get(pkey)
         if pipe is None:
@@ -696,11 +709,12 @@ class GpuEstimator:
         pp, vpp = layout.pp, layout.vpp
         pp_link = self._links_of(cluster)(*layout.pp_neighbours)
         times, (emb, head) = self._per_mb_times(work, layout, tb, sig)
-        skey = (sig, pp, vpp, layout.pp_layout, layout.recompute)
+        skey = (sig, pp, vpp, layout.pp_layout, layout.recompute, layout.bf16_first_layers, layout.bf16_last_layers)
         cached = self._scoped(work, tb).stages
         stages = cached.get(skey)
         if stages is None:
-            stages = cached[skey] = self._stage_times(tb, layout, times, emb, head)
+            stages = cached[skey] = self._stage_times(tb, layout, work.dtype,
+                                                      (times, self._bf16_times(work, layout, tb, sig)), emb, head)
         stage_compute, stage_q, stage_bwd = stages
         stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
                       for q, c in zip(stage_q, stage_compute)]
@@ -727,6 +741,22 @@ class GpuEstimator:
                  for k in tb.rep},
                 self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=frozen))
         return per_mb
+
+    def _bf16_times(self, work: Workload, layout: Layout, tb, sig: tuple) -> Optional[dict]:
+        """``{layer kind: layer_times}`` of a layer that keeps bf16 GEMMs under the low-precision recipe
+        (``Layout.bf16_ranges``, ``bf16_time_key``), cached on ``sig``; ``None`` when every layer runs the workload's
+        own precision."""
+        if not keeps_bf16_layers(layout, work.dtype, work.model.num_layers):
+            return None
+        scope = self._scoped(work, tb)
+        hit = scope.per_mb.get(("bf16", sig))
+        if hit is None:
+            dev, links = work.cluster.device, self._group_links(work, layout, scope)
+            key = bf16_time_key(layout)
+            hit = scope.per_mb["bf16", sig] = {
+                k: self.layer_times(tb, dev, key, k, work.seq_len, "bf16", *links, frozen=bool(work.lora))
+                for k in tb.rep}
+        return hit
 
     @staticmethod
     def _group_links(work: Workload, layout: Layout, scope: "_Scope") -> tuple:
@@ -796,8 +826,9 @@ class GpuEstimator:
         if lowp_recipe(layout.fp8, work.dtype) != "none":
             # the fp8 / NVFP4 copies of the stage's linear weights (and their transposes), cast once per step: TE caches
             # them across the micro-batches of a step (``is_first_microbatch``)
-            linear = decoder_params(tb, layout, slow)
-            cast_s = self.pricer.predict(OpSpec("cast", (int(max(1.0, linear)),), "bf16"), dev)
+            linear = decoder_params(tb, layout, slow) - bf16_layer_params(tb, layout, slow)
+            if linear >= 1.0:  # none when every layer of the stage is kept in bf16 (``Layout.bf16_ranges``)
+                cast_s = self.pricer.predict(OpSpec("cast", (int(linear),), "bf16"), dev)
         return SyncTerms(np.array(out).T, dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
                           layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s)
 

@@ -224,6 +224,25 @@ def fp8_params_notes(plan: Plan, target: str) -> list[str]:
             "their fp8 copies, which the plan did not count in memory"]
 
 
+def bf16_layers(plan: Plan) -> tuple[int, int]:
+    """(decoder layers at the start, at the end) whose GEMMs the plan keeps in bf16 under its low-precision recipe
+    (``bf16_first_layers``, ``bf16_last_layers``); (0, 0) without a recipe, where they have no effect."""
+    if fp8_recipe(plan) == "none":
+        return 0, 0
+    return plan.bf16_first_layers, plan.bf16_last_layers
+
+
+def bf16_layers_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced decoder layers kept in bf16 under its low-precision recipe (Megatron-Core's
+    ``first_last_layers_bf16``) and the target runs every layer in the recipe."""
+    first, last = bf16_layers(plan)
+    if not first and not last:
+        return []
+    return [f"{target}: bf16_first_layers={first}, bf16_last_layers={last}: no option keeps layers out of the "
+            f"{fp8_recipe(plan)} recipe here; every layer runs it, faster than the plan priced those layers (export "
+            "to megatron / megatron-bridge, or re-plan without them)"]
+
+
 def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp32",),
                       grads: tuple[str, ...] = (), reduce: tuple[str, ...] = ()) -> list[str]:
     """Warnings when the plan priced optimizer states, gradients or their reduction in a precision the target cannot

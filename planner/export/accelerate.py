@@ -90,6 +90,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.pp_overlap_notes(plan, "accelerate")
     out += c.shared_overlap_notes(plan, "accelerate")
     out += c.fp8_params_notes(plan, "accelerate")
+    out += c.bf16_layers_notes(plan, "accelerate")
     if plan.recompute == "op":
         out.append("accelerate: recompute=op (op-level selective checkpointing) has no config key; not applied")
     if kind != "MEGATRON_LM" and c.recompute_layers(plan):

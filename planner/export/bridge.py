@@ -79,21 +79,40 @@ PRESET_FIELDS = {
                 "fp8_param_gather": True},
     "tensorwise": {"fp8": "hybrid", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True,
                    "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1, "fp8_param_gather": True},
+    "blockwise": {"fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
     "mxfp8": {"fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
               "reuse_grad_buf_for_mxfp8_param_ag": True},
+    "nvfp4": {"fp8": None, "fp4": "e2m1", "fp4_recipe": "nvfp4", "fp8_param_gather": False},
 }
+FP8_ATTENTION = ("delayed", "tensorwise", "mxfp8")  # the presets Transformer Engine runs fp8 attention under
+
+
+def _preset_bf16_layers(recipe: str) -> tuple[int, int]:
+    """(start, end) decoder layers the recipe's preset keeps in bf16 (its ``first_last_layers_bf16``)."""
+    f = PRESET_FIELDS.get(recipe, {})
+    if not f.get("first_last_layers_bf16"):
+        return 0, 0
+    return f["num_layers_at_start_in_bf16"], f["num_layers_at_end_in_bf16"]
 
 
 def precision_overrides(plan: Plan) -> dict[str, object]:
-    """The mixed-precision preset by name; with fp8 attention, its fields and fp8_dot_product_attention on the
-    recipe's own config (``PRESET_FIELDS``)."""
+    """The mixed-precision preset by name where it runs the plan as priced; else its fields on the recipe's own
+    config (``PRESET_FIELDS``), with fp8_dot_product_attention for fp8 attention and the plan's bf16 layers
+    (``bf16_first_layers`` / ``bf16_last_layers``: the tensorwise preset keeps 1 and 1, which a plan priced
+    without them must turn off)."""
     recipe = c.fp8_recipe(plan)
-    if plan.attention_dtype != "fp8":
+    layers = c.bf16_layers(plan)
+    if plan.attention_dtype != "fp8" and layers == _preset_bf16_layers(recipe):
         return {"mixed_precision": PRESETS[recipe]}
-    if recipe not in PRESET_FIELDS:
+    if plan.attention_dtype == "fp8" and recipe not in FP8_ATTENTION:
         c.fail(f"megatron-bridge: attention_dtype=fp8 with fp8 recipe {recipe}: Transformer Engine runs fp8 attention "
                "under tensorwise, delayed or mxfp8 scaling")
-    fields = {**PRESET_FIELDS[recipe], "fp8_dot_product_attention": True}
+    fields = dict(PRESET_FIELDS[recipe])
+    if plan.attention_dtype == "fp8":
+        fields["fp8_dot_product_attention"] = True
+    if layers != _preset_bf16_layers(recipe):
+        fields.update(first_last_layers_bf16=any(layers), num_layers_at_start_in_bf16=layers[0],
+                      num_layers_at_end_in_bf16=layers[1])
     return {f"mixed_precision.{k}": v for k, v in fields.items()}
 
 

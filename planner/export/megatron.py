@@ -20,8 +20,10 @@ with its sends in line (``pp_overlap``) as ``--no-overlap-p2p-communication``, `
 ``--moe-shared-expert-overlap`` (refused with the DeepEP dispatcher or beside moe_overlap, as megatron-core refuses
 it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*'), ``mtp`` as ``--mtp-num-layers``,
 ``offload_layers`` as ``--cpu-offloading --cpu-offloading-num-layers N`` (ModelParallelConfig ``cpu_offloading``,
-``cpu_offloading_num_layers``; refused with pp > 1 or recomputation, as megatron-core refuses it). Refused in one
-line: ``recompute op``
+``cpu_offloading_num_layers``; refused with pp > 1 or recomputation, as megatron-core refuses it), the layers kept in
+bf16 under a low-precision recipe (``bf16_first_layers``, ``bf16_last_layers``) as ``--first-last-layers-bf16
+--num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M`` (refused with delayed scaling, as megatron-core
+refuses it). Refused in one line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
@@ -74,6 +76,10 @@ def check(plan: Plan, flags: bool = True) -> None:
                "--fix recompute=selective, or export to torchtitan)")
     if plan.fp8_params and c.fp8_recipe(plan) != "none" and plan.zero_stage == 0:
         c.fail("megatron: fp8_params (--fp8-param-gather) needs the distributed optimizer or an FSDP (zero >= 1)")
+    if any(c.bf16_layers(plan)) and c.fp8_recipe(plan) == "delayed":
+        # TransformerConfig.__post_init__ (megatron-core 0.16.1) raises for it
+        c.fail(f"megatron: bf16_first_layers={plan.bf16_first_layers}, bf16_last_layers={plan.bf16_last_layers} "
+               "(--first-last-layers-bf16): 'Delayed scaling does not support first / last layer in BF16'")
     if plan.offload_layers and (d.pp > 1 or plan.recompute != "none" or plan.offload_layers >= m.num_layers):
         # TransformerConfig.__post_init__ (megatron-core 0.16.1) raises for each of these
         c.fail(f"megatron: offload_layers={plan.offload_layers} (--cpu-offloading-num-layers) needs pp=1, no "
@@ -243,6 +249,23 @@ def parallel_args(plan: Plan) -> list[str]:
         if d.dp_replicate > 1 and d.dp_shard > 1:
             # Shard over dp_shard, replicate over dp_replicate (HSDP-like distributed optimizer).
             a += ["--num-distributed-optimizer-instances", str(d.dp_replicate)]
+    a += _precision_args(plan)
+    if c.compression_methods(plan) & {"bf16"}:
+        a.append("--grad-reduce-in-bf16")
+    if plan.optim_dtype == "remainder":  # OptimizerConfig.store_param_remainders defaults to True under it
+        if not any(f in a for f in ("--use-distributed-optimizer", "--use-megatron-fsdp")):
+            a.append("--use-distributed-optimizer")  # the precision-aware optimizer runs inside it (validate_args)
+        a.append("--use-precision-aware-optimizer")
+    if plan.grad_dtype == "fp32":  # Megatron-LM's own choice for --bf16 runs, stated for fp16 ones
+        a.append("--accumulate-allreduce-grads-in-fp32")
+    elif "bf16" in (plan.grad_dtype, plan.reduce_dtype) and "--grad-reduce-in-bf16" not in a:
+        a.append("--grad-reduce-in-bf16")
+    return a
+
+
+def _precision_args(plan: Plan) -> list[str]:
+    """The training dtype, the low-precision recipe and the decoder layers kept out of it."""
+    a: list[str] = []
     dt = c.dtype_of(plan)
     if dt == "bf16":
         a.append("--bf16")
@@ -259,16 +282,10 @@ def parallel_args(plan: Plan) -> list[str]:
             a += ["--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max"]
         if plan.fp8_params:  # weights held only as fp8 tensors, gathered in fp8 (Layout.fp8_params)
             a.append("--fp8-param-gather")
-    if c.compression_methods(plan) & {"bf16"}:
-        a.append("--grad-reduce-in-bf16")
-    if plan.optim_dtype == "remainder":  # OptimizerConfig.store_param_remainders defaults to True under it
-        if not any(f in a for f in ("--use-distributed-optimizer", "--use-megatron-fsdp")):
-            a.append("--use-distributed-optimizer")  # the precision-aware optimizer runs inside it (validate_args)
-        a.append("--use-precision-aware-optimizer")
-    if plan.grad_dtype == "fp32":  # Megatron-LM's own choice for --bf16 runs, stated for fp16 ones
-        a.append("--accumulate-allreduce-grads-in-fp32")
-    elif "bf16" in (plan.grad_dtype, plan.reduce_dtype) and "--grad-reduce-in-bf16" not in a:
-        a.append("--grad-reduce-in-bf16")
+    first, last = c.bf16_layers(plan)
+    if first or last:  # both counts written: TransformerConfig defaults each to 1 under --first-last-layers-bf16
+        a += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(first),
+              "--num-layers-at-end-in-bf16", str(last)]
     return a
 
 

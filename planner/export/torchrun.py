@@ -38,6 +38,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.pp_overlap_notes(plan, "torchrun")
     out += c.shared_overlap_notes(plan, "torchrun")
     out += c.fp8_params_notes(plan, "torchrun")
+    out += c.bf16_layers_notes(plan, "torchrun")
     if plan.attention_dtype == "fp8":  # the launcher runs the user's script; the example trainer's is PyTorch SDPA
         out.append(f"torchrun: attention_dtype=fp8: {ENTRY} runs attention in PyTorch SDPA, which has no fp8 path; "
                    "the plan priced Transformer Engine's fp8 attention (export to megatron-bridge to run it)")

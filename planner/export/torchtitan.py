@@ -164,6 +164,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.pp_overlap_notes(plan, "torchtitan")
     out += c.shared_overlap_notes(plan, "torchtitan")
     out += c.fp8_params_notes(plan, "torchtitan")
+    out += c.bf16_layers_notes(plan, "torchtitan")
     if plan.tp_overlap:
         out.append("torchtitan: tp_overlap as enable_async_tensor_parallel, which acts only with torch.compile on "
                    "(compile.enable = true)")

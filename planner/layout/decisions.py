@@ -338,6 +338,21 @@ class Decisions:
     ZeRO-3: the 16-bit decoder weights are dropped beside their quantized copies (``memory.lowp_weight_bytes``);
     the ZeRO-3 shard and the parameter all-gather's bytes are priced as without it. No effect without a
     low-precision recipe."""
+    bf16_first_layers: int = decision(0, "decoder layers at the model's start whose GEMMs stay in bf16 under the "
+                                      "low-precision recipe", lo=0, by_stack=True)
+    """Megatron-Core ``first_last_layers_bf16`` with ``num_layers_at_start_in_bf16`` (``fp8_utils.get_fp8_context``
+    and ``fp4_utils.get_fp4_context``: a layer numbered below it runs outside the fp8 / fp4 autocast). Each such
+    layer is priced as a bf16 layer: its GEMMs, attention, saved activations and weights, with no quantized copy
+    (``planner.estimate.gpu``, ``planner.estimate.base.bf16_layer_counts``). At most the layers of one pipeline
+    stage (``TransformerConfig.__post_init__``); refused with delayed scaling, as Megatron-Core refuses it. No
+    effect without a low-precision recipe. Megatron-Bridge's library preset for tensor-wise fp8 keeps 1 and 1
+    (``bf16_with_fp8_current_scaling_mixed``), its performance scripts none (``utils/precision.py``: "Disable BF16
+    Transformer layers in the performance config")."""
+    bf16_last_layers: int = decision(0, "decoder layers at the model's end whose GEMMs stay in bf16 under the "
+                                     "low-precision recipe", lo=0, by_stack=True)
+    """Megatron-Core ``num_layers_at_end_in_bf16`` (with ``first_last_layers_bf16``): the last layers of the model, on
+    the last pipeline stage. Megatron-Bridge's Nemotron 3 Super NVFP4 recipe keeps 14
+    (``nemotron_3_super_bf16_with_nvfp4_mixed``, v0.4.0 to v0.5.1). As ``bf16_first_layers`` otherwise."""
     mtp: int = decision(0, "multi-token-prediction modules trained on the last stage (0 = none)", lo=0)
     """DeepSeek-V3 §2.2's MTP modules (HF ``num_nextn_predict_layers``, Megatron-Core ``mtp_num_layers``): each one
     more transformer block, its eh_proj and the shared output head and loss once more, held and run on the last

@@ -242,6 +242,13 @@ class Layout(Decisions, Degrees):
         return tuple(range(starts[v * self.pp + stage], starts[v * self.pp + stage] + sizes[v * self.pp + stage])
                      for v in range(self.vpp))
 
+    def bf16_ranges(self, num_layers: int) -> tuple[range, ...]:
+        """The decoder layers that keep bf16 GEMMs under a low-precision recipe (``bf16_first_layers``,
+        ``bf16_last_layers``), as non-empty ranges of the model's layer numbers."""
+        first = range(0, min(self.bf16_first_layers, num_layers))
+        last = range(max(first.stop, num_layers - self.bf16_last_layers), num_layers)
+        return tuple(r for r in (first, last) if len(r))
+
     def stage_num_layers(self, num_layers: int, stage: int) -> int:
         return sum(len(r) for r in self.stage_chunks(num_layers, stage))
 
@@ -283,6 +290,7 @@ class Layout(Decisions, Degrees):
         self._check_experts(num_experts)
         self._check_recompute(num_layers)
         self._check_offload(num_layers)
+        self._check_bf16_layers(num_layers)
         self._check_attention_dtype()
         self._check_batch(global_batch)
 
@@ -397,6 +405,16 @@ class Layout(Decisions, Degrees):
             raise MeshplanError(f"attention_dtype=fp8 is Transformer Engine's fp8 dot-product attention (cuDNN fused "
                                 f"attention): it needs stack megatron and attention flash or cudnn (got stack "
                                 f"{self.stack}, attention {self.attention})")
+
+    def _check_bf16_layers(self, num_layers: int) -> None:
+        """The bf16 layers at the model's ends as Megatron-Core accepts them (``TransformerConfig.__post_init__``:
+        each count between 0 and the layers of one pipeline stage)."""
+        per_stage = num_layers // self.pp
+        for name in ("bf16_first_layers", "bf16_last_layers"):
+            n = getattr(self, name)
+            if n > per_stage:
+                raise MeshplanError(f"{name}={n}: at most the {per_stage} layers of one pipeline stage "
+                                    f"({num_layers} layers over pp={self.pp}; Megatron-Core refuses more)")
 
     def _check_batch(self, global_batch: int) -> None:
         """The global batch against micro-batches, data parallelism and the interleaved schedule."""

@@ -2,9 +2,9 @@
 
 A profile (``planner/presets/stacks/<name>@<version>.yaml``) names, for the decisions of ``decisions.DECISIONS``
 that the stack fixes by default, the value it runs and the file and version that say so; a value may hold only for
-an fp8 or a bf16 workload, or only for MoE (or dense) models (``when``). What the stack does that meshplan does not
-price (CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its source, so a user sees it was not
-forgotten.
+an fp8 or a bf16 workload, only for MoE (or dense) models, or only under tensor-wise fp8 scaling (``when``). What
+the stack does that meshplan does not price (CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its
+source, so a user sees it was not forgotten.
 A profile may add to another (``base``: an entry point of the same release, such as Megatron-Bridge's performance
 scripts on top of its library): it holds the base's values and unpriced items, its own value of a key replacing
 the base's.
@@ -14,6 +14,7 @@ them; the plan records the profile (``Plan.stack_profile``). ``meshplan stacks``
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
@@ -39,8 +40,10 @@ class ProfileValue(_Frozen):
     key: str
     value: str
     source: str = Field(min_length=8)
-    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense)$")
-    """Holds only for an fp8 (or a bf16) workload, or only for MoE / dense models; ``None``: always."""
+    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise)$")
+    """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, or only for an fp8 workload whose
+    recipe is tensor-wise current scaling (``tensorwise``: the one pinned, else the profile's own ``fp8``, as a
+    stack's preset for that recipe sets more than the recipe); ``None``: always."""
 
 
 class Unpriced(_Frozen):
@@ -69,13 +72,18 @@ class StackProfile(_Frozen):
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
 
-    def defaults(self, dtype: str, is_moe: bool) -> dict[str, str]:
-        """``{--fix key: value text}`` of what the profile sets for a ``dtype`` workload of a MoE or dense model."""
-        return {v.key: v.value for v in self.values if _holds(v.when, dtype, is_moe)}
+    def defaults(self, dtype: str, is_moe: bool, fp8: str = "") -> dict[str, str]:
+        """``{--fix key: value text}`` of what the profile sets for a ``dtype`` workload of a MoE or dense model;
+        ``fp8``: the fp8 recipe the user pinned ("": the profile's own)."""
+        own = {v.key: v.value for v in self.values if v.when != "tensorwise" and _holds(v.when, dtype, is_moe, "")}
+        recipe = fp8 or own.get("fp8", "")
+        return own | {v.key: v.value for v in self.values if v.when == "tensorwise"
+                      and _holds(v.when, dtype, is_moe, recipe)}
 
 
-def _holds(when: Optional[str], dtype: str, is_moe: bool) -> bool:
-    return {None: True, "fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe}[when]
+def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str) -> bool:
+    return {None: True, "fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe,
+            "tensorwise": dtype == "fp8" and recipe == "tensorwise"}[when]
 
 
 def _read(name: str) -> StackProfile:
@@ -109,11 +117,11 @@ def _check(name: str, prof: StackProfile) -> StackProfile:
         if not BY_FIX_KEY[val.key].by_stack:
             raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is the search's to choose, not a stack default")
         BY_FIX_KEY[val.key].parse(val.value)  # a value the decision refuses is refused here, by name
-    for dtype, moe in (("bf16", False), ("bf16", True), ("fp8", False), ("fp8", True)):
-        holding = [v.key for v in prof.values if _holds(v.when, dtype, moe)]
+    for dtype, moe, recipe in itertools.product(("bf16", "fp8"), (False, True), ("", "tensorwise")):
+        holding = [v.key for v in prof.values if _holds(v.when, dtype, moe, recipe)]
         if len(holding) != len(set(holding)):
             raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "
-                                f"{'MoE' if moe else 'dense'} workload")
+                                f"{'MoE' if moe else 'dense'} workload{' under ' + recipe if recipe else ''}")
     return prof
 
 

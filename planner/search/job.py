@@ -227,7 +227,8 @@ def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins) -> t
     if not stack:
         return fix, ""
     prof = load_stacks().get(stack)
-    defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe).items()))
+    defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe, fix.pinned().get("fp8", ""))
+                                  .items()))
     return Pins(**_over_profile(defaults.pinned(), fix)), prof.ref
 
 
