@@ -10,7 +10,7 @@ import yaml
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.decisions import BY_FIX_KEY
-from meshplan.planner.layout.stacks import load_stacks
+from meshplan.planner.layout.stacks import _version_key, load_stacks
 from meshplan.planner.search.job import PlanRequest, plan_job
 from tests.test_export_parsers import _torchtitan
 
@@ -21,6 +21,9 @@ def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
     bridge = sorted(p.version for p in cat.profiles.values() if p.name == "megatron-bridge")
     assert bridge == ["25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01"]
     assert cat.get("megatron-bridge").version == "26.06.01"  # the newest is the default
+    core = sorted((p.version for p in cat.profiles.values() if p.name == "megatron-lm"), key=_version_key)
+    assert core == ["core_v0.14.0", "core_v0.15.0", "core_r0.16.0", "core_v0.17.0", "core_v0.18.0", "core_v0.19.0"]
+    assert cat.get("megatron-lm").version == "core_v0.19.0"  # the tag names differ in r / v, the numbers order them
     for prof in cat.profiles.values():
         assert prof.values, prof.ref
         for v in prof.values:
@@ -103,7 +106,7 @@ def test_megatron_lm_profile_is_megatron_cores_own_defaults() -> None:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     assert core is not None
-    got = load_stacks().get("megatron-lm").defaults("fp8", False)
+    got = load_stacks().get("megatron-lm@core_r0.16.0").defaults("fp8", False)
     defaults = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
     assert got["fp8"] == defaults["fp8_recipe"]
     mp = {f.name: f.default for f in dataclasses.fields(ModelParallelConfig)}

@@ -15,6 +15,7 @@ them; the plan records the profile (``Plan.stack_profile``). ``meshplan stacks``
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
@@ -167,5 +168,7 @@ def load_stacks() -> StackCatalogue:
 
 
 def _version_key(version: str) -> tuple:
-    """Numeric parts compare as numbers (25.09 < 26.06.01; 0.2.2 < 0.16.1)."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in version.replace("-", ".").split("."))
+    """Numeric runs compare as numbers (25.09 < 26.06.01; 0.2.2 < 0.16.1), and the r / v a tag puts before its
+    number does not order it (Megatron-LM's core_r0.16.0 < core_v0.17.0)."""
+    return tuple((0, int(t)) if t.isdigit() else (1, re.sub(r"[rv]$", "", t))
+                 for t in re.findall(r"\d+|[^\d.\-]+", version))
