@@ -26,6 +26,8 @@ CASES = [  # model, cluster, global batch, seq, dtype, pins
     ("qwen3-30b-a3b", "16x8xH100", 128, 4096, "bf16", {"tp": 1, "pp": 1, "cp": 1, "mbs": 1}),
     # MoE and dense layers over an uneven pipeline (pp=3 over 32 layers: 11+11+10 by Megatron's split)
     ("mixtral-8x7b", "3x8xH100", 48, 4096, "bf16", {"pp": 3, "cp": 1, "tp": 2}),
+    # layers kept in bf16 under MXFP8 (bf16_first_layers / bf16_last_layers): priced apart from the recipe's
+    ("llama-3.1-8b", "2x8xB200", 16, 8192, "fp8", {"fp8": "mxfp8", "bf16_first_layers": 2, "bf16_last_layers": 3}),
 ]
 
 
@@ -125,7 +127,8 @@ def test_step_times_by_parts_are_the_estimates(model, cluster, gb, seq, dtype, f
     ("llama-3.1-8b", "2x8xH100", 16, 8192, "bf16", {}),
     ("qwen3-30b-a3b", "4x8xH100", 32, 4096, "fp8", {"tp": 2, "pp": 4, "cp": 1, "mbs": 1}),
     ("mixtral-8x7b", "3x8xH100", 48, 4096, "bf16", {"pp": 3, "cp": 1, "tp": 2}),
-], ids=["dense", "moe-fp8", "moe-uneven-pp"])
+    ("llama-3.1-8b", "1x8xB200", 16, 2048, "nvfp4", {"bf16_first_layers": 1, "bf16_last_layers": 4}),
+], ids=["dense", "moe-fp8", "moe-uneven-pp", "dense-nvfp4-bf16-layers"])
 def test_work_bound_is_below_every_pipeline_part(model, cluster, gb, seq, dtype, fix):
     """The first bound of a group (its micro-batch's work spread over the stages) is below the pipeline part of each
     of its recompute variants, checked on every group of the space by pricing them all."""

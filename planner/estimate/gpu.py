@@ -627,7 +627,19 @@ class GpuEstimator:
                 continue
             works[sig] = sum((parts[k][0] + parts[k][1] + parts[k][2]) * n for k, n in counts.items() if n) \
                 + emb + head
-        return self._spread_s(work, layouts, [works[sig] for sig in sigs])
+        return self._spread_s(work, layouts, [self._bf16_work(work, lay, tb, sig, works[sig])
+                                              for sig, lay in zip(sigs, layouts)])
+
+    def _bf16_work(self, work: Workload, layout: Layout, tb, sig: tuple, recipe_s: Optional[float]) -> Optional[float]:
+        """``work_bounds_s``' micro-batch work ``recipe_s`` (every layer under the workload's precision) with the
+        layers ``layout`` keeps in bf16 at their own price: the same sum the step prices, so the bound stays below
+        it whichever precision is the faster (a small GEMM's fp8 cast can outweigh its saving)."""
+        if recipe_s is None or not keeps_bf16_layers(layout, work.dtype, work.model.num_layers):
+            return recipe_s
+        recipe, bf16 = self._per_mb_times(work, layout, tb, sig)[0], self._bf16_times(work, layout, tb, sig)
+        held = tb.kind_counts(layout.bf16_ranges(work.model.num_layers))
+        return recipe_s + sum((bf16[k][0] + bf16[k][1] + bf16[k][3] - recipe[k][0] - recipe[k][1] - recipe[k][3]) * n
+                              for k, n in held.items() if n)
 
     @staticmethod
     def _spread_s(work: Workload, layouts: list, works: list) -> list[Optional[float]]:

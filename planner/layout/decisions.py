@@ -343,9 +343,9 @@ class Decisions:
     """Megatron-Core ``first_last_layers_bf16`` with ``num_layers_at_start_in_bf16`` (``fp8_utils.get_fp8_context``
     and ``fp4_utils.get_fp4_context``: a layer numbered below it runs outside the fp8 / fp4 autocast). Each such
     layer is priced as a bf16 layer: its GEMMs, attention, saved activations and weights, with no quantized copy
-    (``planner.estimate.gpu``, ``planner.estimate.base.bf16_layer_counts``). At most the layers of one pipeline
-    stage (``TransformerConfig.__post_init__``); refused with delayed scaling, as Megatron-Core refuses it. No
-    effect without a low-precision recipe. Megatron-Bridge's library preset for tensor-wise fp8 keeps 1 and 1
+    (``planner.estimate.base.precision_parts``). At most the layers of one pipeline stage
+    (``TransformerConfig.__post_init__``); refused with delayed scaling, as Megatron-Core refuses it. No effect
+    without a low-precision recipe. Megatron-Bridge's library preset for tensor-wise fp8 keeps 1 and 1
     (``bf16_with_fp8_current_scaling_mixed``), its performance scripts none (``utils/precision.py``: "Disable BF16
     Transformer layers in the performance config")."""
     bf16_last_layers: int = decision(0, "decoder layers at the model's end whose GEMMs stay in bf16 under the "
