@@ -50,15 +50,16 @@ def test_each_kept_layer_costs_its_share() -> None:
     assert t[2] - t[0] == pytest.approx(4 * (t[1] - t[0]), rel=1e-6)
 
 
-@pytest.mark.parametrize("pp, vpp, recompute", [(1, 1, "none"), (2, 1, "full"), (4, 2, "full:2"),
-                                                  (2, 4, "selective")])
-def test_kept_layers_sit_on_their_stage(pp: int, vpp: int, recompute: str) -> None:
+@pytest.mark.parametrize("pp, vpp, recompute, pp_layout", [(1, 1, "none", ()), (2, 1, "full", ()),
+                                                             (4, 2, "full:2", ()), (2, 4, "selective", ()),
+                                                             (3, 1, "full:2", (12, 11, 9))])
+def test_kept_layers_sit_on_their_stage(pp: int, vpp: int, recompute: str, pp_layout) -> None:
     """Which pipeline rank holds (and recomputes) the kept layers, against a brute force over the layer numbers of
     each rank's chunks (Megatron-Core numbers layers over the whole model; ``full:N`` recomputes the first N layers
     of each chunk)."""
     tb = ModelTables(load_model("llama-3.1-8b-instruct"))
-    lay = Layout.of(Degrees(dp_shard=8 // pp, pp=pp, vpp=vpp), micro_batch=1, zero_stage=1, recompute=recompute,
-                    bf16_first_layers=3, bf16_last_layers=5)
+    lay = Layout.of(Degrees(dp_shard=max(1, 8 // pp), pp=pp, vpp=vpp), micro_batch=1, zero_stage=1,
+                    recompute=recompute, pp_layout=pp_layout, bf16_first_layers=3, bf16_last_layers=5)
     kept = set(range(3)) | set(range(LAYERS - 5, LAYERS))
     n = int(recompute.split(":")[1]) if ":" in recompute else LAYERS
     for st in range(pp):
@@ -75,29 +76,39 @@ def test_delayed_scaling_is_refused_as_megatron_refuses_it() -> None:
         est.estimate(_work("fp8"), _layout(fp8="delayed", bf16_first_layers=1))
 
 
-def _megatron_refuses(pp: int, **kw) -> bool:
+# meshplan's fp8 recipe -> megatron-core's precision fields (megatron export: --fp8-format hybrid / --fp4-format e2m1)
+MEGATRON_PRECISION = {"tensorwise": {"fp8": "hybrid", "fp8_recipe": "tensorwise"},
+                      "delayed": {"fp8": "hybrid", "fp8_recipe": "delayed"},
+                      "nvfp4": {"fp4": "e2m1", "fp4_recipe": "nvfp4"}, "none": {}}
+
+
+def _megatron_refuses(recipe: str, pp: int, **kw) -> bool:
     import torch
     from megatron.core.transformer import TransformerConfig
 
     try:
-        TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4, fp8="hybrid", fp8_recipe="tensorwise",
-                          first_last_layers_bf16=True, pipeline_model_parallel_size=pp,
-                          pipeline_dtype=torch.bfloat16, **kw)
+        TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4, first_last_layers_bf16=True,
+                          pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16,
+                          **MEGATRON_PRECISION[recipe], **kw)
     except ValueError:
         return True
     return False
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "nvfp4", "none"])
 @pytest.mark.parametrize("first, last, pp", [(1, 1, 1), (8, 0, 1), (4, 4, 2), (5, 0, 2), (0, 5, 2), (0, 3, 4)])
-def test_layout_rules_are_megatron_cores(first: int, last: int, pp: int) -> None:
+def test_layout_rules_are_megatron_cores(recipe: str, first: int, last: int, pp: int) -> None:
+    """Refused exactly where megatron-core 0.16.1 refuses: under fp8 more than one stage's layers, or any under
+    delayed scaling; under NVFP4 alone (``fp4``) or in bf16 it checks neither."""
     pytest.importorskip("megatron.core")
-    lay = _layout(pp=pp, bf16_first_layers=first, bf16_last_layers=last)
+    lay = _layout(pp=pp, fp8=recipe, bf16_first_layers=first, bf16_last_layers=last)
     try:
         lay.validate(world_size=8, num_layers=8, num_heads=4, num_kv_heads=4, seq_len=1024, global_batch=64)
         refused = False
     except MeshplanError:
         refused = True
-    assert refused == _megatron_refuses(pp, num_layers_at_start_in_bf16=first, num_layers_at_end_in_bf16=last)
+    want = _megatron_refuses(recipe, pp, num_layers_at_start_in_bf16=first, num_layers_at_end_in_bf16=last)
+    assert refused == want
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
@@ -145,3 +156,25 @@ def test_explain_prices_the_kept_layers_as_bf16() -> None:
     assert got["matmul bf16"] > was["matmul bf16"]
     assert sum(v for k, v in got.items() if k.startswith("matmul fp8")) < sum(
         v for k, v in was.items() if k.startswith("matmul fp8"))
+
+
+def test_offloaded_kept_layers_leave_their_own_bytes() -> None:
+    """Offloading the first 4 layers when those are the 4 kept in bf16: the GPU holds the same 28 recipe layers as
+    offloading 4 recipe layers, byte for byte."""
+    est = estimator_for(load_cluster("1x8xB200"))
+    work = _work("fp8")
+    plain = est.estimate(work, _layout(fp8="mxfp8", offload_layers=4))
+    kept = est.estimate(work, _layout(fp8="mxfp8", offload_layers=4, bf16_first_layers=4))
+    assert kept.memory.activations_bytes == pytest.approx(plain.memory.activations_bytes, rel=1e-9)
+
+
+def test_a_bf16_run_pinned_to_tensorwise_takes_the_library_presets_layers() -> None:
+    """``--dtype bf16 --fix fp8=tensorwise`` runs tensor-wise fp8 GEMMs (``lowp_recipe``): the bridge library
+    profile's tensor-wise values hold for it as for ``--dtype fp8``."""
+    from meshplan.planner.layout.stacks import load_stacks
+
+    prof = load_stacks().get("megatron-bridge@26.02.01")
+    for dtype in ("bf16", "fp8"):
+        got = prof.defaults(dtype, False, "tensorwise")
+        assert (got["bf16_first_layers"], got["bf16_last_layers"]) == ("1", "1"), dtype
+    assert "bf16_first_layers" not in prof.defaults("fp8", False, "mxfp8")

@@ -299,6 +299,23 @@ def test_fp8_attention_keeps_the_preset(read_back: dict, name: str) -> None:
 
 
 @needs_bridge
+@pytest.mark.parametrize("recipe", list(bridge.PRESET_FIELDS))
+def test_preset_fields_are_the_presets_own(read_back: dict, recipe: str) -> None:
+    """Where the export must write a preset's fields rather than its name (fp8 attention, the plan's own bf16
+    layers), each field holds the value the bridge's own preset function sets."""
+    fields = read_back["presets"][bridge.PRESETS[recipe]]["fields"]
+    assert {k: fields[k] for k in bridge.PRESET_FIELDS[recipe]} == bridge.PRESET_FIELDS[recipe]
+
+
+def test_turning_the_tensorwise_presets_bf16_layers_off_is_said() -> None:
+    """A tensor-wise plan priced with every layer in fp8 exports the preset with its 1 and 1 off, and says so."""
+    warned = render(ALL_PLANS["fp8-tensorwise"](), "megatron-bridge").warnings
+    assert any("bf16_with_fp8_current_scaling_mixed keeps the first 1 and last 1" in w for w in warned)
+    assert not any("keeps the first" in w for w in render(ALL_PLANS["bf16-layers-tensorwise"](),
+                                                          "megatron-bridge").warnings)
+
+
+@needs_bridge
 def test_library_profile_keeps_the_tensorwise_presets_bf16_layers(read_back: dict) -> None:
     """The megatron-bridge@26.02.01 profile (v0.3.1, the installed package) keeps as many layers in bf16 under
     tensor-wise fp8 as the package's own preset does, and the plan exported with them names the preset."""

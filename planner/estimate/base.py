@@ -389,22 +389,26 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
             if rec[k]:
                 per_mb += rec[k] * tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora)
             per_mb += (n - rec[k]) * kept[k]
+    # the layers kept in bf16 (``Layout.bf16_ranges``) save their linears' inputs in bf16: what each adds
     bf16_lin = saved_input_bytes("none")
-    if lin != bf16_lin:  # the layers kept in bf16 save their linears' inputs in bf16 (``Layout.bf16_ranges``)
+    kept16: dict[str, float] = {}
+    if lin != bf16_lin:
         _, n16, rec16 = tb.bf16_counts(layout, stage)
-        for k, n in n16.items():
-            if n:
-                more = tb.activation_bytes(k, s, b, layout, bf16_lin, "none", work.lora) - kept[k]
-                again = (tb.activation_bytes(k, s, b, layout, bf16_lin, layout.recompute_kind, work.lora)
-                         - tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora))
-                per_mb += (n - rec16[k]) * more + rec16[k] * again
+        kept16 = {k: tb.activation_bytes(k, s, b, layout, bf16_lin, "none", work.lora) for k, n in n16.items() if n}
+        for k in kept16:
+            again_bytes = (tb.activation_bytes(k, s, b, layout, bf16_lin, layout.recompute_kind, work.lora)
+                           - tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora))
+            per_mb += (n16[k] - rec16[k]) * (kept16[k] - kept[k]) + rec16[k] * again_bytes
     if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
-        first = chunks[0].start
-        gone = tb.kind_counts((range(first, first + layout.offload_layers),))
+        first = (range(chunks[0].start, chunks[0].start + layout.offload_layers),)
+        gone = tb.kind_counts(first)
         per_mb -= sum(n * kept[k] for k, n in gone.items() if n)
+        if kept16:  # those of them kept in bf16 held their bf16 bytes
+            gone16 = tb.kind_counts(_meet(first, layout.bf16_ranges(model.num_layers)))
+            per_mb -= sum(n * (kept16[k] - kept[k]) for k, n in gone16.items() if n)
     act = per_mb * inflight_factor(layout, m, stage)
-    # one layer re-materialised during its backward
-    remat = max(kept.values()) if layout.recompute_kind in ("full", "op") else 0.0
+    # one layer re-materialised during its backward (a kept layer's, in bf16, may be the largest)
+    remat = max([*kept.values(), *kept16.values()]) if layout.recompute_kind in ("full", "op") else 0.0
     if layout.recompute_modules:  # a re-run module re-creates what it freed, one layer at a time
         remat = max(kept[k] - tb.activation_bytes(k, s, b, layout, lin, "selective") for k in kept)
     if work.dtype == "fp32":  # the per-tensor accounting is in 16-bit elements (Korthikanti et al.); fp32 keeps 4 B

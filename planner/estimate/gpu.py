@@ -52,7 +52,7 @@ from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sync import ShardTable, SyncTerms, step_of
 from meshplan.planner.layout.decisions import FP8_ATTENTION_RECIPES, lowp_recipe
-from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.layout import Layout, check_bf16_layers
 from meshplan.planner.layout.schedules import bubble_s
 from meshplan.planner.layout.splits import weighted_split
 
@@ -292,7 +292,8 @@ class GpuEstimator:
         full = layout.recompute_kind == "full"
         for st in range(layout.pp):
             c = q = bwd = 0.0
-            for t, (_, _, cnt, rc) in zip(times, precision_parts(tb, layout, dtype, st)):
+            tables = [t for t in times if t is not None]  # one per precision part, in its order
+            for t, (_, _, cnt, rc) in zip(tables, precision_parts(tb, layout, dtype, st), strict=True):
                 c += sum((t[k][0] + t[k][1]) * n + t[k][2] * rc[k] for k, n in cnt.items() if n)
                 q += sum(t[k][3] * n + (t[k][4] * rc[k] if full else 0.0) for k, n in cnt.items() if n)
                 bwd += sum(t[k][1] * n + t[k][2] * rc[k] for k, n in cnt.items() if n)
@@ -489,11 +490,20 @@ class GpuEstimator:
         tb = self.tables(model)
         key = time_key(layout)
         links = group_links(cluster, model, layout)
-        per_kind = {}
-        for moe in tb.rep:
-            t = self.layer_times(tb, dev, key, moe, work.seq_len, work.dtype, *links, frozen=bool(work.lora))
-            per_kind[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
-        weights = [per_kind[model.layer_kind(i)] for i in range(model.num_layers)]
+        def per_kind(key, dtype) -> dict:
+            out = {}
+            for moe in tb.rep:
+                t = self.layer_times(tb, dev, key, moe, work.seq_len, dtype, *links, frozen=bool(work.lora))
+                out[moe] = t[0] + t[1] + t[3] + (t[2] if layout.recompute_kind != "none" else 0.0)
+            return out
+
+        own = per_kind(key, work.dtype)
+        weights = [own[model.layer_kind(i)] for i in range(model.num_layers)]
+        if keeps_bf16_layers(layout, work.dtype, model.num_layers):  # the kept layers weigh their bf16 time
+            kept = per_kind(bf16_time_key(layout), "bf16")
+            for r in layout.bf16_ranges(model.num_layers):
+                for i in r:
+                    weights[i] = kept[model.layer_kind(i)]
         emb, head = self._edge_times(tb, dev, key, work.seq_len, work.dtype, frozen=bool(work.lora))
         return weighted_split(weights, layout.pp * layout.vpp, emb, head)
 
@@ -566,10 +576,16 @@ class GpuEstimator:
             return None
         tb, m, pipe = self._pipeline_of(work, layout)
         slow, stage_c, stage_q, t_max, bubble, straggle = pipe
-        times, _ = self._per_mb_times(work, layout, tb, time_signature(layout))
+        sig = time_signature(layout)
+        times, _ = self._per_mb_times(work, layout, tb, sig)
         counts = tb.kind_counts((range(work.model.num_layers),))
         more_c = sum((times[k][0] + times[k][4]) * n for k, n in counts.items() if n)  # fwd, and a moe module's a2a
         more_q = sum(times[k][4] * n for k, n in counts.items() if n)
+        bf16 = self._bf16_times(work, layout, tb, sig)
+        if bf16 is not None:  # a kept layer's forward may cost more: the most a variant adds must cover it
+            held = tb.kind_counts(layout.bf16_ranges(work.model.num_layers))
+            more_c += sum(max(0.0, bf16[k][0] + bf16[k][4] - times[k][0] - times[k][4]) * n for k, n in held.items())
+            more_q += sum(max(0.0, bf16[k][4] - times[k][4]) * n for k, n in held.items())
         table = self._shard_table(work, layout, tb, slow, shards)
         stage_s, compute_s = stage_c + stage_q + more_c + more_q, stage_c + more_c
         return min(table.step_times_s(m * t_max + straggle + bubble, stage_s, compute_s, m))
@@ -694,10 +710,7 @@ class GpuEstimator:
             raise MeshplanError(f"attention_dtype=fp8: Transformer Engine runs fp8 attention under tensor-wise, "
                                 f"delayed or MXFP8 scaling, not {lowp_recipe(layout.fp8, work.dtype)} (dtype "
                                 f"{work.dtype}, fp8={layout.fp8})")
-        if layout.bf16_ranges(work.model.num_layers) and lowp_recipe(layout.fp8, work.dtype) == "delayed":
-            raise MeshplanError(f"bf16_first_layers={layout.bf16_first_layers}, bf16_last_layers="
-                                f"{layout.bf16_last_layers} under delayed scaling: Megatron-Core refuses bf16 layers "
-                                "with it ('Delayed scaling does not support first / last layer in BF16')")
+        check_bf16_layers(layout, work.model.num_layers, lowp_recipe(layout.fp8, work.dtype))
         tb = self.tables(work.model)
         # one micro-batch's layer and edge times depend on these fields only (the search prices ~10^4 layouts
         # sharing far fewer of them): a plain tuple is a cheaper key than the Layout time_key builds

@@ -163,6 +163,14 @@ def unsupported(plan: Plan) -> list[str]:
     if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
         out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
                    "(MixedPrecisionConfig.grad_reduce_in_fp32); the plan priced bf16")
+    recipe = c.fp8_recipe(plan)
+    if _preset_bf16_layers(recipe) != (0, 0) and c.bf16_layers(plan) != _preset_bf16_layers(recipe):
+        first, last = _preset_bf16_layers(recipe)
+        out.append(f"megatron-bridge: fp8 recipe {recipe}: the preset {PRESETS[recipe]} keeps the first {first} and "
+                   f"last {last} decoder layers in bf16; the plan priced bf16_first_layers={plan.bf16_first_layers}, "
+                   f"bf16_last_layers={plan.bf16_last_layers}, so the script writes the preset's fields with the "
+                   "plan's counts (re-plan with --stack megatron-bridge, whose profile keeps the preset's, to run it "
+                   "as the library does)")
     return out
 
 

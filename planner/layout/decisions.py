@@ -343,11 +343,12 @@ class Decisions:
     """Megatron-Core ``first_last_layers_bf16`` with ``num_layers_at_start_in_bf16`` (``fp8_utils.get_fp8_context``
     and ``fp4_utils.get_fp4_context``: a layer numbered below it runs outside the fp8 / fp4 autocast). Each such
     layer is priced as a bf16 layer: its GEMMs, attention, saved activations and weights, with no quantized copy
-    (``planner.estimate.base.precision_parts``). At most the layers of one pipeline stage
-    (``TransformerConfig.__post_init__``); refused with delayed scaling, as Megatron-Core refuses it. No effect
-    without a low-precision recipe. Megatron-Bridge's library preset for tensor-wise fp8 keeps 1 and 1
-    (``bf16_with_fp8_current_scaling_mixed``), its performance scripts none (``utils/precision.py``: "Disable BF16
-    Transformer layers in the performance config")."""
+    (``planner.estimate.base.precision_parts``). Under fp8, at most the layers of one pipeline stage and none with
+    delayed scaling, as Megatron-Core's ``TransformerConfig.__post_init__`` refuses them
+    (``layout.check_bf16_layers``; NVFP4 alone is not checked there). No effect without a low-precision recipe.
+    Megatron-Bridge's library preset for tensor-wise fp8 keeps 1 and 1 (``bf16_with_fp8_current_scaling_mixed``),
+    its performance scripts none (``utils/precision.py``: "Disable BF16 Transformer layers in the performance
+    config")."""
     bf16_last_layers: int = decision(0, "decoder layers at the model's end whose GEMMs stay in bf16 under the "
                                      "low-precision recipe", lo=0, by_stack=True)
     """Megatron-Core ``num_layers_at_end_in_bf16`` (with ``first_last_layers_bf16``): the last layers of the model, on

@@ -290,7 +290,8 @@ class Layout(Decisions, Degrees):
         self._check_experts(num_experts)
         self._check_recompute(num_layers)
         self._check_offload(num_layers)
-        self._check_bf16_layers(num_layers)
+        check_bf16_layers(self, num_layers, self.fp8)  # the recipe the layout names; the estimator also checks a
+        # dtype's own default recipe (``lowp_recipe``)
         self._check_attention_dtype()
         self._check_batch(global_batch)
 
@@ -406,16 +407,6 @@ class Layout(Decisions, Degrees):
                                 f"attention): it needs stack megatron and attention flash or cudnn (got stack "
                                 f"{self.stack}, attention {self.attention})")
 
-    def _check_bf16_layers(self, num_layers: int) -> None:
-        """The bf16 layers at the model's ends as Megatron-Core accepts them (``TransformerConfig.__post_init__``:
-        each count between 0 and the layers of one pipeline stage)."""
-        per_stage = num_layers // self.pp
-        for name in ("bf16_first_layers", "bf16_last_layers"):
-            n = getattr(self, name)
-            if n > per_stage:
-                raise MeshplanError(f"{name}={n}: at most the {per_stage} layers of one pipeline stage "
-                                    f"({num_layers} layers over pp={self.pp}; Megatron-Core refuses more)")
-
     def _check_batch(self, global_batch: int) -> None:
         """The global batch against micro-batches, data parallelism and the interleaved schedule."""
         per_step = self.micro_batch * self.dp
@@ -426,3 +417,27 @@ class Layout(Decisions, Degrees):
         m = global_batch // per_step
         if self.vpp > 1 and m % self.pp:
             raise MeshplanError(f"interleaved schedule: {m} micro-batches must be a multiple of pp={self.pp}")
+
+
+# The recipes under which Megatron-Core checks the bf16 layers' counts (``TransformerConfig.__post_init__`` checks
+# them inside ``if self.fp8:``; NVFP4 alone is ``fp4``, not checked)
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+
+
+def check_bf16_layers(layout: Layout, num_layers: int, recipe: str) -> None:
+    """The layers kept in bf16 (``bf16_first_layers``, ``bf16_last_layers``) under the low-precision ``recipe``
+    (``decisions.lowp_recipe``) as Megatron-Core accepts them (megatron-core 0.16.1 ``TransformerConfig``): under
+    fp8, each count at most the layers of one pipeline stage, and none with delayed scaling ("Delayed scaling does
+    not support first / last layer in BF16"). Raises ``MeshplanError`` with the numbers."""
+    counts = {"bf16_first_layers": layout.bf16_first_layers, "bf16_last_layers": layout.bf16_last_layers}
+    if recipe not in FP8_RECIPES or not any(counts.values()):
+        return
+    if recipe == "delayed":
+        raise MeshplanError(f"bf16_first_layers={counts['bf16_first_layers']}, bf16_last_layers="
+                            f"{counts['bf16_last_layers']} under delayed scaling: Megatron-Core refuses bf16 layers "
+                            "with it ('Delayed scaling does not support first / last layer in BF16')")
+    per_stage = num_layers // layout.pp
+    for name, n in counts.items():
+        if n > per_stage:
+            raise MeshplanError(f"{name}={n} under fp8 {recipe}: at most the {per_stage} layers of one pipeline "
+                                f"stage ({num_layers} layers over pp={layout.pp}; Megatron-Core refuses more)")

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshplan.core.errors import MeshplanError, validation_line
-from meshplan.planner.layout.decisions import BY_FIX_KEY
+from meshplan.planner.layout.decisions import BY_FIX_KEY, lowp_recipe
 
 STACKS_DIR = "presets/stacks"
 
@@ -83,8 +83,10 @@ class StackProfile(_Frozen):
 
 
 def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str) -> bool:
+    """``recipe``: the fp8 recipe pinned or the profile's own ("": none), which ``lowp_recipe`` resolves with the
+    dtype (a bf16 run with ``fp8=tensorwise`` pinned runs tensor-wise fp8 GEMMs)."""
     return {None: True, "fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe,
-            "tensorwise": dtype == "fp8" and recipe == "tensorwise"}[when]
+            "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise"}[when]
 
 
 def _read(name: str) -> StackProfile:
