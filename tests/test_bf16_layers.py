@@ -178,3 +178,15 @@ def test_a_bf16_run_pinned_to_tensorwise_takes_the_library_presets_layers() -> N
         got = prof.defaults(dtype, False, "tensorwise")
         assert (got["bf16_first_layers"], got["bf16_last_layers"]) == ("1", "1"), dtype
     assert "bf16_first_layers" not in prof.defaults("fp8", False, "mxfp8")
+
+
+def test_offloading_a_model_kept_in_bf16_waits_as_the_bf16_model() -> None:
+    """Every layer kept in bf16 with the first 8 offloaded: the copies, their bytes and the compute they hide under
+    are the bf16 model's, so the exposed wait is too."""
+    est = estimator_for(load_cluster("1x8xB200"))
+    bf16 = est.estimate(_work("bf16"), _layout(offload_layers=8))
+    kept = est.estimate(_work("fp8"), _layout(fp8="mxfp8", offload_layers=8, bf16_first_layers=16,
+                                              bf16_last_layers=16))
+    assert bf16.exposed_comm_s > 0
+    assert kept.exposed_comm_s == pytest.approx(bf16.exposed_comm_s, rel=1e-9)
+    assert kept.step_time_s == pytest.approx(bf16.step_time_s, rel=1e-9)

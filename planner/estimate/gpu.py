@@ -126,22 +126,30 @@ def ring_cp_exposed_s(kv_s: float, attn_fwd_s: float, attn_bwd_s: float, device)
     return fwd, bwd
 
 
-def offload_s(work, layout: Layout, tb, times: dict, stage: int) -> float:
+def offload_s(work, layout: Layout, tb, times: dict, stage: int, bf16_times: Optional[dict] = None) -> float:
     """Seconds per micro-batch stage ``stage`` waits for its activation offload copies (``estimate.offload``):
-    each layer's saved tensors, as the memory model counts them, over the device's host link."""
+    each layer's saved tensors, as the memory model counts them, over the device's host link; a layer kept in bf16
+    (``bf16_times``: ``GpuEstimator._bf16_times``) copies its bf16 bytes under its bf16 compute."""
     dev = work.cluster.device
     if not dev.host_bw_bytes_per_s:
         raise MeshplanError(f"offload_layers={layout.offload_layers}: the host link of {dev.name} is not in the "
                             "device catalogue (host_bw_bytes_per_s), so its copies cannot be priced")
     chunks, _, _ = tb.stage_counts(layout, stage)
-    kinds = [work.model.layer_kind(i) for r in chunks for i in r]
+    layers = [i for r in chunks for i in r]
+    kept = {i for r in layout.bf16_ranges(work.model.num_layers) for i in r} if bf16_times is not None else set()
     s, b = work.seq_len // layout.cp, layout.micro_batch
     lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
     scale = 2.0 if work.dtype == "fp32" else 1.0  # as ``base.stage_memory``: 16-bit accounting, fp32 keeps 4 B
     host_bw = dev.host_bw_bytes_per_s
-    copy = [scale * tb.activation_bytes(k, s, b, layout, lin, "none", work.lora) / host_bw for k in kinds]
-    fwd, bwd = offload_exposed_s([times[k][0] for k in kinds], [times[k][1] for k in kinds], copy,
-                                 min(layout.offload_layers, len(kinds)))
+    fwd_s, bwd_s, copy_s = [], [], []
+    for i in layers:
+        k, bf16 = work.model.layer_kind(i), i in kept
+        t = bf16_times[k] if bf16 else times[k]
+        fwd_s.append(t[0])
+        bwd_s.append(t[1])
+        saved = tb.activation_bytes(k, s, b, layout, saved_input_bytes("none") if bf16 else lin, "none", work.lora)
+        copy_s.append(scale * saved / host_bw)
+    fwd, bwd = offload_exposed_s(fwd_s, bwd_s, copy_s, min(layout.offload_layers, len(layers)))
     return fwd + bwd
 
 
@@ -744,7 +752,8 @@ class GpuEstimator:
         stage_comm = [q + pp_p2p_s(layout, model.hidden_size, work.seq_len, pp_link, c, dev)
                       for q, c in zip(stage_q, stage_compute)]
         if layout.offload_layers:
-            stage_comm = [q + offload_s(work, layout, tb, times, st) for st, q in enumerate(stage_comm)]
+            bf16 = self._bf16_times(work, layout, tb, sig)
+            stage_comm = [q + offload_s(work, layout, tb, times, st, bf16) for st, q in enumerate(stage_comm)]
         per_mb = [c + q for c, q in zip(stage_compute, stage_comm)]
         slow = max(range(pp), key=lambda i: per_mb[i])
         t_max = per_mb[slow]
