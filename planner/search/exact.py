@@ -646,6 +646,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"attention_dtype={layout.attention_dtype}")
     if layout.fp8 != "none":
         parts.append(f"fp8={layout.fp8}")
+    if layout.bf16_first_layers or layout.bf16_last_layers:  # layers kept out of the low-precision recipe
+        parts.append(f"bf16_layers={layout.bf16_first_layers}+{layout.bf16_last_layers}")
     if layout.moe_overlap:
         parts.append("moe_overlap")
     if layout.moe_dispatcher != "alltoall":
