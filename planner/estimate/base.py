@@ -140,12 +140,7 @@ class ModelTables:
             chunks = self.stage_counts(layout, stage)[0]
             edges = layout.bf16_ranges(self.model.num_layers)
             held = _meet(chunks, edges)
-            n = layout.recompute_layers
-            if layout.recompute_kind == "none":
-                rec = {kind: 0 for kind in self.rep}
-            else:
-                again = tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks) if n else chunks
-                rec = self.kind_counts(_meet(again, edges))
+            rec = self.kind_counts(_meet(recomputed_ranges(layout, chunks), edges))
             hit = self._stage[k] = (held, self.kind_counts(held), rec)
         return hit
 
@@ -250,15 +245,19 @@ def stage_layer_ranges(model, layout: Layout, stage: int) -> tuple[range, ...]:
     return layout.stage_chunks(model.num_layers, stage)
 
 
-def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]) -> dict[str, int]:
-    """``{layer kind: layers of ``chunks`` whose recompute runs}``: every layer, except under ``full:N``, where
-    Megatron's block method recomputes the first N layers of each virtual chunk (``--recompute-method block``)."""
+def recomputed_ranges(layout: Layout, chunks: tuple[range, ...]) -> tuple[range, ...]:
+    """The layers of ``chunks`` whose recompute runs: every layer, except under ``full:N``, where Megatron's block
+    method recomputes the first N layers of each virtual chunk (``--recompute-method block``); none without
+    recomputation."""
     n = layout.recompute_layers
     if layout.recompute_kind == "none":
-        return {k: 0 for k in tb.rep}
-    if not n:
-        return tb.kind_counts(chunks)
-    return tb.kind_counts(tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks))
+        return ()
+    return tuple(range(r.start, min(r.stop, r.start + n)) for r in chunks) if n else chunks
+
+
+def recomputed_counts(tb: ModelTables, layout: Layout, chunks: tuple[range, ...]) -> dict[str, int]:
+    """``{layer kind: layers of ``chunks`` whose recompute runs}`` (``recomputed_ranges``)."""
+    return tb.kind_counts(recomputed_ranges(layout, chunks))
 
 
 def stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:

@@ -22,15 +22,15 @@ it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*'), ``mtp`` as ``
 ``offload_layers`` as ``--cpu-offloading --cpu-offloading-num-layers N`` (ModelParallelConfig ``cpu_offloading``,
 ``cpu_offloading_num_layers``; refused with pp > 1 or recomputation, as megatron-core refuses it), the layers kept in
 bf16 under a low-precision recipe (``bf16_first_layers``, ``bf16_last_layers``) as ``--first-last-layers-bf16
---num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M`` (refused with delayed scaling, as megatron-core
-refuses it). Refused in one line: ``recompute op``
+--num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M`` (refused where megatron-core refuses it:
+``layout.bf16_layers_problem``). Refused in one line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement, torchrun
-from meshplan.planner.layout.layout import FP8_RECIPES, p2p_overlapped
+from meshplan.planner.layout.layout import bf16_layers_problem, p2p_overlapped
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
@@ -76,14 +76,9 @@ def check(plan: Plan, flags: bool = True) -> None:
                "--fix recompute=selective, or export to torchtitan)")
     if plan.fp8_params and c.fp8_recipe(plan) != "none" and plan.zero_stage == 0:
         c.fail("megatron: fp8_params (--fp8-param-gather) needs the distributed optimizer or an FSDP (zero >= 1)")
-    if any(c.bf16_layers(plan)) and c.fp8_recipe(plan) in FP8_RECIPES:
-        # TransformerConfig.__post_init__ (megatron-core 0.16.1) raises for these under fp8
-        first, last = c.bf16_layers(plan)
-        if c.fp8_recipe(plan) == "delayed" or max(first, last) > m.num_layers // d.pp:
-            c.fail(f"megatron: bf16_first_layers={first}, bf16_last_layers={last} (--first-last-layers-bf16) under "
-                   f"fp8 {c.fp8_recipe(plan)}: megatron-core refuses delayed scaling ('Delayed scaling does not "
-                   f"support first / last layer in BF16') and more than the {m.num_layers // d.pp} layers of one "
-                   f"stage (pp={d.pp})")
+    problem = bf16_layers_problem(*c.bf16_layers(plan), m.num_layers, d.pp, c.fp8_recipe(plan))
+    if problem:  # TransformerConfig.__post_init__ (megatron-core 0.16.1) raises for it
+        c.fail(f"megatron: {problem} (--first-last-layers-bf16)")
     if plan.offload_layers and (d.pp > 1 or plan.recompute != "none" or plan.offload_layers >= m.num_layers):
         # TransformerConfig.__post_init__ (megatron-core 0.16.1) raises for each of these
         c.fail(f"megatron: offload_layers={plan.offload_layers} (--cpu-offloading-num-layers) needs pp=1, no "

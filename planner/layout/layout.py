@@ -421,23 +421,29 @@ class Layout(Decisions, Degrees):
 
 # The recipes under which Megatron-Core checks the bf16 layers' counts (``TransformerConfig.__post_init__`` checks
 # them inside ``if self.fp8:``; NVFP4 alone is ``fp4``, not checked)
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+_FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+
+
+def bf16_layers_problem(first: int, last: int, num_layers: int, pp: int, recipe: str) -> str | None:
+    """Why Megatron-Core (megatron-core 0.16.1 ``TransformerConfig``) refuses keeping the first ``first`` and last
+    ``last`` decoder layers in bf16 under the low-precision ``recipe`` (``decisions.lowp_recipe``), or ``None``:
+    under fp8, none with delayed scaling ("Delayed scaling does not support first / last layer in BF16") and each
+    count at most the layers of one pipeline stage."""
+    if recipe not in _FP8_RECIPES or not (first or last):
+        return None
+    if recipe == "delayed":
+        return (f"bf16_first_layers={first}, bf16_last_layers={last} under delayed scaling: Megatron-Core refuses "
+                "bf16 layers with it ('Delayed scaling does not support first / last layer in BF16')")
+    per_stage = num_layers // pp
+    for name, n in (("bf16_first_layers", first), ("bf16_last_layers", last)):
+        if n > per_stage:
+            return (f"{name}={n} under fp8 {recipe}: at most the {per_stage} layers of one pipeline stage "
+                    f"({num_layers} layers over pp={pp}; Megatron-Core refuses more)")
+    return None
 
 
 def check_bf16_layers(layout: Layout, num_layers: int, recipe: str) -> None:
-    """The layers kept in bf16 (``bf16_first_layers``, ``bf16_last_layers``) under the low-precision ``recipe``
-    (``decisions.lowp_recipe``) as Megatron-Core accepts them (megatron-core 0.16.1 ``TransformerConfig``): under
-    fp8, each count at most the layers of one pipeline stage, and none with delayed scaling ("Delayed scaling does
-    not support first / last layer in BF16"). Raises ``MeshplanError`` with the numbers."""
-    counts = {"bf16_first_layers": layout.bf16_first_layers, "bf16_last_layers": layout.bf16_last_layers}
-    if recipe not in FP8_RECIPES or not any(counts.values()):
-        return
-    if recipe == "delayed":
-        raise MeshplanError(f"bf16_first_layers={counts['bf16_first_layers']}, bf16_last_layers="
-                            f"{counts['bf16_last_layers']} under delayed scaling: Megatron-Core refuses bf16 layers "
-                            "with it ('Delayed scaling does not support first / last layer in BF16')")
-    per_stage = num_layers // layout.pp
-    for name, n in counts.items():
-        if n > per_stage:
-            raise MeshplanError(f"{name}={n} under fp8 {recipe}: at most the {per_stage} layers of one pipeline "
-                                f"stage ({num_layers} layers over pp={layout.pp}; Megatron-Core refuses more)")
+    """``bf16_layers_problem`` of ``layout``'s kept layers, raised as a ``MeshplanError``."""
+    problem = bf16_layers_problem(layout.bf16_first_layers, layout.bf16_last_layers, num_layers, layout.pp, recipe)
+    if problem:
+        raise MeshplanError(problem)

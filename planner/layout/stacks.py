@@ -42,9 +42,10 @@ class ProfileValue(_Frozen):
     value: str
     source: str = Field(min_length=8)
     when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise)$")
-    """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, or only for an fp8 workload whose
-    recipe is tensor-wise current scaling (``tensorwise``: the one pinned, else the profile's own ``fp8``, as a
-    stack's preset for that recipe sets more than the recipe); ``None``: always."""
+    """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, or only for a workload whose GEMMs
+    run tensor-wise current scaling (``tensorwise``: the recipe pinned, else the profile's own ``fp8``, resolved with
+    the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the recipe); ``None``:
+    always."""
 
 
 class Unpriced(_Frozen):
