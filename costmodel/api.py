@@ -19,11 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import blackwell_grouped, fp4_gemm
+from meshplan.costmodel import blackwell_grouped, fp4_gemm, te_gemm
 from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec, catalogue
-from meshplan.costmodel.fp8_recipes import recipe_time_multiple
+from meshplan.costmodel.fp8_recipes import recipe_time_multiple, recipe_words
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
 from meshplan.costmodel.learned import SOURCE_CALIBRATED
@@ -61,8 +61,9 @@ FP8_FIXED_K = 150.0
 
 # NVFP4 GEMMs take the same rule with the main loop at the measured multiple of the device's bf16 / nvfp4 peak
 # ratio (1/4 on B200 and GB200, 1/6 on GB300): t_bf16 * (multiple * bf16 / nvfp4 peak + FP8_FIXED_K / k). The
-# multiple (1.30) is the median of five published B200 fp4 GEMMs at M >= 4096 (``costmodel.fp4_gemm``); the fixed
-# per-tile part is DeepGEMM's fp8 one, kept because the epilogue and the per-block scale handling do not shrink.
+# multiple (1.30) is the median of five published B200 fp4 GEMMs at M >= 4096, and on Blackwell Ultra (1.61) of
+# Transformer Engine's B300 benchmark (``costmodel.fp4_gemm``); the fixed per-tile part is DeepGEMM's fp8 one, kept
+# because the epilogue and the per-block scale handling do not shrink.
 LOWP_GEMM_DTYPES = ("fp8", "nvfp4")
 
 
@@ -77,7 +78,7 @@ def fp8_time_share(op: OpSpec, device: DeviceSpec | None = None) -> float:
     ks = (n, m) if op.backward else (k,)
     main = 0.5
     if op.dtype == "nvfp4" and device is not None:
-        main = fp4_gemm.main_loop_multiple(FP8_FIXED_K) * device.peak("bf16") / device.peak("nvfp4")
+        main = fp4_gemm.main_loop_multiple(FP8_FIXED_K, device.name) * device.peak("bf16") / device.peak("nvfp4")
     return sum(main + FP8_FIXED_K / max(1, kk) for kk in ks) / len(ks)
 
 
@@ -261,7 +262,8 @@ class Pricer:
         if twin is not None and device.supports("bf16"):
             sec, src = self._compute_with_source(twin, device)
             share = fp8_time_share(op, device) * recipe_time_multiple(op.impl, device)
-            rule = f"{op.dtype} rule" + (f", main loop measured: {fp4_gemm.SOURCE}" if op.dtype == "nvfp4" else "")
+            rule = f"{op.dtype} rule" + (f", main loop measured: {fp4_gemm.source(device.name)}"
+                                         if op.dtype == "nvfp4" else "") + recipe_words(op.impl, device)
             return sec * share, f"{src} (bf16 twin, {rule})"
         sec, src = self.model_price(op, device)
         scale, note = self._gemm_factor(op, device, src)
@@ -277,8 +279,13 @@ class Pricer:
     def _gemm_scale(self, device: DeviceSpec) -> tuple[float, str]:
         """(scale, words) of a dense GEMM's model price on ``device``: the B200/H100 time ratio OpenXLA measured,
         over this pricer's own (``costmodel.xla_gemm``), and on the GB300 its speed over the GB200's
-        (``costmodel.blackwell_grouped``); 1 off Blackwell."""
+        (``costmodel.blackwell_grouped``); on the B300 its own, measured over this pricer's price of the same bf16
+        GEMMs (``costmodel.te_gemm``); 1 off Blackwell."""
         hit = self._gemm_scales.get(device.name)
+        if hit is None and device.name == te_gemm.PART:
+            scale = te_gemm.bf16_scale(lambda op: self.model_price(op, device)[0])
+            hit = self._gemm_scales[device.name] = (scale, f"x {scale:.3f}: measured over priced bf16 GEMMs in "
+                                                           f"{te_gemm.SOURCE}")
         if hit is None:
             cat = catalogue()
             scale, words = gemm_scale(lambda op, name: self.model_price(op, cat[name])[0], device.name)

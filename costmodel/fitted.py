@@ -9,13 +9,15 @@ scaled by bf16 peak, the rule B200 and B300 are priced by; the sustained-load sh
 held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time, the
 Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs of OpenXLA's table, the Blackwell grouped share
 and GB300 speed (``costmodel.blackwell_grouped``) on the second run of each part, the NVFP4 GEMM main loop
-(``costmodel.fp4_gemm``) one published GEMM at a time.
+(``costmodel.fp4_gemm``) one published GEMM at a time, and the B300's constants from Transformer Engine's GEMM
+benchmark (``costmodel.te_gemm``: its GEMM scale, the MXFP8 GEMM multiple and the Blackwell Ultra NVFP4 main loop)
+one pass of the layer at a time.
 """
 from __future__ import annotations
 
 import statistics
 
-from meshplan.costmodel import blackwell_grouped, fp4_gemm, fp8_recipes, sustained, xla_gemm
+from meshplan.costmodel import blackwell_grouped, fp4_gemm, fp8_recipes, sustained, te_gemm, xla_gemm
 from meshplan.costmodel.api import FP8_FIXED_K
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
@@ -116,7 +118,30 @@ def blackwell_grouped_rows(pricer) -> list[dict]:
             for k, (inside, held) in fits.items()]
 
 
+def te_gemm_rows(pricer) -> list[dict]:
+    """The B300's three constants (``costmodel.te_gemm``), each held out one pass (fprop, dgrad, wgrad) at a time."""
+    b300 = catalogue()[te_gemm.PART]
+    fits = {"B300 dense GEMM scale (measured / model-priced bf16)":
+            te_gemm.bf16_held_out(lambda op: pricer.model_price(op, b300)[0]),
+            "MXFP8 GEMM time / tensor-wise fp8 (Blackwell)": te_gemm.mxfp8_held_out(),
+            "NVFP4 GEMM main loop / bf16-over-nvfp4 peak ratio (Blackwell Ultra)": _nvfp4_ultra_held_out()}
+    return [{"constant": name, "fitted_on": "12 GEMMs of one layer (3 pass sums) on a B300 (Transformer Engine's "
+             "GEMM benchmark)", "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one pass",
+             "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}
+            for name, (inside, held) in fits.items()]
+
+
+def _nvfp4_ultra_held_out() -> tuple[list[float], list[float]]:
+    """(in sample, one pass held out): priced / measured NVFP4-over-BF16 time of each pass of the B300 run."""
+    mains = te_gemm.nvfp4_mains(FP8_FIXED_K)
+    fixed = [FP8_FIXED_K * te_gemm.fixed_share(p) for p in te_gemm.PASSES]
+    every = statistics.median(mains)
+    inside = [(every + f) / (m + f) for m, f in zip(mains, fixed)]
+    held = [(statistics.median(mains[:i] + mains[i + 1:]) + f) / (m + f) for i, (m, f) in enumerate(zip(mains, fixed))]
+    return inside, held
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
     return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + measured_rows()
-            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer))
+            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer))

@@ -15,14 +15,20 @@ in what the GEMM kernel does with its scales, measured on one H200 through the k
   reaches tensor-wise rates with the same recipe (the fp8 rule's source); no stack meshplan exports runs it.
 
 The multiple is the median over the measured shapes of (recipe time / tensor-wise time), for the measured part and
-parts of the same die and power limit (``costmodel.sustained``'s rule). Blackwell runs blockwise as MXFP8 in
-hardware (TE ``fp8_blockwise_scaling``) and other parts have no measurement: 1 there.
+parts of the same die and power limit (``costmodel.sustained``'s rule). Other Hopper-class parts have no
+measurement: 1 there.
+
+On Blackwell (the parts that run MXFP8) the MXFP8 GEMM takes its own multiple, measured on a B300 by Transformer
+Engine's GEMM benchmark against the tensor-wise kernel at the same shapes (``costmodel.te_gemm``: 1.051), and so
+does blockwise, which Transformer Engine runs there as MXFP8 ("FP8 Block is emulated via MXFP8 for backward
+compatibility", ``docs/examples/gemm_profiling``); rowwise keeps 1.
 """
 from __future__ import annotations
 
 import statistics
 from functools import lru_cache
 
+from meshplan.costmodel import te_gemm
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.measured import SUSTAINED, measured_files
 from meshplan.costmodel.sustained import same_part
@@ -31,6 +37,7 @@ from meshplan.costmodel.sustained import same_part
 RECIPE_IMPL = {"fp8_rowwise": "rowwise", "fp8_block": "blockwise"}
 BASELINE = "fp8_tensor_fast"  # tensor-wise, fast accumulation: the GEMM the fp8 rule was set against
 MEASURED_ON = {"nvidia-h200-sustained.json": "H200"}
+BLACKWELL_MXFP8 = ("mxfp8", "blockwise")  # recipes whose GEMM runs on Blackwell's block-scaled (1x32) kernels
 
 
 def _times(records: list[dict]) -> dict[tuple, float]:
@@ -58,12 +65,23 @@ def _measured() -> tuple[tuple[DeviceSpec, dict[str, float]], ...]:
 
 def recipe_time_multiple(impl: str, device: DeviceSpec) -> float:
     """Time of an fp8 GEMM under recipe ``impl`` over the tensor-wise one on ``device`` (1 where not measured)."""
-    if impl not in RECIPE_IMPL.values() or device.supports("mxfp8"):
+    if device.supports("mxfp8"):
+        return te_gemm.mxfp8_multiple() if impl in BLACKWELL_MXFP8 else 1.0
+    if impl not in RECIPE_IMPL.values():
         return 1.0
     for measured, multiples in _measured():
         if same_part(device, measured):
             return multiples.get(impl, 1.0)
     return 1.0
+
+
+def recipe_words(impl: str, device: DeviceSpec) -> str:
+    """What ``recipe_time_multiple`` rests on, for a price's source ("" where it is 1)."""
+    multiple = recipe_time_multiple(impl, device)
+    if multiple == 1.0:
+        return ""
+    where = te_gemm.SOURCE if device.supports("mxfp8") else "an H200 (bench/gpu_sustained.py fp8gemm)"
+    return f"; {impl} GEMM x {multiple:.3f} of tensor-wise, measured on {where}"
 
 
 def held_out_ratios(impl: str = "blockwise") -> tuple[list[float], list[float]]:

@@ -17,7 +17,9 @@ scale, their quotient, stays 1.19-1.32 over 2^33-2^38 (1.09 at that one largest 
 (1e11-1e13 FLOPs, beyond the table) take it as measured on the largest ones here. The H100 end is the part the
 learned model was trained on, and the one whose step times the dev set checks (S1, S5, T). GB200 is the B200's die
 (the model carries its higher clock through its peak); the B300 and GB300 are Blackwell Ultra (sm_103), which the
-table does not hold: they take the B200's scale, and the source says so. Batched ``bmm`` ops keep the model's price.
+table does not hold: the GB300 takes the B200's scale, and the source says so (``costmodel.api`` divides it by the
+GB300's measured speed over the GB200); the B300 has its own, from Transformer Engine's benchmark
+(``costmodel.te_gemm``). Batched ``bmm`` ops keep the model's price.
 Held out: the batched shapes (b = 2, 4), priced as one GEMM of b*m rows, except those that coincide with a single
 GEMM of the table.
 """
@@ -35,8 +37,8 @@ COMMIT = "71feeddf"
 REFERENCE = "H100-SXM"  # sm_90 in the table
 MEASURED = "B200"  # sm_100
 # the parts whose GEMMs take the scale: the B200's die (sm_100) and Blackwell Ultra (sm_103, unmeasured)
-PARTS = {"B200": "measured", "GB200": "the B200's die", "B300": "sm_103, unmeasured: the B200's",
-         "GB300": "sm_103, unmeasured: the B200's"}
+PARTS = {"B200": "measured", "GB200": "the B200's die", "B300": "sm_103: its own, costmodel.te_gemm",
+         "GB300": "sm_103, unmeasured here: the B200's"}
 Price = Callable[[OpSpec, str], float]  # (op, part name) -> a pricer's one-shot seconds
 MIN_FLOPS = 2 * 2048**3  # 1.7e10: both parts past their launch floor (the smaller shapes run 3-60 us)
 

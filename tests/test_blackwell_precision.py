@@ -24,8 +24,9 @@ from meshplan.planner.model.config import load_model
 
 
 def test_datasheet_peaks_set_the_nvfp4_main_loop():
-    """The nvfp4 main loop is the measured multiple (``costmodel.fp4_gemm``, recomputed in tests/test_fp4_gemm.py)
-    of each part's bf16 / nvfp4 datasheet ratio: a quarter on the B200, a sixth on Blackwell Ultra."""
+    """The nvfp4 main loop is the measured multiple (``costmodel.fp4_gemm``, recomputed in tests/test_fp4_gemm.py
+    and tests/test_te_gemm.py) of each part's bf16 / nvfp4 datasheet ratio: a quarter on the B200, a sixth on
+    Blackwell Ultra, whose multiple the B300 measured."""
     from meshplan.costmodel.fp4_gemm import main_loop_multiple
 
     b200, gb300 = get_device("B200"), get_device("GB300")
@@ -33,7 +34,8 @@ def test_datasheet_peaks_set_the_nvfp4_main_loop():
     op = OpSpec("matmul", (8192, 8192, 8192), "nvfp4", impl="nvfp4")
     x = main_loop_multiple(150.0)
     assert fp8_time_share(op, b200) == pytest.approx(x * 2.25 / 9 + 150 / 8192)
-    assert fp8_time_share(op, gb300) == pytest.approx(x * 2.5 / 15 + 150 / 8192)
+    assert fp8_time_share(op, gb300) == pytest.approx(main_loop_multiple(150.0, "B300") * 2.5 / 15 + 150 / 8192)
+    assert main_loop_multiple(150.0, "GB300") == main_loop_multiple(150.0, "B300") > x
     fp8 = OpSpec("matmul", (8192, 8192, 8192), "fp8", impl="mxfp8")
     assert fp8_time_share(fp8, b200) == fp8_time_share(fp8) == pytest.approx(0.5 + 150 / 8192)
 

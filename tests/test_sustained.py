@@ -184,7 +184,9 @@ def test_fp8_recipe_multiples_recompute_from_the_gemm_records(files):
         expected = statistics.median(v / ms[(s, m, "fp8_tensor_fast")] for (s, m, r), v in ms.items() if r == recipe)
         for name in ("H200", "H100-SXM"):
             assert math.isclose(recipe_time_multiple(impl, cat[name]), expected, rel_tol=1e-12)
-        assert recipe_time_multiple(impl, cat["B200"]) == 1.0  # blockwise runs as MXFP8 in Blackwell hardware
+    # Blackwell: blockwise runs as MXFP8 there and takes MXFP8's own multiple (tests/test_te_gemm.py), rowwise 1
+    assert recipe_time_multiple("blockwise", cat["B200"]) == recipe_time_multiple("mxfp8", cat["GB300"]) > 1.0
+    assert recipe_time_multiple("rowwise", cat["B200"]) == recipe_time_multiple("tensorwise", cat["B300"]) == 1.0
     assert recipe_time_multiple("blockwise", cat["H200"]) > 1.1  # cuBLASLt's block-scaled GEMM, 0.84 of tensorwise
     pricer = Pricer.shipped()
     gemm = OpSpec("matmul", (4096, 7168, 8192), "fp8", impl="tensorwise")

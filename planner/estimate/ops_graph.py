@@ -591,6 +591,12 @@ def embedding_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> t
     return (OpSpec("embedding", (T, model.hidden_size), _precisions(dtype)[0]),)
 
 
+def gemm_ops(dtype: str, recipe: str, m: int, n: int, k: int) -> tuple[OpSpec, ...]:
+    """The ops of one decoder ``m x n x k`` GEMM under ``dtype`` and fp8 ``recipe`` (``_precisions``): its input's
+    quantize passes (none in bf16), then the GEMM."""
+    return _precisions(dtype, recipe)[1](m, n, k)
+
+
 def _precisions(dtype: str, recipe: str = "none"):
     """(the dtype of everything but the decoder GEMMs, a function giving the ops of one GEMM ``(m, n, k)``).
 
