@@ -122,3 +122,14 @@ def test_hopper_recipe_ratios_hold_on_the_h200_nvl(bench_rows):
     for recipe, tol in (("FP8Delayed", 0.03), ("FP8Block", 0.08)):
         r = bench_rows[("H200 NVL", "autocast", recipe)]
         assert abs(r["priced_vs_fp8current"] / r["measured_vs_fp8current"] - 1) < tol, r
+
+
+def test_second_b300_run_speedups_held_out(data, bench_rows):
+    """The speed-ups over BF16 another run of the same configuration states (``speedups.rst``), no constant set on
+    them: the priced ones within 5%."""
+    second = data["devices"]["B300"]["second_run_speedups_over_bf16"]
+    for mode, speedups in (("autocast", second["autocast"]), ("prequantized", second["prequantized"])):
+        bf16 = bench_rows[("B300", mode, "BF16")]["priced_ms"]
+        for recipe, speedup in speedups.items():
+            priced = bf16 / bench_rows[("B300", mode, recipe)]["priced_ms"]
+            assert abs(priced / speedup - 1) < 0.05, (mode, recipe, priced, speedup)
