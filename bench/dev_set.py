@@ -338,6 +338,18 @@ DEEPSEEK_V3_LAYOUTS = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2)
                        (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
 
 
+# Megatron-Bridge's library pretrain recipes that set CommOverlapConfig(tp_comm_overlap=True), which the perf
+# scripts' recipe functions keep for every precision but NVFP4 ("tp_comm_overlap = False if precision == 'nvfp4'
+# else cfg.comm_overlap.tp_comm_overlap"); Megatron-Bridge turns it on where TP >= 2 with sequence parallelism
+# (training/comm_overlap.py, CommOverlapConfig._get_model_comm_overlap_cfgs). Read at each tag in a clone of
+# NVIDIA-NeMo/Megatron-Bridge, src/megatron/bridge/recipes/llama/llama3.py. Row model -> the function and its lines.
+LIBRARY_TP_COMM_OVERLAP = {
+    "LLAMA3_70B": "llama3_70b_pretrain_config, tp_comm_overlap=True (llama3.py line 302 at v0.2.0-v0.3.0, 738 at "
+                  "v0.3.1-v0.4.x, 739 at v0.5.x)",
+    "LLAMA3.1_405B": "llama31_405b_pretrain_config, tp_comm_overlap=True (llama3.py line 416 at v0.2.0-v0.3.0, 1189 "
+                     "at v0.3.1-v0.4.x, 1203 at v0.5.x)"}
+
+
 def megatron_layout_stages(text: str) -> tuple[int, ...]:
     """Decoder layers per virtual stage of a Megatron-Core ``pipeline_model_parallel_layout`` string
     (``Et*4|(t*4|)*14tmL``: stages split by ``|``, ``t`` a decoder layer, ``E`` embedding, ``m`` MTP, ``L`` loss,
@@ -403,9 +415,13 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     if _recipe_says(row, "ddp.grad_reduce_in_fp32 = False"):
         needs.append(Need("grad_dtype", "bf16", "the model's common configs set ddp.grad_reduce_in_fp32 = False "
                           "(bf16 gradient buffers and reduction)", {}))
-    if tp > 1 and (_recipe_says(row, "tp_comm_overlap=True") or _recipe_says(row, "tp_comm_overlap=bool(")) \
-            and not (dtype == "nvfp4" and _recipe_says(row, "tp_comm_overlap = False if precision == 'nvfp4'")):
-        needs.append(Need("tp_overlap", "true", "CommOverlapConfig(tp_comm_overlap=True) in the recipe function", {}))
+    if tp > 1 and not (dtype == "nvfp4" and _recipe_says(row, "tp_comm_overlap = False if precision == 'nvfp4'")):
+        if _recipe_says(row, "tp_comm_overlap=True") or _recipe_says(row, "tp_comm_overlap=bool("):
+            needs.append(Need("tp_overlap", "true", "CommOverlapConfig(tp_comm_overlap=True) in the recipe function",
+                              {}))
+        elif _recipe_says(row, "else cfg.comm_overlap.tp_comm_overlap") and row["model"] in LIBRARY_TP_COMM_OVERLAP:
+            needs.append(Need("tp_overlap", "true", f"the perf recipe keeps the library recipe's tp_comm_overlap: "
+                              f"{LIBRARY_TP_COMM_OVERLAP[row['model']]}", {}))
     etp = ws.get("expert_tensor_parallel_size")
     if ep > 1 and etp and etp != tp:
         needs.append(Need("etp", str(etp), f"preset expert_tensor_parallel_size {etp}", None))

@@ -112,11 +112,13 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     2026-11-27, when the perf-scripts profiles took the bf16 gradient reduction every model config sets), except by a
     fact the rows ran and meshplan had left out: 459 since Nemotron 3 Super's two MTP passes (its recipe's
     ``mtp_num_layers = 2``, which the table's TFLOP/s confirm) are priced, one more setting on each of its 26 rows,
-    and 472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows."""
+    472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows, and 498
+    since the Llama 3 70B / 3.1 405B rows at TP > 1 keep their library recipe's ``tp_comm_overlap=True`` (the perf
+    recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 472 and statistics.median(counts["B1"]) <= 2
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 498 and statistics.median(counts["B1"]) <= 2
     assert counts["B2"] == [0] * 8
 
 
@@ -193,9 +195,10 @@ def test_a_dense_a_moe_and_a_hybrid_row_price(rows, runs_dir, tmp_path):
 
 # B2's mean |error| on 2026-11-27 after the Blackwell GEMM level (OpenXLA's measured B200/H100 table), the MXFP8
 # grouped share and GB300 speed (cuDNN frontend's MoE benchmark) and fp8 attention: 12.9 -> 6.0% (BENCHMARKS.md
-# "Blackwell GEMMs against OpenXLA's measured B200/H100 table"). A guard with a little room, moved only with a
-# physics change that says why.
-B2_MEAN_ABS_ERROR_AT_MOST = 0.065
+# "Blackwell GEMMs against OpenXLA's measured B200/H100 table"), then 6.0 -> 4.9% with the MXFP8 GEMM's time over
+# tensor-wise that Transformer Engine's B300 benchmark measured (``costmodel.te_gemm``). A guard with a little room,
+# moved only with a physics change that says why.
+B2_MEAN_ABS_ERROR_AT_MOST = 0.055
 
 
 def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
@@ -206,9 +209,11 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 
 
 # B1's mean |error| on 2026-11-27 after Nemotron 3 Super's MTP passes and its NVFP4 recipe's bf16 layers were priced
-# (15.2%; 16.1% before): it may only fall. Pricing the 220 rows takes about 40 s, so this runs with the slow tests
-# (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.152
+# (15.2%; 16.1% before): it may only fall, except by a fact the rows ran that meshplan had left out: 15.26% once the
+# Llama rows' TP communication overlap (their library recipes' tp_comm_overlap=True) is priced, which had hidden
+# 5 s of exposed TP collectives behind the FP8-CS rows' other errors (BENCHMARKS.md, "TP overlap"). Pricing the 220
+# rows takes about 40 s, so this runs with the slow tests (`pytest -m slow`).
+B1_MEAN_ABS_ERROR_AT_MOST = 0.153
 
 
 @pytest.mark.slow
