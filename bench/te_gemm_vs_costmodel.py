@@ -6,8 +6,11 @@ Each published pass sum is priced the way the planner prices a decoder GEMM (``o
 its input's quantize passes), one-shot as the benchmark ran (100 calls, well under a second):
 
 - ``prequantized``: the GEMM alone;
-- ``autocast``: ``te.Linear`` forward, which quantizes its input and its weight on every call: the GEMM, the input's
-  quantize ops and the same ops over the K x N weight.
+- ``autocast``: ``te.Linear`` forward, which quantizes its input (rowwise and columnwise: the weight needs grad)
+  and its weight (rowwise) on every call: the GEMM, the input's quantize ops and the same ops over the K x N weight.
+  meshplan's ``cast`` moves 4 B an element (reads 2, writes 2), an MXFP8 input's two 1-byte copies and their
+  scales; for the weight's single copy, and a tensor-wise input's (one layout serves both on Blackwell), it counts
+  a byte more than moves. The dgrad / wgrad rows are forward calls at swapped shapes, priced as such.
 
 The B300 constants (``costmodel.te_gemm``) rest on the pre-quantized sums and the bf16 runs; the quantized autocast
 sums set nothing and check the quantize passes. Delayed scaling always runs under autocast (its amax history), so
@@ -39,15 +42,15 @@ def priced_pass_ms(pricer, device_name: str, recipe: str, mode: str, which: str)
     from meshplan.planner.estimate.ops_graph import gemm_ops
 
     dev, (dtype, rec) = catalogue()[device_name], RECIPES[recipe]
-    total = 0.0
+    total_s = 0.0
     for m, k, n in te_gemm.shapes(which):
         ops = list(gemm_ops(dtype, rec, m, n, k))
         if mode == "prequantized":
             ops = [o for o in ops if o.kind == "matmul"]
         else:  # the weight, K x N, quantized by the same passes as an input
             ops += [o for o in gemm_ops(dtype, rec, k, 1, n) if o.kind != "matmul"]
-        total += sum(pricer.predict(o, dev) for o in ops)
-    return total * 1e3
+        total_s += sum(pricer.predict(o, dev) for o in ops)
+    return total_s * 1e3
 
 
 def rows(pricer) -> list[dict]:

@@ -30,7 +30,7 @@ from meshplan.costmodel.learned import SOURCE_CALIBRATED
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 from meshplan.costmodel.sustained import TENSOR_CORE_KINDS, sustained_share
-from meshplan.costmodel.xla_gemm import PARTS as GEMM_SCALED
+from meshplan.costmodel.xla_gemm import PARTS as XLA_SCALED
 from meshplan.costmodel.xla_gemm import gemm_scale
 
 if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CLI start-up stays fast)
@@ -45,6 +45,7 @@ SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §
               "chunk-scan kernel reached on H800 (tile-ai/tilelang benchmark/mamba2); no timing of these kernels "
               "is published for other GPUs")
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
+GEMM_SCALED = (*XLA_SCALED, te_gemm.PART)  # the parts whose dense GEMM prices carry a measured scale
 
 # fp8 GEMMs, priced from their bf16 twin: no fp8 kernel measurements reach the learned model, and an fp8 GEMM is not
 # simply twice as fast. Its main loop (the K reduction) runs at twice the bf16 rate, but each output tile's fixed
@@ -283,7 +284,8 @@ class Pricer:
         GEMMs (``costmodel.te_gemm``); 1 off Blackwell."""
         hit = self._gemm_scales.get(device.name)
         if hit is None and device.name == te_gemm.PART:
-            scale = te_gemm.bf16_scale(lambda op: self.model_price(op, device)[0])
+            b300 = catalogue()[te_gemm.PART]
+            scale = te_gemm.bf16_scale(lambda op: self.model_price(op, b300)[0])
             hit = self._gemm_scales[device.name] = (scale, f"x {scale:.3f}: measured over priced bf16 GEMMs in "
                                                            f"{te_gemm.SOURCE}")
         if hit is None:

@@ -11,7 +11,11 @@ estimator's twice-the-forward rule). Two numbers follow:
 - the grouped share on Blackwell: the pricer's dense MXFP8 price of the same M x N x K over the GB200's GEMM time,
   median of the forward cases (the backward ones move twice the bytes around the GEMM, which the split prices least
   well). The Hopper share (``costmodel.grouped``, 0.66 at 4096 rows: torch's rowwise ``_scaled_grouped_mm``) is not
-  the kernel Transformer Engine runs on Blackwell. Other row counts keep the Hopper curve's shape.
+  the kernel Transformer Engine runs on Blackwell. Other row counts keep the Hopper curve's shape. The dense MXFP8
+  price includes the MXFP8 GEMM's time over the tensor-wise one (``costmodel.te_gemm``), so the share is what
+  grouping costs alone: the grouped MXFP8 price stays the measured one, and a tensor-wise or NVFP4 grouped GEMM, priced
+  at the same share of its own dense price, runs without MXFP8's 1x32 block scales (NVFP4's dense price carries its
+  own), as their dense kernels do. No grouped tensor-wise or NVFP4 kernel is measured here.
 - the GB300's speed: the GB200's GEMM time over the GB300's, median of every case. Both parts have the same dense
   peaks and HBM; the GB300 (1,400 W against 1,200 W) runs the same kernels faster, as cuDNN's own attention
   benchmark shows too (``costmodel.attention``). The B300 has no measurement and takes 1.

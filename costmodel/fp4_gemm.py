@@ -46,8 +46,9 @@ def row_mains(fixed_k: float) -> list[float]:
     return [r.get("bf16_tflops", plateau) / r["fp4_tflops"] - fixed_k / r["k"] for r in rows]
 
 
-def _peak_ratio(name: str = "") -> float:
-    dev = catalogue()[name or _data()["device"]]
+def _peak_ratio(name: str) -> float:
+    """``name``'s datasheet bf16 / nvfp4 peak ratio."""
+    dev = catalogue()[name]
     return dev.peak("bf16") / dev.peak("nvfp4")
 
 
@@ -57,13 +58,13 @@ def main_loop_multiple(fixed_k: float, device_name: str = "") -> float:
     Blackwell Ultra the median pass of the B300 benchmark."""
     if device_name in ULTRA:
         return statistics.median(te_gemm.nvfp4_mains(fixed_k)) / _peak_ratio(te_gemm.PART)
-    return statistics.median(row_mains(fixed_k)) / _peak_ratio()
+    return statistics.median(row_mains(fixed_k)) / _peak_ratio(_data()["device"])
 
 
 def held_out_ratios(fixed_k: float) -> tuple[list[float], list[float]]:
     """(in sample, one row held out): priced / measured fp4 time of every row, the main loop the median of every
     row, or of the other rows."""
-    mains, ratio = row_mains(fixed_k), _peak_ratio()
+    mains, ratio = row_mains(fixed_k), _peak_ratio(_data()["device"])
     k = [r["k"] for r in _data()["rows"]]
     every = main_loop_multiple(fixed_k) * ratio
     inside = [(every + fixed_k / kk) / (m + fixed_k / kk) for m, kk in zip(mains, k)]

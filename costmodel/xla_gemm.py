@@ -37,8 +37,8 @@ COMMIT = "71feeddf"
 REFERENCE = "H100-SXM"  # sm_90 in the table
 MEASURED = "B200"  # sm_100
 # the parts whose GEMMs take the scale: the B200's die (sm_100) and Blackwell Ultra (sm_103, unmeasured)
-PARTS = {"B200": "measured", "GB200": "the B200's die", "B300": "sm_103: its own, costmodel.te_gemm",
-         "GB300": "sm_103, unmeasured here: the B200's"}
+# (the B300 is scaled by its own measurement, ``costmodel.te_gemm``)
+PARTS = {"B200": "measured", "GB200": "the B200's die", "GB300": "sm_103, unmeasured here: the B200's"}
 Price = Callable[[OpSpec, str], float]  # (op, part name) -> a pricer's one-shot seconds
 MIN_FLOPS = 2 * 2048**3  # 1.7e10: both parts past their launch floor (the smaller shapes run 3-60 us)
 

@@ -48,15 +48,15 @@ def test_b200_over_h100_prices_at_the_measured_ratio_on_held_out_gemms(pricer) -
 def test_every_blackwell_gemm_takes_the_scale_and_says_where_it_comes_from(pricer) -> None:
     cat = catalogue()
     op = OpSpec("matmul", (16384, 8192, 8192), "bf16")
-    scales = {}
+    scales, words = {}, {}
     for name in ("B200", "GB200", "GB300", "B300"):
-        scales[name], words = pricer._gemm_scale(cat[name])
+        scales[name], words[name] = pricer._gemm_scale(cat[name])
         sec, src = pricer.predict_with_source(op, cat[name])
         assert sec == pytest.approx(pricer.model_price(op, cat[name])[0] * scales[name])
         # the B300 has its own measurement (costmodel.te_gemm, tests/test_te_gemm.py); the GB300 takes the B200's
         assert ("OpenXLA measured" in src) == (name != "B300") and ("unmeasured" in src) == (name == "GB300")
     assert 1.1 < scales["B200"] < 1.35  # the learned model's extrapolation runs B200 GEMMs ~20% faster than measured
-    assert scales["GB200"] == scales["B200"] and "Transformer Engine's GEMM benchmark on a B300" in words
+    assert scales["GB200"] == scales["B200"] and "Transformer Engine's GEMM benchmark on a B300" in words["B300"]
     assert scales["GB300"] == pytest.approx(scales["B200"] / pricer._blackwell("speed"))  # costmodel.blackwell_grouped
     h_sec, h_src = pricer.predict_with_source(op, cat["H100-SXM"])
     assert "OpenXLA" not in h_src and h_sec == pricer.model_price(op, cat["H100-SXM"])[0]
