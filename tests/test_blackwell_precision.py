@@ -90,6 +90,27 @@ def test_nvfp4_op_list_runs_every_decoder_gemm_in_nvfp4_with_bf16_rest():
     assert all(o.dtype == "bf16" for o in ops if o.kind in ("attention", "rmsnorm", "swiglu", "cast", "copy"))
 
 
+@pytest.mark.parametrize("dtype, fp8, stack, per_elem", [
+    ("bf16", "none", "megatron", 2.0), ("fp8", "tensorwise", "megatron", 1.0), ("fp8", "delayed", "megatron", 1.0),
+    ("fp8", "mxfp8", "megatron", 1 + 1 / 32), ("nvfp4", "nvfp4", "megatron", 0.5 + 1 / 16),
+    ("fp8", "tensorwise", "torchtitan", 2.0)])
+def test_sequence_parallel_gathers_move_the_quantized_input(dtype, fp8, stack, per_elem):
+    """Transformer Engine all-gathers a sequence-parallel linear's input after quantizing its shard
+    (``pytorch/module/linear.py``: ``gather_along_first_dim(inputmat, tp_group, quantizer=...)``; v1.8's
+    LayerNormLinear writes the norm output in fp8 before the gather): the gather moves the recipe's bytes per element
+    (its data and block scales), the reduce-scatter the GEMM's bf16 output; an MoE block's token gather and other
+    stacks' gathers stay bf16."""
+    model, tokens = load_model("llama-3.1-8b"), 4096
+    lay = Layout(tp=4, dp_replicate=2, micro_batch=1, sequence_parallel=True, fp8=fp8, stack=stack)
+    comm = layer_ops(model, 0, lay, tokens, dtype).tp_comm
+    h = model.hidden_size
+    assert comm == (("allgather", per_elem * tokens * h), ("reducescatter", 2.0 * tokens * h)) * 2
+    moe = load_model("qwen3-30b-a3b")
+    lay_moe = Layout(tp=4, dp_replicate=2, micro_batch=1, sequence_parallel=True, fp8=fp8, stack=stack, ep=2)
+    gathers = [b for k, b in layer_ops(moe, 0, lay_moe, tokens, dtype).tp_comm if k == "allgather"]
+    assert gathers == [per_elem * tokens * moe.hidden_size, 2.0 * tokens * moe.hidden_size]
+
+
 def test_dtype_nvfp4_selects_the_recipe_and_refuses_hopper():
     assert fp8_recipe_choices("nvfp4", get_device("GB200")) == ("nvfp4",)
     assert fp8_recipe_choices("fp8", get_device("GB200")) == ("tensorwise", "delayed", "blockwise", "mxfp8")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.estimate.memory import has_dropout
+from meshplan.planner.estimate.memory import has_dropout, saved_input_bytes
 from meshplan.planner.layout.decisions import LOWP_DEFAULT_RECIPE, RECOMPUTE_MODULES, lowp_recipe
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.flops import window_keys
@@ -39,7 +39,8 @@ class LayerOps:
         compute: forward compute ops.
         core_attention: the subset recomputed by selective recompute.
         tp_comm: (kind, bytes) collectives over the TP group in forward (backward mirrors them; what Transformer
-            Engine hides of them under sequence parallelism: ``estimate_gpu.te_sp_backward_tp_s``).
+            Engine hides of them under sequence parallelism: ``estimate_gpu.te_sp_backward_tp_s``); its all-gathers
+            move a low-precision recipe's quantized input (``_tp_comm``).
         ep_comm: (kind, bytes) all-to-alls over the EP group in forward (backward mirrors them), for the busiest
             rank (routing imbalance or capacity included).
         cp_comm: (kind, bytes) KV exchange over the CP group in forward (backward mirrors it: dKV); with
@@ -162,7 +163,7 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
         lb.modules["core_attn"] = list(attn_core)
     if shared:
         lb.modules["shared_experts"] = list(shared)
-    return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, len(kind))), tuple(ep_comm),
+    return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, kind)), tuple(ep_comm),
                     tuple(cp_comm), _op_recompute(lb.ops, attn_core), tuple(experts),
                     expert_copies(model, layout) if experts else 1, shared,
                     tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules), tuple(lb.blocks))
@@ -425,15 +426,26 @@ def _token_moves(lb: _LayerBuild, copies: float, width: int) -> list[OpSpec]:
     return [OpSpec("copy", (n,), lb.act), *sort, *sort, OpSpec("elementwise", (n,), lb.act)]
 
 
-def _tp_comm(lb: _LayerBuild, blocks: int = 2) -> list[tuple[str, float]]:
-    """Tensor parallelism's collectives per layer, one pair (or all-reduce) per block (a transformer layer has two,
-    a hybrid's layer one): bf16 activations of the full sequence shard."""
+def _tp_comm(lb: _LayerBuild, kind: str) -> list[tuple[str, float]]:
+    """Tensor parallelism's collectives per layer, one pair (or all-reduce) per block of ``kind`` (a transformer
+    layer has two, a hybrid's layer one), over the full sequence's activations. Under sequence parallelism
+    Transformer Engine all-gathers a linear's input quantized: the local shard cast by the input quantizer, then
+    ``gather_along_first_dim`` on the quantized rowwise data (TE ``pytorch/module/linear.py`` forward "All-gather
+    input tensor", and the grad output in its backward; userbuffers gather the same quantized buffer), so the gather
+    moves the recipe's bytes per element (``memory.saved_input_bytes``: fp8 1, MXFP8 1 + 1/32, NVFP4 0.5 + 1/16);
+    the reduce-scatters carry the GEMMs' bf16 output, and a routed-expert block's token gather stays bf16 (Megatron's
+    token dispatcher). Other stacks gather bf16."""
     if lb.t == 1:
         return []
     full = 2.0 * lb.T * lb.h
-    if lb.layout.sequence_parallel:
-        return [("allgather", full), ("reducescatter", full)] * blocks
-    return [("allreduce", full)] * blocks
+    if not lb.layout.sequence_parallel:
+        return [("allreduce", full)] * len(kind)
+    recipe = lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
+    out = []
+    for block in kind:
+        gathered = full if block == "E" else saved_input_bytes(recipe) * lb.T * lb.h
+        out += [("allgather", gathered), ("reducescatter", full)]
+    return out
 
 
 def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, float]]:
