@@ -211,9 +211,10 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # B1's mean |error| on 2026-11-27 after Nemotron 3 Super's MTP passes and its NVFP4 recipe's bf16 layers were priced
 # (15.2%; 16.1% before): it may only fall, except by a fact the rows ran that meshplan had left out: 15.26% once the
 # Llama rows' TP communication overlap (their library recipes' tp_comm_overlap=True) is priced, which had hidden
-# 5 s of exposed TP collectives behind the FP8-CS rows' other errors (BENCHMARKS.md, "TP overlap"). Pricing the 220
-# rows takes about 40 s, so this runs with the slow tests (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.153
+# 5 s of exposed TP collectives behind the FP8-CS rows' other errors (BENCHMARKS.md, "TP overlap"); then 15.18% with
+# the sequence-parallel gathers moving the quantized input. Pricing the 220 rows takes about 40 s, so this runs with
+# the slow tests (`pytest -m slow`).
+B1_MEAN_ABS_ERROR_AT_MOST = 0.152
 
 
 @pytest.mark.slow
