@@ -350,6 +350,22 @@ LIBRARY_TP_COMM_OVERLAP = {
                      "at v0.3.1-v0.4.x, 1203 at v0.5.x)"}
 
 
+# Megatron-Bridge r0.1.0 (NeMo 25.09) ran its perf configs through scripts/performance/run_script.py, which sets
+# sequence parallelism at TP > 1 (utils/helpers.py line 169) and keeps TP overlap on: the Llama recipes through their
+# library default, Qwen3 explicitly. Row model (its name's first word) -> the line that sets it.
+R010_TP_COMM_OVERLAP = {
+    "LLAMA3_70B": "llama3_70b_pretrain_config (line 52) leaves comm_overlap None and recipes/llama/llama3_70b.py "
+                  "line 221 sets CommOverlapConfig(tp_comm_overlap=True)",
+    "LLAMA3.1_405B": "llama31_405b_pretrain_config (line 54) leaves comm_overlap None and recipes/llama/"
+                     "llama31_405b.py line 237 sets CommOverlapConfig(tp_comm_overlap=True)",
+    "Qwen3_235B_a22B": "qwen3_235b_a22b_pretrain_config(comm_overlap_config=CommOverlapConfig(tp_comm_overlap="
+                       "True)), line 114"}
+
+
+def _r010_model(row: dict) -> str:
+    return row["model"].split()[0]
+
+
 def megatron_layout_stages(text: str) -> tuple[int, ...]:
     """Decoder layers per virtual stage of a Megatron-Core ``pipeline_model_parallel_layout`` string
     (``Et*4|(t*4|)*14tmL``: stages split by ``|``, ``t`` a decoder layer, ``E`` embedding, ``m`` MTP, ``L`` loss,
@@ -422,6 +438,9 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
         elif _recipe_says(row, "else cfg.comm_overlap.tp_comm_overlap") and row["model"] in LIBRARY_TP_COMM_OVERLAP:
             needs.append(Need("tp_overlap", "true", f"the perf recipe keeps the library recipe's tp_comm_overlap: "
                               f"{LIBRARY_TP_COMM_OVERLAP[row['model']]}", {}))
+        elif rec.get("release") == "r0.1.0" and _r010_model(row) in R010_TP_COMM_OVERLAP:
+            needs.append(Need("tp_overlap", "true", f"r0.1.0 scripts/performance/run_script.py: "
+                              f"{R010_TP_COMM_OVERLAP[_r010_model(row)]}", {}))
     etp = ws.get("expert_tensor_parallel_size")
     if ep > 1 and etp and etp != tp:
         needs.append(Need("etp", str(etp), f"preset expert_tensor_parallel_size {etp}", None))

@@ -112,13 +112,14 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     2026-11-27, when the perf-scripts profiles took the bf16 gradient reduction every model config sets), except by a
     fact the rows ran and meshplan had left out: 459 since Nemotron 3 Super's two MTP passes (its recipe's
     ``mtp_num_layers = 2``, which the table's TFLOP/s confirm) are priced, one more setting on each of its 26 rows,
-    472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows, and 498
+    472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows, 498
     since the Llama 3 70B / 3.1 405B rows at TP > 1 keep their library recipe's ``tp_comm_overlap=True`` (the perf
-    recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows."""
+    recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows,
+    and 505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``)."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 498 and statistics.median(counts["B1"]) <= 2
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 505 and statistics.median(counts["B1"]) <= 2
     assert counts["B2"] == [0] * 8
 
 
@@ -212,9 +213,10 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # (15.2%; 16.1% before): it may only fall, except by a fact the rows ran that meshplan had left out: 15.26% once the
 # Llama rows' TP communication overlap (their library recipes' tp_comm_overlap=True) is priced, which had hidden
 # 5 s of exposed TP collectives behind the FP8-CS rows' other errors (BENCHMARKS.md, "TP overlap"); then 15.18% with
-# the sequence-parallel gathers moving the quantized input. Pricing the 220 rows takes about 40 s, so this runs with
-# the slow tests (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.152
+# the sequence-parallel gathers moving the quantized input; 15.23% once the 25.09 rows at TP > 1 keep r0.1.0's TP
+# overlap too (the 405B B200 rows price slower with it: BENCHMARKS.md says why that is a lead). Pricing the 220 rows
+# takes about 40 s, so this runs with the slow tests (`pytest -m slow`).
+B1_MEAN_ABS_ERROR_AT_MOST = 0.153
 
 
 @pytest.mark.slow

@@ -98,18 +98,20 @@ def comm_sm_share(device) -> float:
     return min(1.0, COMM_SMS / device.sm_count) if device.sm_count else 0.0
 
 
-def te_sp_backward_tp_s(tp_comm, tp: int, link, column_bwd_s: float, device) -> float:
+def te_sp_backward_tp_s(tp_comm, grad_gathers, tp: int, link, column_bwd_s: float, device) -> float:
     """Exposed seconds of one layer's backward TP collectives under sequence parallelism, as Transformer Engine runs
     them without userbuffers (TE v1.8 ``module/layernorm_linear.py`` and ``module/linear.py`` backward, the version
     NeMo 24.07 ships): a column-parallel layer (QKV, FC1) re-gathers its saved input shard asynchronously, "Overlap
     input AG with dgrad", and reduce-scatters its dgrad asynchronously, "Overlap dgrad-RS/AR with wgrad"; a
-    row-parallel layer (attention out, FC2) gathers its grad output synchronously before its GEMMs. So the
-    gathers stay exposed, while the reduce-scatters and as many re-gathers hide behind the column-parallel GEMMs'
-    backward, on the SMs the communication kernels leave (``comm_sm_share``).
+    row-parallel layer (attention out, FC2) gathers its grad output synchronously before its GEMMs
+    (``grad_gathers``: their bytes, ``ops_graph._tp_grad_gathers``). So those gathers stay exposed, while the
+    reduce-scatters and the re-gathers (the forward gathers' bytes) hide behind the column-parallel GEMMs' backward,
+    on the SMs the communication kernels leave (``comm_sm_share``).
     """
-    gathers = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "allgather")
+    regathers = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "allgather")
     scatters = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "reducescatter")
-    hidden = scatters + gathers  # the dgrad reduce-scatters and the input re-gathers (same bytes as the forward's)
+    gathers = sum(collective_time_s("allgather", b, tp, link) for b in grad_gathers) if grad_gathers else regathers
+    hidden = scatters + regathers
     return gathers + max(0.0, hidden - column_bwd_s) + min(hidden, column_bwd_s) * comm_sm_share(device)
 
 
@@ -255,7 +257,7 @@ class GpuEstimator:
         tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
         tp_bwd = tp  # the backward mirrors the forward's collectives
         if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
-            tp_bwd = te_sp_backward_tp_s(lo.tp_comm, key.tp, tp_link, p["column_bwd"], device)
+            tp_bwd = te_sp_backward_tp_s(lo.tp_comm, lo.tp_grad_gathers, key.tp, tp_link, p["column_bwd"], device)
         if tp and key.tp_overlap:
             # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
             # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides

@@ -65,6 +65,9 @@ class LayerOps:
     expert_copies: int = 1  # the routed experts' ops stand in ``compute`` this many times (one per local expert)
     shared: tuple[OpSpec, ...] = ()
     modules: tuple[tuple[str, tuple[OpSpec, ...]], ...] = ()
+    tp_grad_gathers: tuple[float, ...] = ()
+    """Bytes of each block's backward all-gather of a row-parallel layer's grad output under sequence parallelism
+    (``_tp_grad_gathers``), which ``tp_comm``'s mirror prices otherwise."""
     blocks: tuple[tuple[OpSpec, ...], ...] = ()
     """``compute`` cut into its blocks in order (norm + attention, Mamba mixer, MLP or MoE): with a block memo
     (``kind_ops``), one tuple per distinct block that every layer holding it shares, so that a caller pricing op
@@ -166,7 +169,8 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
     return LayerOps(tuple(lb.ops), tuple(attn_core), tuple(_tp_comm(lb, kind)), tuple(ep_comm),
                     tuple(cp_comm), _op_recompute(lb.ops, attn_core), tuple(experts),
                     expert_copies(model, layout) if experts else 1, shared,
-                    tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules), tuple(lb.blocks))
+                    tuple((m, tuple(lb.modules[m])) for m in RECOMPUTE_MODULES if m in lb.modules),
+                    _tp_grad_gathers(lb, kind), tuple(lb.blocks))
 
 
 # What each block's ops read (besides the model, the sequence length and the dtype): a block memo's key
@@ -431,10 +435,10 @@ def _tp_comm(lb: _LayerBuild, kind: str) -> list[tuple[str, float]]:
     layer has two, a hybrid's layer one), over the full sequence's activations. Under sequence parallelism
     Transformer Engine all-gathers a linear's input quantized: the local shard cast by the input quantizer, then
     ``gather_along_first_dim`` on the quantized rowwise data (TE ``pytorch/module/linear.py`` forward "All-gather
-    input tensor", and the grad output in its backward; userbuffers gather the same quantized buffer), so the gather
-    moves the recipe's bytes per element (``memory.saved_input_bytes``: fp8 1, MXFP8 1 + 1/32, NVFP4 0.5 + 1/16);
-    the reduce-scatters carry the GEMMs' bf16 output, and a routed-expert block's token gather stays bf16 (Megatron's
-    token dispatcher). Other stacks gather bf16."""
+    input tensor"; userbuffers gather the same quantized buffer), so the gather moves the recipe's bytes per element
+    (``memory.saved_input_bytes``: fp8 1, MXFP8 1 + 1/32, NVFP4 0.5 + 1/16); the reduce-scatters carry the GEMMs'
+    bf16 output, and a routed-expert block's token gather stays bf16 (Megatron's token dispatcher). Other stacks
+    gather bf16. The backward's grad-output gathers: ``_tp_grad_gathers``."""
     if lb.t == 1:
         return []
     full = 2.0 * lb.T * lb.h
@@ -446,6 +450,20 @@ def _tp_comm(lb: _LayerBuild, kind: str) -> list[tuple[str, float]]:
         gathered = full if block == "E" else saved_input_bytes(recipe) * lb.T * lb.h
         out += [("allgather", gathered), ("reducescatter", full)]
     return out
+
+
+def _tp_grad_gathers(lb: _LayerBuild, kind: str) -> tuple[float, ...]:
+    """Bytes of each block's backward all-gather of its row-parallel layer's grad output under sequence parallelism,
+    without userbuffers. Transformer Engine quantizes the grad output before gathering it (``linear.py`` backward,
+    ``gather_along_first_dim(grad_output, quantizer=grad_output_quantizer)``); the block-scaled recipes ask for both
+    usages, dgrad's rowwise and wgrad's columnwise copy, and ``_all_gather_mxfp8`` / ``_all_gather_nvfp4`` move both
+    (MXFP8 2 x (1 + 1/32), NVFP4 2 x (0.5 + 1/16) B per element), while tensor-scaled fp8 gathers its rowwise copy and
+    transposes locally (1 B). Empty without sequence parallelism or TP."""
+    if lb.t == 1 or not lb.layout.sequence_parallel:
+        return ()
+    recipe = lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
+    per_elem = saved_input_bytes(recipe) * (2 if recipe in ("mxfp8", "nvfp4") else 1)
+    return tuple((2.0 if block == "E" else per_elem) * lb.T * lb.h for block in kind)
 
 
 def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, float]]:
