@@ -7,6 +7,8 @@ and the model's own parameter count.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.core.errors import MeshplanError
@@ -115,6 +117,10 @@ def test_sequence_parallel_gathers_move_the_quantized_input(dtype, fp8, stack, p
     lay_moe = Layout(tp=4, dp_replicate=2, micro_batch=1, sequence_parallel=True, fp8=fp8, stack=stack, ep=2)
     gathers = [b for k, b in layer_ops(moe, 0, lay_moe, tokens, dtype).tp_comm if k == "allgather"]
     assert gathers == [per_elem * tokens * moe.hidden_size, 2.0 * tokens * moe.hidden_size]
+    # at expert TP 1 Megatron-Core's dispatcher gathers nothing over TP (its tp_group is the expert-TP group): the
+    # routed-expert block has no TP pair, the attention block keeps its own
+    lo = layer_ops(moe, 0, replace(lay_moe, etp=1), tokens, dtype)
+    assert [k for k, _ in lo.tp_comm] == ["allgather", "reducescatter"] and len(lo.tp_grad_gathers) == 1
 
 
 def test_dtype_nvfp4_selects_the_recipe_and_refuses_hopper():

@@ -446,10 +446,19 @@ def _tp_comm(lb: _LayerBuild, kind: str) -> list[tuple[str, float]]:
         return [("allreduce", full)] * len(kind)
     recipe = lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
     out = []
-    for block in kind:
+    for block in _tp_blocks(lb, kind):
         gathered = full if block == "E" else saved_input_bytes(recipe) * lb.T * lb.h
         out += [("allgather", gathered), ("reducescatter", full)]
     return out
+
+
+def _tp_blocks(lb: _LayerBuild, kind: str) -> str:
+    """The blocks of ``kind`` with a TP collective pair under sequence parallelism. A routed-expert block has none at
+    expert TP 1: Megatron-Core's token dispatchers gather and reduce-scatter over the expert-TP group
+    (``MoETokenDispatcher.tp_group = pg_collection.expt_tp``; ``MoEAlltoAllTokenDispatcher`` gathers only when its
+    size is above 1, the flex dispatcher folds it into the all-to-all), and each TP rank routes its own sequence
+    shard. At expert TP > 1 the pair stays priced over the full sequence, an upper bound on the routed tokens'."""
+    return kind if lb.layout.expert_tp > 1 else kind.replace("E", "")
 
 
 def _tp_grad_gathers(lb: _LayerBuild, kind: str) -> tuple[float, ...]:
@@ -463,7 +472,7 @@ def _tp_grad_gathers(lb: _LayerBuild, kind: str) -> tuple[float, ...]:
         return ()
     recipe = lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
     per_elem = saved_input_bytes(recipe) * (2 if recipe in ("mxfp8", "nvfp4") else 1)
-    return tuple((2.0 if block == "E" else per_elem) * lb.T * lb.h for block in kind)
+    return tuple((2.0 if block == "E" else per_elem) * lb.T * lb.h for block in _tp_blocks(lb, kind))
 
 
 def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, float]]:
