@@ -109,13 +109,22 @@ def test_model_trained_on_collect_prices_that_device_later(tmp_path, runner):
     rows = [ln.split(",") for ln in (tmp_path / "cpu" / "local.csv").read_text().splitlines()[1:]]
     trained = [k for k, v in meta["kinds"].items() if v["n_train"] >= 30]
     assert "matmul" in trained, meta["kinds"].keys()
-    row = next(r_ for r_ in rows if r_[1] == "matmul")
+    matmuls = [r_ for r_ in rows if r_[1] == "matmul"]
+    row = matmuls[0]
     r = runner.invoke(app, ["costmodel", "predict", "--op", "matmul", "--shape", f"{row[4]}x{row[5]}x{row[6]}",
                             "--dtype", "fp32", "--device", "cpu-1t", "--model", str(tmp_path / "m"), "--json"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
-    # A training shape: the trees reproduce its own measurement (train MAPE on this data is a few %).
-    assert got["source"] == "learned" and abs(got["latency_s"] / float(row[8]) - 1) < 0.25, (got, row)
+    # the command prices with the model it was given, as the library does in this process
+    from meshplan.costmodel.query import predict_query
+
+    want = predict_query("matmul", f"{row[4]}x{row[5]}x{row[6]}", "cpu-1t", "fp32", model=tmp_path / "m")
+    assert got["source"] == "learned" and got["latency_s"] == pytest.approx(want["latency_s"], rel=1e-9)
+    # Training shapes: the trees reproduce their own measurements (train MAPE on this data is a few %). Over every
+    # matmul row, not one: a single one-repeat timing on a shared machine can sit 35% off its neighbours.
+    errors = [abs(predict_query("matmul", f"{m_[4]}x{m_[5]}x{m_[6]}", "cpu-1t", "fp32", model=tmp_path / "m")
+                  ["latency_s"] / float(m_[8]) - 1) for m_ in matmuls]
+    assert len(errors) >= 30 and float(np.median(errors)) < 0.25, sorted(errors)
 
 
 @pytest.mark.slow
