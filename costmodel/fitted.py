@@ -124,21 +124,12 @@ def te_gemm_rows(pricer) -> list[dict]:
     fits = {"B300 dense GEMM scale (measured / model-priced bf16)":
             te_gemm.bf16_held_out(lambda op: pricer.model_price(op, b300)[0]),
             "MXFP8 GEMM time / tensor-wise fp8 (Blackwell)": te_gemm.mxfp8_held_out(),
-            "NVFP4 GEMM main loop / bf16-over-nvfp4 peak ratio (Blackwell Ultra)": _nvfp4_ultra_held_out()}
+            "NVFP4 GEMM main loop / bf16-over-nvfp4 peak ratio (Blackwell Ultra)":
+            fp4_gemm.held_out_ratios(FP8_FIXED_K, te_gemm.PART)}
     return [{"constant": name, "fitted_on": "12 GEMMs of one layer (3 pass sums) on a B300 (Transformer Engine's "
              "GEMM benchmark)", "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one pass",
              "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}
             for name, (inside, held) in fits.items()]
-
-
-def _nvfp4_ultra_held_out() -> tuple[list[float], list[float]]:
-    """(in sample, one pass held out): priced / measured NVFP4-over-BF16 time of each pass of the B300 run."""
-    mains = te_gemm.nvfp4_mains(FP8_FIXED_K)
-    fixed = [FP8_FIXED_K * te_gemm.fixed_share(p) for p in te_gemm.PASSES]
-    every = statistics.median(mains)
-    inside = [(every + f) / (m + f) for m, f in zip(mains, fixed)]
-    held = [(statistics.median(mains[:i] + mains[i + 1:]) + f) / (m + f) for i, (m, f) in enumerate(zip(mains, fixed))]
-    return inside, held
 
 
 def fitted_constants(pricer) -> list[dict]:

@@ -61,13 +61,16 @@ def main_loop_multiple(fixed_k: float, device_name: str = "") -> float:
     return statistics.median(row_mains(fixed_k)) / _peak_ratio(_data()["device"])
 
 
-def held_out_ratios(fixed_k: float) -> tuple[list[float], list[float]]:
-    """(in sample, one row held out): priced / measured fp4 time of every row, the main loop the median of every
-    row, or of the other rows."""
-    mains, ratio = row_mains(fixed_k), _peak_ratio(_data()["device"])
-    k = [r["k"] for r in _data()["rows"]]
-    every = main_loop_multiple(fixed_k) * ratio
-    inside = [(every + fixed_k / kk) / (m + fixed_k / kk) for m, kk in zip(mains, k)]
-    held = [(statistics.median(mains[:i] + mains[i + 1:]) + fixed_k / kk) / (m + fixed_k / kk)
-            for i, (m, kk) in enumerate(zip(mains, k))]
+def held_out_ratios(fixed_k: float, device_name: str = "") -> tuple[list[float], list[float]]:
+    """(in sample, one held out): priced / measured fp4-over-bf16 time of every measurement behind
+    ``device_name``'s main loop (the B200's rows, or on Blackwell Ultra the B300's passes), the main loop the median
+    of every one, or of the others."""
+    if device_name in ULTRA:
+        mains = te_gemm.nvfp4_mains(fixed_k)
+        fixed = [fixed_k * te_gemm.fixed_share(p) for p in te_gemm.PASSES]
+    else:
+        mains, fixed = row_mains(fixed_k), [fixed_k / r["k"] for r in _data()["rows"]]
+    every = statistics.median(mains)
+    inside = [(every + f) / (m + f) for m, f in zip(mains, fixed)]
+    held = [(statistics.median(mains[:i] + mains[i + 1:]) + f) / (m + f) for i, (m, f) in enumerate(zip(mains, fixed))]
     return inside, held

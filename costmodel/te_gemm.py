@@ -98,7 +98,7 @@ def nvfp4_mains(fixed_k: float) -> list[float]:
 def _bf16_ratios(price: Price, passes: tuple[str, ...] = PASSES) -> list[float]:
     """Measured / priced bf16 time of each (run, pass) in ``passes``: both runs time ``torch.matmul`` (BF16 has no
     quantize), ``price(op)`` the pricer's model seconds on the B300 before any scale."""
-    priced_s = {p: sum(price(OpSpec("matmul", (m, n, k), "bf16")) for m, k, n in shapes(p)) for p in PASSES}
+    priced_s = {p: sum(price(OpSpec("matmul", (m, n, k), "bf16")) for m, k, n in shapes(p)) for p in passes}
     return [pass_ms(mode, "BF16")[p] * 1e-3 / priced_s[p] for mode in ("autocast", "prequantized") for p in passes]
 
 

@@ -110,7 +110,7 @@ def te_sp_backward_tp_s(tp_comm, grad_gathers, tp: int, link, column_bwd_s: floa
     """
     regathers = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "allgather")
     scatters = sum(collective_time_s(k, b, tp, link) for k, b in tp_comm if k == "reducescatter")
-    gathers = sum(collective_time_s("allgather", b, tp, link) for b in grad_gathers) if grad_gathers else regathers
+    gathers = sum(collective_time_s("allgather", b, tp, link) for b in grad_gathers)
     hidden = scatters + regathers
     return gathers + max(0.0, hidden - column_bwd_s) + min(hidden, column_bwd_s) * comm_sm_share(device)
 

@@ -444,12 +444,18 @@ def _tp_comm(lb: _LayerBuild, kind: str) -> list[tuple[str, float]]:
     full = 2.0 * lb.T * lb.h
     if not lb.layout.sequence_parallel:
         return [("allreduce", full)] * len(kind)
-    recipe = lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
+    recipe = _gather_recipe(lb)
     out = []
     for block in _tp_blocks(lb, kind):
         gathered = full if block == "E" else saved_input_bytes(recipe) * lb.T * lb.h
         out += [("allgather", gathered), ("reducescatter", full)]
     return out
+
+
+def _gather_recipe(lb: _LayerBuild) -> str:
+    """The low-precision recipe a TP all-gather moves its data in: the layer's own on the megatron stack (Transformer
+    Engine quantizes before gathering), none elsewhere."""
+    return lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
 
 
 def _tp_blocks(lb: _LayerBuild, kind: str) -> str:
@@ -470,7 +476,7 @@ def _tp_grad_gathers(lb: _LayerBuild, kind: str) -> tuple[float, ...]:
     transposes locally (1 B). Empty without sequence parallelism or TP."""
     if lb.t == 1 or not lb.layout.sequence_parallel:
         return ()
-    recipe = lowp_recipe(lb.layout.fp8, lb.dtype) if lb.layout.stack == "megatron" else "none"
+    recipe = _gather_recipe(lb)
     per_elem = saved_input_bytes(recipe) * (2 if recipe in ("mxfp8", "nvfp4") else 1)
     return tuple((2.0 if block == "E" else per_elem) * lb.T * lb.h for block in _tp_blocks(lb, kind))
 
