@@ -745,7 +745,10 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        needs.append(_uneven_split(L, pp, vpp))
+        split = _uneven_split(L, pp, vpp, megatron=is_bridge_row(row) or src in ("S1", "S1f"))
+        needs.append(split)
+        if split.implied:
+            assumptions.append(f"pp_layout={split.value}: {split.why}")
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))
@@ -778,16 +781,21 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                      lora=bridge_lora(row) if is_bridge_row(row) else "")
 
 
-def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
+def _uneven_split(num_layers: int, pp: int, vpp: int, megatron: bool) -> Need:
     """The split of ``num_layers`` over ``pp * vpp`` virtual stages the source leaves unsaid: Megatron's
     account-for-embedding/loss rule (``splits.balanced_split``; a first or last virtual stage may hold the embedding
-    or the loss alone), or not expressible where even that leaves a virtual stage empty."""
+    or the loss alone), or not expressible where even that leaves a virtual stage empty. On a Megatron stack
+    (``megatron``) it is implied, not a per-row setting: meshplan splits uneven stages this way itself when
+    ``pp_layout`` is left free (``planner.layout.space.stage_split``), so the stated pp and vpp alone give the same
+    layout. Elsewhere (AutoModel's torch pipelining) it stands in for the stack's own split: counted per row."""
     from meshplan.planner.layout.splits import balanced_split, format_pp_layout
 
     why = (f"{num_layers} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the split; "
-           "Megatron's account-for-embedding/loss split assumed")
+           "Megatron's account-for-embedding/loss split" + (", meshplan's own for an unpinned uneven pipeline"
+                                                            if megatron else " assumed"))
     try:
-        return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None)
+        return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None,
+                    implied=megatron)
     except MeshplanError:
         return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": more virtual stages than the layers, "
                     "the embedding and the loss", None)

@@ -115,11 +115,13 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows, 498
     since the Llama 3 70B / 3.1 405B rows at TP > 1 keep their library recipe's ``tp_comm_overlap=True`` (the perf
     recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows,
-    and 505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``)."""
+    505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``), and
+    441 since an uneven pipeline split the table leaves unsaid counts as meshplan's own (64 rows: the planner makes
+    Megatron's account-for-embedding/loss split itself when ``pp_layout`` is free)."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 505 and statistics.median(counts["B1"]) <= 2
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 441 and statistics.median(counts["B1"]) <= 2
     assert counts["B2"] == [0] * 8
 
 
@@ -160,6 +162,21 @@ def test_uneven_splits_the_source_leaves_unsaid(rows, runs_dir):
     assert "pp_layout=3+4*30+3" in inp.fix_string.split(",")
     inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb200-mxfp8"], runs_dir)  # pp 16 x vp 8
     assert not inp.missing and "pp_layout=0+1*126+0" in inp.fix_string.split(",")
+
+
+def test_an_uneven_split_is_meshplans_own_not_a_per_row_setting(rows, runs_dir):
+    """The harness pins the split it assumes, but meshplan makes the same one itself when ``pp_layout`` is left
+    free (``stage_split`` with nothing pinned), so the stated pp and vpp carry it: printed as an assumption, not
+    counted per row. The expected splits are worked by hand (see the test above)."""
+    from meshplan.planner.layout.space import Pins, stage_split
+
+    assert stage_split(126, 8, 4, Pins()) == (3,) + (4,) * 30 + (3,)
+    assert stage_split(126, 16, 8, Pins()) == (0,) + (1,) * 126 + (0,)
+    by = {r["name"]: r for r in rows}
+    for name in ("mbridge26.06-llama31-405b-gb300-fp8", "mbridge26.06-llama31-405b-gb200-mxfp8"):
+        inp = dev_set.row_needs(by[name], runs_dir)
+        assert not any(p.startswith("pp_layout=") for p in inp.per_row), name
+        assert any(a.startswith("pp_layout=") and "uneven" in a for a in inp.assumptions), name
 
 
 def test_lora_and_offload_rows_are_expressed(rows, runs_dir):
