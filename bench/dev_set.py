@@ -174,6 +174,8 @@ class RowInputs:
     precision: str = ""  # the precision recipe (precision_group)
     can_express: str = "yes"  # the row's own meshplan_can_express (e.g. "hybrid Mamba"): priced if meshplan can
     lora: str = ""  # LoRA over a frozen base (``--lora``): the task's, not a layout decision
+    moe: bool = False  # the model routes tokens to experts
+    cuda_graphs: str = ""  # what the run captured in CUDA graphs (``bridge_cuda_graphs``; "" where unknown)
 
     @property
     def fix_string(self) -> str:
@@ -292,6 +294,21 @@ BRIDGE_PRECISION = (
     ("not stated", "fp8", "tensorwise", "25.09 main value, no precision column: FP8 implied by the footnote, "
      "taken as current scaling (FP8-CS, as 25.11 labels it)"),
 )
+
+
+def bridge_cuda_graphs(row: dict) -> str:
+    """What a Megatron-Bridge preset captured in CUDA graphs (``cuda_graph_impl`` / ``cuda_graph_scope`` of its
+    workload settings): ``whole iteration`` (``full_iteration``, or Megatron's ``local`` graphs over the full
+    iteration), ``partial`` (Transformer Engine's or Megatron's per-layer graphs of the scope's modules), ``none``
+    (``cuda_graph_impl`` none), or ``unstated`` (the preset sets neither: the library default, none, unless the
+    launcher's flags said otherwise). meshplan prices none of them: host time is not priced."""
+    ws = row["recipe"].get("workload_settings") or {}
+    impl, scope = ws.get("cuda_graph_impl"), ws.get("cuda_graph_scope")
+    if impl == "full_iteration" or (impl == "local" and scope == "full_iteration"):
+        return "whole iteration"
+    if impl in ("transformer_engine", "local"):
+        return "partial"
+    return "none" if impl == "none" else "unstated"
 
 
 def bridge_precision(row: dict) -> tuple[str, str, str]:
@@ -778,7 +795,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
                      precision=precision_group(row), can_express=str(can),
-                     lora=bridge_lora(row) if is_bridge_row(row) else "")
+                     lora=bridge_lora(row) if is_bridge_row(row) else "", moe=bool(row.get("num_experts")),
+                     cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "")
 
 
 def _uneven_split(num_layers: int, pp: int, vpp: int, megatron: bool) -> Need:
@@ -954,7 +972,22 @@ def summary_groups(results: list[RowResult]) -> list[tuple[str, list[RowResult]]
         if systems:
             out += [(f"{src} {x}", [r for r in mine if r.inputs.get("system") == x]) for x in systems]
             out += [(f"{src} {x}", [r for r in mine if r.inputs.get("precision") == x]) for x in precisions]
+        out += _graph_groups(src, mine)
     return out + [("all", rs)]
+
+
+# The CUDA-graph groups of a source's MoE rows (``bridge_cuda_graphs``): host time, which meshplan does not price,
+# is what a whole-iteration graph removes
+GRAPH_GROUPS = (("whole iteration", ("whole iteration",)), ("partial", ("partial",)),
+                ("none or unstated", ("none", "unstated")))
+
+
+def _graph_groups(src: str, rows: list[RowResult]) -> list[tuple[str, list[RowResult]]]:
+    """``B1 MoE, CUDA graphs: whole iteration`` and the like, for a source whose MoE rows say their graphs."""
+    moe = [r for r in rows if r.inputs.get("moe") and r.inputs.get("cuda_graphs")]
+    groups = [(f"{src} MoE, CUDA graphs: {label}", [r for r in moe if r.inputs["cuda_graphs"] in modes])
+              for label, modes in GRAPH_GROUPS]
+    return [g for g in groups if g[1]]
 
 
 def summarize(results: list[RowResult]) -> list[dict]:

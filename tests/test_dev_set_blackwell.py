@@ -333,3 +333,33 @@ def test_moe_all_to_alls_run_in_line_unless_the_preset_overlaps_them(rows, runs_
         assert defaults["moe_overlap"] == "false", inp.profile
         seen.add(pinned)
     assert seen == {True, False}
+
+
+def test_cuda_graph_modes_come_from_the_presets(rows, runs_dir):
+    """Each row's CUDA-graph mode, read from its preset (the workload settings quoted in blackwell_dev.jsonl): a
+    whole-iteration graph (Qwen3-30B-A3B's 26.06 GB300 preset, cuda_graph_impl full_iteration), Transformer Engine
+    graphs of the router and the dispatch preprocessing only (its 26.04.01 preset), none where the impl says none
+    even though the scope names full_iteration (Llama 3 70B's NVFP4 presets), unstated where the preset sets
+    neither (the 25.09 rows, launched by r0.1.0's run_script.py)."""
+    by = {r["name"]: r for r in rows}
+    expect = {"mbridge26.06-qwen3-30b-a3b-gb300-mxfp8": "whole iteration",
+              "mbridge26.04.01-qwen3-30b-a3b-gb300-mxfp8": "partial",
+              "mbridge26.04-llama3-70b-gb300-nvfp4": "none",
+              "mbridge25.09-qwen3-30b-a3b-b200-fp8-unstated-tokendrop": "unstated"}
+    for name, mode in expect.items():
+        inp = dev_set.row_needs(by[name], runs_dir)
+        assert inp.cuda_graphs == mode, name
+    ws = by["mbridge26.04-llama3-70b-gb300-nvfp4"]["recipe"]["workload_settings"]
+    assert (ws["cuda_graph_impl"], ws["cuda_graph_scope"]) == ("none", "full_iteration")
+
+
+def test_moe_rows_are_summarized_by_cuda_graph_mode(rows, runs_dir):
+    """The three CUDA-graph groups split B1's MoE rows between them, each row once (the summary's counts, no
+    pricing needed: a row's group is its inputs')."""
+    results = [dev_set.RowResult(r["name"], "B1", 1.0, "priced", predicted_step_s=1.0, error=0.0,
+                                 inputs=dev_set._inputs_dict(dev_set.row_needs(r, runs_dir)))
+               for r in rows if r["source_id"] == "B1"]
+    groups = dict(dev_set.summary_groups(results))
+    moe = [r for r in rows if r["source_id"] == "B1" and r.get("num_experts")]
+    names = [x.name for label, _ in dev_set.GRAPH_GROUPS for x in groups[f"B1 MoE, CUDA graphs: {label}"]]
+    assert sorted(names) == sorted(r["name"] for r in moe) and len(set(names)) == len(names)

@@ -31,8 +31,11 @@ HOST_TIME_NOTE = (
     "host time is not priced: framework dispatch and kernel launches (a Transformer Engine Linear forward costs the "
     "host 99.7 us on a GB200's Grace CPU, a torch Linear 13.5 us on an H100 DGX's Xeon: TransformerEngine issue "
     "2053), and an MoE layer's token-count copy to the host each forward, after which the GPU waits for the host. "
-    "Megatron-Bridge's published Qwen3-30B-A3B runs are within 2% of meshplan's price when the whole iteration is "
-    "one CUDA graph and 14-28% slower than it with partial graphs or none; on a DGX B200 its micro-batch-1 run "
+    "Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median error is "
+    "+0.7% on the 18 captured as one whole-iteration CUDA graph and -21% / -17% on the 88 with per-layer graphs / "
+    "the 41 with none (the runs slower than priced); its Qwen3-30B-A3B runs are within 2% of meshplan's price with "
+    "the whole-iteration graph and 14-28% slower than it with partial graphs or none; on a DGX B200 its "
+    "micro-batch-1 run "
     "(NeMo 26.02) took 2.75x the step of the micro-batch-4 run (26.02.01), where meshplan prices 1.26x. With small "
     "experts or small micro-batches, expect this step to be slower than priced unless the stack captures the "
     "iteration in CUDA graphs")
