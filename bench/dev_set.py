@@ -700,17 +700,21 @@ def _torchtitan_needs(row: dict, n: int, dp: int, tp: int, device: str) -> tuple
     return zero, sp, recompute, needs, assumptions, device
 
 
-def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype: str) -> tuple:
+def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype: str,
+             profile_only: bool = False) -> tuple:
     """(approximated, missing, from_profile, per_row, device, dtype): each need the stack profile sets already, each
     one ``--fix`` takes (added to ``fix``, a per-row setting unless implied or stated), and each meshplan cannot
-    express, priced by its fallback (which may change the device or the dtype) or missing."""
+    express, priced by its fallback (which may change the device or the dtype) or missing. ``profile_only``: a
+    per-row setting is not pinned but left to meshplan (listed in ``per_row`` all the same)."""
     approximated, missing, from_profile, per_row = [], [], [], []
     for nd in needs:
         if meshplan_accepts(nd.key, nd.value) and stack_sets.get(nd.key) == nd.value:
             from_profile.append(f"{nd.key}={nd.value}")
         elif meshplan_accepts(nd.key, nd.value):
-            fix[nd.key] = nd.value
-            if not (nd.implied or nd.stated):
+            counted = not (nd.implied or nd.stated)
+            if not (profile_only and counted):
+                fix[nd.key] = nd.value
+            if counted:
                 per_row.append(f"{nd.key}={nd.value}: {nd.why}")
         elif nd.fallback is None:
             missing.append(nd)
@@ -724,11 +728,15 @@ def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype:
     return approximated, missing, from_profile, per_row, device, dtype
 
 
-def row_needs(row: dict, runs_dir: Path) -> RowInputs:
+def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInputs:
     """Map one dev-set row to meshplan's inputs: the one function later issues extend.
 
     The layout the source states is pinned as is; what it leaves unsaid comes from the stack's launch files
-    (NeMo launcher confs, AutoModel / torchtitan configs) and is listed under ``assumptions``.
+    (NeMo launcher confs, AutoModel / torchtitan configs) and is listed under ``assumptions``. ``profile_only``:
+    the row as a run meshplan has never seen is priced, from its table's facts and its stack profile alone: every
+    per-row decision is left to meshplan's search (still listed in ``per_row``). The cluster stays as
+    ``bridge_cluster`` gives it: how a job's GPUs sat in racks is the allocation meshplan is handed, not a decision
+    it makes (packed 72 to a rack, 256 GPUs would split EP 64 groups over the racks' InfiniBand).
     """
     src, name = row["source_id"], row["name"]
     if name in HYBRID_CONFIGS:  # hybrid Mamba rows: the row names no config; the Blackwell set's (README B1)
@@ -782,7 +790,8 @@ def row_needs(row: dict, runs_dir: Path) -> RowInputs:
     stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8)
     if "attention" in stack_sets:
         del fix["attention"]  # the stack's attention kernel is the profile's
-    approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype)
+    approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype,
+                                                                           profile_only)
     if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs
         fix["recompute"] = "selective"
     gpn = row.get("gpus_per_node") or 8
@@ -862,11 +871,11 @@ class RowResult:
     inputs: dict = field(default_factory=dict)
 
 
-def price_row(row: dict, runs_dir: Path, out_dir: Path) -> RowResult:
-    """Price one row through ``plan_job`` with its layout pinned."""
+def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = False) -> RowResult:
+    """Price one row through ``plan_job`` with its layout pinned (``profile_only``: see ``row_needs``)."""
     from meshplan.planner.search.job import PlanRequest, plan_job
 
-    inp = row_needs(row, runs_dir)
+    inp = row_needs(row, runs_dir, profile_only)
     res = RowResult(inp.name, inp.source, inp.published_step_s, "", inputs=_inputs_dict(inp),
                     published_memory_gib=TORCHTITAN_FACTS.get(inp.name, {}).get("memory_gib"))
     if inp.out_of_scope:
@@ -1012,10 +1021,11 @@ def summarize(results: list[RowResult]) -> list[dict]:
     return out
 
 
-def run(runs_dir: Path, files: Optional[tuple[str, ...]] = None) -> tuple[list[RowResult], list[dict]]:
+def run(runs_dir: Path, files: Optional[tuple[str, ...]] = None,
+        profile_only: bool = False) -> tuple[list[RowResult], list[dict]]:
     """Price every row of ``runs_dir`` (or of the named ``files`` there) and summarize."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = [price_row(row, runs_dir, Path(tmp)) for row in load_rows(runs_dir, files)]
+        results = [price_row(row, runs_dir, Path(tmp), profile_only) for row in load_rows(runs_dir, files)]
     return results, summarize(results)
 
 
@@ -1097,10 +1107,13 @@ def main(
     runs_dir: Annotated[Path, typer.Argument(help="Folder with dev_runs.jsonl and configs/")] = DEFAULT_RUNS,
     json_out: Annotated[bool, typer.Option("--json", help="Print rows and summary as JSON")] = False,
     md: Annotated[bool, typer.Option("--markdown", help="Print the two tables as Markdown")] = False,
+    profile_only: Annotated[bool, typer.Option(
+        "--profile-only", help="Price each row as a run meshplan has never seen: its table's facts and its stack "
+        "profile alone, every per-row setting left to meshplan's search")] = False,
 ) -> None:
     """Price every in-scope dev-set row with its own layout and compare with the published step time."""
     try:
-        results, summary = run(runs_dir)
+        results, summary = run(runs_dir, profile_only=profile_only)
     except MeshplanError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(exc.exit_code) from None

@@ -363,3 +363,16 @@ def test_moe_rows_are_summarized_by_cuda_graph_mode(rows, runs_dir):
     moe = [r for r in rows if r["source_id"] == "B1" and r.get("num_experts")]
     names = [x.name for label, _ in dev_set.GRAPH_GROUPS for x in groups[f"B1 MoE, CUDA graphs: {label}"]]
     assert sorted(names) == sorted(r["name"] for r in moe) and len(set(names)) == len(names)
+
+
+def test_profile_only_leaves_every_per_row_setting_to_meshplan(rows, runs_dir):
+    """``--profile-only`` prices a row as a run meshplan never saw: the table's facts and the stack profile pinned,
+    each per-row setting left to the search (and still listed), the allocation kept. On Llama 3.1 405B's 26.06 GB300
+    FP8 row the one layout setting beyond the profile is the library recipe's TP overlap."""
+    by = {r["name"]: r for r in rows}
+    row = by["mbridge26.06-llama31-405b-gb300-fp8"]
+    full, free = dev_set.row_needs(row, runs_dir), dev_set.row_needs(row, runs_dir, profile_only=True)
+    assert free.per_row == full.per_row and free.cluster == full.cluster
+    pinned = {k for k in full.fix if k not in free.fix}
+    assert pinned == {"tp_overlap"}
+    assert {k: v for k, v in full.fix.items() if k != "tp_overlap"} == free.fix
