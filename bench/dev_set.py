@@ -728,13 +728,19 @@ def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype:
     return approximated, missing, from_profile, per_row, device, dtype
 
 
+# Sources whose tables state the run's activation recomputation (torchtitan's performance.md gives each row's
+# activation checkpointing); the others' comes from launch files, which ``--profile-only`` does not read
+RECOMPUTE_IN_TABLE = frozenset({"T"})
+
+
 def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInputs:
     """Map one dev-set row to meshplan's inputs: the one function later issues extend.
 
     The layout the source states is pinned as is; what it leaves unsaid comes from the stack's launch files
     (NeMo launcher confs, AutoModel / torchtitan configs) and is listed under ``assumptions``. ``profile_only``:
     the row as a run meshplan has never seen is priced, from its table's facts and its stack profile alone: every
-    per-row decision is left to meshplan's search (still listed in ``per_row``). The cluster stays as
+    per-row decision is left to meshplan's search (still listed in ``per_row``), and so is recomputation where the
+    table does not state it (``RECOMPUTE_IN_TABLE``). The cluster stays as
     ``bridge_cluster`` gives it: how a job's GPUs sat in racks is the allocation meshplan is handed, not a decision
     it makes (packed 72 to a rack, 256 GPUs would split EP 64 groups over the racks' InfiniBand).
     """
@@ -794,6 +800,8 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                                                                            profile_only)
     if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs
         fix["recompute"] = "selective"
+    if profile_only and src not in RECOMPUTE_IN_TABLE:  # a run meshplan never saw leaves it to the search
+        fix.pop("recompute", None)
     gpn = row.get("gpus_per_node") or 8
     cluster = f"{n // gpn}x{gpn}x{device}"
     if is_bridge_row(row):

@@ -367,12 +367,12 @@ def test_moe_rows_are_summarized_by_cuda_graph_mode(rows, runs_dir):
 
 def test_profile_only_leaves_every_per_row_setting_to_meshplan(rows, runs_dir):
     """``--profile-only`` prices a row as a run meshplan never saw: the table's facts and the stack profile pinned,
-    each per-row setting left to the search (and still listed), the allocation kept. On Llama 3.1 405B's 26.06 GB300
-    FP8 row the one layout setting beyond the profile is the library recipe's TP overlap."""
+    each per-row setting left to the search (and still listed), the allocation kept, and recomputation, which the
+    Megatron-Bridge tables never state, left free too. On Llama 3.1 405B's 26.06 GB300 FP8 row the one layout
+    setting beyond the profile is the library recipe's TP overlap."""
     by = {r["name"]: r for r in rows}
     row = by["mbridge26.06-llama31-405b-gb300-fp8"]
     full, free = dev_set.row_needs(row, runs_dir), dev_set.row_needs(row, runs_dir, profile_only=True)
     assert free.per_row == full.per_row and free.cluster == full.cluster
-    pinned = {k for k in full.fix if k not in free.fix}
-    assert pinned == {"tp_overlap"}
-    assert {k: v for k, v in full.fix.items() if k != "tp_overlap"} == free.fix
+    assert {k for k in full.fix if k not in free.fix} == {"tp_overlap", "recompute"}
+    assert {k: v for k, v in full.fix.items() if k not in ("tp_overlap", "recompute")} == free.fix
