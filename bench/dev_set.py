@@ -301,13 +301,20 @@ def bridge_cuda_graphs(row: dict) -> str:
     workload settings): ``whole iteration`` (``full_iteration``, or Megatron's ``local`` graphs over the full
     iteration), ``partial`` (Transformer Engine's or Megatron's per-layer graphs of the scope's modules), ``none``
     (``cuda_graph_impl`` none), or ``unstated`` (the preset sets neither: the library default, none, unless the
-    launcher's flags said otherwise). meshplan prices none of them: host time is not priced."""
-    ws = row["recipe"].get("workload_settings") or {}
+    launcher's flags said otherwise). The 25.09 rows' r0.1.0 perf matrix says ``cuda_graphs`` instead, which
+    ``set_cuda_graph_overrides`` (scripts/performance/utils/helpers.py lines 87-93) turns into Megatron-Core's
+    per-layer graphs (``enable_cuda_graph``): partial, or none. meshplan prices none of them: host time is not
+    priced."""
+    rec = row["recipe"]
+    ws = rec.get("workload_settings") or {}
     impl, scope = ws.get("cuda_graph_impl"), ws.get("cuda_graph_scope")
-    if impl == "full_iteration" or (impl == "local" and scope == "full_iteration"):
+    scopes = scope if isinstance(scope, list) else [scope]
+    if impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes):
         return "whole iteration"
     if impl in ("transformer_engine", "local"):
         return "partial"
+    if impl is None and "cuda_graphs" in (rec.get("settings") or {}):
+        return "partial" if rec["settings"]["cuda_graphs"] else "none"
     return "none" if impl == "none" else "unstated"
 
 
@@ -353,6 +360,10 @@ def bridge_recompute(row: dict, pp: int = 1) -> tuple[str, list[Need], str]:
 # stage, the embedding on the first and the MTP module and loss on the last.
 DEEPSEEK_V3_LAYOUTS = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
                        (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
+# Kimi-K2's (61 layers): recipes/kimi/kimi_k2.py _get_kimi_k2_pipeline_layout (v0.3.1 to v0.5.1, lines 30-39), which
+# the perf scripts' kimi_llm_pretrain.py calls with the preset's pp and vp when the preset sets no pp_layout: the
+# same map as DeepSeek-V3's, plus (2, 8)
+KIMI_K2_LAYOUTS = {**DEEPSEEK_V3_LAYOUTS, (2, 8): (4,) * 15 + (1,)}
 
 
 # Megatron-Bridge's library pretrain recipes that set CommOverlapConfig(tp_comm_overlap=True), which the perf
@@ -398,7 +409,8 @@ def megatron_layout_stages(text: str) -> tuple[int, ...]:
 
 
 def bridge_pp_layout(row: dict, pp: int, vpp: int) -> Optional[Need]:
-    """The pipeline split the row's recipe states (preset ``pp_layout``, or DeepSeek-V3's library layout_map)."""
+    """The pipeline split the row's recipe states (preset ``pp_layout``, or DeepSeek-V3's and Kimi-K2's library
+    layout maps)."""
     from meshplan.planner.layout.splits import format_pp_layout
 
     said = (row["recipe"].get("workload_settings") or {}).get("pp_layout")
@@ -408,6 +420,10 @@ def bridge_pp_layout(row: dict, pp: int, vpp: int) -> Optional[Need]:
     elif row["model"].startswith("DeepSeekV3") and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
         stages = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
         why = f"DeepSeek-V3 library recipe layout_map[({pp}, {vpp})]: E+{stages[0]} | ... | {stages[-1]}+MTP+loss"
+    elif row["model"].startswith("Kimi") and (pp, vpp) in KIMI_K2_LAYOUTS:
+        stages = KIMI_K2_LAYOUTS[(pp, vpp)]
+        why = (f"Kimi-K2 library recipe _get_kimi_k2_pipeline_layout({pp}, {vpp}): E+{stages[0]} | ... | "
+               f"{stages[-1]}+loss")
     else:
         return None
     if len(stages) != pp * vpp or sum(stages) != row["layers"] or min(stages) < 1:
@@ -712,7 +728,9 @@ def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype:
             from_profile.append(f"{nd.key}={nd.value}")
         elif meshplan_accepts(nd.key, nd.value):
             counted = not (nd.implied or nd.stated)
-            if not (profile_only and counted):
+            if profile_only and counted and nd.key not in TASK_FACTS:
+                fix.pop(nd.key, None)  # left to the search, not to the harness's own default (attention="flash")
+            else:
                 fix[nd.key] = nd.value
             if counted:
                 per_row.append(f"{nd.key}={nd.value}: {nd.why}")
@@ -728,6 +746,11 @@ def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype:
     return approximated, missing, from_profile, per_row, device, dtype
 
 
+# Per-row settings that say what the job trains rather than how it is laid out: MTP modules, token dropping and
+# layers kept in bf16 under a low-precision recipe. ``--profile-only`` keeps them pinned (the search would price a
+# different job without them: it never adds MTP modules), as it keeps LoRA.
+TASK_FACTS = frozenset({"mtp", "moe_capacity", "bf16_last_layers"})
+
 # Sources whose tables state the run's activation recomputation (torchtitan's performance.md gives each row's
 # activation checkpointing); the others' comes from launch files, which ``--profile-only`` does not read
 RECOMPUTE_IN_TABLE = frozenset({"T"})
@@ -739,8 +762,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     The layout the source states is pinned as is; what it leaves unsaid comes from the stack's launch files
     (NeMo launcher confs, AutoModel / torchtitan configs) and is listed under ``assumptions``. ``profile_only``:
     the row as a run meshplan has never seen is priced, from its table's facts and its stack profile alone: every
-    per-row decision is left to meshplan's search (still listed in ``per_row``), and so is recomputation where the
-    table does not state it (``RECOMPUTE_IN_TABLE``). The cluster stays as
+    per-row decision is left to meshplan's search (still listed in ``per_row``) but what the job trains
+    (``TASK_FACTS``), and so is recomputation where the table does not state it (``RECOMPUTE_IN_TABLE``). The cluster
+    stays as
     ``bridge_cluster`` gives it: how a job's GPUs sat in racks is the allocation meshplan is handed, not a decision
     it makes (packed 72 to a rack, 256 GPUs would split EP 64 groups over the racks' InfiniBand).
     """
@@ -776,10 +800,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        split = _uneven_split(L, pp, vpp, megatron=is_bridge_row(row) or src in ("S1", "S1f"))
-        needs.append(split)
-        if split.implied:
-            assumptions.append(f"pp_layout={split.value}: {split.why}")
+        needs.append(_uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))
@@ -816,21 +837,18 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                      cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "")
 
 
-def _uneven_split(num_layers: int, pp: int, vpp: int, megatron: bool) -> Need:
+def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
     """The split of ``num_layers`` over ``pp * vpp`` virtual stages the source leaves unsaid: Megatron's
     account-for-embedding/loss rule (``splits.balanced_split``; a first or last virtual stage may hold the embedding
-    or the loss alone), or not expressible where even that leaves a virtual stage empty. On a Megatron stack
-    (``megatron``) it is implied, not a per-row setting: meshplan splits uneven stages this way itself when
-    ``pp_layout`` is left free (``planner.layout.space.stage_split``), so the stated pp and vpp alone give the same
-    layout. Elsewhere (AutoModel's torch pipelining) it stands in for the stack's own split: counted per row."""
+    or the loss alone), or not expressible where even that leaves a virtual stage empty. A per-row setting: left
+    free, meshplan's search balances the stages by their priced time instead (``planner.search.exact``), which is
+    not what Megatron runs."""
     from meshplan.planner.layout.splits import balanced_split, format_pp_layout
 
     why = (f"{num_layers} layers over pp={pp} x vpp={vpp} virtual stages: uneven, the source does not give the split; "
-           "Megatron's account-for-embedding/loss split" + (", meshplan's own for an unpinned uneven pipeline"
-                                                            if megatron else " assumed"))
+           "Megatron's account-for-embedding/loss split assumed")
     try:
-        return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None,
-                    implied=megatron)
+        return Need("pp_layout", format_pp_layout(balanced_split(num_layers, pp * vpp)), why, None)
     except MeshplanError:
         return Need("pp_layout", f"{num_layers}+2 over {pp * vpp}", why + ": more virtual stages than the layers, "
                     "the embedding and the loss", None)

@@ -325,3 +325,11 @@ def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
         assert not set(k.split("=")[0] for k in inp.from_profile) & set(inp.fix), row["name"]
         per_row.append(len(inp.per_row))
     assert len(per_row) == 32 and sum(per_row) <= 38 and statistics.median(per_row) <= 1
+
+
+def test_profile_only_leaves_a_counted_attention_kernel_free(rows, runs_dir):
+    """AutoModel's Llama 3 70B row runs PyTorch SDPA's FlashAttention-2 under context parallelism, a per-row
+    setting: ``--profile-only`` leaves the kernel to meshplan instead of pinning the harness's own default."""
+    row = next(r for r in rows if r["name"] == "automodel-llama3-70b-64")
+    assert dev_set.row_needs(row, runs_dir).fix["attention"] == "flash2"
+    assert "attention" not in dev_set.row_needs(row, runs_dir, profile_only=True).fix

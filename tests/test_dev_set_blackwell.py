@@ -115,13 +115,13 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows, 498
     since the Llama 3 70B / 3.1 405B rows at TP > 1 keep their library recipe's ``tp_comm_overlap=True`` (the perf
     recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows,
-    505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``), and
-    441 since an uneven pipeline split the table leaves unsaid counts as meshplan's own (64 rows: the planner makes
-    Megatron's account-for-embedding/loss split itself when ``pp_layout`` is free)."""
+    and 505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``).
+    An uneven split the table leaves unsaid stays counted: left free, meshplan balances the stages by priced time,
+    not as Megatron splits them."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 441 and statistics.median(counts["B1"]) <= 2
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 505 and statistics.median(counts["B1"]) <= 2
     assert counts["B2"] == [0] * 8
 
 
@@ -164,19 +164,17 @@ def test_uneven_splits_the_source_leaves_unsaid(rows, runs_dir):
     assert not inp.missing and "pp_layout=0+1*126+0" in inp.fix_string.split(",")
 
 
-def test_an_uneven_split_is_meshplans_own_not_a_per_row_setting(rows, runs_dir):
-    """The harness pins the split it assumes, but meshplan makes the same one itself when ``pp_layout`` is left
-    free (``stage_split`` with nothing pinned), so the stated pp and vpp carry it: printed as an assumption, not
-    counted per row. The expected splits are worked by hand (see the test above)."""
-    from meshplan.planner.layout.space import Pins, stage_split
-
-    assert stage_split(126, 8, 4, Pins()) == (3,) + (4,) * 30 + (3,)
-    assert stage_split(126, 16, 8, Pins()) == (0,) + (1,) * 126 + (0,)
-    by = {r["name"]: r for r in rows}
-    for name in ("mbridge26.06-llama31-405b-gb300-fp8", "mbridge26.06-llama31-405b-gb200-mxfp8"):
-        inp = dev_set.row_needs(by[name], runs_dir)
-        assert not any(p.startswith("pp_layout=") for p in inp.per_row), name
-        assert any(a.startswith("pp_layout=") and "uneven" in a for a in inp.assumptions), name
+def test_kimi_k2_rows_take_their_library_layout(rows, runs_dir):
+    """Kimi-K2's perf presets set no pp_layout; the perf scripts take ``_get_kimi_k2_pipeline_layout(pp, vp)`` from
+    the library recipe, whose (4, 4) entry is [embedding + 4 decoders], 14 x [4 decoders], [decoder + loss]: 4, 14
+    x 4, 1 layers over the 16 virtual stages (written by hand from recipes/kimi/kimi_k2.py line 37)."""
+    kimi = [r for r in rows if r["model"].startswith("Kimi")]
+    assert kimi
+    for row in kimi:
+        inp = dev_set.row_needs(row, runs_dir)
+        assert (row["pp"], row["pp_interleave"]) == (4, 4), row["name"]
+        assert "pp_layout=4*15+1" in inp.fix_string.split(","), row["name"]
+        assert any(p.startswith("pp_layout=4*15+1: Kimi-K2 library recipe") for p in inp.per_row), row["name"]
 
 
 def test_lora_and_offload_rows_are_expressed(rows, runs_dir):
@@ -339,18 +337,21 @@ def test_cuda_graph_modes_come_from_the_presets(rows, runs_dir):
     """Each row's CUDA-graph mode, read from its preset (the workload settings quoted in blackwell_dev.jsonl): a
     whole-iteration graph (Qwen3-30B-A3B's 26.06 GB300 preset, cuda_graph_impl full_iteration), Transformer Engine
     graphs of the router and the dispatch preprocessing only (its 26.04.01 preset), none where the impl says none
-    even though the scope names full_iteration (Llama 3 70B's NVFP4 presets), unstated where the preset sets
-    neither (the 25.09 rows, launched by r0.1.0's run_script.py)."""
+    even though the scope names full_iteration (Llama 3 70B's NVFP4 presets); for the 25.09 rows, launched by
+    r0.1.0's run_script.py, the perf matrix's cuda_graphs flag: Megatron-Core's per-layer graphs where it is true
+    (Qwen3-30B-A3B's B200 entry), none where false (DeepSeek-V3's)."""
     by = {r["name"]: r for r in rows}
     expect = {"mbridge26.06-qwen3-30b-a3b-gb300-mxfp8": "whole iteration",
               "mbridge26.04.01-qwen3-30b-a3b-gb300-mxfp8": "partial",
               "mbridge26.04-llama3-70b-gb300-nvfp4": "none",
-              "mbridge25.09-qwen3-30b-a3b-b200-fp8-unstated-tokendrop": "unstated"}
+              "mbridge25.09-qwen3-30b-a3b-b200-fp8-unstated-tokendrop": "partial",
+              "mbridge25.09-deepseekv3-b200-fp8-unstated-tokendrop": "none"}
     for name, mode in expect.items():
         inp = dev_set.row_needs(by[name], runs_dir)
         assert inp.cuda_graphs == mode, name
     ws = by["mbridge26.04-llama3-70b-gb300-nvfp4"]["recipe"]["workload_settings"]
     assert (ws["cuda_graph_impl"], ws["cuda_graph_scope"]) == ("none", "full_iteration")
+    assert by["mbridge25.09-qwen3-30b-a3b-b200-fp8-unstated-tokendrop"]["recipe"]["settings"]["cuda_graphs"] is True
 
 
 def test_moe_rows_are_summarized_by_cuda_graph_mode(rows, runs_dir):
@@ -367,12 +368,16 @@ def test_moe_rows_are_summarized_by_cuda_graph_mode(rows, runs_dir):
 
 def test_profile_only_leaves_every_per_row_setting_to_meshplan(rows, runs_dir):
     """``--profile-only`` prices a row as a run meshplan never saw: the table's facts and the stack profile pinned,
-    each per-row setting left to the search (and still listed), the allocation kept, and recomputation, which the
-    Megatron-Bridge tables never state, left free too. On Llama 3.1 405B's 26.06 GB300 FP8 row the one layout
-    setting beyond the profile is the library recipe's TP overlap."""
+    each per-row layout setting left to the search (and still listed), the allocation kept, and recomputation,
+    which the Megatron-Bridge tables never state, left free too. On Llama 3.1 405B's 26.06 GB300 FP8 row the
+    settings beyond the profile are the library recipe's TP overlap and the uneven split of 126 layers; on Nemotron
+    3 Super's the two MTP passes are the job's (its recipe's mtp_num_layers), kept."""
     by = {r["name"]: r for r in rows}
     row = by["mbridge26.06-llama31-405b-gb300-fp8"]
     full, free = dev_set.row_needs(row, runs_dir), dev_set.row_needs(row, runs_dir, profile_only=True)
     assert free.per_row == full.per_row and free.cluster == full.cluster
-    assert {k for k in full.fix if k not in free.fix} == {"tp_overlap", "recompute"}
-    assert {k: v for k, v in full.fix.items() if k not in ("tp_overlap", "recompute")} == free.fix
+    left = {"tp_overlap", "recompute", "pp_layout"}
+    assert {k for k in full.fix if k not in free.fix} == left
+    assert {k: v for k, v in full.fix.items() if k not in left} == free.fix
+    super_row = by["mbridge26.06-nemotron3-super-gb300-mxfp8"]
+    assert dev_set.row_needs(super_row, runs_dir, profile_only=True).fix["mtp"] == "2"

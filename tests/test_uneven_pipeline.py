@@ -126,6 +126,9 @@ def test_deepseek_v3_split_follows_predicted_time_not_layer_count():
     ("llama-3.1-8b", "1x8xH100", "64", "pp=4,first_stage_layers=5", [5, 9, 9, 9]),  # vpp free: only vpp=1 takes it
     ("llama-3.1-405b", "32x8xH100", "512", "pp_layout=7+8*14+7,tp=8", [7] + [8] * 14 + [7]),  # pp from the layout
     ("qwen2.5-7b", "3x8xH100", "96", "pp=3,tp=4,recompute=full:9", None),  # re-split keeps chunks >= 9 layers
+    # 126 layers over 16 x 8 virtual stages: only the count split exists (the embedding and the loss fill virtual
+    # stages of their own, 0+1*126+0); the time-weighted re-split has none to offer and must not end the search
+    ("llama-3.1-405b", "64x4xGB200-NVL72", "512", "tp=4,pp=16,vpp=8,mbs=1", [0] + [1] * 126 + [0]),
 ])
 def test_pinned_splits_with_the_rest_free(runner, tmp_path, model, cluster, batch, fix, stages):
     """Review findings: a pin that some free pp / vpp cannot take narrows the search instead of ending it; a

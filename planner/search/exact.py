@@ -361,8 +361,10 @@ def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
     out = []
     for lay, est in ranked:
         if lay.pp_layout:
-            alt = lay.with_(pp_layout=split_of(work, lay))
             try:
+                # the time-weighted split may not exist where the count split needs the embedding and the loss to
+                # fill virtual stages of their own (126 layers over 128)
+                alt = lay.with_(pp_layout=split_of(work, lay))
                 alt.validate(world_size=lay.world_size, num_layers=model.num_layers, num_heads=model.num_heads,
                              num_kv_heads=model.num_kv_heads, seq_len=work.seq_len, global_batch=work.global_batch,
                              num_experts=model.num_experts)
