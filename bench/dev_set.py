@@ -364,6 +364,9 @@ DEEPSEEK_V3_LAYOUTS = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2)
 # the perf scripts' kimi_llm_pretrain.py calls with the preset's pp and vp when the preset sets no pp_layout: the
 # same map as DeepSeek-V3's, plus (2, 8)
 KIMI_K2_LAYOUTS = {**DEEPSEEK_V3_LAYOUTS, (2, 8): (4,) * 15 + (1,)}
+# row model prefix -> (its library layouts, how the reason names them, what the last stage holds beside its layers)
+LIBRARY_LAYOUTS = (("DeepSeekV3", DEEPSEEK_V3_LAYOUTS, "DeepSeek-V3 library recipe layout_map", "MTP+loss"),
+                   ("Kimi", KIMI_K2_LAYOUTS, "Kimi-K2 library recipe _get_kimi_k2_pipeline_layout", "loss"))
 
 
 # Megatron-Bridge's library pretrain recipes that set CommOverlapConfig(tp_comm_overlap=True), which the perf
@@ -417,15 +420,13 @@ def bridge_pp_layout(row: dict, pp: int, vpp: int) -> Optional[Need]:
     if said:
         stages = megatron_layout_stages(said)
         why = f"preset pp_layout '{said}' ({row['recipe'].get('workload_config')})"
-    elif row["model"].startswith("DeepSeekV3") and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
-        stages = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
-        why = f"DeepSeek-V3 library recipe layout_map[({pp}, {vpp})]: E+{stages[0]} | ... | {stages[-1]}+MTP+loss"
-    elif row["model"].startswith("Kimi") and (pp, vpp) in KIMI_K2_LAYOUTS:
-        stages = KIMI_K2_LAYOUTS[(pp, vpp)]
-        why = (f"Kimi-K2 library recipe _get_kimi_k2_pipeline_layout({pp}, {vpp}): E+{stages[0]} | ... | "
-               f"{stages[-1]}+loss")
     else:
-        return None
+        hit = next(((layouts[(pp, vpp)], name, tail) for prefix, layouts, name, tail in LIBRARY_LAYOUTS
+                    if row["model"].startswith(prefix) and (pp, vpp) in layouts), None)
+        if hit is None:
+            return None
+        stages, name, tail = hit
+        why = f"{name}({pp}, {vpp}): E+{stages[0]} | ... | {stages[-1]}+{tail}"
     if len(stages) != pp * vpp or sum(stages) != row["layers"] or min(stages) < 1:
         return Need("pp_layout", said or str(stages), "the recipe's pipeline layout does not fit pp x vpp or holds "
                     "a stage without a decoder layer", None)
@@ -764,9 +765,8 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     the row as a run meshplan has never seen is priced, from its table's facts and its stack profile alone: every
     per-row decision is left to meshplan's search (still listed in ``per_row``) but what the job trains
     (``TASK_FACTS``), and so is recomputation where the table does not state it (``RECOMPUTE_IN_TABLE``). The cluster
-    stays as
-    ``bridge_cluster`` gives it: how a job's GPUs sat in racks is the allocation meshplan is handed, not a decision
-    it makes (packed 72 to a rack, 256 GPUs would split EP 64 groups over the racks' InfiniBand).
+    stays as ``bridge_cluster`` gives it: how a job's GPUs sat in racks is the allocation meshplan is handed, not a
+    decision it makes (packed 72 to a rack, 256 GPUs would split EP 64 groups over the racks' InfiniBand).
     """
     src, name = row["source_id"], row["name"]
     if name in HYBRID_CONFIGS:  # hybrid Mamba rows: the row names no config; the Blackwell set's (README B1)
