@@ -15,7 +15,9 @@ convention); signed error = (predicted - published) / published, negative = pred
 ``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
 meshplan's own ``--fix`` parser accepts it; until then the row is priced with the stated fallback (an
 *approximated* decision, listed per row) or, where there is none, reported as *not expressible* with the
-missing decision. Nothing is fitted here: the harness only maps rows to inputs and reports.
+missing decision. A Megatron-Bridge table layout that cannot run (refused as out of memory, or against Megatron's
+mesh rules) where the release's recipe ran another is priced at the recipe's, an approximated ``layout=recipe``
+(``recipe_layout_row``). Nothing is fitted here: the harness only maps rows to inputs and reports.
 """
 from __future__ import annotations
 
@@ -898,7 +900,52 @@ class RowResult:
 
 
 def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = False) -> RowResult:
-    """Price one row through ``plan_job`` with its layout pinned (``profile_only``: see ``row_needs``)."""
+    """Price one row through ``plan_job`` with its layout pinned (``profile_only``: see ``row_needs``). A Bridge
+    row whose table layout cannot run (refused as out of memory, or against Megatron's mesh rules) and whose
+    release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``)."""
+    res = _price_as_stated(row, runs_dir, out_dir, profile_only)
+    if res.status not in ("refused OOM", "not expressible") or res.inputs.get("missing") or profile_only:
+        return res
+    swap = recipe_layout_row(row)
+    if swap is None:
+        return res
+    alt, why = swap
+    out = _price_as_stated(alt, runs_dir, out_dir, profile_only)
+    if out.status != "priced":
+        return res
+    out.inputs["approximated"] = [f"layout=recipe: {why}; the table's: {res.status}, {res.detail}",
+                                  *out.inputs["approximated"]]
+    out.detail = f"table layout {res.status} ({res.detail}): priced at its recipe's"
+    return out
+
+
+# The layout fields a recipe match may name (README: ``recipe.match`` = 'closest (differs: {field: {table, recipe}})')
+# -> the row's own key for each
+RECIPE_LAYOUT_KEYS = {"tp": "tp", "pp": "pp", "vp": "pp_interleave", "cp": "cp", "ep": "ep", "mbs": "mbs"}
+
+
+def recipe_layout_row(row: dict) -> Optional[tuple[dict, str]]:
+    """(the row at its release's recipe layout, why) where the table's layout columns differ from the recipe the
+    release ran (``recipe.match`` 'closest (differs: ...)'), else ``None``. Used only where the table's layout cannot
+    run: a published table that lists a layout no GPU can hold was not what ran (26.02.01's Llama 3 70B NVFP4 on GB300:
+    TP1 PP1 at MBS 2 without FSDP or recomputation, 131 GiB of bf16 weights, as much gradient and 80 layers'
+    activations on a 276 GiB GPU, where every release's recipe and the 26.02 table run PP4 VP5 MBS1)."""
+    rec = row.get("recipe") or {}
+    said = re.fullmatch(r"closest \(differs: (\{.*\})\)", str(rec.get("match", "")))
+    if not is_bridge_row(row) or not said:
+        return None
+    differs = {k: v for k, v in json.loads(said.group(1)).items() if k in RECIPE_LAYOUT_KEYS}
+    if not differs:
+        return None
+    alt = dict(row, layout_assumptions={k: v for k, v in (row.get("layout_assumptions") or {}).items()
+                                        if k not in RECIPE_LAYOUT_KEYS.values()})
+    for k, v in differs.items():
+        alt[RECIPE_LAYOUT_KEYS[k]] = v["recipe"] or (1 if k == "vp" else v["recipe"])
+    where = f"{rec.get('release')} {rec.get('workload_config') or rec.get('perf_matrix_entry')}"
+    return alt, f"{where} runs " + ", ".join(f"{k} {v['recipe']} (table {v['table']})" for k, v in differs.items())
+
+
+def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool) -> RowResult:
     from meshplan.planner.search.job import PlanRequest, plan_job
 
     inp = row_needs(row, runs_dir, profile_only)
