@@ -305,8 +305,8 @@ def bridge_cuda_graphs(row: dict) -> str:
     (``cuda_graph_impl`` none), or ``unstated`` (the preset sets neither: the library default, none, unless the
     launcher's flags said otherwise). The 25.09 rows' r0.1.0 perf matrix says ``cuda_graphs`` instead, which
     ``set_cuda_graph_overrides`` (scripts/performance/utils/helpers.py lines 87-93) turns into Megatron-Core's
-    per-layer graphs (``enable_cuda_graph``): partial, or none. meshplan prices none of them: host time is not
-    priced."""
+    per-layer graphs (``enable_cuda_graph``): partial, or none. ``BRIDGE_GRAPHS`` maps them to meshplan's
+    ``cuda_graphs`` decision, which prices the host time an MoE layer's token-count sync exposes."""
     rec = row["recipe"]
     ws = rec.get("workload_settings") or {}
     impl, scope = ws.get("cuda_graph_impl"), ws.get("cuda_graph_scope")
@@ -318,6 +318,11 @@ def bridge_cuda_graphs(row: dict) -> str:
     if impl is None and "cuda_graphs" in (rec.get("settings") or {}):
         return "partial" if rec["settings"]["cuda_graphs"] else "none"
     return "none" if impl == "none" else "unstated"
+
+
+# bridge_cuda_graphs' mode -> meshplan's cuda_graphs decision (``none`` is Megatron-Bridge's default,
+# ``cuda_graph_impl`` "none", which no preset needs to say)
+BRIDGE_GRAPHS = {"whole iteration": "iteration", "partial": "layers", "none": "none", "unstated": "none"}
 
 
 def bridge_precision(row: dict) -> tuple[str, str, str]:
@@ -455,10 +460,16 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     assumptions += [a for a in (note, rnote) if a] + known_regressions(row)
     if fp8:
         needs.append(Need("fp8", fp8, f"table precision '{row['precision_recipe']}'", {}, stated=True))
-    unpriced = {k: v for k, v in ws.items() if k in ("cuda_graph_impl", "cuda_graph_scope", "cutedsl_fused_grouped_mlp")
-                and v not in (None, [], False)}
+    unpriced = {k: v for k, v in ws.items() if k == "cutedsl_fused_grouped_mlp" and v}
     if unpriced:
         assumptions.append(f"not priced: {unpriced}")
+    graphs = BRIDGE_GRAPHS[bridge_cuda_graphs(row)]
+    if graphs != "none":
+        said = ws.get("cuda_graph_scope") or (rec.get("settings") or {}).get("cuda_graphs")
+        needs.append(Need("cuda_graphs", graphs, f"preset cuda_graph_impl {ws.get('cuda_graph_impl')!r}, scope "
+                          f"{said!r}" + ("" if graphs == "iteration" or "attn" in str(said) else
+                                         ": the attention eager, its host time unpriced either way"), {},
+                          implied=not row.get("num_experts")))  # a dense layer has no sync: the price is the same
     if dtype == "fp8":  # the fp8 precision configs keep the weights in fp8 (the profile's fp8_params) unless the
         # recipe function turns it off (Kimi-K2 under dist_muon with MXFP8)
         off = _recipe_says(row, "fp8_param_gather = False")

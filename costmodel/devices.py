@@ -39,6 +39,9 @@ class DeviceSpec:
         host_bw_bytes_per_s: The link to host memory, bytes/s in one direction for one GPU while every GPU of its
             node copies at once (0 = not in the catalogue): what activation offloading's device-to-host and
             host-to-device copies run at.
+        host_cpu: The CPU that launches the device's work: ``grace`` (NVIDIA Grace over NVLink-C2C: GH200, GB200,
+            GB300 superchips) or ``x86`` (the default: DGX / HGX and PCIe hosts). What one framework op costs the
+            host differs between them (``planner.estimate.host_wait``).
         family: Default node/link family (``dgx-h100``, ``dgx-a100``, ``pcie``, ...), see cluster presets.
         launch_s: Fixed cost of one op call, seconds (framework dispatch + launch; ``collect`` measures it on this
             machine's CPU). 0 = not measured: GPUs use ``costmodel.api.KERNEL_LAUNCH_S`` in the calibrated roofline.
@@ -59,6 +62,7 @@ class DeviceSpec:
     base_clock_hz: float = 0.0
     tdp_w: float = 0.0
     host_bw_bytes_per_s: float = 0.0
+    host_cpu: str = "x86"
     aliases: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -113,7 +117,8 @@ class DeviceSpec:
 VENDORS = ("nvidia", "amd", "cpu")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4", "int8", "int4")
 _REQUIRED = ("name", "vendor", "peak_flops", "memory_bytes", "mem_bw_bytes_per_s", "sm_count", "l2_bytes", "clock_hz")
-_OPTIONAL = ("family", "aliases", "sources", "launch_s", "base_clock_hz", "tdp_w", "host_bw_bytes_per_s")
+_OPTIONAL = ("family", "aliases", "sources", "launch_s", "base_clock_hz", "tdp_w", "host_bw_bytes_per_s", "host_cpu")
+HOST_CPUS = ("x86", "grace")
 # PCIe CEM slot power, watts: a board drawing no more has no auxiliary power connector and (P4/T4/L4) passive
 # cooling, and runs dense math at its base clock (``DeviceSpec.sustained_clock_hz``). PCI Express Card
 # Electromechanical Specification rev. 4.0, sec. 4.2: 75 W for a x16 graphics card from the slot.
@@ -154,6 +159,9 @@ def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
     flops = d["peak_flops"]
     if not isinstance(flops, dict) or not flops:
         raise MeshplanError(f"{origin}: device {name}: peak_flops must map dtype -> FLOP/s")
+    if d.get("host_cpu", "x86") not in HOST_CPUS:
+        raise MeshplanError(f"{origin}: device {name}: host_cpu must be one of {', '.join(HOST_CPUS)}, "
+                            f"got {d['host_cpu']!r}")
     bad = sorted(set(flops) - set(DTYPES))
     if bad:
         raise MeshplanError(f"{origin}: device {name}: unknown dtype(s) {', '.join(bad)} (known: {', '.join(DTYPES)})")
@@ -173,6 +181,7 @@ def device_from_dict(d: dict, origin: str = "devices.yaml") -> DeviceSpec:
         tdp_w=_positive(origin, name, "tdp_w", d["tdp_w"], float) if "tdp_w" in d else 0.0,
         host_bw_bytes_per_s=(_positive(origin, name, "host_bw_bytes_per_s", d["host_bw_bytes_per_s"], float)
                              if "host_bw_bytes_per_s" in d else 0.0),
+        host_cpu=str(d.get("host_cpu", "x86")),
         aliases=tuple(str(a) for a in d.get("aliases", ()) or ()),
         sources={str(k): str(v) for k, v in (d.get("sources") or {}).items()},
     )
@@ -195,6 +204,7 @@ def device_to_dict(dev: DeviceSpec) -> dict:
         **({"base_clock_hz": dev.base_clock_hz} if dev.base_clock_hz else {}),
         **({"tdp_w": dev.tdp_w} if dev.tdp_w else {}),
         **({"host_bw_bytes_per_s": dev.host_bw_bytes_per_s} if dev.host_bw_bytes_per_s else {}),
+        **({"host_cpu": dev.host_cpu} if dev.host_cpu != "x86" else {}),
         "sources": dict(dev.sources),
     }
 

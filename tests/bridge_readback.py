@@ -90,6 +90,8 @@ def _field(cfg, dotted: str):
     plain = (bool, int, float, str, type(None))
     if isinstance(obj, list) and all(isinstance(x, plain) for x in obj):  # a list field (recompute_modules)
         return obj
+    if isinstance(obj, list) and all(type(x).__module__.startswith("megatron") and hasattr(x, "name") for x in obj):
+        return [x.name for x in obj]  # a list of enums (cuda_graph_scope: CudaGraphScope members)
     return obj if isinstance(obj, plain) else str(obj)
 
 

@@ -115,13 +115,15 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     472 since its NVFP4 rows keep their last 14 layers in bf16 (``bf16_last_layers``), one more on 13 rows, 498
     since the Llama 3 70B / 3.1 405B rows at TP > 1 keep their library recipe's ``tp_comm_overlap=True`` (the perf
     recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows,
-    and 505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``).
+    505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``), and
+    616 (median 2.5) since the MoE rows' CUDA graphs are a decision meshplan prices (``cuda_graphs``: each MoE
+    layer's host wait after its token-count sync), one more on the 111 MoE rows whose preset captures graphs.
     An uneven split the table leaves unsaid stays counted: left free, meshplan balances the stages by priced time,
     not as Megatron splits them."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 505 and statistics.median(counts["B1"]) <= 2
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 616 and statistics.median(counts["B1"]) <= 2.5
     assert counts["B2"] == [0] * 8
 
 

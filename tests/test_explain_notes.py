@@ -5,9 +5,9 @@ from __future__ import annotations
 from meshplan.planner.search.job import PlanRequest, plan_job
 
 
-def test_explain_says_host_time_is_not_priced_for_moe_only(tmp_path) -> None:
-    """``--explain`` names what it leaves out: host time, for an MoE model (measured to matter there), not for a
-    dense one."""
+def test_explain_says_what_host_time_is_left_out_for_moe_only(tmp_path) -> None:
+    """``--explain`` names what it leaves out: the host time it does not price, for an MoE model (measured to
+    matter there), not for a dense one."""
     from meshplan.planner.estimate.explain import HOST_TIME_NOTE
 
     mesh = "tp=1,pp=1,cp=1,ep=8,mbs=1,zero=3,recompute=full"

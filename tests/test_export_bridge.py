@@ -88,6 +88,9 @@ CASES = {
     "offload": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"recompute": "none", "offload_layers": 12}),
     "attention-fp8": ALL_PLANS["attention-fp8"], "attention-fp8-delayed": ALL_PLANS["attention-fp8-delayed"],
     "attention-fp8-mxfp8": ALL_PLANS["attention-fp8-mxfp8"],
+    "graphs-layers": ALL_PLANS["graphs-layers"],
+    "qwen3-moe-graphs-layers": lambda: plan_qwen3_moe(cuda_graphs="layers"),
+    "qwen3-moe-graphs-iteration": lambda: plan_qwen3_moe(cuda_graphs="iteration", moe_capacity=1.0),
 }
 FP8_ATTENTION_CASES = ("attention-fp8", "attention-fp8-delayed", "attention-fp8-mxfp8")
 
@@ -132,7 +135,7 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
                       "model.mtp_num_layers", "model.recompute_modules", "model.cpu_offloading",
                       "model.cpu_offloading_num_layers", "model.fp8_dot_product_attention",
                       "model.first_last_layers_bf16", "model.num_layers_at_start_in_bf16",
-                      "model.num_layers_at_end_in_bf16"]}
+                      "model.num_layers_at_end_in_bf16", "model.cuda_graph_impl", "model.cuda_graph_scope"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -198,6 +201,15 @@ def _expected(plan: Plan) -> dict[str, object]:
         e["model.mtp_num_layers"] = plan.mtp or None
     if plan.recompute_modules:
         e["model.recompute_modules"] = plan.recompute_modules.split("+")
+    # CUDA graphs: TE's per-layer scopes (the whole MoE block where it drops and pads) or the full-iteration graph,
+    # written from Megatron-Core's CudaGraphScope names here, not from the exporter's helper
+    impl = {"none": "none", "layers": "transformer_engine", "iteration": "local"}
+    e["model.cuda_graph_impl"] = impl[plan.cuda_graphs]
+    if plan.cuda_graphs == "iteration":
+        e["model.cuda_graph_scope"] = ["full_iteration"]
+    elif plan.cuda_graphs == "layers":
+        e["model.cuda_graph_scope"] = (["attn", "mlp"] if not m.num_experts else ["attn", "moe"] if plan.moe_capacity
+                                       else ["attn", "moe_router", "moe_preprocess"])
     if fsdp:
         e["ddp.data_parallel_sharding_strategy"] = "optim_grads_params" if plan.zero_stage == 3 else "optim_grads"
     if d.cp > 1:

@@ -140,6 +140,11 @@ VARIANTS.update({
     "pp-overlap-off": lambda: _variant(pp_overlap=False),
     "moe-shared-overlap": lambda: _moe_variant(shared_overlap=True),
     "moe-deepep": lambda: _moe_variant(moe_dispatcher="deepep"),
+    # CUDA graphs: Transformer Engine's per-layer graphs (attention, MoE router and preprocessing; the dense MLP in a
+    # dense layer) and the full-iteration graph a dropless MoE layer takes with Hybrid-EP's sync-free dispatch
+    "graphs-layers": lambda: _variant(cuda_graphs="layers", recompute="selective"),
+    "moe-graphs-layers": lambda: _moe_variant(cuda_graphs="layers"),
+    "moe-graphs-iteration": lambda: _moe_variant(cuda_graphs="iteration", moe_dispatcher="hybridep"),
     "reduce-fp32": lambda: _variant(reduce_dtype="fp32"),
     "reduce-bf16": lambda: _variant(reduce_dtype="bf16"),
     # Megatron-Core's selective module list and DeepSeek-V3's MTP module (one uneven pipeline: the layout names it)

@@ -62,7 +62,8 @@ def _render_or_refusal(plan, target: str) -> str | None:
         d = plan.degrees
         named = (plan.dtype, plan.recompute, plan.schedule, f"cp={d.cp}", "zero_stage", f"fp8 recipe {plan.fp8}",
                  f"fp8 recipe {_common.fp8_recipe(plan)}", f"cp_kind {plan.cp_kind}", f"etp={plan.etp}", "moe_overlap",
-                 f"recompute_modules={plan.recompute_modules}", f"mtp={plan.mtp}", "attention_dtype=fp8")
+                 f"recompute_modules={plan.recompute_modules}", f"mtp={plan.mtp}", "attention_dtype=fp8",
+                 f"cuda_graphs={plan.cuda_graphs}")
         assert any(w in msg for w in named), msg
         return None
 
@@ -130,13 +131,16 @@ def _megatron_flags_from_notes() -> set[str]:
     # --mtp-num-layers (_add_mtp_args, type=int) are arguments.py's own add_argument flags. --first-last-layers-bf16,
     # --num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16 are generated from the TransformerConfig fields
     # (ArgumentGroupFactory(TransformerConfig, exclude=...) in _add_network_size_args, which does not exclude them;
-    # megatron/training/initialize.py reads args.first_last_layers_bf16).
+    # megatron/training/initialize.py reads args.first_last_layers_bf16). --cuda-graph-impl and --cuda-graph-scope
+    # (nargs='+'), --no-check-for-nan-in-loss-and-grad: arguments.py's add_argument flags (core_v0.16.0 lines 1430-
+    # 1441, validate_args line 725); --attention-dropout is generated from TransformerConfig.attention_dropout.
     return flags | {"--fp4-format", "--fp4-recipe", "--recompute-modules", "--mtp-num-layers",
                     "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
                     "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
-                    "--moe-flex-dispatcher-backend"}
+                    "--moe-flex-dispatcher-backend", "--cuda-graph-impl", "--cuda-graph-scope",
+                    "--no-check-for-nan-in-loss-and-grad", "--attention-dropout"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:
@@ -148,8 +152,9 @@ def _megatron_args(words: list[str]) -> dict[str, object]:
         values = []
         while i + 1 + len(values) < len(words) and not words[i + 1 + len(values)].startswith("--"):
             values.append(words[i + 1 + len(values)])
-        assert len(values) <= 1 or w == "--recompute-modules", f"{w} takes one value, got {values}"  # nargs='*'
-        out[w] = (values if w == "--recompute-modules" else values[0]) if values else True
+        many = w in ("--recompute-modules", "--cuda-graph-scope")  # nargs='*' and nargs='+' (arguments.py)
+        assert len(values) <= 1 or many, f"{w} takes one value, got {values}"
+        out[w] = (values if many else values[0]) if values else True
         i += 1 + len(values)
     return out
 

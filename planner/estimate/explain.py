@@ -24,21 +24,21 @@ MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", 
                 "cast")
 
 
-# What the step leaves out on the host, said for MoE models, where it is measured to matter (BENCHMARKS.md,
-# "Megatron-Bridge's performance scripts as a stack profile ..."): published per-call host costs and the dev set's
-# split by CUDA-graph mode, neither priced.
+# What the step still leaves out on the host, said for MoE models, where it is measured to matter (BENCHMARKS.md,
+# "The MoE layer's wait for the host, priced"): the wait after the token-count sync is priced (host_wait), the rest
+# is not.
 HOST_TIME_NOTE = (
-    "host time is not priced: framework dispatch and kernel launches (a Transformer Engine Linear forward costs the "
-    "host 99.7 us on a GB200's Grace CPU, a torch Linear 13.5 us on an H100 DGX's Xeon: TransformerEngine issue "
-    "2053), and an MoE layer's token-count copy to the host each forward, after which the GPU waits for the host. "
-    "Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median error is "
-    "+0.7% on the 18 captured as one whole-iteration CUDA graph, -20% on the 93 with per-layer graphs and -15% on "
-    "the 36 with none or none stated (priced faster than they ran); its Qwen3-30B-A3B runs are priced within 3% "
-    "with the whole-iteration graph and 13-33% below the published step with per-layer graphs; on a DGX B200 its "
-    "micro-batch-1 run "
-    "(NeMo 26.02) took 2.75x the step of the micro-batch-4 run (26.02.01), where meshplan prices 1.26x. With small "
-    "experts or small micro-batches, expect this step to be slower than priced unless the stack captures the "
-    "iteration in CUDA graphs")
+    "host time is priced only where an MoE layer waits for it: after each dropless layer's token-count sync, the "
+    "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (2.6 ms for the "
+    "routed experts, 2.8 ms more for an uncaptured router; an x86 host at 13.48/37.08 of Grace's time per op, "
+    "TransformerEngine issue 2053), less what the GPU runs meanwhile (cuda_graphs decides what is eager). Not priced: "
+    "the host time of eager attention and of the backward, and its growth with the experts a rank holds (the "
+    "timeline's layer held 8). Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), "
+    "meshplan's median error is +0.7% on the 18 captured as one whole-iteration CUDA graph, -20% on the 93 with "
+    "per-layer graphs and -16% on the 37 with none or none stated (priced faster than they ran); on a DGX B200 "
+    "Qwen3-30B-A3B at micro-batch 1 (NeMo 26.02) took 2.75x the step of micro-batch 4 (26.02.01), where meshplan "
+    "prices 1.37x. With small experts or small micro-batches, expect this step to be slower than priced unless the "
+    "stack captures the iteration in CUDA graphs")
 
 
 def host_note(model, layout: Layout) -> str | None:
@@ -139,6 +139,8 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
         exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
         for kind, t in raw.items():
             tally.comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
+    if times[8]:  # the forward's wait for the host after the MoE token-count sync (planner.estimate.host_wait)
+        tally.comm["host wait after the MoE token-count sync"] += times[8] * n * m
     if layout.recompute_kind == "full" and rec:  # forward collectives again in the recompute
         tally.comm["recomputed forward collectives"] += times[4] * rec * m
 

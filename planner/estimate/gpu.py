@@ -47,6 +47,7 @@ from meshplan.planner.estimate.base import (
     time_signature,
     trainable_params,
 )
+from meshplan.planner.estimate.host_wait import moe_sync_wait_s
 from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
@@ -216,15 +217,16 @@ class GpuEstimator:
     def layer_times(self, tb, device, key: Layout, moe: bool, seq_len: int, dtype: str,
                     tp_link, ep_link, cp_link, frozen: bool = False) -> tuple[float, ...]:
         """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
-        recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, and the exposed comm fwd+bwd of the
-        tp, ep and cp groups, which add up to the fourth). ``frozen``: the weights take no gradient (LoRA's base,
+        recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, the exposed comm fwd+bwd of the
+        tp, ep and cp groups, and the forward's wait for the host after an MoE layer's token-count sync
+        (``host_wait``), which four add up to the fourth). ``frozen``: the weights take no gradient (LoRA's base,
         ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
         k = (tb, device, time_signature(key), moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         hit = self._layer.get(k)
         if hit is not None:
             return hit
-        lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, groups = self._layer_base(tb, device, key, moe, seq_len, dtype,
-                                                                            tp_link, ep_link, cp_link, frozen)
+        lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, groups, host = self._layer_base(
+            tb, device, key, moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         re = fwd if key.recompute_kind == "full" else 0.0
         if key.recompute_kind == "op":  # priced when an op-level layout first asks (a search bounds without it)
             if "op" not in p:
@@ -236,10 +238,10 @@ class GpuEstimator:
                 predict = self.pricer.predict
                 modules = p["modules"] = {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules}
             re = sum(t for m, t in modules.items() if m in key.recomputed_modules)
-        comm_re = tp + cp + ep_re  # forward collectives run again when the layer is recomputed in full
+        comm_re = tp + cp + ep_re + host  # the forward's collectives and host wait again in a full recompute
         if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
-            re += ep_re
-        out = self._layer[k] = (fwd, bwd, re, comm) + (comm_re,) + groups
+            re += ep_re + host
+        out = self._layer[k] = (fwd, bwd, re, comm) + (comm_re,) + groups + (host,)
         return out
 
     def _layer_base(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str, tp_link, ep_link, cp_link,
@@ -248,7 +250,8 @@ class GpuEstimator:
         layout's recompute variants): (layer ops, their prices, fwd, bwd, exposed comm fwd+bwd, the forward's tp
         and cp comm, its ep comm, what a recomputed forward's ep exposes, (tp, ep, cp exposed fwd+bwd))."""
         op_key = self._op_key(tb, device, key, moe, seq_len, dtype)
-        k = (op_key, key.cp_kind, key.moe_overlap, key.shared_overlap, tp_link, ep_link, cp_link, frozen)
+        k = (op_key, key.cp_kind, key.moe_overlap, key.shared_overlap, key.cuda_graphs, tp_link, ep_link, cp_link,
+             frozen)
         hit = self._base.get(k)
         if hit is not None:
             return hit
@@ -289,8 +292,13 @@ class GpuEstimator:
                 # its full recompute overlap, the backward stays in line
                 hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
-        comm = tp + tp_bwd + cp + cp_bwd + ep_cost  # forward and backward
-        out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd))
+        host = 0.0
+        if lo.experts and not key.moe_capacity and device.vendor == "nvidia":  # dropping and padding skips the sync
+            experts_fwd = p["experts_fwd"] + p["shared_fwd"] + ep
+            host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, experts_fwd, fwd - p["experts_fwd"]
+                                   - p["shared_fwd"])
+        comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
+        out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd), host)
         return out
 
     @staticmethod
@@ -462,7 +470,8 @@ class GpuEstimator:
         prices = {name: sum(part[name] for part in parts) for name in _BLOCK_SUMS}
         prices.update(attn=sum(predict(op, device) for op in lo.core_attention),
                       attn_bwd=sum(self._bwd_s(op, device) for op in lo.core_attention),
-                      shared_fwd=sum(predict(op, device) for op in lo.shared))
+                      shared_fwd=sum(predict(op, device) for op in lo.shared),
+                      experts_fwd=lo.expert_copies * sum(predict(op, device) for op in lo.experts))
         out = self._ops[k] = (lo, prices)
         return out
 

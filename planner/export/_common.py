@@ -206,6 +206,30 @@ def fsdp_notes(plan: Plan, target: str, runs: str) -> list[str]:
     return [f"{target}: fsdp={priced}: the plan priced {names[priced]}, the job runs {names[runs]}"]
 
 
+def cuda_graph_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced CUDA graphs and the target launches every op from Python (every target but
+    Megatron-LM and Megatron-Bridge)."""
+    if plan.cuda_graphs == "none":
+        return []
+    return [f"{target}: cuda_graphs={plan.cuda_graphs}: no option captures CUDA graphs here; every op launches "
+            "eagerly, and an MoE layer waits on the host longer than the plan priced"]
+
+
+def cuda_graph_scope(plan: Plan) -> tuple[str, list[str]]:
+    """(Megatron-Core ``cuda_graph_impl``, ``cuda_graph_scope``) of the plan's ``cuda_graphs``: Transformer Engine's
+    per-layer graphs of the attention and the MoE router and dispatch preprocessing (the dense MLP in a dense
+    layer; the whole MoE block where it drops and pads to capacity, which TransformerConfig requires of the "moe"
+    scope and which keeps "moe_preprocess" out under the alltoall dispatcher), or Megatron's own full-iteration
+    graph (``megatron/core/transformer/enums.py`` CudaGraphScope)."""
+    if plan.cuda_graphs == "iteration":
+        return "local", ["full_iteration"]
+    if plan.cuda_graphs == "layers" and not plan.model.num_experts:
+        return "transformer_engine", ["attn", "mlp"]
+    if plan.cuda_graphs == "layers":  # a drop-and-pad MoE layer has static shapes: captured whole ("moe")
+        return "transformer_engine", ["attn", "moe"] if plan.moe_capacity else ["attn", "moe_router", "moe_preprocess"]
+    return "none", []
+
+
 def shared_overlap_notes(plan: Plan, target: str) -> list[str]:
     """A warning when the plan priced the shared experts overlapped with the dispatch and the target's MoE code
     runs them in line (every target but Megatron-LM)."""

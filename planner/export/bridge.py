@@ -266,6 +266,18 @@ def moe_overrides(plan: Plan) -> dict[str, object]:
     return o
 
 
+def graph_overrides(plan: Plan) -> dict[str, object]:
+    """CUDA graphs, where the plan captures them (the recipes set ``cuda_graph_impl = "none"``)."""
+    if plan.cuda_graphs == "none":
+        return {}
+    impl, scope = c.cuda_graph_scope(plan)
+    o: dict[str, object] = {"model.cuda_graph_impl": impl, "model.cuda_graph_scope": scope}
+    if plan.cuda_graphs == "iteration":  # ConfigContainer.validate: "check_for_nan_in_loss must be disabled when
+        # using full_iteration CUDA graph"; the bridge's CUDA-graph guide turns the gradient check off with it
+        o.update({"rerun_state_machine.check_for_nan_in_loss": False, "ddp.check_for_nan_in_grad": False})
+    return o
+
+
 def overlap_overrides(plan: Plan, recipe: Recipe) -> dict[str, object]:
     """TP overlap and the interleaved pipeline's p2p overlap, on the recipe's ``CommOverlapConfig`` when it has one
     (its ``setup`` writes them onto the model), else on the model."""
@@ -282,7 +294,7 @@ def overrides(plan: Plan) -> list[str]:
     """Every override word, ``section.field=value``, in the order the sections above are written."""
     recipe = recipe_of(plan)
     o = {**parallel_overrides(plan), **recompute_overrides(plan), **optimizer_overrides(plan),
-         **precision_overrides(plan), **moe_overrides(plan), **overlap_overrides(plan, recipe)}
+         **precision_overrides(plan), **moe_overrides(plan), **graph_overrides(plan), **overlap_overrides(plan, recipe)}
     if recipe.mtp or plan.mtp:  # "Set to 0 or None to disable MTP" (recipes/deepseek/deepseek_v3.py)
         o["model.mtp_num_layers"] = plan.mtp or None
     return [f"{k}={_value(v)}" for k, v in o.items()]

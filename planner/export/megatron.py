@@ -104,6 +104,15 @@ def check(plan: Plan, flags: bool = True) -> None:
         # validate_args: an interleaved pipeline without p2p overlap needs pp > 2 (shared/notes/exports.md (b))
         c.fail(f"megatron: pp_overlap=false (--no-overlap-p2p-communication) with vpp={d.vpp} needs pp > 2, got "
                f"pp={d.pp}")
+    if plan.cuda_graphs == "layers" and plan.recompute.startswith("full"):
+        c.fail(f"megatron: cuda_graphs=layers with recompute={plan.recompute}: Megatron-Core recomputes whole layers "
+               f"only under the full-iteration graph")
+    if flags and plan.cuda_graphs == "iteration" and m.num_experts and d.ep > 1:
+        # arguments.py (core_v0.16.0) validate_args: cuda_graph_impl local with expert parallelism asserts
+        # --moe-pad-experts-for-cuda-graph-inference, an inference option
+        c.fail(f"megatron: cuda_graphs=iteration with ep={d.ep}: Megatron-LM's validate_args takes the local graph "
+               f"with expert parallelism for inference only (--moe-pad-experts-for-cuda-graph-inference); "
+               f"Megatron-Bridge's performance scripts train it (export to megatron-bridge)")
     if d.cp > 1 and plan.seq_len % (2 * d.cp):
         # Load-balanced CP splits the sequence into 2*cp chunks (megatron/core/utils.get_batch_on_this_cp_rank).
         c.fail(f"megatron: seq_len={plan.seq_len} is not divisible by 2*cp = {2 * d.cp}")
@@ -138,6 +147,10 @@ def _uses_fsdp(plan: Plan) -> bool:
 def unsupported(plan: Plan) -> list[str]:
     """Plan decisions Megatron-LM's arguments cannot carry."""
     out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
+    if plan.cuda_graphs != "none" and plan.recompute == "selective":
+        out.append("megatron: cuda_graphs with selective recomputation: Megatron-Core graphs core attention's "
+                   "recompute only without attention dropout; rendered --attention-dropout 0.0 (meshplan prices no "
+                   "dropout)")
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
     out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"),
@@ -220,6 +233,15 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--tp-comm-overlap")
     if plan.shared_overlap and plan.model.num_experts:
         a.append("--moe-shared-expert-overlap")
+    if plan.cuda_graphs != "none":  # arguments.py: --cuda-graph-impl, --cuda-graph-scope (nargs='+')
+        impl, scope = c.cuda_graph_scope(plan)
+        a += ["--cuda-graph-impl", impl, "--cuda-graph-scope", *scope]
+        if plan.cuda_graphs == "iteration":  # validate_args: "--no-check-for-nan-in-loss-and-grad should be set
+            a.append("--no-check-for-nan-in-loss-and-grad")  # with full_iteration CUDA graph"
+        if plan.recompute == "selective":  # TransformerConfig.__post_init__ refuses graphed attention that recomputes
+            # core attention under dropout ("attention dropout is not supported with graphed attention
+            # recomputation"); --attention-dropout defaults to 0.1 in arguments.py
+            a += ["--attention-dropout", "0.0"]
     if _sends_in_line(plan):  # Megatron-LM overlaps interleaved p2p by default
         a.append("--no-overlap-p2p-communication")
     if plan.sequence_parallel:

@@ -315,6 +315,20 @@ class Decisions:
     """Megatron-Core ``--moe-shared-expert-overlap`` (default off, alltoall dispatcher only); NeMo AutoModel always
     (``components/moe/layers.py``: "Execute shared experts in a separate stream to overlap compute with the
     communication for grouped experts"). Priced in the forward and its recompute; the backward stays in line."""
+    cuda_graphs: str = decision(
+        "none", "what CUDA graphs capture: none, layers (attention, router, dispatch preprocessing) or iteration",
+        choices=("none", "layers", "iteration"),
+        stack_values={"megatron": ("none",), "torchtitan": ("none",), "eager": ("none",)})
+    """"none": every op launched from Python. "layers": Transformer Engine's per-layer graphs of the attention and,
+    in an MoE layer, the router and the dispatch preprocessing (Megatron-Core ``--cuda-graph-impl
+    transformer_engine --cuda-graph-scope attn moe_router moe_preprocess``; ``attn mlp`` in a dense layer): the
+    routed experts, the dispatch and the combine stay eager, because their token counts change every step.
+    "iteration": the whole forward and backward replayed as one graph (``--cuda-graph-impl local
+    --cuda-graph-scope full_iteration``), which a dropless MoE layer can only take with Hybrid-EP's sync-free
+    dispatch (Megatron-Core ``docs/user-guide/features/cuda_graph.md``). An MoE layer waits for its token counts
+    on the host once per forward, before the dispatch, unless it drops and pads to capacity; after that wait the
+    GPU runs only as fast as the host launches the eager ops, which ``planner.estimate.host_wait`` prices. Graphs
+    cost memory and capture time meshplan does not price, so a free search keeps none."""
     fsdp: str = decision("", "the ZeRO-3 implementation: torch (FSDP2) or megatron (Megatron-FSDP)",
                          choices=("torch", "megatron"),
                          stack_own="Megatron-FSDP under Megatron-Core, FSDP2 otherwise (``layout.fsdp_impl``)")

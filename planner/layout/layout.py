@@ -352,6 +352,12 @@ class Layout(Decisions, Degrees):
         if self.shared_overlap and self.moe_overlap:
             raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
                                 "pick one (Megatron-Core asserts against the pair)")
+        if self.cuda_graphs == "iteration" and num_experts and not self.moe_capacity \
+                and self.moe_dispatcher != "hybridep":
+            raise MeshplanError(f"cuda_graphs=iteration on a dropless MoE model needs moe_dispatcher=hybridep (its "
+                                f"sync-free dispatch) or token dropping (moe_capacity > 0); moe_dispatcher="
+                                f"{self.moe_dispatcher} reads each layer's token counts on the host, which a graph "
+                                f"cannot replay (Megatron-Core docs/user-guide/features/cuda_graph.md)")
         if self.ep > 1 or self.etp:
             if num_experts == 0:
                 raise MeshplanError(f"ep={self.ep}, etp={self.etp} but the model has no experts")
@@ -377,6 +383,11 @@ class Layout(Decisions, Degrees):
         if self.recompute_modules and self.stack != "megatron":
             raise MeshplanError(f"recompute_modules={self.recompute_modules} is Megatron-Core's module list; stack "
                                 f"{self.stack} has none (recompute=op or full there)")
+        if self.cuda_graphs == "layers" and self.recompute_kind == "full":
+            raise MeshplanError(f"cuda_graphs=layers with recompute={self.recompute}: Megatron-Core recomputes whole "
+                                f"layers only under the full-iteration graph (TransformerConfig: \"full recompute is "
+                                f"only supported with full iteration CUDA graph\"); take cuda_graphs=iteration or "
+                                f"selective recomputation")
         if self.recompute_layers:
             per_chunk = (min(k for k in self.pp_layout if k) if self.pp_layout
                          else num_layers // (self.pp * self.vpp))

@@ -672,6 +672,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"pp_overlap={str(layout.pp_overlap).lower()}")
     if layout.shared_overlap:
         parts.append("shared_overlap")
+    if layout.cuda_graphs != "none":
+        parts.append(f"cuda_graphs={layout.cuda_graphs}")
     if layout.fsdp:
         parts.append(f"fsdp={layout.fsdp}")
     return " ".join(parts)
@@ -689,7 +691,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
         "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
-        "shared_overlap": layout.shared_overlap, "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
+        "shared_overlap": layout.shared_overlap, "cuda_graphs": layout.cuda_graphs,
+        "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
         "reduce_dtype": layout.reduce_dtype_priced or None,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
