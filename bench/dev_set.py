@@ -464,12 +464,17 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     if unpriced:
         assumptions.append(f"not priced: {unpriced}")
     graphs = BRIDGE_GRAPHS[bridge_cuda_graphs(row)]
-    if graphs != "none":
-        said = ws.get("cuda_graph_scope") or (rec.get("settings") or {}).get("cuda_graphs")
+    said = ws.get("cuda_graph_scope") or (rec.get("settings") or {}).get("cuda_graphs")
+    if graphs != "none" or row.get("num_experts"):
+        # implied where meshplan's free search takes the same (space.free_cuda_graphs: per-layer graphs on an MoE
+        # model unless it recomputes in full), or where it prices nothing (a dense layer has no sync)
+        from meshplan.planner.layout.space import free_cuda_graphs
+
+        free = free_cuda_graphs(recompute or "none") if row.get("num_experts") else graphs
         needs.append(Need("cuda_graphs", graphs, f"preset cuda_graph_impl {ws.get('cuda_graph_impl')!r}, scope "
-                          f"{said!r}" + ("" if graphs == "iteration" or "attn" in str(said) else
+                          f"{said!r}" + ("" if graphs != "layers" or "attn" in str(said) else
                                          ": the attention eager, its host time unpriced either way"), {},
-                          implied=not row.get("num_experts")))  # a dense layer has no sync: the price is the same
+                          implied=graphs == free or not row.get("num_experts")))
     if dtype == "fp8":  # the fp8 precision configs keep the weights in fp8 (the profile's fp8_params) unless the
         # recipe function turns it off (Kimi-K2 under dist_muon with MXFP8)
         off = _recipe_says(row, "fp8_param_gather = False")

@@ -116,14 +116,15 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     since the Llama 3 70B / 3.1 405B rows at TP > 1 keep their library recipe's ``tp_comm_overlap=True`` (the perf
     recipe functions inherit it for every precision but NVFP4; ``LIBRARY_TP_COMM_OVERLAP``), one more on 26 rows,
     505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``), and
-    616 (median 2.5) since the MoE rows' CUDA graphs are a decision meshplan prices (``cuda_graphs``: each MoE
-    layer's host wait after its token-count sync), one more on the 111 MoE rows whose preset captures graphs.
+    560 (median 2.5) since the MoE rows' CUDA graphs are a decision meshplan prices (``cuda_graphs``: each MoE
+    layer's host wait after its token-count sync), one more on the 55 MoE rows whose preset captures none or the
+    whole iteration (per-layer graphs are meshplan's own free choice: ``space.free_cuda_graphs``).
     An uneven split the table leaves unsaid stays counted: left free, meshplan balances the stages by priced time,
     not as Megatron splits them."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 616 and statistics.median(counts["B1"]) <= 2.5
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 560 and statistics.median(counts["B1"]) <= 2.5
     assert counts["B2"] == [0] * 8
 
 
@@ -266,9 +267,10 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # overlap too (the 405B B200 rows price slower with it: BENCHMARKS.md says why that is a lead), 15.28% once an MoE
 # block at expert TP 1 has no TP collective (Megatron's dispatcher gathers over expert TP only), then 15.23% once the
 # three rows whose table layout cannot run price at their release's recipe layout (recipe_layout_row), so all 220
-# price. Pricing the 220 rows
+# price, then 13.96% once each MoE layer waits for the host after its token-count sync (``host_wait``). Pricing the
+# 220 rows
 # takes about 40 s, so this runs with the slow tests (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.153
+B1_MEAN_ABS_ERROR_AT_MOST = 0.140
 
 
 @pytest.mark.slow

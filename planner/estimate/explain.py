@@ -29,16 +29,15 @@ MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", 
 # is not.
 HOST_TIME_NOTE = (
     "host time is priced only where an MoE layer waits for it: after each dropless layer's token-count sync, the "
-    "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (2.6 ms for the "
-    "routed experts, 2.8 ms more for an uncaptured router; an x86 host at 13.48/37.08 of Grace's time per op, "
-    "TransformerEngine issue 2053), less what the GPU runs meanwhile (cuda_graphs decides what is eager). Not priced: "
-    "the host time of eager attention and of the backward, and its growth with the experts a rank holds (the "
-    "timeline's layer held 8). Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), "
-    "meshplan's median error is +0.7% on the 18 captured as one whole-iteration CUDA graph, -20% on the 93 with "
-    "per-layer graphs and -16% on the 37 with none or none stated (priced faster than they ran); on a DGX B200 "
-    "Qwen3-30B-A3B at micro-batch 1 (NeMo 26.02) took 2.75x the step of micro-batch 4 (26.02.01), where meshplan "
-    "prices 1.37x. With small experts or small micro-batches, expect this step to be slower than priced unless the "
-    "stack captures the iteration in CUDA graphs")
+    "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (3.45 ms for "
+    "the routed experts; 1.45 ms for an eager shared expert and 4.0 ms for an uncaptured router; an x86 host at "
+    "13.48/37.08 of Grace's time per op, TransformerEngine issue 2053), less what the GPU runs meanwhile "
+    "(cuda_graphs decides what is eager). Not priced: the host time of eager attention and of the backward, its "
+    "growth with the experts a rank holds (the timeline's layer held 8), and what Transformer Engine releases after "
+    "2.9 cut. Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median "
+    "error is +0.7% on the 18 captured as one whole-iteration CUDA graph, -13% on the 93 with per-layer graphs and "
+    "-10% on the 37 with none or none stated (priced faster than they ran), with layers of 4 experts a rank priced "
+    "slower than they ran (Qwen3-235B-A22B on GB200, +26..+33%)")
 
 
 def host_note(model, layout: Layout) -> str | None:

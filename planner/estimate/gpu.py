@@ -294,9 +294,8 @@ class GpuEstimator:
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         host = 0.0
         if lo.experts and not key.moe_capacity and device.vendor == "nvidia":  # dropping and padding skips the sync
-            experts_fwd = p["experts_fwd"] + p["shared_fwd"] + ep
-            host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, experts_fwd, fwd - p["experts_fwd"]
-                                   - p["shared_fwd"])
+            host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
+                                   key.shared_overlap)
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
         out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd), host)
         return out

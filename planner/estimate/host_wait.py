@@ -10,38 +10,50 @@ so a layer's forward takes ``max(host, GPU)`` over that stretch rather than the 
 ahead of the GPU everywhere else, and the backward has no such wait (the splits are reused).
 
 The host's time for that stretch is read off NVIDIA's own Nsight timelines of DeepSeek-V3 on GB200 NVL72 (MXFP8,
-EP32: 8 local experts, Transformer Engine 2.9, Megatron-Core dev 2025-10; "Optimizing DeepSeek-V3 Training
-Performance on NVIDIA GB200 NVL72", Megatron-LM ``docs/discussions/deepseek-v3-gb200-optimization``, commit
-402bc50b1c, images 4 and 5): the routed experts' stretch after per-layer graphs, 2.6 ms with a sparse GPU (the
-final state, shared expert graphed, processes bound to their NUMA node); the router and dispatch preprocessing, 2.8
-ms eager (DeepEP, fused router). An x86 host launches faster: a ``torch.nn.Linear`` forward costs the host 13.48
-us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's Grace (TransformerEngine issue 2053), the only
-measured pair, taken for every x86 host. Not priced: the eager attention's host time (no measurement) and how the
-experts' host time grows with their number per rank (the timeline's layer held 8).
+EP32: 8 local experts and one shared expert, DeepEP dispatch, Transformer Engine 2.9, Megatron-Core dev 2025-10;
+"Optimizing DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72", Megatron-LM
+``docs/discussions/deepseek-v3-gb200-optimization``, commit 402bc50b1c, images 4 and 5), as the stretches in which
+the GPU stands mostly idle between kernels. From the dispatch kernel's end to the combine kernel's start the host
+prepares and runs the routed experts: 3.45 ms in the guide's final state (image 5, bottom: +686.9 to +690.35 ms).
+Per-layer graphs (``--cuda-graph-scope attn moe_router moe_preprocess``, the guide's and Megatron-Bridge's) capture
+the shared expert with the router "unless the shared experts overlap is enabled" (the guide, section "CUDA Graphs");
+eager, it takes 1.45 ms (image 5, top, before it was captured: from the dispatch's end at +664.85 ms to the routed
+experts' first kernel at +666.3 ms). Uncaptured, the router and the dispatch preprocessing take 4.0 ms more (image 4:
+from the attention's output projection at +18.2 ms to the dispatch at +22.2 ms). The GPU time the wait is
+measured against holds: meshplan prices the part of that layer the graph captured at 1.9 ms, the timeline's 1.95
+(``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. An x86 host launches faster: a
+``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's
+Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host. Not priced: the eager
+attention's host time (image 4 shows it host-bound too, so it hides none of the rest), the backward's (no sync: the
+host runs ahead), how the experts' host time grows with their number per rank (the timeline's layer held 8), and what
+Transformer Engine releases after 2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer stacks the
+wait is an upper estimate, the eager router's and shared expert's most of all (read before the guide's last CPU
+optimizations, which cut the routed stretch from 4.2 to 3.45 ms).
 """
 from __future__ import annotations
 
-# Host seconds of one MoE layer's eager stretch after the token-count wait, on a Grace CPU: the routed experts'
-# dispatch, grouped GEMMs and combine (image5, bottom: +687.9 -> +690.5 ms), and the router and dispatch
-# preprocessing when they are not captured (image4: +19.3 -> +22.1 ms)
-ROUTED_EXPERTS_HOST_S = 2.6e-3
-ROUTER_PREPROCESS_HOST_S = 2.8e-3
+# Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring)
+ROUTED_EXPERTS_HOST_S = 3.45e-3
+SHARED_EXPERTS_HOST_S = 1.45e-3
+ROUTER_PREPROCESS_HOST_S = 4.0e-3
 # Host time of one framework op on an x86 host over a Grace one: torch.nn.Linear forward, 13.48 / 37.08 us
 # (TransformerEngine issue 2053: H100 DGX with Xeon Platinum 8480C against GB200)
 HOST_SPEED = {"grace": 1.0, "x86": 13.48 / 37.08}
 
 
-def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, rest_gpu_s: float) -> float:
-    """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync).
+def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, shared_gpu_s: float,
+                    shared_eager: bool) -> float:
+    """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
-    ``experts_gpu_s``: the GPU's time for what follows the wait in the layer (dispatch, routed and shared experts,
-    combine); ``rest_gpu_s``: the rest of its forward (attention, router), which the host launches eagerly in the same
-    stretch when nothing is captured. ``cuda_graphs`` as the layout's decision."""
+    ``experts_gpu_s`` / ``shared_gpu_s``: the GPU's time for the routed and the shared experts that follow the wait;
+    ``shared_eager``: whether per-layer graphs leave the shared experts out (they run beside the dispatch).
+    ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
+    shared experts, not the routed experts; nothing captured leaves all of them eager."""
     if cuda_graphs == "iteration":
         return 0.0
-    host_s = ROUTED_EXPERTS_HOST_S
-    gpu_s = experts_gpu_s
+    host_s, gpu_s = ROUTED_EXPERTS_HOST_S, experts_gpu_s
+    if shared_gpu_s and (shared_eager or cuda_graphs == "none"):
+        host_s, gpu_s = host_s + SHARED_EXPERTS_HOST_S, gpu_s + shared_gpu_s
     if cuda_graphs == "none":
         host_s += ROUTER_PREPROCESS_HOST_S
-        gpu_s += rest_gpu_s
     return max(0.0, host_s * HOST_SPEED[host_cpu] - gpu_s)

@@ -327,8 +327,10 @@ class Decisions:
     --cuda-graph-scope full_iteration``), which a dropless MoE layer can only take with Hybrid-EP's sync-free
     dispatch (Megatron-Core ``docs/user-guide/features/cuda_graph.md``). An MoE layer waits for its token counts
     on the host once per forward, before the dispatch, unless it drops and pads to capacity; after that wait the
-    GPU runs only as fast as the host launches the eager ops, which ``planner.estimate.host_wait`` prices. Graphs
-    cost memory and capture time meshplan does not price, so a free search keeps none."""
+    GPU runs only as fast as the host launches the eager ops, which ``planner.estimate.host_wait`` prices. Left
+    free, an MoE plan on NVIDIA GPUs under Megatron-Core takes per-layer graphs (none under full recomputation:
+    ``planner.layout.space.free_cuda_graphs``), any other plan none; the graphs' memory and capture time are not
+    priced."""
     fsdp: str = decision("", "the ZeRO-3 implementation: torch (FSDP2) or megatron (Megatron-FSDP)",
                          choices=("torch", "megatron"),
                          stack_own="Megatron-FSDP under Megatron-Core, FSDP2 otherwise (``layout.fsdp_impl``)")

@@ -307,6 +307,7 @@ class LayoutGroup:
     base: Layout
     recomputes: tuple[str, ...]
     shards: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_shard, dp_replicate)
+    graphs_free: bool = False  # cuda_graphs left to the search: per-layer graphs wherever the recompute allows them
 
     def __len__(self) -> int:
         return len(self.recomputes) * len(self.shards)
@@ -314,12 +315,25 @@ class LayoutGroup:
     def member(self, r: int, s: int) -> Layout:
         """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
         z, d, rep = self.shards[s]
-        return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
+        rc = self.recomputes[r]
+        if self.graphs_free:
+            return self.base.with_(recompute=rc, zero_stage=z, dp_shard=d, dp_replicate=rep,
+                                   cuda_graphs=free_cuda_graphs(rc))
+        return self.base.with_(recompute=rc, zero_stage=z, dp_shard=d, dp_replicate=rep)
 
     def layouts(self) -> Iterator[Layout]:
         for r in range(len(self.recomputes)):
             for s in range(len(self.shards)):
                 yield self.member(r, s)
+
+
+def free_cuda_graphs(recompute: str) -> str:
+    """What a free search captures in CUDA graphs on an MoE model under Megatron-Core: Transformer Engine's per-layer
+    graphs (attention, router, preprocessing, shared experts), the scope NVIDIA recommends for dropless MoE
+    (Megatron-Bridge ``docs/training/cuda-graphs.md``: "dropless MoE: attn moe_router moe_preprocess"). They only
+    take host time away (their memory is not priced); Megatron-Core runs them with no full recomputation, and the
+    whole-iteration graph needs a sync-free dispatcher, so neither is chosen here."""
+    return "none" if recompute.startswith("full") else "layers"
 
 
 def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int) -> list[tuple[int, list[bool]]]:
@@ -409,7 +423,7 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
 
 def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",),
-                     recompute_kinds: tuple[str, ...] | None = None) -> Iterator[LayoutGroup]:
+                     recompute_kinds: tuple[str, ...] | None = None, graphs: bool = False) -> Iterator[LayoutGroup]:
     """Yield the candidate space as ``LayoutGroup`` s, in the one canonical order (``enumerate_layouts`` is the
     same order, flat; the search breaks exact ties by it).
 
@@ -420,12 +434,14 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     plans: what the host measures and the example trainer runs); ``None``: all. A free ``stack`` is Megatron-Core's
     only: the stack is the user's
     training code, which the export target names (a torchtitan plan is ``--fix stack=torchtitan``), not a knob
-    a layout tunes, and eager code is never the faster one.
+    a layout tunes, and eager code is never the faster one. ``graphs``: the devices run CUDA graphs (NVIDIA GPUs),
+    where a free ``cuda_graphs`` on an MoE model under Megatron-Core takes ``free_cuda_graphs``.
     """
     L = model.num_layers
     fp8s = fix.choices("fp8", list(fp8_recipes))
     stacks = fix.choices("stack", ["megatron"])
     moe_kw = free_defaults(fix)  # the decisions a free search leaves at their default
+    graphs_free = graphs and bool(model.num_experts) and "cuda_graphs" not in fix
     sched = fix.schedule or ""
     # every group's layout is this one's fields with the enumerated ones set, layer by layer of the loops below
     # (a dict display per group instead of the frozen dataclass's per-field ``__init__``: a search builds 10^5;
@@ -464,17 +480,21 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     outer = {**mesh, "vpp": vpp, "ep": ep, "recompute": rcs[0], "sequence_parallel": sp,
                              "attention": att, "pp_layout": split, "etp": etp, "fp8": f8, "cp_kind": ck,
                              "stack": st, "moe_overlap": mo}
+                    free_graphs = graphs_free and st == "megatron"
+                    if free_graphs:
+                        outer["cuda_graphs"] = free_cuda_graphs(rcs[0])
                     for mbs in mbss:
                         lay = object.__new__(Layout)
                         object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
-                        yield LayoutGroup(lay, rcs, shards)
+                        yield LayoutGroup(lay, rcs, shards, free_graphs)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
-                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",)) -> Iterator[Layout]:
+                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",), graphs: bool = False) -> Iterator[Layout]:
     """Yield every candidate layout (memory is checked by the caller), in the canonical order of
     ``enumerate_groups`` (each group's members in turn)."""
-    for g in enumerate_groups(model, world_size, devices_per_node, global_batch, seq_len, fix, fp8_recipes):
+    for g in enumerate_groups(model, world_size, devices_per_node, global_batch, seq_len, fix, fp8_recipes,
+                              graphs=graphs):
         yield from g.layouts()
 
 

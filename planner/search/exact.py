@@ -296,7 +296,8 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
         raise MeshplanError(f"--fix recompute_modules={fix.recompute_modules}: {cluster.spec} is priced from this "
                             "host's timed blocks, which run Megatron's default selective recomputation only")
     groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
-                                   work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None)))
+                                   work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None),
+                                   graphs=cluster.device.vendor == "nvidia"))
     n = sum(len(g) for g in groups)
     if prune is None:
         prune = n > PRUNE_ABOVE
