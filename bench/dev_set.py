@@ -468,9 +468,14 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     if graphs != "none" or row.get("num_experts"):
         # implied where meshplan's free search takes the same (space.free_cuda_graphs: per-layer graphs on an MoE
         # model unless it recomputes in full), or where it prices nothing (a dense layer has no sync)
+        from meshplan.planner.layout.layout import Layout
         from meshplan.planner.layout.space import free_cuda_graphs
 
-        free = free_cuda_graphs(recompute or "none") if row.get("num_experts") else graphs
+        pinned = {nd.key: nd.value for nd in needs}
+        probe = Layout(recompute="selective" if "recompute_modules" in pinned else (recompute or "none"),
+                       recompute_modules=pinned.get("recompute_modules", ""),
+                       offload_layers=int(pinned.get("offload_layers", 0)))
+        free = free_cuda_graphs(probe) if row.get("num_experts") else graphs
         needs.append(Need("cuda_graphs", graphs, f"preset cuda_graph_impl {ws.get('cuda_graph_impl')!r}, scope "
                           f"{said!r}" + ("" if graphs != "layers" or "attn" in str(said) else
                                          ": the attention eager, its host time unpriced either way"), {},
@@ -841,6 +846,8 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         fix["recompute"] = "selective"
     if profile_only and src not in RECOMPUTE_IN_TABLE:  # a run meshplan never saw leaves it to the search
         fix.pop("recompute", None)
+    if profile_only:  # and what it captured in CUDA graphs (space.free_cuda_graphs: per-layer graphs where allowed)
+        fix.pop("cuda_graphs", None)
     gpn = row.get("gpus_per_node") or 8
     cluster = f"{n // gpn}x{gpn}x{device}"
     if is_bridge_row(row):

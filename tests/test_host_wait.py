@@ -75,6 +75,8 @@ def test_a_dense_model_has_no_wait(tmp_path) -> None:
 @pytest.mark.parametrize("fix, said", [
     ("cuda_graphs=iteration,moe_dispatcher=alltoall", "needs moe_dispatcher=hybridep"),
     ("cuda_graphs=layers,recompute=full", "full-iteration graph"),
+    ("cuda_graphs=layers,recompute=none,offload_layers=4", "CUDA graphs not supported with CPU offloading"),
+    ("cuda_graphs=layers,recompute=selective,recompute_modules=moe", "moe recompute is not supported"),
 ])
 def test_what_megatron_core_refuses_is_refused_by_name(tmp_path, fix: str, said: str) -> None:
     mesh = "tp=1,pp=1,cp=1,ep=8,mbs=4,zero=1"

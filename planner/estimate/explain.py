@@ -32,7 +32,8 @@ HOST_TIME_NOTE = (
     "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (3.45 ms for "
     "the routed experts; 1.45 ms for an eager shared expert and 4.0 ms for an uncaptured router; an x86 host at "
     "13.48/37.08 of Grace's time per op, TransformerEngine issue 2053), less what the GPU runs meanwhile "
-    "(cuda_graphs decides what is eager). Not priced: the host time of eager attention and of the backward, its "
+    "(cuda_graphs decides what is eager; the guide's own A/B measured per-layer graphs removing about 2.5x less "
+    "than the eager figures price). Not priced: the host time of eager attention and of the backward, its "
     "growth with the experts a rank holds (the timeline's layer held 8), and what Transformer Engine releases after "
     "2.9 cut. Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median "
     "error is +0.7% on the 18 captured as one whole-iteration CUDA graph, -13% on the 93 with per-layer graphs and "
@@ -138,10 +139,13 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
         exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
         for kind, t in raw.items():
             tally.comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
-    if times[8]:  # the forward's wait for the host after the MoE token-count sync (planner.estimate.host_wait)
-        tally.comm["host wait after the MoE token-count sync"] += times[8] * n * m
+    # the forward's wait for the host after the MoE token-count sync (planner.estimate.host_wait), again in a
+    # recomputed forward (full, or selective of the "moe" module)
+    again_waits = rec if layout.recompute_kind == "full" or "moe" in layout.recomputed_modules else 0
+    if times[8]:
+        tally.comm["host wait after the MoE token-count sync"] += times[8] * (n + again_waits) * m
     if layout.recompute_kind == "full" and rec:  # forward collectives again in the recompute
-        tally.comm["recomputed forward collectives"] += times[4] * rec * m
+        tally.comm["recomputed forward collectives"] += (times[4] - times[8]) * rec * m
 
 
 def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> dict[str, str]:

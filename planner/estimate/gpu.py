@@ -239,8 +239,8 @@ class GpuEstimator:
                 modules = p["modules"] = {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules}
             re = sum(t for m, t in modules.items() if m in key.recomputed_modules)
         comm_re = tp + cp + ep_re + host  # the forward's collectives and host wait again in a full recompute
-        if "moe" in key.recomputed_modules and ep:  # a recomputed MoE layer dispatches and combines again
-            re += ep_re + host
+        if "moe" in key.recomputed_modules:  # a recomputed MoE layer syncs, dispatches and combines again
+            re += (ep_re if ep else 0.0) + host
         out = self._layer[k] = (fwd, bwd, re, comm) + (comm_re,) + groups + (host,)
         return out
 
@@ -293,7 +293,8 @@ class GpuEstimator:
                 hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         host = 0.0
-        if lo.experts and not key.moe_capacity and device.vendor == "nvidia":  # dropping and padding skips the sync
+        # dropping and padding skips the sync; the host figures are Megatron-Core's with Transformer Engine
+        if lo.experts and not key.moe_capacity and device.vendor == "nvidia" and key.stack == "megatron":
             host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
                                    key.shared_overlap)
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward

@@ -21,7 +21,11 @@ eager, it takes 1.45 ms (image 5, top, before it was captured: from the dispatch
 experts' first kernel at +666.3 ms). Uncaptured, the router and the dispatch preprocessing take 4.0 ms more (image 4:
 from the attention's output projection at +18.2 ms to the dispatch at +22.2 ms). The GPU time the wait is
 measured against holds: meshplan prices the part of that layer the graph captured at 1.9 ms, the timeline's 1.95
-(``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. An x86 host launches faster: a
+(``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. The same guide's step-level
+A/B disagrees with the eager figures: per-layer graphs raised its step rate 8.6% (610.71 -> 663.27 TFLOPS) and
+capturing the shared expert 4.0% more, where meshplan prices none -> layers on that layout at +32.5%; the eager
+router's and shared expert's figures overstate what graphs remove by about 2.5x there (BENCHMARKS.md). An x86 host
+launches faster: a
 ``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's
 Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host. Not priced: the eager
 attention's host time (image 4 shows it host-bound too, so it hides none of the rest), the backward's (no sync: the
@@ -46,14 +50,17 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
     ``experts_gpu_s`` / ``shared_gpu_s``: the GPU's time for the routed and the shared experts that follow the wait;
-    ``shared_eager``: whether per-layer graphs leave the shared experts out (they run beside the dispatch).
+    ``shared_eager``: the shared experts overlap the dispatch (``shared_overlap``), so per-layer graphs leave them
+    out and their GPU time runs beside the dispatch rather than in the stretch.
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
     shared experts, not the routed experts; nothing captured leaves all of them eager."""
     if cuda_graphs == "iteration":
         return 0.0
     host_s, gpu_s = ROUTED_EXPERTS_HOST_S, experts_gpu_s
     if shared_gpu_s and (shared_eager or cuda_graphs == "none"):
-        host_s, gpu_s = host_s + SHARED_EXPERTS_HOST_S, gpu_s + shared_gpu_s
+        host_s += SHARED_EXPERTS_HOST_S
+        if not shared_eager:  # overlapped, the shared experts run beside the dispatch, not in this stretch
+            gpu_s += shared_gpu_s
     if cuda_graphs == "none":
         host_s += ROUTER_PREPROCESS_HOST_S
     return max(0.0, host_s * HOST_SPEED[host_cpu] - gpu_s)

@@ -271,7 +271,10 @@ def graph_overrides(plan: Plan) -> dict[str, object]:
     if plan.cuda_graphs == "none":
         return {}
     impl, scope = c.cuda_graph_scope(plan)
-    o: dict[str, object] = {"model.cuda_graph_impl": impl, "model.cuda_graph_scope": scope}
+    # GPTModelProvider.provide asserts Transformer Engine's RNG tracker under CUDA graphs (the bridge's CUDA-graph
+    # guide sets both: cfg.model.use_te_rng_tracker = True; cfg.rng.te_rng_tracker = True)
+    o: dict[str, object] = {"model.cuda_graph_impl": impl, "model.cuda_graph_scope": scope,
+                            "model.use_te_rng_tracker": True, "rng.te_rng_tracker": True}
     if plan.cuda_graphs == "iteration":  # ConfigContainer.validate: "check_for_nan_in_loss must be disabled when
         # using full_iteration CUDA graph"; the bridge's CUDA-graph guide turns the gradient check off with it
         o.update({"rerun_state_machine.check_for_nan_in_loss": False, "ddp.check_for_nan_in_grad": False})

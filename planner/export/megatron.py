@@ -107,6 +107,11 @@ def check(plan: Plan, flags: bool = True) -> None:
     if plan.cuda_graphs == "layers" and plan.recompute.startswith("full"):
         c.fail(f"megatron: cuda_graphs=layers with recompute={plan.recompute}: Megatron-Core recomputes whole layers "
                f"only under the full-iteration graph")
+    if plan.cuda_graphs == "iteration" and plan.moe_overlap and m.num_experts:
+        # TransformerConfig.__post_init__ (megatron-core 0.16.1): under overlap_moe_expert_parallel_comm the graphs
+        # must be Transformer Engine's and hold no moe or mlp scope
+        c.fail("megatron: cuda_graphs=iteration with moe_overlap: Megatron-Core 0.16 graphs an EP-overlapped model "
+               "only per layer (cuda_graphs=layers)")
     if flags and plan.cuda_graphs == "iteration" and m.num_experts and d.ep > 1:
         # arguments.py (core_v0.16.0) validate_args: cuda_graph_impl local with expert parallelism asserts
         # --moe-pad-experts-for-cuda-graph-inference, an inference option

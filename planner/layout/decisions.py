@@ -71,6 +71,7 @@ class Decision:
     stack_values: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
     """The values a free search tries under each stack (what each stack's code can run)."""
     searched: bool = False  # a free search enumerates it (else it stays at its default unless pinned)
+    free: str = ""  # what a free search takes instead of the default, where a rule picks it (not searched)
     plan_field: str = ""  # its field in a plan file ("" = not a field of its own)
     plan_optional: bool = True  # left out of a plan file while at its default (plans of older versions load alike)
     by_stack: bool = False
@@ -164,14 +165,15 @@ def parse_modules(key: str, text: str, choices: tuple) -> str:
 def decision(default: object, doc: str, *, kind: str = "", fix: str = "", choices: tuple = (),
              lo: float | None = None, hi: float | None = None, stack_own: str = "",
              stack_values: Mapping[str, tuple] | None = None, searched: bool = False, plan: str | None = None,
-             plan_optional: bool = True, by_stack: bool | None = None):
+             plan_optional: bool = True, by_stack: bool | None = None, free: str = ""):
     """A ``Decisions`` field: ``default`` and how the decision is pinned, searched and stored (``Decision``)."""
     if not kind:
         kind = ("choice" if choices else "bool" if isinstance(default, bool)
                 else "float" if isinstance(default, float) else "int")
     info = dict(default=default, doc=doc, kind=kind, fix_key=fix, choices=tuple(choices), lo=lo, hi=hi,
                 stack_own=stack_own, stack_values=MappingProxyType(dict(stack_values or {})), searched=searched,
-                plan_field=plan, plan_optional=plan_optional, by_stack=not searched if by_stack is None else by_stack)
+                plan_field=plan, plan_optional=plan_optional, by_stack=not searched if by_stack is None else by_stack,
+                free=free)
     return field(default=default, metadata={"decision": info})
 
 
@@ -318,7 +320,9 @@ class Decisions:
     cuda_graphs: str = decision(
         "none", "what CUDA graphs capture: none, layers (attention, router, dispatch preprocessing) or iteration",
         choices=("none", "layers", "iteration"),
-        stack_values={"megatron": ("none",), "torchtitan": ("none",), "eager": ("none",)})
+        stack_values={"megatron": ("none",), "torchtitan": ("none",), "eager": ("none",)},
+        free="layers on an MoE model under Megatron-Core on NVIDIA GPUs where Megatron-Core allows them, else none "
+             "(``space.free_cuda_graphs``)")
     """"none": every op launched from Python. "layers": Transformer Engine's per-layer graphs of the attention and,
     in an MoE layer, the router and the dispatch preprocessing (Megatron-Core ``--cuda-graph-impl
     transformer_engine --cuda-graph-scope attn moe_router moe_preprocess``; ``attn mlp`` in a dense layer): the

@@ -53,6 +53,8 @@ def _default(d: Decision) -> str:
 
 
 def _search(d: Decision) -> str:
+    if d.free:
+        return "takes " + d.free
     if not d.searched:
         return "keeps the default"
     if d.stack_values:

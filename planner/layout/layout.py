@@ -383,6 +383,14 @@ class Layout(Decisions, Degrees):
         if self.recompute_modules and self.stack != "megatron":
             raise MeshplanError(f"recompute_modules={self.recompute_modules} is Megatron-Core's module list; stack "
                                 f"{self.stack} has none (recompute=op or full there)")
+        if self.cuda_graphs != "none" and self.offload_layers:
+            raise MeshplanError(f"cuda_graphs={self.cuda_graphs} with offload_layers={self.offload_layers}: "
+                                f"Megatron-Core runs no CUDA graph with CPU offloading (TransformerConfig: \"CUDA "
+                                f"graphs not supported with CPU offloading\")")
+        if self.cuda_graphs == "layers" and "moe" in self.recomputed_modules:
+            raise MeshplanError(f"cuda_graphs=layers with recompute_modules={self.recompute_modules}: Megatron-Core "
+                                f"recomputes no MoE block whose router a graph captures (TransformerConfig: \"moe "
+                                f"recompute is not supported with moe_router CUDA graph\")")
         if self.cuda_graphs == "layers" and self.recompute_kind == "full":
             raise MeshplanError(f"cuda_graphs=layers with recompute={self.recompute}: Megatron-Core recomputes whole "
                                 f"layers only under the full-iteration graph (TransformerConfig: \"full recompute is "

@@ -318,7 +318,7 @@ class LayoutGroup:
         rc = self.recomputes[r]
         if self.graphs_free:
             return self.base.with_(recompute=rc, zero_stage=z, dp_shard=d, dp_replicate=rep,
-                                   cuda_graphs=free_cuda_graphs(rc))
+                                   cuda_graphs=free_cuda_graphs(self.base.with_(recompute=rc)))
         return self.base.with_(recompute=rc, zero_stage=z, dp_shard=d, dp_replicate=rep)
 
     def layouts(self) -> Iterator[Layout]:
@@ -327,13 +327,17 @@ class LayoutGroup:
                 yield self.member(r, s)
 
 
-def free_cuda_graphs(recompute: str) -> str:
+def free_cuda_graphs(layout: Layout) -> str:
     """What a free search captures in CUDA graphs on an MoE model under Megatron-Core: Transformer Engine's per-layer
     graphs (attention, router, preprocessing, shared experts), the scope NVIDIA recommends for dropless MoE
     (Megatron-Bridge ``docs/training/cuda-graphs.md``: "dropless MoE: attn moe_router moe_preprocess"). They only
-    take host time away (their memory is not priced); Megatron-Core runs them with no full recomputation, and the
-    whole-iteration graph needs a sync-free dispatcher, so neither is chosen here."""
-    return "none" if recompute.startswith("full") else "layers"
+    take host time away (their memory is not priced). None where Megatron-Core refuses them (``Layout`` says why):
+    full recomputation, activation offloading, a recomputed MoE block; the whole-iteration graph needs a sync-free
+    dispatcher, so it is never chosen here."""
+    if (layout.recompute_kind == "full" or layout.offload_layers
+            or "moe" in layout.recomputed_modules):
+        return "none"
+    return "layers"
 
 
 def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int) -> list[tuple[int, list[bool]]]:
@@ -481,11 +485,11 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                              "attention": att, "pp_layout": split, "etp": etp, "fp8": f8, "cp_kind": ck,
                              "stack": st, "moe_overlap": mo}
                     free_graphs = graphs_free and st == "megatron"
-                    if free_graphs:
-                        outer["cuda_graphs"] = free_cuda_graphs(rcs[0])
                     for mbs in mbss:
                         lay = object.__new__(Layout)
                         object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
+                        if free_graphs:
+                            lay = lay.with_(cuda_graphs=free_cuda_graphs(lay))
                         yield LayoutGroup(lay, rcs, shards, free_graphs)
 
 
