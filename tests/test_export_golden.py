@@ -145,6 +145,8 @@ VARIANTS.update({
     "graphs-layers": lambda: _variant(cuda_graphs="layers", recompute="selective"),
     "moe-graphs-layers": lambda: _moe_variant(cuda_graphs="layers"),
     "moe-graphs-iteration": lambda: _moe_variant(cuda_graphs="iteration", moe_dispatcher="hybridep"),
+    "graphs-layers-mlp-recompute": lambda: _variant(cuda_graphs="layers", recompute="selective",
+                                                    recompute_modules="mlp"),
     "reduce-fp32": lambda: _variant(reduce_dtype="fp32"),
     "reduce-bf16": lambda: _variant(reduce_dtype="bf16"),
     # Megatron-Core's selective module list and DeepSeek-V3's MTP module (one uneven pipeline: the layout names it)

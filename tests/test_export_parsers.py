@@ -133,14 +133,15 @@ def _megatron_flags_from_notes() -> set[str]:
     # (ArgumentGroupFactory(TransformerConfig, exclude=...) in _add_network_size_args, which does not exclude them;
     # megatron/training/initialize.py reads args.first_last_layers_bf16). --cuda-graph-impl and --cuda-graph-scope
     # (nargs='+'), --no-check-for-nan-in-loss-and-grad: arguments.py's add_argument flags (core_v0.16.0 lines 1430-
-    # 1441, validate_args line 725); --attention-dropout is generated from TransformerConfig.attention_dropout.
+    # 1441, validate_args line 725); --attention-dropout and --hidden-dropout are generated from TransformerConfig's
+    # attention_dropout and hidden_dropout.
     return flags | {"--fp4-format", "--fp4-recipe", "--recompute-modules", "--mtp-num-layers",
                     "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
                     "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
                     "--moe-flex-dispatcher-backend", "--cuda-graph-impl", "--cuda-graph-scope",
-                    "--no-check-for-nan-in-loss-and-grad", "--attention-dropout"}
+                    "--no-check-for-nan-in-loss-and-grad", "--attention-dropout", "--hidden-dropout"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:

@@ -153,8 +153,8 @@ def unsupported(plan: Plan) -> list[str]:
     """Plan decisions Megatron-LM's arguments cannot carry."""
     out = c.common_notes(plan, "megatron", placed=placement.is_heterogeneous_pipeline(plan))
     if plan.cuda_graphs != "none" and plan.recompute == "selective":
-        out.append("megatron: cuda_graphs with selective recomputation: Megatron-Core graphs core attention's "
-                   "recompute only without attention dropout; rendered --attention-dropout 0.0 (meshplan prices no "
+        out.append("megatron: cuda_graphs with selective recomputation: Megatron-Core graphs a recomputed module "
+                   "only without dropout; rendered --attention-dropout 0.0 --hidden-dropout 0.0 (meshplan prices no "
                    "dropout)")
     out += c.stack_notes(plan, "megatron", "megatron")
     out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True)
@@ -243,10 +243,10 @@ def parallel_args(plan: Plan) -> list[str]:
         a += ["--cuda-graph-impl", impl, "--cuda-graph-scope", *scope]
         if plan.cuda_graphs == "iteration":  # validate_args: "--no-check-for-nan-in-loss-and-grad should be set
             a.append("--no-check-for-nan-in-loss-and-grad")  # with full_iteration CUDA graph"
-        if plan.recompute == "selective":  # TransformerConfig.__post_init__ refuses graphed attention that recomputes
-            # core attention under dropout ("attention dropout is not supported with graphed attention
-            # recomputation"); --attention-dropout defaults to 0.1 in arguments.py
-            a += ["--attention-dropout", "0.0"]
+        if plan.recompute == "selective":  # TransformerConfig.__post_init__ refuses graphed recomputation under
+            # dropout ("attention dropout is not supported with graphed attention recomputation", "hidden dropout is
+            # not supported with graphed MLP/MoE recomputation"); both default to 0.1 in arguments.py
+            a += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     if _sends_in_line(plan):  # Megatron-LM overlaps interleaved p2p by default
         a.append("--no-overlap-p2p-communication")
     if plan.sequence_parallel:
