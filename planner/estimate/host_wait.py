@@ -46,20 +46,20 @@ HOST_SPEED = {"grace": 1.0, "x86": 13.48 / 37.08}
 
 
 def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, shared_gpu_s: float,
-                    shared_eager: bool) -> float:
+                    shared_overlap: bool) -> float:
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
     ``experts_gpu_s`` / ``shared_gpu_s``: the GPU's time for the routed and the shared experts that follow the wait;
-    ``shared_eager``: the shared experts overlap the dispatch (``shared_overlap``), so per-layer graphs leave them
-    out and their GPU time runs beside the dispatch rather than in the stretch.
+    ``shared_overlap``: the shared experts overlap the dispatch, so per-layer graphs leave them out and their GPU
+    time runs beside the dispatch rather than in the stretch.
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
     shared experts, not the routed experts; nothing captured leaves all of them eager."""
     if cuda_graphs == "iteration":
         return 0.0
     host_s, gpu_s = ROUTED_EXPERTS_HOST_S, experts_gpu_s
-    if shared_gpu_s and (shared_eager or cuda_graphs == "none"):
+    if shared_gpu_s and (shared_overlap or cuda_graphs == "none"):
         host_s += SHARED_EXPERTS_HOST_S
-        if not shared_eager:  # overlapped, the shared experts run beside the dispatch, not in this stretch
+        if not shared_overlap:  # overlapped, the shared experts run beside the dispatch, not in this stretch
             gpu_s += shared_gpu_s
     if cuda_graphs == "none":
         host_s += ROUTER_PREPROCESS_HOST_S

@@ -307,7 +307,7 @@ class LayoutGroup:
     base: Layout
     recomputes: tuple[str, ...]
     shards: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_shard, dp_replicate)
-    graphs_free: bool = False  # cuda_graphs left to the search: per-layer graphs wherever the recompute allows them
+    graphs: tuple[str, ...] = ()  # a free search's cuda_graphs per recompute (``free_cuda_graphs``); () = pinned
 
     def __len__(self) -> int:
         return len(self.recomputes) * len(self.shards)
@@ -315,11 +315,10 @@ class LayoutGroup:
     def member(self, r: int, s: int) -> Layout:
         """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
         z, d, rep = self.shards[s]
-        rc = self.recomputes[r]
-        if self.graphs_free:
-            return self.base.with_(recompute=rc, zero_stage=z, dp_shard=d, dp_replicate=rep,
-                                   cuda_graphs=free_cuda_graphs(self.base.with_(recompute=rc)))
-        return self.base.with_(recompute=rc, zero_stage=z, dp_shard=d, dp_replicate=rep)
+        if self.graphs:
+            return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep,
+                                   cuda_graphs=self.graphs[r])
+        return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
 
     def layouts(self) -> Iterator[Layout]:
         for r in range(len(self.recomputes)):
@@ -453,6 +452,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     base = Layout(pipeline_schedule=sched, **moe_kw).__dict__
     runs: dict[tuple, bool] = {}
     rc_memo: dict[tuple, tuple[str, ...]] = {}
+    graphs_memo: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per recompute list (moe_kw is fixed)
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):
         z0, d0, r0 = shards[0]
@@ -484,13 +484,18 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     outer = {**mesh, "vpp": vpp, "ep": ep, "recompute": rcs[0], "sequence_parallel": sp,
                              "attention": att, "pp_layout": split, "etp": etp, "fp8": f8, "cp_kind": ck,
                              "stack": st, "moe_overlap": mo}
-                    free_graphs = graphs_free and st == "megatron"
+                    graphs_of = ()
+                    if graphs_free and st == "megatron":
+                        graphs_of = graphs_memo.get(rcs)
+                        if graphs_of is None:
+                            probe = Layout(**moe_kw)
+                            graphs_of = graphs_memo[rcs] = tuple(free_cuda_graphs(probe.with_(recompute=rc))
+                                                                 for rc in rcs)
+                        outer["cuda_graphs"] = graphs_of[0]
                     for mbs in mbss:
                         lay = object.__new__(Layout)
                         object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
-                        if free_graphs:
-                            lay = lay.with_(cuda_graphs=free_cuda_graphs(lay))
-                        yield LayoutGroup(lay, rcs, shards, free_graphs)
+                        yield LayoutGroup(lay, rcs, shards, graphs_of)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
