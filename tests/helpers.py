@@ -30,17 +30,23 @@ def open_data(*parts: str) -> IO[str]:
     return open_table(data_path(*parts))
 
 
-def load_dev_set():
-    """``bench/dev_set.py`` as a module, registered as ``dev_set`` (its dataclasses look their module up)."""
+def load_bench(name: str, defines: str):
+    """``bench/<name>.py`` as a module, registered under ``name`` (its dataclasses look their module up); reused
+    once it defines ``defines``."""
     import importlib.util
     import sys
 
-    if "dev_set" in sys.modules and getattr(sys.modules["dev_set"], "row_needs", None):
-        return sys.modules["dev_set"]
-    spec = importlib.util.spec_from_file_location("dev_set", REPO / "bench" / "dev_set.py")
-    module = sys.modules.setdefault("dev_set", importlib.util.module_from_spec(spec))
+    if name in sys.modules and getattr(sys.modules[name], defines, None):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
     spec.loader.exec_module(module)
     return module
+
+
+def load_dev_set():
+    """``bench/dev_set.py`` as a module, registered as ``dev_set``."""
+    return load_bench("dev_set", "row_needs")
 
 
 def jsonl_rows(path: Path) -> list[dict]:

@@ -15,12 +15,17 @@ import pytest
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.devices import get_device
 from meshplan.planner.estimate.gpu import straggler_slowdown
+from meshplan.planner.estimate.host_wait import moe_sync_wait_s
 from meshplan.planner.search.job import PlanRequest, plan_job
 
 # Qwen3-30B-A3B as Megatron-Bridge's GB200 preset runs it: EP8 over 2 trays, micro-batch 4, Hybrid-EP
 MESH = "tp=1,pp=1,cp=1,ep=8,mbs=4,zero=1,recompute=none,moe_dispatcher=hybridep"
 LAYERS, MICRO_BATCHES = 48, 512 // (8 * 4)
 GRACE_ROUTED_S, GRACE_ROUTER_S, X86_OVER_GRACE = 3.45e-3, 4.0e-3, 13.48 / 37.08
+# the timeline's two grouped linears' host ranges (0.377 + 0.34 ms) over its 8 local experts, per expert
+GROUPED_LINEARS_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / 8
+# Qwen3-30B-A3B's 128 experts at EP 8: 16 a rank, 8 more than the timeline's
+ROUTED_16_S = GRACE_ROUTED_S + 8 * GROUPED_LINEARS_PER_EXPERT_S
 
 
 def _plan(tmp_path, graphs: str, cluster: str = "2x4xGB200-NVL72", extra: str = ""):
@@ -42,8 +47,8 @@ def test_the_wait_is_what_the_graphs_leave_eager(tmp_path) -> None:
     layers, layers_x = _plan(tmp_path, "layers")
     eager, eager_x = _plan(tmp_path, "none")
     assert _wait_s(full_x) == 0.0 and full < layers < eager
-    for step, explain, host_s in ((layers, layers_x, GRACE_ROUTED_S),
-                                  (eager, eager_x, GRACE_ROUTED_S + GRACE_ROUTER_S)):
+    for step, explain, host_s in ((layers, layers_x, ROUTED_16_S),
+                                  (eager, eager_x, ROUTED_16_S + GRACE_ROUTER_S)):
         wait = _wait_s(explain)
         # the slowest of the 8 ranks stretches the stage the wait is part of (``straggler_slowdown``)
         assert step - full == pytest.approx(wait * (1 + straggler_slowdown(8)), rel=1e-6)
@@ -54,8 +59,20 @@ def test_an_x86_host_waits_less_than_grace(tmp_path) -> None:
     """The same run on DGX B200 nodes: its Xeon launches at 13.48 / 37.08 of Grace's time per op."""
     _, grace = _plan(tmp_path, "layers")
     _, x86 = _plan(tmp_path, "layers", cluster="1x8xB200")
-    assert _wait_s(x86) / (LAYERS * MICRO_BATCHES) < GRACE_ROUTED_S * X86_OVER_GRACE
+    assert _wait_s(x86) / (LAYERS * MICRO_BATCHES) < ROUTED_16_S * X86_OVER_GRACE
     assert _wait_s(x86) < _wait_s(grace)
+
+
+@pytest.mark.parametrize("host", ["grace", "x86"])
+def test_the_host_time_grows_with_the_experts_a_rank_holds(host: str) -> None:
+    """With no GPU work to hide it, the wait is the timeline's host time: 3.45 ms at its 8 local experts, and the
+    grouped linears' 0.717 ms per 8 experts more or less elsewhere (x86 at 13.48 / 37.08 of it)."""
+    speed = 1.0 if host == "grace" else X86_OVER_GRACE
+    for local, want_s in ((8, GRACE_ROUTED_S), (16, ROUTED_16_S),
+                          (64, GRACE_ROUTED_S + 56 * GROUPED_LINEARS_PER_EXPERT_S),
+                          (2, GRACE_ROUTED_S - 6 * GROUPED_LINEARS_PER_EXPERT_S)):
+        assert moe_sync_wait_s("layers", host, 0.0, 0.0, False, local) == pytest.approx(want_s * speed, rel=1e-9)
+    assert moe_sync_wait_s("iteration", host, 0.0, 0.0, False, 64) == 0.0
 
 
 def test_dropping_and_padding_has_no_sync(tmp_path) -> None:

@@ -30,15 +30,17 @@ MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", 
 HOST_TIME_NOTE = (
     "host time is priced only where an MoE layer waits for it: after each dropless layer's token-count sync, the "
     "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (3.45 ms for "
-    "the routed experts; 1.45 ms for an eager shared expert and 4.0 ms for an uncaptured router; an x86 host at "
-    "13.48/37.08 of Grace's time per op, TransformerEngine issue 2053), less what the GPU runs meanwhile "
-    "(cuda_graphs decides what is eager; the guide's own A/B measured per-layer graphs removing about 2.5x less "
-    "than the eager figures price). Not priced: the host time of eager attention and of the backward, its "
-    "growth with the experts a rank holds (the timeline's layer held 8), and what Transformer Engine releases after "
-    "2.9 cut. Over Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median "
-    "error is +0.7% on the 18 captured as one whole-iteration CUDA graph, -13% on the 93 with per-layer graphs and "
-    "-10% on the 37 with none or none stated (priced faster than they ran), with layers of 4 experts a rank priced "
-    "slower than they ran (Qwen3-235B-A22B on GB200, +26..+33%)")
+    "the routed experts of a rank holding 8, its grouped linears' 90 us more or less per expert; 1.45 ms for an "
+    "eager shared expert and 4.0 ms for an uncaptured router; an x86 host at 13.48/37.08 of Grace's time per op, "
+    "TransformerEngine issue 2053), less what the GPU runs meanwhile (cuda_graphs decides what is eager; the "
+    "guide's own A/B measured per-layer graphs removing about 2.5x less than the eager figures price). Not priced: "
+    "the host time of eager attention and of the backward, and what Transformer Engine releases after 2.9 cut. Over "
+    "Megatron-Bridge's published Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median error is "
+    "+0.7% on the 18 captured as one whole-iteration CUDA graph, -12% on the 93 with per-layer graphs and -9% on "
+    "the 37 with none or none stated (priced faster than they ran); per MoE layer and micro-batch the per-layer "
+    "graph runs on x86 hosts took 1.4 ms longer than priced at 8 experts a rank and 9.2 ms at 64 "
+    "(bench/moe_residuals.py), while layers of 4 experts a rank on Grace price slower than they ran "
+    "(Qwen3-235B-A22B on GB200, +25..+29%)")
 
 
 def host_note(model, layout: Layout) -> str | None:

@@ -21,15 +21,20 @@ eager, it takes 1.45 ms (image 5, top, before it was captured: from the dispatch
 experts' first kernel at +666.3 ms). Uncaptured, the router and the dispatch preprocessing take 4.0 ms more (image 4:
 from the attention's output projection at +18.2 ms to the dispatch at +22.2 ms). The GPU time the wait is
 measured against holds: meshplan prices the part of that layer the graph captured at 1.9 ms, the timeline's 1.95
-(``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. The same guide's step-level
-A/B disagrees with the eager figures: per-layer graphs raised its step rate 8.6% (610.71 -> 663.27 TFLOPS) and
-capturing the shared expert 4.0% more, where meshplan prices none -> layers on that layout at +32.5%; the eager
-router's and shared expert's figures overstate what graphs remove by about 2.5x there (BENCHMARKS.md). An x86 host
-launches faster: a
-``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's
-Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host. Not priced: the eager
-attention's host time (image 4 shows it host-bound too, so it hides none of the rest), the backward's (no sync: the
-host runs ahead), how the experts' host time grows with their number per rank (the timeline's layer held 8), and what
+(``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. The routed stretch grows with the
+experts a rank holds: its two grouped linears' NVTX host ranges in image 5 (bottom) take 0.377 ms
+(``TEColumnParallelGroupedLinear``, +687.74 to +688.11 ms) and 0.34 ms (``TERowParallelGroupedLinear``, +689.24 to
++689.58 ms) for the guide's 8 local experts, each longer than its grouped GEMM kernels (0.19 and 0.09 ms): the host's
+time per expert, taken whole as per-expert cost (Transformer Engine issue 1499: the grouped linear's host time is
+``torch.split`` and 2 x ``num_gemms`` ``torch.empty`` calls; the guide itself: "a large EP can reduce the number of
+local experts, thereby reducing quantization and other overheads"), 90 us per expert forward on Grace. The same
+guide's step-level A/B disagrees with the eager figures: per-layer graphs raised its step rate 8.6% (610.71 -> 663.27
+TFLOPS) and capturing the shared expert 4.0% more, where meshplan prices none -> layers on that layout at +32.5%; the
+eager router's and shared expert's figures overstate what graphs remove by about 2.5x there (BENCHMARKS.md). An x86
+host launches faster: a ``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C
+against 37.08 us on a GB200's Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host.
+Not priced: the eager attention's host time (image 4 shows it host-bound too, so it hides none of the rest), the
+backward's (no sync: the host runs ahead; a rank holding many experts may be host-bound there too), and what
 Transformer Engine releases after 2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer stacks the
 wait is an upper estimate, the eager router's and shared expert's most of all (read before the guide's last CPU
 optimizations, which cut the routed stretch from 4.2 to 3.45 ms).
@@ -40,23 +45,33 @@ from __future__ import annotations
 ROUTED_EXPERTS_HOST_S = 3.45e-3
 SHARED_EXPERTS_HOST_S = 1.45e-3
 ROUTER_PREPROCESS_HOST_S = 4.0e-3
+# The routed stretch's grouped linears (fc1 0.377 ms + fc2 0.34 ms of host, image 5) over the timeline's local experts
+TIMELINE_LOCAL_EXPERTS = 8
+GROUPED_LINEAR_HOST_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / TIMELINE_LOCAL_EXPERTS
 # Host time of one framework op on an x86 host over a Grace one: torch.nn.Linear forward, 13.48 / 37.08 us
 # (TransformerEngine issue 2053: H100 DGX with Xeon Platinum 8480C against GB200)
 HOST_SPEED = {"grace": 1.0, "x86": 13.48 / 37.08}
 
 
+def routed_experts_host_s(local_experts: int) -> float:
+    """Grace seconds of host time for the routed stretch of a rank holding ``local_experts`` experts: the
+    timeline's 3.45 ms at its 8, less or more the grouped linears' host time per expert."""
+    return ROUTED_EXPERTS_HOST_S + (local_experts - TIMELINE_LOCAL_EXPERTS) * GROUPED_LINEAR_HOST_PER_EXPERT_S
+
+
 def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, shared_gpu_s: float,
-                    shared_overlap: bool) -> float:
+                    shared_overlap: bool, local_experts: int = TIMELINE_LOCAL_EXPERTS) -> float:
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
     ``experts_gpu_s`` / ``shared_gpu_s``: the GPU's time for the routed and the shared experts that follow the wait;
+    ``local_experts``: the routed experts one rank holds (their grouped linears' host time grows with them);
     ``shared_overlap``: the shared experts overlap the dispatch, so per-layer graphs leave them out and their GPU
     time runs beside the dispatch rather than in the stretch.
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
     shared experts, not the routed experts; nothing captured leaves all of them eager."""
     if cuda_graphs == "iteration":
         return 0.0
-    host_s, gpu_s = ROUTED_EXPERTS_HOST_S, experts_gpu_s
+    host_s, gpu_s = routed_experts_host_s(local_experts), experts_gpu_s
     if shared_gpu_s and (shared_overlap or cuda_graphs == "none"):
         host_s += SHARED_EXPERTS_HOST_S
         if not shared_overlap:  # overlapped, the shared experts run beside the dispatch, not in this stretch
