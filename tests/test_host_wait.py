@@ -28,8 +28,8 @@ GROUPED_LINEARS_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / 8
 ROUTED_16_S = GRACE_ROUTED_S + 8 * GROUPED_LINEARS_PER_EXPERT_S
 
 
-def _plan(tmp_path, graphs: str, cluster: str = "2x4xGB200-NVL72", extra: str = ""):
-    out = plan_job(PlanRequest.of("qwen3-30b-a3b", cluster, 512, 4096, fix=f"{MESH},cuda_graphs={graphs}{extra}",
+def _plan(tmp_path, graphs: str, cluster: str = "2x4xGB200-NVL72", extra: str = "", mesh: str = MESH):
+    out = plan_job(PlanRequest.of("qwen3-30b-a3b", cluster, 512, 4096, fix=f"{mesh},cuda_graphs={graphs}{extra}",
                                   top=1, dtype="fp8", explain=True, out=tmp_path / f"{graphs}.yaml"))
     return out.rows[0]["step_time_s"], out.plan.explain
 
@@ -149,3 +149,17 @@ def test_a_free_search_captures_per_layer_graphs_for_moe_only(tmp_path) -> None:
     dense = plan_job(PlanRequest.of("llama3.1-8b", "1x8xGB200-NVL72", 64, 4096, fix="tp=1,pp=1,mbs=1,zero=1", top=1,
                                     out=tmp_path / "dense.yaml"))
     assert dense.plan.cuda_graphs == "none"
+
+
+def test_a_recomputed_moe_blocks_dispatch_is_named_not_a_straggler(tmp_path) -> None:
+    """Recomputing the MoE block (``recompute_modules=moe``) syncs, dispatches and combines again; --explain names
+    both, so its straggler row stays the same share of the slowest stage as without that recompute (the share is
+    ``straggler_slowdown`` of the 8 ranks, whatever the layer does)."""
+    shares = []
+    for modules in ("moe_act", "moe"):
+        mesh = MESH.replace("recompute=none", f"recompute=selective,recompute_modules={modules}")
+        _, explain = _plan(tmp_path, "none", mesh=mesh)
+        step = explain["step_s"]
+        stage = step["slowest stage compute"] + step["slowest stage exposed comm"]
+        shares.append(step["slowest of the ranks (straggler)"] / stage)
+    assert shares[1] == pytest.approx(shares[0], rel=1e-3)

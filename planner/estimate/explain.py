@@ -141,11 +141,16 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
         exposed = {"tp": times[5], "ep": times[6], "cp": times[7]}[group]
         for kind, t in raw.items():
             tally.comm[f"{group} {kind} on {links[group].name}"] += exposed * t / total_raw * n * m
-    # the forward's wait for the host after the MoE token-count sync (planner.estimate.host_wait), again in a
-    # recomputed forward (full, or selective of the "moe" module)
-    again_waits = rec if layout.recompute_kind == "full" or "moe" in layout.recomputed_modules else 0
+    # the forward's wait for the host after the MoE token-count sync (planner.estimate.host_wait), again in a full
+    # recompute's forward (exposed communication there, as the estimator books it)
+    again_waits = rec if layout.recompute_kind == "full" else 0
     if times[8]:
         tally.comm["host wait after the MoE token-count sync"] += times[8] * (n + again_waits) * m
+    if "moe" in layout.recomputed_modules and rec:
+        # a recomputed MoE block (selective) syncs, waits for the host, dispatches and combines again: part of the
+        # recompute, as the estimator books it (``layer_times``' recompute)
+        tally.compute["recomputed MoE block: host wait after its sync"] += times[8] * rec * m
+        tally.compute["recomputed MoE block: ep dispatch and combine"] += times[9] * rec * m
     if layout.recompute_kind == "full" and rec:  # forward collectives again in the recompute
         tally.comm["recomputed forward collectives"] += (times[4] - times[8]) * rec * m
 

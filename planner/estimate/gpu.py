@@ -219,8 +219,9 @@ class GpuEstimator:
         """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
         recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, the exposed comm fwd+bwd of the
         tp, ep and cp groups, and the forward's wait for the host after an MoE layer's token-count sync
-        (``host_wait``), which four add up to the fourth). ``frozen``: the weights take no gradient (LoRA's base,
-        ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
+        (``host_wait``), which four add up to the fourth; last, what of the recompute is the dispatch and combine
+        of a recomputed MoE block (``recompute_modules`` with ``moe``)). ``frozen``: the weights take no gradient
+        (LoRA's base, ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
         k = (tb, device, time_signature(key), moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         hit = self._layer.get(k)
         if hit is not None:
@@ -239,9 +240,11 @@ class GpuEstimator:
                 modules = p["modules"] = {m: sum(predict(op, device) for op in ops) for m, ops in lo.modules}
             re = sum(t for m, t in modules.items() if m in key.recomputed_modules)
         comm_re = tp + cp + ep_re + host  # the forward's collectives and host wait again in a full recompute
+        ep_again = 0.0
         if "moe" in key.recomputed_modules:  # a recomputed MoE layer syncs, dispatches and combines again
-            re += (ep_re if ep else 0.0) + host
-        out = self._layer[k] = (fwd, bwd, re, comm) + (comm_re,) + groups + (host,)
+            ep_again = ep_re if ep else 0.0
+            re += ep_again + host
+        out = self._layer[k] = (fwd, bwd, re, comm) + (comm_re,) + groups + (host, ep_again)
         return out
 
     def _layer_base(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str, tp_link, ep_link, cp_link,
