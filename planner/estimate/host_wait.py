@@ -9,42 +9,49 @@ GPU's queue drains; from then on the GPU runs only as fast as the host launches 
 so a layer's forward takes ``max(host, GPU)`` over that stretch rather than the GPU's time. The host launches
 ahead of the GPU everywhere else, and the backward has no such wait (the splits are reused).
 
-The host's time for that stretch is read off NVIDIA's own Nsight timelines of DeepSeek-V3 on GB200 NVL72 (MXFP8,
-EP32: 8 local experts and one shared expert, DeepEP dispatch, Transformer Engine 2.9, Megatron-Core dev 2025-10;
-"Optimizing DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72", Megatron-LM
-``docs/discussions/deepseek-v3-gb200-optimization``, commit 402bc50b1c, images 4 and 5), as the stretches in which
-the GPU stands mostly idle between kernels. From the dispatch kernel's end to the combine kernel's start the host
-prepares and runs the routed experts: 3.45 ms in the guide's final state (image 5, bottom: +686.9 to +690.35 ms).
-Per-layer graphs (``--cuda-graph-scope attn moe_router moe_preprocess``, the guide's and Megatron-Bridge's) capture
-the shared expert with the router "unless the shared experts overlap is enabled" (the guide, section "CUDA Graphs");
-eager, it takes 1.45 ms (image 5, top, before it was captured: from the dispatch's end at +664.85 ms to the routed
-experts' first kernel at +666.3 ms). Uncaptured, the router and the dispatch preprocessing take 4.0 ms more (image 4:
-from the attention's output projection at +18.2 ms to the dispatch at +22.2 ms). The GPU time the wait is
-measured against holds: meshplan prices the part of that layer the graph captured at 1.9 ms, the timeline's 1.95
-(``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. The routed stretch grows with the
-experts a rank holds: its two grouped linears' NVTX host ranges in image 5 (bottom) take 0.377 ms
-(``TEColumnParallelGroupedLinear``, +687.74 to +688.11 ms) and 0.34 ms (``TERowParallelGroupedLinear``, +689.24 to
-+689.58 ms) for the guide's 8 local experts, each longer than its grouped GEMM kernels (0.19 and 0.09 ms): the host's
-time per expert, taken whole as per-expert cost (Transformer Engine issue 1499: the grouped linear's host time is
-``torch.split`` and 2 x ``num_gemms`` ``torch.empty`` calls; the guide itself: "a large EP can reduce the number of
-local experts, thereby reducing quantization and other overheads"), 90 us per expert forward on Grace. The same
-guide's step-level A/B disagrees with the eager figures: per-layer graphs raised its step rate 8.6% (610.71 -> 663.27
-TFLOPS) and capturing the shared expert 4.0% more, where meshplan prices none -> layers on that layout at +32.5%; the
-eager router's and shared expert's figures overstate what graphs remove by about 2.5x there (BENCHMARKS.md). An x86
-host launches faster: a ``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C
-against 37.08 us on a GB200's Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host.
-Not priced: the eager attention's host time (image 4 shows it host-bound too, so it hides none of the rest), the
-backward's (no sync: the host runs ahead; a rank holding many experts may be host-bound there too), and what
-Transformer Engine releases after 2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer stacks the
-wait is an upper estimate, the eager router's and shared expert's most of all (read before the guide's last CPU
-optimizations, which cut the routed stretch from 4.2 to 3.45 ms).
+The host's time for that stretch is read off NVIDIA's own Nsight timelines of DeepSeek-V3 on GB200 NVL72 (MXFP8, EP32:
+8 local experts and one shared expert, DeepEP dispatch, Transformer Engine 2.9, Megatron-Core dev 2025-10; "Optimizing
+DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72", Megatron-LM
+``docs/discussions/deepseek-v3-gb200-optimization``, commit 402bc50b1c, images 4 and 5), as the stretches in which the
+GPU stands mostly idle between kernels. From the dispatch kernel's end to the combine kernel's start the host prepares
+and runs the routed experts: 3.45 ms in the guide's final state (image 5, bottom: +686.9 to +690.35 ms). Per-layer
+graphs (``--cuda-graph-scope attn moe_router moe_preprocess``, the guide's and Megatron-Bridge's) capture the shared
+expert with the router "unless the shared experts overlap is enabled" (the guide, section "CUDA Graphs"). What
+capturing them removes is taken from the guide's own runs rather than its timelines: its optimization-history table
+lists each step's TFLOPS on the same layout (TP1 PP8 VP4 EP32, micro-batch 1, global batch 2048, 256 GPUs, 249.8 GFLOP
+a token: 64 micro-batches of 8 layers a rank). Per-layer graphs of the attention, router and preprocessing took it
+from 610.71 to 663.27 TFLOPS (13.40 -> 12.34 s a step: 2.07 ms a layer and micro-batch), capturing the shared expert
+from 797.67 to 829.93 (10.26 -> 9.86 s: 0.78 ms). The eager router is priced at that 2.07 ms and the shared expert at
+0.78 ms plus the 0.18 ms meshplan prices its forward at there (the wait is host less GPU). The timelines read more:
+1.45 ms for the eager shared expert (image 5, top, from the dispatch's end at +664.85 ms to the routed experts' first
+kernel at +666.3 ms) and 4.0 ms for the router and preprocessing (image 4, +18.2 to +22.2 ms, before the guide bound
+each process to its GPU's NUMA node, which alone added 10%), which priced the none -> layers step at +32.5% on that
+layout against the runs' +8.6% and +4.0%. The GPU time the wait is measured against holds: meshplan prices the part of
+that layer the graph captured at 1.9 ms, the timeline's 1.95 (``tests/test_host_wait.py``). Figures read to about 0.1
+ms at the timelines' scale. The routed stretch grows with the experts a rank holds: its two grouped linears' NVTX host
+ranges in image 5 (bottom) take 0.377 ms (``TEColumnParallelGroupedLinear``, +687.74 to +688.11 ms) and 0.34 ms
+(``TERowParallelGroupedLinear``, +689.24 to +689.58 ms) for the guide's 8 local experts, each longer than its grouped
+GEMM kernels (0.19 and 0.09 ms): the host's time per expert, taken whole as per-expert cost (Transformer Engine issue
+1499: the grouped linear's host time is ``torch.split`` and 2 x ``num_gemms`` ``torch.empty`` calls; the guide itself:
+"a large EP can reduce the number of local experts, thereby reducing quantization and other overheads"), 90 us per
+expert forward on Grace. The routed stretch holds against the same runs: the guide estimated that removing the sync
+(one graph for the whole iteration) would gain "at least 10%" more on its final layout, and meshplan prices that at
++15% (``tests/test_host_wait.py``). An x86 host launches faster: a ``torch.nn.Linear`` forward costs the host 13.48 us
+on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's Grace (TransformerEngine issue 2053), the only
+measured pair, taken for every x86 host. Not priced apart: the eager attention's host time (inside the 2.07 ms, which
+captured it too), the backward's (no sync: the host runs ahead; a rank holding many experts may be host-bound there
+too), and what Transformer Engine releases after 2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer
+stacks the wait is an upper estimate.
 """
 from __future__ import annotations
 
 # Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring)
 ROUTED_EXPERTS_HOST_S = 3.45e-3
-SHARED_EXPERTS_HOST_S = 1.45e-3
-ROUTER_PREPROCESS_HOST_S = 4.0e-3
+# The eager router's and shared expert's: what capturing them removed in the guide's own sequence of runs (its
+# "optimization history" table, module docstring), 2.07 ms and 0.78 ms a layer and micro-batch, the shared expert's
+# plus the 0.18 ms of GPU time meshplan prices its forward at on that layout (the wait is host less GPU)
+ROUTER_PREPROCESS_HOST_S = 2.07e-3
+SHARED_EXPERTS_HOST_S = 0.78e-3 + 0.18e-3
 # The routed stretch's grouped linears (fc1 0.377 ms + fc2 0.34 ms of host, image 5) over the timeline's local experts
 TIMELINE_LOCAL_EXPERTS = 8
 GROUPED_LINEAR_HOST_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / TIMELINE_LOCAL_EXPERTS
