@@ -23,7 +23,12 @@ it), ``recompute_modules`` as ``--recompute-modules`` (nargs='*'), ``mtp`` as ``
 ``cpu_offloading_num_layers``; refused with pp > 1 or recomputation, as megatron-core refuses it), the layers kept in
 bf16 under a low-precision recipe (``bf16_first_layers``, ``bf16_last_layers``) as ``--first-last-layers-bf16
 --num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M`` (refused where megatron-core refuses it:
-``layout.bf16_layers_problem``). Refused in one line: ``recompute op``
+``layout.bf16_layers_problem``), ``cuda_graphs`` as core_v0.16.0's ``--cuda-graph-impl`` and ``--cuda-graph-scope``
+(``transformer_engine`` with ``attn``, the MoE router and preprocessing per layer; ``local`` with ``full_iteration``
+for the whole iteration: the release megatron-core 0.16.1 reads back; Megatron-LM @ d98e8a64ddf3 renames
+``--cuda-graph-scope`` to ``--cuda-graph-modules`` and still takes the old flags, migrating ``full_iteration`` to
+``--cuda-graph-impl full_iteration``, and drops core_v0.16.0's refusal of the whole-iteration graph under expert
+parallelism, which this export keeps for the release it writes). Refused in one line: ``recompute op``
 (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
 """
 from __future__ import annotations
@@ -115,8 +120,8 @@ def check(plan: Plan, flags: bool = True) -> None:
     if flags and plan.cuda_graphs == "iteration" and m.num_experts and d.ep > 1:
         # arguments.py (core_v0.16.0) validate_args: cuda_graph_impl local with expert parallelism asserts
         # --moe-pad-experts-for-cuda-graph-inference, an inference option
-        c.fail(f"megatron: cuda_graphs=iteration with ep={d.ep}: Megatron-LM's validate_args takes the local graph "
-               f"with expert parallelism for inference only (--moe-pad-experts-for-cuda-graph-inference); "
+        c.fail(f"megatron: cuda_graphs=iteration with ep={d.ep}: Megatron-LM core_v0.16.0's validate_args takes the "
+               f"local graph with expert parallelism for inference only (--moe-pad-experts-for-cuda-graph-inference); "
                f"Megatron-Bridge's performance scripts train it (export to megatron-bridge)")
     if d.cp > 1 and plan.seq_len % (2 * d.cp):
         # Load-balanced CP splits the sequence into 2*cp chunks (megatron/core/utils.get_batch_on_this_cp_rank).
