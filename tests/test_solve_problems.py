@@ -85,3 +85,26 @@ def test_auto_train_on_hybrid_cluster_uses_qsync_and_speeds_up_the_slow_group():
     fp32_tps, _ = res.baselines["uniform fp32"]
     assert res.tokens_per_s > fp32_tps
     assert max(res.detail["group_step_s"]) <= max(res.detail["fast_step_s"], res.time_s)
+
+
+def test_the_training_partition_prices_an_moe_layer_as_the_exact_search_does():
+    """The heterogeneous training solver and the exact search price one layer alike, the MoE layer's wait for the
+    host after its token-count sync included (Qwen3-30B-A3B on one GB200 tray: TP 4, its 128 experts on every rank,
+    Grace launching them): the solver's layer time is the estimator's forward, backward and exposed communication
+    under the per-layer graphs a free search takes, and without the wait it would miss most of it."""
+    from meshplan.planner.estimate.base import time_key
+    from meshplan.planner.estimate.gpu import group_links
+    from meshplan.planner.estimate.select import estimator_for
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.search.solve.problems import train_partition_problem
+
+    model, cluster = load_model("qwen3-30b-a3b"), load_cluster("1x4xGB200-NVL72")
+    problem = train_partition_problem(model, cluster, 64, 4096, micro_batches=(1,), precisions=("bf16",))
+    solver_s = problem.options[0].phases[0].layer_time_s[1][0][0]
+    est = estimator_for(cluster)
+    layout = Layout(tp=4, micro_batch=1, sequence_parallel=True, cuda_graphs="layers")
+    tb = est.tables(model)
+    moe = next(k for k in tb.rep if "E" in k)
+    t = est.layer_times(tb, cluster.device, time_key(layout), moe, 4096, "bf16", *group_links(cluster, model, layout))
+    assert t[8] > 0.5 * (t[0] + t[1] + t[3])
+    assert solver_s == pytest.approx(t[0] + t[1] + t[3], rel=0.03)
