@@ -61,6 +61,7 @@ class RankEvidence:
     bmm_shapes: Counter = field(default_factory=Counter)  # baddbmm/bmm inputs (unfused attention)
     gemm_dtypes: Counter = field(default_factory=Counter)  # dtype -> GEMM kernels naming it
     deepep_kernels: int = 0
+    graph_launches: float = 0.0  # cudaGraphLaunch runtime calls (CUDA-graph replays)
     fp8_recipes: Counter = field(default_factory=Counter)  # scaling the fp8 cast kernels name
     has_gpu: bool = False
     sends: float = 0.0
@@ -217,6 +218,8 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
                 ev.recvs += e.name.startswith("c10d::recv")
                 if e.peer is not None:
                     ev.peers.add(e.peer)
+        elif e.cat == "cuda_runtime" and e.name.startswith("cudaGraphLaunch"):
+            ev.graph_launches += 1
         elif e.cat == "kernel":
             low = e.name.lower()
             if "dpsk::ep::" in low or "deep_ep::" in low:
@@ -234,4 +237,5 @@ def rank_evidence(t: RankTrace) -> RankEvidence:
     ev.attention_ops, ev.recomputed_attention = att / steps, att_rec / steps
     ev.recomputed_kinds_ops = sum(fwd_by[k] for k in rec_by) / steps
     ev.sends, ev.recvs = ev.sends / steps, ev.recvs / steps
+    ev.graph_launches /= steps
     return ev

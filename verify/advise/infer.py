@@ -12,6 +12,7 @@ Confidence: ``high`` when the trace names it (a process group's size, a kernel's
 * micro-batches: pipeline sends per step per neighbour (one activation forward, one gradient back per micro-batch),
   else the backward passes a step starts (autograd ``GraphRoot`` nodes);
 * recompute: forward GEMMs that run again inside backward nodes (``evidence``);
+* CUDA graphs: ``cudaGraphLaunch`` calls per step (``_cuda_graphs``);
 * precision: the dtype the GEMM kernels name;
 * the model's shape: ``shape.guess_shape``.
 """
@@ -186,6 +187,24 @@ def _recompute(ev: RankEvidence) -> Part:
     return Part("none", HIGH if ev.backward_nodes else LOW, what)
 
 
+def _cuda_graphs(ev: RankEvidence, recompute: Part, moe: bool) -> Part:
+    """What ran as CUDA graphs, from the graph launches a step makes: none, one for the whole step, or a launch per
+    layer and micro-batch. Megatron-Core recomputes whole layers only under the whole-iteration graph, and captures a
+    dropless MoE layer's attention, router and preprocessing per layer (the full iteration needs Hybrid-EP's
+    sync-free dispatch, which the trace does not name), so those settle it."""
+    n = ev.graph_launches
+    what = f"{n:.0f} cudaGraphLaunch calls per step"
+    if not n:
+        return Part("none", HIGH if ev.has_gpu else LOW, "no cudaGraphLaunch call")
+    if recompute.value == "full":
+        return Part("iteration", MEDIUM, f"{what} with full recomputation, which Megatron-Core graphs only whole")
+    if moe:
+        return Part("layers", MEDIUM, f"{what} on an MoE model (per layer: its routed experts stay eager)")
+    return Part("iteration" if n <= 1 else "layers", MEDIUM,
+                what + (": one graph replays the whole step" if n <= 1 else
+                        ": parts of the step captured, priced as per-layer graphs"))
+
+
 def _precision(evs: list[RankEvidence]) -> tuple[Part, Part]:
     counts = sum((e.gemm_dtypes for e in evs), Counter())
     if not counts:
@@ -245,9 +264,11 @@ def infer_layout(evs: list[RankEvidence], world: int) -> InferredLayout:
     rs = _frequent(kinds, ("reducescatter", "forward"), ev.steps)
     sp = Part(bool(rs) and tp.value > 1, tp.confidence,
               "activations reduce-scattered in forward (sequence parallel)" if rs else "no forward reduce-scatter")
+    recompute = _recompute(ev)
     out.parts = {"world_size": Part(world, HIGH, "distributedInfo.world_size"), "tp": tp, "sp": sp, "pp": pp,
                  "dp_replicate": repl, "dp_shard": shard, "zero": zero, "ep": ep, "micro_batches": m0,
-                 "recompute": _recompute(ev), "dtype": dtype, "fp8": fp8}
+                 "recompute": recompute, "dtype": dtype, "fp8": fp8,
+                 "cuda_graphs": _cuda_graphs(ev, recompute, ep.value > 1 or ev.deepep_kernels > 0)}
     g = out.shape
     if g is not None and g.micro_batch:
         out.parts["micro_batch"] = Part(g.micro_batch, HIGH if g.seq_len else MEDIUM,

@@ -123,7 +123,8 @@ def ran_layout(inf: InferredLayout, stack: str) -> Layout:
     v = inf.value
     deg = Degrees(dp_replicate=v("dp_replicate"), dp_shard=v("dp_shard"), tp=v("tp"), pp=v("pp"), ep=v("ep"))
     return Layout.of(deg, micro_batch=v("micro_batch", 1), zero_stage=v("zero"), recompute=v("recompute"),
-                     fp8=v("fp8"), stack=stack, sequence_parallel=bool(v("sp", False)))
+                     fp8=v("fp8"), stack=stack, sequence_parallel=bool(v("sp", False)),
+                     cuda_graphs=v("cuda_graphs", "none"))
 
 
 def _label(lay: Layout) -> str:
