@@ -8,7 +8,8 @@ per MoE layer and micro-batch (the host's launches after the token-count sync, a
 kernel) shows as a constant in ``(published - predicted) / (MoE layers per pipeline rank x micro-batches per
 rank)``: the residual each MoE layer's forward and backward leave unpriced (positive: the run took longer than
 meshplan prices). The table groups the priced MoE rows of every source by what the host-time mechanisms depend on:
-the CUDA-graph scope the row ran, the host CPU of its part (``costmodel/data/devices.yaml`` ``host_cpu``) and the
+the CUDA-graph scope the row ran ("searched" where the row pins none and meshplan's search chose,
+``space.free_cuda_graphs``), the host CPU of its part (``costmodel/data/devices.yaml`` ``host_cpu``) and the
 routed experts each rank holds. Nothing is fitted here; the table is where a per-layer mechanism would have to
 show before it is priced.
 """
@@ -76,7 +77,7 @@ def moe_row(row: dict) -> Optional[MoeRow]:
     micro_batches = inp["global_batch"] // (dp * mbs)
     per_rank = len(spec.moe_layers) / pp
     return MoeRow(name=row["name"], source=row["source"], device=device.name, host_cpu=device.host_cpu,
-                  cuda_graphs=fix.get("cuda_graphs") or "none",
+                  cuda_graphs=fix.get("cuda_graphs") or "searched",
                   local_experts=spec.num_experts // int(fix.get("ep", 1)), micro_batch=mbs,
                   micro_batches=micro_batches, moe_layers_per_rank=per_rank, error=row["error"],
                   residual_ms=residual_ms(row["published_step_s"], row["predicted_step_s"], per_rank,

@@ -2,14 +2,18 @@
 
 Truths: the counts in the traces HTA publishes as test data (``data/traces/hta_testdata``, PROVENANCE.md there):
 ``negative_queue_length_values_check/rank0.json.gz`` holds 70 ``cudaGraphLaunch`` calls over its five profiler
-steps (``ProfilerStep#550-554``), ``trace_diff/control/control.json.gz`` none; and Megatron-Core's rules for what a
-layer may capture (full recomputation only under the whole-iteration graph; a dropless MoE layer per layer).
+steps (``ProfilerStep#550-554``), ``trace_diff/control/control.json.gz`` none; Megatron-Core's capture rules (a fully
+recomputed layer is graphed only within the whole iteration; a dropless MoE model's whole iteration only behind
+Hybrid-EP's sync-free dispatch); and ``Layout.validate``, which must accept the layout that ran.
 """
 from __future__ import annotations
 
+import pytest
+
+from meshplan.planner.model.config import load_model
 from meshplan.profiler.trace import load_trace
 from meshplan.verify.advise.evidence import rank_evidence
-from meshplan.verify.advise.infer import HIGH, MEDIUM, Part, _cuda_graphs, infer_layout
+from meshplan.verify.advise.infer import HIGH, MEDIUM, InferredLayout, Part, _cuda_graphs, infer_layout
 from meshplan.verify.advise.job import ran_layout
 from tests.helpers import data_path
 
@@ -21,10 +25,9 @@ def _evidence(*parts: str):
 def test_a_trace_that_replays_graphs_each_step_ran_them():
     ev = _evidence("negative_queue_length_values_check", "rank0.json.gz")
     assert ev.steps == 5 and ev.graph_launches == 70 / 5
-    inf = infer_layout([ev], 16)
-    assert inf.parts["cuda_graphs"].value == "layers" and inf.parts["cuda_graphs"].confidence == MEDIUM
-    assert "14 cudaGraphLaunch calls per step" in inf.parts["cuda_graphs"].evidence
-    assert ran_layout(inf, "megatron").cuda_graphs == "layers"
+    part = infer_layout([ev], 16).parts["cuda_graphs"]
+    assert (part.value, part.confidence) == ("layers", MEDIUM)
+    assert "14.0 cudaGraphLaunch calls per step" in part.evidence
 
 
 def test_a_trace_without_graph_launches_ran_none():
@@ -34,10 +37,28 @@ def test_a_trace_without_graph_launches_ran_none():
     assert part.value == "none" and part.confidence == HIGH
 
 
-def test_megatron_cores_capture_rules_settle_the_scope():
+def test_one_launch_a_step_is_the_whole_iteration():
     ev = _evidence("negative_queue_length_values_check", "rank0.json.gz")
-    full, selective = Part("full", HIGH, ""), Part("none", HIGH, "")
-    assert _cuda_graphs(ev, full, moe=False).value == "iteration"  # whole layers re-run: only the iteration graph
-    assert _cuda_graphs(ev, selective, moe=True).value == "layers"  # a dropless MoE layer, per layer
-    ev.graph_launches = 1.0
-    assert _cuda_graphs(ev, selective, moe=False).value == "iteration"  # one replay a step: the whole step
+    ev.graph_launches = 0.2  # one graph every fifth step
+    part = _cuda_graphs(ev)
+    assert part.value == "iteration" and "0.2 cudaGraphLaunch calls per step" in part.evidence
+
+
+def _inferred(ep: int, recompute: str, graphs: str) -> InferredLayout:
+    parts = {"dp_replicate": 8, "dp_shard": 1, "tp": 1, "pp": 1, "ep": ep, "zero": 1,
+             "recompute": recompute, "micro_batch": 1, "fp8": "none", "sp": False, "cuda_graphs": graphs}
+    return InferredLayout(parts={k: Part(v, HIGH, "") for k, v in parts.items()})
+
+
+@pytest.mark.parametrize("ep, recompute, graphs, want", [
+    (8, "full", "layers", ("iteration", "hybridep")),  # graphed whole layers: the whole iteration
+    (1, "none", "iteration", ("iteration", "hybridep")),  # a dropless MoE iteration graph: Hybrid-EP ran
+    (8, "none", "layers", ("layers", "alltoall")),
+    (8, "none", "none", ("none", "alltoall")),
+])
+def test_the_layout_that_ran_is_one_megatron_core_runs(ep, recompute, graphs, want):
+    model = load_model("qwen3-30b-a3b")
+    lay = ran_layout(_inferred(ep, recompute, graphs), "megatron", model.num_experts)
+    assert (lay.cuda_graphs, lay.moe_dispatcher) == want
+    lay.validate(world_size=8, num_layers=model.num_layers, num_heads=model.num_heads,
+                 num_kv_heads=model.num_kv_heads, seq_len=4096, global_batch=64, num_experts=model.num_experts)

@@ -26,7 +26,7 @@ def test_a_row_is_reduced_to_its_residual_per_moe_layer_and_micro_batch() -> Non
     assert r.residual_ms == pytest.approx(1000 / (24 * 16))
     assert (r.device, r.host_cpu) == ("B200", "x86")
     grace = residuals.moe_row(_row("b", "dp=8,ep=8,mbs=4", "2x4xGB200-NVL72", 9.0, 9.0))
-    assert (grace.host_cpu, grace.cuda_graphs, grace.residual_ms) == ("grace", "none", 0.0)
+    assert (grace.host_cpu, grace.cuda_graphs, grace.residual_ms) == ("grace", "searched", 0.0)
 
 
 def test_dense_and_unpriced_rows_are_left_out() -> None:

@@ -299,7 +299,8 @@ class GpuEstimator:
         # dropping and padding skips the sync; the host figures are Megatron-Core's with Transformer Engine
         if lo.experts and not key.moe_capacity and device.vendor == "nvidia" and key.stack == "megatron":
             host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
-                                   key.shared_overlap, max(1, tb.model.num_experts // key.ep))
+                                   key.shared_overlap, max(1, tb.model.num_experts // key.ep),
+                                   p["fwd"] - p["experts_fwd"] - p["shared_fwd"])
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
         out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd), host)
         return out

@@ -14,43 +14,46 @@ The host's time for that stretch is read off NVIDIA's own Nsight timelines of De
 DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72", Megatron-LM
 ``docs/discussions/deepseek-v3-gb200-optimization``, commit 402bc50b1c, images 4 and 5), as the stretches in which the
 GPU stands mostly idle between kernels. From the dispatch kernel's end to the combine kernel's start the host prepares
-and runs the routed experts: 3.45 ms in the guide's final state (image 5, bottom: +686.9 to +690.35 ms). Per-layer
-graphs (``--cuda-graph-scope attn moe_router moe_preprocess``, the guide's and Megatron-Bridge's) capture the shared
-expert with the router "unless the shared experts overlap is enabled" (the guide, section "CUDA Graphs"). What
-capturing them removes is taken from the guide's own runs rather than its timelines: its optimization-history table
-lists each step's TFLOPS on the same layout (TP1 PP8 VP4 EP32, micro-batch 1, global batch 2048, 256 GPUs, 249.8 GFLOP
-a token: 64 micro-batches of 8 layers a rank). Per-layer graphs of the attention, router and preprocessing took it
-from 610.71 to 663.27 TFLOPS (13.40 -> 12.34 s a step: 2.07 ms a layer and micro-batch), capturing the shared expert
-from 797.67 to 829.93 (10.26 -> 9.86 s: 0.78 ms). The eager router is priced at that 2.07 ms and the shared expert at
-0.78 ms plus the 0.18 ms meshplan prices its forward at there (the wait is host less GPU). The timelines read more:
-1.45 ms for the eager shared expert (image 5, top, from the dispatch's end at +664.85 ms to the routed experts' first
-kernel at +666.3 ms) and 4.0 ms for the router and preprocessing (image 4, +18.2 to +22.2 ms, before the guide bound
-each process to its GPU's NUMA node, which alone added 10%), which priced the none -> layers step at +32.5% on that
-layout against the runs' +8.6% and +4.0%. The GPU time the wait is measured against holds: meshplan prices the part of
-that layer the graph captured at 1.9 ms, the timeline's 1.95 (``tests/test_host_wait.py``). Figures read to about 0.1
-ms at the timelines' scale. The routed stretch grows with the experts a rank holds: its two grouped linears' NVTX host
-ranges in image 5 (bottom) take 0.377 ms (``TEColumnParallelGroupedLinear``, +687.74 to +688.11 ms) and 0.34 ms
-(``TERowParallelGroupedLinear``, +689.24 to +689.58 ms) for the guide's 8 local experts, each longer than its grouped
-GEMM kernels (0.19 and 0.09 ms): the host's time per expert, taken whole as per-expert cost (Transformer Engine issue
-1499: the grouped linear's host time is ``torch.split`` and 2 x ``num_gemms`` ``torch.empty`` calls; the guide itself:
-"a large EP can reduce the number of local experts, thereby reducing quantization and other overheads"), 90 us per
-expert forward on Grace. The routed stretch holds against the same runs: the guide estimated that removing the sync
-(one graph for the whole iteration) would gain "at least 10%" more on its final layout, and meshplan prices that at
-+15% (``tests/test_host_wait.py``). An x86 host launches faster: a ``torch.nn.Linear`` forward costs the host 13.48 us
-on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's Grace (TransformerEngine issue 2053), the only
-measured pair, taken for every x86 host. Not priced apart: the eager attention's host time (inside the 2.07 ms, which
-captured it too), the backward's (no sync: the host runs ahead; a rank holding many experts may be host-bound there
-too), and what Transformer Engine releases after 2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer
-stacks the wait is an upper estimate.
+and runs the routed experts: 3.45 ms once the guide graphed each layer (image 5, bottom, DeepEP: +686.9 to +690.35
+ms). Per-layer graphs (``--cuda-graph-scope attn moe_router moe_preprocess``, the guide's and Megatron-Bridge's)
+capture the shared expert with the router "unless the shared experts overlap is enabled" (the guide, section "CUDA
+Graphs"). Uncaptured, the attention's output projection to the dispatch take 4.0 ms of host (image 4, +18.2 to +22.2
+ms), beside which the GPU runs the layer's other forward work (attention, router, preprocessing: the part a per-layer
+graph captures), so the wait they add is that host time less this GPU time. The guide's own runs check it: its
+optimization-history table lists each step's TFLOPS on one layout (TP1 PP8 VP4 EP32, micro-batch 1, global batch 2048,
+256 GPUs, 249.8 GFLOP a token: 64 micro-batches of 8 layers on the busiest ranks), and per-layer graphs of the
+attention, router and preprocessing took it from 610.71 to 663.27 TFLOPS (13.40 -> 12.34 s: 2.07 ms a layer and
+micro-batch), which is the 4.0 ms less the 1.95 ms the timeline's captured part ran. The eager shared expert is taken
+from the runs alone: capturing it went from 797.67 to 829.93 TFLOPS (10.26 -> 9.86 s: 0.78 ms), priced as that plus
+the 0.18 ms meshplan prices its forward at there; the timeline reads 1.45 ms (image 5, top, +664.85 to +666.3 ms),
+which nothing on it explains. Both pairs of runs predate the guide's NUMA binding, its 'CPU-side optimization' (+10%),
+and together they price the none -> layers step on that layout within 15% of the runs (``tests/test_host_wait.py``).
+The GPU time the wait is measured against holds: meshplan prices the part of that layer the graph captured at 1.9 ms,
+the timeline's 1.95 (``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. The routed
+stretch grows with the experts a rank holds: its two grouped linears' NVTX host ranges in image 5 (bottom) take 0.377
+ms (``TEColumnParallelGroupedLinear``, +687.74 to +688.11 ms) and 0.34 ms (``TERowParallelGroupedLinear``, +689.24 to
++689.58 ms) for the guide's 8 local experts, each longer than its grouped GEMM kernels (0.19 and 0.09 ms): the host's
+time per expert, taken whole as per-expert cost (Transformer Engine issue 1499: the grouped linear's host time is
+``torch.split`` and 2 x ``num_gemms`` ``torch.empty`` calls; the guide itself: "a large EP can reduce the number of
+local experts, thereby reducing quantization and other overheads"), 90 us per expert forward on Grace, read at 8 and
+extrapolated linearly (the dev set's runs hold 2 to 64 a rank). The routed stretch holds against the same runs: the
+guide estimated that removing the sync (one graph for the whole iteration) would gain "at least 10%" more on its final
+layout, and meshplan prices that at +15% (``tests/test_host_wait.py``). An x86 host launches faster: a
+``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's
+Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host. Not priced apart: the eager
+attention's host time before its output projection (image 4 shows it host-bound too), the backward's (no sync: the
+host runs ahead; a rank holding many experts may be host-bound there too), and what Transformer Engine releases after
+2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer stacks the wait is an upper estimate.
 """
 from __future__ import annotations
 
 # Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring)
 ROUTED_EXPERTS_HOST_S = 3.45e-3
-# The eager router's and shared expert's: what capturing them removed in the guide's own sequence of runs (its
-# "optimization history" table, module docstring), 2.07 ms and 0.78 ms a layer and micro-batch, the shared expert's
-# plus the 0.18 ms of GPU time meshplan prices its forward at on that layout (the wait is host less GPU)
-ROUTER_PREPROCESS_HOST_S = 2.07e-3
+# Uncaptured, the attention, router and preprocessing: the timeline's 4.0 ms of host (image 4), which the layer's
+# GPU work outside the experts runs beside; the shared expert: what capturing it saved in the guide's runs
+# (797.67 -> 829.93 TFLOPS: 0.78 ms a layer and micro-batch) plus the 0.18 ms meshplan prices its forward at on
+# that layout (the wait is host less GPU; module docstring)
+ROUTER_PREPROCESS_HOST_S = 4.0e-3
 SHARED_EXPERTS_HOST_S = 0.78e-3 + 0.18e-3
 # The routed stretch's grouped linears (fc1 0.377 ms + fc2 0.34 ms of host, image 5) over the timeline's local experts
 TIMELINE_LOCAL_EXPERTS = 8
@@ -67,10 +70,13 @@ def routed_experts_host_s(local_experts: int) -> float:
 
 
 def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, shared_gpu_s: float,
-                    shared_overlap: bool, local_experts: int = TIMELINE_LOCAL_EXPERTS) -> float:
+                    shared_overlap: bool, local_experts: int = TIMELINE_LOCAL_EXPERTS,
+                    captured_gpu_s: float = 0.0) -> float:
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
     ``experts_gpu_s`` / ``shared_gpu_s``: the GPU's time for the routed and the shared experts that follow the wait;
+    ``captured_gpu_s``: the forward's other GPU time (attention, router, preprocessing), what per-layer graphs
+    capture, which runs beside their host time when they are not captured;
     ``local_experts``: the routed experts one rank holds (their grouped linears' host time grows with them);
     ``shared_overlap``: the shared experts overlap the dispatch, so per-layer graphs leave them out and their GPU
     time runs beside the dispatch rather than in the stretch.
@@ -84,5 +90,5 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
         if not shared_overlap:  # overlapped, the shared experts run beside the dispatch, not in this stretch
             gpu_s += shared_gpu_s
     if cuda_graphs == "none":
-        host_s += ROUTER_PREPROCESS_HOST_S
+        host_s, gpu_s = host_s + ROUTER_PREPROCESS_HOST_S, gpu_s + captured_gpu_s
     return max(0.0, host_s * HOST_SPEED[host_cpu] - gpu_s)

@@ -43,7 +43,8 @@ class Part:
 @dataclass
 class InferredLayout:
     """Every inferred part by name (``world_size``, ``tp``, ``pp``, ``dp_replicate``, ``dp_shard``, ``zero``,
-    ``ep``, ``micro_batch``, ``micro_batches``, ``recompute``, ``dtype``, ``fp8``, ``seq_len``, ``global_batch``),
+    ``ep``, ``micro_batch``, ``micro_batches``, ``recompute``, ``dtype``, ``fp8``, ``cuda_graphs``, ``seq_len``,
+    ``global_batch``),
     the shape guess, and whether the trace holds a backward pass."""
 
     parts: dict[str, Part] = field(default_factory=dict)
@@ -187,22 +188,16 @@ def _recompute(ev: RankEvidence) -> Part:
     return Part("none", HIGH if ev.backward_nodes else LOW, what)
 
 
-def _cuda_graphs(ev: RankEvidence, recompute: Part, moe: bool) -> Part:
-    """What ran as CUDA graphs, from the graph launches a step makes: none, one for the whole step, or a launch per
-    layer and micro-batch. Megatron-Core recomputes whole layers only under the whole-iteration graph, and captures a
-    dropless MoE layer's attention, router and preprocessing per layer (the full iteration needs Hybrid-EP's
-    sync-free dispatch, which the trace does not name), so those settle it."""
+def _cuda_graphs(ev: RankEvidence) -> Part:
+    """What ran as CUDA graphs, from the graph launches a step makes: none, one replay for the whole step, or more
+    (parts of it captured, priced as per-layer graphs). ``job.ran_layout`` applies Megatron-Core's capture rules."""
     n = ev.graph_launches
-    what = f"{n:.0f} cudaGraphLaunch calls per step"
     if not n:
         return Part("none", HIGH if ev.has_gpu else LOW, "no cudaGraphLaunch call")
-    if recompute.value == "full":
-        return Part("iteration", MEDIUM, f"{what} with full recomputation, which Megatron-Core graphs only whole")
-    if moe:
-        return Part("layers", MEDIUM, f"{what} on an MoE model (per layer: its routed experts stay eager)")
-    return Part("iteration" if n <= 1 else "layers", MEDIUM,
-                what + (": one graph replays the whole step" if n <= 1 else
-                        ": parts of the step captured, priced as per-layer graphs"))
+    what = f"{n:.1f} cudaGraphLaunch calls per step"
+    if n <= 1:
+        return Part("iteration", MEDIUM, f"{what}: one graph replays the whole step")
+    return Part("layers", MEDIUM, f"{what}: parts of the step captured, priced as per-layer graphs")
 
 
 def _precision(evs: list[RankEvidence]) -> tuple[Part, Part]:
@@ -264,11 +259,9 @@ def infer_layout(evs: list[RankEvidence], world: int) -> InferredLayout:
     rs = _frequent(kinds, ("reducescatter", "forward"), ev.steps)
     sp = Part(bool(rs) and tp.value > 1, tp.confidence,
               "activations reduce-scattered in forward (sequence parallel)" if rs else "no forward reduce-scatter")
-    recompute = _recompute(ev)
     out.parts = {"world_size": Part(world, HIGH, "distributedInfo.world_size"), "tp": tp, "sp": sp, "pp": pp,
                  "dp_replicate": repl, "dp_shard": shard, "zero": zero, "ep": ep, "micro_batches": m0,
-                 "recompute": recompute, "dtype": dtype, "fp8": fp8,
-                 "cuda_graphs": _cuda_graphs(ev, recompute, ep.value > 1 or ev.deepep_kernels > 0)}
+                 "recompute": _recompute(ev), "dtype": dtype, "fp8": fp8, "cuda_graphs": _cuda_graphs(ev)}
     g = out.shape
     if g is not None and g.micro_batch:
         out.parts["micro_batch"] = Part(g.micro_batch, HIGH if g.seq_len else MEDIUM,

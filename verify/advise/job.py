@@ -118,13 +118,19 @@ def _stack(run: Run) -> str:
     return "eager"
 
 
-def ran_layout(inf: InferredLayout, stack: str) -> Layout:
-    """The ``Layout`` the inferred parts describe (what the trace cannot show stays at its default)."""
+def ran_layout(inf: InferredLayout, stack: str, num_experts: int = 0) -> Layout:
+    """The ``Layout`` the inferred parts describe (what the trace cannot show stays at its default). CUDA graphs
+    follow Megatron-Core's capture rules: it graphs a fully recomputed layer only within the whole iteration, and a
+    dropless MoE model's whole iteration only behind Hybrid-EP's sync-free dispatch (the one such dispatcher), so a
+    run that replayed it must have run that."""
     v = inf.value
     deg = Degrees(dp_replicate=v("dp_replicate"), dp_shard=v("dp_shard"), tp=v("tp"), pp=v("pp"), ep=v("ep"))
+    graphs = v("cuda_graphs", "none")
+    if graphs == "layers" and v("recompute") == "full":
+        graphs = "iteration"
+    more = {"moe_dispatcher": "hybridep"} if graphs == "iteration" and num_experts else {}
     return Layout.of(deg, micro_batch=v("micro_batch", 1), zero_stage=v("zero"), recompute=v("recompute"),
-                     fp8=v("fp8"), stack=stack, sequence_parallel=bool(v("sp", False)),
-                     cuda_graphs=v("cuda_graphs", "none"))
+                     fp8=v("fp8"), stack=stack, sequence_parallel=bool(v("sp", False)), cuda_graphs=graphs, **more)
 
 
 def _label(lay: Layout) -> str:
@@ -180,7 +186,7 @@ def _search(req, inf, stack, spec, model, out, cal: Calibration, measured_s, mea
     cluster = load_cluster(spec, calibration=cal.host.calibration)
     estimator = estimator_for(cluster, Pricer.from_dir(cal.costmodel), cal.host.terms)
     work = Workload(load_model(model), cluster, gb, seq, dtype)
-    ran = ran_layout(inf, stack)
+    ran = ran_layout(inf, stack, work.model.num_experts)
 
     def priced(lay: Layout):
         try:

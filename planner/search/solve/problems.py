@@ -134,8 +134,9 @@ def _host_wait_s(model, ops, lay: Layout, device, prices, precision: str, base: 
         return 0.0
     experts_s = prices.ops_s(ops.experts, device, precision, base, False)
     shared_s = prices.ops_s(ops.shared, device, precision, base, False)
+    captured_s = prices.ops_s(ops.compute, device, precision, base, False) - experts_s - shared_s
     return moe_sync_wait_s(free_cuda_graphs(lay), device.host_cpu, experts_s, shared_s, lay.shared_overlap,
-                           model.num_experts)
+                           model.num_experts, captured_s)
 
 
 def serve_partition_problem(model, cluster, batch: int, prompt_len: int, gen_len: int,
