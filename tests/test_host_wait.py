@@ -70,8 +70,9 @@ def test_an_x86_host_waits_less_than_grace(tmp_path) -> None:
 
 @pytest.mark.parametrize("host", ["grace", "x86"])
 def test_the_host_time_grows_with_the_experts_a_rank_holds(host: str) -> None:
-    """With no GPU work to hide it, the wait is the timeline's host time: 3.45 ms at its 8 local experts, and the
-    grouped linears' 0.717 ms per 8 experts more or less elsewhere (x86 at 13.48 / 37.08 of it)."""
+    """With no GPU work to hide it, the wait is the timeline's host time: 3.45 ms at its 8 local experts (the one
+    reading); elsewhere the linear extrapolation by the grouped linears' 0.717 ms per 8 experts (restated here, so
+    only its direction is a check), x86 at 13.48 / 37.08 of it."""
     speed = 1.0 if host == "grace" else X86_OVER_GRACE
     for local, want_s in ((8, GRACE_ROUTED_S), (16, ROUTED_16_S),
                           (64, GRACE_ROUTED_S + 56 * GROUPED_LINEARS_PER_EXPERT_S),

@@ -109,3 +109,23 @@ def test_the_training_partition_prices_an_moe_layer_as_the_exact_search_does():
     t = est.layer_times(tb, cluster.device, time_key(layout), moe, 4096, "bf16", *group_links(cluster, model, layout))
     assert t[8] > 0
     assert solver_s == pytest.approx(t[0] + t[1] + t[3], rel=0.03)
+
+
+def test_qsync_prices_an_moe_layer_as_the_exact_search_does():
+    """QSync's data-parallel replicas (Qwen3-30B-A3B on one GB200 tray, one 1,024-token sequence a GPU, fp32): its
+    step at the reference precision is the estimator's forward, backward and host wait over the 48 layers, the wait
+    being 40% of each layer here, so a solver without it would miss by as much."""
+    from meshplan.planner.estimate.base import time_key
+    from meshplan.planner.estimate.gpu import group_links
+    from meshplan.planner.estimate.select import estimator_for
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.search.solve.qsync import qsync_problem
+
+    model, cluster = load_model("qwen3-30b-a3b"), load_cluster("1x4xGB200-NVL72")
+    problem = qsync_problem(model, cluster, 4, 1024, precisions=("fp32",))
+    est = estimator_for(cluster)
+    layout = Layout(micro_batch=1, cuda_graphs="layers")
+    tb = est.tables(model)
+    moe = next(k for k in tb.rep if "E" in k)
+    t = est.layer_times(tb, cluster.device, time_key(layout), moe, 1024, "fp32", *group_links(cluster, model, layout))
+    assert problem.fast_step_s == pytest.approx(model.num_layers * (t[0] + t[1] + t[8]), rel=0.02)

@@ -17,7 +17,6 @@ from typing import Optional, Sequence
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.estimate.host_wait import moe_sync_wait_s
 from meshplan.planner.estimate.memory import (
     GRAD_BYTES,
     OPTIMIZER_BYTES,
@@ -27,7 +26,6 @@ from meshplan.planner.estimate.memory import (
 )
 from meshplan.planner.estimate.ops_graph import head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.layout.space import free_cuda_graphs
 from meshplan.planner.search.solve.columns import (
     KV_BYTES,
     check_sensitivity,
@@ -106,7 +104,7 @@ def _train_partition(prices: OpPrices, model, cluster, global_batch, seq_len, pr
                         continue
                     tt.append(prices.ops_s(ops.compute, grp.device, p, base, True)
                               + prices.ops_s(extra, grp.device, base, base, True) + comm
-                              + _host_wait_s(model, ops, lay, grp.device, prices, p, base))
+                              + prices.host_wait_s(model, ops, lay, grp.device, p, base))
                     ss.append(params * (PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) / t)
                     aa.append(a)
                 trow.append(tt), srow.append(ss), arow.append(aa)
@@ -124,19 +122,6 @@ def _train_partition(prices: OpPrices, model, cluster, global_batch, seq_len, pr
     sens = resolve_sensitivity(sensitivity, model, cols, base, operands=2)
     check_sensitivity(sens, L, cols)
     return PartitionProblem(cols, groups, tuple(options), sens, quality_budget)
-
-
-def _host_wait_s(model, ops, lay: Layout, device, prices, precision: str, base: str) -> float:
-    """The MoE layer's forward wait for the host after its token-count sync (``planner.estimate.host_wait``) on a
-    stage of NVIDIA GPUs, as the exact search prices it: under the per-layer CUDA graphs a free search takes
-    (``space.free_cuda_graphs``), every routed expert on the stage's ranks (no expert parallelism here)."""
-    if not ops.experts or device.vendor != "nvidia" or lay.stack != "megatron" or lay.moe_capacity:
-        return 0.0
-    experts_s = prices.ops_s(ops.experts, device, precision, base, False)
-    shared_s = prices.ops_s(ops.shared, device, precision, base, False)
-    captured_s = prices.ops_s(ops.compute, device, precision, base, False) - experts_s - shared_s
-    return moe_sync_wait_s(free_cuda_graphs(lay), device.host_cpu, experts_s, shared_s, lay.shared_overlap,
-                           model.num_experts, captured_s)
 
 
 def serve_partition_problem(model, cluster, batch: int, prompt_len: int, gen_len: int,

@@ -210,8 +210,9 @@ def _qsync_problem(prices: OpPrices, model, cluster, global_batch, seq_len, prec
     for grp in cluster.groups:
         rows = []
         for i in range(L):
-            ops = layer_ops(model, i, lay, seq_len, dtype="fp32").compute
-            rows.append([prices.ops_s(ops, grp.device, p, "fp32", True) if grp.device.supports(p) else None
+            lo = layer_ops(model, i, lay, seq_len, dtype="fp32")
+            rows.append([prices.ops_s(lo.compute, grp.device, p, "fp32", True)
+                         + prices.host_wait_s(model, lo, lay, grp.device, p, "fp32") if grp.device.supports(p) else None
                          for p in cols])
         times.append(rows)
     ref_t = [sum(r[0] for r in t) for t in times]
