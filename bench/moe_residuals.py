@@ -3,16 +3,16 @@
 Run: python bench/moe_residuals.py [DEV_JSON] [--json]
 (DEV_JSON: the output of ``python bench/dev_set.py --json``; without it the dev set is priced here, about a minute)
 
-A step's error in percent mixes what a mechanism costs with how long the rest of the step is. A mechanism priced
-per MoE layer and micro-batch (the host's launches after the token-count sync, a per-expert launch cost, a dispatch
-kernel) shows as a constant in ``(published - predicted) / (MoE layers per pipeline rank x micro-batches per
-rank)`` (the MoE layers averaged over the pipeline ranks; an uneven split or MTP modules make the busiest rank's
-share a little larger): the residual each MoE layer's forward and backward leave unpriced (positive: the run took longer than
-meshplan prices). The table groups the priced MoE rows of every source by what the host-time mechanisms depend on:
-the CUDA-graph scope the row ran ("searched" where the row pins none and meshplan's search chose,
-``space.free_cuda_graphs``), the host CPU of its part (``costmodel/data/devices.yaml`` ``host_cpu``) and the
-routed experts each rank holds. Nothing is fitted here; the table is where a per-layer mechanism would have to
-show before it is priced.
+A step's error in percent mixes what a mechanism costs with how long the rest of the step is. A mechanism priced per
+MoE layer and micro-batch (the host's launches after the token-count sync, a per-expert launch cost, a dispatch
+kernel) shows as a constant in ``(published - predicted) / (MoE layers per pipeline rank x micro-batches per rank)``
+(the MoE layers averaged over the pipeline ranks; an uneven split or MTP modules make the busiest rank's share a
+little larger): the residual each MoE layer's forward and backward leave unpriced (positive: the run took longer
+than meshplan prices). The table groups the priced MoE rows of every source by what the host-time mechanisms depend
+on: the CUDA-graph scope the row ran ("searched" where the row pins none and meshplan's search chose,
+``space.free_cuda_graphs``), the host CPU of its part (``costmodel/data/devices.yaml`` ``host_cpu``) and the routed
+experts each rank holds. Nothing is fitted here; the table is where a per-layer mechanism would have to show before
+it is priced.
 """
 from __future__ import annotations
 
