@@ -8,6 +8,8 @@ Hybrid-EP's sync-free dispatch); and ``Layout.validate``, which must accept the 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.planner.model.config import load_model
@@ -22,8 +24,14 @@ def _evidence(*parts: str):
     return rank_evidence(load_trace(data_path("traces", "hta_testdata", *parts)))
 
 
-def test_a_trace_that_replays_graphs_each_step_ran_them():
-    ev = _evidence("negative_queue_length_values_check", "rank0.json.gz")
+@pytest.fixture(scope="module")
+def graphed():
+    """The HTA trace whose steps replay CUDA graphs (read once for the module)."""
+    return _evidence("negative_queue_length_values_check", "rank0.json.gz")
+
+
+def test_a_trace_that_replays_graphs_each_step_ran_them(graphed):
+    ev = graphed
     assert ev.steps == 5 and ev.graph_launches == 70 / 5
     part = infer_layout([ev], 16).parts["cuda_graphs"]
     assert (part.value, part.confidence) == ("layers", MEDIUM)
@@ -37,9 +45,8 @@ def test_a_trace_without_graph_launches_ran_none():
     assert part.value == "none" and part.confidence == HIGH
 
 
-def test_one_launch_a_step_is_the_whole_iteration():
-    ev = _evidence("negative_queue_length_values_check", "rank0.json.gz")
-    ev.graph_launches = 0.2  # one graph every fifth step
+def test_one_launch_a_step_is_the_whole_iteration(graphed):
+    ev = replace(graphed, graph_launches=0.2)  # one graph every fifth step
     part = _cuda_graphs(ev)
     assert part.value == "iteration" and "0.2 cudaGraphLaunch calls per step" in part.evidence
 
