@@ -244,3 +244,19 @@ def test_fit_usage_errors_are_one_line(tmp_path, runner):
     r = runner.invoke(app, ["costmodel", "fit", "--runs", str(v100_16), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "pass --device" in r.output and "Tesla V100-SXM2-16GB" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_the_device_vector_keeps_each_rate_at_its_faster_reading():
+    """``collect`` measures the device vector before and after its grid: a process sharing the cores during one
+    reading (here the first: GEMMs at a third of their rate, the copy at half, the op call three times dearer) must
+    not set it for the whole dataset, whose later rows ran without it."""
+    from meshplan.costmodel.collect import fastest_device
+
+    loaded = {"name": "cpu-1t", "peak_flops": {"fp32": 5.0e10, "bf16": 3.5e11}, "mem_bw_bytes_per_s": 5.0e9,
+              "launch_s": 4.5e-6}
+    quiet = {"name": "cpu-1t", "peak_flops": {"fp32": 1.5e11, "bf16": 1.1e12}, "mem_bw_bytes_per_s": 1.0e10,
+             "launch_s": 1.5e-6}
+    for a, b in ((loaded, quiet), (quiet, loaded)):
+        dev = fastest_device(a, b)
+        assert dev["peak_flops"] == quiet["peak_flops"] and dev["mem_bw_bytes_per_s"] == 1.0e10
+        assert dev["launch_s"] == 1.5e-6 and dev["name"] == "cpu-1t"
