@@ -207,3 +207,18 @@ def test_capturing_the_router_and_shared_expert_saves_what_the_guides_runs_saved
                                       out=tmp_path / f"ab-{graphs}.yaml"))
         steps[graphs] = out.rows[0]["step_time_s"]
     assert (steps["none"] - steps["layers"]) == pytest.approx(saved_s, rel=0.15)
+
+
+def test_capturing_never_adds_to_the_wait() -> None:
+    """Whatever the GPU times, a layer with nothing captured waits at least as long as with per-layer graphs, and
+    with those at least as long as with the whole iteration: a graph only takes host work away (the exact search's
+    bounds rest on it, as the free choice of graphs moves with recomputation)."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        args = dict(host_cpu=rng.choice(["grace", "x86"]), experts_gpu_s=rng.uniform(0, 8e-3),
+                    shared_gpu_s=rng.choice([0.0, rng.uniform(0, 3e-3)]), shared_overlap=rng.random() < 0.3,
+                    local_experts=rng.randint(1, 256), captured_gpu_s=rng.uniform(0, 8e-3))
+        none, layers, whole = (moe_sync_wait_s(g, **args) for g in ("none", "layers", "iteration"))
+        assert none >= layers >= whole == 0.0

@@ -74,21 +74,28 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
                     captured_gpu_s: float = 0.0) -> float:
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
-    ``experts_gpu_s`` / ``shared_gpu_s``: the GPU's time for the routed and the shared experts that follow the wait;
+    ``experts_gpu_s``: the GPU's time for the routed experts that follow the wait; ``shared_gpu_s``: the shared
+    experts', which run before the sync (Megatron-Core) or beside the dispatch (``shared_overlap``);
     ``captured_gpu_s``: the forward's other GPU time (attention, router, preprocessing), what per-layer graphs
     capture, which runs beside their host time when they are not captured;
     ``local_experts``: the routed experts one rank holds (their grouped linears' host time grows with them);
     ``shared_overlap``: the shared experts overlap the dispatch, so per-layer graphs leave them out and their GPU
     time runs beside the dispatch rather than in the stretch.
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
-    shared experts, not the routed experts; nothing captured leaves all of them eager."""
+    shared experts, not the routed experts; nothing captured leaves all of them eager, their wait a stretch before
+    the sync's, so capturing them never adds to the wait."""
     if cuda_graphs == "iteration":
         return 0.0
-    host_s, gpu_s = routed_experts_host_s(local_experts), experts_gpu_s
-    if shared_gpu_s and (shared_overlap or cuda_graphs == "none"):
+    speed = HOST_SPEED[host_cpu]
+    host_s = routed_experts_host_s(local_experts)
+    if shared_gpu_s and shared_overlap:  # on a side stream beside the dispatch, eager under either scope
         host_s += SHARED_EXPERTS_HOST_S
-        if not shared_overlap:  # overlapped, the shared experts run beside the dispatch, not in this stretch
-            gpu_s += shared_gpu_s
+    wait_s = max(0.0, host_s * speed - experts_gpu_s)
     if cuda_graphs == "none":
-        host_s, gpu_s = host_s + ROUTER_PREPROCESS_HOST_S, gpu_s + captured_gpu_s
-    return max(0.0, host_s * HOST_SPEED[host_cpu] - gpu_s)
+        # before the sync, a stretch of its own (the GPU's queue drains at the sync, so work before it hides nothing
+        # after it): Megatron-Core's MoE forward runs the shared experts, then the router and preprocessing
+        # (``MoELayer.forward``: shared_experts_compute, route, preprocess, then dispatch)
+        in_line = bool(shared_gpu_s) and not shared_overlap
+        pre_host_s = ROUTER_PREPROCESS_HOST_S + (SHARED_EXPERTS_HOST_S if in_line else 0.0)
+        wait_s += max(0.0, pre_host_s * speed - captured_gpu_s - (shared_gpu_s if in_line else 0.0))
+    return wait_s
