@@ -92,10 +92,13 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
         host_s += SHARED_EXPERTS_HOST_S
     wait_s = max(0.0, host_s * speed - experts_gpu_s)
     if cuda_graphs == "none":
-        # before the sync, a stretch of its own (the GPU's queue drains at the sync, so work before it hides nothing
-        # after it): Megatron-Core's MoE forward runs the shared experts, then the router and preprocessing
-        # (``MoELayer.forward``: shared_experts_compute, route, preprocess, then dispatch)
+        # before the sync, a stretch of its own (the GPU's queue drains at the sync, so work after it hides nothing
+        # before it): Megatron-Core's MoE forward runs the shared experts, then the router and preprocessing
+        # (``MoELayer.forward``: shared_experts_compute, route, preprocess, then dispatch). Their host time runs
+        # beside that GPU work and beside what the routed experts left queued when the host had launched them (the
+        # layers repeat, so the routed experts' GPU time past their host time comes before the next layer's)
         in_line = bool(shared_gpu_s) and not shared_overlap
         pre_host_s = ROUTER_PREPROCESS_HOST_S + (SHARED_EXPERTS_HOST_S if in_line else 0.0)
-        wait_s += max(0.0, pre_host_s * speed - captured_gpu_s - (shared_gpu_s if in_line else 0.0))
+        queued_s = max(0.0, experts_gpu_s - host_s * speed)
+        wait_s += max(0.0, pre_host_s * speed - captured_gpu_s - (shared_gpu_s if in_line else 0.0) - queued_s)
     return wait_s
