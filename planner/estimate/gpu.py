@@ -47,7 +47,7 @@ from meshplan.planner.estimate.base import (
     time_signature,
     trainable_params,
 )
-from meshplan.planner.estimate.host_wait import moe_sync_wait_s
+from meshplan.planner.estimate.host_wait import moe_sync_wait_s, waits_for_host
 from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
@@ -296,8 +296,7 @@ class GpuEstimator:
                 hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         host = 0.0
-        # dropping and padding skips the sync; the host figures are Megatron-Core's with Transformer Engine
-        if lo.experts and not key.moe_capacity and device.vendor == "nvidia" and key.stack == "megatron":
+        if lo.experts and waits_for_host(key, device):
             host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
                                    key.shared_overlap, max(1, tb.model.num_experts // key.ep),
                                    p["fwd"] - p["experts_fwd"] - p["shared_fwd"])

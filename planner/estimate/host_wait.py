@@ -63,6 +63,13 @@ GROUPED_LINEAR_HOST_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / TIMELINE_LOCAL_EXPERTS
 HOST_SPEED = {"grace": 1.0, "x86": 13.48 / 37.08}
 
 
+def waits_for_host(layout, device) -> bool:
+    """Whether an MoE layer of ``layout`` on ``device`` syncs on its token counts with these host figures: dropless
+    (dropping and padding to capacity skips the sync) on NVIDIA GPUs under Megatron-Core's kernels with Transformer
+    Engine, where the figures were read."""
+    return not layout.moe_capacity and device.vendor == "nvidia" and layout.stack == "megatron"
+
+
 def routed_experts_host_s(local_experts: int) -> float:
     """Grace seconds of host time for the routed stretch of a rank holding ``local_experts`` experts: the
     timeline's 3.45 ms at its 8, less or more the grouped linears' host time per expert."""

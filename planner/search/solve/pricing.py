@@ -14,7 +14,7 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.costmodel.roofline import ROOFLINE_EFFICIENCY
 from meshplan.planner.estimate.gpu import GpuEstimator
-from meshplan.planner.estimate.host_wait import moe_sync_wait_s
+from meshplan.planner.estimate.host_wait import moe_sync_wait_s, waits_for_host
 from meshplan.planner.layout.space import free_cuda_graphs
 
 T = TypeVar("T")
@@ -77,13 +77,13 @@ class OpPrices:
         the exact search prices it: on NVIDIA GPUs under Megatron-Core's kernels, dropless, with the per-layer CUDA
         graphs a free search takes (``space.free_cuda_graphs``), every routed expert on the rank (no expert
         parallelism in these problems). ``ops``: the layer's ``LayerOps``."""
-        if not ops.experts or device.vendor != "nvidia" or lay.stack != "megatron" or lay.moe_capacity:
+        if not ops.experts or not waits_for_host(lay, device):
             return 0.0
         experts_s = self.ops_s(ops.experts, device, precision, base, False)
         shared_s = self.ops_s(ops.shared, device, precision, base, False)
         captured_s = self.ops_s(ops.compute, device, precision, base, False) - experts_s - shared_s
         return moe_sync_wait_s(free_cuda_graphs(lay), device.host_cpu, experts_s, shared_s, lay.shared_overlap,
-                               model.num_experts, captured_s)
+                               max(1, model.num_experts // lay.ep), captured_s)
 
 
 def default_estimator(estimator=None):
