@@ -18,9 +18,13 @@ copies and scatters keep HBM busy, ran at the cap with its SM clock at 1905 MHz 
 #2899 timed 100 back-to-back bf16 FlashAttention-4 iterations and read 1450 TFLOP/s at the peak, 1237 once fully
 throttled (0.853), the SM clock down from 1965 to about 1580 MHz at 1000 W (``costmodel/data/published/
 flashinfer_b200_sustained.json``). A part with no run of its own but the same SMs, boost clock and power limit as
-measured ones (H800: the GH100 die at 700 W) takes the median over theirs. Every other part takes 1 (GB200, B300 and
-GB300 have other clocks and power limits than the B200): no sustained-load measurement exists for it, and
-``meshplan plan --explain`` says so.
+measured ones (H800: the GH100 die at 700 W) takes the median over theirs. A part of the same SM design given the same
+board watts per SM as a measured one takes its share too (``same_budget``): the cap holds each SM's clock where its
+power meets the budget, so the B300 (160 SMs of the B200's tensor core at 1,100 W: 6.9 W an SM against the B200's 6.8)
+takes the B200's 0.853; Megatron-Bridge's paired runs of one layout on two systems check it apart from everything
+else (``bench/part_pairs.py``: B200 / B300 priced over published 0.99, B300 / GB300 1.00). Every other part takes
+1 (the GB200's 8.1 W and the GB300's 8.8 W an SM leave their SMs more headroom, by how much nobody has measured): no
+sustained-load measurement exists for it, and ``meshplan plan --explain`` says so.
 """
 from __future__ import annotations
 
@@ -53,6 +57,29 @@ def shares_of(data: dict) -> dict[str, float]:
 def same_part(a: DeviceSpec, b: DeviceSpec) -> bool:
     """Same SMs, boost clock and board power limit: the same die held at the same cap."""
     return (a.vendor, a.sm_count, a.clock_hz, a.tdp_w) == (b.vendor, b.sm_count, b.clock_hz, b.tdp_w) and a.tdp_w > 0
+
+
+# How close two parts' tensor-core width (bf16 FLOP per SM per clock) and board watts per SM must be for one to take
+# the other's share: the catalogue's figures are datasheet quotients, good to a few percent (B300: 7,684 FLOP and
+# 6.9 W against the B200's 7,678 and 6.8 W; the GB200's 8.1 W and the GB300's 8.8 W are 20-30% more)
+SAME_BUDGET_TOLERANCE = 0.05
+
+
+def tensor_flop_per_sm_clock(device: DeviceSpec) -> float:
+    """Dense bf16 FLOP one SM retires per clock: the tensor-core generation (Hopper 3,784, Blackwell 7,680)."""
+    return device.peak_flops.get("bf16", 0.0) / (device.sm_count * device.clock_hz)
+
+
+def same_budget(a: DeviceSpec, b: DeviceSpec) -> bool:
+    """The same tensor core (bf16 FLOP per SM per clock) under the same board power per SM: under a sustained load
+    the power cap holds each SM's clock where its power meets the budget, so SMs of one design given the same
+    watts each settle alike, whatever their count (the B300's 160 SMs at 1,100 W, the B200's 148 at 1,000 W)."""
+    if a.vendor != b.vendor or min(a.tdp_w, b.tdp_w) <= 0:
+        return False
+    width_a, width_b = tensor_flop_per_sm_clock(a), tensor_flop_per_sm_clock(b)
+    watts_a, watts_b = a.tdp_w / a.sm_count, b.tdp_w / b.sm_count
+    return (width_a > 0 and abs(width_a / width_b - 1) <= SAME_BUDGET_TOLERANCE
+            and abs(watts_a / watts_b - 1) <= SAME_BUDGET_TOLERANCE)
 
 
 def published_share(data: dict) -> float:
@@ -101,15 +128,18 @@ def _measured() -> tuple[tuple[DeviceSpec, tuple[float, ...], tuple[str, ...]], 
 def sustained_share(device: DeviceSpec) -> tuple[float, str]:
     """``(share, source)``: the fraction of its one-shot kernel rate ``device`` sustains under training load, and
     where the figure comes from. A measured part takes its own runs' median; a part of the same die and power limit
-    as measured ones (``same_part``) the median over all of theirs; any other part 1."""
+    as measured ones (``same_part``) the median over all of theirs; failing that, a part of the same SM design at
+    the same board watts per SM (``same_budget``) theirs; any other part 1."""
     own = [(m, vals, files) for m, vals, files in _measured() if m.name == device.name]
-    kin = own or [(m, vals, files) for m, vals, files in _measured() if same_part(device, m)]
+    die = [(m, vals, files) for m, vals, files in _measured() if same_part(device, m)]
+    kin = own or die or [(m, vals, files) for m, vals, files in _measured() if same_budget(device, m)]
     if not kin:
         return 1.0, NO_MEASUREMENT
     share = statistics.median(v for _, vals, _ in kin for v in vals)
     parts = " and ".join(m.name for m, _, _ in kin)
     files = "; ".join(_where(f) for _, _, fs in kin for f in fs)
-    via = "" if own else " (the same die at the same power limit)"
+    via = "" if own else (" (the same die at the same power limit)" if die else
+                          " (the same SM design at the same board power per SM; no run of this part's own)")
     return share, f"{share:.3f} of one-shot rates under sustained load: measured on {parts}{via} ({files})"
 
 

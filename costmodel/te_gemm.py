@@ -22,11 +22,16 @@ autocast in both): the noise the constants carry. Three constants rest on them:
   price of the twelve bf16 GEMMs, both runs. Priced at the B200's scale they came out 7-10% slow, and every recipe's
   pre-quantized sum by the same 7% (fp8 6.9%, MXFP8 6.9%, NVFP4 6.9% after the two constants above): the part, not a
   recipe. The script holds the GPU in a 5 s matmul warm-up (``warmup_gpu``) and then runs the cases back to back,
-  100 calls each (0.03-0.14 s), so these are rates under load rather than OpenXLA's one-shot ones; how far the
-  B300's clock had settled is not recorded. The B300 has no sustained share of its own (``costmodel.sustained``:
-  1), so nothing divides this rate twice; a B300 sustained measurement would have to come out of it. The GB300 keeps
-  the B200's scale over its measured speed against the GB200 (1.050): it prices a bf16 GEMM 16% faster than the B300,
-  11% from its larger datasheet peak and the rest from its 1,400 W against 1,100 W.
+  100 calls each (0.03-0.14 s); how far the B300's clock had settled is not recorded. The rates themselves say: they
+  are one-shot rates, at or near the boost clock. At the same datasheet peaks the B300's GEMMs ran 9-12% faster
+  than the B200's one-shot scale prices them (1.11-1.13 against 1.21-1.26); had they run throttled, at the B200's
+  measured 0.853 of its boost rate, the B300's boost rate would be 1.28-1.31x the B200's, where their SMs times
+  clocks differ by 1.00 (the catalogue) to 1.12 (160 SMs at 2,032 MHz against 148 at 1,965, the clocks
+  sgl-project/sglang PR #28460 reads). So the planner divides them by the B300's sustained share
+  (``costmodel.sustained``: the B200's, the same SM design at the same watts per SM) like every other part's one-shot
+  rates (``tests/test_sustained.py``). The GB300 keeps the B200's scale over its measured speed against the GB200
+  (1.050): one-shot, it prices a bf16 GEMM 16% faster than the B300, 11% from its larger datasheet peak and the rest
+  from its 1,400 W against 1,100 W.
 """
 from __future__ import annotations
 

@@ -259,20 +259,10 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
     assert statistics.mean(abs(res.error) for res in results) <= B2_MEAN_ABS_ERROR_AT_MOST
 
 
-# B1's mean |error| on 2026-11-27 after Nemotron 3 Super's MTP passes and its NVFP4 recipe's bf16 layers were priced
-# (15.2%; 16.1% before): it may only fall, except by a fact the rows ran that meshplan had left out: 15.26% once the
-# Llama rows' TP communication overlap (their library recipes' tp_comm_overlap=True) is priced, which had hidden
-# 5 s of exposed TP collectives behind the FP8-CS rows' other errors (BENCHMARKS.md, "TP overlap"); then 15.18% with
-# the sequence-parallel gathers moving the quantized input; 15.23% once the 25.09 rows at TP > 1 keep r0.1.0's TP
-# overlap too (the 405B B200 rows price slower with it: BENCHMARKS.md says why that is a lead), 15.28% once an MoE
-# block at expert TP 1 has no TP collective (Megatron's dispatcher gathers over expert TP only), then 15.23% once the
-# three rows whose table layout cannot run price at their release's recipe layout (recipe_layout_row), so all 220
-# price, then 13.96% once each MoE layer waits for the host after its token-count sync (``host_wait``), 13.30% once
-# that host time grows with the experts a rank holds, 13.22% once an eager router and shared expert wait what the
-# guide's runs gained by capturing them (the router as its host time less the GPU work beside it), 13.21% with that
-# stretch before the sync a wait of its own. Pricing the 220 rows takes about 40 s, so this runs with the slow tests
-# (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.133
+# B1's mean |error| (12.41% on 2026-11-27, once the B300 takes the B200's sustained share): it may only fall, except
+# by a fact the rows ran that meshplan had left out; BENCHMARKS.md records each step and what moved it. Pricing the
+# 220 rows takes about 40 s, so this runs with the slow tests (`pytest -m slow`).
+B1_MEAN_ABS_ERROR_AT_MOST = 0.125
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple
 from meshplan.costmodel.ops import OpSpec
-from meshplan.costmodel.sustained import NO_MEASUREMENT, sustained_share
+from meshplan.costmodel.sustained import NO_MEASUREMENT, same_budget, same_part, sustained_share
 from meshplan.planner.estimate.gpu import GpuEstimator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,9 @@ def test_the_drop_is_the_power_cap(files):
 
 def test_share_is_each_parts_median_and_reaches_the_same_die_only(files):
     """A measured part takes its own runs' median; the H800 (same die, same 700 W, no run) the median of both
-    parts' runs; other parts 1. Held out, the H200's share prices the H100's steady rates within 2% and back."""
+    parts' runs; parts of another die or power limit 1 (the B300, the B200's SM design at the B200's watts per SM,
+    takes the B200's share: ``test_b300_takes_the_b200_share_at_the_same_watts_per_sm``). Held out, the H200's
+    share prices the H100's steady rates within 2% and back."""
     per_part: dict[str, list[float]] = {}
     for name, data in files.items():
         per_part.setdefault(FILES[name], []).extend(
@@ -105,8 +107,39 @@ def test_share_is_each_parts_median_and_reaches_the_same_die_only(files):
     pooled = statistics.median(v for shares in per_part.values() for v in shares)
     assert math.isclose(sustained_share(cat["H800"])[0], pooled, rel_tol=1e-12)
     assert abs(statistics.median(per_part["H200"]) / statistics.median(per_part["H100-SXM"]) - 1) < 0.02
-    for name in ("H100-SXM-96GB-500W", "H100-PCIe", "A100-80GB", "GB200", "B300", "GB300"):
+    for name in ("H100-SXM-96GB-500W", "H100-PCIe", "A100-80GB", "GB200", "GB300"):
         assert sustained_share(cat[name]) == (1.0, NO_MEASUREMENT), name
+
+
+def test_b300_takes_the_b200_share_at_the_same_watts_per_sm():
+    """The B300 is the B200's SM design (7,684 against 7,678 bf16 FLOP per SM per clock from the datasheets) at the
+    same board power per SM (1,100 W / 160 against 1,000 W / 148: 6.9 and 6.8 W), so it takes the B200's measured
+    share, named as borrowed; the GB200 and GB300 (8.1 and 8.8 W an SM, 20-30% more) and the Hopper parts (another
+    tensor core) do not."""
+    cat = catalogue()
+    b200, b300 = cat["B200"], cat["B300"]
+    assert same_budget(b300, b200) and not same_part(b300, b200)
+    share, source = sustained_share(b300)
+    assert share == sustained_share(b200)[0] and "measured on B200" in source and "power per SM" in source
+    for name in ("GB200", "GB300", "H100-SXM", "H200", "H100-PCIe"):
+        assert not same_budget(cat[name], b200), name
+    assert same_budget(cat["H800"], cat["H200"])  # the same die at the same cap is the same budget too
+
+
+def test_b300_benchmark_rates_are_one_shot_rates():
+    """The premise of dividing the B300's Transformer Engine benchmark rates by a share: they are not throttled.
+    Against the B200's one-shot scale they ran 12% faster at the same datasheet peaks; had they run at the B200's
+    throttled share, the B300's boost rate would exceed the B200's by far more than any ratio of SMs times clocks
+    (1.00 in the catalogue, 1.12 with the 160 SMs at 2,032 MHz against 148 at 1,965 that sgl-project/sglang PR
+    #28460 reads off both parts)."""
+    cat, pricer = catalogue(), Pricer.shipped()
+    b200, b300 = cat["B200"], cat["B300"]
+    b200_scale, b300_scale = pricer._gemm_scale(b200)[0], pricer._gemm_scale(b300)[0]
+    one_shot_speed = b200_scale / b300_scale * b300.peak("bf16") / b200.peak("bf16")
+    assert 1.05 < one_shot_speed < 1.2
+    if_throttled = one_shot_speed / sustained_share(b200)[0]
+    most = (160 * 2032) / (148 * 1965)
+    assert if_throttled > 1.1 * most > 1.1 * (b300.sm_count * b300.clock_hz) / (b200.sm_count * b200.clock_hz)
 
 
 def test_b200_share_is_flashinfers_published_throttled_run():

@@ -40,7 +40,9 @@ extrapolated linearly (the dev set's runs hold 2 to 64 a rank). The routed stret
 guide estimated that removing the sync (one graph for the whole iteration) would gain "at least 10%" more on its final
 layout, and meshplan prices that at +15% (``tests/test_host_wait.py``). An x86 host launches faster: a
 ``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's
-Grace (TransformerEngine issue 2053), the only measured pair, taken for every x86 host. Not priced apart: the eager
+Grace (TransformerEngine issue 2053, 2025), the only measured pair of a whole op, taken for every x86 host; PyTorch's
+op-call overhead alone measured alike on a GB200 and an H100 host in 2026 (pytorch issue 187862: 197 against 182 ns),
+so an x86 host may be slower than this prices (BENCHMARKS.md, the what-if). Not priced apart: the eager
 attention's host time before its output projection (image 4 shows it host-bound too), the backward's (no sync: the
 host runs ahead; a rank holding many experts may be host-bound there too), and what Transformer Engine releases after
 2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer stacks the wait is an upper estimate.
