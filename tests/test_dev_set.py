@@ -242,8 +242,13 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
 # rested on GEMMs priced at the rate of a cool GPU; S5's largest misses are the cross-node expert all-to-alls (issue
 # 25), and its rows with busy fractions near 0.55 keep most of their boost (BENCHMARKS.md, the duty-cycle table),
 # which the share does not model. Tightened 2026-11-27 when Transformer Engine's quantized sequence-parallel gathers
-# were priced (S1 5.3 -> 4.8%, S1f 9.8 -> 9.6%). Error = (predicted - published) / published step time.
-MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.085, "T": 0.05}
+# were priced (S1 5.3 -> 4.8%, S1f 9.8 -> 9.6%). Raised for S5 the same day (8.0 -> 11.8%) when GPT-OSS's eager
+# expert passes were priced (the fc2 bias added in fp32 per expert, as Megatron-Core and AutoModel both run it, and
+# the clamp or fc1-bias passes around the fc1 output): the two AutoModel GPT-OSS rows, -3% and +5% while every
+# other AutoModel MoE row on one or eight nodes stood at +17..+24%, had rested on those passes being free; they now
+# stand with the rest (+16%, +17%), and that common over-price is AutoModel's, not GPT-OSS's (BENCHMARKS.md).
+# Error = (predicted - published) / published step time.
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.12, "T": 0.05}
 
 
 # The hybrid Mamba rows (AutoModel Nemotron V3 Nano and Super), priced since 2026-11-26 with the Blackwell set's

@@ -127,6 +127,49 @@ def test_sliding_window_layers_price_the_window():
     assert attn[1].flops / attn[0].flops > 15  # 4096 / 2 keys against ~128
 
 
+def test_gpt_oss_eager_passes_are_megatron_cores():
+    """GPT-OSS under Megatron-Core (core r0.15-r0.17, the dev set's releases) runs two eager chains the other MoE
+    models do not: the clamped GLU (``weighted_bias_quick_geglu_impl`` with ``activation_func_clamp_value`` 7.0:
+    two clamps over the halves of the fc1 output and a ``torch.cat``, each reading and writing all of it once) and
+    the fc2 bias (``TEGroupedMLP._apply_bias``: ``t + b * p`` in fp32, ``torch.cat``, ``.to(bf16)``). Worked from
+    that code per element of the rows x 2880 fc2 output: forward 4 (b*p) + 10 (add) + 8 (cat) + 6 (cast) = 28
+    bytes, backward 6 (grad up) + 6 (grad down) + 12 + 12 (the two product-sums) = 36. The clamp is part of the
+    recomputed ``moe_act``; the bias is not; a stack whose code was not read (torchtitan) gets neither."""
+    from meshplan.costmodel.ops import op_bytes
+
+    spec = load_model("gpt-oss-120b")
+    assert spec.glu_clamp == 7.0 and spec.expert_bias
+    tokens, lay = 4 * 4096, Layout(ep=8, micro_batch=4, stack="megatron")
+    lo = layer_ops(spec, 0, lay, 4096)
+    rows = tokens * spec.experts_per_token  # balanced routing: every token copy on some rank, EP 8 of them here
+    fc2_out = rows * spec.hidden_size
+    fp32 = [o for o in lo.experts if o.dtype == "fp32"]
+    assert {o.shape[0] for o in fp32} == {fc2_out}
+    priced_bytes = 3 * sum(op_bytes(o) for o in fp32)  # the estimator prices a memory-bound backward at 2x
+    assert priced_bytes == pytest.approx((28 + 36) * fc2_out, rel=0.07)
+    fc1_out = 2 * rows * spec.moe_ffn_hidden_size  # gate and linear halves
+    clamp = [o for o in lo.experts if o.kind == "activation" and o.shape[0] == fc1_out]
+    assert len(clamp) == 2 and sum(op_bytes(o) for o in clamp) == 2 * (2 + 2) * fc1_out  # bf16 read + write, twice
+    moe_act = dict(lo.modules)["moe_act"]
+    assert all(o in moe_act for o in clamp) and not any(o in moe_act for o in fp32)
+    titan = layer_ops(spec, 0, dataclasses.replace(lay, stack="torchtitan"), 4096)
+    assert not [o for o in titan.experts if o.dtype == "fp32"] and len(titan.experts) == len(lo.experts) - 4
+    qwen = load_model("qwen3-30b-a3b")
+    assert qwen.glu_clamp == 0.0 and not [o for o in layer_ops(qwen, 0, lay, 4096).experts if o.dtype == "fp32"]
+
+
+def test_swiglu_limit_must_be_a_positive_number(tmp_path):
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "planner" / "presets" / "models" /
+                      "gpt-oss-20b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "swiglu_limit": 3.5}))
+    assert load_model(str(path)).glu_clamp == 3.5
+    path.write_text(json.dumps({**cfg, "swiglu_limit": -1}))
+    with pytest.raises(MeshplanError, match="swiglu_limit") as err:
+        load_model(str(path))
+    assert "\n" not in str(err.value) and "positive" in str(err.value)
+
+
 def _nano_work(cluster: str = "1x8xH100"):
     return Workload(load_model("nemotron-3-nano-30b-a3b"), load_cluster(cluster), global_batch=64, seq_len=8192)
 

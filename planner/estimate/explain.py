@@ -38,7 +38,7 @@ HOST_TIME_NOTE = (
     "uncaptured shared expert what capturing it saved in the same guide's runs, 0.78 ms (cuda_graphs decides what "
     "is eager; the per-expert part is read at 8 experts a rank and extrapolated). Not priced: the host time of the "
     "backward, and what Transformer Engine releases after 2.9 cut. Over Megatron-Bridge's published "
-    "Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median error is +1.0% on the 18 captured as one "
+    "Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median error is +1.3% on the 18 captured as one "
     "whole-iteration CUDA graph, -10% on the 93 with per-layer graphs and -11% on the 37 with none or none stated "
     "(priced faster than they ran); per MoE layer and micro-batch the per-layer "
     "graph runs on x86 hosts took 1.4 ms longer than priced at 8 experts a rank and 7.7 ms at 64 "

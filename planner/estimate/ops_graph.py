@@ -376,6 +376,8 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         moves = _token_moves(lb, T * k * layout.expert_tp / t, width)
         experts = expert_ops(model, layout, T * k, lb.dtype)
         lb.modules["moe_act"] = [op for op in experts if op.kind in ("swiglu", "activation", "elementwise")]
+        if layout.stack == "megatron":  # Megatron-Core's (and AutoModel's) eager bias path; others not read
+            experts += expert_bias_ops(model, T * k * layout.expert_tp / t * _expert_load(layout) * h)
         ops.extend(moves[:-1])
         ops.extend(experts)
         ops.append(moves[-1])
@@ -556,9 +558,37 @@ def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[O
         return [*mm(per_expert, gate * fe // etp, h),
                 *activation_ops(per_expert * fe // etp, model.gated_mlp, True, act),
                 *mm(per_expert, h, fe // etp)] * local
+    n_act = per_expert * local * fe // etp
     return [*_grouped(mm(per_expert, gate * fe // etp, h), local),
-            *activation_ops(per_expert * local * fe // etp, model.gated_mlp, False, act),
+            *(glu_clamp_ops(model, n_act, act) if layout.stack == "megatron" else ()),
+            *activation_ops(n_act, model.gated_mlp, False, act),
             *_grouped(mm(per_expert, h, fe // etp), local)]
+
+
+def glu_clamp_ops(model, n_out: float, act: str) -> list[OpSpec]:
+    """A clamped gated activation (GPT-OSS ``swiglu_limit``) as Megatron-Core runs it before its fused kernel
+    (``weighted_bias_quick_geglu_impl`` with ``activation_func_clamp_value``, core r0.15 to main): eager PyTorch
+    clamps the gate half and the linear half of the fc1 output (two unary kernels over half of it each) and
+    ``torch.cat``s them back: two unary passes over the ``2 n_out`` elements (the cat reads and writes as much).
+    AutoModel (meshplan's megatron stack too) compiles its clamp into the activation but adds the fc1 bias in eager
+    PyTorch first (``GroupedExpertsDeepEP._apply_bias``: ``t + b`` per expert, ``torch.cat``): the same two passes."""
+    if not model.glu_clamp or not model.gated_mlp:
+        return []
+    return [OpSpec("activation", (int(2 * n_out),), act)] * 2
+
+
+def expert_bias_ops(model, n_out: float) -> list[OpSpec]:
+    """The routed experts' second bias (GPT-OSS) over the ``n_out`` = rows x hidden fc2 output, as Megatron-Core adds
+    it: fc2 skips its bias (``skip_bias_add``) and ``TEGroupedMLP._apply_bias`` adds it weighted by the router's
+    fp32 probabilities in eager PyTorch (core r0.15-r0.17: per expert ``t + b * p``, ``torch.cat``, ``.to(bf16)``;
+    main's packed path since 2026-08, ``_apply_packed_bias``, the same chain over a ``repeat_interleave``d bias).
+    Bytes per element: forward 28 (the broadcast product written in fp32, the add reading bf16 and fp32 and writing
+    fp32, the cat, the cast down), backward 36 (the gradient cast up, the input's gradient cast down, and for the
+    bias and the probabilities a product and a sum each). Priced as one fp32 binary op and one fp32 cast (20 bytes
+    an element), which with the estimator's backward at twice a memory-bound forward come to 60 of the 64."""
+    if not model.expert_bias:
+        return []
+    return [OpSpec("elementwise", (int(n_out),), "fp32"), OpSpec("cast", (int(n_out),), "fp32")]
 
 
 def expert_copies(model, layout: Layout) -> int:

@@ -70,6 +70,12 @@ class _Reader:
             raise self.fail(f"'{key}' must be true or false, got {value!r}")
         return value
 
+    def positive(self, key: str, default: float) -> float:
+        value = self._raw(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise self.fail(f"'{key}' must be a positive number, got {value!r}")
+        return float(value)
+
     def int_list(self, key: str) -> list[int]:
         value = self._raw(key, [])
         if not isinstance(value, list) or any(not isinstance(v, int) or isinstance(v, bool) for v in value):
@@ -288,7 +294,8 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
 
 def _gpt_oss(r: _Reader) -> dict[str, Any]:
     """GPT-OSS (transformers ``configuration_gpt_oss.py`` / ``modeling_gpt_oss.py``): MoE on every layer, biases on
-    q/k/v/o, on every expert and on the router, one learned sink logit per head, and ``sliding_window`` attention
+    q/k/v/o, on every expert and on the router, the gated activation's inputs clamped to ``swiglu_limit`` (the config
+    class's default 7.0), one learned sink logit per head, and ``sliding_window`` attention
     on the layers ``layer_types`` names ``sliding_attention`` (default: every other layer from the first, the
     config class's own default; Megatron-Bridge ``GPTOSSProvider``: window (128, 0), ``window_attn_skip_freq`` 2)."""
     spec = _base(r, False) | _heads(r, kv_default=None, head_dim_default=None)
@@ -302,6 +309,7 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
         ffn_hidden_size=0, num_experts=r.int("num_local_experts"), experts_per_token=r.int("num_experts_per_tok"),
         moe_ffn_hidden_size=r.int("intermediate_size"), moe_layers=tuple(range(layers)), qkv_bias=bias,
         o_bias=bias, expert_bias=True, attention_sinks=True, sliding_window=r.int("sliding_window", 128),
+        glu_clamp=r.positive("swiglu_limit", 7.0),
         window_layers=tuple(i for i, k in enumerate(kinds) if k == "sliding_attention"))
 
 

@@ -89,6 +89,7 @@ class ModelSpec:
     window_layers: tuple[int, ...] = ()  # the layers that use the window (GPT-OSS: every other layer)
     attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head in the softmax
     expert_bias: bool = False  # GPT-OSS: biases on every expert's projections and on the router
+    glu_clamp: float = 0.0  # GPT-OSS ``swiglu_limit``: the gated activation's inputs clamped to this; 0 = none
     rope_theta: float = 0.0
     rope_scaling_type: str = ""  # config.json rope_scaling.rope_type: "llama3" (Llama 3.1), "yarn" (DeepSeek-V3), ...
     rope_scaling_factor: float = 0.0  # its factor; 0 = RoPE unscaled
