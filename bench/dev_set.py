@@ -35,6 +35,8 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel.devices import get_device
+from meshplan.planner.layout.space import free_dispatcher
 
 REPO = Path(__file__).resolve().parents[1]
 # the repository's copy of the published runs (data/README.md); ../shared/published_runs is where new ones arrive
@@ -504,9 +506,13 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     if ep > 1 and ws.get("moe_a2a_overlap"):
         needs.append(Need("moe_overlap", "true", "preset moe_a2a_overlap: expert all-to-alls overlapped with the "
                           "other micro-batch's compute", {}))
-    backend = ws.get("moe_flex_dispatcher_backend")
-    if ep > 1 and backend:
-        needs.append(Need("moe_dispatcher", backend, f"preset moe_flex_dispatcher_backend '{backend}'", {}))
+    if ep > 1:  # no flex backend in the preset: Megatron's alltoall dispatcher; implied where meshplan's free
+        # search takes the same (``space.free_dispatcher``: Hybrid-EP on Blackwell)
+        backend = ws.get("moe_flex_dispatcher_backend")
+        said = f"preset moe_flex_dispatcher_backend '{backend}'" if backend else "preset sets no flex backend: alltoall"
+        value = backend or "alltoall"
+        needs.append(Need("moe_dispatcher", value, said, {},
+                          implied=value == free_dispatcher(get_device(row.get("system") or row["gpu"]))))
     if ws.get("fp8_dot_product_attention"):
         needs.append(Need("attention_dtype", "fp8", "preset fp8_dot_product_attention: Transformer Engine's fp8 "
                           "attention", {}))

@@ -278,7 +278,9 @@ class Decisions:
                                     lo=1.0, hi=64.0)
     """1.0 = perfectly balanced, as the dev set's "fake balanced gate" runs."""
     moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
-                                   choices=("alltoall", "deepep", "hybridep"))
+                                   choices=("alltoall", "deepep", "hybridep"),
+                                   free="hybridep on Blackwell and deepep on other NVIDIA GPUs where ep > 1 under "
+                                        "Megatron-Core, else alltoall (``space.free_dispatcher``)")
     """"alltoall": one copy per routed expert (Megatron's alltoall dispatcher); "deepep": one copy per destination
     node over the NICs, forwarded to its experts over NVLink (Megatron ``--moe-token-dispatcher-type flex
     --moe-enable-deepep``); "hybridep": NVIDIA's Hybrid-EP (DeepEP ``hybrid-ep`` branch), the same copies as deepep

@@ -176,8 +176,8 @@ def space_size_bound(model, world_size: int, devices_per_node: int, global_batch
         if n:
             meshes += 1
             total += n
-            for k, v in (("zero x dp_shard", len(shards)), ("ep x etp x moe_overlap", eps), ("vpp", len(vpps)),
-                         ("cp_kind", len(cp_kinds)), ("mbs", mbs)):
+            for k, v in (("zero x dp_shard", len(shards)), ("ep x etp x moe_overlap", eps),
+                         ("vpp", len(vpps)), ("cp_kind", len(cp_kinds)), ("mbs", mbs)):
                 most[k] = max(most.get(k, 0), v)
     factors = (f"{meshes:,} tp x pp x cp meshes, each up to " + " x ".join(f"{k} {v}" for k, v in most.items())
                + f" x recompute {n_rc} x fp8 {n_f8}")
@@ -339,13 +339,28 @@ def free_cuda_graphs(layout: Layout) -> str:
     return "layers"
 
 
-def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int) -> list[tuple[int, list[bool]]]:
-    """The mesh's expert-parallel degrees (in order), each with its moe_overlap choices: ep x etp folds over the
-    tp x cp x dp ranks of a stage."""
+def free_dispatcher(device) -> str:
+    """The token dispatcher a free search takes where ep > 1 under Megatron-Core: Hybrid-EP on Blackwell, the parts
+    its kernel bandwidths are published for (``costmodel.hybridep``: B200, GB200), DeepEP on other NVIDIA GPUs,
+    NCCL's all-to-all elsewhere. Megatron-Bridge's performance recipes choose alike (``moe_flex_dispatcher_backend``
+    hybridep on its DGX-B200 / GB200 / B300 / GB300 MoE recipes, DeepEP on H100), and as priced the flex
+    dispatchers never lose to the all-to-all: one copy per destination node and rank instead of one per routed
+    expert, DeepEP's NIC at line rate, no second token sort (``tests/test_search_dispatcher.py``)."""
+    if getattr(device, "vendor", "") != "nvidia":
+        return "alltoall"
+    return "hybridep" if device.supports("mxfp8") else "deepep"
+
+
+def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int,
+                 dispatcher: str = "alltoall") -> list[tuple[int, list[tuple[bool, str]]]]:
+    """The mesh's expert-parallel degrees (in order), each with its (moe_overlap, moe_dispatcher) choices: ep x etp
+    folds over the tp x cp x dp ranks of a stage; ``dispatcher``: what a free search takes where ep > 1
+    (``free_dispatcher``; the pinned one where pinned; at ep 1 the pinned one or the default, which moves nothing)."""
     E = model.num_experts
     folded = tp * cp * dp // (etp or tp)
     eps = fix.choices("ep", [1] + [e for e in divisors(E) if e > 1 and folded % e == 0] if E else [1])
-    return [(ep, fix.choices("moe_overlap", [False, True] if ep > 1 else [False])) for ep in eps]
+    return [(ep, [(mo, d) for mo in fix.choices("moe_overlap", [False, True] if ep > 1 else [False])
+                  for d in fix.choices("moe_dispatcher", [dispatcher if ep > 1 else "alltoall"])]) for ep in eps]
 
 
 def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int, fix: Pins,
@@ -426,7 +441,8 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
 
 def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",),
-                     recompute_kinds: tuple[str, ...] | None = None, graphs: bool = False) -> Iterator[LayoutGroup]:
+                     recompute_kinds: tuple[str, ...] | None = None, graphs: bool = False,
+                     dispatcher: str = "alltoall") -> Iterator[LayoutGroup]:
     """Yield the candidate space as ``LayoutGroup`` s, in the one canonical order (``enumerate_layouts`` is the
     same order, flat; the search breaks exact ties by it).
 
@@ -438,7 +454,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     only: the stack is the user's
     training code, which the export target names (a torchtitan plan is ``--fix stack=torchtitan``), not a knob
     a layout tunes, and eager code is never the faster one. ``graphs``: the devices run CUDA graphs (NVIDIA GPUs),
-    where a free ``cuda_graphs`` on an MoE model under Megatron-Core takes ``free_cuda_graphs``.
+    where a free ``cuda_graphs`` on an MoE model under Megatron-Core takes ``free_cuda_graphs``. ``dispatcher``: what a
+    free ``moe_dispatcher`` takes where ep > 1 under Megatron-Core (``free_dispatcher`` of the cluster's device).
     """
     L = model.num_layers
     fp8s = fix.choices("fp8", list(fp8_recipes))
@@ -459,9 +476,11 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
         mesh = {**base, "dp_replicate": r0, "dp_shard": d0, "tp": tp, "pp": pp, "cp": cp, "zero_stage": z0}
         sps = fix.choices("sp", [tp > 1])
         for etp in etps:
-            for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp):
-                for vpp, sp, att, ck, f8, st, mo in product(
+            for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp, dispatcher):
+                for vpp, sp, att, ck, f8, st, (mo, disp) in product(
                         vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
+                    if disp != "alltoall" and st != "megatron" and "moe_dispatcher" not in fix:
+                        continue  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
                     ok = runs.get((st, ck, f8))
                     if ok is None:
                         ok = runs[st, ck, f8] = stack_runs(st, fix, cp_kind=ck, fp8=f8)
@@ -483,7 +502,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                         continue
                     outer = {**mesh, "vpp": vpp, "ep": ep, "recompute": rcs[0], "sequence_parallel": sp,
                              "attention": att, "pp_layout": split, "etp": etp, "fp8": f8, "cp_kind": ck,
-                             "stack": st, "moe_overlap": mo}
+                             "stack": st, "moe_overlap": mo, "moe_dispatcher": disp}
                     graphs_of = ()
                     if graphs_free and st == "megatron":
                         graphs_of = graphs_memo.get(rcs)
@@ -499,11 +518,12 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
-                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",), graphs: bool = False) -> Iterator[Layout]:
+                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",), graphs: bool = False,
+                      dispatcher: str = "alltoall") -> Iterator[Layout]:
     """Yield every candidate layout (memory is checked by the caller), in the canonical order of
     ``enumerate_groups`` (each group's members in turn)."""
     for g in enumerate_groups(model, world_size, devices_per_node, global_batch, seq_len, fix, fp8_recipes,
-                              graphs=graphs):
+                              graphs=graphs, dispatcher=dispatcher):
         yield from g.layouts()
 
 

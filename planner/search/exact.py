@@ -76,6 +76,7 @@ from meshplan.planner.layout.space import (
     explain_empty,
     fp8_attention_recipes,
     fp8_recipe_choices,
+    free_dispatcher,
 )
 from meshplan.planner.layout.splits import format_pp_layout
 
@@ -297,7 +298,8 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
                             "host's timed blocks, which run Megatron's default selective recomputation only")
     groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
                                    work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None),
-                                   graphs=cluster.device.vendor == "nvidia"))
+                                   graphs=cluster.device.vendor == "nvidia",
+                                   dispatcher=free_dispatcher(cluster.device)))
     n = sum(len(g) for g in groups)
     if prune is None:
         prune = n > PRUNE_ABOVE
