@@ -377,7 +377,7 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         experts = expert_ops(model, layout, T * k, lb.dtype)
         lb.modules["moe_act"] = [op for op in experts if op.kind in ("swiglu", "activation", "elementwise")]
         if layout.stack == "megatron":  # Megatron-Core's (and AutoModel's) eager bias path; others not read
-            experts += expert_bias_ops(model, T * k * layout.expert_tp / t * _expert_load(layout) * h)
+            experts += expert_bias_ops(model, T * k * layout.expert_tp / t * _expert_load(layout) * width)
         ops.extend(moves[:-1])
         ops.extend(experts)
         ops.append(moves[-1])

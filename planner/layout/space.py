@@ -176,8 +176,8 @@ def space_size_bound(model, world_size: int, devices_per_node: int, global_batch
         if n:
             meshes += 1
             total += n
-            for k, v in (("zero x dp_shard", len(shards)), ("ep x etp x moe_overlap", eps),
-                         ("vpp", len(vpps)), ("cp_kind", len(cp_kinds)), ("mbs", mbs)):
+            for k, v in (("zero x dp_shard", len(shards)), ("ep x etp x moe_overlap", eps), ("vpp", len(vpps)),
+                         ("cp_kind", len(cp_kinds)), ("mbs", mbs)):
                 most[k] = max(most.get(k, 0), v)
     factors = (f"{meshes:,} tp x pp x cp meshes, each up to " + " x ".join(f"{k} {v}" for k, v in most.items())
                + f" x recompute {n_rc} x fp8 {n_f8}")
