@@ -52,6 +52,9 @@ def test_a_free_search_takes_the_rule_and_keeps_a_pinned_dispatcher(tmp_path):
                                                                          graphs=True, dispatcher="deepep")}
     assert {d for ep, d in dispatch if ep == 1} == {"alltoall"}  # nothing to dispatch across ranks
     assert {d for ep, d in dispatch if ep > 1} == {"deepep"}
+    titan = {(lay.ep, lay.moe_dispatcher) for lay in enumerate_layouts(
+        model, 8, 8, 64, 4096, Pins(tp=1, pp=1, stack="torchtitan"), graphs=True, dispatcher="deepep")}
+    assert {ep for ep, _ in titan} > {1} and {d for _, d in titan} == {"alltoall"}  # its own all-to-all, every ep
 
 
 def test_the_rule_is_what_nvidias_blackwell_recipes_run():

@@ -346,7 +346,7 @@ def free_dispatcher(device) -> str:
     hybridep on its DGX-B200 / GB200 / B300 / GB300 MoE recipes, DeepEP on H100), and as priced the flex
     dispatchers never lose to the all-to-all: one copy per destination node and rank instead of one per routed
     expert, DeepEP's NIC at line rate, no second token sort (``tests/test_search_dispatcher.py``)."""
-    if getattr(device, "vendor", "") != "nvidia":
+    if device.vendor != "nvidia":
         return "alltoall"
     return "hybridep" if device.supports("mxfp8") else "deepep"
 
@@ -479,8 +479,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
             for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp, dispatcher):
                 for vpp, sp, att, ck, f8, st, (mo, disp) in product(
                         vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
-                    if disp != "alltoall" and st != "megatron" and "moe_dispatcher" not in fix:
-                        continue  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
+                    if st != "megatron" and "moe_dispatcher" not in fix:
+                        disp = "alltoall"  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
                     ok = runs.get((st, ck, f8))
                     if ok is None:
                         ok = runs[st, ck, f8] = stack_runs(st, fix, cp_kind=ck, fp8=f8)
