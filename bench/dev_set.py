@@ -85,11 +85,12 @@ TORCHTITAN_DOCS = {"A": "pytorch/torchtitan docs/performance.md @ 4d88a8a",
 # conf/peft/llama/sft.yaml at the tag) the bf16 weights are their own master (optim_dtype=bf16). Gradients live in
 # apex's contiguous grad buffer, sized for every local parameter and kept whole (``_init_grad_buffer``): only the
 # optimizer states are sharded, zero=1. The buffer's dtype is ``grad_sync_dtype`` (default: the optimizer dtype):
-# bf16 where the fp8 example script sets +training.model.optim.grad_sync_dtype=bf16 (every gpt3 and llama h100 fp8
-# script) or the conf does (nemotron_340b, peft sft), fp32 otherwise (nemotron_8b/22b: neither does).
-# Pipeline sends overlapped with compute (``overlap_p2p_comm``, read only by the interleaved schedule; NeMo's
-# default False) as each conf at the tag sets it: True in gpt3/175b, llama2_13b/70b, llama3_70b, nemotron_22b;
-# False in nemotron_340b (with batch_p2p_comm True); the other confs run no interleaved pipeline.
+# bf16 where the example script sets +training.model.optim.grad_sync_dtype=bf16 (every gpt3 and llama h100 script)
+# or the conf does (nemotron_340b, peft sft), fp32 otherwise (nemotron_8b/22b: neither does); bf16 is the nemo@24.07
+# profile's, so only the fp32 rows count it. Pipeline sends overlapped with compute (``overlap_p2p_comm``, read only
+# by the interleaved schedule; NeMo's default False) as each conf at the tag sets it: True in gpt3/175b,
+# llama2_13b/70b, llama3_70b, nemotron_22b (Megatron-Core's own in the interleaved schedule, which the profile leaves
+# it to); False in nemotron_340b (with batch_p2p_comm True); the other confs run no interleaved pipeline.
 NEMO_CONF = {  # model column -> (launcher conf, recompute, ub_tp_comm_overlap, optim_dtype, grad_dtype, overlap_p2p)
     "GPT3-5B": ("gpt3/5b", "none", False, "remainder", "bf16", False),
     "GPT3-20B": ("gpt3/20b", "none", True, "remainder", "bf16", False),
@@ -622,7 +623,8 @@ def _nemo_needs(row: dict, src: str, tp: int, pp: int, cp: int, vpp: int) -> tup
                       "DotProductAttention skips cuDNN fused attention and runs FlashAttention-2", {}))
     if pp > 1 and vpp > 1:
         needs.append(Need("pp_overlap", str(p2p).lower(), f"overlap_p2p_comm: {p2p} ({conf}.yaml or the SFT "
-                          "example script at tag 24.07; NeMo's default False)", {}))
+                          "example script at tag 24.07; NeMo's default False)", {},
+                          implied=p2p))  # overlapped is Megatron-Core's own in the interleaved schedule
     if ub:
         needs.append(Need("tp_overlap", "true", "ub_tp_comm_overlap: TP collectives overlapped with the GEMMs "
                           "(Transformer Engine userbuffers)", {}))
