@@ -345,8 +345,7 @@ def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
     is listed per row (bench/dev_set.py prints and counts it). Counted 2026-11-27: 20 settings over 32 rows, median
     0 (S1 9, S1f 7, S5 4, T 0): the Nemotron confs' fp32 gradients and 340B's bf16 optimizer and in-line pipeline
     sends, the per-conf userbuffer overlaps of the NeMo launcher confs, the SFT optimizer dtype and fp8 weights,
-    AutoModel's unstated uneven pipeline split and its SDPA under context parallelism. (38 on 2026-11-26, before the
-    NeMo 24.07 profile took its example scripts' bf16 gradients and Megatron-Core's own interleaved send overlap.)"""
+    AutoModel's unstated uneven pipeline split and its SDPA under context parallelism."""
     per_row = []
     for row in rows:
         inp = dev_set.row_needs(row, runs_dir)
