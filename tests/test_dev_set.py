@@ -262,13 +262,18 @@ MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.12, "T": 0.05}
 HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.245, "automodel-nemotronv3-super-64": 0.50}
 
 
-def test_accuracy_per_source_does_not_regress(priced):
-    results, _ = priced
+def _mean_abs_error_by_source(results) -> dict[str, float]:
+    """Mean |error| of each source's priced rows, the hybrid Mamba rows apart (``HYBRID_ABS_ERROR_AT_MOST``)."""
     errors: dict[str, list[float]] = {}
     for r in results:
         if r.status == "priced" and r.name not in dev_set.HYBRID_CONFIGS:
             errors.setdefault(r.source, []).append(abs(r.error))
-    got = {src: statistics.mean(v) for src, v in errors.items()}
+    return {src: statistics.mean(v) for src, v in errors.items()}
+
+
+def test_accuracy_per_source_does_not_regress(priced):
+    results, _ = priced
+    got = _mean_abs_error_by_source(results)
     for src, bound in MEAN_ABS_ERROR_AT_MOST.items():
         assert got[src] <= bound, (src, got[src], bound)
     hybrid = {r.name: r for r in results if r.name in dev_set.HYBRID_CONFIGS}
@@ -293,11 +298,7 @@ def priced_from_profiles(runs_dir):
 
 def test_accuracy_from_profiles_alone_does_not_regress(priced_from_profiles):
     results, _ = priced_from_profiles
-    errors: dict[str, list[float]] = {}
-    for r in results:
-        if r.status == "priced" and r.name not in dev_set.HYBRID_CONFIGS:
-            errors.setdefault(r.source, []).append(abs(r.error))
-    got = {src: statistics.mean(v) for src, v in errors.items()}
+    got = _mean_abs_error_by_source(results)
     for src, bound in PROFILE_ONLY_ABS_ERROR_AT_MOST.items():
         assert got[src] <= bound, (src, got[src], bound)
 
