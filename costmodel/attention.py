@@ -25,8 +25,13 @@ Sources (BF16, head dim 128, FLOPs counted as 4 s^2 d h forward, halved when cau
     (non-deterministic) backward times at 2k..32k tokens for Llama 3.1's heads (64 query, 8 KV, head dim 128;
     causal and unmasked), DeepSeek-V3's (128 heads, head dims 192/128) and GPT-OSS's sliding window (128 keys,
     head dim 64, causal). B200 and B300 take their NVL72 sibling's curve scaled by bf16 peak (same dies, lower
-    clocks). Attention with head dim up to 128 takes the d128 curve: no full-mask head-dim-64 cuDNN measurement
-    is published, so GPT-OSS's full-attention layers are priced at the d128 rate (the source string says so).
+    clocks).
+  * Head dim 64: the same FA3 paper figures at head dim 64 (Fig. 5 (a) unmasked and (d) causal forward, Fig. 6 (a)
+    backward), H100 SXM5: a head-dim-64 attention on Hopper takes those curves. A short head does less matmul work
+    per softmax element and per K/V tile load, so every kernel runs it slower (cuDNN's causal forward at 4k: 363
+    against 518 TFLOP/s at d128). No Blackwell full-mask head-dim-64 cuDNN case is published: there a d64
+    attention takes the d128 curve times the H100 cuDNN d64 / d128 ratio at the same length and pass (GPT-OSS's
+    full-attention layers; its window layers have their own measured d64 curve). The source string says so.
 Other devices have no published curve here and keep the learned model's / roofline's price.
 Units: TFLOP/s in the tables, seconds returned.
 """
@@ -49,6 +54,16 @@ HOPPER_TFLOPS = {  # FA3 paper Fig. 5 (forward, causal) / Fig. 6 (backward, no m
     "cudnn": {"fwd": (315, 410, 484, 518, 529, 539), "bwd": (305, 408, 465, 499, 518, 516)},
     "flash3": {"fwd": (292, 423, 521, 579, 602, 616), "bwd": (316, 424, 501, 542, 559, 561)},
 }
+# FA3 paper Fig. 5 (d) (forward, causal) and Fig. 6 (a) (backward, no mask) at head dim 64, the same H100 and inputs
+HOPPER_TFLOPS_D64 = {
+    "flash2": {"fwd": (180, 229, 262, 284, 295, 299), "bwd": (198, 238, 264, 279, 287, 291)},
+    "cudnn": {"fwd": (225, 288, 334, 363, 379, 388), "bwd": (266, 348, 395, 417, 432, 433)},
+    "flash3": {"fwd": (197, 265, 371, 420, 460, 473), "bwd": (272, 363, 422, 453, 472, 474)},
+}
+# FA3 paper Fig. 5 (a): forward without the mask at head dim 64
+HOPPER_FWD_UNMASKED_D64 = {"flash2": (282, 306, 318, 321, 322, 324), "cudnn": (335, 373, 395, 408, 412, 413),
+                           "flash3": (333, 392, 460, 476, 496, 497)}
+SHORT_HEAD_DIM = 64  # a head this short or shorter takes the head-dim-64 curves; longer ones, up to 128, the d128 ones
 # FA3 paper Fig. 5, forward without the mask: the causal/unmasked ratio at each length is the masking overhead (tiles
 # on the diagonal, fewer tiles to balance), applied to the backward too, which the paper shows unmasked only
 HOPPER_FWD_UNMASKED = {"flash2": (309, 350, 362, 368, 370, 370), "cudnn": (497, 574, 617, 609, 600, 595),
@@ -69,7 +84,7 @@ def curve_source(impl: str, device: DeviceSpec) -> str:
         return "FlashAttention-2 paper §4.1 plateau on A100 (73% fwd, 63% bwd), shaped by the H100 FA2 curve"
     base = {"flash2": "FlashAttention-2", "cudnn": "cuDNN", "flash3": "FlashAttention-3",
             "flex": "FlashAttention-2 x FlexAttention blog shares (0.90 fwd, 0.85 bwd)"}[impl]
-    return f"{base} curve, FlashAttention-3 paper Fig. 5-6 (H100 SXM5, d128), scaled by bf16 peak"
+    return f"{base} curve, FlashAttention-3 paper Fig. 5-6 (H100 SXM5, d128 and d64), scaled by bf16 peak"
 
 
 def _interp(seq: float, values: tuple[float, ...]) -> float:
@@ -81,32 +96,43 @@ def _interp(seq: float, values: tuple[float, ...]) -> float:
     return values[i] + f * (values[i + 1] - values[i])
 
 
-def _curve(impl: str, pass_: str, causal: bool) -> tuple[float, ...]:
-    """The H100 TFLOP/s of ``impl`` per ``SEQ_LENS`` for one pass, with or without the causal mask."""
-    vals = HOPPER_TFLOPS[impl][pass_]
+def _curve(impl: str, pass_: str, causal: bool, head_dim: int = 128) -> tuple[float, ...]:
+    """The H100 TFLOP/s of ``impl`` per ``SEQ_LENS`` for one pass, with or without the causal mask, at head dim 128
+    or, for a head of ``SHORT_HEAD_DIM`` or shorter, 64."""
+    short = head_dim <= SHORT_HEAD_DIM
+    tflops, unmasked = (HOPPER_TFLOPS_D64, HOPPER_FWD_UNMASKED_D64) if short else (HOPPER_TFLOPS, HOPPER_FWD_UNMASKED)
+    vals = tflops[impl][pass_]
     if pass_ == "bwd" and causal:
-        mask = [c / u for c, u in zip(HOPPER_TFLOPS[impl]["fwd"], HOPPER_FWD_UNMASKED[impl])]
+        mask = [c / u for c, u in zip(tflops[impl]["fwd"], unmasked[impl])]
         return tuple(v * r for v, r in zip(vals, mask))
     if pass_ == "fwd" and not causal:
-        return HOPPER_FWD_UNMASKED[impl]
+        return unmasked[impl]
     return vals
 
 
+def short_head_share(seq: float, backward: bool, causal: bool) -> float:
+    """The H100 cuDNN head-dim-64 rate over its d128 rate at ``seq`` for one pass (FA3 paper Fig. 5-6): what a
+    Blackwell d64 attention keeps of the measured d128 curve."""
+    pass_ = "bwd" if backward else "fwd"
+    return _interp(seq, _curve("cudnn", pass_, causal, SHORT_HEAD_DIM)) / _interp(seq, _curve("cudnn", pass_, causal))
+
+
 def attention_tflops(impl: str, device: DeviceSpec, seq: float, backward: bool,
-                     causal: bool = True) -> float | None:
-    """Achieved TFLOP/s of ``impl`` on ``device`` at key length ``seq``, or ``None`` when no curve applies."""
+                     causal: bool = True, head_dim: int = 128) -> float | None:
+    """Achieved TFLOP/s of ``impl`` on ``device`` at key length ``seq`` and ``head_dim``, or ``None`` when no curve
+    applies."""
     if impl not in FUSED_IMPLS or device.vendor != "nvidia":
         return None
     pass_ = "bwd" if backward else "fwd"
     if impl == "flex":
-        fa2 = attention_tflops("flash2", device, seq, backward, causal)
+        fa2 = attention_tflops("flash2", device, seq, backward, causal, head_dim)
         return None if fa2 is None else fa2 * FLEX_SHARE_OF_FA2[pass_]
     peak = device.peak_flops.get("bf16", 0.0) / 1e12
     if device.name in HOPPER:
-        return _interp(seq, _curve(impl, pass_, causal)) * peak / H100_SXM_BF16_PEAK_TFLOPS
+        return _interp(seq, _curve(impl, pass_, causal, head_dim)) * peak / H100_SXM_BF16_PEAK_TFLOPS
     if device.name in AMPERE:  # FlashAttention-3 / cuDNN's Hopper kernels fall back to FlashAttention-2
-        curve = _curve("flash2", pass_, causal)
-        return _interp(seq, curve) / max(curve) * AMPERE_FA2_PLATEAU[pass_] * peak
+        curve = _curve("flash2", pass_, causal, head_dim)
+        return _interp(seq, curve) / max(_curve("flash2", pass_, causal)) * AMPERE_FA2_PLATEAU[pass_] * peak
     return None
 
 
@@ -190,7 +216,10 @@ def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
            "sdpa_benchmark_training results @ 3929da2")
     if measured != device.name:
         out += f", scaled by {_scale_dtype(op)} peak to {device.name}"
-    if kind.startswith("d128") and op.shape[4] < 128:
+    if kind.startswith("d128") and op.shape[4] <= SHORT_HEAD_DIM:
+        out += (f"; no head-dim-{op.shape[4]} measurement with this mask: the d128 rate times the H100 cuDNN d64 / "
+                "d128 ratio (FlashAttention-3 paper Fig. 5-6)")
+    elif kind.startswith("d128") and op.shape[4] < 128:
         out += f"; no head-dim-{op.shape[4]} measurement with this mask: the d128 rate"
     if kind == "window" and op.shape[4] != 64:
         out += f"; head dim {op.shape[4]} priced at the measured d64 window rate"
@@ -204,10 +233,11 @@ def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
     curve = blackwell_curves(BENCH_DTYPE[op.dtype]).get(key) if key else None
     if curve is None:
         return None
-    _, _, s_q, s_kv, _ = op.shape
+    _, _, s_q, s_kv, d = op.shape
     seq = s_q if key[1] == "window" else min(s_q, s_kv)
     dtype = _scale_dtype(op)
-    return _interp_at(seq, *curve) * device.peak(dtype) / _peak_of(key[0], dtype)
+    short = short_head_share(seq, op.backward, op.causal) if key[1].startswith("d128") and d <= SHORT_HEAD_DIM else 1.0
+    return _interp_at(seq, *curve) * device.peak(dtype) / _peak_of(key[0], dtype) * short
 
 
 def _scale_dtype(op: OpSpec) -> str:
@@ -247,8 +277,8 @@ def fused_attention_s(op: OpSpec, device: DeviceSpec) -> float | None:
         return op.flops / (blackwell * 1e12)
     if op.dtype in LOWP_ATTENTION_DTYPES:
         return None  # fp8 attention is measured only on Blackwell (cuDNN's rows): the caller takes the bf16 rate
-    _, _, s_q, s_kv, _ = op.shape
-    tflops = attention_tflops(op.impl, device, min(s_q, s_kv), op.backward, op.causal)
+    _, _, s_q, s_kv, d = op.shape
+    tflops = attention_tflops(op.impl, device, min(s_q, s_kv), op.backward, op.causal, d)
     if not tflops:
         return None
     return op.flops / (tflops * 1e12)

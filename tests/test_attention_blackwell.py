@@ -72,14 +72,52 @@ def test_the_air_cooled_parts_take_their_siblings_curve_at_their_bf16_peak(price
 
 def test_explain_names_the_measurement_and_what_it_lacks(pricer):
     """GPT-OSS's full-attention layers (head dim 64) have no published full-mask d64 cuDNN time: the source says the
-    d128 rate stands in; its window layers name the GPT-OSS measurement."""
+    d128 rate stands in, scaled by the H100's d64 / d128 ratio; its window layers name the GPT-OSS measurement."""
     dev = catalogue()["B300"]
     full = OpSpec("attention", (4, 64, 4096, 4096, 64), "bf16", causal=True, impl="cudnn")
     window = OpSpec("attention", (4, 64, 4096, 252, 64), "bf16", causal=True, impl="cudnn")
     src_full = pricer.basis(full, dev)
     assert "cudnn-frontend" in src_full and "GB300" in src_full and "scaled by bf16 peak to B300" in src_full
-    assert "no head-dim-64 measurement" in src_full
+    assert "no head-dim-64 measurement" in src_full and "d64 / d128 ratio" in src_full
     assert "GPT-OSS sliding window" in pricer.basis(window, dev)
+
+
+# FlashAttention-3 paper (Shah et al. 2024, arXiv:2407.08608), H100 SXM5, 16k tokens a batch, hidden 2048: TFLOP/s
+# labelled on the bars of Fig. 5 (d) (forward, causal, head dim 64), Fig. 5 (e) (forward, causal, head dim 128),
+# Fig. 6 (a) and (b) (backward, head dims 64 and 128), at 4k tokens
+FA3_PAPER_4K = {("cudnn", 64, "fwd"): 363, ("cudnn", 128, "fwd"): 518, ("cudnn", 64, "bwd"): 417,
+                ("cudnn", 128, "bwd"): 499, ("flash2", 64, "fwd"): 284, ("flash3", 64, "fwd"): 420}
+
+
+@pytest.mark.parametrize("impl,head_dim,pass_", list(FA3_PAPER_4K))
+def test_a_hopper_attention_runs_at_its_head_dims_published_rate(pricer, impl, head_dim, pass_):
+    """At a published length an H100 attention prices at the paper's rate for its head dim: a d64 head runs slower
+    than a d128 one (cuDNN forward 363 against 518 TFLOP/s), where it used to take the d128 rate. The backward bars
+    are unmasked; a causal backward takes the forward's causal / unmasked ratio, so it is checked unmasked."""
+    causal = pass_ == "fwd"
+    op = OpSpec("attention", (4, 16, 4096, 4096, head_dim), "bf16", causal=causal, impl=impl,
+                backward=pass_ == "bwd")
+    rate = op.flops / pricer.predict(op, catalogue()["H100-SXM"]) / 1e12
+    assert rate == pytest.approx(FA3_PAPER_4K[(impl, head_dim, pass_)], rel=1e-6)
+
+
+@pytest.mark.parametrize("gpu,causal,backward", [("GB300", True, False), ("GB200", True, True),
+                                                  ("GB300", False, False)])
+def test_a_blackwell_d64_full_mask_takes_the_d128_curve_at_the_hopper_ratio(pricer, gpu, causal, backward):
+    """No full-mask d64 cuDNN case is published for Blackwell: its rate is the measured d128 one times the H100 cuDNN
+    d64 / d128 ratio at the same length and pass (the FA3 paper's bars: 363 / 518 for the causal forward at 4k).
+    The window layers keep their own measured d64 curve (``CASES``)."""
+    d64 = OpSpec("attention", (2, 64, 4096, 4096, 64), "bf16", causal=causal, impl="cudnn", backward=backward)
+    d128 = OpSpec("attention", (2, 64, 4096, 4096, 128), "bf16", causal=causal, impl="cudnn", backward=backward)
+
+    def d64_over_d128(device: str) -> float:
+        dev = catalogue()[device]
+        return (d64.flops / pricer.predict(d64, dev)) / (d128.flops / pricer.predict(d128, dev))
+
+    ratio = d64_over_d128(gpu)
+    assert ratio == pytest.approx(d64_over_d128("H100-SXM"), rel=1e-9)
+    if causal and not backward:
+        assert ratio == pytest.approx(363 / 518, rel=1e-9)
 
 
 def test_other_kernels_and_devices_keep_their_own_prices(pricer):
@@ -105,7 +143,8 @@ def test_the_held_out_error_is_one_gpus_curve_pricing_the_other():
 
 def test_explain_lists_attention_as_unmeasured_only_where_the_curve_stands_in(pricer):
     """``--explain``'s unmeasured lines: GPT-OSS's window on GB300 is measured there (no line); on B300 the GB300 curve
-    stands in (a line naming it); a d64 full-mask op on GB300 takes the d128 rate (a line saying so)."""
+    stands in (a line naming it); a d64 full-mask op on GB300 takes the d128 rate times the H100's d64 / d128 ratio
+    (a line saying so)."""
     from meshplan.planner.estimate.explain import unmeasured
 
     window = OpSpec("attention", (4, 64, 4096, 252, 64), "bf16", causal=True, impl="cudnn")
