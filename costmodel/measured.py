@@ -3,7 +3,9 @@ reader of the published ones (``costmodel/data/published/*.json``).
 
 Each file is the unedited output of one run of a script in ``bench/`` on one lent GPU, and names its kind in
 ``schema``: ``meshplan.gpu_kernels/1`` (``bench/gpu_kernels.py``: grouped GEMMs, permute, attention, casts) or
-``meshplan.gpu_sustained/1`` (``bench/gpu_sustained.py``: rates held for tens of seconds, launch costs, fp8 recipes).
+``meshplan.gpu_sustained/1`` (``bench/gpu_sustained.py``: rates held for tens of seconds, launch costs, fp8 recipes)
+or ``meshplan.gpu_varlen/1`` (``bench/gpu_varlen.py``: per-document attention over packed sequences, host time per
+op).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from importlib import resources
 FOLDER = "data/measured"
 KERNELS = "meshplan.gpu_kernels/1"
 SUSTAINED = "meshplan.gpu_sustained/1"
+VARLEN = "meshplan.gpu_varlen/1"
 
 
 @lru_cache(maxsize=4)
