@@ -831,7 +831,10 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        needs.append(_uneven_split(L, pp, vpp))
+        stack_split = _profile_defaults(SOURCE_PROFILE.get(src) or bridge_profile(row), dtype,
+                                        bool(row.get("num_experts"))).get("pp_split")
+        needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
+                          "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))

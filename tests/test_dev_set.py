@@ -347,10 +347,11 @@ def test_automodel_pipelined_rows_run_one_schedule_per_accumulation_step(rows, r
 
 def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
     """Each in-scope row names its source's stack profile; what it needs beyond its table's facts and that profile
-    is listed per row (bench/dev_set.py prints and counts it). Counted 2026-11-27: 20 settings over 32 rows, median
-    0 (S1 9, S1f 7, S5 4, T 0): the Nemotron confs' fp32 gradients and 340B's bf16 optimizer and in-line pipeline
-    sends, the per-conf userbuffer overlaps of the NeMo launcher confs, the SFT optimizer dtype and fp8 weights,
-    AutoModel's unstated uneven pipeline split and its SDPA under context parallelism."""
+    is listed per row (bench/dev_set.py prints and counts it). Counted 2026-11-27: 17 settings over 32 rows, median
+    0 (S1 9, S1f 7, S5 1, T 0): the Nemotron confs' fp32 gradients and 340B's bf16 optimizer and in-line pipeline
+    sends, the per-conf userbuffer overlaps of the NeMo launcher confs, the SFT optimizer dtype and fp8 weights, and
+    AutoModel's SDPA under context parallelism. AutoModel's uneven pipeline split is its profile's rule
+    (``pp_split=front``), no longer a per-row setting."""
     per_row = []
     for row in rows:
         inp = dev_set.row_needs(row, runs_dir)
@@ -359,7 +360,7 @@ def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
         assert inp.profile == dev_set.SOURCE_PROFILE[inp.source]
         assert not set(k.split("=")[0] for k in inp.from_profile) & set(inp.fix), row["name"]
         per_row.append(len(inp.per_row))
-    assert len(per_row) == 32 and sum(per_row) <= 20 and statistics.median(per_row) == 0
+    assert len(per_row) == 32 and sum(per_row) <= 17 and statistics.median(per_row) == 0
 
 
 def test_profile_only_leaves_a_counted_attention_kernel_free(rows, runs_dir):

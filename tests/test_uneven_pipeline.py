@@ -8,7 +8,8 @@ import re
 import pytest
 
 from meshplan.cli.main import app
-from meshplan.planner.layout.splits import balanced_split, format_pp_layout, parse_pp_layout
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.layout.splits import balanced_split, format_pp_layout, front_split, parse_pp_layout
 from meshplan.planner.plan.schema import load_plan
 
 
@@ -153,3 +154,39 @@ def test_more_virtual_stages_than_layers_names_pp_times_vpp(runner, tmp_path):
                             "--seq-len", "4096", "--fix", "pp=8,vpp=8", "--out", str(tmp_path / "p.yaml")])
     assert r.exit_code == 2 and "pp(8) * vpp(8) = 64 virtual stages" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("layers,stages,automodel", [
+    # NeMo AutoModel's generate_hf_model_fqn_per_model_part (components/distributed/pipelining/functional.py @
+    # 89e3a9fdd): layers // stages each, the first layers % stages stages one more. Its docstring's example is 32
+    # layers over 4 stages, 8 each; DeepSeek-V3's 61 layers over its benchmark config's pp 4 x (layers_per_stage 2:
+    # ceil(61 / 2) + 1 = 32 virtual stages) hold 2 on stages 0-28 and 1 on 29-31
+    (32, 4, "8*4"),
+    (61, 32, "2*29+1*3"),
+    (94, 8, "12*6+11*2"),
+])
+def test_front_split_is_automodels(layers, stages, automodel):
+    assert format_pp_layout(front_split(layers, stages)) == automodel
+
+
+def test_a_pinned_split_rule_is_the_split_that_runs(runner, tmp_path):
+    """Under AutoModel's profile (pp_split=front) an uneven layout takes AutoModel's split as it stands, and with
+    pp_split=megatron pinned Megatron's account-for-embedding/loss split: a pinned rule is the stack's, which the
+    search does not re-balance by priced time."""
+    fix = "tp=1,pp=4,vpp=8,ep=64,mbs=1,zero=3,recompute=full"
+    args = ["plan", "--model", "deepseek-v3", "--cluster", "32x8xH100", "--global-batch", "512", "--seq-len", "4096",
+            "--top", "1", "--json"]
+    stages = {}
+    for name, extra in (("front", ["--stack", "automodel@89e3a9fdd", "--fix", fix]),
+                        ("megatron", ["--fix", fix + ",pp_split=megatron"])):
+        out = tmp_path / f"{name}.yaml"
+        r = runner.invoke(app, [*args, *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        stages[name] = tuple(s.num_layers for s in load_plan(out).stages)
+    assert stages["front"] == (2,) * 29 + (1,) * 3
+    assert stages["megatron"] == balanced_split(61, 32) != stages["front"]
+
+
+def test_pp_split_front_refuses_more_stages_than_layers():
+    with pytest.raises(MeshplanError, match="at least one of the 4 layers"):
+        front_split(4, 8)

@@ -235,6 +235,16 @@ class Decisions:
     ``--pipeline-model-parallel-layout``: Llama 3.1 405B ran 126 layers on 16 stages (Llama 3 paper, Table 4). With
     vpp > 1: pp * vpp virtual stages in model-depth order (``Layout.stage_chunks``). A plan file keeps it as
     ``stages``."""
+    pp_split: str = decision("", "how an uneven split is made when pp_layout is left free: megatron or front",
+                             choices=("megatron", "front"), plan="",
+                             stack_own="Megatron-LM's account-for-embedding/loss split, which a free search may "
+                                       "re-balance by priced stage time (``search.exact``)")
+    """The rule that splits the decoder layers over pp x vpp (virtual) stages that do not divide them, where
+    ``pp_layout`` is not pinned. "megatron": Megatron-LM's ``--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split`` (``splits.balanced_split``); "front": NeMo AutoModel's pipelining, the
+    first ``layers % stages`` stages one layer more, the embedding and the loss counted as none
+    (``splits.front_split``). Pinned (by ``--fix`` or a stack profile), the split is the stack's and a search does
+    not re-balance it; the plan keeps the split it made as ``stages``."""
     pipeline_schedule: str = decision(
         "", "the pipeline schedule: 1f1b, interleaved (vpp > 1), zbh1 or dualpipe", fix="schedule",
         choices=("1f1b", "interleaved", "zbh1", "dualpipe"), searched=True, plan="schedule", plan_optional=False,

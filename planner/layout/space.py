@@ -25,7 +25,7 @@ from meshplan.planner.layout.decisions import (
     stack_can,
 )
 from meshplan.planner.layout.layout import DEGREE_NAMES, Layout
-from meshplan.planner.layout.splits import balanced_split
+from meshplan.planner.layout.splits import balanced_split, front_split
 
 # --fix keys beside the decisions': the degrees (and dp, their data-parallel product), and Megatron's first / last
 # stage layer counts, another way to pin ``pp_layout``.
@@ -205,7 +205,7 @@ def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, .
     ``pp_layout``; Megatron's first/last stage counts (``--decoder-first/last-pipeline-num-layers``: the rest spread
     evenly over the other stages, each stage's layers evenly over its chunks); or, when pp x vpp does not divide
     the layers, ``layout.balanced_split`` over the pp x vpp virtual stages (Megatron's account-for-embedding/loss
-    split). ``()`` = even stages.
+    split), or AutoModel's ``front_split`` where ``pp_split`` says so. ``()`` = even stages.
 
     Raises:
         MeshplanError: first/last stage layers that leave the other stages (or chunks) an uneven share.
@@ -217,6 +217,8 @@ def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, .
         n = pp * vpp
         if model_layers % n == 0:
             return ()
+        if fix.pp_split == "front":
+            return front_split(model_layers, n)
         if model_layers + 2 < n:  # the embedding and the loss may each fill a virtual stage of their own
             raise MeshplanError(f"pp({pp}) * vpp({vpp}) = {n} virtual stages: more than the {model_layers} layers "
                                 "plus the embedding and the loss")

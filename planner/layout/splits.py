@@ -56,6 +56,18 @@ def balanced_split(num_layers: int, pp: int, first_extra: float = 1.0, last_extr
     return tuple(cap)
 
 
+def front_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Decoder layers per stage as NeMo AutoModel splits them: ``num_layers // stages`` each, and one more on each of
+    the first ``num_layers % stages`` stages; the embedding rides on the first stage and the norm and output layer
+    on the last, counted as no layer (``generate_hf_model_fqn_per_model_part`` in
+    ``nemo_automodel/components/distributed/pipelining/functional.py`` @ 89e3a9fdd). DeepSeek-V3's 61 layers over
+    pp 4 x vpp 8 become 2 x 29 | 1 x 3."""
+    if stages < 1 or num_layers < stages:
+        raise MeshplanError(f"{stages} pipeline stages: needs at least one of the {num_layers} layers per stage")
+    base, extra = divmod(num_layers, stages)
+    return tuple(base + 1 if i < extra else base for i in range(stages))
+
+
 def weighted_split(weights: list[float], stages: int, first_extra: float = 0.0,
                    last_extra: float = 0.0) -> tuple[int, ...]:
     """Layers per stage (contiguous, >= 1 each) minimising the heaviest stage, when layer ``i`` costs

@@ -358,7 +358,8 @@ def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
     (``GpuEstimator.time_balanced_split``; the space splits by layer count, embedding and loss a layer each) and
     kept when that is faster and fits; re-ranked."""
     split_of = getattr(estimator, "time_balanced_split", None)
-    if split_of is None or fix.pp_layout is not None or fix.first_stage_layers or fix.last_stage_layers:
+    if (split_of is None or fix.pp_layout is not None or fix.first_stage_layers or fix.last_stage_layers
+            or fix.pp_split is not None):  # a pinned rule is the stack's own split
         return ranked
     model = work.model
     out = []
