@@ -380,7 +380,10 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
     b = layout.micro_batch
     chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
-    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
+    recipe = lowp_recipe(layout.fp8, work.dtype)
+    if recipe == "blockwise" and all(g.device.supports("mxfp8") for g in work.cluster.groups):
+        recipe = "mxfp8"  # Transformer Engine runs blockwise fp8 as MXFP8 on Blackwell (memory.lowp_weight_bytes)
+    lin = saved_input_bytes(recipe)
     kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none", work.lora) for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():

@@ -271,13 +271,15 @@ def stack_runs(stack: str, fix: Pins, **decisions: str) -> bool:
 def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
     """The low-precision recipes a free search tries for a workload of ``dtype`` on ``device``: Transformer
     Engine's tensorwise (current scaling), delayed and blockwise (DeepSeek-V3) recipes when the workload trains in
-    fp8, plus MXFP8 on devices whose tensor cores scale 32-element blocks (the catalogue's ``mxfp8`` dtype:
-    B200, B300, GB200, GB300); NVFP4BlockScaling for an nvfp4 workload; ``("none",)`` otherwise."""
+    fp8; on devices whose tensor cores scale 32-element blocks (the catalogue's ``mxfp8`` dtype: B200, B300, GB200,
+    GB300) MXFP8 in place of blockwise, which Transformer Engine runs there as MXFP8 ("FP8 Block is emulated via
+    MXFP8", ``docs/examples/gemm_profiling``; ``costmodel.fp8_recipes``), so the two are one candidate (a pinned
+    ``fp8=blockwise`` still prices); NVFP4BlockScaling for an nvfp4 workload; ``("none",)`` otherwise."""
     if dtype == "nvfp4":
         return ("nvfp4",)
     if dtype != "fp8":
         return ("none",)
-    return ("tensorwise", "delayed", "blockwise") + (("mxfp8",) if device.supports("mxfp8") else ())
+    return ("tensorwise", "delayed") + (("mxfp8",) if device.supports("mxfp8") else ("blockwise",))
 
 
 def fp8_attention_recipes(fix: Pins, recipes: tuple[str, ...], dtype: str) -> tuple[str, ...]:
