@@ -679,6 +679,15 @@ def run_logged(run, args) -> int:
     return 0
 
 
+def run_or_tables(args, run, tables) -> int:
+    """The entry point bench/gpu_sustained.py and bench/gpu_varlen.py share: print the kept files' tables when
+    ``--tables`` names them, else measure (``run_logged``)."""
+    if args.tables:
+        print("\n".join(tables(args.tables)))
+        return 0
+    return run_logged(run, args)
+
+
 def main(argv=None) -> int:
     return run_logged(run, parse(argv))
 

@@ -40,7 +40,7 @@ from gpu_kernels import (
     empty_cache,
     error_line,
     rate,
-    run_logged,
+    run_or_tables,
     run_sections,
 )
 
@@ -685,11 +685,7 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    if args.tables:
-        print("\n".join(tables(args.tables)))
-        return 0
-    return run_logged(run, args)
+    return run_or_tables(parse(argv), run, tables)
 
 
 if __name__ == "__main__":

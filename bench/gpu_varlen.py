@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_kernels import attempt, attention_case, check_sections, empty_cache, rate, run_logged, run_sections
+from gpu_kernels import attempt, attention_case, check_sections, empty_cache, rate, run_or_tables, run_sections
 
 # (label, query heads, KV heads, head dim) per GPU at TP 1: the HF configs of Llama 3 8B / 70B and Llama 2 7B in
 # planner/presets/models, and openai/gpt-oss-120b's hub config (64 query heads, 8 KV heads, head_dim 64)
@@ -272,11 +272,7 @@ def tables(path: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    if args.tables:
-        print("\n".join(tables(args.tables)))
-        return 0
-    return run_logged(run, args)
+    return run_or_tables(parse(argv), run, tables)
 
 
 if __name__ == "__main__":
