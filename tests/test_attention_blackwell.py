@@ -154,6 +154,23 @@ def test_explain_lists_attention_as_unmeasured_only_where_the_curve_stands_in(pr
     assert cls not in unmeasured(pricer, catalogue()["GB300"], {cls: window})
     assert "scaled by bf16 peak to B300" in unmeasured(pricer, catalogue()["B300"], {cls: window})[cls]
     assert "no head-dim-64 measurement" in unmeasured(pricer, catalogue()["GB300"], {cls: full})[cls]
+    # a class holding both (GPT-OSS alternates window and full layers) is noted by its unmeasured op, whichever
+    # came first
+    both = {cls: {window: None, full: None}}
+    assert "no head-dim-64 measurement" in unmeasured(pricer, catalogue()["GB300"], {cls: window}, both)[cls]
+
+
+def test_explain_of_gpt_oss_on_gb300_names_its_unmeasured_full_layers(runner, tmp_path):
+    """GPT-OSS's first layer is a sliding-window one (measured on GB300); its full-mask d64 layers are not, and
+    ``--explain`` says so."""
+    from meshplan.cli.main import app
+
+    r = runner.invoke(app, ["plan", "--model", "gpt-oss-120b", "--cluster", "16x4xGB300-NVL72", "--global-batch",
+                            "1280", "--seq-len", "4096", "--fix", "tp=1,pp=1,ep=64,mbs=4,zero=1,recompute=none",
+                            "--top", "1", "--explain", "--out", str(tmp_path / "p.yaml")], terminal_width=400)
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("unmeasured: attention"))
+    assert "no head-dim-64 measurement" in line
 
 
 # The same CSVs' fp8 rows (per-tensor-scaled E4M3, what Transformer Engine's fp8 dot-product attention runs): the

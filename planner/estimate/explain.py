@@ -65,6 +65,8 @@ class _Tally:
     seconds: dict = field(default_factory=lambda: defaultdict(float))
     work_done: dict = field(default_factory=lambda: defaultdict(float))
     first_op: dict = field(default_factory=dict)
+    attention_ops: dict = field(default_factory=dict)
+    """Op class -> its distinct attention ops (a sliding-window layer and a full one price from different curves)."""
     compute: dict = field(default_factory=lambda: defaultdict(float))
     comm: dict = field(default_factory=lambda: defaultdict(float))
 
@@ -104,7 +106,7 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
            "stages": stages,
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
-    out["priced_from"], notes = _bases(estimator.pricer, dev, tally.first_op)
+    out["priced_from"], notes = _bases(estimator.pricer, dev, tally.first_op, tally.attention_ops)
     notes.update(_step_notes(est, model, layout, dev, links["ep"], out["priced_from"]))
     if notes:
         out["unmeasured"] = notes
@@ -128,6 +130,8 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
         tally.compute[op_class(op)] += t
         if first_stage and t:
             tally.first_op.setdefault(op_class(op), op)
+            if op.kind == "attention":
+                tally.attention_ops.setdefault(op_class(op), {}).setdefault(op, None)
             tally.seconds[op_class(op)] += t
             amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
             tally.work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
@@ -209,13 +213,13 @@ def _step_parts(est, stages: list[dict]) -> tuple[dict, dict]:
 FA4_NOTE = "FlashAttention-4 reports only a peak (1,613 TFLOP/s forward, B200 BF16, 1.3x cuDNN 9.13), no curve"
 
 
-def _bases(pricer, dev, first_op: dict) -> tuple[dict[str, str], dict[str, str]]:
+def _bases(pricer, dev, first_op: dict, attention_ops: dict) -> tuple[dict[str, str], dict[str, str]]:
     """(op class -> what its price rests on, op class -> why no measurement backs it on ``dev``); the sustained-load
     share, which scales every tensor-core op, is a row of its own."""
     priced_from = {cls: pricer.basis(op, dev) for cls, op in sorted(first_op.items())}
     share, share_source = sustained_share(dev)
     priced_from["tensor-core ops, sustained load"] = share_source
-    notes = unmeasured(pricer, dev, first_op)
+    notes = unmeasured(pricer, dev, first_op, attention_ops)
     if share == 1.0:
         notes["sustained load"] = share_source
     notes.update({cls: f"{pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
@@ -223,27 +227,28 @@ def _bases(pricer, dev, first_op: dict) -> tuple[dict[str, str], dict[str, str]]
     return priced_from, notes
 
 
-def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
+def unmeasured(pricer, dev, first_op: dict, attention_ops: dict | None = None) -> dict[str, str]:
     """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs (the caller adds
     the Mamba-2 SSD scan on every device: ``costmodel.api.SSD_SOURCE``): every class on
     the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused attention
     (FlashAttention; cuDNN where its published GB200 / GB300 curve stands in for another part or head dim), the
     GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs among them; their level set by OpenXLA's measured
     B200 / H100 ratio, ``costmodel.xla_gemm``, their shape dependence the model's) and the memory-bound kernels.
-    Empty for every other device."""
+    ``attention_ops``: each attention class's distinct ops, the first unmeasured one noted (GPT-OSS's window layers
+    have a measured curve, its full layers at head dim 64 do not). Empty for every other device."""
     if not dev.supports("mxfp8"):
         return {}
     out = {}
     for cls, op in sorted(first_op.items()):
+        if op.kind == "attention":
+            op = next((o for o in (attention_ops or {}).get(cls, ()) if _attention_unmeasured(pricer, dev, o)), op)
         source = pricer.predict_with_source(op, dev)[1]
         if source.startswith("learned") and "unseen" not in source:
             source = source.replace("learned", "learned model trained on other GPUs, extrapolated by device "
                                     "features", 1)
         what = f"no published measurement on {dev.name}: {source}"
         if op.kind == "attention" and source.startswith("published"):
-            # cuDNN's own GB200 / GB300 times (costmodel.attention): unmeasured only where the curve stands in for
-            # another part (scaled by bf16 peak) or another head dim
-            if "scaled by" not in source and "no head-dim" not in source and "priced at the measured" not in source:
+            if not _attention_unmeasured(pricer, dev, op):
                 continue
             what = f"measured for another part or head dim: {source}"
         elif op.kind == "attention":
@@ -257,6 +262,16 @@ def unmeasured(pricer, dev, first_op: dict) -> dict[str, str]:
             what += f" ({op.impl or op.dtype} GEMMs, grouped expert GEMMs included, priced from their bf16 twin)"
         out[cls] = what
     return out
+
+
+def _attention_unmeasured(pricer, dev, op) -> bool:
+    """Whether no measurement on ``dev`` backs fused-attention ``op``: cuDNN's own GB200 / GB300 times
+    (``costmodel.attention``) back it unless the curve stands in for another part (scaled by bf16 peak) or another
+    head dim; any other source is unmeasured."""
+    source = pricer.predict_with_source(op, dev)[1]
+    if not source.startswith("published"):
+        return True
+    return "scaled by" in source or "no head-dim" in source or "priced at the measured" in source
 
 
 def _rounded(d: dict) -> dict:
