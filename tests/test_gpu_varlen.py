@@ -1,8 +1,8 @@
-"""Per-document attention over packed sequences and the host's time per op, measured on an H200
-(costmodel/data/measured/nvidia-h200-varlen.json, bench/gpu_varlen.py; the measured README's section). The file's
-FLOP counts are recomputed from each case's shape, every rate from the stored time, and each against the H200's
-published dense bf16 peak (costmodel/data/devices.yaml: 989.4 TFLOP/s); the measuring script's --quick mode runs its
-code paths here and writes the same schema."""
+"""Per-document attention over packed sequences and the host's time per op, measured on an H200 and an H100
+(costmodel/data/measured/nvidia-h{200,100}-varlen.json, bench/gpu_varlen.py; the measured README's sections). Each
+file's FLOP counts are recomputed from each case's shape, every rate from the stored time, and each against its
+device's published dense bf16 peak (costmodel/data/devices.yaml: 989.4 TFLOP/s on both); the measuring script's
+--quick mode runs its code paths here and writes the same schema."""
 from __future__ import annotations
 
 import json
@@ -16,22 +16,30 @@ from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.measured import VARLEN, measured_files
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "nvidia-h200-varlen.json"
+# file -> (the device name it recorded, the catalogue's device)
+FILES = {"nvidia-h200-varlen.json": ("NVIDIA H200", "H200"),
+         "nvidia-h100-varlen.json": ("NVIDIA H100 80GB HBM3", "H100")}
 KINDS = {"varlen_flash", "varlen_cudnn", "batched_flash", "batched_cudnn"}
 
 
+@pytest.fixture(scope="module", params=sorted(FILES))
+def measured(request) -> tuple[dict, str, str]:
+    return (measured_files(VARLEN)[request.param], *FILES[request.param])
+
+
 @pytest.fixture(scope="module")
-def data() -> dict:
-    return measured_files(VARLEN)[NAME]
+def data(measured) -> dict:
+    return measured[0]
 
 
 def records(data: dict) -> list[dict]:
     return data["sections"]["varlen"]["records"]
 
 
-def test_the_file_names_its_device_and_covers_the_grid(data):
+def test_the_file_names_its_device_and_covers_the_grid(measured):
+    data, device_name, _ = measured
     env = data["environment"]
-    assert env["device_name"] == "NVIDIA H200" and env["device_type"] == "cuda"
+    assert env["device_name"] == device_name and env["device_type"] == "cuda"
     plan = data["plan"]
     want = {(h[0], doc, kind) for h in plan["heads"] for doc in plan["docs"] for kind in KINDS}
     got = {(r["heads"], r["doc"], r["kind"]) for r in records(data) if "error" not in r}
@@ -52,8 +60,9 @@ def test_flops_follow_from_each_shape(data):
     assert whole["flops_fwd"] == packs * 4 * whole["pack"] ** 2 * whole["q_heads"] * whole["head_dim"] / 2
 
 
-def test_every_rate_is_below_the_h200_peak(data):
-    peak_tflops = get_device("H200").peak_flops["bf16"] / 1e12
+def test_every_rate_is_below_the_device_peak(measured):
+    data, _, device = measured
+    peak_tflops = get_device(device).peak_flops["bf16"] / 1e12
     for r in records(data):
         for phase in ("fwd", "bwd"):
             for key in (phase, f"{phase}_kernel_ms"):
@@ -99,9 +108,10 @@ def test_quick_mode_writes_the_schema(tmp_path):
                                                          "empty_1mib", "split_8"}
 
 
-def test_tables_print_each_share(tmp_path):
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_tables_print_each_share(name):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_varlen.py"), "--tables",
-                          str(ROOT / "costmodel" / "data" / "measured" / NAME)],
+                          str(ROOT / "costmodel" / "data" / "measured" / name)],
                          check=True, capture_output=True, text=True, timeout=120).stdout
-    assert "NVIDIA H200" in out
+    assert FILES[name][0] in out
     assert out.count("100% (100%)") == 16  # one whole-pack cell per head shape and kind
