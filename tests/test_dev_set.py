@@ -351,7 +351,7 @@ def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
     0 (S1 9, S1f 7, S5 1, T 0): the Nemotron confs' fp32 gradients and 340B's bf16 optimizer and in-line pipeline
     sends, the per-conf userbuffer overlaps of the NeMo launcher confs, the SFT optimizer dtype and fp8 weights, and
     AutoModel's SDPA under context parallelism. AutoModel's uneven pipeline split is its profile's rule
-    (``pp_split=front``), no longer a per-row setting."""
+    (``pp_split=front``), so it is not counted."""
     per_row = []
     for row in rows:
         inp = dev_set.row_needs(row, runs_dir)
