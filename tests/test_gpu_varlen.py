@@ -5,8 +5,8 @@ device's published dense bf16 peak (costmodel/data/devices.yaml: 989.4 TFLOP/s o
 --quick mode runs its code paths here and writes the same schema."""
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = {"nvidia-h200-varlen.json": ("NVIDIA H200", "H200"),
          "nvidia-h100-varlen.json": ("NVIDIA H100 80GB HBM3", "H100")}
 KINDS = {"varlen_flash", "varlen_cudnn", "batched_flash", "batched_cudnn"}
+
+
+@pytest.fixture(scope="module")
+def varlen_script():
+    """bench/gpu_varlen.py loaded in this process (it imports bench/gpu_kernels.py beside it, as on the GPU)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_varlen", ROOT / "bench" / "gpu_varlen.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return module
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
@@ -95,10 +108,9 @@ def test_host_section_names_its_cpu(data):
     assert set(host["records"]) == {"nn_linear_fwd", "nn_linear_fwd_autograd", "add_16", "empty_1mib", "split_8"}
 
 
-def test_quick_mode_writes_the_schema(tmp_path):
+def test_quick_mode_writes_the_schema(tmp_path, varlen_script):
     out = tmp_path / "v.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_varlen.py"), "--quick", "--out", str(out)],
-                   check=True, capture_output=True, timeout=300)
+    assert varlen_script.main(["--quick", "--out", str(out)]) == 0
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["schema"] == VARLEN
     assert set(result["sections"]) == {"varlen", "host"}
@@ -109,9 +121,7 @@ def test_quick_mode_writes_the_schema(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
-def test_tables_print_each_share(name):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_varlen.py"), "--tables",
-                          str(ROOT / "costmodel" / "data" / "measured" / name)],
-                         check=True, capture_output=True, text=True, timeout=120).stdout
+def test_tables_print_each_share(name, varlen_script):
+    out = "\n".join(varlen_script.tables(str(ROOT / "costmodel" / "data" / "measured" / name)))
     assert FILES[name][0] in out
     assert out.count("100% (100%)") == 16  # one whole-pack cell per head shape and kind
