@@ -830,9 +830,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     if vpp > 1:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
+    profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        stack_split = _profile_defaults(SOURCE_PROFILE.get(src) or bridge_profile(row), dtype,
-                                        bool(row.get("num_experts"))).get("pp_split")
+        stack_split = _profile_defaults(profile, dtype, bool(row.get("num_experts"))).get("pp_split")
         needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
                           "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
@@ -846,7 +846,6 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                mbs=la.get("mbs") or row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
     if recompute is None:
         del fix["recompute"]
-    profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
     stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8)
     if "attention" in stack_sets:

@@ -340,7 +340,7 @@ def stage_memory(work: Workload, tb: ModelTables, layout: Layout, stage: int, m:
         # the embedding, the output layer and the layers kept in bf16 (``Layout.bf16_ranges``) have no copy
         linear = decoder_params(tb, layout, stage) - bf16_layer_params(tb, layout, stage)
         held = linear if layout.zero_stage < 3 else 2 * linear / max(1, n_layers)
-        w += lowp_weight_bytes(recipe, all(g.device.supports("mxfp8") for g in work.cluster.groups)) * held
+        w += lowp_weight_bytes(recipe, block_scaled(work)) * held
         if layout.fp8_params and layout.zero_stage < 3:  # the quantized copies are the weights (Layout.fp8_params)
             w -= param_bytes(work.dtype) * linear
     if layout.zero_stage == 3:  # FSDP: the current and the prefetched layer are held unsharded
@@ -380,10 +380,7 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
     b = layout.micro_batch
     chunks, counts, rec = tb.stage_counts(layout, stage)
     n_layers = sum(len(r) for r in chunks)
-    recipe = lowp_recipe(layout.fp8, work.dtype)
-    if recipe == "blockwise" and all(g.device.supports("mxfp8") for g in work.cluster.groups):
-        recipe = "mxfp8"  # Transformer Engine runs blockwise fp8 as MXFP8 on Blackwell (memory.lowp_weight_bytes)
-    lin = saved_input_bytes(recipe)
+    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype), block_scaled(work))
     kept = {k: tb.activation_bytes(k, s, b, layout, lin, "none", work.lora) for k, n in counts.items() if n}
     per_mb = 0.0
     for k, n in counts.items():
@@ -486,6 +483,12 @@ TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_para
 
 
 _time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 20 (a search asks 10^5 times)
+
+
+def block_scaled(work: Workload) -> bool:
+    """Whether every device of the workload's cluster has block-scaled (MXFP8) tensor cores: Blackwell, where
+    Transformer Engine lays fp8 weights out once and runs blockwise fp8 as MXFP8 (``memory``)."""
+    return all(g.device.supports("mxfp8") for g in work.cluster.groups)
 
 
 def time_signature(layout: Layout) -> tuple:

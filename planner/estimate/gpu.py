@@ -37,6 +37,7 @@ from meshplan.planner.estimate.base import (
     Workload,
     bf16_layer_params,
     bf16_time_key,
+    block_scaled,
     decoder_params,
     finish_estimate,
     keeps_bf16_layers,
@@ -141,7 +142,7 @@ def offload_s(work, layout: Layout, tb, times: dict, stage: int, bf16_times: Opt
     layers = [i for r in chunks for i in r]
     kept = {i for r in layout.bf16_ranges(work.model.num_layers) for i in r} if bf16_times is not None else set()
     s, b = work.seq_len // layout.cp, layout.micro_batch
-    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype))
+    lin = saved_input_bytes(lowp_recipe(layout.fp8, work.dtype), block_scaled(work))
     scale = 2.0 if work.dtype == "fp32" else 1.0  # as ``base.stage_memory``: 16-bit accounting, fp32 keeps 4 B
     host_bw = dev.host_bw_bytes_per_s
     fwd_s, bwd_s, copy_s = [], [], []

@@ -193,11 +193,14 @@ NVFP4_BYTES = 0.5 + 1.0 / 16
 NVFP4_WEIGHT_BYTES = 0.5 + 1.0 / 256
 
 
-def saved_input_bytes(recipe: str) -> float:
+def saved_input_bytes(recipe: str, block_scaled: bool = False) -> float:
     """Bytes per element of a linear layer's input kept for its weight gradient under the low-precision ``recipe``
     (``planner.layout.decisions.lowp_recipe``): the bf16 input (2) without one; TE keeps the quantized columnwise
     copy the wgrad GEMM reads otherwise: fp8 1, MXFP8 1 + 1/32 (32x1 blocks, quantized apart from the rowwise copy),
-    NVFP4 0.5 + 1/16 (the random-Hadamard-transformed 1x16-block copy)."""
+    NVFP4 0.5 + 1/16 (the random-Hadamard-transformed 1x16-block copy). ``block_scaled``: every device has
+    block-scaled tensor cores (Blackwell), where TE runs blockwise fp8 as MXFP8 (fp8_blockwise_scaling.rst)."""
+    if recipe == "blockwise" and block_scaled:
+        recipe = "mxfp8"
     return {"none": 2.0, "mxfp8": MXFP8_BYTES, "nvfp4": NVFP4_BYTES}.get(recipe, 1.0)
 
 
