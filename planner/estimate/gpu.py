@@ -183,6 +183,7 @@ class GpuEstimator:
         self.tables = TablesCache()
         self._layer: dict[tuple, tuple[float, ...]] = {}
         self._base: dict[tuple, tuple] = {}  # ``_layer_base``
+        self._comm: dict[tuple, tuple] = {}  # ``_layer_comm``
         self._block_memo: dict = {}  # {model tables: ``ops_graph.kind_ops``' block memo}
         self._blocks: dict[tuple, tuple] = {}  # ``_block_ops``
         self._block_price: dict[tuple, tuple] = {}  # ``_block_prices``
@@ -259,12 +260,9 @@ class GpuEstimator:
         hit = self._base.get(k)
         if hit is not None:
             return hit
-        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype, op_key)
+        lo, p, tp, tp_bwd, ep, cp = self._layer_comm(tb, device, key, moe, seq_len, dtype, op_key, tp_link, ep_link,
+                                                     cp_link)
         fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
-        tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
-        tp_bwd = tp  # the backward mirrors the forward's collectives
-        if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
-            tp_bwd = te_sp_backward_tp_s(lo.tp_comm, lo.tp_grad_gathers, key.tp, tp_link, p["column_bwd"], device)
         if tp and key.tp_overlap:
             # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
             # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides
@@ -272,13 +270,9 @@ class GpuEstimator:
             whole, chunked = p["gemm"], p["gemm_chunked"]
             tp = (max(0.0, 2 * tp - whole) + min(2 * tp, whole) * comm_sm_share(device) + (chunked - whole)) / 2
             tp_bwd = tp
-        ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
-        cp = cp_bwd = 0.0
-        if lo.cp_comm:
-            cp = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
-            cp_bwd = cp  # all-gather CP: the KV gathered forward, its gradient reduce-scattered backward, exposed
-            if key.cp_kind == "ring":
-                cp, cp_bwd = ring_cp_exposed_s(cp, p["attn"], p["attn_bwd"], device)
+        cp_bwd = cp  # all-gather CP: the KV gathered forward, its gradient reduce-scattered backward, exposed
+        if cp and key.cp_kind == "ring":
+            cp, cp_bwd = ring_cp_exposed_s(cp, p["attn"], p["attn_bwd"], device)
         if ep and key.moe_overlap:
             # the dispatch/combine all-to-alls overlap the layer's other work (MegaScale-MoE §4; DeepSeek-V3
             # §3.2.2 pairs one micro-batch's all-to-all with another's compute); what the compute cannot cover stays
@@ -303,6 +297,25 @@ class GpuEstimator:
                                    p["fwd"] - p["experts_fwd"] - p["shared_fwd"])
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
         out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd), host)
+        return out
+
+    def _layer_comm(self, tb, device, key: Layout, moe: str, seq_len: int, dtype: str, op_key: tuple, tp_link,
+                    ep_link, cp_link) -> tuple:
+        """(layer ops, their prices, the forward's TP comm, the backward's without userbuffers, its EP comm, its CP
+        comm) of op key ``op_key`` on these links, seconds: what ``_layer_base`` reads of the links, cached apart from
+        the overlap and graph flags it varies (a search asks for each op key under 10-20 of them)."""
+        k = (op_key, tp_link, ep_link, cp_link)
+        hit = self._comm.get(k)
+        if hit is not None:
+            return hit
+        lo, p = self._priced_ops(tb, device, key, moe, seq_len, dtype, op_key)
+        tp = sum(collective_time_s(kind_, nbytes, key.tp, tp_link) for kind_, nbytes in lo.tp_comm)
+        tp_bwd = tp  # the backward mirrors the forward's collectives
+        if tp and key.stack == "megatron" and key.sequence_parallel and not key.tp_overlap:
+            tp_bwd = te_sp_backward_tp_s(lo.tp_comm, lo.tp_grad_gathers, key.tp, tp_link, p["column_bwd"], device)
+        ep = sum(collective_time_s(kind_, nbytes, key.ep, ep_link) for kind_, nbytes in lo.ep_comm)
+        cp = sum(collective_time_s(kind_, nbytes, key.cp, cp_link) for kind_, nbytes in lo.cp_comm)
+        out = self._comm[k] = (lo, p, tp, tp_bwd, ep, cp)
         return out
 
     @staticmethod
