@@ -941,9 +941,19 @@ def _chunk_tp(key: Layout) -> int:
 
 # Layout fields the gradient sync and the optimizer step never read (``GpuEstimator._sync_terms``' cache key is
 # every other field): what one micro-batch runs and how the pipeline schedules it.
-_SYNC_FREE = frozenset({"recompute", "micro_batch", "sequence_parallel", "attention", "attention_dtype",
-                        "pipeline_schedule", "cp_kind", "moe_overlap", "moe_capacity", "moe_imbalance",
-                        "moe_dispatcher", "tp_overlap", "pp_overlap", "shared_overlap"})
+_SYNC_FREE = frozenset({"recompute", "recompute_modules", "micro_batch", "sequence_parallel", "attention",
+                        "attention_dtype", "pipeline_schedule", "cp_kind", "moe_overlap", "moe_capacity",
+                        "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap", "shared_overlap",
+                        "cuda_graphs"})
 _SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
-_sync_fields_of = operator.attrgetter(*_SYNC_FIELDS)
+_sync_getter = operator.attrgetter(*_SYNC_FIELDS)
+_FP8_AT = _SYNC_FIELDS.index("fp8")
 _SHARD_AT = tuple(_SYNC_FIELDS.index(f) for f in ("zero_stage", "dp_shard", "dp_replicate"))
+
+
+def _sync_fields_of(layout: Layout) -> tuple:
+    """The sync cache key of ``layout``: its ``_SYNC_FIELDS``, the fp8 recipe reduced to whether one is set. The sync
+    reads the recipe only as whether the stage's weights are cast once a step (``lowp_recipe`` against "none", the
+    workload dtype fixed per cache scope), so the recipes a search tries share one pricing."""
+    vals = _sync_getter(layout)
+    return vals[:_FP8_AT] + (vals[_FP8_AT] != "none",) + vals[_FP8_AT + 1:]
