@@ -29,6 +29,14 @@ from meshplan.planner.model.flops import window_keys
 # q and k. Counted from the modelling code (transformers ``models/llama/modeling_llama.py``).
 EAGER_NORM_EXTRA_PASSES = 3
 EAGER_ROPE_PASSES = 4
+# Megatron-Core's attention (not MLA's) runs RoPE unfused on a YaRN-scaled model: Megatron-LM's arguments.py
+# (core_r0.16.0 lines 994-995) and Megatron-Bridge's providers (``validate_rope_fusion_compatibility``,
+# utils/fusions.py v0.2.0 line 53 / v0.4.2 line 71, called from gpt_provider.py line 199 / 221) turn
+# apply_rope_fusion off for any position_embedding_type but "rope", and from core_r0.16.0 on apply_rotary_pos_emb
+# also leaves TE's fused kernel wherever YaRN's concentration factor is not 1 (rope_utils.py lines 279-284; GPT-OSS:
+# 0.1 ln 32 + 1). Its ``_apply_rotary_pos_emb_bshd`` is the eager chain (t * cos, rotate_half's neg and cat, * sin,
+# the add) plus a final cat with the dimensions it passes through: one pass more.
+MEGATRON_UNFUSED_ROPE_PASSES = EAGER_ROPE_PASSES + 1
 
 
 @dataclass(frozen=True)
@@ -266,7 +274,7 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
         rope_width = a_t * d + kv
     if not model.position_embeddings:  # rotary embeddings on q and k
         first = len(ops)
-        ops.extend(lb.ew(T * rope_width) for _ in range(EAGER_ROPE_PASSES if lb.eager else 1))
+        ops.extend(lb.ew(T * rope_width) for _ in range(_rope_passes(lb, mla)))
         if mla:  # RoPE is applied inside the up-projection's checkpoint
             lb.module("mla_up_proj", first)
     attn_core = _core_attention(lb, window)
@@ -274,6 +282,15 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
     ops.extend(mm(T, h, v_out))
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
     return attn_core, v_out, kv_bytes
+
+
+def _rope_passes(lb: _LayerBuild, mla: bool) -> int:
+    """Elementwise passes over q and k that apply the rotary embedding: one fused kernel, else the eager chain."""
+    if lb.eager:
+        return EAGER_ROPE_PASSES
+    if not mla and lb.layout.stack == "megatron" and lb.model.rope_scaling_type == "yarn":
+        return MEGATRON_UNFUSED_ROPE_PASSES
+    return 1
 
 
 def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
