@@ -181,6 +181,7 @@ class RowInputs:
     lora: str = ""  # LoRA over a frozen base (``--lora``): the task's, not a layout decision
     moe: bool = False  # the model routes tokens to experts
     cuda_graphs: str = ""  # what the run captured in CUDA graphs (``bridge_cuda_graphs``; "" where unknown)
+    task: str = "pretrain"  # what the job trains (``row_task``): a fact of the row's table, read by its profile
 
     @property
     def fix_string(self) -> str:
@@ -831,8 +832,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     L = row["layers"]
     profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
+    task = row_task(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        stack_split = _profile_defaults(profile, dtype, bool(row.get("num_experts"))).get("pp_split")
+        stack_split = _profile_defaults(profile, dtype, bool(row.get("num_experts")), "", task).get("pp_split")
         needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
                           "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
@@ -847,7 +849,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     if recompute is None:
         del fix["recompute"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
-    stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8)
+    stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8, task)
     if "attention" in stack_sets:
         del fix["attention"]  # the stack's attention kernel is the profile's
     approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype,
@@ -869,7 +871,14 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
                      precision=precision_group(row), can_express=str(can),
                      lora=bridge_lora(row) if is_bridge_row(row) else "", moe=bool(row.get("num_experts")),
-                     cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "")
+                     cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "", task=task)
+
+
+def row_task(row: dict) -> str:
+    """What a row's job trains, as its table states it: NeMo 24.07's fine-tuning table (S1f) and Megatron-Bridge's
+    SFT rows fine-tune every weight (``sft``); LoRA rows train adapters (``--lora``) and every other row
+    pre-trains."""
+    return "sft" if row["source_id"] == "S1f" or row.get("task") == "sft" else "pretrain"
 
 
 def _uneven_split(num_layers: int, pp: int, vpp: int) -> Need:
@@ -907,13 +916,13 @@ def _stack_refs() -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
-def _profile_defaults(profile: str, dtype: str, is_moe: bool, fp8: str = "") -> dict[str, str]:
-    """What stack profile ``profile`` sets for a ``dtype`` run of a MoE or dense model under the fp8 recipe the row
-    pins (``fp8``; "": the profile's own) as ``--fix`` text; read once per profile, dtype, kind and recipe (the
-    catalogue is parsed from its YAML files on every ``load_stacks``)."""
+def _profile_defaults(profile: str, dtype: str, is_moe: bool, fp8: str = "", task: str = "pretrain") -> dict[str, str]:
+    """What stack profile ``profile`` sets for a ``dtype`` ``task`` run of a MoE or dense model under the fp8 recipe
+    the row pins (``fp8``; "": the profile's own) as ``--fix`` text; read once per profile, dtype, kind, recipe and
+    task (the catalogue is parsed from its YAML files on every ``load_stacks``)."""
     from meshplan.planner.layout.stacks import load_stacks
 
-    return load_stacks().get(profile).defaults(dtype, is_moe, fp8)
+    return load_stacks().get(profile).defaults(dtype, is_moe, fp8, task)
 
 
 @dataclass
@@ -990,6 +999,7 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
     try:
         out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
                                       stack=inp.profile, top=1, dtype=inp.dtype, name="devset", lora=inp.lora,
+                                      task=inp.task,
                                       out=out_dir / f"{inp.name}.yaml"))
     except MeshplanError as exc:
         msg = str(exc)
@@ -1031,7 +1041,7 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype,
                     lora=inp.lora)
-    pins, _ = profile_pins(inp.profile, inp.dtype, work.model.is_moe, parse_fix(inp.fix_string))
+    pins, _ = profile_pins(inp.profile, inp.dtype, work.model.is_moe, parse_fix(inp.fix_string), inp.task)
     estimator = estimator_for(work.cluster)
     ests = [estimator.estimate(work, lay) for lay in enumerate_layouts(
         work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len, pins)]

@@ -29,6 +29,8 @@ def plan(
     dtype: Annotated[Optional[str], typer.Option("--dtype",
                                                  help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
+    task: Annotated[str, typer.Option("--task", help="pretrain or sft (supervised fine-tuning of every weight): "
+                                      "a stack profile's fine-tuning defaults hold for sft")] = "pretrain",
     lora: Annotated[Optional[str], typer.Option("--lora", help="Fine-tune LoRA adapters over a frozen base: "
                                                 "RANK[:MODULES], modules qkv, proj, fc1, fc2 joined by + "
                                                 "(default all four), e.g. 16:qkv")] = None,
@@ -81,9 +83,9 @@ def plan(
 
         check_writable(out)
     request = PlanRequest.of(model, cluster, global_batch, seq_len, fix=fix, dtype=dtype, workload=workload,
-                             stack=stack, lora=lora, top=top, name=name, out=out, quality_budget=quality_budget,
-                             compress=compress, net=net, gen_len=gen_len, error_budget=error_budget,
-                             sensitivity=sensitivity, costmodel=costmodel, explain=explain,
+                             stack=stack, lora=lora, task=task, top=top, name=name, out=out,
+                             quality_budget=quality_budget, compress=compress, net=net, gen_len=gen_len,
+                             error_budget=error_budget, sensitivity=sensitivity, costmodel=costmodel, explain=explain,
                              breakdown=report is not None)
     show = not json_out and console.is_terminal
     with Progress(SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),

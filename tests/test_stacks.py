@@ -151,3 +151,35 @@ def test_plan_starts_from_the_profile_and_fix_overrides_it(tmp_path) -> None:
     plain = plan_job(PlanRequest.of("qwen3-30b-a3b", "1x8xH100", 512, 4096, fix=mesh, top=1,
                                     out=tmp_path / "c.yaml")).plan
     assert plain.stack_profile == "" and "stack_profile" not in (tmp_path / "c.yaml").read_text()
+
+
+def test_a_fine_tuning_value_replaces_the_pre_training_one_for_sft_only(tmp_path, monkeypatch) -> None:
+    values = [{"key": "optim_dtype", "value": "remainder", "source": "somewhere @ v1"},
+              {"key": "optim_dtype", "value": "bf16", "when": "sft", "source": "somewhere/sft.yaml @ v1"},
+              {"key": "grad_dtype", "value": "bf16", "source": "somewhere @ v1"}]
+    body = {"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1", "values": values}
+    load = _catalogue_in(tmp_path, monkeypatch, {"x@1.yaml": body})
+    prof = load().get("x@1")
+    assert prof.defaults("bf16", False) == {"optim_dtype": "remainder", "grad_dtype": "bf16"}
+    assert prof.defaults("bf16", False, task="sft") == {"optim_dtype": "bf16", "grad_dtype": "bf16"}
+    with pytest.raises(MeshplanError, match="--task finetune: not a task"):
+        prof.defaults("bf16", False, task="finetune")
+    again = {"key": "optim_dtype", "value": "fp32", "when": "sft", "source": "other @ v1"}
+    twice = {**body, "values": values + [again]}
+    (tmp_path / "x@1.yaml").write_text(yaml.safe_dump(twice))
+    with pytest.raises(MeshplanError, match="two values of one decision hold for a bf16 dense workload fine-tuning"):
+        load()
+
+
+def test_nemo_fine_tuning_plans_with_its_sft_confs_optimizer(tmp_path) -> None:
+    """NeMo 24.07: pre-training keeps an fp32 optimizer over bf16 weights (param remainders); its launcher's
+    fine-tuning confs run a bf16 one, which ``--task sft`` takes and ``--fix`` still overrides."""
+    def plan(task: str, fix: str = "tp=1,pp=1,mbs=1") -> object:
+        return plan_job(PlanRequest.of("llama-3.1-8b-instruct", "1x8xH100", 64, 4096, stack="nemo@24.07", fix=fix,
+                                       dtype="fp8", task=task, top=1, out=tmp_path / f"{task}.yaml")).plan
+
+    assert plan("pretrain").optim_dtype == "remainder"
+    assert plan("sft").optim_dtype == "bf16"
+    assert plan("sft", "tp=1,pp=1,mbs=1,optim_dtype=fp32").optim_dtype == "fp32"
+    with pytest.raises(MeshplanError, match="--task tune: expected one of pretrain, sft"):
+        PlanRequest.of("llama-3.1-8b-instruct", "1x8xH100", 64, 4096, task="tune")

@@ -2,7 +2,8 @@
 
 A profile (``planner/presets/stacks/<name>@<version>.yaml``) names, for the decisions of ``decisions.DECISIONS``
 that the stack fixes by default, the value it runs and the file and version that say so; a value may hold only for
-an fp8 or a bf16 workload, only for MoE (or dense) models, or only under tensor-wise fp8 scaling (``when``). What
+an fp8 or a bf16 workload, only for MoE (or dense) models, only under tensor-wise fp8 scaling, or only when the job
+is supervised fine-tuning (``when``; ``TASKS``), where it replaces the value that holds otherwise. What
 the stack does that meshplan does not price (CUDA graphs, fused RoPE, ...) is listed under ``unpriced`` with its
 source, so a user sees it was not forgotten.
 A profile may add to another (``base``: an entry point of the same release, such as Megatron-Bridge's performance
@@ -41,11 +42,12 @@ class ProfileValue(_Frozen):
     key: str
     value: str
     source: str = Field(min_length=8)
-    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise)$")
-    """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, or only for a workload whose GEMMs
+    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise|sft)$")
+    """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, only for a workload whose GEMMs
     run tensor-wise current scaling (``tensorwise``: the recipe pinned, else the profile's own ``fp8``, resolved with
-    the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the recipe); ``None``:
-    always."""
+    the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the recipe), or only for a
+    supervised fine-tuning job (``sft``: what the stack's fine-tuning entry point sets over its pre-training default,
+    which it replaces); ``None``: always."""
 
 
 class Unpriced(_Frozen):
@@ -74,20 +76,30 @@ class StackProfile(_Frozen):
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
 
-    def defaults(self, dtype: str, is_moe: bool, fp8: str = "") -> dict[str, str]:
+    def defaults(self, dtype: str, is_moe: bool, fp8: str = "", task: str = "pretrain") -> dict[str, str]:
         """``{--fix key: value text}`` of what the profile sets for a ``dtype`` workload of a MoE or dense model;
-        ``fp8``: the fp8 recipe the user pinned ("": the profile's own)."""
-        own = {v.key: v.value for v in self.values if v.when != "tensorwise" and _holds(v.when, dtype, is_moe, "")}
+        ``fp8``: the fp8 recipe the user pinned ("": the profile's own); ``task``: one of ``TASKS``."""
+        if task not in TASKS:
+            raise MeshplanError(f"--task {task}: not a task (known: {', '.join(TASKS)})")
+        own = {v.key: v.value for v in self.values if v.when not in ("tensorwise", "sft")
+               and _holds(v.when, dtype, is_moe, "")}
         recipe = fp8 or own.get("fp8", "")
-        return own | {v.key: v.value for v in self.values if v.when == "tensorwise"
-                      and _holds(v.when, dtype, is_moe, recipe)}
+        for later in ("tensorwise", "sft"):  # the recipe resolved first; a fine-tuning value replaces any other
+            own |= {v.key: v.value for v in self.values if v.when == later and _holds(v.when, dtype, is_moe, recipe,
+                                                                                        task)}
+        return own
 
 
-def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str) -> bool:
+# What a job trains, as a stack's entry points tell them apart: pre-training, or supervised fine-tuning of every weight
+# (NeMo's ``conf/peft/<model>/sft.yaml``, Megatron-Bridge's finetune recipes); LoRA is ``--lora``, on either
+TASKS = ("pretrain", "sft")
+
+
+def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str, task: str = "pretrain") -> bool:
     """``recipe``: the fp8 recipe pinned or the profile's own ("": none), which ``lowp_recipe`` resolves with the
     dtype (a bf16 run with ``fp8=tensorwise`` pinned runs tensor-wise fp8 GEMMs)."""
     return {None: True, "fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe,
-            "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise"}[when]
+            "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise", "sft": task == "sft"}[when]
 
 
 def _read(name: str) -> StackProfile:
@@ -122,10 +134,14 @@ def _check(name: str, prof: StackProfile) -> StackProfile:
             raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is the search's to choose, not a stack default")
         BY_FIX_KEY[val.key].parse(val.value)  # a value the decision refuses is refused here, by name
     for dtype, moe, recipe in itertools.product(("bf16", "fp8"), (False, True), ("", "tensorwise")):
-        holding = [v.key for v in prof.values if _holds(v.when, dtype, moe, recipe)]
-        if len(holding) != len(set(holding)):
-            raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "
-                                f"{'MoE' if moe else 'dense'} workload{' under ' + recipe if recipe else ''}")
+        # an sft value replaces the others of its key, so it is checked against the sft values alone
+        for sft in (False, True):
+            holding = [v.key for v in prof.values if (v.when == "sft") == sft and _holds(v.when, dtype, moe, recipe,
+                                                                                        "sft")]
+            if len(holding) != len(set(holding)):
+                raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "
+                                    f"{'MoE' if moe else 'dense'} workload{' under ' + recipe if recipe else ''}"
+                                    f"{' fine-tuning' if sft else ''}")
     return prof
 
 

@@ -25,7 +25,7 @@ from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.host.terms import Host
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
-from meshplan.planner.layout.stacks import load_stacks
+from meshplan.planner.layout.stacks import TASKS, load_stacks
 from meshplan.planner.model.config import load_model
 from meshplan.planner.model.peft import parse_lora
 from meshplan.planner.model.spec import ModelSpec
@@ -95,16 +95,19 @@ class PlanRequest:
     options: PlanOptions = field(default_factory=PlanOptions)
     lora: str = ""
     """LoRA adapters over a frozen base, ``RANK[:MODULES]`` (``planner.model.peft``); "" trains every weight."""
+    task: str = "pretrain"
+    """What the job trains, as the stack's entry points tell them apart (``planner.layout.stacks.TASKS``): the
+    profile's fine-tuning values hold for ``sft``."""
 
     @classmethod
     def of(cls, model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | Pins | None = None,
            dtype: str | None = None, workload: str = "train", stack: str | None = None, lora: str | None = None,
-           **options) -> "PlanRequest":
+           task: str = "pretrain", **options) -> "PlanRequest":
         """A request from ``meshplan plan``'s arguments: ``fix`` as the ``--fix`` text, ``options`` by
         ``PlanOptions`` field."""
         pins = fix if isinstance(fix, Pins) else parse_fix(fix)
         return cls(model, cluster, global_batch, seq_len, pins, dtype, workload, stack, PlanOptions(**options),
-                   lora or "")
+                   lora or "", task)
 
     def __post_init__(self) -> None:
         for flag, value in (("--global-batch", self.global_batch), ("--seq-len", self.seq_len),
@@ -114,6 +117,8 @@ class PlanRequest:
         if self.workload not in WORKLOADS:
             raise MeshplanError(f"--workload {self.workload}: expected one of {', '.join(WORKLOADS)}")
         parse_lora(self.lora)  # a malformed --lora is named before any work
+        if self.task not in TASKS:
+            raise MeshplanError(f"--task {self.task}: expected one of {', '.join(TASKS)}")
 
 
 @dataclass
@@ -217,18 +222,19 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
                             "--cluster": request.cluster if Path(request.cluster).exists() else None,
                             "--sensitivity": opts.sensitivity}, "--out")
     before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
-    fix, profile = profile_pins(request.stack, dtype, spec.is_moe, request.fix)
+    fix, profile = profile_pins(request.stack, dtype, spec.is_moe, request.fix, request.task)
     return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, profile)
 
 
-def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins) -> tuple[Pins, str]:
+def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins,
+                 task: str = "pretrain") -> tuple[Pins, str]:
     """(the pins a ``dtype`` run of a MoE or dense model plans under, the profile's ``name@version``): stack
-    profile ``stack``'s values under ``fix`` (``_over_profile``); ``fix`` and "" without a stack."""
+    profile ``stack``'s values for ``task`` under ``fix`` (``_over_profile``); ``fix`` and "" without a stack."""
     if not stack:
         return fix, ""
     prof = load_stacks().get(stack)
-    defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe, fix.pinned().get("fp8", ""))
-                                  .items()))
+    defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe, fix.pinned().get("fp8", ""),
+                                                                        task).items()))
     return Pins(**_over_profile(defaults.pinned(), fix)), prof.ref
 
 
