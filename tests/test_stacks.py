@@ -156,12 +156,16 @@ def test_plan_starts_from_the_profile_and_fix_overrides_it(tmp_path) -> None:
 def test_a_fine_tuning_value_replaces_the_pre_training_one_for_sft_only(tmp_path, monkeypatch) -> None:
     values = [{"key": "optim_dtype", "value": "remainder", "source": "somewhere @ v1"},
               {"key": "optim_dtype", "value": "bf16", "when": "sft", "source": "somewhere/sft.yaml @ v1"},
-              {"key": "grad_dtype", "value": "bf16", "source": "somewhere @ v1"}]
+              {"key": "grad_dtype", "value": "bf16", "source": "somewhere @ v1"},
+              {"key": "fp8_params", "value": "true", "when": "sft+fp8", "source": "somewhere/sft_fp8.sh @ v1"}]
     body = {"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1", "values": values}
     load = _catalogue_in(tmp_path, monkeypatch, {"x@1.yaml": body})
     prof = load().get("x@1")
     assert prof.defaults("bf16", False) == {"optim_dtype": "remainder", "grad_dtype": "bf16"}
     assert prof.defaults("bf16", False, task="sft") == {"optim_dtype": "bf16", "grad_dtype": "bf16"}
+    assert prof.defaults("fp8", False) == {"optim_dtype": "remainder", "grad_dtype": "bf16"}
+    sft_fp8 = {"optim_dtype": "bf16", "grad_dtype": "bf16", "fp8_params": "true"}
+    assert prof.defaults("fp8", False, task="sft") == sft_fp8
     with pytest.raises(MeshplanError, match="--task finetune: not a task"):
         prof.defaults("bf16", False, task="finetune")
     again = {"key": "optim_dtype", "value": "fp32", "when": "sft", "source": "other @ v1"}
@@ -173,13 +177,14 @@ def test_a_fine_tuning_value_replaces_the_pre_training_one_for_sft_only(tmp_path
 
 def test_nemo_fine_tuning_plans_with_its_sft_confs_optimizer(tmp_path) -> None:
     """NeMo 24.07: pre-training keeps an fp32 optimizer over bf16 weights (param remainders); its launcher's
-    fine-tuning confs run a bf16 one, which ``--task sft`` takes and ``--fix`` still overrides."""
+    fine-tuning confs run a bf16 one and its fp8 fine-tuning scripts hold the weights in fp8, which ``--task sft``
+    takes and ``--fix`` still overrides."""
     def plan(task: str, fix: str = "tp=1,pp=1,mbs=1") -> object:
         return plan_job(PlanRequest.of("llama-3.1-8b-instruct", "1x8xH100", 64, 4096, stack="nemo@24.07", fix=fix,
                                        dtype="fp8", task=task, top=1, out=tmp_path / f"{task}.yaml")).plan
 
-    assert plan("pretrain").optim_dtype == "remainder"
-    assert plan("sft").optim_dtype == "bf16"
+    assert (plan("pretrain").optim_dtype, plan("pretrain").fp8_params) == ("remainder", False)
+    assert (plan("sft").optim_dtype, plan("sft").fp8_params) == ("bf16", True)
     assert plan("sft", "tp=1,pp=1,mbs=1,optim_dtype=fp32").optim_dtype == "fp32"
     with pytest.raises(MeshplanError, match="--task tune: expected one of pretrain, sft"):
         PlanRequest.of("llama-3.1-8b-instruct", "1x8xH100", 64, 4096, task="tune")

@@ -42,12 +42,12 @@ class ProfileValue(_Frozen):
     key: str
     value: str
     source: str = Field(min_length=8)
-    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise|sft)$")
+    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise|sft)(\+(fp8|bf16|moe|dense|sft))*$")
     """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, only for a workload whose GEMMs
     run tensor-wise current scaling (``tensorwise``: the recipe pinned, else the profile's own ``fp8``, resolved with
     the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the recipe), or only for a
     supervised fine-tuning job (``sft``: what the stack's fine-tuning entry point sets over its pre-training default,
-    which it replaces); ``None``: always."""
+    which it replaces); conditions joined by ``+`` hold together (``sft+fp8``); ``None``: always."""
 
 
 class Unpriced(_Frozen):
@@ -81,12 +81,11 @@ class StackProfile(_Frozen):
         ``fp8``: the fp8 recipe the user pinned ("": the profile's own); ``task``: one of ``TASKS``."""
         if task not in TASKS:
             raise MeshplanError(f"--task {task}: not a task (known: {', '.join(TASKS)})")
-        own = {v.key: v.value for v in self.values if v.when not in ("tensorwise", "sft")
-               and _holds(v.when, dtype, is_moe, "")}
+        own = {v.key: v.value for v in self.values if _phase(v.when) == 0 and _holds(v.when, dtype, is_moe, "")}
         recipe = fp8 or own.get("fp8", "")
-        for later in ("tensorwise", "sft"):  # the recipe resolved first; a fine-tuning value replaces any other
-            own |= {v.key: v.value for v in self.values if v.when == later and _holds(v.when, dtype, is_moe, recipe,
-                                                                                        task)}
+        for later in (1, 2):  # the recipe resolved first; a fine-tuning value replaces any other
+            own |= {v.key: v.value for v in self.values if _phase(v.when) == later
+                    and _holds(v.when, dtype, is_moe, recipe, task)}
         return own
 
 
@@ -95,11 +94,22 @@ class StackProfile(_Frozen):
 TASKS = ("pretrain", "sft")
 
 
+def _phase(when: Optional[str]) -> int:
+    """When a value applies: with the plain ones (0), once the recipe is resolved (1: ``tensorwise``), or over both
+    (2: a fine-tuning value)."""
+    parts = (when or "").split("+")
+    return 2 if "sft" in parts else 1 if "tensorwise" in parts else 0
+
+
 def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str, task: str = "pretrain") -> bool:
-    """``recipe``: the fp8 recipe pinned or the profile's own ("": none), which ``lowp_recipe`` resolves with the
-    dtype (a bf16 run with ``fp8=tensorwise`` pinned runs tensor-wise fp8 GEMMs)."""
-    return {None: True, "fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe,
-            "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise", "sft": task == "sft"}[when]
+    """Whether every condition of ``when`` holds. ``recipe``: the fp8 recipe pinned or the profile's own ("": none),
+    which ``lowp_recipe`` resolves with the dtype (a bf16 run with ``fp8=tensorwise`` pinned runs tensor-wise fp8
+    GEMMs)."""
+    if when is None:
+        return True
+    facts = {"fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe,
+             "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise", "sft": task == "sft"}
+    return all(facts[part] for part in when.split("+"))
 
 
 def _read(name: str) -> StackProfile:
@@ -136,8 +146,8 @@ def _check(name: str, prof: StackProfile) -> StackProfile:
     for dtype, moe, recipe in itertools.product(("bf16", "fp8"), (False, True), ("", "tensorwise")):
         # an sft value replaces the others of its key, so it is checked against the sft values alone
         for sft in (False, True):
-            holding = [v.key for v in prof.values if (v.when == "sft") == sft and _holds(v.when, dtype, moe, recipe,
-                                                                                        "sft")]
+            holding = [v.key for v in prof.values if (_phase(v.when) == 2) == sft and _holds(v.when, dtype, moe,
+                                                                                               recipe, "sft")]
             if len(holding) != len(set(holding)):
                 raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "
                                     f"{'MoE' if moe else 'dense'} workload{' under ' + recipe if recipe else ''}"
