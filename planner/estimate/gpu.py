@@ -303,7 +303,7 @@ class GpuEstimator:
                     ep_link, cp_link) -> tuple:
         """(layer ops, their prices, the forward's TP comm, the backward's without userbuffers, its EP comm, its CP
         comm) of op key ``op_key`` on these links, seconds: what ``_layer_base`` reads of the links, cached apart from
-        the overlap and graph flags it varies (a search asks for each op key under 10-20 of them)."""
+        the overlap and graph flags it varies (a search asks for each op key under several of them)."""
         k = (op_key, tp_link, ep_link, cp_link)
         hit = self._comm.get(k)
         if hit is not None:
