@@ -5,7 +5,7 @@ Each file is the unedited output of one run of a script in ``bench/`` on one len
 ``schema``: ``meshplan.gpu_kernels/1`` (``bench/gpu_kernels.py``: grouped GEMMs, permute, attention, casts) or
 ``meshplan.gpu_sustained/1`` (``bench/gpu_sustained.py``: rates held for tens of seconds, launch costs, fp8 recipes)
 or ``meshplan.gpu_varlen/1`` (``bench/gpu_varlen.py``: per-document attention over packed sequences, host time per
-op).
+op) or ``meshplan.gpu_rope/1`` (``bench/gpu_rope.py``: Megatron-Core's unfused RoPE chain against one copy pass).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ FOLDER = "data/measured"
 KERNELS = "meshplan.gpu_kernels/1"
 SUSTAINED = "meshplan.gpu_sustained/1"
 VARLEN = "meshplan.gpu_varlen/1"
+ROPE = "meshplan.gpu_rope/1"
 
 
 @lru_cache(maxsize=4)

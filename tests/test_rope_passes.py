@@ -3,8 +3,8 @@
 Truth: Megatron-Core's own ``_apply_rotary_pos_emb_bshd`` (megatron-core 0.16.1, a test dependency), the function its
 ``apply_rotary_pos_emb`` runs once apply_rope_fusion is off (Megatron-LM's arguments and Megatron-Bridge's providers
 turn it off for YaRN; ``ops_graph.MEGATRON_UNFUSED_ROPE_PASSES`` cites them), run here on CPU with GPT-OSS's YaRN
-concentration factor and every aten kernel it dispatches recorded: the kernels that write a tensor of q's size are the
-passes the op list must hold."""
+concentration factor and every aten kernel it dispatches recorded: the kernels that write a tensor of q's size. The
+op list prices them as the passes their measured time is worth (tests/test_gpu_rope.py)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ import math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from meshplan.planner.estimate.ops_graph import MEGATRON_UNFUSED_ROPE_PASSES, layer_ops
+from meshplan.planner.estimate.ops_graph import MEGATRON_UNFUSED_ROPE_KERNELS, MEGATRON_UNFUSED_ROPE_PASSES, layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
 
@@ -41,7 +41,7 @@ def test_megatron_unfused_rope_writes_q_that_many_times():
     mscale = 0.1 * math.log(32.0) + 1.0  # GPT-OSS: YaRN factor 32, no mscale of its own
     with _Kernels() as k:
         _apply_rotary_pos_emb_bshd(q, freqs, mscale=mscale)
-    assert k.numels.count(q.numel()) == MEGATRON_UNFUSED_ROPE_PASSES, k.numels
+    assert k.numels.count(q.numel()) == MEGATRON_UNFUSED_ROPE_KERNELS, k.numels
 
 
 def _rope_ops(name: str, width) -> list:

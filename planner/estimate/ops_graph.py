@@ -35,8 +35,13 @@ EAGER_ROPE_PASSES = 4
 # apply_rope_fusion off for any position_embedding_type but "rope", and from core_r0.16.0 on apply_rotary_pos_emb
 # also leaves TE's fused kernel wherever YaRN's concentration factor is not 1 (rope_utils.py lines 279-284; GPT-OSS:
 # 0.1 ln 32 + 1). Its ``_apply_rotary_pos_emb_bshd`` is the eager chain (t * cos, rotate_half's neg and cat, * sin,
-# the add) plus a final cat with the dimensions it passes through: one pass more.
-MEGATRON_UNFUSED_ROPE_PASSES = EAGER_ROPE_PASSES + 1
+# the add) plus a final cat with the dimensions it passes through: five kernels that write q's size.
+MEGATRON_UNFUSED_ROPE_KERNELS = EAGER_ROPE_PASSES + 1
+# Those kernels run slower than the elementwise pass the op list prices each at: the broadcast multiplies and the
+# rotate-half cat take PyTorch's non-vectorised paths. Measured on an H200 at GPT-OSS's shapes (bench/gpu_rope.py,
+# costmodel/data/measured/nvidia-h200-rope.json), the forward took 9.8 such passes at micro-batch 4 and 11.7 at 1,
+# and its backward 12.5 and 25.6: priced as 10 passes, whose backward the estimator prices as one more pass each.
+MEGATRON_UNFUSED_ROPE_PASSES = 10
 
 
 @dataclass(frozen=True)
