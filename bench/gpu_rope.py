@@ -1,4 +1,4 @@
-"""Measure unfused rotary embedding (RoPE) on one GPU, and keep the figures.
+"""Measure the eager chains Megatron-Core runs around GPT-OSS's fused kernels on one GPU, and keep the figures.
 
 Section ``rope``, at GPT-OSS's attention shapes (64 query and 8 KV heads of 64 dims, 4096 tokens, micro-batch 1 and 4):
   unfused        the kernel chain Megatron-Core runs when RoPE fusion is off (``_apply_rotary_pos_emb_bshd``,
@@ -7,6 +7,13 @@ Section ``rope``, at GPT-OSS's attention shapes (64 query and 8 KV heads of 64 d
   unfused_view   the same on q and k as the strided views a fused QKV projection's split hands the attention
   copy           one clone of q and of k: one read and one write of each, the pass meshplan prices a fused RoPE at
 Each case also gets the profiler's per-kernel device time.
+
+Section ``experts``, at GPT-OSS's routed experts (fc1 out 2 x 2880, fc2 out 2880; 65,536 routed rows a rank: 16,384
+tokens x top-4), forward and forward + backward:
+  clamp          ``weighted_bias_quick_geglu_impl``'s clamp before its fused kernel: chunk the fc1 output, clamp each
+                 half, cat them back
+  bias_E         ``TEGroupedMLP._apply_bias`` with E local experts: per expert t + b * p (bf16 rows, bf16 bias, fp32
+                 router probabilities), cat, cast to bf16
 
     PYTHONUNBUFFERED=1 python3 bench/gpu_rope.py --out nvidia-h200-rope.json
     python bench/gpu_rope.py --quick --out /tmp/r.json     # tiny shapes on CPU: checks the code paths
@@ -25,10 +32,13 @@ import torch
 from gpu_kernels import attempt, check_sections, run_or_tables, run_sections
 
 # (label, tokens, micro-batch, query heads, KV heads, head dim): openai/gpt-oss-120b's hub config at TP 1
+# experts: routed rows a rank, expert width, local experts (EP 64 / 16 / 8 of 128), GPT-OSS's swiglu_limit
 FULL_PLAN = {"shapes": [("gpt-oss-mbs1", 4096, 1, 64, 8, 64), ("gpt-oss-mbs4", 4096, 4, 64, 8, 64)],
-             "mscale": 0.1 * math.log(32.0) + 1.0}
-QUICK_PLAN = {"shapes": [("tiny", 32, 2, 4, 2, 16)], "mscale": 0.1 * math.log(32.0) + 1.0}
-SECTION_BUDGET_S = {"rope": 90}
+             "mscale": 0.1 * math.log(32.0) + 1.0, "rows": 65536, "ffn": 2880, "local_experts": [2, 8, 16],
+             "clamp": 7.0}
+QUICK_PLAN = {"shapes": [("tiny", 32, 2, 4, 2, 16)], "mscale": 0.1 * math.log(32.0) + 1.0, "rows": 64, "ffn": 16,
+              "local_experts": [2], "clamp": 7.0}
+SECTION_BUDGET_S = {"rope": 90, "experts": 90}
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +126,52 @@ def rope_section(clock, guard, plan, log) -> dict:
     return {"records": records}
 
 
-SECTIONS = {"rope": rope_section}
+def clamp_chain(y: torch.Tensor, limit: float) -> torch.Tensor:
+    glu, lin = y.chunk(2, -1)
+    return torch.cat((glu.clamp(min=None, max=limit), lin.clamp(min=-limit, max=limit)), -1)
+
+
+def bias_chain(t: torch.Tensor, biases, probs: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    parts = [x + b * p for x, b, p in zip(torch.split(t, rows), biases, torch.split(probs, rows))]
+    return torch.cat(parts).to(t.dtype)
+
+
+def timed(clock, fwd, leaves) -> dict:
+    """Forward and forward + backward of ``fwd()`` (a ones gradient into ``leaves``): CUDA-event medians (they show a
+    host that cannot keep the GPU fed) and the profiler's kernel time."""
+    out = fwd()
+    grad = torch.ones_like(out)
+
+    def both():
+        for leaf in leaves:
+            leaf.grad = None
+        fwd().backward(grad)
+    return {"fwd": clock.median_ms(fwd), "fwd_bwd": clock.median_ms(both),
+            "fwd_kernels": attempt(lambda msg: None, "profile", lambda: kernels_us(fwd)),
+            "fwd_bwd_kernels": attempt(lambda msg: None, "profile", lambda: kernels_us(both))}
+
+
+def experts_section(clock, guard, plan, log) -> dict:
+    dev, rows, ffn, records = clock.device, plan["rows"], plan["ffn"], []
+    y = torch.randn(rows, 2 * ffn, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    rec = attempt(log, "clamp", lambda: timed(clock, lambda: clamp_chain(y, plan["clamp"]), [y]))
+    records.append({"kind": "clamp", "rows": rows, "width": 2 * ffn, **rec})
+    log(f"clamp: fwd {rec.get('fwd', {}).get('median_ms', float('nan')):.3f} ms")
+    t = torch.randn(rows, ffn, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(rows, 1, device=dev, dtype=torch.float32, requires_grad=True)
+    for experts in plan["local_experts"]:
+        if not guard.left():
+            break
+        biases = [torch.randn(ffn, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(experts)]
+        split = [rows // experts] * experts
+        rec = attempt(log, f"bias_{experts}", lambda: timed(clock, lambda: bias_chain(t, biases, probs, split),
+                                                               [t, probs, *biases]))
+        records.append({"kind": f"bias_{experts}", "rows": rows, "width": ffn, "local_experts": experts, **rec})
+        log(f"bias_{experts}: fwd {rec.get('fwd', {}).get('median_ms', float('nan')):.3f} ms")
+    return {"records": records}
+
+
+SECTIONS = {"rope": rope_section, "experts": experts_section}
 
 
 def conventions() -> dict:
@@ -169,6 +224,14 @@ def tables(path: str) -> list[str]:
                          + (f"{both['median_ms']:10.3f} {pass_equivalents(r, copy, 'fwd_bwd'):6.1f}" if both else ""))
     lines.append("passes: the time over one copy of q and k (one read and one write each); GB/s: one pass's bytes over "
                  "the time")
+    experts = [r for r in data["sections"].get("experts", {}).get("records", []) if "fwd" in r]
+    if experts:
+        lines.append(f"{'experts':14s} {'rows x width':>13s} {'fwd ms':>8s} {'kernels':>8s} {'fwd+bwd ms':>10s} "
+                     f"{'kernels':>8s}")
+    for r in experts:
+        kern = [(r.get(k) or {}).get("total_us", float("nan")) / 1e3 for k in ("fwd_kernels", "fwd_bwd_kernels")]
+        lines.append(f"{r['kind']:14s} {r['rows']:>6d} x {r['width']:<5d} {r['fwd']['median_ms']:8.3f} {kern[0]:8.3f} "
+                     f"{r['fwd_bwd']['median_ms']:10.3f} {kern[1]:8.3f}")
     return lines
 
 

@@ -1,12 +1,13 @@
-"""Megatron-Core's unfused RoPE chain measured on an H200 (costmodel/data/measured/nvidia-h200-rope.json,
-bench/gpu_rope.py; the measured README's section). Each case's bytes are recomputed from its shape and every rate
-checked against the H200's published HBM bandwidth (costmodel/data/devices.yaml: 4.8 TB/s); the pass count the op
-list prices the chain at (``ops_graph.MEGATRON_UNFUSED_ROPE_PASSES``) is recomputed from the measured times and the
-shipped cost model's price of one elementwise pass; the script's --quick mode runs its code paths here."""
+"""Megatron-Core's eager chains around GPT-OSS's fused kernels measured on an H200 (unfused RoPE, the fc1 clamp, the
+fc2 bias; costmodel/data/measured/nvidia-h200-rope.json, bench/gpu_rope.py; the measured README's section). Each RoPE
+case's bytes are recomputed from its shape and every rate checked against the H200's published HBM bandwidth
+(costmodel/data/devices.yaml: 4.8 TB/s); the pass counts the op list prices the chains at (``ops_graph``) are
+recomputed from the measured times and the estimator's price of one pass; the script's --quick mode runs here."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.measured import ROPE, measured_files
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.estimate.ops_graph import MEGATRON_UNFUSED_ROPE_PASSES
+from meshplan.planner.estimate.ops_graph import EXPERT_BIAS_PASSES, GLU_CLAMP_PASSES, MEGATRON_UNFUSED_ROPE_PASSES
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "nvidia-h200-rope.json"
@@ -43,6 +44,13 @@ def records() -> list[dict]:
     return data["sections"]["rope"]["records"]
 
 
+@pytest.fixture(scope="module")
+def experts() -> dict[str, dict]:
+    recs = measured_files(ROPE)[NAME]["sections"]["experts"]["records"]
+    assert all("error" not in r for r in recs)
+    return {r["kind"]: r for r in recs}
+
+
 def test_every_case_ran_and_moves_no_more_than_hbm_allows(records):
     assert {(r["shape"], r["kind"]) for r in records if "error" not in r} == {
         (s, k) for s in ("gpt-oss-mbs1", "gpt-oss-mbs4") for k in ("copy", "unfused", "unfused_view")}
@@ -55,20 +63,29 @@ def test_every_case_ran_and_moves_no_more_than_hbm_allows(records):
     assert all(r["pass_bytes"] / (r["fwd"]["median_ms"] * 1e-3) > 0.5 * hbm for r in copies)  # a copy streams
 
 
-def _elementwise_passes(r: dict, phase_ms: float, backward: bool) -> float:
-    """A measured time over the shipped cost model's H200 price of one elementwise pass over the case's q and k."""
-    op = OpSpec("elementwise", (r["elements"],), "bf16", backward=backward)
-    return phase_ms / (Pricer.shipped().under_load().predict(op, get_device("H200")) * 1e3)
+def _pass_ms(*ops: OpSpec) -> float:
+    """What the estimator prices one pass of ``ops`` at on an H200, forward and backward (a memory-bound op's backward
+    at twice its forward, ``GpuEstimator._bwd_s``), milliseconds."""
+    pricer, h200 = Pricer.shipped().under_load(), get_device("H200")
+    return sum(3 * pricer.predict(op, h200) for op in ops) * 1e3
 
 
-def test_the_priced_pass_count_is_the_measured_forward(records):
-    unfused = {r["shape"]: r for r in records if r["kind"] == "unfused"}
-    at4 = _elementwise_passes(unfused["gpt-oss-mbs4"], unfused["gpt-oss-mbs4"]["fwd"]["median_ms"], False)
-    assert round(at4) == MEGATRON_UNFUSED_ROPE_PASSES, at4
-    for r in unfused.values():  # never above what either shape measured, forward or backward
-        bwd_ms = r["fwd_bwd"]["median_ms"] - r["fwd"]["median_ms"]
-        assert MEGATRON_UNFUSED_ROPE_PASSES <= _elementwise_passes(r, r["fwd"]["median_ms"], False) + 0.5
-        assert MEGATRON_UNFUSED_ROPE_PASSES <= _elementwise_passes(r, bwd_ms, True)
+def _measured_passes(r: dict, *ops: OpSpec) -> float:
+    return r["fwd_bwd"]["median_ms"] / _pass_ms(*ops)
+
+
+def test_the_priced_pass_counts_are_the_measured_chains_whole_passes(records, experts):
+    """Each chain is priced at the whole number of its passes the measurement at the dev set's shape exceeds."""
+    rope = {r["shape"]: r for r in records if r["kind"] == "unfused"}
+    ratios = {s: _measured_passes(r, OpSpec("elementwise", (r["elements"],), "bf16")) for s, r in rope.items()}
+    assert math.floor(ratios["gpt-oss-mbs4"]) == MEGATRON_UNFUSED_ROPE_PASSES <= min(ratios.values()), ratios
+    clamp = experts["clamp"]
+    n = clamp["rows"] * clamp["width"]
+    assert math.floor(_measured_passes(clamp, OpSpec("activation", (n,), "bf16"))) == GLU_CLAMP_PASSES
+    bias = [r for k, r in experts.items() if k.startswith("bias_")]
+    n = bias[0]["rows"] * bias[0]["width"]
+    got = [_measured_passes(r, OpSpec("elementwise", (n,), "fp32"), OpSpec("cast", (n,), "fp32")) for r in bias]
+    assert math.floor(min(got)) == EXPERT_BIAS_PASSES and len(got) == 3, got
 
 
 def test_quick_mode_writes_the_schema_and_tables_read_it(tmp_path, rope_script):
@@ -77,5 +94,6 @@ def test_quick_mode_writes_the_schema_and_tables_read_it(tmp_path, rope_script):
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["schema"] == ROPE and [r["kind"] for r in result["sections"]["rope"]["records"]] == [
         "copy", "unfused", "unfused_view"]
+    assert [r["kind"] for r in result["sections"]["experts"]["records"]] == ["clamp", "bias_2"]
     kept = "\n".join(rope_script.tables(str(ROOT / "costmodel" / "data" / "measured" / NAME)))
-    assert "NVIDIA H200" in kept and kept.count("unfused") == 4
+    assert "NVIDIA H200" in kept and kept.count("unfused") == 4 and "bias_16" in kept

@@ -39,9 +39,11 @@ EAGER_ROPE_PASSES = 4
 MEGATRON_UNFUSED_ROPE_KERNELS = EAGER_ROPE_PASSES + 1
 # Those kernels run slower than the elementwise pass the op list prices each at: the broadcast multiplies and the
 # rotate-half cat take PyTorch's non-vectorised paths. Measured on an H200 at GPT-OSS's shapes (bench/gpu_rope.py,
-# costmodel/data/measured/nvidia-h200-rope.json), the forward took 9.8 such passes at micro-batch 4 and 11.7 at 1,
-# and its backward 12.5 and 25.6: priced as 10 passes, whose backward the estimator prices as one more pass each.
-MEGATRON_UNFUSED_ROPE_PASSES = 10
+# costmodel/data/measured/nvidia-h200-rope.json), forward and backward took 7.2 such passes at micro-batch 4 and 12.6
+# at 1, a pass priced as the estimator prices one (its backward twice its forward, ``GpuEstimator._bwd_s``). Each
+# eager chain measured there is priced at the whole number of its passes the measurement at the dev set's shape
+# exceeds, never above what it took (also ``GLU_CLAMP_PASSES``, ``EXPERT_BIAS_PASSES``).
+MEGATRON_UNFUSED_ROPE_PASSES = 7
 
 
 @dataclass(frozen=True)
@@ -587,16 +589,25 @@ def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[O
             *_grouped(mm(per_expert, h, fe // etp), local)]
 
 
+# The GPT-OSS expert chains measured on an H200 (bench/gpu_rope.py, section experts; 65,536 routed rows a rank, the
+# B1 GB300 / GB200 rows' shape), forward and backward: the fc1 clamp took 4.24 ms, 3.6 of its unary passes over the
+# fc1 output (1.19 ms each as the estimator prices one); the fc2 bias 4.69 ms with 2 local experts (EP 64), 5.02 with
+# 8 and 5.50 with 16: 1.7-2.0 of its fp32 add and cast (2.80 ms). Whole passes below each: 3 and 1 (see
+# ``MEGATRON_UNFUSED_ROPE_PASSES``).
+GLU_CLAMP_PASSES = 3
+EXPERT_BIAS_PASSES = 1
+
+
 def glu_clamp_ops(model, n_out: float, act: str) -> list[OpSpec]:
     """A clamped gated activation (GPT-OSS ``swiglu_limit``) as Megatron-Core runs it before its fused kernel
     (``weighted_bias_quick_geglu_impl`` with ``activation_func_clamp_value``, core r0.15 to main): eager PyTorch
     clamps the gate half and the linear half of the fc1 output (two unary kernels over half of it each) and
-    ``torch.cat``s them back: two unary passes over the ``2 n_out`` elements (the cat reads and writes as much).
+    ``torch.cat``s them back: unary passes over the ``2 n_out`` elements, as many as it measured (``GLU_CLAMP_PASSES``).
     AutoModel (meshplan's megatron stack too) compiles its clamp into the activation but adds the fc1 bias in eager
-    PyTorch first (``GroupedExpertsDeepEP._apply_bias``: ``t + b`` per expert, ``torch.cat``): the same two passes."""
+    PyTorch first (``GroupedExpertsDeepEP._apply_bias``: ``t + b`` per expert, ``torch.cat``), priced alike."""
     if not model.glu_clamp or not model.gated_mlp:
         return []
-    return [OpSpec("activation", (int(2 * n_out),), act)] * 2
+    return [OpSpec("activation", (int(2 * n_out),), act)] * GLU_CLAMP_PASSES
 
 
 def expert_bias_ops(model, n_out: float) -> list[OpSpec]:
@@ -606,11 +617,11 @@ def expert_bias_ops(model, n_out: float) -> list[OpSpec]:
     main's packed path since 2026-08, ``_apply_packed_bias``, the same chain over a ``repeat_interleave``d bias).
     Bytes per element: forward 28 (the broadcast product written in fp32, the add reading bf16 and fp32 and writing
     fp32, the cat, the cast down), backward 36 (the gradient cast up, the input's gradient cast down, and for the
-    bias and the probabilities a product and a sum each). Priced as one fp32 binary op and one fp32 cast (20 bytes
-    an element), which with the estimator's backward at twice a memory-bound forward come to 60 of the 64."""
+    bias and the probabilities a product and a sum each). Priced as fp32 binary ops and fp32 casts (20 bytes an
+    element a pair), as many pairs as the chain measured (``EXPERT_BIAS_PASSES``)."""
     if not model.expert_bias:
         return []
-    return [OpSpec("elementwise", (int(n_out),), "fp32"), OpSpec("cast", (int(n_out),), "fp32")]
+    return [OpSpec("elementwise", (int(n_out),), "fp32"), OpSpec("cast", (int(n_out),), "fp32")] * EXPERT_BIAS_PASSES
 
 
 def expert_copies(model, layout: Layout) -> int:
