@@ -679,6 +679,24 @@ def run_logged(run, args) -> int:
     return 0
 
 
+def parse_one_file_args(doc: str, sections: dict, budget_s: float, argv):
+    """The command line bench/gpu_varlen.py and bench/gpu_rope.py share: ``--out`` to measure or ``--tables FILE`` to
+    print a kept run, ``--quick``, ``--budget-s``, ``--sections``; a wrong one exits 2 with one line."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", help="JSON file to write (rewritten after every section)")
+    ap.add_argument("--tables", metavar="FILE", help="print a kept run's tables instead of measuring")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU when no GPU): checks the code paths")
+    ap.add_argument("--budget-s", type=float, default=budget_s, help="deadline for the whole run, seconds")
+    ap.add_argument("--sections", default=",".join(sections), help="comma-separated subset of " + ",".join(sections))
+    args = ap.parse_args(argv)
+    if bool(args.out) == bool(args.tables):
+        ap.exit(2, "give exactly one of --out (measure) and --tables FILE (print a kept run)\n")
+    if args.tables and not Path(args.tables).is_file():
+        ap.exit(2, f"--tables: {args.tables}: no such file\n")
+    check_sections(ap, args.sections, sections)
+    return args
+
+
 def run_or_tables(args, run, tables) -> int:
     """The entry point bench/gpu_sustained.py and bench/gpu_varlen.py share: print the kept files' tables when
     ``--tables`` names them, else measure (``run_logged``)."""

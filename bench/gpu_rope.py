@@ -23,13 +23,12 @@ Standalone (torch and the standard library, plus bench/gpu_kernels.py beside it)
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
 import torch
-from gpu_kernels import attempt, check_sections, run_or_tables, run_sections
+from gpu_kernels import attempt, parse_one_file_args, run_or_tables, run_sections
 
 # (label, tokens, micro-batch, query heads, KV heads, head dim): openai/gpt-oss-120b's hub config at TP 1
 # experts: routed rows a rank, expert width, local experts (EP 64 / 16 / 8 of 128), GPT-OSS's swiglu_limit
@@ -187,19 +186,7 @@ def run(args, log) -> dict:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="JSON file to write (rewritten after every section)")
-    ap.add_argument("--tables", metavar="FILE", help="print a kept run's table instead of measuring")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU when no GPU): checks the code paths")
-    ap.add_argument("--budget-s", type=float, default=120.0, help="deadline for the whole run, seconds")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
-    args = ap.parse_args(argv)
-    if bool(args.out) == bool(args.tables):
-        ap.exit(2, "give exactly one of --out (measure) and --tables FILE (print a kept run)\n")
-    if args.tables and not Path(args.tables).is_file():
-        ap.exit(2, f"--tables: {args.tables}: no such file\n")
-    check_sections(ap, args.sections, SECTIONS)
-    return args
+    return parse_one_file_args(__doc__, SECTIONS, 120.0, argv)
 
 
 def pass_equivalents(rec: dict, copy: dict, phase: str) -> float:

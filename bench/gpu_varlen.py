@@ -19,7 +19,6 @@ Standalone (torch and the standard library, plus bench/gpu_kernels.py beside it)
 """
 from __future__ import annotations
 
-import argparse
 import inspect
 import platform
 import statistics
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_kernels import attempt, attention_case, check_sections, empty_cache, rate, run_or_tables, run_sections
+from gpu_kernels import attempt, attention_case, empty_cache, parse_one_file_args, rate, run_or_tables, run_sections
 
 # (label, query heads, KV heads, head dim) per GPU at TP 1: the HF configs of Llama 3 8B / 70B and Llama 2 7B in
 # planner/presets/models, and openai/gpt-oss-120b's hub config (64 query heads, 8 KV heads, head_dim 64)
@@ -220,19 +219,7 @@ def run(args, log) -> dict:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="JSON file to write (rewritten after every section)")
-    ap.add_argument("--tables", metavar="FILE", help="print a kept run's tables instead of measuring")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU when no GPU): checks the code paths")
-    ap.add_argument("--budget-s", type=float, default=200.0, help="deadline for the whole run, seconds")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
-    args = ap.parse_args(argv)
-    if bool(args.out) == bool(args.tables):
-        ap.exit(2, "give exactly one of --out (measure) and --tables FILE (print a kept run)\n")
-    if args.tables and not Path(args.tables).is_file():
-        ap.exit(2, f"--tables: {args.tables}: no such file\n")
-    check_sections(ap, args.sections, SECTIONS)
-    return args
+    return parse_one_file_args(__doc__, SECTIONS, 200.0, argv)
 
 
 def kernel_or_event_ms(rec: dict, phase: str) -> float | None:

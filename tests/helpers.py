@@ -44,6 +44,22 @@ def load_bench(name: str, defines: str):
     return module
 
 
+def load_gpu_script(name: str):
+    """``bench/<name>.py``, a standalone GPU script, loaded in this process as the GPU machine runs it: with
+    bench/gpu_kernels.py importable beside it."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return module
+
+
 def load_dev_set():
     """``bench/dev_set.py`` as a module, registered as ``dev_set``."""
     return load_bench("dev_set", "row_needs")

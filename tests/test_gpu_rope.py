@@ -5,10 +5,8 @@ case's bytes are recomputed from its shape and every rate checked against the H2
 recomputed from the measured times and the estimator's price of one pass; the script's --quick mode runs here."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.measured import ROPE, measured_files
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.ops_graph import EXPERT_BIAS_PASSES, GLU_CLAMP_PASSES, MEGATRON_UNFUSED_ROPE_PASSES
+from tests.helpers import load_gpu_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "nvidia-h200-rope.json"
@@ -26,14 +25,7 @@ NAME = "nvidia-h200-rope.json"
 @pytest.fixture(scope="module")
 def rope_script():
     """bench/gpu_rope.py loaded in this process (it imports bench/gpu_kernels.py beside it, as on the GPU)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_rope", ROOT / "bench" / "gpu_rope.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return module
+    return load_gpu_script("gpu_rope")
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,14 @@ device's published dense bf16 peak (costmodel/data/devices.yaml: 989.4 TFLOP/s o
 --quick mode runs its code paths here and writes the same schema."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from meshplan.costmodel.devices import get_device
 from meshplan.costmodel.measured import VARLEN, measured_files
+from tests.helpers import load_gpu_script
 
 ROOT = Path(__file__).resolve().parents[1]
 # file -> (the device name it recorded, the catalogue's device)
@@ -25,14 +24,7 @@ KINDS = {"varlen_flash", "varlen_cudnn", "batched_flash", "batched_cudnn"}
 @pytest.fixture(scope="module")
 def varlen_script():
     """bench/gpu_varlen.py loaded in this process (it imports bench/gpu_kernels.py beside it, as on the GPU)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_varlen", ROOT / "bench" / "gpu_varlen.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return module
+    return load_gpu_script("gpu_varlen")
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
