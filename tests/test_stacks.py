@@ -188,3 +188,13 @@ def test_nemo_fine_tuning_plans_with_its_sft_confs_optimizer(tmp_path) -> None:
     assert plan("sft", "tp=1,pp=1,mbs=1,optim_dtype=fp32").optim_dtype == "fp32"
     with pytest.raises(MeshplanError, match="--task tune: expected one of pretrain, sft"):
         PlanRequest.of("llama-3.1-8b-instruct", "1x8xH100", 64, 4096, task="tune")
+
+
+def test_a_task_that_changes_nothing_is_said(tmp_path) -> None:
+    def notes(stack) -> tuple:
+        return plan_job(PlanRequest.of("llama-3.1-8b-instruct", "1x8xH100", 64, 4096, stack=stack, task="sft",
+                                       fix="tp=1,pp=1,mbs=1", top=1, out=tmp_path / f"{stack}.yaml")).notes
+
+    assert not [n for n in notes("nemo@24.07") if n.startswith("--task")]
+    assert "--task sft: no --stack profile named, so the plan is priced as pre-training would be" in notes(None)
+    assert any("stack profile torchtitan@0.2.2 holds no sft value" in n for n in notes("torchtitan@0.2.2"))

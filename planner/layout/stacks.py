@@ -89,6 +89,11 @@ class StackProfile(_Frozen):
         return own
 
 
+    def holds_for(self, task: str) -> bool:
+        """Whether any value of the profile holds only for ``task`` (``when`` names it)."""
+        return any(task in (v.when or "").split("+") for v in self.values)
+
+
 # What a job trains, as a stack's entry points tell them apart: pre-training, or supervised fine-tuning of every weight
 # (NeMo's ``conf/peft/<model>/sft.yaml``, Megatron-Bridge's finetune recipes); LoRA is ``--lora``, on either
 TASKS = ("pretrain", "sft")

@@ -238,6 +238,14 @@ def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins,
     return Pins(**_over_profile(defaults.pinned(), fix)), prof.ref
 
 
+def _task_note(task: str, profile: str) -> tuple[str, ...]:
+    """A line where ``--task`` changes nothing: no profile named, or one without values for that task."""
+    if task == "pretrain" or (profile and load_stacks().get(profile).holds_for(task)):
+        return ()
+    where = f"stack profile {profile} holds no {task} value" if profile else "no --stack profile named"
+    return (f"--task {task}: {where}, so the plan is priced as pre-training would be",)
+
+
 def _over_profile(defaults: dict, fix: Pins) -> dict:
     """The profile's values under the request's pins. ``recompute`` and ``recompute_modules`` go together (a module
     list is selective recomputation): pinning one drops the profile's value of the other."""
@@ -283,6 +291,7 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
         notes += tuple(f"warning: {w}" for w in pricer.warnings)
     if job.profile:
         plan = plan.model_copy(update={"stack_profile": job.profile})
+    notes += _task_note(req.task, job.profile)
     write_checked(job.path, plan.to_yaml(), job.before)
     title = (f"{job.spec.name} on {clus.spec}: global batch {req.global_batch}, seq {req.seq_len} — "
              f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
