@@ -25,7 +25,7 @@ from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.host.terms import Host
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
-from meshplan.planner.layout.stacks import TASKS, load_stacks
+from meshplan.planner.layout.stacks import TASKS, StackProfile, load_stacks
 from meshplan.planner.model.config import load_model
 from meshplan.planner.model.peft import parse_lora
 from meshplan.planner.model.spec import ModelSpec
@@ -158,6 +158,7 @@ class _Job:
     before: object  # the plan file's state when the job began (``core.atomic.file_state``)
     fix: Pins  # the request's pins over the stack profile's values
     profile: str  # the stack profile's ``name@version`` ("" = none)
+    task_note: tuple[str, ...]  # ``_task_note``'s line where ``--task`` changes nothing
 
 
 def plan_name(model_arg: str) -> str:
@@ -222,27 +223,28 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
                             "--cluster": request.cluster if Path(request.cluster).exists() else None,
                             "--sensitivity": opts.sensitivity}, "--out")
     before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
-    fix, profile = profile_pins(request.stack, dtype, spec.is_moe, request.fix, request.task)
-    return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, profile)
+    fix, prof = profile_pins(request.stack, dtype, spec.is_moe, request.fix, request.task)
+    return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, prof.ref if prof else "",
+                _task_note(request.task, prof))
 
 
 def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins,
-                 task: str = "pretrain") -> tuple[Pins, str]:
-    """(the pins a ``dtype`` run of a MoE or dense model plans under, the profile's ``name@version``): stack
-    profile ``stack``'s values for ``task`` under ``fix`` (``_over_profile``); ``fix`` and "" without a stack."""
+                 task: str = "pretrain") -> tuple[Pins, Optional[StackProfile]]:
+    """(the pins a ``dtype`` run of a MoE or dense model plans under, the profile): stack profile ``stack``'s values
+    for ``task`` under ``fix`` (``_over_profile``); ``fix`` and ``None`` without a stack."""
     if not stack:
-        return fix, ""
+        return fix, None
     prof = load_stacks().get(stack)
     defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe, fix.pinned().get("fp8", ""),
                                                                         task).items()))
-    return Pins(**_over_profile(defaults.pinned(), fix)), prof.ref
+    return Pins(**_over_profile(defaults.pinned(), fix)), prof
 
 
-def _task_note(task: str, profile: str) -> tuple[str, ...]:
+def _task_note(task: str, prof: Optional[StackProfile]) -> tuple[str, ...]:
     """A line where ``--task`` changes nothing: no profile named, or one without values for that task."""
-    if task == "pretrain" or (profile and load_stacks().get(profile).holds_for(task)):
+    if task == "pretrain" or (prof is not None and prof.holds_for(task)):
         return ()
-    where = f"stack profile {profile} holds no {task} value" if profile else "no --stack profile named"
+    where = f"stack profile {prof.ref} holds no {task} value" if prof else "no --stack profile named"
     return (f"--task {task}: {where}, so the plan is priced as pre-training would be",)
 
 
@@ -291,7 +293,7 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
         notes += tuple(f"warning: {w}" for w in pricer.warnings)
     if job.profile:
         plan = plan.model_copy(update={"stack_profile": job.profile})
-    notes += _task_note(req.task, job.profile)
+    notes += job.task_note
     write_checked(job.path, plan.to_yaml(), job.before)
     title = (f"{job.spec.name} on {clus.spec}: global batch {req.global_batch}, seq {req.seq_len} — "
              f"{result.feasible} of {result.evaluated} layouts priced fit, of {result.candidates:,} in the space "
