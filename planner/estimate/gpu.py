@@ -443,7 +443,7 @@ class GpuEstimator:
             try:
                 for moe in tb.rep:
                     k = self._op_key(tb, dev, key, moe, seq, dtype)
-                    if k not in self._ops:
+                    if k not in self._ops and k not in self._lists:  # a listed key's ops are primed or in todo
                         todo.update(dict.fromkeys(self._op_lists(k, tb, key, moe, seq, dtype)[1]))
                 edge = (tb, dev, seq, dtype, key.micro_batch, key.tp, key.cp, key.stack)  # what the two read
                 if edge not in self._edge_primed:

@@ -33,8 +33,6 @@ from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.solve.columns import base_dtype
-from meshplan.planner.search.solve.compression import solve_compression
-from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve
 
 WORKLOADS = ("train", "serve")
 
@@ -338,6 +336,9 @@ def _choose_compression(job: _Job, work: Workload, fixes: Pins, best: Plan, best
 
 def _with_compression(job: _Job, plan: Plan, work: Workload, est: Estimate) -> tuple[Plan, tuple[str, ...]]:
     """``plan`` with the per-bucket compression the solver chooses, and its saving applied to the prediction."""
+    # CP-SAT (ortools, and the pandas it loads: 0.35 s) is imported where a plan asks for it, not by every search
+    from meshplan.planner.search.solve.compression import solve_compression
+
     # only what a launcher applies: one-level, on-GPU choices (the DDP hook; targets name the rest unapplied)
     res = solve_compression(work.model, work.cluster, work.global_batch, work.seq_len,
                             error_budget=job.request.options.error_budget, estimator=job.estimator,
@@ -431,6 +432,8 @@ def _solve_and_save(job: _Job, quality_budget: float) -> PlanOutcome:
 
 def _solve(job: _Job, quality_budget: float):
     """The solver's result for ``job`` (serving: LLM-PQ; training: the heterogeneous partition or QSync)."""
+    from meshplan.planner.search.solve.precision import solve_hetero_train, solve_serve  # CP-SAT: see above
+
     req = job.request
     if req.workload == "serve":
         return solve_serve(job.spec, job.cluster, req.global_batch, req.seq_len, req.options.gen_len,
