@@ -18,6 +18,12 @@ meshplan's own ``--fix`` parser accepts it; until then the row is priced with th
 missing decision. A Megatron-Bridge table layout that cannot run (refused as out of memory, or against Megatron's
 mesh rules) where the release's recipe ran another is priced at the recipe's, an approximated ``layout=recipe``
 (``recipe_layout_row``). Nothing is fitted here: the harness only maps rows to inputs and reports.
+
+A row of any other source (a run kept apart, from any publication, in the same fields) is priced from what it
+states alone (``_stated_needs``): its model config, GPU (the catalogue part its ``gpu`` text or ``device`` names),
+nodes and NVLink domain, degrees, batch, sequence, precision and, where given, ZeRO stage, recomputation and
+sequence parallelism, under its ``stack`` profile or Megatron-Bridge's newest; the rest is meshplan's search. A row
+lacking a fact or naming no catalogued GPU is reported as not expressible, saying which.
 """
 from __future__ import annotations
 
@@ -749,6 +755,105 @@ def _torchtitan_needs(row: dict, n: int, dp: int, tp: int, device: str) -> tuple
     return zero, sp, recompute, needs, assumptions, device
 
 
+# A source the harness has no mapping of its own for (a run kept apart from the dev set, from any publication) is
+# priced from what its row states alone: model config, GPU, GPUs per node and NVLink domain, the degrees, batch,
+# sequence, precision and, where the row gives them, ZeRO stage, recomputation and sequence parallelism; the rest is
+# left to meshplan's search under the row's ``stack`` profile (``name`` or ``name@version``), else this default.
+STATED_DEFAULT_STACK = "megatron-bridge"
+# What a row's precision words say of its fp8 recipe, first match wins (none: the stack profile's own recipe)
+STATED_FP8_RECIPE = (("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8-cs", "tensorwise"),
+                     ("current scaling", "tensorwise"), ("tensorwise", "tensorwise"), ("delayed", "delayed"),
+                     ("blockwise", "blockwise"))
+# What a row of such a source must state to be priced (``n_gpus`` or ``dp``, and a published step time or throughput,
+# are checked apart)
+STATED_FIELDS = ("name", "source_id", "gpu", "tp", "pp", "cp", "mbs", "gbs", "seq", "dtype", "config", "published")
+
+
+def stated_row_problem(row: dict) -> str:
+    """Why a row of a source without its own mapping cannot be priced ("" when it can): the facts it lacks."""
+    lacks = [f for f in STATED_FIELDS if row.get(f) in (None, "")]
+    if not (row.get("n_gpus") or row.get("dp")):
+        lacks.append("n_gpus (or dp)")
+    pub = row.get("published") if isinstance(row.get("published"), dict) else {}
+    if row.get("published") and not (pub.get("step_time_s") or pub.get("tokens_per_s_per_gpu")):
+        lacks.append("published.step_time_s (or published.tokens_per_s_per_gpu)")
+    return f"row lacks {', '.join(lacks)}" if lacks else ""
+
+
+def is_stated_row(row: dict) -> bool:
+    """Whether a row comes from a source without a mapping of its own here (priced by ``_stated_needs``)."""
+    return not is_bridge_row(row) and row.get("source_id") not in (*SOURCE_PROFILE, "T")
+
+
+def _config_layers(cfg: Optional[str]) -> int:
+    """The decoder layers of the model config ``cfg`` (a row that does not state its layers)."""
+    from meshplan.planner.model.config import load_model
+
+    return load_model(cfg).num_layers
+
+
+def stated_device(row: dict) -> str:
+    """The catalogued device a row's ``device`` names, else the one its ``gpu`` text names: runs of up to three of
+    its words looked up, the longest runs that name one winning ('A100 40GB' -> A100-40GB, not A100's 80 GB part;
+    'GB300 (DGX-GB300, NVL72)' -> GB300); a clear error where none, or two different ones, match."""
+    if row.get("device"):
+        return get_device(str(row["device"])).name
+    words = [w for w in re.split(r"[\s(),/;]+", str(row["gpu"])) if w]
+    found: set = set()
+    for n in (3, 2, 1):
+        for i in range(len(words) - n + 1):
+            try:
+                found.add(get_device("-".join(words[i:i + n])).name)
+            except MeshplanError:
+                continue
+        if found:
+            break
+    if len(found) != 1:
+        what = f"names {' and '.join(sorted(found))}" if found else "names no catalogued device (meshplan devices)"
+        raise MeshplanError(f"row {row['name']}: gpu '{row['gpu']}' {what}; state one in the row's 'device'")
+    return found.pop()
+
+
+def stated_profile(row: dict) -> str:
+    """The stack profile a row of a source without its own mapping is priced with: its ``stack`` (a profile's name,
+    its newest version, or ``name@version``), else ``STATED_DEFAULT_STACK``'s newest."""
+    from meshplan.planner.layout.stacks import load_stacks
+
+    return load_stacks().get(str(row.get("stack") or STATED_DEFAULT_STACK)).ref
+
+
+def _stated_needs(row: dict, tp: int) -> tuple:
+    """(zero, sp, recompute, dtype, needs, assumptions, device) of a row from a source the harness has no mapping
+    for: each decision the row states, as a stated need; what it leaves out stays ``None`` (left to the search)."""
+    device = stated_device(row)
+    dtype = str(row["dtype"]).lower()
+    needs: list[Need] = []
+    zero = row.get("zero") if isinstance(row.get("zero"), int) and not isinstance(row.get("zero"), bool) else None
+    sp = row.get("sp") if isinstance(row.get("sp"), bool) else (False if tp == 1 else None)
+    recompute = row.get("recompute") if row.get("recompute") in ("none", "selective", "full") else None
+    words = str(row.get("precision_recipe") or "").lower()
+    recipe = next((r for said, r in STATED_FP8_RECIPE if said in words), "") if dtype == "fp8" else ""
+    if recipe:
+        needs.append(Need("fp8", recipe, f"the row's precision '{row['precision_recipe']}'", {}, stated=True))
+    said = [f"{k}={v}" for k, v in (("zero", zero), ("sp", sp), ("recompute", recompute)) if v is not None]
+    said += [f"{k}={row[k]}" for k in ("gpus_per_node", "nvlink_domain") if row.get(k)]
+    stated_facts = ", ".join(said) or "no ZeRO stage, sequence parallelism or recomputation"
+    assumptions = [f"a source without a mapping of its own: priced from what its row states ({stated_facts}), the "
+                   f"rest left to the search; device {device} from gpu '{row.get('device') or row['gpu']}'"]
+    return zero, sp, recompute, dtype, needs, assumptions, device
+
+
+def stated_cluster(row: dict, n_gpus: int, device: str) -> tuple[str, str]:
+    """(cluster, how the job was spread over racks where the row does not say) of a row without its own mapping:
+    its ``gpus_per_node`` and ``nvlink_domain``, else a GB200 / GB300 part's NVL72 rack of 4-GPU trays (the
+    NVLink domain those parts ship in as DGX systems; ``bridge_cluster`` spreads a job over the fewest racks) or 8
+    GPUs per node in a domain of its node."""
+    rack = get_device(device).family.endswith("nvl72")
+    gpn = row.get("gpus_per_node") or (4 if rack else 8)
+    domain = row.get("nvlink_domain") or (72 if rack else gpn)
+    return bridge_cluster({"system": device, "gpus_per_node": gpn, "nvlink_domain": domain}, n_gpus)
+
+
 def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype: str,
              profile_only: bool = False) -> tuple:
     """(approximated, missing, from_profile, per_row, device, dtype): each need the stack profile sets already, each
@@ -826,12 +931,16 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         zero, sp, recompute, dtype, needs, assumptions, vpp = _nemo_needs(row, src, tp, pp, cp, vpp)
     elif src == "S5":
         zero, sp, recompute, needs, assumptions = _automodel_needs(row, dp, tp, pp, cp, ep)
-    else:
+    elif src == "T":
         zero, sp, recompute, needs, assumptions, device = _torchtitan_needs(row, n, dp, tp, device)
+    else:
+        zero, sp, recompute, dtype, needs, assumptions, device = _stated_needs(row, tp)
     if vpp > 1:
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
-    L = row["layers"]
-    profile = SOURCE_PROFILE.get(src) or bridge_profile(row)
+    stated = is_stated_row(row)
+    cfg = _config_path(row, runs_dir)
+    L = row.get("layers") or _config_layers(cfg)
+    profile = SOURCE_PROFILE.get(src) or (stated_profile(row) if stated else bridge_profile(row))
     task = row_task(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
         stack_split = _profile_defaults(profile, dtype, bool(row.get("num_experts")), "", task).get("pp_split")
@@ -840,14 +949,16 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))
-    cfg = _config_path(row, runs_dir)
     if cfg and "approx" in cfg:
         needs.append(Need("arch", Path(cfg).stem, row.get("notes", "").split("arch approx for meshplan: ")[-1], {}))
     dp_shard = dp if zero else 1
     fix = dict(dp=dp, dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep,
                mbs=la.get("mbs") or row["mbs"], zero=zero, recompute=recompute, sp=sp, attention="flash")
-    if recompute is None:
-        del fix["recompute"]
+    for key, said in (("recompute", recompute), ("zero", zero), ("sp", sp)):
+        if said is None:  # unstated (a source without its own mapping): the search's
+            del fix[key]
+    if zero is None:
+        del fix["dp_replicate"], fix["dp_shard"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
     stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8, task)
     if "attention" in stack_sets:
@@ -856,14 +967,14 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                                                                            profile_only)
     if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs
         fix["recompute"] = "selective"
-    if profile_only and src not in RECOMPUTE_IN_TABLE:  # a run meshplan never saw leaves it to the search
+    if profile_only and src not in RECOMPUTE_IN_TABLE and not stated:  # a run meshplan never saw: the search's
         fix.pop("recompute", None)
     if profile_only:  # and what it captured in CUDA graphs (space.free_cuda_graphs: per-layer graphs where allowed)
         fix.pop("cuda_graphs", None)
     gpn = row.get("gpus_per_node") or 8
     cluster = f"{n // gpn}x{gpn}x{device}"
-    if is_bridge_row(row):
-        cluster, spread = bridge_cluster(row, n)
+    if is_bridge_row(row) or stated:
+        cluster, spread = bridge_cluster(row, n) if not stated else stated_cluster(row, n, device)
         if spread:
             per_row.append(f"cluster={cluster}: {spread}")
     return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
@@ -929,7 +1040,7 @@ def _profile_defaults(profile: str, dtype: str, is_moe: bool, fp8: str = "", tas
 class RowResult:
     name: str
     source: str
-    published_step_s: float
+    published_step_s: Optional[float]  # None: a row too incomplete to say it
     status: str  # priced | not expressible | refused OOM | out of scope
     detail: str = ""
     predicted_step_s: Optional[float] = None
@@ -944,7 +1055,18 @@ class RowResult:
 def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = False) -> RowResult:
     """Price one row through ``plan_job`` with its layout pinned (``profile_only``: see ``row_needs``). A Bridge
     row whose table layout cannot run (refused as out of memory, or against Megatron's mesh rules) and whose
-    release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``)."""
+    release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``). A row of a
+    source without its own mapping that lacks a fact, or names no catalogued GPU, is reported as not expressible,
+    saying why (the other rows still price)."""
+    if is_stated_row(row):
+        try:
+            problem = stated_row_problem(row) or (stated_device(row) and "")
+        except MeshplanError as exc:
+            problem = str(exc)
+        if problem:
+            step = published_step_s(row) if "published" not in problem and row.get("n_gpus") else None
+            return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), step, "not expressible",
+                             problem)
     res = _price_as_stated(row, runs_dir, out_dir, profile_only)
     if res.status not in ("refused OOM", "not expressible") or res.inputs.get("missing") or profile_only:
         return res
@@ -1163,7 +1285,7 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
         status = r.status if r.status == "priced" else f"{r.status}: {r.detail}"
         approx = ", ".join(a.split(": ")[0] for a in r.inputs.get("approximated", []))
         per_row = ", ".join(a.split(": ")[0] for a in r.inputs.get("per_row", ()))
-        rows.append([r.name, r.source, f"{r.published_step_s:.3f}",
+        rows.append([r.name, r.source, "" if r.published_step_s is None else f"{r.published_step_s:.3f}",
                      "" if r.predicted_step_s is None else f"{r.predicted_step_s:.3f}", _pct(r.error), status, approx,
                      per_row])
     per_source = [[x["source"], str(x["rows"]), str(x["priced"]), str(x["not_expressible"]), str(x["refused_oom"]),

@@ -1,0 +1,99 @@
+"""Runs from a source the dev-set harness has no mapping for (runs kept apart, from any publication) are priced from
+what their rows state and a stack profile, through the same ``python bench/dev_set.py RUNS_DIR`` (issues 25, 26).
+
+Truths: the device catalogue's own names, the same run priced by its source's own mapping, and the harness's
+command line reading back what it printed.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from meshplan.planner.layout.stacks import load_stacks
+from tests.helpers import data_path, jsonl_rows, load_dev_set
+
+dev_set = load_dev_set()
+
+
+@pytest.fixture(scope="module")
+def runs_dir():
+    return data_path("published_runs")
+
+
+@pytest.mark.parametrize("gpu, device", [
+    ("GB300 (DGX-GB300, NVL72)", "GB300"),  # the alias DGX-GB300 and the name agree
+    ("B300 (DGX-B300)", "B300"),  # not GB300: a word is looked up whole
+    ("H100-SXM 80GB (DGX-H100)", "H100-SXM"),
+    ("A100 40GB", "A100-40GB"),  # two words naming a part beat one naming its sibling (A100 = the 80 GB part)
+    ("H100 80GB HBM3", "H100-SXM"),
+    ("GB200 NVL72", "GB200"),
+])
+def test_the_gpu_text_names_one_catalogued_device(gpu, device):
+    assert dev_set.stated_device({"name": "r", "gpu": gpu}) == device
+
+
+@pytest.mark.parametrize("gpu, said", [("TPU v5p", "names no catalogued device"),
+                                       ("A100 and H100", "names A100-80GB and H100-SXM")])
+def test_a_gpu_text_naming_none_or_two_is_refused_by_name(gpu, said):
+    with pytest.raises(dev_set.MeshplanError, match=said):
+        dev_set.stated_device({"name": "r", "gpu": gpu})
+
+
+def test_a_rack_part_defaults_to_nvl72_trays_and_spreads_over_the_fewest_racks():
+    """GB300 rows that do not say their nodes: 4-GPU trays in NVL72 racks; 256 GPUs over 4 racks of 64."""
+    assert dev_set.stated_cluster({}, 64, "GB300") == ("16x4xGB300-NVL72", "")
+    cluster, spread = dev_set.stated_cluster({}, 256, "GB300")
+    assert cluster == "64x4xGB300-NVL64" and "4 NVL72 racks" in spread
+    assert dev_set.stated_cluster({"gpus_per_node": 8, "nvlink_domain": 8}, 64, "B200") == ("8x8xB200", "")
+
+
+@pytest.mark.parametrize("name", ["nemo2407-gpt3-5b", "nemo2407-llama2-70b", "nemo2407-llama3-70b"])
+def test_the_same_run_stated_alone_prices_as_its_source_mapping_does(runs_dir, tmp_path, name):
+    """A NeMo 24.07 row copied as a run of an unknown source that states only its table's facts, its ZeRO stage and
+    its stack (``nemo@24.07``) prices, profile-only, to the same step as the NeMo mapping prices it: the mapping's
+    other settings (sequence parallelism, overlapped pipeline sends, ring CP) are what the search chooses anyway."""
+    row = next(r for r in jsonl_rows(runs_dir / "dev_runs.jsonl") if r["name"] == name)
+    stated = {k: v for k, v in row.items() if k != "recompute"} | {"source_id": "X", "stack": "nemo@24.07", "zero": 1}
+    own = dev_set.price_row(row, runs_dir, tmp_path, profile_only=True)
+    alone = dev_set.price_row(stated, runs_dir, tmp_path, profile_only=True)
+    assert own.status == alone.status == "priced"
+    assert alone.inputs["per_row"] == () and alone.inputs["profile"] == "nemo@24.07"
+    assert alone.predicted_step_s == pytest.approx(own.predicted_step_s, rel=1e-12)
+
+
+def _held_out_rows(runs_dir):
+    """A Megatron-Bridge GB300 row as another publication would state it (no recipe, no container), a row whose GPU
+    no catalogue part matches, and one lacking its TP degree."""
+    b1 = next(r for r in jsonl_rows(runs_dir / "blackwell_dev.jsonl")
+              if r["name"] == "mbridge26.04-llama3-70b-gb300-mxfp8")
+    stated = {k: v for k, v in b1.items() if k not in ("recipe", "container", "layout_assumptions", "system",
+                                                       "gpus_per_node", "nvlink_domain", "recompute", "sp")}
+    stated |= {"name": "x-llama3-70b-gb300", "source_id": "X", "config": str(runs_dir / b1["config"]),
+               "published": {"source": "a blog", "tokens_per_s_per_gpu": b1["published"]["tokens_per_s_per_gpu"]}}
+    return [stated, stated | {"name": "x-tpu", "gpu": "TPU v5p"},
+            {k: v for k, v in stated.items() if k != "tp"} | {"name": "x-no-tp"}]
+
+
+def test_a_folder_of_held_out_runs_prices_through_the_harness_command(runs_dir, tmp_path):
+    (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _held_out_rows(runs_dir)))
+    app = typer.Typer()
+    app.command()(dev_set.main)  # the script's own command line (``typer.run(main)``)
+    res = CliRunner().invoke(app, [str(tmp_path), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    got = {r["name"]: r for r in out["rows"]}
+    priced = got["x-llama3-70b-gb300"]
+    assert priced["status"] == "priced", priced["detail"]
+    inp = priced["inputs"]
+    assert inp["profile"] == load_stacks().get("megatron-bridge").ref  # the default stack's newest
+    assert inp["cluster"] == "16x4xGB300-NVL72" and inp["per_row"] == []
+    pinned = dict(kv.split("=") for kv in inp["fix"].split(","))
+    assert {k: pinned[k] for k in ("tp", "pp", "vpp", "cp", "ep", "mbs", "fp8")} == \
+        {"tp": "1", "pp": "4", "vpp": "5", "cp": "1", "ep": "1", "mbs": "1", "fp8": "mxfp8"}
+    assert not {"zero", "recompute", "dp_shard"} & set(pinned)  # unstated: the search's
+    assert got["x-tpu"]["status"] == "not expressible" and "names no catalogued device" in got["x-tpu"]["detail"]
+    assert got["x-no-tp"] == {**got["x-no-tp"], "status": "not expressible", "detail": "row lacks tp"}
+    assert [s for s in out["summary"] if s["source"] == "X"][0]["priced"] == 1
