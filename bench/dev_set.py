@@ -237,7 +237,11 @@ def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
     if row.get("config") in REAL_MODEL_OF_STAND_IN:
         return REAL_MODEL_OF_STAND_IN[row["config"]]
     if row.get("config"):
-        return str((runs_dir / row["config"]).resolve())
+        path = (runs_dir / row["config"]).resolve()
+        said = str(row["config"])
+        if not path.exists() and "/" not in said and not said.endswith(".json"):  # one of meshplan's model presets
+            return str(row["config"])
+        return str(path)
     # torchtitan rows name no config: Llama 3 / 3.1 shapes (the rows' own fields agree, tests/test_dev_set.py)
     by_layers = {32: "llama-3.1-8b-instruct.json", 80: "llama-3.1-70b-instruct.json"}
     if row.get("layers") in by_layers:
@@ -262,7 +266,9 @@ HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3
 # (zero=3), else the library recipes' distributed optimizer (zero=1); sp = TP > 1 (the perf scripts' rule); GB200 /
 # GB300 = 4 GPUs per compute tray in NVL72 racks (nvlink_domain 72), B200 / B300 = 8 GPUs per node, NVLink domain 8.
 def is_bridge_row(row: dict) -> bool:
-    return "Megatron-Bridge" in str(row.get("published", {}).get("source", "")) and bool(row.get("system"))
+    """A row of Megatron-Bridge's archive with the recipe behind it (one without is priced as any source's)."""
+    return ("Megatron-Bridge" in str(row.get("published", {}).get("source", "")) and bool(row.get("system"))
+            and bool(row.get("recipe")))
 
 
 def bridge_profile(row: dict) -> str:
@@ -777,6 +783,8 @@ def stated_row_problem(row: dict) -> str:
     pub = row.get("published") if isinstance(row.get("published"), dict) else {}
     if row.get("published") and not (pub.get("step_time_s") or pub.get("tokens_per_s_per_gpu")):
         lacks.append("published.step_time_s (or published.tokens_per_s_per_gpu)")
+    if row.get("task") == "lora" and not row.get("lora"):
+        lacks.append("lora (its task is LoRA: rank[:targets], as meshplan plan --lora takes it)")
     return f"row lacks {', '.join(lacks)}" if lacks else ""
 
 
@@ -830,7 +838,8 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     needs: list[Need] = []
     zero = row.get("zero") if isinstance(row.get("zero"), int) and not isinstance(row.get("zero"), bool) else None
     sp = row.get("sp") if isinstance(row.get("sp"), bool) else (False if tp == 1 else None)
-    recompute = row.get("recompute") if row.get("recompute") in ("none", "selective", "full") else None
+    said = row.get("recompute")
+    recompute = said if isinstance(said, str) and meshplan_accepts("recompute", said) else None
     words = str(row.get("precision_recipe") or "").lower()
     recipe = next((r for said, r in STATED_FP8_RECIPE if said in words), "") if dtype == "fp8" else ""
     if recipe:
@@ -959,6 +968,8 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
             del fix[key]
     if zero is None:
         del fix["dp_replicate"], fix["dp_shard"]
+    if stated and row.get("ep") is None:  # a source that does not say its expert parallelism leaves it to the search
+        del fix["ep"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
     stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8, task)
     if "attention" in stack_sets:
@@ -981,7 +992,8 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
                      precision=precision_group(row), can_express=str(can),
-                     lora=bridge_lora(row) if is_bridge_row(row) else "", moe=bool(row.get("num_experts")),
+                     lora=bridge_lora(row) if is_bridge_row(row) else str(row.get("lora") or "") if stated else "",
+                     moe=bool(row.get("num_experts")),
                      cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "", task=task)
 
 

@@ -97,3 +97,19 @@ def test_a_folder_of_held_out_runs_prices_through_the_harness_command(runs_dir, 
     assert got["x-tpu"]["status"] == "not expressible" and "names no catalogued device" in got["x-tpu"]["detail"]
     assert got["x-no-tp"] == {**got["x-no-tp"], "status": "not expressible", "detail": "row lacks tp"}
     assert [s for s in out["summary"] if s["source"] == "X"][0]["priced"] == 1
+
+
+def test_the_held_out_copy_keeps_what_the_tables_state(runs_dir):
+    """``bench/as_held_out.py`` cuts a row down to its table's facts: no recipe, container or curator's assumptions;
+    torchtitan's activation checkpointing as its table states it, in the --fix words the torchtitan mapping uses."""
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "as_stated")
+    rows = {r["name"]: r for r in dev_set.load_rows(runs_dir)}
+    b1 = held.as_stated(rows["mbridge26.04-llama3-70b-gb300-mxfp8"], runs_dir, None)
+    assert b1["source_id"] == "B1*" and not {"recipe", "container", "layout_assumptions", "zero"} & set(b1)
+    assert dev_set.is_stated_row(b1) and dev_set.stated_row_problem(b1) == ""
+    for name, ac in (("row39", "full:16"), ("row41", "full"), ("row45", "op")):
+        row = rows[name]
+        own = dev_set.row_needs(row, runs_dir).fix  # the torchtitan mapping's pins
+        assert held.as_stated(row, runs_dir, "own")["recompute"] == ac == own["recompute"]

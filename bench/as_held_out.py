@@ -1,0 +1,112 @@
+"""The dev set judged as runs kept apart are: each row cut down to what its table states and priced by
+``bench/dev_set.py``'s path for a source it has no mapping for (``_stated_needs``), under one stack profile.
+
+Run: python bench/as_held_out.py [RUNS_DIR] [--stack NAME[@VERSION] | --stack own] [--json]
+
+Each row keeps its model, GPU, nodes and NVLink domain, degrees, batch, sequence, precision and task; its recipe,
+container, launch-file settings and the curator's layout assumptions are dropped. Its ZeRO stage stays only where
+its table states one (a Megatron-Bridge FSDP column above 0: Megatron-FSDP, zero=3), and recomputation only where
+the table states it (torchtitan's activation checkpointing column). Every row is re-labelled ``<source>*`` and
+priced under ``--stack`` (default: the harness's default for such sources, Megatron-Bridge's newest; ``own``: the
+profile its source's own mapping uses, e.g. the release's ``megatron-bridge-perf`` for a B1 row). The table
+prints, per source, mean |error| and median signed error next to the same rows priced by the source's own mapping,
+profile-only.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import dev_set
+import typer
+from rich.console import Console
+from rich.table import Table
+
+# What a held-out row keeps of a dev-set row: the facts its table states (README, "Fields")
+KEPT = ("name", "gpu", "gpus_per_node", "nvlink_domain", "n_gpus", "tp", "pp", "dp", "cp", "ep", "mbs", "gbs", "seq",
+        "pp_interleave", "dtype", "precision_recipe", "task", "config", "layers", "num_experts", "published",
+        "meshplan_can_express", "system")
+TABLE_RECOMPUTE = ("none", "selective", "full")
+
+
+def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
+    """``row`` as a run of an unknown source states it (module docstring)."""
+    out = {k: row[k] for k in KEPT if k in row}
+    out["source_id"] = f"{row['source_id']}*"
+    out["task"] = "lora" if row.get("task") == "lora" else dev_set.row_task(row)  # a fine-tuning table says so
+    config = dev_set.HYBRID_CONFIGS.get(row["name"])  # rows naming no config: the harness's reading of them
+    out["config"] = str((runs_dir / config).resolve()) if config else dev_set._config_path(row, runs_dir)
+    if config:
+        out["meshplan_can_express"] = "yes"
+    fsdp = (row.get("published") or {}).get("fsdp")
+    if isinstance(fsdp, int) and fsdp > 0:
+        out["zero"] = 3
+    facts = dev_set.TORCHTITAN_FACTS.get(row["name"])
+    if facts:  # torchtitan's tables: GPUs, bf16, FSDP, the activation checkpointing (full or a selective kind)
+        out |= {"n_gpus": facts["n_gpus"], "dtype": out.get("dtype") or "bf16", "zero": 3,
+                "recompute": {"full": "full", "op": "op", "layer": f"full:{row['layers'] // 2}"}[facts["ac"]]}
+        if facts.get("device"):
+            out["device"] = "H100-SXM-96GB-500W"  # what the harness reads the doc's part as (dev_set, T rows)
+    if stack == "own":  # the profile the source's own mapping prices it with
+        out["stack"] = dev_set.SOURCE_PROFILE.get(row["source_id"]) or dev_set.bridge_profile(row)
+    elif stack:
+        out["stack"] = stack
+    return out
+
+
+def summaries(runs_dir: Path, stack: Optional[str]) -> list[dict]:
+    """Per source: rows, priced, mean |error| and median signed error as held out, and profile-only by its own
+    mapping."""
+    rows = [r for r in dev_set.load_rows(runs_dir) if not str(r.get("meshplan_can_express", "yes")).startswith("no")]
+    with tempfile.TemporaryDirectory() as tmp:
+        own = [dev_set.price_row(r, runs_dir, Path(tmp), profile_only=True) for r in rows]
+        held = [dev_set.price_row(as_stated(r, runs_dir, stack), runs_dir, Path(tmp)) for r in rows]
+    out = []
+    for src in sorted({r.source for r in own}) + ["all"]:
+        pairs = [(a, b) for a, b in zip(own, held) if src in ("all", a.source)]
+        out.append({"source": src, "rows": len(pairs), "priced_held_out": sum(b.status == "priced" for _, b in pairs),
+                    **_errors("held_out", [b for _, b in pairs]), **_errors("own_profile_only", [a for a, _ in pairs]),
+                    "profiles_held_out": sorted({b.inputs.get("profile", "") for _, b in pairs} - {""})})
+    return out
+
+
+def _errors(label: str, results: list) -> dict:
+    errs = [r.error for r in results if r.status == "priced"]
+    return {f"{label}_mean_abs": statistics.fmean(abs(e) for e in errs) if errs else None,
+            f"{label}_median_signed": statistics.median(errs) if errs else None}
+
+
+def _pct(x: Optional[float]) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def main(runs_dir: Annotated[Path, typer.Argument(help="Folder of *.jsonl published runs")] = dev_set.DEFAULT_RUNS,
+         stack: Annotated[Optional[str], typer.Option(help="Stack profile for every row (default: the harness's "
+                                                      "default for a source without a mapping; 'own': each "
+                                                      "source's own)")] = None,
+         json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False) -> None:
+    """Price the dev set as runs kept apart are priced, next to its own mappings' profile-only prices."""
+    try:
+        out = summaries(runs_dir, stack)
+    except dev_set.MeshplanError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    if json_out:
+        print(json.dumps(out, indent=2))
+        return
+    t = Table(title="the dev set judged as held-out runs: stated facts and one stack profile")
+    for col in ("source", "rows", "priced", "held out |error|", "held out median", "own mapping, profile-only "
+                "|error|", "own median", "profile"):
+        t.add_column(col, overflow="fold")
+    for s in out:
+        t.add_row(s["source"], str(s["rows"]), str(s["priced_held_out"]), _pct(s["held_out_mean_abs"]),
+                  _pct(s["held_out_median_signed"]), _pct(s["own_profile_only_mean_abs"]),
+                  _pct(s["own_profile_only_median_signed"]), ", ".join(s["profiles_held_out"]))
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    typer.run(main)
