@@ -237,10 +237,9 @@ def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
     if row.get("config") in REAL_MODEL_OF_STAND_IN:
         return REAL_MODEL_OF_STAND_IN[row["config"]]
     if row.get("config"):
-        path = (runs_dir / row["config"]).resolve()
-        said = str(row["config"])
-        if not path.exists() and "/" not in said and not said.endswith(".json"):  # one of meshplan's model presets
-            return str(row["config"])
+        path, named = (runs_dir / row["config"]).resolve(), str(row["config"])
+        if not path.exists() and "/" not in named and not named.endswith(".json"):  # one of meshplan's model presets
+            return named
         return str(path)
     # torchtitan rows name no config: Llama 3 / 3.1 shapes (the rows' own fields agree, tests/test_dev_set.py)
     by_layers = {32: "llama-3.1-8b-instruct.json", 80: "llama-3.1-70b-instruct.json"}
@@ -771,15 +770,21 @@ STATED_FP8_RECIPE = (("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8-cs", "tensor
                      ("current scaling", "tensorwise"), ("tensorwise", "tensorwise"), ("delayed", "delayed"),
                      ("blockwise", "blockwise"))
 # What a row of such a source must state to be priced (``n_gpus`` or ``dp``, and a published step time or throughput,
-# are checked apart)
+# are checked apart), and which of them are counts
 STATED_FIELDS = ("name", "source_id", "gpu", "tp", "pp", "cp", "mbs", "gbs", "seq", "dtype", "config", "published")
+STATED_COUNTS = ("tp", "pp", "cp", "mbs", "gbs", "seq", "n_gpus", "dp", "ep", "pp_interleave", "layers")
 
 
 def stated_row_problem(row: dict) -> str:
-    """Why a row of a source without its own mapping cannot be priced ("" when it can): the facts it lacks."""
+    """Why a row of a source without its own mapping cannot be priced ("" when it can): the facts it lacks, and
+    those that are not the positive counts they must be."""
     lacks = [f for f in STATED_FIELDS if row.get(f) in (None, "")]
     if not (row.get("n_gpus") or row.get("dp")):
         lacks.append("n_gpus (or dp)")
+    bad = [f"{f}={row[f]!r}" for f in STATED_COUNTS if row.get(f) is not None
+           and (not isinstance(row[f], int) or isinstance(row[f], bool) or row[f] < 1)]
+    if bad:
+        lacks.append(f"positive whole numbers where it has {', '.join(bad)}")
     pub = row.get("published") if isinstance(row.get("published"), dict) else {}
     if row.get("published") and not (pub.get("step_time_s") or pub.get("tokens_per_s_per_gpu")):
         lacks.append("published.step_time_s (or published.tokens_per_s_per_gpu)")
@@ -836,17 +841,17 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     device = stated_device(row)
     dtype = str(row["dtype"]).lower()
     needs: list[Need] = []
-    zero = row.get("zero") if isinstance(row.get("zero"), int) and not isinstance(row.get("zero"), bool) else None
+    zero = row.get("zero") if row.get("zero") in (0, 1, 2, 3) and not isinstance(row.get("zero"), bool) else None
     sp = row.get("sp") if isinstance(row.get("sp"), bool) else (False if tp == 1 else None)
-    said = row.get("recompute")
-    recompute = said if isinstance(said, str) and meshplan_accepts("recompute", said) else None
+    ac = row.get("recompute")
+    recompute = ac if isinstance(ac, str) and meshplan_accepts("recompute", ac) else None
     words = str(row.get("precision_recipe") or "").lower()
-    recipe = next((r for said, r in STATED_FP8_RECIPE if said in words), "") if dtype == "fp8" else ""
+    recipe = next((r for word, r in STATED_FP8_RECIPE if word in words), "") if dtype == "fp8" else ""
     if recipe:
         needs.append(Need("fp8", recipe, f"the row's precision '{row['precision_recipe']}'", {}, stated=True))
-    said = [f"{k}={v}" for k, v in (("zero", zero), ("sp", sp), ("recompute", recompute)) if v is not None]
-    said += [f"{k}={row[k]}" for k in ("gpus_per_node", "nvlink_domain") if row.get(k)]
-    stated_facts = ", ".join(said) or "no ZeRO stage, sequence parallelism or recomputation"
+    facts = [f"{k}={v}" for k, v in (("zero", zero), ("sp", sp), ("recompute", recompute)) if v is not None]
+    facts += [f"{k}={row[k]}" for k in ("gpus_per_node", "nvlink_domain") if row.get(k)]
+    stated_facts = ", ".join(facts) or "no ZeRO stage, sequence parallelism or recomputation"
     assumptions = [f"a source without a mapping of its own: priced from what its row states ({stated_facts}), the "
                    f"rest left to the search; device {device} from gpu '{row.get('device') or row['gpu']}'"]
     return zero, sp, recompute, dtype, needs, assumptions, device
@@ -992,7 +997,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
                      precision=precision_group(row), can_express=str(can),
-                     lora=bridge_lora(row) if is_bridge_row(row) else str(row.get("lora") or "") if stated else "",
+                     lora=bridge_lora(row) if is_bridge_row(row) else (str(row.get("lora") or "") if stated else ""),
                      moe=bool(row.get("num_experts")),
                      cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "", task=task)
 
@@ -1071,12 +1076,14 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = Fal
     source without its own mapping that lacks a fact, or names no catalogued GPU, is reported as not expressible,
     saying why (the other rows still price)."""
     if is_stated_row(row):
-        try:
-            problem = stated_row_problem(row) or (stated_device(row) and "")
-        except MeshplanError as exc:
-            problem = str(exc)
-        if problem:
-            step = published_step_s(row) if "published" not in problem and row.get("n_gpus") else None
+        problem = stated_row_problem(row)
+        if not problem:
+            try:
+                stated_device(row)
+            except MeshplanError as exc:
+                problem = str(exc)
+        if problem:  # a row too incomplete for its published step time gives none
+            step = None if problem.startswith("row lacks") else published_step_s(row)
             return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), step, "not expressible",
                              problem)
     res = _price_as_stated(row, runs_dir, out_dir, profile_only)

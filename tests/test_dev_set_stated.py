@@ -113,3 +113,13 @@ def test_the_held_out_copy_keeps_what_the_tables_state(runs_dir):
         row = rows[name]
         own = dev_set.row_needs(row, runs_dir).fix  # the torchtitan mapping's pins
         assert held.as_stated(row, runs_dir, "own")["recompute"] == ac == own["recompute"]
+
+
+def test_a_row_lacking_facts_or_with_bad_counts_says_which(runs_dir):
+    row = _held_out_rows(runs_dir)[0]
+    assert dev_set.stated_row_problem(row) == ""
+    assert dev_set.stated_row_problem({k: v for k, v in row.items() if k not in ("config", "n_gpus", "dp")}) == \
+        "row lacks config, n_gpus (or dp)"
+    assert dev_set.stated_row_problem(row | {"tp": "2", "mbs": 0}) == \
+        "row lacks positive whole numbers where it has tp='2', mbs=0"
+    assert "lora (its task is LoRA" in dev_set.stated_row_problem(row | {"task": "lora"})
