@@ -228,3 +228,18 @@ def test_collective_shape_of_absurd_dimensions_is_not_a_shape(tmp_path):
     step = {"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 50.0, "dur": 500.0}
     (tmp_path / "rank0.json").write_text(json.dumps({"traceEvents": [step, ev]}))
     assert [e.bytes for e in load_trace(tmp_path / "rank0.json").events] == [0.0]
+
+
+def test_a_global_batch_no_layout_splits_names_the_batches_that_would(runner, tmp_path):
+    """576 GPUs: every data-parallel degree keeps the factor 9 of 576 = 9 x 64, so none divides 8192 = 2^13. The
+    refusal names the nearest batches that split, and those batches plan: 8190 = 9 x 910 only over dp 9 or 18 (its
+    other divisors hold no 64 = 576 / 9), 8064 = 576 x 14 over every degree."""
+    def plan(batch: int):
+        return runner.invoke(app, ["plan", "-m", "llama-3.1-8b", "-c", "72x8xH100", "-s", "4096", "--top", "3",
+                                   "--json", "-b", str(batch), "--out", str(tmp_path / f"{batch}.yaml")])
+    line = _one_line(plan(8192), "8192", "8190 (dp=9) or 8199 (dp=9)", "all do: 8064 or 8640")
+    assert "(9, 18, 36, 72, 144, 288, 576)" in line
+    for batch, dps in ((8190, {9, 18}), (8064, {9, 18, 36, 72, 144, 288, 576})):
+        res = plan(batch)
+        assert res.exit_code == 0, res.output
+        assert {row["dp"] for row in json.loads(res.output)["plans"]} <= dps

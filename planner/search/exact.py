@@ -327,7 +327,8 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     if progress:
         progress(rk.evaluated + rk.timed)
     wall = time.perf_counter() - t0
-    _refuse_empty(rk, work, fix)
+    _refuse_empty(rk, work, fix, lambda: sorted({g.base.dp for g in enumerate_groups(
+        model, cluster.world_size, cluster.nvlink_width, cluster.world_size, work.seq_len, fix, fp8_recipes)}))
     closest = rk.closest[1:] if rk.closest else None
     ranked = _time_balanced(work, estimator, fix, rk.ranked())
     seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
@@ -337,12 +338,29 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
                         timed=rk.timed, unfit=rk.unfit)
 
 
-def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins) -> None:
-    """Raise ``MeshplanError`` when no layout was valid (the first rule broken) or none fits (the closest miss)."""
+def _batch_hint(global_batch: int, dps: list[int]) -> str:
+    """What a global batch no data-parallel degree of ``dps`` divides could be instead: the nearest multiples of one
+    of them, and of all of them (their least common multiple), below and above it (at micro-batch 1)."""
+    below = max(global_batch // dp * dp for dp in dps)
+    above = min(-(-global_batch // dp) * dp for dp in dps)
+    near = " or ".join(f"{b} (dp={next(dp for dp in dps if b % dp == 0)})" for b in (below, above) if b > 0)
+    every = math.lcm(*dps)
+    around = " or ".join(str(b) for b in (global_batch // every * every, -(-global_batch // every) * every) if b > 0)
+    shown = ", ".join(map(str, dps[:8])) + (", ..." if len(dps) > 8 else "")
+    return (f"; no data-parallel degree of a layout here ({shown}) divides {global_batch}. The nearest that one "
+            f"does: {near}; that all do: {around}")
+
+
+def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, split_dps: Callable[[], list[int]]) -> None:
+    """Raise ``MeshplanError`` when no layout was valid (the first rule broken; for an indivisible global batch, the
+    nearest that a data-parallel degree of the space, ``split_dps()``, splits) or none fits (the closest miss)."""
     model, cluster = work.model, work.cluster
     if rk.evaluated == 0:
         why = rk.invalid[0] if rk.invalid else explain_empty(model, cluster.world_size, work.global_batch,
                                                              work.seq_len, fix)
+        dps = split_dps() if why.startswith("global batch") else []
+        if dps:
+            why += _batch_hint(work.global_batch, dps)
         raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
     if not rk.kept:
         _, lay, est = rk.closest
