@@ -327,8 +327,9 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     if progress:
         progress(rk.evaluated + rk.timed)
     wall = time.perf_counter() - t0
+    mbs = int(fix.get("mbs", 1))  # the space's data-parallel degrees, at a batch each of them splits
     _refuse_empty(rk, work, fix, lambda: sorted({g.base.dp for g in enumerate_groups(
-        model, cluster.world_size, cluster.nvlink_width, cluster.world_size, work.seq_len, fix, fp8_recipes)}))
+        model, cluster.world_size, cluster.nvlink_width, cluster.world_size * mbs, work.seq_len, fix, fp8_recipes)}))
     closest = rk.closest[1:] if rk.closest else None
     ranked = _time_balanced(work, estimator, fix, rk.ranked())
     seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
@@ -338,17 +339,21 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
                         timed=rk.timed, unfit=rk.unfit)
 
 
-def _batch_hint(global_batch: int, dps: list[int]) -> str:
-    """What a global batch no data-parallel degree of ``dps`` divides could be instead: the nearest multiples of one
-    of them, and of all of them (their least common multiple), below and above it (at micro-batch 1)."""
-    below = max(global_batch // dp * dp for dp in dps)
-    above = min(-(-global_batch // dp) * dp for dp in dps)
-    near = " or ".join(f"{b} (dp={next(dp for dp in dps if b % dp == 0)})" for b in (below, above) if b > 0)
-    every = math.lcm(*dps)
+def _batch_hint(global_batch: int, dps: list[int], mbs: int = 1) -> str:
+    """What a global batch no data-parallel degree of ``dps`` divides (times the pinned micro-batch ``mbs``) could be
+    instead: the nearest multiples of one of them, and of all of them (their least common multiple), below and above
+    it."""
+    units = {dp * mbs: dp for dp in dps}
+    below = max(global_batch // u * u for u in units)
+    above = min(-(-global_batch // u) * u for u in units)
+    near = " or ".join(f"{b} (dp={next(dp for u, dp in units.items() if b % u == 0)})" for b in (below, above)
+                       if b > 0)
+    every = math.lcm(*units)
     around = " or ".join(str(b) for b in (global_batch // every * every, -(-global_batch // every) * every) if b > 0)
     shown = ", ".join(map(str, dps[:8])) + (", ..." if len(dps) > 8 else "")
-    return (f"; no data-parallel degree of a layout here ({shown}) divides {global_batch}. The nearest that one "
-            f"does: {near}; that all do: {around}")
+    times = f" times micro-batch {mbs}" if mbs > 1 else ""
+    return (f"; no data-parallel degree of a layout here ({shown}){times} divides {global_batch}. The nearest that "
+            f"one does: {near}; that all do: {around}")
 
 
 def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, split_dps: Callable[[], list[int]]) -> None:
@@ -360,7 +365,7 @@ def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, split_dps: Callable[[]
                                                              work.seq_len, fix)
         dps = split_dps() if why.startswith("global batch") else []
         if dps:
-            why += _batch_hint(work.global_batch, dps)
+            why += _batch_hint(work.global_batch, dps, int(fix.get("mbs", 1)))
         raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
     if not rk.kept:
         _, lay, est = rk.closest
