@@ -10,7 +10,7 @@ the table states it (torchtitan's activation checkpointing column). Every row is
 priced under ``--stack`` (default: the harness's default for such sources, Megatron-Bridge's newest; ``own``: the
 profile its source's own mapping uses, e.g. the release's ``megatron-bridge-perf`` for a B1 row). The table
 prints, per source, mean |error| and median signed error next to the same rows priced by the source's own mapping,
-profile-only.
+profile-only, both over the rows priced both ways.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     if config:
         out["meshplan_can_express"] = "yes"
     fsdp = (row.get("published") or {}).get("fsdp")
-    if isinstance(fsdp, int) and fsdp > 0:
+    if isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 0:
         out["zero"] = 3
     facts = dev_set.TORCHTITAN_FACTS.get(row["name"])
     if facts:  # torchtitan's tables: GPUs, bf16, FSDP, the activation checkpointing (full or a selective kind)
@@ -58,8 +58,8 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
 
 
 def summaries(runs_dir: Path, stack: Optional[str]) -> list[dict]:
-    """Per source: rows, priced, mean |error| and median signed error as held out, and profile-only by its own
-    mapping."""
+    """Per source: rows, those priced held out, and over the rows priced both ways, mean |error| and median signed
+    error held out and profile-only by the source's own mapping."""
     rows = [r for r in dev_set.load_rows(runs_dir) if not str(r.get("meshplan_can_express", "yes")).startswith("no")]
     with tempfile.TemporaryDirectory() as tmp:
         own = [dev_set.price_row(r, runs_dir, Path(tmp), profile_only=True) for r in rows]
@@ -67,8 +67,10 @@ def summaries(runs_dir: Path, stack: Optional[str]) -> list[dict]:
     out = []
     for src in sorted({r.source for r in own}) + ["all"]:
         pairs = [(a, b) for a, b in zip(own, held) if src in ("all", a.source)]
+        both = [(a, b) for a, b in pairs if a.status == b.status == "priced"]  # the means compare the same rows
         out.append({"source": src, "rows": len(pairs), "priced_held_out": sum(b.status == "priced" for _, b in pairs),
-                    **_errors("held_out", [b for _, b in pairs]), **_errors("own_profile_only", [a for a, _ in pairs]),
+                    "priced_both": len(both), **_errors("held_out", [b for _, b in both]),
+                    **_errors("own_profile_only", [a for a, _ in both]),
                     "profiles_held_out": sorted({b.inputs.get("profile", "") for _, b in pairs} - {""})})
     return out
 
@@ -98,11 +100,12 @@ def main(runs_dir: Annotated[Path, typer.Argument(help="Folder of *.jsonl publis
         print(json.dumps(out, indent=2))
         return
     t = Table(title="the dev set judged as held-out runs: stated facts and one stack profile")
-    for col in ("source", "rows", "priced", "held out |error|", "held out median", "own mapping, profile-only "
-                "|error|", "own median", "profile"):
+    for col in ("source", "rows", "priced held out", "priced both ways", "held out |error|", "held out median",
+                "own mapping, profile-only |error|", "own median", "profile"):
         t.add_column(col, overflow="fold")
     for s in out:
-        t.add_row(s["source"], str(s["rows"]), str(s["priced_held_out"]), _pct(s["held_out_mean_abs"]),
+        t.add_row(s["source"], str(s["rows"]), str(s["priced_held_out"]), str(s["priced_both"]),
+                  _pct(s["held_out_mean_abs"]),
                   _pct(s["held_out_median_signed"]), _pct(s["own_profile_only_mean_abs"]),
                   _pct(s["own_profile_only_median_signed"]), ", ".join(s["profiles_held_out"]))
     Console().print(t)

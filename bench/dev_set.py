@@ -266,7 +266,8 @@ HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3
 # GB300 = 4 GPUs per compute tray in NVL72 racks (nvlink_domain 72), B200 / B300 = 8 GPUs per node, NVLink domain 8.
 def is_bridge_row(row: dict) -> bool:
     """A row of Megatron-Bridge's archive with the recipe behind it (one without is priced as any source's)."""
-    return ("Megatron-Bridge" in str(row.get("published", {}).get("source", "")) and bool(row.get("system"))
+    pub = row.get("published")
+    return (isinstance(pub, dict) and "Megatron-Bridge" in str(pub.get("source", "")) and bool(row.get("system"))
             and bool(row.get("recipe")))
 
 
@@ -772,37 +773,63 @@ STATED_FP8_RECIPE = (("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8-cs", "tensor
 # What a row of such a source must state to be priced (``n_gpus`` or ``dp``, and a published step time or throughput,
 # are checked apart), and which of them are counts
 STATED_FIELDS = ("name", "source_id", "gpu", "tp", "pp", "cp", "mbs", "gbs", "seq", "dtype", "config", "published")
-STATED_COUNTS = ("tp", "pp", "cp", "mbs", "gbs", "seq", "n_gpus", "dp", "ep", "pp_interleave", "layers")
+STATED_COUNTS = ("tp", "pp", "cp", "mbs", "gbs", "seq", "n_gpus", "dp", "ep", "pp_interleave", "layers",
+                 "gpus_per_node", "nvlink_domain", "num_experts")
 
 
 def stated_row_problem(row: dict) -> str:
-    """Why a row of a source without its own mapping cannot be priced ("" when it can): the facts it lacks, and
-    those that are not the positive counts they must be."""
+    """Why a row of a source without its own mapping cannot be priced ("" when it can): the facts it lacks, those
+    that are not what they must be (positive counts and figures, a config path or preset name), and GPU counts that
+    do not add up. Its ZeRO stage, sequence parallelism and recomputation may be free text, as the dev set's own rows
+    hold them (``_stated_needs`` reads them where they are meshplan's words and says which it did not)."""
     lacks = [f for f in STATED_FIELDS if row.get(f) in (None, "")]
     if not (row.get("n_gpus") or row.get("dp")):
         lacks.append("n_gpus (or dp)")
-    bad = [f"{f}={row[f]!r}" for f in STATED_COUNTS if row.get(f) is not None
-           and (not isinstance(row[f], int) or isinstance(row[f], bool) or row[f] < 1)]
-    if bad:
-        lacks.append(f"positive whole numbers where it has {', '.join(bad)}")
-    pub = row.get("published") if isinstance(row.get("published"), dict) else {}
-    if row.get("published") and not (pub.get("step_time_s") or pub.get("tokens_per_s_per_gpu")):
-        lacks.append("published.step_time_s (or published.tokens_per_s_per_gpu)")
     if row.get("task") == "lora" and not row.get("lora"):
         lacks.append("lora (its task is LoRA: rank[:targets], as meshplan plan --lora takes it)")
-    return f"row lacks {', '.join(lacks)}" if lacks else ""
+    pub = row.get("published")
+    if isinstance(pub, dict) and not (pub.get("step_time_s") or pub.get("tokens_per_s_per_gpu")):
+        lacks.append("published.step_time_s (or published.tokens_per_s_per_gpu)")
+    if lacks:
+        return f"row lacks {', '.join(lacks)}"
+    bad = [f"{f}={row[f]!r}" for f in STATED_COUNTS if row.get(f) is not None and not _positive(row[f], int)]
+    bad += [f"published={pub!r}"] if not isinstance(pub, dict) else [
+        f"published.{k}={pub[k]!r}" for k in ("step_time_s", "tokens_per_s_per_gpu")
+        if pub.get(k) is not None and not _positive(pub[k], (int, float))]
+    bad += [] if isinstance(row["config"], str) else [f"config={row['config']!r}"]
+    if bad:
+        return f"row has {', '.join(bad)}: not what the field holds"
+    return _stated_counts_problem(row)
+
+
+def _positive(value, kinds) -> bool:
+    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
+
+
+def _stated_counts_problem(row: dict) -> str:
+    """Where a row's GPU counts do not add up: tp x pp x cp not dividing its GPUs, a stated dp against them, GPUs
+    that do not fill whole nodes."""
+    n, model_par = n_gpus_of(row), row["tp"] * row["pp"] * row["cp"]
+    if n % model_par:
+        return f"row's tp*pp*cp = {model_par} does not divide its {n} GPUs"
+    if row.get("dp") and row.get("n_gpus") and row["dp"] != n // model_par:
+        return f"row's dp={row['dp']} is not n_gpus / (tp*pp*cp) = {n} / {model_par}"
+    gpn = row.get("gpus_per_node")
+    if gpn and n > gpn and n % gpn:
+        return f"row's {n} GPUs do not fill whole nodes of gpus_per_node={gpn}"
+    return ""
 
 
 def is_stated_row(row: dict) -> bool:
     """Whether a row comes from a source without a mapping of its own here (priced by ``_stated_needs``)."""
-    return not is_bridge_row(row) and row.get("source_id") not in (*SOURCE_PROFILE, "T")
+    return not is_bridge_row(row) and row.get("source_id") not in SOURCE_PROFILE
 
 
-def _config_layers(cfg: Optional[str]) -> int:
-    """The decoder layers of the model config ``cfg`` (a row that does not state its layers)."""
+def _config_spec(cfg: str):
+    """The model config ``cfg`` as meshplan loads it (a row that does not state its layers or experts)."""
     from meshplan.planner.model.config import load_model
 
-    return load_model(cfg).num_layers
+    return load_model(cfg)
 
 
 def stated_device(row: dict) -> str:
@@ -841,10 +868,12 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     device = stated_device(row)
     dtype = str(row["dtype"]).lower()
     needs: list[Need] = []
-    zero = row.get("zero") if row.get("zero") in (0, 1, 2, 3) and not isinstance(row.get("zero"), bool) else None
-    sp = row.get("sp") if isinstance(row.get("sp"), bool) else (False if tp == 1 else None)
-    ac = row.get("recompute")
+    said = {k: row[k] for k in ("zero", "sp", "recompute") if row.get(k) is not None}
+    zero = said.get("zero") if said.get("zero") in (0, 1, 2, 3) and not isinstance(said.get("zero"), bool) else None
+    sp = said.get("sp") if isinstance(said.get("sp"), bool) else (False if tp == 1 else None)
+    ac = said.get("recompute")
     recompute = ac if isinstance(ac, str) and meshplan_accepts("recompute", ac) else None
+    unread = [f"{k}={v!r}" for k, v in said.items() if {"zero": zero, "sp": sp, "recompute": recompute}[k] != v]
     words = str(row.get("precision_recipe") or "").lower()
     recipe = next((r for word, r in STATED_FP8_RECIPE if word in words), "") if dtype == "fp8" else ""
     if recipe:
@@ -853,7 +882,8 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     facts += [f"{k}={row[k]}" for k in ("gpus_per_node", "nvlink_domain") if row.get(k)]
     stated_facts = ", ".join(facts) or "no ZeRO stage, sequence parallelism or recomputation"
     assumptions = [f"a source without a mapping of its own: priced from what its row states ({stated_facts}), the "
-                   f"rest left to the search; device {device} from gpu '{row.get('device') or row['gpu']}'"]
+                   f"rest left to the search; device {device} from gpu '{row.get('device') or row['gpu']}'"
+                   + (f"; not meshplan's words, so not read: {', '.join(unread)}" if unread else "")]
     return zero, sp, recompute, dtype, needs, assumptions, device
 
 
@@ -863,7 +893,10 @@ def stated_cluster(row: dict, n_gpus: int, device: str) -> tuple[str, str]:
     NVLink domain those parts ship in as DGX systems; ``bridge_cluster`` spreads a job over the fewest racks) or 8
     GPUs per node in a domain of its node."""
     rack = get_device(device).family.endswith("nvl72")
-    gpn = row.get("gpus_per_node") or (4 if rack else 8)
+    gpn = min(n_gpus, row.get("gpus_per_node") or (4 if rack else 8))  # a job inside one node: its GPUs of it
+    if n_gpus % gpn:
+        raise MeshplanError(f"row {row['name']}: its {n_gpus} GPUs do not fill whole nodes of {gpn} {device}s; state "
+                            "its gpus_per_node")
     domain = row.get("nvlink_domain") or (72 if rack else gpn)
     return bridge_cluster({"system": device, "gpus_per_node": gpn, "nvlink_domain": domain}, n_gpus)
 
@@ -953,11 +986,13 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         needs.append(Need("schedule", "interleaved", f"interleaved 1F1B, {vpp} virtual stages", {}, implied=True))
     stated = is_stated_row(row)
     cfg = _config_path(row, runs_dir)
-    L = row.get("layers") or _config_layers(cfg)
+    spec = _config_spec(cfg) if stated else None
+    L = row.get("layers") or spec.num_layers
+    is_moe = bool(row.get("num_experts")) or bool(spec and spec.is_moe)
     profile = SOURCE_PROFILE.get(src) or (stated_profile(row) if stated else bridge_profile(row))
     task = row_task(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        stack_split = _profile_defaults(profile, dtype, bool(row.get("num_experts")), "", task).get("pp_split")
+        stack_split = _profile_defaults(profile, dtype, is_moe, "", task).get("pp_split")
         needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
                           "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
@@ -976,9 +1011,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     if stated and row.get("ep") is None:  # a source that does not say its expert parallelism leaves it to the search
         del fix["ep"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
-    stack_sets = _profile_defaults(profile, dtype, bool(row.get("num_experts")), pinned_fp8, task)
-    if "attention" in stack_sets:
-        del fix["attention"]  # the stack's attention kernel is the profile's
+    stack_sets = _profile_defaults(profile, dtype, is_moe, pinned_fp8, task)
+    if "attention" in stack_sets or stated:
+        del fix["attention"]  # the stack's attention kernel is the profile's (or, unstated, the search's)
     approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype,
                                                                            profile_only)
     if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs
@@ -998,7 +1033,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
                      precision=precision_group(row), can_express=str(can),
                      lora=bridge_lora(row) if is_bridge_row(row) else (str(row.get("lora") or "") if stated else ""),
-                     moe=bool(row.get("num_experts")),
+                     moe=is_moe,
                      cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "", task=task)
 
 
@@ -1075,17 +1110,16 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = Fal
     release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``). A row of a
     source without its own mapping that lacks a fact, or names no catalogued GPU, is reported as not expressible,
     saying why (the other rows still price)."""
-    if is_stated_row(row):
+    if is_stated_row(row) and not str(row.get("meshplan_can_express", "yes")).startswith("no"):
         problem = stated_row_problem(row)
+        step = None if problem else published_step_s(row)  # a row with a problem may give no usable time
         if not problem:
-            try:
-                stated_device(row)
+            try:  # what the row names (GPU, config, stack) and its nodes, as meshplan reads them
+                return _price_as_stated(row, runs_dir, out_dir, profile_only)
             except MeshplanError as exc:
                 problem = str(exc)
-        if problem:  # a row too incomplete for its published step time gives none
-            step = None if problem.startswith("row lacks") else published_step_s(row)
-            return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), step, "not expressible",
-                             problem)
+        return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), step, "not expressible",
+                         problem)
     res = _price_as_stated(row, runs_dir, out_dir, profile_only)
     if res.status not in ("refused OOM", "not expressible") or res.inputs.get("missing") or profile_only:
         return res

@@ -232,16 +232,20 @@ def test_collective_shape_of_absurd_dimensions_is_not_a_shape(tmp_path):
 
 def test_a_global_batch_no_layout_splits_names_the_batches_that_would(runner, tmp_path):
     """576 GPUs: every data-parallel degree keeps the factor 9 of 576 = 9 x 64, so none divides 8192 = 2^13. The
-    refusal names the nearest batches that split, and those batches plan: 8190 = 9 x 910 only over dp 9 or 18 (its
-    other divisors hold no 64 = 576 / 9), 8064 = 576 x 14 over every degree."""
-    def plan(batch: int, *fix: str):
-        return runner.invoke(app, ["plan", "-m", "llama-3.1-8b", "-c", "72x8xH100", "-s", "4096", "--top", "3",
-                                   "--json", "-b", str(batch), "--out", str(tmp_path / f"{batch}.yaml"), *fix])
-    line = _one_line(plan(8192), "8192", "8190 (dp=9) or 8199 (dp=9)", "all do: 8064 or 8640")
-    assert "(9, 18, 36, 72, 144, 288, 576)" in line
-    # micro-batch 2 pinned: multiples of 2 dp, 8208 = 18 x 456, 9216 = 1152 x 8
-    _one_line(plan(8192, "--fix", "mbs=2"), "times micro-batch 2", "8190 (dp=9) or 8208 (dp=9)", "8064 or 9216")
+    refusal names the multiples a batch must be and the nearest batches that split, and those batches plan: 8190 =
+    9 x 910 only over dp 9 or 18 (its other divisors hold no 64 = 576 / 9), 8064 = 576 x 14 over every degree."""
+    def plan(batch: int, *fix: str, cluster: str = "72x8xH100"):
+        return runner.invoke(app, ["plan", "-m", "llama-3.1-8b", "-c", cluster, "-s", "4096", "--top", "3",
+                                   "--json", "-b", str(batch), "--out", str(tmp_path / f"{batch}{fix}.yaml"), *fix])
+    _one_line(plan(8192), "multiples of 9, 18, 36, 72, 144, 288, 576)", "8190 (dp=9) or 8199 (dp=9)",
+              "all do: 8064 or 8640")
     for batch, dps in ((8190, {9, 18}), (8064, {9, 18, 36, 72, 144, 288, 576})):
         res = plan(batch)
         assert res.exit_code == 0, res.output
         assert {row["dp"] for row in json.loads(res.output)["plans"]} <= dps
+    # micro-batch 2 pinned: multiples of 2 dp, 8208 = 18 x 456, 9216 = 1152 x 8
+    _one_line(plan(8192, "--fix", "mbs=2"), "multiples of 18, 36,", "8190 (dp=9) or 8208 (dp=9)", "8064 or 9216")
+    # the interleaved schedule also needs the micro-batches a multiple of pp: 7 -> 8 = 2 dp x 4 micro-batches
+    fix = ("--fix", "tp=1,pp=4,vpp=2,cp=1,mbs=1")
+    _one_line(plan(7, *fix, cluster="1x8xH100"), "multiples of 8)", "8 (dp=2, pp=4 interleaved)")
+    assert plan(8, *fix, cluster="1x8xH100").exit_code == 0

@@ -121,5 +121,43 @@ def test_a_row_lacking_facts_or_with_bad_counts_says_which(runs_dir):
     assert dev_set.stated_row_problem({k: v for k, v in row.items() if k not in ("config", "n_gpus", "dp")}) == \
         "row lacks config, n_gpus (or dp)"
     assert dev_set.stated_row_problem(row | {"tp": "2", "mbs": 0}) == \
-        "row lacks positive whole numbers where it has tp='2', mbs=0"
+        "row has tp='2', mbs=0: not what the field holds"
     assert "lora (its task is LoRA" in dev_set.stated_row_problem(row | {"task": "lora"})
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"config": "no-such-config.json", "layers": None}, "file not found"),
+    ({"stack": "nosuchstack"}, "nosuchstack"),
+    ({"n_gpus": 4, "tp": 8, "dp": None}, "tp*pp*cp = 32 does not divide its 4 GPUs"),
+    ({"n_gpus": 64, "dp": 8}, "dp=8 is not n_gpus / (tp*pp*cp) = 64 / 4"),
+    ({"gpus_per_node": "8"}, "gpus_per_node='8'"),
+    ({"published": ["a list"]}, "published=['a list']"),
+    ({"published": {"step_time_s": "abc"}}, "published.step_time_s='abc'"),
+    ({"config": 5}, "config=5"),
+    ({"n_gpus": 12, "tp": 1, "pp": 4, "dp": None, "gpu": "H100"}, "12 GPUs do not fill whole nodes of 8"),
+])
+def test_a_bad_held_out_row_is_reported_and_the_others_still_price(runs_dir, tmp_path, change, said):
+    row = {k: v for k, v in (_held_out_rows(runs_dir)[0] | change).items() if v is not None}
+    res = dev_set.price_row(row, runs_dir, tmp_path)
+    assert res.status == "not expressible" and said in res.detail, res.detail
+
+
+def test_free_text_where_meshplan_words_go_is_said_unread(runs_dir, tmp_path):
+    """The dev set's rows hold ZeRO stage and recomputation as prose (the Bridge rows' 'DDP with distributed
+    optimizer ...'): a held-out row may too. What is not meshplan's words is left to the search and named."""
+    row = _held_out_rows(runs_dir)[0] | {"zero": "1", "recompute": "fulll", "sp": "true"}
+    said = dev_set.row_needs(row, runs_dir).assumptions[0]
+    assert "not read: zero='1', sp='true', recompute='fulll'" in said
+    row = _held_out_rows(runs_dir)[0] | {"zero": 1, "recompute": "full", "sp": False}
+    inp = dev_set.row_needs(row, runs_dir)
+    assert {"zero": "1", "recompute": "full", "sp": "false"}.items() <= dict(
+        kv.split("=") for kv in inp.fix_string.split(",")).items() and "not read" not in inp.assumptions[0]
+
+
+def test_a_job_inside_one_node_takes_its_gpus_of_it(runs_dir, tmp_path):
+    """A 4-GPU H100 row (nodes of 8 unless it says): one node's 4 GPUs, not 0 nodes of 8."""
+    row = _held_out_rows(runs_dir)[0] | {"gpu": "H100 80GB", "n_gpus": 4, "tp": 4, "pp": 1, "dp": 1,
+                                         "pp_interleave": 1, "config": "llama-3.1-8b", "dtype": "bf16"}
+    res = dev_set.price_row(row, runs_dir, tmp_path)
+    assert res.status == "priced", res.detail
+    assert res.inputs["cluster"] == "1x4xH100-SXM" and "attention" not in res.inputs["fix"]

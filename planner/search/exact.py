@@ -327,9 +327,7 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     if progress:
         progress(rk.evaluated + rk.timed)
     wall = time.perf_counter() - t0
-    mbs = int(fix.get("mbs", 1))  # the space's data-parallel degrees, at a batch each of them splits
-    _refuse_empty(rk, work, fix, lambda: sorted({g.base.dp for g in enumerate_groups(
-        model, cluster.world_size, cluster.nvlink_width, cluster.world_size * mbs, work.seq_len, fix, fp8_recipes)}))
+    _refuse_empty(rk, work, fix, lambda: _batch_units(work, fix, fp8_recipes))
     closest = rk.closest[1:] if rk.closest else None
     ranked = _time_balanced(work, estimator, fix, rk.ranked())
     seen = {p.layout for p in rk.priced}  # a time-balanced re-split is priced outside the ranker
@@ -339,33 +337,45 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
                         timed=rk.timed, unfit=rk.unfit)
 
 
-def _batch_hint(global_batch: int, dps: list[int], mbs: int = 1) -> str:
-    """What a global batch no data-parallel degree of ``dps`` divides (times the pinned micro-batch ``mbs``) could be
-    instead: the nearest multiples of one of them, and of all of them (their least common multiple), below and above
-    it."""
-    units = {dp * mbs: dp for dp in dps}
+def _batch_units(work: Workload, fix: Pins, fp8_recipes) -> dict[int, Layout]:
+    """{sequences a global batch must be a multiple of: a layout of the space that splits such a batch}: its
+    micro-batch (the pinned one, else 1) x dp, x pp under the interleaved schedule (``Layout._check_batch``), from the
+    space at a batch every one of them splits (world size^2 x micro-batch: pp divides the world size)."""
+    world, mbs = work.cluster.world_size, int(fix.get("mbs", 1))
+    units: dict[int, Layout] = {}
+    for g in enumerate_groups(work.model, world, work.cluster.nvlink_width, world * world * mbs, work.seq_len, fix,
+                              fp8_recipes):
+        lay = g.base
+        units.setdefault(mbs * lay.dp * (lay.pp if lay.vpp > 1 else 1), lay)
+    return units
+
+
+def _batch_hint(global_batch: int, units: dict[int, Layout]) -> str:
+    """What a global batch no layout of the space splits (``_batch_units``) could be instead: the nearest multiples
+    of one unit, and of all of them (their least common multiple), below and above it."""
+    def which(batch: int) -> str:
+        lay = next(lay for u, lay in sorted(units.items()) if batch % u == 0)
+        return f"dp={lay.dp}" + (f", pp={lay.pp} interleaved" if lay.vpp > 1 else "")
     below = max(global_batch // u * u for u in units)
     above = min(-(-global_batch // u) * u for u in units)
-    near = " or ".join(f"{b} (dp={next(dp for u, dp in units.items() if b % u == 0)})" for b in (below, above)
-                       if b > 0)
+    near = " or ".join(f"{b} ({which(b)})" for b in (below, above) if b > 0)
     every = math.lcm(*units)
     around = " or ".join(str(b) for b in (global_batch // every * every, -(-global_batch // every) * every) if b > 0)
-    shown = ", ".join(map(str, dps[:8])) + (", ..." if len(dps) > 8 else "")
-    times = f" times micro-batch {mbs}" if mbs > 1 else ""
-    return (f"; no data-parallel degree of a layout here ({shown}){times} divides {global_batch}. The nearest that "
-            f"one does: {near}; that all do: {around}")
+    shown = ", ".join(map(str, sorted(units)[:8])) + (", ..." if len(units) > 8 else "")
+    return (f"; no layout here splits it (global batches must be multiples of {shown}). The nearest that one "
+            f"splits: {near}; that all do: {around}")
 
 
-def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, split_dps: Callable[[], list[int]]) -> None:
-    """Raise ``MeshplanError`` when no layout was valid (the first rule broken; for an indivisible global batch, the
-    nearest that a data-parallel degree of the space, ``split_dps()``, splits) or none fits (the closest miss)."""
+def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, batch_units: Callable[[], dict]) -> None:
+    """Raise ``MeshplanError`` when no layout was valid (the first rule broken; where no layout of the space splits
+    the global batch, ``batch_units()``, the nearest batches that do) or none fits (the closest miss)."""
     model, cluster = work.model, work.cluster
     if rk.evaluated == 0:
         why = rk.invalid[0] if rk.invalid else explain_empty(model, cluster.world_size, work.global_batch,
                                                              work.seq_len, fix)
-        dps = split_dps() if why.startswith("global batch") else []
-        if dps:
-            why += _batch_hint(work.global_batch, dps, int(fix.get("mbs", 1)))
+        units = batch_units() if "global batch" in why or "micro-batches must be" in why else {}
+        if units and all(work.global_batch % u for u in units):  # no layout splits it: say which batches would
+            why += _batch_hint(work.global_batch, units)
         raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
     if not rk.kept:
         _, lay, est = rk.closest
