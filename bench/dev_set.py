@@ -1175,7 +1175,7 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
         out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
                                       stack=inp.profile, top=1, dtype=inp.dtype, name="devset", lora=inp.lora,
                                       task=inp.task,
-                                      out=out_dir / f"{inp.name}.yaml"))
+                                      out=out_dir / (re.sub(r"[^\w.-]", "_", inp.name) + ".yaml")))
     except MeshplanError as exc:
         msg = str(exc)
         miss = re.search(r"misses by ([\d.]+) GiB", msg)

@@ -157,7 +157,8 @@ def test_free_text_where_meshplan_words_go_is_said_unread(runs_dir, tmp_path):
 def test_a_job_inside_one_node_takes_its_gpus_of_it(runs_dir, tmp_path):
     """A 4-GPU H100 row (nodes of 8 unless it says): one node's 4 GPUs, not 0 nodes of 8."""
     row = _held_out_rows(runs_dir)[0] | {"gpu": "H100 80GB", "n_gpus": 4, "tp": 4, "pp": 1, "dp": 1,
-                                         "pp_interleave": 1, "config": "llama-3.1-8b", "dtype": "bf16"}
+                                         "pp_interleave": 1, "config": "llama-3.1-8b", "dtype": "bf16",
+                                         "name": "a/b c"}  # a name that is no file name: the plan file's is made one
     res = dev_set.price_row(row, runs_dir, tmp_path)
     assert res.status == "priced", res.detail
     assert res.inputs["cluster"] == "1x4xH100-SXM" and "attention" not in res.inputs["fix"]
