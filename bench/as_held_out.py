@@ -29,7 +29,6 @@ from rich.table import Table
 KEPT = ("name", "gpu", "gpus_per_node", "nvlink_domain", "n_gpus", "tp", "pp", "dp", "cp", "ep", "mbs", "gbs", "seq",
         "pp_interleave", "dtype", "precision_recipe", "task", "config", "layers", "num_experts", "published",
         "meshplan_can_express", "system")
-TABLE_RECOMPUTE = ("none", "selective", "full")
 
 
 def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
@@ -47,9 +46,9 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     facts = dev_set.TORCHTITAN_FACTS.get(row["name"])
     if facts:  # torchtitan's tables: GPUs, bf16, FSDP, the activation checkpointing (full or a selective kind)
         out |= {"n_gpus": facts["n_gpus"], "dtype": out.get("dtype") or "bf16", "zero": 3,
-                "recompute": {"full": "full", "op": "op", "layer": f"full:{row['layers'] // 2}"}[facts["ac"]]}
+                "recompute": dev_set.torchtitan_recompute(row)}
         if facts.get("device"):
-            out["device"] = "H100-SXM-96GB-500W"  # what the harness reads the doc's part as (dev_set, T rows)
+            out["device"] = dev_set.TORCHTITAN_HBM2E_DEVICE  # what the harness reads the doc's part as
     if stack == "own":  # the profile the source's own mapping prices it with
         out["stack"] = dev_set.SOURCE_PROFILE.get(row["source_id"]) or dev_set.bridge_profile(row)
     elif stack:

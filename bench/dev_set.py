@@ -726,6 +726,16 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
     return zero, sp, recompute, needs, assumptions
 
 
+TORCHTITAN_HBM2E_DEVICE = "H100-SXM-96GB-500W"  # the catalogue's 500 W HBM2e part (costmodel/data/devices.yaml)
+
+
+def torchtitan_recompute(row: dict) -> str:
+    """``--fix recompute`` of a torchtitan row's activation checkpointing (``TORCHTITAN_FACTS`` ``ac``): op-level
+    (``op``), every second layer whole (selective layer AC, ``full:L/2``) or every layer (``full``)."""
+    ac = TORCHTITAN_FACTS[row["name"]]["ac"]
+    return {"op": "op", "layer": f"full:{row['layers'] // 2}"}.get(ac, "full")
+
+
 def _torchtitan_needs(row: dict, n: int, dp: int, tp: int, device: str) -> tuple:
     """(zero, sp, recompute, needs, assumptions, device) of a torchtitan row (T): FSDP2 (+TP), bf16."""
     name = row["name"]
@@ -735,17 +745,12 @@ def _torchtitan_needs(row: dict, n: int, dp: int, tp: int, device: str) -> tuple
     zero, sp = 3, tp > 1  # torchtitan's TP plan shards the norms with SequenceParallel (parallelize_llama.py)
     assumptions.append(f"{TORCHTITAN_DOCS[facts['doc']]}, {facts['table']}: {facts['quote']}")
     assumptions.append(f"FSDP2 = zero=3 over dp={dp}; n_gpus {n} from the source")
-    if facts["ac"] == "op":
-        recompute = "selective"
-        needs.append(Need("recompute", "op", "torchtitan selective_ac_option='op': saves matmul outputs "
-                          "except every second mm, and SDPA", {"recompute": "selective"}, stated=True))
-    elif facts["ac"] == "layer":
-        recompute = "selective"
-        needs.append(Need("recompute", f"full:{row['layers'] // 2}", "torchtitan selective layer AC "
-                          "(selective_ac_option='2'): every second layer fully checkpointed",
-                          {"recompute": "selective"}, stated=True))
-    else:
-        recompute = "full"
+    recompute = "full" if facts["ac"] == "full" else "selective"
+    if facts["ac"] != "full":
+        why = ("torchtitan selective_ac_option='op': saves matmul outputs except every second mm, and SDPA"
+               if facts["ac"] == "op" else
+               "torchtitan selective layer AC (selective_ac_option='2'): every second layer fully checkpointed")
+        needs.append(Need("recompute", torchtitan_recompute(row), why, {"recompute": "selective"}, stated=True))
     needs.append(Need("reduce_dtype", "fp32", "torchtitan reduces gradients in fp32, its only choice "
                       "(config_manager.py, 2024: --training.mixed_precision_reduce default float32, choices "
                       "['float32']; FSDP2 MixedPrecisionPolicy.reduce_dtype)", {}))
@@ -753,8 +758,8 @@ def _torchtitan_needs(row: dict, n: int, dp: int, tp: int, device: str) -> tuple
                       "FSDP2 + torch.compile" if facts["compile"] else
                       "FSDP2 without torch.compile: torchtitan's pure-PyTorch RMSNorm, SwiGLU and complex RoPE "
                       "run one kernel per op", {}, stated=True))
-    if facts.get("device"):  # the catalogue's 500 W HBM2e part (costmodel/data/devices.yaml, sourced there)
-        device = "H100-SXM-96GB-500W"
+    if facts.get("device"):
+        device = TORCHTITAN_HBM2E_DEVICE
         assumptions.append(f"device {facts['device']} -> {device}" + (
             "" if "500" in facts["device"] else " (doc A says 'lower TDP' without the figure: taken as the "
             "500 W part of doc B)"))
