@@ -5,8 +5,9 @@ Run: python bench/as_held_out.py [RUNS_DIR] [--stack NAME[@VERSION] | --stack ow
 
 Each row keeps its model, GPU, nodes and NVLink domain, degrees, batch, sequence, precision and task; its recipe,
 container, launch-file settings and the curator's layout assumptions are dropped. Its ZeRO stage stays only where
-its table states one (a Megatron-Bridge FSDP column above 0: Megatron-FSDP, zero=3), and recomputation only where
-the table states it (torchtitan's activation checkpointing column). Every row is re-labelled ``<source>*`` and
+its table states one (a Megatron-Bridge FSDP column above 0: Megatron-FSDP, zero=3), recomputation only where
+the table states it (torchtitan's activation checkpointing column), and the router where the publication names it
+(AutoModel's 'Fake balanced gate is enabled': ``moe_router`` contiguous). Every row is re-labelled ``<source>*`` and
 priced under ``--stack`` (default: the harness's default for such sources, Megatron-Bridge's newest; ``own``: the
 profile its source's own mapping uses, e.g. the release's ``megatron-bridge-perf`` for a B1 row). The table
 prints, per source, mean |error| and median signed error next to the same rows priced by the source's own mapping,
@@ -43,6 +44,9 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     fsdp = (row.get("published") or {}).get("fsdp")
     if isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 0:
         out["zero"] = 3
+    # AutoModel's table: 'Fake balanced gate is enabled', the router of its MoE models (a dense one has none)
+    if dev_set.states_fake_gate(row) and out.get("config") and dev_set._config_spec(out["config"]).is_moe:
+        out["moe_router"] = "contiguous"
     facts = dev_set.TORCHTITAN_FACTS.get(row["name"])
     if facts:  # torchtitan's tables: GPUs, bf16, FSDP, the activation checkpointing (full or a selective kind)
         out |= {"n_gpus": facts["n_gpus"], "dtype": out.get("dtype") or "bf16", "zero": 3,

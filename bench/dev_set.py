@@ -647,6 +647,13 @@ def _nemo_needs(row: dict, src: str, tp: int, pp: int, cp: int, vpp: int) -> tup
     return zero, sp, recompute, dtype, needs, assumptions, vpp
 
 
+def states_fake_gate(row: dict) -> bool:
+    """Whether the row's publication says its runs route through NeMo AutoModel's fake balanced gate (the
+    AutoModel performance summary: 'Fake balanced gate is enabled'), which sends a token's copies to adjacent
+    experts (``moe_router=contiguous``)."""
+    return "fake balanced gate is enabled" in str((row.get("published") or {}).get("source", "")).lower()
+
+
 def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> tuple:
     """(zero, sp, recompute, needs, assumptions) of a NeMo AutoModel row (S5): FSDP2 + TE kernels + DeepEP, bf16."""
     name, la = row["name"], row.get("layout_assumptions") or {}
@@ -712,6 +719,10 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
             needs.append(Need("expert_reduce_dtype", "bf16", f"the routed experts' FSDP over "
                               f"{(dp * cp * tp) // ep} ranks reduces in bf16 (fully_shard without mp_policy); "
                               "meshplan prices every gradient at the one reduce_dtype, fp32", {}))
+        if states_fake_gate(row):
+            needs.append(Need("moe_router", "contiguous", "the table's 'Fake balanced gate is enabled': AutoModel's "
+                              "FakeBalancedGate sends token t to experts t*topk .. t*topk+topk-1 (components/moe/"
+                              "layers.py @ 89e3a9fdd)", {}, stated=True))
         needs.append(Need("moe_overlap", "false", "DeepEP's normal dispatch/combine kernels, not overlapped "
                           "with another micro-batch's compute (no DualPipe in AutoModel)", {}, implied=True))
         if row.get("shared_experts"):
@@ -878,13 +889,20 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     sp = said.get("sp") if isinstance(said.get("sp"), bool) else (False if tp == 1 else None)
     ac = said.get("recompute")
     recompute = ac if isinstance(ac, str) and meshplan_accepts("recompute", ac) else None
-    unread = [f"{k}={v!r}" for k, v in said.items() if {"zero": zero, "sp": sp, "recompute": recompute}[k] != v]
     words = str(row.get("precision_recipe") or "").lower()
     recipe = next((r for word, r in STATED_FP8_RECIPE if word in words), "") if dtype == "fp8" else ""
     if recipe:
         needs.append(Need("fp8", recipe, f"the row's precision '{row['precision_recipe']}'", {}, stated=True))
-    facts = [f"{k}={v}" for k, v in (("zero", zero), ("sp", sp), ("recompute", recompute)) if v is not None]
+    router = row.get("moe_router")
+    if router is not None and not meshplan_accepts("moe_router", str(router)):
+        said["moe_router"], router = router, None  # named unread below
+    if router:
+        needs.append(Need("moe_router", str(router), f"the row's router '{router}'", {}, stated=True))
+    facts = [f"{k}={v}" for k, v in (("zero", zero), ("sp", sp), ("recompute", recompute), ("moe_router", router))
+             if v is not None]
     facts += [f"{k}={row[k]}" for k in ("gpus_per_node", "nvlink_domain") if row.get(k)]
+    unread = [f"{k}={v!r}" for k, v in said.items()
+              if {"zero": zero, "sp": sp, "recompute": recompute, "moe_router": router}[k] != v]
     stated_facts = ", ".join(facts) or "no ZeRO stage, sequence parallelism or recomputation"
     assumptions = [f"a source without a mapping of its own: priced from what its row states ({stated_facts}), the "
                    f"rest left to the search; device {device} from gpu '{row.get('device') or row['gpu']}'"

@@ -258,8 +258,13 @@ def test_nemo_rows_run_flashattention2_as_the_launcher_sets(rows, runs_dir, tmp_
 # what they took on an H200 (bench/gpu_rope.py; tests/test_gpu_rope.py): RoPE at 7 elementwise passes, the fc1 clamp
 # at 3 where 2 had stood. The two rows go to +28.7% and +25.7% (AutoModel's own chains are the same kind of broadcast
 # multiplies and cats), and 19 of the 23 Megatron-Bridge rows move closer.
+# Tightened for S5 (14.7 -> 12.3%, bound 13%) when AutoModel's fake balanced gate, which the table states, was priced
+# as it routes (``moe_router=contiguous``: a token's copies on adjacent experts, so on one or two ranks; DeepEP sends
+# one copy per rank and node): Qwen3-30B +16.9 -> +1.9%, GPT-OSS-120B +25.7 -> -0.6%, GPT-OSS-20B +28.7 -> +22.5%.
+# The pipelined rows had rested on the over-priced dispatch: DeepSeek-V3 at 1024 GPUs +3.5 -> -21.9%, at 256 +18.6 ->
+# -10.7%, Kimi K2 +1.8 -> -21.3% (BENCHMARKS.md "AutoModel's fake balanced gate").
 # Error = (predicted - published) / published step time.
-MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.15, "T": 0.05}
+MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.13, "T": 0.05}
 
 
 # The hybrid Mamba rows (AutoModel Nemotron V3 Nano and Super), priced since 2026-11-26 with the Blackwell set's
@@ -269,8 +274,9 @@ MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.15, "T": 0.05}
 # took Nano +8.1 -> +18.4% and Super +35.2 -> +44.1%: the SSD had been too fast and hid what is too slow on these
 # rows, the expert all-to-all across nodes (Super: 1.68 s exposed + 0.77 s recomputed; its compute alone 7.44 s
 # against 7.29 s published), while every Blackwell Nemotron row moved toward its published time. Moved a second time
-# by the sustained-load share above: Nano +18.4 -> +23.6%, Super +44.1 -> +49.4%.
-HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.245, "automodel-nemotronv3-super-64": 0.50}
+# by the sustained-load share above: Nano +18.4 -> +23.6%, Super +44.1 -> +49.4%. Tightened when the fake balanced
+# gate was priced as it routes (above): Nano +23.6 -> +15.7%, Super +49.4 -> +24.4%.
+HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.165, "automodel-nemotronv3-super-64": 0.25}
 
 
 def _mean_abs_error_by_source(results) -> dict[str, float]:
@@ -299,8 +305,9 @@ def test_accuracy_per_source_does_not_regress(priced):
 # Megatron-Core's own, as 16 of the 18 interleaved confs set it (13.17 -> 5.45%): with fp32 gradient buffers the
 # search had to recompute to fit. S1f reached it (19.46 -> 7.82%) when the profile took what the launcher's
 # fine-tuning confs run for a fine-tuning job (``--task sft``; optim.dtype bf16 in 4 of its 6 sft.yaml): with the
-# pre-training fp32 optimizer the 70B row had to recompute (+36%).
-PROFILE_ONLY_ABS_ERROR_AT_MOST = {"S1": 0.06, "S1f": 0.085, "S5": 0.175, "T": 0.05}
+# pre-training fp32 optimizer the 70B row had to recompute (+36%). S5 tightened (its rows but the hybrid
+# ones 10.9 -> 10.1%, bound 11%; with them 16.6 -> 12.3%) with the fake balanced gate priced as it routes (above).
+PROFILE_ONLY_ABS_ERROR_AT_MOST = {"S1": 0.06, "S1f": 0.085, "S5": 0.11, "T": 0.05}
 
 
 @pytest.fixture(scope="module")

@@ -110,6 +110,22 @@ def distinct_nodes(nodes: float, topk: int, groups: int = 1, groups_per_token: i
     return min(uniform, nodes * (1 - missed))
 
 
+def contiguous_spread(num_experts: int, topk: int, ep: int, ranks_per_node: int) -> tuple[float, float]:
+    """(E[distinct ranks], E[distinct nodes]) a token's ``topk`` experts sit on when token ``t`` takes experts
+    ``t*topk .. t*topk + topk - 1`` mod ``num_experts`` (NeMo AutoModel's ``FakeBalancedGate``), the experts split
+    into ``ep`` equal contiguous shares by EP rank and ``ranks_per_node`` consecutive EP ranks to a node or NVLink
+    domain (0: the group inside one). ``t*topk`` mod the experts runs over the multiples of ``gcd(topk, experts)``
+    equally often, so the mean over those starting experts is exact for a batch of whole cycles."""
+    per_rank = num_experts // ep
+    starts = range(0, num_experts, math.gcd(topk, num_experts))
+    ranks = nodes = 0
+    for s in starts:
+        held = {((s + j) % num_experts) // per_rank for j in range(topk)}
+        ranks += len(held)
+        nodes += len({r // ranks_per_node for r in held}) if ranks_per_node else 1
+    return ranks / len(starts), nodes / len(starts)
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """A (possibly heterogeneous) cluster.
@@ -209,7 +225,8 @@ class ClusterSpec:
                     intra_latency_s=g.intra_link.latency_s)
 
     def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0,
-                      routing_groups: tuple[int, int] = (1, 0), nvlink_share: float = 0.0) -> Link:
+                      routing_groups: tuple[int, int] = (1, 0), nvlink_share: float = 0.0,
+                      contiguous_experts: int = 0) -> Link:
         """The link an all-to-all over ``group_size`` ranks ``stride`` apart sees, as one effective bandwidth.
 
         Unlike a ring, an all-to-all gets no help from the node's other NICs: every rank sends ``(p - k) / p`` of
@@ -225,6 +242,8 @@ class ClusterSpec:
         copy per destination rank, so there the bytes shrink by the expected distinct ranks over ``topk``.
         ``nvlink_share``: where set, NVLink runs at that share of its nominal bandwidth instead of NCCL's (Hybrid-EP's
         TMA kernels, ``costmodel.hybridep``).
+        ``contiguous_experts``: where set (the model's experts), a token's experts are adjacent ones
+        (``contiguous_spread``) rather than spread like uniform picks.
         """
         ring = self.collective_link(group_size, stride, group_index)
         g = self.groups[group_index]
@@ -234,6 +253,9 @@ class ClusterSpec:
         # ``is_token_in_rank``), and its README's bandwidths are of those bytes: per routed copy, NVLink carries
         # E[distinct ranks] / topk of what one copy per expert would, E[distinct ranks] = p (1 - (1 - 1/p)^topk)
         rank_share = p * (1 - (1 - 1 / p) ** dedup_topk) / dedup_topk if dedup_topk else 1.0
+        spread = contiguous_spread(contiguous_experts, dedup_topk, p, k) if dedup_topk and contiguous_experts else None
+        if spread:
+            rank_share = spread[0] / dedup_topk
         if not k:  # the group inside one NVLink domain
             if rank_share == 1.0:
                 return ring
@@ -245,7 +267,8 @@ class ClusterSpec:
         nic_bw = nic.bandwidth_bytes_per_s
         if dedup_topk:
             nodes = p / k
-            inter = min(inter, (nodes - 1) / nodes * distinct_nodes(nodes, dedup_topk, *routing_groups) / dedup_topk)
+            reached = spread[1] if spread else distinct_nodes(nodes, dedup_topk, *routing_groups)
+            inter = min(inter, (nodes - 1) / nodes * reached / dedup_topk)
             # DeepEP's RDMA kernels drive the NIC at its line rate (README, normal kernels on H800 + CX7 400 Gb/s:
             # internode EP64 dispatch 51 GB/s, combine 50 GB/s of "~50 GB/s maximum"), where a large NCCL transfer
             # reaches the 0.80 of it that links.yaml's network families carry

@@ -84,14 +84,16 @@ def straggler_slowdown(world_size: int) -> float:
 
 def group_links(cluster, model, layout: Layout) -> tuple:
     """(tp, ep, cp) links of ``layout`` on ``cluster``: rings for TP and ring/all-gather CP, the spanned all-to-all
-    for EP (one copy per destination node under DeepEP and Hybrid-EP) and Ulysses CP (``ClusterSpec.alltoall_link``).
+    for EP (one copy per destination node under DeepEP and Hybrid-EP, spread as ``moe_router`` routes) and Ulysses CP
+    (``ClusterSpec.alltoall_link``).
     Hybrid-EP's NVLink share is its published kernel bandwidth at the EP size (``costmodel.hybridep``)."""
     dedup = layout.moe_dispatcher in ("deepep", "hybridep")
     return (cluster.collective_link(*layout.tp_group),
             cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token if dedup else 0,
                                   nvlink_share=hybridep_nvlink_share(layout.ep)
                                   if layout.moe_dispatcher == "hybridep" else 0.0,
-                                  routing_groups=(model.routing_groups, model.routing_groups_per_token)),
+                                  routing_groups=(model.routing_groups, model.routing_groups_per_token),
+                                  contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0),
             (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
 
 
@@ -823,7 +825,8 @@ class GpuEstimator:
     @staticmethod
     def _group_links(work: Workload, layout: Layout, scope: "_Scope") -> tuple:
         """``group_links``, kept per what it reads: one pricing per mesh shape, not per signature."""
-        lkey = (layout.tp, layout.ep, layout.expert_tp, layout.cp, layout.cp_kind == "a2a", layout.moe_dispatcher)
+        lkey = (layout.tp, layout.ep, layout.expert_tp, layout.cp, layout.cp_kind == "a2a", layout.moe_dispatcher,
+                layout.moe_router)
         links = scope.links.get(lkey)
         if links is None:
             links = scope.links[lkey] = group_links(work.cluster, work.model, layout)
@@ -944,7 +947,7 @@ def _chunk_tp(key: Layout) -> int:
 _SYNC_FREE = frozenset({"recompute", "recompute_modules", "micro_batch", "sequence_parallel", "attention",
                         "attention_dtype", "pipeline_schedule", "cp_kind", "moe_overlap", "moe_capacity",
                         "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap", "shared_overlap",
-                        "cuda_graphs"})
+                        "cuda_graphs", "moe_router"})
 _SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
 _sync_getter = operator.attrgetter(*_SYNC_FIELDS)
 _FP8_AT = _SYNC_FIELDS.index("fp8")

@@ -11,8 +11,8 @@ Conventions of the plan (``planner/plan/schema.py``, ``planner/estimate/memory.p
   sets ``etp``: then the expert mesh etp x ep folds over a stage's tp x cp x dp ranks (MoE parallel folding).
 
 The decisions added after plan schema 1 (``etp``, ``fp8``, ``cp_kind``, ``stack``, ``moe_overlap``, ``moe_capacity``,
-``recompute`` full:N / op) are read through the helpers below, so every target reads them alike: ``expert_tp``,
-``fp8_recipe`` (a ``dtype: fp8`` plan of before the field means delayed scaling), ``recompute_layers``,
+``moe_router``, ``recompute`` full:N / op) are read through the helpers below, so every target reads them alike:
+``expert_tp``, ``fp8_recipe`` (a ``dtype: fp8`` plan of before the field means delayed scaling), ``recompute_layers``,
 ``stack_notes`` and ``moe_notes`` (the one-line warnings of a target that cannot carry them).
 
 Messages never name the plan file: the caller (CLI) prefixes it.
@@ -302,6 +302,10 @@ def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool 
     if plan.moe_capacity and not capacity:
         out.append(f"{target}: moe_capacity={plan.moe_capacity:g}: no token-dropping capacity factor here; routing "
                    "runs dropless (the plan priced padded, capacity-bounded experts)")
+    if plan.moe_router == "contiguous":  # NeMo AutoModel's FakeBalancedGate, which no export target has
+        out.append(f"{target}: moe_router=contiguous: no router sends each token to adjacent experts here (NeMo "
+                   "AutoModel's fake balanced gate); the trained router spreads a token's copies over more ranks "
+                   "than the plan priced its dispatch for")
     return out
 
 

@@ -287,6 +287,14 @@ class Decisions:
     moe_imbalance: float = decision(1.0, "dropless routing: the busiest expert group's tokens over the balanced share",
                                     lo=1.0, hi=64.0)
     """1.0 = perfectly balanced, as the dev set's "fake balanced gate" runs."""
+    moe_router: str = decision("learned", "which experts a token's copies go to: learned or contiguous",
+                               choices=("learned", "contiguous"))
+    """"learned": a trained router's choices, spread over the experts as uniform random picks are (group-limited
+    where the model routes by groups; Megatron-Core's ``moe_router_force_load_balancing`` draws random logits, the
+    same spread). "contiguous": NeMo AutoModel's ``FakeBalancedGate`` (``components/moe/layers.py`` @ 89e3a9fdd),
+    which sends token ``t`` to experts ``t*topk .. t*topk + topk - 1`` (mod the experts): its copies sit on
+    adjacent experts, so on one or two ranks, and a dispatcher that sends a token once per destination rank or node
+    (deepep, hybridep) moves far fewer bytes (``planner.cluster.spec.contiguous_spread``)."""
     moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
                                    choices=("alltoall", "deepep", "hybridep"),
                                    free="hybridep on Blackwell and deepep on other NVIDIA GPUs where ep > 1 under "

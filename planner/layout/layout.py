@@ -352,6 +352,8 @@ class Layout(Decisions, Degrees):
         if self.shared_overlap and self.moe_overlap:
             raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
                                 "pick one (Megatron-Core asserts against the pair)")
+        if self.moe_router != "learned" and not num_experts:
+            raise MeshplanError(f"moe_router={self.moe_router} routes tokens to experts, but the model has none")
         if self.cuda_graphs == "iteration" and num_experts and not self.moe_capacity \
                 and self.moe_dispatcher != "hybridep":
             raise MeshplanError(f"cuda_graphs=iteration on a dropless MoE model needs moe_dispatcher=hybridep (its "
