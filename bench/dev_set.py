@@ -696,6 +696,9 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
     if "FlexAttn" in kernels:
         needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {},
                           stated=True))
+    elif "TorchSDPA" in kernels:  # PyTorch's SDPA tries its flash backend first (torch._C._get_sdp_priority_order)
+        needs.append(Need("attention", "flash2", f"Kernel Optimizations '{kernels}': PyTorch SDPA, whose first "
+                          "backend is its FlashAttention-2 kernel", {}, stated=True))
     elif cp > 1:
         needs.append(Need("attention", "flash2", "torch context_parallel runs PyTorch SDPA (flash backend: "
                           "FlashAttention-2), not TE attention", {}))

@@ -275,8 +275,10 @@ MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.13, "T": 0.05}
 # rows, the expert all-to-all across nodes (Super: 1.68 s exposed + 0.77 s recomputed; its compute alone 7.44 s
 # against 7.29 s published), while every Blackwell Nemotron row moved toward its published time. Moved a second time
 # by the sustained-load share above: Nano +18.4 -> +23.6%, Super +44.1 -> +49.4%. Tightened when the fake balanced
-# gate was priced as it routes (above): Nano +23.6 -> +15.7%, Super +49.4 -> +24.4%.
-HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.165, "automodel-nemotronv3-super-64": 0.25}
+# gate was priced as it routes (above): Nano +23.6 -> +15.7%, Super +49.4 -> +24.4%. Raised a little when their
+# attention took the kernel their table names, "TorchSDPA" (PyTorch SDPA's first backend, FlashAttention-2, where the
+# profile's cuDNN attention had stood): Nano +15.7 -> +17.8%, Super +24.4 -> +25.2%.
+HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.185, "automodel-nemotronv3-super-64": 0.26}
 
 
 def _mean_abs_error_by_source(results) -> dict[str, float]:
@@ -384,3 +386,21 @@ def test_profile_only_leaves_a_counted_attention_kernel_free(rows, runs_dir):
     row = next(r for r in rows if r["name"] == "automodel-llama3-70b-64")
     assert dev_set.row_needs(row, runs_dir).fix["attention"] == "flash2"
     assert "attention" not in dev_set.row_needs(row, runs_dir, profile_only=True).fix
+
+
+def test_a_table_naming_torch_sdpa_runs_its_flash_backend(rows, runs_dir):
+    """The AutoModel rows whose Kernel Optimizations cell names TorchSDPA run PyTorch SDPA, which tries its
+    FlashAttention-2 backend first (``torch._C._get_sdp_priority_order()``: flash, efficient, math, cuDNN): a stated
+    fact, kept when the row is priced as never seen and not counted as a per-row setting."""
+    import torch
+
+    first = torch._C._SDPBackend(torch._C._get_sdp_priority_order()[0])
+    assert first == torch._C._SDPBackend.FLASH_ATTENTION
+    priced = set()
+    for row in (r for r in rows if "TorchSDPA" in str(r["published"].get("quote", ""))):
+        for profile_only in (False, True):
+            inp = dev_set.row_needs(row, runs_dir, profile_only)
+            if not inp.out_of_scope:
+                assert inp.fix["attention"] == "flash2" and not inp.per_row, row["name"]
+                priced.add(row["name"])
+    assert len(priced) == 2  # Nemotron 3 Nano and Super (Ultra is out of scope)
