@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshplan.planner.cluster.spec import contiguous_spread, load_cluster
+from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.gpu import group_links
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
+from meshplan.planner.model.routing import contiguous_spread
 from tests.helpers import data_path, load_dev_set
 
 
@@ -104,3 +105,20 @@ def test_a_held_out_automodel_row_keeps_the_gate_its_publication_names(tmp_path)
     assert dev_set.states_fake_gate(dense) and "moe_router" not in held.as_stated(dense, runs_dir, None)
     bad = dev_set.row_needs(cut | {"moe_router": "fake balanced"}, runs_dir)
     assert "moe_router" not in bad.fix and "not read: moe_router='fake balanced'" in bad.assumptions[0]
+
+
+def test_explain_names_the_spread_it_priced():
+    """``meshplan plan --explain`` says what the dispatch was priced from: the gate's ranks against a trained
+    router's, for the layout's own EP size (Qwen3-30B-A3B, 8 experts a token over EP 8: 1 against 5.25)."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.estimate.explain import explain_gpu
+    from meshplan.planner.estimate.gpu import GpuEstimator
+
+    model = load_model(str(data_path("model_configs", "qwen3-30b-a3b.json")))
+    work = Workload(model, load_cluster("1x8xH100"), 512, 4096, "bf16")
+    base = Layout(dp_shard=8, ep=8, zero_stage=3, micro_batch=4, moe_dispatcher="deepep", recompute="full")
+    est = GpuEstimator(Pricer.shipped())
+    said = explain_gpu(est, work, base.with_(moe_router="contiguous"))["priced_from"]["ep routing (contiguous)"]
+    assert "8 experts on 1 of the 8 EP ranks" in said and "would sit on 5.25" in said
+    assert "ep routing (contiguous)" not in explain_gpu(est, work, base)["priced_from"]

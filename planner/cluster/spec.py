@@ -34,6 +34,7 @@ from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.planner.cluster.file import MAX_DEVICES_PER_NODE, InterLinkFile, IntraLinkFile, parse_cluster_file
 from meshplan.planner.cluster.links import PRESET_DIR, LinkFamily, get_family, link_families, nic_share_bytes_per_s
 from meshplan.planner.host.calibrate import Calibration, is_local_spec, local_process_count
+from meshplan.planner.model.routing import contiguous_spread
 from meshplan.planner.plan.schema import ClusterRef, DeviceGroupRef
 
 NCCL_NIC_EFFICIENCY = 0.80  # planner/presets/clusters/links.yaml: InfiniBand families' efficiency
@@ -108,22 +109,6 @@ def distinct_nodes(nodes: float, topk: int, groups: int = 1, groups_per_token: i
     g = groups // int(nodes)
     missed = math.comb(groups - g, groups_per_token) / math.comb(groups, groups_per_token)
     return min(uniform, nodes * (1 - missed))
-
-
-def contiguous_spread(num_experts: int, topk: int, ep: int, ranks_per_node: int) -> tuple[float, float]:
-    """(E[distinct ranks], E[distinct nodes]) a token's ``topk`` experts sit on when token ``t`` takes experts
-    ``t*topk .. t*topk + topk - 1`` mod ``num_experts`` (NeMo AutoModel's ``FakeBalancedGate``), the experts split
-    into ``ep`` equal contiguous shares by EP rank and ``ranks_per_node`` consecutive EP ranks to a node or NVLink
-    domain (0: the group inside one). ``t*topk`` mod the experts runs over the multiples of ``gcd(topk, experts)``
-    equally often, so the mean over those starting experts is exact for a batch of whole cycles."""
-    per_rank = num_experts // ep
-    starts = range(0, num_experts, math.gcd(topk, num_experts))
-    ranks = nodes = 0
-    for s in starts:
-        held = {((s + j) % num_experts) // per_rank for j in range(topk)}
-        ranks += len(held)
-        nodes += len({r // ranks_per_node for r in held}) if ranks_per_node else 1
-    return ranks / len(starts), nodes / len(starts)
 
 
 @dataclass(frozen=True)

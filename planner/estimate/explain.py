@@ -19,6 +19,7 @@ from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.routing import contiguous_spread
 
 MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
                 "cast")
@@ -164,7 +165,7 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
 
 def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> dict[str, str]:
     """What the step's price leaves out beyond its op classes: a waiting GPU's boost, host time (MoE), Hybrid-EP
-    outside its measured sizes (whose basis it adds to ``priced_from``)."""
+    outside its measured sizes (whose basis it adds to ``priced_from``); the routing a contiguous router prices."""
     notes = {}
     waits = busy_note(est.compute_s / est.step_time_s, dev) if est.step_time_s > 0 else None
     if waits:
@@ -177,6 +178,13 @@ def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> 
         priced_from["ep dispatch (hybridep)"] = basis
         if gap:
             notes["ep dispatch (hybridep)"] = gap
+    if layout.moe_router == "contiguous" and layout.ep > 1 and layout.moe_dispatcher in ("deepep", "hybridep"):
+        k, ep = model.experts_per_token, layout.ep
+        ranks = contiguous_spread(model.num_experts, k, ep, 0)[0]
+        priced_from["ep routing (contiguous)"] = (
+            f"a token's {k} experts on {ranks:.3g} of the {ep} EP ranks, as NeMo AutoModel's fake balanced gate "
+            f"routes (experts t*{k} .. t*{k}+{k - 1} for token t; planner.model.routing.contiguous_spread), where a "
+            f"trained router's would sit on {ep * (1 - (1 - 1 / ep) ** k):.3g}: the dispatch sends one copy per rank")
     return notes
 
 
