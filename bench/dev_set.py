@@ -696,9 +696,10 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
     if "FlexAttn" in kernels:
         needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {},
                           stated=True))
-    elif "TorchSDPA" in kernels:  # PyTorch's SDPA tries its flash backend first (torch._C._get_sdp_priority_order)
+    elif "TorchSDPA" in kernels:  # SDPA's backend order (torch._C._get_sdp_priority_order) puts flash first
         needs.append(Need("attention", "flash2", f"Kernel Optimizations '{kernels}': PyTorch SDPA, whose first "
-                          "backend is its FlashAttention-2 kernel", {}, stated=True))
+                          "backend is its FlashAttention-2 kernel (the order of the torch meshplan runs with; the "
+                          "container's own torch is not stated)", {}, stated=True))
     elif cp > 1:
         needs.append(Need("attention", "flash2", "torch context_parallel runs PyTorch SDPA (flash backend: "
                           "FlashAttention-2), not TE attention", {}))

@@ -51,6 +51,21 @@ def test_one_node_dispatch_moves_one_copy_per_token_not_five():
     assert gate / learned == pytest.approx(8 * (1 - (7 / 8) ** 8), rel=1e-9)
 
 
+def test_across_nodes_the_dispatch_sends_one_copy_per_node_reached():
+    """DeepSeek-V3 at EP 64 over eight H100 nodes under DeepEP, bound by each GPU's NIC either way. Its group-limited
+    router (8 groups of 32 experts, a token's from 4 of them; DeepSeek-V3 report section 2.1.2, one group a node here)
+    reaches 4 of the 8 nodes; the gate's 8 adjacent experts sit on 2 ranks of one node. Of each routed copy's bytes
+    the NIC carries (7/8) * 4/8 against (7/8) * 1/8: 4x the bandwidth for the same bytes."""
+    model = load_model(str(data_path("model_configs", "deepseek-v3.json")))
+    assert (model.routing_groups, model.routing_groups_per_token, model.experts_per_token) == (8, 4, 8)
+    assert contiguous_spread(256, 8, 64, 8) == (2.0, 1.0)
+    cluster = load_cluster("8x8xH100")
+    base = Layout(dp_shard=64, ep=64, zero_stage=3, moe_dispatcher="deepep")
+    learned = group_links(cluster, model, base)[1].bandwidth_bytes_per_s
+    gate = group_links(cluster, model, base.with_(moe_router="contiguous"))[1].bandwidth_bytes_per_s
+    assert gate / learned == pytest.approx(4.0, rel=1e-9)
+
+
 def test_the_nccl_all_to_all_sends_a_copy_per_expert_either_way():
     """Megatron's alltoall dispatcher sends one copy per routed expert: where the copies sit changes nothing."""
     model = load_model(str(data_path("model_configs", "qwen3-30b-a3b.json")))
@@ -60,15 +75,17 @@ def test_the_nccl_all_to_all_sends_a_copy_per_expert_either_way():
 
 
 def test_every_export_target_names_the_router_it_cannot_carry():
-    """No launcher has AutoModel's fake balanced gate: each target's notes say so, and a learned router's say
-    nothing of it."""
+    """No launcher has AutoModel's fake balanced gate: each target's notes say so where the gate changed the priced
+    dispatch (a deduplicating dispatcher over EP > 1), and a learned router's say nothing of it."""
     from meshplan.planner.export import accelerate, deepspeed, megatron, torchrun, torchtitan
     from tests.test_export_bridge import plan_qwen3_moe
 
-    gate, learned = plan_qwen3_moe(moe_router="contiguous"), plan_qwen3_moe()
+    gate, learned = plan_qwen3_moe(moe_router="contiguous", moe_dispatcher="deepep"), plan_qwen3_moe()
+    unpriced = plan_qwen3_moe(moe_router="contiguous")  # NCCL's all-to-all: the router changed no price
     for target in (accelerate, deepspeed, megatron, torchrun, torchtitan):
         assert any("moe_router=contiguous" in line for line in target.unsupported(gate)), target.__name__
-        assert not any("moe_router" in line for line in target.unsupported(learned)), target.__name__
+        for plan in (learned, unpriced):
+            assert not any("moe_router" in line for line in target.unsupported(plan)), target.__name__
 
 
 def test_automodel_rows_route_as_their_table_says():
@@ -122,3 +139,6 @@ def test_explain_names_the_spread_it_priced():
     said = explain_gpu(est, work, base.with_(moe_router="contiguous"))["priced_from"]["ep routing (contiguous)"]
     assert "8 experts on 1 of the 8 EP ranks" in said and "would sit on 5.25" in said
     assert "ep routing (contiguous)" not in explain_gpu(est, work, base)["priced_from"]
+    from meshplan.planner.search.exact import describe
+
+    assert "router=contiguous" in describe(base.with_(moe_router="contiguous")) and "router" not in describe(base)

@@ -905,7 +905,7 @@ class _Scope(NamedTuple):
     syncs: dict  # ``_sync_terms`` and ``ShardTable`` s
     works: dict  # ``work_bounds_s``' work per time signature
     per_mb: dict  # ``_per_mb_times`` per time signature
-    links: dict  # ``group_links`` per mesh shape (tp, ep, etp, cp, Ulysses CP, dispatcher)
+    links: dict  # ``group_links`` per mesh shape (tp, ep, etp, cp, Ulysses CP, dispatcher) and router
     stages: dict  # ``_stage_times`` per (signature, pipeline shape, recompute)
 
 

@@ -302,7 +302,8 @@ def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool 
     if plan.moe_capacity and not capacity:
         out.append(f"{target}: moe_capacity={plan.moe_capacity:g}: no token-dropping capacity factor here; routing "
                    "runs dropless (the plan priced padded, capacity-bounded experts)")
-    if plan.moe_router == "contiguous":  # NeMo AutoModel's FakeBalancedGate, which no export target has
+    # NeMo AutoModel's FakeBalancedGate, which no export target has: named where it changed the priced dispatch
+    if plan.moe_router == "contiguous" and plan.degrees.ep > 1 and plan.moe_dispatcher in ("deepep", "hybridep"):
         out.append(f"{target}: moe_router=contiguous: no router sends each token to adjacent experts here (NeMo "
                    "AutoModel's fake balanced gate); the trained router spreads a token's copies over more ranks "
                    "than the plan priced its dispatch for")

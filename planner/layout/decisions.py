@@ -292,9 +292,10 @@ class Decisions:
     """"learned": a trained router's choices, spread over the experts as uniform random picks are (group-limited
     where the model routes by groups; Megatron-Core's ``moe_router_force_load_balancing`` draws random logits, the
     same spread). "contiguous": NeMo AutoModel's ``FakeBalancedGate`` (``components/moe/layers.py`` @ 89e3a9fdd),
-    which sends token ``t`` to experts ``t*topk .. t*topk + topk - 1`` (mod the experts): its copies sit on
-    adjacent experts, so on one or two ranks, and a dispatcher that sends a token once per destination rank or node
-    (deepep, hybridep) moves far fewer bytes (``planner.model.routing.contiguous_spread``)."""
+    which sends token ``t`` to experts ``t*topk .. t*topk + topk - 1`` (mod the experts; its noise 0): its copies
+    sit on adjacent experts, so on ``ceil(topk / experts a rank)`` ranks or one more, and a dispatcher that sends a
+    token once per destination rank or node (deepep, hybridep) moves far fewer bytes
+    (``planner.model.routing.contiguous_spread``)."""
     moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
                                    choices=("alltoall", "deepep", "hybridep"),
                                    free="hybridep on Blackwell and deepep on other NVIDIA GPUs where ep > 1 under "

@@ -701,6 +701,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"capacity={layout.moe_capacity:g}")
     if layout.moe_imbalance != 1.0:
         parts.append(f"imbalance={layout.moe_imbalance:g}")
+    if layout.moe_router != "learned":
+        parts.append(f"router={layout.moe_router}")
     if layout.stack != "megatron":
         parts.append(f"stack={layout.stack}")
     if layout.pp_runs != 1:
@@ -726,7 +728,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "attention": layout.attention, "attention_dtype": layout.attention_dtype, "etp": layout.expert_tp,
         "fp8": layout.fp8, "cp_kind": layout.cp_kind,
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
-        "moe_imbalance": layout.moe_imbalance, "schedule": layout.schedule, "optim_dtype": layout.optim_dtype,
+        "moe_imbalance": layout.moe_imbalance, "moe_router": layout.moe_router, "schedule": layout.schedule,
+        "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
         "shared_overlap": layout.shared_overlap, "cuda_graphs": layout.cuda_graphs,
         "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
