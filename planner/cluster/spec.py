@@ -34,7 +34,7 @@ from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.planner.cluster.file import MAX_DEVICES_PER_NODE, InterLinkFile, IntraLinkFile, parse_cluster_file
 from meshplan.planner.cluster.links import PRESET_DIR, LinkFamily, get_family, link_families, nic_share_bytes_per_s
 from meshplan.planner.host.calibrate import Calibration, is_local_spec, local_process_count
-from meshplan.planner.model.routing import contiguous_spread
+from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
 from meshplan.planner.plan.schema import ClusterRef, DeviceGroupRef
 
 NCCL_NIC_EFFICIENCY = 0.80  # planner/presets/clusters/links.yaml: InfiniBand families' efficiency
@@ -237,7 +237,7 @@ class ClusterSpec:
         # DeepEP sends a token once to each rank that holds one of its experts (``get_dispatch_layout``:
         # ``is_token_in_rank``), and its README's bandwidths are of those bytes: per routed copy, NVLink carries
         # E[distinct ranks] / topk of what one copy per expert would, E[distinct ranks] = p (1 - (1 - 1/p)^topk)
-        rank_share = p * (1 - (1 - 1 / p) ** dedup_topk) / dedup_topk if dedup_topk else 1.0
+        rank_share = uniform_ranks(p, dedup_topk) / dedup_topk if dedup_topk else 1.0
         spread = contiguous_spread(contiguous_experts, dedup_topk, p, k) if dedup_topk and contiguous_experts else None
         if spread:
             rank_share = spread[0] / dedup_topk

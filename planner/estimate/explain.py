@@ -19,7 +19,7 @@ from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
-from meshplan.planner.model.routing import contiguous_spread
+from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
 
 MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
                 "cast")
@@ -184,7 +184,7 @@ def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> 
         priced_from["ep routing (contiguous)"] = (
             f"a token's {k} experts on {ranks:.3g} of the {ep} EP ranks, as NeMo AutoModel's fake balanced gate "
             f"routes (experts t*{k} .. t*{k}+{k - 1} for token t; planner.model.routing.contiguous_spread), where a "
-            f"trained router's would sit on {ep * (1 - (1 - 1 / ep) ** k):.3g}: the dispatch sends one copy per rank, "
+            f"trained router's would sit on {uniform_ranks(ep, k):.3g}: the dispatch sends one copy per rank, "
             "and across nodes one per node, counted the same way")
     return notes
 

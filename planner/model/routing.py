@@ -18,3 +18,9 @@ def contiguous_spread(num_experts: int, topk: int, ep: int, ranks_per_node: int)
         ranks += len(held)
         nodes += len({r // ranks_per_node for r in held}) if ranks_per_node else 1
     return ranks / len(starts), nodes / len(starts)
+
+
+def uniform_ranks(ep: int, topk: int) -> float:
+    """E[distinct ranks] a token's ``topk`` experts sit on when it picks them uniformly over ``ep`` equal shares (a
+    trained router, or Megatron-Core's forced balancing): ``ep (1 - (1 - 1/ep)^topk)``."""
+    return ep * (1 - (1 - 1 / ep) ** topk)
