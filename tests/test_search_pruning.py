@@ -28,6 +28,8 @@ CASES = [  # model, cluster, global batch, seq, dtype, pins
     ("mixtral-8x7b", "3x8xH100", 48, 4096, "bf16", {"pp": 3, "cp": 1, "tp": 2}),
     # layers kept in bf16 under MXFP8 (bf16_first_layers / bf16_last_layers): priced apart from the recipe's
     ("llama-3.1-8b", "2x8xB200", 16, 8192, "fp8", {"fp8": "mxfp8", "bf16_first_layers": 2, "bf16_last_layers": 3}),
+    # the fp8 recipe free on Blackwell (tensor-wise and MXFP8 bounded by their delayed twin) with moe_overlap free
+    ("qwen3-30b-a3b", "2x4xGB200-NVL72", 64, 4096, "fp8", {"pp": 1, "cp": 1, "mbs": 1}),
 ]
 
 
@@ -147,6 +149,67 @@ def test_work_bound_is_below_every_pipeline_part(model, cluster, gb, seq, dtype,
             assert bound <= est.pipeline_bound_s(work, g.member(r, 0)) * (1 + 1e-9), (g.member(r, 0), bound)
             checked += 1
     assert checked >= len(groups) > 10
+
+
+@pytest.mark.parametrize("model,cluster,gb,seq,fix", [
+    ("qwen3-30b-a3b", "4x8xH100", 32, 4096, {"tp": 2, "pp": 4, "cp": 1, "mbs": 1}),
+    ("qwen3-30b-a3b", "2x4xGB200-NVL72", 64, 4096, {"pp": 1, "cp": 1, "mbs": 1}),
+    ("llama-3.1-8b", "2x8xB200", 16, 8192, {"bf16_first_layers": 2, "bf16_last_layers": 3}),
+], ids=["hopper-moe", "nvl72-moe-overlap", "blackwell-bf16-layers"])
+def test_recipe_twin_bound_is_below_each_recipes_own_work_bound(model, cluster, gb, seq, fix):
+    """A tensor-wise, block-wise or MXFP8 group's first bound, from its delayed-scaling twin without pricing its own
+    ops (``recipe_twin_bounds_s``), is below its own work bound, checked on every group of the space by pricing them
+    all; delayed groups have none (they are the twins)."""
+    from meshplan.planner.layout.space import Pins, enumerate_groups, fp8_recipe_choices
+
+    work = Workload(load_model(model), load_cluster(cluster), gb, seq, "fp8")
+    est = estimator_for(work.cluster)
+    c = work.cluster
+    lays = [g.base for g in enumerate_groups(work.model, c.world_size, c.nvlink_width, gb, seq, Pins.of(fix),
+                                             fp8_recipe_choices("fp8", c.device))]
+    own, twin = est.work_bounds_s(work, lays), est.recipe_twin_bounds_s(work, lays)
+    for lay, w, t in zip(lays, own, twin):
+        assert (t is None) == (lay.fp8 == "delayed"), lay
+        assert t is None or t <= w * (1 + 1e-9), (lay, t, w)
+    assert sum(t is not None for t in twin) == 2 * sum(lay.fp8 == "delayed" for lay in lays) > 20
+
+
+def test_recipe_twin_bound_holds_where_a_slower_recipe_steps_faster():
+    """DeepSeek-V3 on 8 NVL72 racks (the layout issue 26's search met): with the expert all-to-all overlapped,
+    tensor-wise scaling's amax passes hide more of it and shorten the wait for the host, so its micro-batch work
+    prices below delayed scaling's. The twin bound takes the all-to-all at the least it exposes, and stays below."""
+    from meshplan.planner.layout.layout import Layout
+
+    work = Workload(load_model("deepseek-v3"), load_cluster("144x4xGB200-NVL72"), 4608, 4096, "fp8")
+    est = estimator_for(work.cluster)
+    lay = Layout(dp_replicate=72, tp=8, ep=2, micro_batch=16, sequence_parallel=True, fp8="tensorwise",
+                 moe_overlap=True, moe_dispatcher="hybridep", cuda_graphs="layers")
+    tensorwise, delayed = est.work_bounds_s(work, [lay, lay.with_(fp8="delayed")])
+    assert tensorwise < delayed  # the case the bound must survive
+    assert est.recipe_twin_bounds_s(work, [lay])[0] <= tensorwise
+
+
+def test_a_twin_bound_above_the_own_work_bound_falls_back():
+    """An estimator whose recipe twin bound overstates a group's work is caught when that group comes up: the
+    search prices every candidate, says why, and gives exhaustive search's answer."""
+    class Overstating:
+        def __init__(self, inner):
+            self.inner, self.name = inner, inner.name
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def recipe_twin_bounds_s(self, work, layouts):
+            own = self.inner.work_bounds_s(work, layouts)
+            return [None if lay.fp8 == "delayed" or w is None else 1.001 * w for lay, w in zip(layouts, own)]
+
+    work = Workload(load_model("qwen3-30b-a3b"), load_cluster("2x4xGB200-NVL72"), 64, 4096, "fp8")
+    est = Overstating(estimator_for(work.cluster))
+    fix = {"pp": 1, "cp": 1, "mbs": 1}
+    fast = search(work, fix, top=5, estimator=est, prune=True)
+    full = search(work, fix, top=5, estimator=est, prune=False)
+    assert not fast.pruned and "recipe twin" in fast.fallback
+    assert [(lay, e.step_time_s) for lay, e in fast.ranked] == [(lay, e.step_time_s) for lay, e in full.ranked]
 
 
 def test_memory_pruning_keeps_the_exhaustive_answer_and_its_closest_miss():
