@@ -673,23 +673,27 @@ class GpuEstimator:
 
     def recipe_twin_bounds_s(self, work: Workload, layouts: list) -> list[Optional[float]]:
         """A lower bound on ``work_bounds_s`` of each of ``layouts`` whose fp8 recipe is tensor-wise, block-wise or
-        MXFP8, priced without their own ops: their delayed-scaling twin's work (``None``: another recipe, or a twin
-        that cannot be priced). Each of those recipes runs the delayed one's ops and more at no lower a price: the
-        same casts (tensor-wise adds an amax pass) and GEMMs at ``recipe_time_multiple`` of at least delayed's,
-        which the check below holds to; and a layer's time never falls as an op slows, once the expert all-to-all
-        an overlap hides is taken at the least it exposes (``_monotone_comm``). A search prices a group's own ops
-        only when this bound comes up (DeepSeek-V3 on 8 GB200 NVL72 racks in fp8: 792 of 8,906 groups)."""
+        MXFP8, priced without their own ops: their delayed-scaling twin's work, where that twin is one of
+        ``layouts`` (``None``: another recipe, a twin not asked about, or one that cannot be priced). Each of those
+        recipes runs the delayed one's ops and more at no lower a price: the same casts (tensor-wise adds an amax
+        pass) and GEMMs at ``recipe_time_multiple`` of at least delayed's, which the check below holds to; and a
+        layer's time never falls as an op slows, once the expert all-to-all an overlap hides is taken at the least
+        it exposes (``_monotone_comm``). A search prices a group's own ops only when this bound comes up
+        (DeepSeek-V3 on 8 GB200 NVL72 racks in fp8: 792 of 8,906 groups)."""
         tb, dev = self.tables(work.model), work.cluster.device
-        delayed = recipe_time_multiple("delayed", dev)
-        twins = {}
+        floor = recipe_time_multiple("delayed", dev)
+        asked = {time_signature(lay) for lay in layouts if lay.fp8 == "delayed"}  # a twin asked for is priced anyway
+        twins, sigs = {}, {}
         for i, lay in enumerate(layouts):
-            if (lay.fp8 in TWINNED_RECIPES and lowp_recipe(lay.fp8, work.dtype) == lay.fp8
-                    and recipe_time_multiple(lay.fp8, dev) >= delayed):
-                twins[i] = lay.with_(fp8="delayed")
-        sigs = {i: time_signature(t) for i, t in twins.items()}
+            if (asked and lay.fp8 in TWINNED_RECIPES and lowp_recipe(lay.fp8, work.dtype) == lay.fp8
+                    and recipe_time_multiple(lay.fp8, dev) >= floor):
+                twin = lay.with_(fp8="delayed")
+                sig = time_signature(twin)
+                if sig in asked:
+                    twins[i], sigs[i] = twin, sig
         works = self._works(work, tb, {sig: twins[i] for i, sig in sigs.items()})
         out: list[Optional[float]] = [None] * len(layouts)
-        keep = [i for i in twins if works[sigs[i]] is not None]
+        keep = [i for i in sigs if works[sigs[i]] is not None]
         bounds = self._spread_s(work, [layouts[i] for i in keep],
                                 [self._bf16_work(work, twins[i], tb, sigs[i], works[sigs[i]][1]) for i in keep])
         for i, b in zip(keep, bounds):
