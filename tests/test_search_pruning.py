@@ -184,9 +184,11 @@ def test_recipe_twin_bound_holds_where_a_slower_recipe_steps_faster():
     est = estimator_for(work.cluster)
     lay = Layout(dp_replicate=72, tp=8, ep=2, micro_batch=16, sequence_parallel=True, fp8="tensorwise",
                  moe_overlap=True, moe_dispatcher="hybridep", cuda_graphs="layers")
-    tensorwise, delayed = est.work_bounds_s(work, [lay, lay.with_(fp8="delayed")])
+    pair = [lay, lay.with_(fp8="delayed")]
+    tensorwise, delayed = est.work_bounds_s(work, pair)
     assert tensorwise < delayed  # the case the bound must survive
-    assert est.recipe_twin_bounds_s(work, [lay])[0] <= tensorwise
+    assert est.recipe_twin_bounds_s(work, pair)[0] <= tensorwise
+    assert est.recipe_twin_bounds_s(work, pair[:1]) == [None]  # a twin no one asks about is not priced for it
 
 
 def test_a_twin_bound_above_the_own_work_bound_falls_back():
