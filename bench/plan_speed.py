@@ -22,16 +22,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout, not an installed meshplan
 
-CASES = [  # name, model, cluster, global batch (sequences), seq len
-    ("405b", "llama-3.1-405b", "2048x8xH100", 2048, 8192),
-    ("dsv3-16k", "deepseek-v3", "2048x8xH100", 16384, 4096),
-    ("dsv3-8k", "deepseek-v3", "2048x8xH100", 2048, 8192),
-    ("kimi-k2", "kimi-k2", "2048x8xH100", 4096, 4096),
-    ("qwen3-30b", "qwen3-30b-a3b", "16x8xH100", 1024, 4096),
-    ("qwen3-235b", "qwen3-235b-a22b", "32x8xH100", 1024, 4096),
-    ("70b-128k", "llama-3.1-70b", "8x8xH100", 64, 131072),
-    # eight NVL72 racks (576 GB200): the batch carries the 9 of 576 = 64 x 9
-    ("dsv3-nvl72", "deepseek-v3", "144x4xGB200-NVL72", 4608, 4096),
+CASES = [  # name, model, cluster, global batch (sequences), seq len, dtype
+    ("405b", "llama-3.1-405b", "2048x8xH100", 2048, 8192, "bf16"),
+    ("dsv3-16k", "deepseek-v3", "2048x8xH100", 16384, 4096, "bf16"),
+    ("dsv3-8k", "deepseek-v3", "2048x8xH100", 2048, 8192, "bf16"),
+    ("kimi-k2", "kimi-k2", "2048x8xH100", 4096, 4096, "bf16"),
+    ("qwen3-30b", "qwen3-30b-a3b", "16x8xH100", 1024, 4096, "bf16"),
+    ("qwen3-235b", "qwen3-235b-a22b", "32x8xH100", 1024, 4096, "bf16"),
+    ("70b-128k", "llama-3.1-70b", "8x8xH100", 64, 131072, "bf16"),
+    # eight NVL72 racks (576 GB200): the batch carries the 9 of 576 = 64 x 9; in fp8 with the recipe free, three
+    # recipes per layout (tensor-wise, delayed, MXFP8)
+    ("dsv3-nvl72", "deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "bf16"),
+    ("dsv3-nvl72-fp8", "deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "fp8"),
 ]
 
 # Wall s (median of 3 fresh processes), layouts priced and peak RSS MiB on the commit before the speed-up
@@ -55,9 +57,9 @@ def run_one(name: str, exhaustive: bool) -> dict:
     from meshplan.planner.model.config import load_model
     from meshplan.planner.search.exact import layout_row, search
 
-    _, model, cluster, gb, seq = next(c for c in CASES if c[0] == name)
+    _, model, cluster, gb, seq, dtype = next(c for c in CASES if c[0] == name)
     t0 = time.perf_counter()
-    work = Workload(load_model(model), load_cluster(cluster), gb, seq)
+    work = Workload(load_model(model), load_cluster(cluster), gb, seq, dtype)
     res = search(work, {}, top=10)
     wall = time.perf_counter() - t0
     out = {"wall_s": wall, "candidates": res.candidates, "priced": res.evaluated, "bound_evals": res.bound_evals,
@@ -84,11 +86,11 @@ def main(argv: list[str]) -> None:
     only = argv[argv.index("--case") + 1].split(",") if "--case" in argv else [c[0] for c in CASES]
     table = Table(title="meshplan plan: full search, all decisions free, top 10 (wall s: model + cluster + "
                   "estimator + search, fresh process; median of --repeat runs)")
-    for col in ("case", "model", "cluster", "batch x seq", "layouts in space", "priced", "pruned", "feasible",
+    for col in ("case", "model", "cluster", "batch x seq x dtype", "layouts in space", "priced", "pruned", "feasible",
                 "wall s (runs)", "before s", "ratio", "peak MiB", "best layout", "MFU"):
         table.add_column(col, overflow="fold")
     record = {}
-    for name, model, cluster, gb, seq in CASES:
+    for name, model, cluster, gb, seq, dtype in CASES:
         if name not in only:
             continue
         runs = []
@@ -107,7 +109,7 @@ def main(argv: list[str]) -> None:
                   f"{'identical' if r['exhaustive_same'] else 'DIFFER'}")
         before = BEFORE.get(name)
         best = r["rows"][0]
-        table.add_row(name, model, cluster, f"{gb} x {seq}", f"{r['candidates']:,}", f"{r['priced']:,}",
+        table.add_row(name, model, cluster, f"{gb} x {seq} x {dtype}", f"{r['candidates']:,}", f"{r['priced']:,}",
                       f"{r['candidates'] - r['priced']:,}", f"{r['feasible']:,}",
                       f"{wall:.3f} ({', '.join(f'{w:.3f}' for w in walls)})",
                       f"{before[0]:.2f}" if before else "-", f"{before[0] / wall:.1f}x" if before else "-",

@@ -69,13 +69,15 @@ class SyncTerms(NamedTuple):
             # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
             # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
             # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
-            # (the reduce-scatter) and _root_post_backward_final_callback, whose is_last_backward branch makes the
-            # compute stream wait for that reduce-scatter (``current_stream().wait_event``, FSDP2's _fsdp_state.py
-            # since torch 2.4; torch 2.10+ as the schedule's REDUCE_GRAD action, stage.perform_reduce_grad). One
-            # gather and one reduce-scatter per run; the gather prefetches under the run's compute, every chunk's
-            # reduce-scatter stands in the compute stream's way
+            # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
+            # run's compute. Under FSDP2 (torch's pipelining: torchtitan, AutoModel) every chunk's reduce-scatter
+            # then holds the compute stream: _root_post_backward_final_callback's is_last_backward branch waits on
+            # its event (``current_stream().wait_event``, FSDP2's _fsdp_state.py since torch 2.4; from torch 2.10
+            # the schedule's REDUCE_GRAD action, stage.perform_reduce_grad). Megatron-Core's schedules launch each
+            # chunk's (grad_sync_func) under the other chunks' backward: its last chunk's ends the run
             runs, comm = self.pp_runs, gather + scatter
-            out = runs * (np.maximum(0.0, gather - compute_s * m / runs * share) + scatter)
+            exposed_scatter = scatter if self.torch_fsdp else scatter / self.vpp
+            out = runs * (np.maximum(0.0, gather - compute_s * m / runs * share) + exposed_scatter)
         else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
             runs, comm = m, 2 * gather + scatter
             out = runs * np.maximum(0.0, comm - compute_s * share)
