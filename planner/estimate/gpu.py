@@ -76,7 +76,9 @@ COMM_SMS = 20
 # expected maximum of N draws is sigma sqrt(2 ln N) above the mean (+2.0% at 8 GPUs, +3.7% at 1,024, +4.4% at
 # 16,384): an effect that grows with scale.
 GPU_SPEED_SIGMA = 0.01
-# The fp8 recipes ``recipe_twin_bounds_s`` bounds by their delayed-scaling twin
+# The fp8 recipes ``recipe_twin_bounds_s`` bounds by their delayed-scaling twin: Transformer Engine's other
+# recipes a search tries, each running delayed scaling's casts and GEMMs (tensor-wise adds an amax pass, block-wise
+# and MXFP8 scale inside the cast; ``ops_graph._precisions``), at GEMM multiples the bound checks per device
 TWINNED_RECIPES = ("tensorwise", "blockwise", "mxfp8")
 
 
@@ -677,16 +679,18 @@ class GpuEstimator:
         ``layouts`` (``None``: another recipe, a twin not asked about, or one that cannot be priced). Each of those
         recipes runs the delayed one's ops and more at no lower a price: the same casts (tensor-wise adds an amax
         pass) and GEMMs at ``recipe_time_multiple`` of at least delayed's, which the check below holds to; and a
-        layer's time never falls as an op slows, once the expert all-to-all an overlap hides is taken at the least
-        it exposes (``_monotone_comm``). A search prices a group's own ops only when this bound comes up
+        layer's time does not fall as an op slows, once the expert all-to-all an overlap hides is taken at the least
+        it exposes (``_monotone_comm``; the other overlaps hide at most the compute an op adds, and the search checks
+        each group's own bound against this one when it prices it). A search prices a group's own ops only when
+        this bound comes up
         (DeepSeek-V3 on 8 GB200 NVL72 racks in fp8: 792 of 8,906 groups)."""
         tb, dev = self.tables(work.model), work.cluster.device
-        floor = recipe_time_multiple("delayed", dev)
+        delayed_multiple = recipe_time_multiple("delayed", dev)
         asked = {time_signature(lay) for lay in layouts if lay.fp8 == "delayed"}  # a twin asked for is priced anyway
         twins, sigs = {}, {}
         for i, lay in enumerate(layouts):
             if (asked and lay.fp8 in TWINNED_RECIPES and lowp_recipe(lay.fp8, work.dtype) == lay.fp8
-                    and recipe_time_multiple(lay.fp8, dev) >= floor):
+                    and recipe_time_multiple(lay.fp8, dev) >= delayed_multiple):
                 twin = lay.with_(fp8="delayed")
                 sig = time_signature(twin)
                 if sig in asked:
@@ -718,10 +722,10 @@ class GpuEstimator:
                 works[sig] = None
                 continue
             # a layer's fwd, bwd and exposed comm (``layer_times``' first, second and fourth: no recomputation)
-            exact = sum((parts[k][2] + parts[k][3] + parts[k][4]) * n for k, n in counts.items() if n)
-            floor = sum((parts[k][2] + parts[k][3] + _monotone_comm(parts[k], key, dev)) * n
-                        for k, n in counts.items() if n)
-            works[sig] = (exact + emb + head, floor + emb + head)
+            layers_s = sum((parts[k][2] + parts[k][3] + parts[k][4]) * n for k, n in counts.items() if n)
+            floor_s = sum((parts[k][2] + parts[k][3] + _monotone_comm(parts[k], key, dev)) * n
+                          for k, n in counts.items() if n)
+            works[sig] = (layers_s + emb + head, floor_s + emb + head)
         return works
 
     def _bf16_work(self, work: Workload, layout: Layout, tb, sig: tuple, recipe_s: Optional[float]) -> Optional[float]:
@@ -943,7 +947,7 @@ class _Scope(NamedTuple):
 
     pipes: dict  # ``_pipeline_part`` per pipeline key
     syncs: dict  # ``_sync_terms`` and ``ShardTable`` s
-    works: dict  # ``work_bounds_s``' work per time signature
+    works: dict  # ``work_bounds_s``' work and its ``_monotone_comm`` floor per time signature (``_works``)
     per_mb: dict  # ``_per_mb_times`` per time signature
     links: dict  # ``group_links`` per mesh shape (tp, ep, etp, cp, Ulysses CP, dispatcher) and router
     stages: dict  # ``_stage_times`` per (signature, pipeline shape, recompute)

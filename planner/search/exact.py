@@ -124,7 +124,8 @@ class SearchResult:
 
 # The states of a branch-and-bound heap item (``_branch_and_bound``): its bound is final, or can be tightened.
 _FINAL, _REP, _WORK, _GROUP, _FLOOR, _TWIN = 0, 1, 2, 3, 4, 5
-# Twin-bounded heap items (``_TWIN``) whose own work bounds are priced together when they come up in a row
+# Twin-bounded heap items (``_TWIN``) whose own work bounds are priced together when they come up in a row (the
+# tensor-wise and MXFP8 groups of one delayed twin share its bound, so they come up together)
 _TWIN_BATCH = 64
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
 PRUNE_ABOVE = 2000
@@ -497,7 +498,8 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     first_zero0, pipeline_bound = bo.first_zero0, bo.pipeline_bound
 
     # heap items: (bound, group, recompute index or -1 for the whole group, state). A group's first bound is its
-    # work spread over the stages (``_WORK``: shared by the groups of one time signature), refined to its pipeline
+    # work spread over the stages (``_WORK``: shared by the groups of one time signature; ``_TWIN``: its recipe
+    # twin's until it comes up, then its own), refined to its pipeline
     # part when it comes up (first, when the estimator gives one, raised by its sync floor: ``_FLOOR``), then to the
     # estimator's group bound (``_GROUP``); without those, the member's compute + bubble (free once it is priced,
     # ``_REP``), refined by a pricing at twice the batch when it comes up. ``_FINAL``: nothing tighter to take.
@@ -527,10 +529,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         g = groups[gi]
         r0 = g.recomputes.index("none") if r < 0 else r
         if state == _TWIN:  # its own work bound now that it comes up, with the twin-bounded items right behind it
-            batch = [(lb, gi, r)]  # priced in one batch (a cost-model call per op class each, one by one)
-            while heap and heap[0][3] == _TWIN and len(batch) < _TWIN_BATCH and _r3(heap[0][0]) <= rk.kth_time():
-                batch.append(heapq.heappop(heap)[:3])
-            for item in _own_work_items(rk, groups, batch, twinned, first_bound):
+            for item in _own_work_items(rk, groups, _twin_batch(heap, (lb, gi, r), rk), twinned, first_bound):
                 heapq.heappush(heap, item)
             continue
         if state == _WORK:
@@ -596,6 +595,16 @@ def _first_items(rk: _Ranker, groups: list, first_bound) -> tuple[list[tuple], d
             b, st = first_bound(gi, groups[gi], r, 0.0)
             heap.append((b, gi, which, st))
     return heap, twinned
+
+
+def _twin_batch(heap: list, first: tuple, rk: _Ranker) -> list[tuple]:
+    """``first`` ((bound, group, which) of a ``_TWIN`` item just popped) and the ``_TWIN`` items that come up right
+    behind it, popped from ``heap``: their own work bounds are priced in one batch (a cost-model call per op class
+    each, one by one)."""
+    batch = [first]
+    while heap and heap[0][3] == _TWIN and len(batch) < _TWIN_BATCH and _r3(heap[0][0]) <= rk.kth_time():
+        batch.append(heapq.heappop(heap)[:3])
+    return batch
 
 
 def _own_work_items(rk: _Ranker, groups: list, batch: list, twinned: dict, first_bound) -> list[tuple]:
