@@ -124,8 +124,7 @@ class SearchResult:
 
 # The states of a branch-and-bound heap item (``_branch_and_bound``): its bound is final, or can be tightened.
 _FINAL, _REP, _WORK, _GROUP, _FLOOR, _TWIN = 0, 1, 2, 3, 4, 5
-# Twin-bounded heap items (``_TWIN``) whose own work bounds are priced together when they come up in a row (the
-# tensor-wise and MXFP8 groups of one delayed twin share its bound, so they come up together)
+# Twin-bounded groups (``_TWIN``) whose own work bounds are priced in one batch when the first of them comes up
 _TWIN_BATCH = 64
 # A free search prunes when the space holds more candidates than this; below it pricing everything is as quick.
 PRUNE_ABOVE = 2000
@@ -522,15 +521,15 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 
     heap, twinned = _first_items(rk, groups, first_bound)
     heapq.heapify(heap)
+    own_work = _OwnWork(rk, twinned)
     while heap:
         lb, gi, r, state = heapq.heappop(heap)
         if _r3(lb) > rk.kth_time():
             break  # every bound left is at least this one
         g = groups[gi]
         r0 = g.recomputes.index("none") if r < 0 else r
-        if state == _TWIN:  # its own work bound now that it comes up, with the twin-bounded items right behind it
-            for item in _own_work_items(rk, groups, _twin_batch(heap, (lb, gi, r), rk), twinned, first_bound):
-                heapq.heappush(heap, item)
+        if state == _TWIN:  # its own work bound now that it comes up
+            heapq.heappush(heap, own_work.item(gi, r, lb, groups, first_bound))
             continue
         if state == _WORK:
             fl = bo.sync_floor(g, r0) if r < 0 else None
@@ -571,8 +570,8 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
 def _first_items(rk: _Ranker, groups: list, first_bound) -> tuple[list[tuple], dict]:
     """The heap items the search starts from: per group, its recompute=none variant for the whole group (or each
     variant where it has none), at its twin bound (``_TWIN``), else its work bound (``_WORK``), else
-    ``first_bound``'s; and ``{(group, which): its first member}`` of the twin-bounded ones, whose work bound is
-    priced when they come up."""
+    ``first_bound``'s; and ``{(group, which): (its twin bound, recompute, its first member)}`` of the twin-bounded
+    ones, whose work bound is priced when they come up (``_OwnWork``)."""
     firsts = []  # (group, recompute, which, its first member: the group's base when that is recompute r)
     for gi, g in enumerate(groups):
         rs = [g.recomputes.index("none")] if "none" in g.recomputes else range(len(g.recomputes))
@@ -588,7 +587,7 @@ def _first_items(rk: _Ranker, groups: list, first_bound) -> tuple[list[tuple], d
     for i, (gi, r, which, lay) in enumerate(firsts):
         if twins[i] is not None:
             heap.append((twins[i] * (1 - _REL), gi, which, _TWIN))
-            twinned[gi, which] = (r, lay)
+            twinned[gi, which] = (twins[i] * (1 - _REL), r, lay)
         elif works[i] is not None:
             heap.append((works[i] * (1 - _REL), gi, which, _WORK))
         else:
@@ -597,34 +596,49 @@ def _first_items(rk: _Ranker, groups: list, first_bound) -> tuple[list[tuple], d
     return heap, twinned
 
 
-def _twin_batch(heap: list, first: tuple, rk: _Ranker) -> list[tuple]:
-    """``first`` ((bound, group, which) of a ``_TWIN`` item just popped) and the ``_TWIN`` items that come up right
-    behind it, popped from ``heap``: their own work bounds are priced in one batch (a cost-model call per op class
-    each, one by one)."""
-    batch = [first]
-    while heap and heap[0][3] == _TWIN and len(batch) < _TWIN_BATCH and _r3(heap[0][0]) <= rk.kth_time():
-        batch.append(heapq.heappop(heap)[:3])
-    return batch
+class _OwnWork:
+    """The own work bounds of the twin-bounded groups (``_first_items``' ``twinned``), priced when each comes up, in
+    batches of the next ``_TWIN_BATCH`` by twin bound (one cost-model call per op class a batch, not per group): the
+    groups that come up are those whose twin bounds lie below the search's end, a prefix of that order."""
 
+    def __init__(self, rk: _Ranker, twinned: dict):
+        self.rk, self.twinned, self.known = rk, twinned, {}
+        self.order = sorted(twinned, key=lambda k: twinned[k][0])
+        self.next = 0  # the first of ``order`` not yet priced
 
-def _own_work_items(rk: _Ranker, groups: list, batch: list, twinned: dict, first_bound) -> list[tuple]:
-    """The heap items of the twin-bounded items ``batch`` ((bound, group, which) each, ``_first_items``) that come
-    up: each at its own work bound, which its twin's must not exceed, else (none) at ``first_bound``'s.
+    def item(self, gi: int, which: int, lb: float, groups: list, first_bound) -> tuple:
+        """The heap item of twin-bounded ``(gi, which)`` coming up at bound ``lb``: at its own work bound, else
+        (none) at ``first_bound``'s.
 
-    Raises:
-        _Fallback: a work bound lies below its twin's.
-    """
-    firsts = [twinned.pop((gi, which)) for _, gi, which in batch]
-    items = []
-    for (lb, gi, which), (r, first), w in zip(batch, firsts, rk.work_bounds(rk.work, [f[1] for f in firsts])):
+        Raises:
+            _Fallback: a work bound priced lies below its twin's.
+        """
+        if (gi, which) not in self.known:
+            self._price_from((gi, which))
+        w = self.known.pop((gi, which))
+        _, r, _ = self.twinned.pop((gi, which))
         if w is None:
             b, state = first_bound(gi, groups[gi], r, lb)
-            items.append((b, gi, which, state))
-            continue
-        if w < lb:
-            raise _Fallback(f"{describe(first)}: work bound {w:.6g} s below its recipe twin's {lb:.6g} s")
-        items.append((w * (1 - _REL), gi, which, _WORK))
-    return items
+            return b, gi, which, state
+        return w * (1 - _REL), gi, which, _WORK
+
+    def _price_from(self, key: tuple) -> None:
+        """Price ``key``'s own work bound with the next unpriced ones by twin bound that can still rank, each checked
+        against its twin's."""
+        batch, kth = [key], self.rk.kth_time()
+        while self.next < len(self.order) and len(batch) < _TWIN_BATCH:
+            k = self.order[self.next]
+            if _r3(self.twinned[k][0]) > kth:
+                break
+            self.next += 1
+            if k != key and k in self.twinned and k not in self.known:
+                batch.append(k)
+        bounds = self.rk.work_bounds(self.rk.work, [self.twinned[k][2] for k in batch])
+        for k, w in zip(batch, bounds):
+            twin_s, _, first = self.twinned[k]
+            if w is not None and w < twin_s:
+                raise _Fallback(f"{describe(first)}: work bound {w:.6g} s below its recipe twin's {twin_s:.6g} s")
+            self.known[k] = w
 
 
 def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: float) -> list[tuple]:
