@@ -723,8 +723,8 @@ class GpuEstimator:
                 continue
             # a layer's fwd, bwd and exposed comm (``layer_times``' first, second and fourth: no recomputation)
             layers_s = sum((parts[k][2] + parts[k][3] + parts[k][4]) * n for k, n in counts.items() if n)
-            floor_s = sum((parts[k][2] + parts[k][3] + _monotone_comm(parts[k], key, dev)) * n
-                          for k, n in counts.items() if n)
+            floor_s = layers_s if not key.moe_overlap else sum(
+                (parts[k][2] + parts[k][3] + _monotone_comm(parts[k], key, dev)) * n for k, n in counts.items() if n)
             works[sig] = (layers_s + emb + head, floor_s + emb + head)
         return works
 
