@@ -682,8 +682,7 @@ class GpuEstimator:
         layer's time does not fall as an op slows, once the expert all-to-all an overlap hides is taken at the least
         it exposes (``_monotone_comm``; the other overlaps hide at most the compute an op adds, and the search checks
         each group's own bound against this one when it prices it). A search prices a group's own ops only when
-        this bound comes up
-        (DeepSeek-V3 on 8 GB200 NVL72 racks in fp8: 792 of 8,906 groups)."""
+        this bound comes up (DeepSeek-V3 on 8 GB200 NVL72 racks in fp8: 792 of 8,906 groups)."""
         tb, dev = self.tables(work.model), work.cluster.device
         delayed_multiple = recipe_time_multiple("delayed", dev)
         asked = {time_signature(lay) for lay in layouts if lay.fp8 == "delayed"}  # a twin asked for is priced anyway
