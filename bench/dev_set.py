@@ -3,8 +3,8 @@
 
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
-Each in-scope row (Nemotron V3 Ultra excepted: no config) goes through ``meshplan.planner.search.job.plan_job``,
-the library call behind ``meshplan plan``, with a ``--fix`` string pinning the row's layout, the row's HF config, an
+Each in-scope row goes through ``meshplan.planner.search.job.plan_job``, the library call behind ``meshplan plan``,
+with a ``--fix`` string pinning the row's layout, the row's HF config, an
 ``NxGxDEVICE`` cluster (``-NVL72`` racks for GB200 / GB300), dtype, global batch and sequence length, and its
 source's stack profile. A row whose own ``meshplan_can_express`` begins with "no" is out of scope; the others (the
 B rows' "hybrid Mamba" ones included) go to meshplan, which prices them or says what it cannot load. Step time
@@ -128,6 +128,25 @@ AUTOMODEL_RUN_AC = {
     "automodel-nemotronv3-super-64": ("full", "examples/benchmark/configs/nemotron_super_v3_te_deepep.yaml @ "
                                       "e344133e4: activation_checkpointing: true (global_batch_size 512, "
                                       "local_batch_size 2, ep_size 64: the table's row)"),
+    "automodel-nemotronv3-ultra-128": ("full", "examples/llm_benchmark/nemotron/nemotron_ultra_v3_te_deepep.yaml @ "
+                                       "cb9765441 (its first version, PR #2539): activation_checkpointing: true "
+                                       "(global_batch_size 256, local_batch_size 2, ep_size 64, dispatcher deepep, "
+                                       "experts torch_mm: the table's row)"),
+}
+# AutoModel runs whose config takes the fused linear cross-entropy (``linear_ce``) over the MaskedCrossEntropy of
+# every other benchmark config (examples/benchmark/configs/*.yaml @ 89e3a9fdd, Super's @ e344133e4)
+AUTOMODEL_RUN_LINEAR_CE = {
+    "automodel-nemotronv3-ultra-128": "examples/llm_benchmark/nemotron/nemotron_ultra_v3_te_deepep.yaml @ cb9765441: "
+                                      "loss_fn nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy "
+                                      "(cut_cross_entropy's linear_cross_entropy): no logits stored",
+}
+# What an AutoModel run trains beyond its HF config, from the run's own config: Nemotron 3 Ultra's benchmark trains
+# two MTP depths through its one physical MTP module (attention then MoE, mtp_use_repeated_layer).
+AUTOMODEL_RUN_MTP = {
+    "automodel-nemotronv3-ultra-128": ("2", "examples/llm_benchmark/nemotron/nemotron_ultra_v3_te_deepep.yaml @ "
+                                       "cb9765441: num_nextn_predict_layers: 2, mtp_use_repeated_layer: true (one "
+                                       "physical MTP module run at both depths); the table's 293 TFLOP/s at 815 "
+                                       "tokens/s, 359.5 G per token, match two MTP passes (357.1 G; 332.6 G without)"),
 }
 # The finetuning table has no VP column; the launcher's SFT examples at the same tag set it, and fp8_params=true
 # (weights kept as fp8 tensors): examples/peft/llama/h100/{7b_1node,13b_1node,70b_2node}.sh; the two pipelined ones
@@ -250,10 +269,11 @@ def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
     return None
 
 
-# The AutoModel Nemotron V3 rows carry no config: Nano and Super use the configs the Blackwell rows name
-# (configs/PROVENANCE.md); Ultra has none anywhere in the handed-over data and stays out of scope.
+# The AutoModel Nemotron V3 rows carry no config: Nano and Super use the configs the Blackwell rows name, Ultra the
+# one transcribed from Megatron-LM's ModelOpt example (configs/PROVENANCE.md).
 HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3b.json",
-                  "automodel-nemotronv3-super-64": "configs/nemotron-3-super-120b-a12b.json"}
+                  "automodel-nemotronv3-super-64": "configs/nemotron-3-super-120b-a12b.json",
+                  "automodel-nemotronv3-ultra-128": "configs/nemotron-3-ultra-550b-a55b.json"}
 
 
 # Megatron-Bridge's published runs (B1 pre-training, B2 fine-tuning; blackwell_dev.jsonl): each table section is one
@@ -672,6 +692,11 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
                        f"{recompute or 'not stated: chosen by meshplan'}")
     if "ep" in la:
         assumptions.append(f"ep={ep} (table '-', config ep_size)")
+    if name in AUTOMODEL_RUN_MTP:
+        depths, where = AUTOMODEL_RUN_MTP[name]
+        needs.append(Need("mtp", depths, where, {}))
+    if name in AUTOMODEL_RUN_LINEAR_CE:
+        needs.append(Need("linear_ce", "true", AUTOMODEL_RUN_LINEAR_CE[name], {}))
     kernels = _quote_cells(row)[13]
     needs.append(Need("fsdp", "torch", "AutoModel shards with torch FSDP2 fully_shard (components/moe/"
                       "parallelizer.py apply_fsdp, components/distributed/parallelizer.py @ 89e3a9fdd), not "

@@ -414,7 +414,8 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
         act, remat = 2 * act, 2 * remat
     ends: tuple[float, ...] = ()
     if stage == layout.pp - 1:
-        logits = logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+        # a fused linear cross-entropy (``Layout.linear_ce``) never stores the logits
+        logits = 0.0 if layout.linear_ce else logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
         # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
         # in flight on the last stage
         mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none", work.lora)

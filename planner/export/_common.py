@@ -362,7 +362,8 @@ UNLAUNCHED_SCHEDULES = ("zbh1", "dualpipe")
 
 
 def common_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
-    """What no target expresses: mixed device groups (``heterogeneous_cluster_notes``) and the schedules above."""
+    """What no target expresses: mixed device groups (``heterogeneous_cluster_notes``), the schedules above, LoRA,
+    AutoModel's pipeline runs and a fused linear cross-entropy (Megatron-Core 0.16 and torchtitan 0.2 have none)."""
     out = heterogeneous_cluster_notes(plan, target, placed)
     if plan.schedule in UNLAUNCHED_SCHEDULES and plan.degrees.pp > 1:
         out.append(f"{target}: no {plan.schedule} pipeline schedule; the launched job runs 1F1B, whose bubble the "
@@ -374,6 +375,10 @@ def common_notes(plan: Plan, target: str, placed: bool = False) -> list[str]:
         out.append(f"{target}: pp_runs={plan.pp_runs}: the launched job runs its {plan.grad_accum} micro-batches "
                    "in one pipeline schedule, one fill and drain, not the plan's "
                    f"{plan.pp_runs} (re-plan without pp_runs to compare)")
+    if plan.linear_ce:
+        out.append(f"{target}: linear_ce: no option fuses the output layer with its cross-entropy here; the launched "
+                   "job stores the logits, which the plan did not count in memory (re-plan without linear_ce to "
+                   "compare)")
     return out
 
 

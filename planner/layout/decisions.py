@@ -401,6 +401,16 @@ class Decisions:
     pipeline stage (``planner.estimate.ops_graph.mtp_ops``). At most the model's config count (a hybrid's repeated
     module up to ``ModelSpec.MTP_REPEAT_MAX``); 0 on a model without MTP. A plan of the main model alone keeps 0:
     the modules are trained work, not a speed knob, so a free search never adds them."""
+    linear_ce: bool = decision(False, "the output layer fused with its cross-entropy, block by block: the logits "
+                               "never reach memory")
+    """Cut Cross-Entropy (Wijmans et al., "Cut Your Losses in Large-Vocabulary Language Models", ICLR 2025,
+    arXiv:2411.09009; NeMo AutoModel's ``FusedLinearCrossEntropy``, ``components/loss/linear_ce.py``, over the
+    ``cut_cross_entropy`` package): the output layer's GEMM and the log-sum-exp over the vocabulary run in one kernel
+    on vocabulary blocks in on-chip memory, so neither the logits nor their gradient are stored ("global memory
+    consumption for the cross-entropy computation negligible": Gemma 2 2B's loss from 24 GB to 1 MB). Priced in
+    memory: no logits held on the last stage, for the main head or an MTP module's. Its time is priced as the
+    unfused head's, which the paper reports it keeps ("without sacrificing training speed"). Megatron-Core and
+    torchtitan have no such loss (their exports say so); fixed only: a free search leaves it off."""
     offload_layers: int = decision(0, "decoder layers whose saved activations are copied to host memory in "
                                    "forward and back in backward (Megatron-Core cpu_offloading_num_layers)",
                                    fix="offload_layers", lo=0)
