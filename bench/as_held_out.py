@@ -102,10 +102,14 @@ def main(runs_dir: Annotated[Path, typer.Argument(help="Folder of *.jsonl publis
     if json_out:
         print(json.dumps(out, indent=2))
         return
-    t = Table(title="the dev set judged as held-out runs: stated facts and one stack profile")
-    for col in ("source", "rows", "priced held out", "priced both ways", "held out |error|", "held out median",
-                "own mapping, profile-only |error|", "own median", "profile"):
-        t.add_column(col, overflow="fold")
+    t = Table(title="the dev set judged as held-out runs: stated facts and one stack profile; beside it, its own "
+                    "mapping priced profile-only")
+    t.add_column("source", overflow="fold")
+    # the figures keep their width; the profile names fold
+    for col in ("rows", "priced\nheld out", "priced\nboth ways", "held out\n|error|", "held out\nmedian",
+                "own mapping\n|error|", "own\nmedian"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("profile", overflow="fold")
     for s in out:
         t.add_row(s["source"], str(s["rows"]), str(s["priced_held_out"]), str(s["priced_both"]),
                   _pct(s["held_out_mean_abs"]),

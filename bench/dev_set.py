@@ -269,11 +269,12 @@ def _config_path(row: dict, runs_dir: Path) -> Optional[str]:
     return None
 
 
-# The AutoModel Nemotron V3 rows carry no config: Nano and Super use the configs the Blackwell rows name, Ultra the
-# one transcribed from Megatron-LM's ModelOpt example (configs/PROVENANCE.md).
+# The AutoModel Nemotron V3 rows carry no config: Nano and Super use the configs the Blackwell rows name
+# (configs/PROVENANCE.md), Ultra meshplan's preset, transcribed from Megatron-LM's ModelOpt example
+# (planner/presets/models/PROVENANCE.md).
 HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3b.json",
                   "automodel-nemotronv3-super-64": "configs/nemotron-3-super-120b-a12b.json",
-                  "automodel-nemotronv3-ultra-128": "configs/nemotron-3-ultra-550b-a55b.json"}
+                  "automodel-nemotronv3-ultra-128": "nemotron-3-ultra-550b-a55b"}
 
 
 # Megatron-Bridge's published runs (B1 pre-training, B2 fine-tuning; blackwell_dev.jsonl): each table section is one
@@ -1008,7 +1009,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     if name in HYBRID_CONFIGS:  # hybrid Mamba rows: the row names no config; the Blackwell set's (README B1)
         from meshplan.planner.model.config import load_model
 
-        spec = load_model(str(runs_dir / HYBRID_CONFIGS[name]))
+        spec = load_model(_config_path({"config": HYBRID_CONFIGS[name]}, runs_dir))
         row = {**row, "config": HYBRID_CONFIGS[name], "meshplan_can_express": "yes",
                "num_experts": spec.num_experts, "layers": spec.num_layers}
     n = n_gpus_of(row)

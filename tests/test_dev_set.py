@@ -151,9 +151,9 @@ PUBLISHED_PARAMS = [
 
 
 def test_ultra_config_reproduces_its_tables_flops(rows, runs_dir):
-    """The transcribed Nemotron 3 Ultra config (configs/PROVENANCE.md) against an independent figure, the table's
-    293 TFLOP/s per GPU at 815 tokens/s (359.5 G per token): Megatron's count over it with the run's two MTP depths
-    lands within 1% (357.1 G; 332.6 G without them)."""
+    """The transcribed Nemotron 3 Ultra preset (planner/presets/models/PROVENANCE.md) against an independent figure, the
+    table's 293 TFLOP/s per GPU at 815 tokens/s (359.5 G per token): Megatron's count over it with the run's two MTP
+    depths lands within 1% (357.1 G; 332.6 G without them)."""
     from meshplan.planner.model.flops import megatron_flops_per_token
 
     r = _by_name(rows)["automodel-nemotronv3-ultra-128"]
@@ -297,8 +297,8 @@ MEAN_ABS_ERROR_AT_MOST = {"S1": 0.055, "S1f": 0.10, "S5": 0.13, "T": 0.05}
 # gate was priced as it routes (above): Nano +23.6 -> +15.7%, Super +49.4 -> +24.4%. Raised a little when their
 # attention took the kernel their table names, "TorchSDPA" (PyTorch SDPA's first backend, FlashAttention-2, where the
 # profile's cuDNN attention had stood): Nano +15.7 -> +17.8%, Super +24.4 -> +25.2%. Ultra joined on 2026-11-28, when
-# its config was transcribed from Megatron-LM's ModelOpt example (configs/PROVENANCE.md) and its run's fused linear
-# cross-entropy priced (``linear_ce``): -16.9%, too fast as the other EP-64 rows across nodes are.
+# its config was transcribed from Megatron-LM's ModelOpt example (planner/presets/models/PROVENANCE.md) and its run's
+# fused linear cross-entropy priced (``linear_ce``): -16.9%, too fast as the other EP-64 rows across nodes are.
 HYBRID_ABS_ERROR_AT_MOST = {"automodel-nemotronv3-nano-8": 0.185, "automodel-nemotronv3-super-64": 0.26,
                             "automodel-nemotronv3-ultra-128": 0.18}
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.core.errors import MeshplanError
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload, stage_memory
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.export import render
 from meshplan.planner.layout.space import enumerate_layouts, parse_fix
 from meshplan.planner.model.config import load_model
+from meshplan.planner.search.exact import search
 from tests.test_export_checks import with_
 from tests.test_export_golden import plan_llama70b
 
@@ -65,3 +67,14 @@ def test_every_target_says_it_stores_the_logits(target):
     out = render(plan, target)
     assert any("linear_ce" in w and "stores the logits" in w for w in out.warnings), out.warnings
     assert not any("linear_ce" in w for w in render(plan_llama70b(), target).warnings)
+
+
+def test_a_refusal_whose_logits_outweigh_the_miss_names_the_fused_loss():
+    """Llama 3.1 8B at 8 sequences of 8192 a rank: its logits, 6 B x 65536 x 128256 = 47.0 GiB, outweigh the miss;
+    with ``linear_ce`` the same layout fits."""
+    work = Workload(load_model("llama-3.1-8b"), load_cluster("1x8xH100"), 64, 8192, "bf16")
+    fix = "dp=8,dp_shard=8,tp=1,pp=1,cp=1,mbs=8,zero=3,recompute=full"
+    assert 6 * 65536 * LLAMA_VOCAB / 2**30 == pytest.approx(46.97, abs=0.01)
+    with pytest.raises(MeshplanError, match=r"misses by .*; its logits hold 47\.0 GiB, .*--fix linear_ce=true"):
+        search(work, parse_fix(fix), top=1)
+    assert search(work, parse_fix(fix + ",linear_ce=true"), top=1).ranked

@@ -103,7 +103,7 @@ def test_automodel_rows_route_as_their_table_says():
             assert inp.fix.get("moe_router") == "contiguous", row["name"]
             assert not any(s.startswith("moe_router") for s in inp.per_row), row["name"]
             checked.add(row["name"])
-    assert len(checked) == 8  # DeepSeek-V3 x2, Kimi K2, Qwen3-30B, GPT-OSS x2, Nemotron 3 Nano and Super
+    assert len(checked) == 9  # DeepSeek-V3 x2, Kimi K2, Qwen3-30B, GPT-OSS x2, Nemotron 3 Nano, Super and Ultra
 
 
 def test_a_held_out_automodel_row_keeps_the_gate_its_publication_names(tmp_path):

@@ -414,13 +414,12 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
         act, remat = 2 * act, 2 * remat
     ends: tuple[float, ...] = ()
     if stage == layout.pp - 1:
-        # a fused linear cross-entropy (``Layout.linear_ce``) never stores the logits
-        logits = 0.0 if layout.linear_ce else logits_bytes_per_element(layout) * s * b * model.vocab_size / layout.tp
+        logits = logits_held_bytes(model, layout, s)
         # each MTP application keeps its block's activations (and its eh_proj input, 2h) for every micro-batch
         # in flight on the last stage
         mtp = sum(tb.activation_bytes(k, s, b, layout, lin, "none", work.lora)
                   for k in mtp_kinds(model) if k in tb.shape)
-        ends = (logits * (1 + model.num_mtp_layers),
+        ends = (logits,
                 model.num_mtp_layers * (mtp + 2.0 * 2 * s * b * model.hidden_size) * inflight_factor(layout, m, stage))
     return act, remat, ends, n_layers
 
@@ -437,6 +436,16 @@ def grads_born_in_backward(layout: Layout, m: int) -> bool:
     """
     ddp = layout.zero_stage == 0 and layout.dp > 1
     return layout.stack != "megatron" and m == 1 and layout.pp == 1 and not ddp
+
+
+def logits_held_bytes(model, layout: Layout, local_seq: int) -> float:
+    """Bytes of one micro-batch's logits a last-stage rank holds at the backward's start, the main head's and each MTP
+    module's (``logits_bytes_per_element``; vocabulary-parallel over tp); none under a fused linear cross-entropy
+    (``Layout.linear_ce``)."""
+    if layout.linear_ce:
+        return 0.0
+    return (logits_bytes_per_element(layout) * local_seq * layout.micro_batch * model.vocab_size / layout.tp
+            * (1 + model.num_mtp_layers))
 
 
 def logits_bytes_per_element(layout: Layout) -> float:

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.estimate.base import Estimate, Estimator, Workload
+from meshplan.planner.estimate.base import Estimate, Estimator, Workload, logits_held_bytes
 from meshplan.planner.estimate.memory import GiB
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.layout.layout import Layout
@@ -388,11 +388,21 @@ def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, batch_units: Callable[
         raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
     if not rk.kept:
         _, lay, est = rk.closest
+        miss = est.memory.total_bytes - est.memory_limit_bytes
         raise MeshplanError(
             f"{model.name} fits nowhere on {cluster.spec} ({rk.evaluated} layouts tried): closest is "
             f"{describe(lay)} needing {est.memory.total_bytes / GiB:.1f} GiB of "
-            f"{est.memory_limit_bytes / GiB:.1f} GiB usable — misses by "
-            f"{(est.memory.total_bytes - est.memory_limit_bytes) / GiB:.1f} GiB")
+            f"{est.memory_limit_bytes / GiB:.1f} GiB usable — misses by {miss / GiB:.1f} GiB"
+            + _logits_hint(work, lay, miss))
+
+
+def _logits_hint(work: Workload, layout: Layout, miss_bytes: int) -> str:
+    """Where the logits alone outweigh the miss: that a fused linear cross-entropy, which stores none, would fit."""
+    held = logits_held_bytes(work.model, layout, work.seq_len // layout.cp)
+    if layout.pp > 1 or held < miss_bytes:  # the last stage may not be the peak with a pipeline: say nothing
+        return ""
+    return (f"; its logits hold {held / GiB:.1f} GiB, which a fused linear cross-entropy stores none of (--fix "
+            "linear_ce=true: Cut Cross-Entropy, as NeMo AutoModel's FusedLinearCrossEntropy runs it)")
 
 
 def _time_balanced(work: Workload, estimator, fix: Pins, ranked: list) -> list:
