@@ -352,6 +352,8 @@ class Layout(Decisions, Degrees):
         if self.shared_overlap and self.moe_overlap:
             raise MeshplanError("shared_overlap and moe_overlap both hide the expert all-to-alls behind other work: "
                                 "pick one (Megatron-Core asserts against the pair)")
+        if self.moe_overlap and num_experts and self.stack == "megatron":
+            self._check_moe_overlap()
         if self.moe_router != "learned" and not num_experts:
             raise MeshplanError(f"moe_router={self.moe_router} routes tokens to experts, but the model has none")
         if self.cuda_graphs == "iteration" and num_experts and not self.moe_capacity \
@@ -370,6 +372,19 @@ class Layout(Decisions, Degrees):
                 raise MeshplanError(f"ep({self.ep}) * etp({self.expert_tp}) = {self.ep * self.expert_tp} must "
                                     f"divide tp*cp*dp = {self.tp}*{self.cp}*{self.dp} = {dense} (the expert mesh "
                                     "folds over a stage's ranks)")
+
+    def _check_moe_overlap(self) -> None:
+        """What Megatron-Core's ``overlap_moe_expert_parallel_comm`` runs with (``TransformerConfig.__post_init__``,
+        megatron-core 0.16.1): no full recomputation, an interleaved pipeline where there is one, at most one MTP
+        module and with it a pipeline."""
+        why = ("no full recomputation ('disable full recomputation when enabling overlap_moe_expert_parallel_comm'), "
+               f"got recompute={self.recompute}" if self.recompute_kind == "full" else
+               f"virtual pipeline stages with pp={self.pp} (vpp=1): 'virtual_pipeline_model_parallel_size must be "
+               "specified when pipeline_model_parallel_size > 1'" if self.pp > 1 and self.vpp == 1 else
+               f"at most one MTP module, got mtp={self.mtp}" if self.mtp > 1 else
+               "pp > 1 beside its MTP module (pp=1, mtp=1)" if self.mtp == 1 and self.pp == 1 else "")
+        if why:
+            raise MeshplanError(f"moe_overlap under Megatron-Core (overlap_moe_expert_parallel_comm) needs {why}")
 
     def _check_recompute(self, num_layers: int) -> None:
         """Sharding and recomputation."""

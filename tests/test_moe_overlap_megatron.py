@@ -1,0 +1,88 @@
+"""``moe_overlap`` under Megatron-Core is ``overlap_moe_expert_parallel_comm``, which runs only beside some other
+choices. A layout meshplan accepts under the megatron stack is one Megatron-Core's own ``TransformerConfig`` (the
+installed megatron-core) accepts, and a free search never recommends one it would refuse.
+
+Truth: ``TransformerConfig.__post_init__`` itself, built on this host (no GPU needed) with each combination.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from meshplan.core.errors import MeshplanError
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+from meshplan.planner.search.exact import search
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # megatron-core without Transformer Engine here
+
+# (pp, vpp, recompute, mtp): each against Megatron-Core's verdict
+CASES = [(1, 1, "none", 0), (1, 1, "selective", 0), (1, 1, "full", 0), (1, 1, "full:2", 0), (2, 1, "none", 0),
+         (2, 2, "none", 0), (2, 2, "none", 1), (1, 1, "none", 1), (2, 2, "none", 2)]
+
+
+def _megatron_accepts(pp: int, vpp: int, recompute: str, mtp: int) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    kw = dict(num_layers=8, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
+              expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall", bf16=True,
+              overlap_moe_expert_parallel_comm=True, pipeline_model_parallel_size=pp,
+              mtp_num_layers=mtp or None)
+    if pp > 1:
+        kw["pipeline_dtype"] = torch.bfloat16
+    if vpp > 1:
+        kw["virtual_pipeline_model_parallel_size"] = vpp
+    if recompute == "selective":
+        kw["recompute_granularity"] = "selective"
+    elif recompute.startswith("full"):
+        kw.update(recompute_granularity="full", recompute_method="block",
+                  recompute_num_layers=int(recompute.split(":")[1]) if ":" in recompute else 1)
+    try:
+        TransformerConfig(**kw)
+    except (AssertionError, ValueError):
+        return False
+    return True
+
+
+def _meshplan_accepts(pp: int, vpp: int, recompute: str, mtp: int) -> bool:
+    layout = Layout(dp_shard=2, pp=pp, vpp=vpp, ep=2, etp=1, zero_stage=1, recompute=recompute, mtp=mtp,
+                    moe_overlap=True, stack="megatron")
+    try:
+        layout.validate(world_size=2 * pp, num_layers=8, num_heads=4, num_kv_heads=4, seq_len=64, global_batch=8,
+                        num_experts=8)
+    except MeshplanError as err:
+        assert "moe_overlap under Megatron-Core" in str(err)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("pp,vpp,recompute,mtp", CASES)
+def test_meshplan_refuses_what_megatron_core_refuses(pp, vpp, recompute, mtp):
+    assert _meshplan_accepts(pp, vpp, recompute, mtp) == _megatron_accepts(pp, vpp, recompute, mtp)
+
+
+def test_the_cases_cover_both_verdicts():
+    verdicts = [_megatron_accepts(*c) for c in CASES]
+    assert any(verdicts) and not all(verdicts)
+
+
+def test_other_stacks_are_not_held_to_megatron_cores_rules():
+    layout = Layout(dp_shard=2, ep=2, etp=1, zero_stage=1, recompute="full", moe_overlap=True, stack="torchtitan")
+    layout.validate(world_size=2, num_layers=8, num_heads=4, num_kv_heads=4, seq_len=64, global_batch=8,
+                    num_experts=8)
+
+
+def test_the_free_search_on_eight_nvl72_racks_recommends_only_what_megatron_core_runs():
+    """DeepSeek-V3 on 144x4xGB200-NVL72 (issue 26's case): before this rule its best plans overlapped the expert
+    all-to-all under full recomputation, which Megatron-Core refuses."""
+    work = Workload(load_model("deepseek-v3"), load_cluster("144x4xGB200-NVL72"), 4608, 4096)
+    ranked = search(work, {}, top=10).ranked
+    assert ranked
+    for layout, _ in ranked:
+        if layout.moe_overlap:
+            assert _megatron_accepts(layout.pp, layout.vpp, layout.recompute, layout.mtp), layout
