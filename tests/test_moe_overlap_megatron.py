@@ -86,3 +86,16 @@ def test_the_free_search_on_eight_nvl72_racks_recommends_only_what_megatron_core
     for layout, _ in ranked:
         if layout.moe_overlap:
             assert _megatron_accepts(layout.pp, layout.vpp, layout.recompute, layout.mtp), layout
+
+
+def test_the_space_keeps_a_free_overlap_to_what_megatron_core_runs_and_a_pinned_one_is_told_why():
+    from meshplan.planner.layout.space import enumerate_layouts, parse_fix
+
+    model = load_model("mixtral-8x7b")
+    free = [lay for lay in enumerate_layouts(model, 16, 8, 64, 4096, parse_fix("tp=1,cp=1"))]
+    assert any(lay.moe_overlap for lay in free) and any(lay.recompute_kind == "full" for lay in free)
+    assert not [lay for lay in free if lay.moe_overlap and lay.recompute_kind == "full"]
+    assert not [lay for lay in free if lay.moe_overlap and lay.pp > 1 and lay.vpp == 1]
+    work = Workload(model, load_cluster("2x8xH100"), 64, 4096)
+    with pytest.raises(MeshplanError, match="moe_overlap under Megatron-Core .* no full recomputation"):
+        search(work, parse_fix("moe_overlap=true,recompute=full,ep=8"), top=1)

@@ -284,7 +284,7 @@ class Decisions:
     """MegaScale-MoE §4, Comet; DeepSeek-V3 DualPipe's forward/backward chunk pairing. Tried where ep > 1. Under
     Megatron-Core (``overlap_moe_expert_parallel_comm``) only as its ``TransformerConfig`` accepts it: no full
     recomputation, an interleaved pipeline where pp > 1, at most one MTP module and then pp > 1
-    (``Layout._check_moe_overlap``)."""
+    (``layout.megatron_moe_overlap_refusal``); a free search tries it only there."""
     moe_capacity: float = decision(0.0, "token-dropping capacity factor (0 = dropless routing)", lo=0.0, hi=64.0)
     """Each expert takes at most capacity x its balanced share, padded to it."""
     moe_imbalance: float = decision(1.0, "dropless routing: the busiest expert group's tokens over the balanced share",

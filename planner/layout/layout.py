@@ -162,6 +162,23 @@ def p2p_overlapped(pp_overlap: bool | None, stack: str, pp: int, schedule: str) 
     return stack == "megatron" and schedule == "interleaved"
 
 
+def megatron_moe_overlap_refusal(pp: int, vpp: int, recompute: str, mtp: int) -> str:
+    """Why Megatron-Core's ``overlap_moe_expert_parallel_comm`` (``moe_overlap``) does not run beside these choices
+    ("" where it does): ``TransformerConfig.__post_init__`` (megatron-core 0.16.1) asserts no full recomputation, an
+    interleaved pipeline where there is one, at most one MTP module and with it a pipeline."""
+    if recompute.split(":")[0] == "full":
+        return ("no full recomputation ('disable full recomputation when enabling overlap_moe_expert_parallel_comm'), "
+                f"got recompute={recompute}")
+    if pp > 1 and vpp == 1:
+        return (f"virtual pipeline stages with pp={pp} (vpp=1): 'virtual_pipeline_model_parallel_size must be "
+                "specified when pipeline_model_parallel_size > 1'")
+    if mtp > 1:
+        return f"at most one MTP module, got mtp={mtp}"
+    if mtp == 1 and pp == 1:
+        return "pp > 1 beside its MTP module (pp=1, mtp=1)"
+    return ""
+
+
 @dataclass(frozen=True)
 class Layout(Decisions, Degrees):
     """Every decision of a homogeneous plan: the degrees (``Degrees``) and the rest, each declared and documented
@@ -374,15 +391,7 @@ class Layout(Decisions, Degrees):
                                     "folds over a stage's ranks)")
 
     def _check_moe_overlap(self) -> None:
-        """What Megatron-Core's ``overlap_moe_expert_parallel_comm`` runs with (``TransformerConfig.__post_init__``,
-        megatron-core 0.16.1): no full recomputation, an interleaved pipeline where there is one, at most one MTP
-        module and with it a pipeline."""
-        why = ("no full recomputation ('disable full recomputation when enabling overlap_moe_expert_parallel_comm'), "
-               f"got recompute={self.recompute}" if self.recompute_kind == "full" else
-               f"virtual pipeline stages with pp={self.pp} (vpp=1): 'virtual_pipeline_model_parallel_size must be "
-               "specified when pipeline_model_parallel_size > 1'" if self.pp > 1 and self.vpp == 1 else
-               f"at most one MTP module, got mtp={self.mtp}" if self.mtp > 1 else
-               "pp > 1 beside its MTP module (pp=1, mtp=1)" if self.mtp == 1 and self.pp == 1 else "")
+        why = megatron_moe_overlap_refusal(self.pp, self.vpp, self.recompute, self.mtp)
         if why:
             raise MeshplanError(f"moe_overlap under Megatron-Core (overlap_moe_expert_parallel_comm) needs {why}")
 

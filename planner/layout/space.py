@@ -24,7 +24,7 @@ from meshplan.planner.layout.decisions import (
     lowp_recipe,
     stack_can,
 )
-from meshplan.planner.layout.layout import DEGREE_NAMES, Layout
+from meshplan.planner.layout.layout import DEGREE_NAMES, Layout, megatron_moe_overlap_refusal
 from meshplan.planner.layout.splits import balanced_split, front_split
 
 # --fix keys beside the decisions': the degrees (and dp, their data-parallel product), and Megatron's first / last
@@ -467,6 +467,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     moe_kw = free_defaults(fix)  # the decisions a free search leaves at their default
     graphs_free = graphs and bool(model.num_experts) and "cuda_graphs" not in fix
     sched = fix.schedule or ""
+    mtp_pin = int(fix.get("mtp", 0))
     # every group's layout is this one's fields with the enumerated ones set, layer by layer of the loops below
     # (a dict display per group instead of the frozen dataclass's per-field ``__init__``: a search builds 10^5;
     # ``Layout`` has no ``__post_init__``, and updating existing keys keeps the fields' order)
@@ -499,6 +500,12 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                             if (recompute_kinds is None or "recompute" in fix or r.split(":")[0] in recompute_kinds
                                 and (":" not in r or "full:N" in recompute_kinds))
                             and stack_runs(st, fix, recompute=r))
+                    if mo and st == "megatron" and "moe_overlap" not in fix:
+                        # a free moe_overlap only beside what Megatron-Core runs it with (a pinned one is the
+                        # user's: validation says why not)
+                        rcs = tuple(r for r in rcs if not megatron_moe_overlap_refusal(pp, vpp, r, mtp_pin))
+                        if not rcs:
+                            continue
                     # free vpp > 1 also needs a multiple of pp micro-batches (the interleaved schedule)
                     mbss = fix.choices("mbs", [b for b in MBS_CHOICES if global_batch % (b * dp) == 0
                                                and (vpp == 1 or "vpp" in fix or global_batch // (b * dp) % pp == 0)])
