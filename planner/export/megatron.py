@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement, torchrun
-from meshplan.planner.layout.layout import bf16_layers_problem, p2p_overlapped
+from meshplan.planner.layout.layout import bf16_layers_problem, megatron_dispatch_refusal, p2p_overlapped
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
@@ -96,6 +96,8 @@ def check(plan: Plan, flags: bool = True) -> None:
                f"needs bf16 or fp16, not {plan.dtype}" if c.dtype_of(plan) == "fp32" else "")
         if why:
             c.fail(f"megatron: moe_overlap (--overlap-moe-expert-parallel-comm) {why}")
+    if m.num_experts and megatron_dispatch_refusal(plan.moe_dispatcher, plan.moe_capacity):
+        c.fail(f"megatron: {megatron_dispatch_refusal(plan.moe_dispatcher, plan.moe_capacity)}")
     if plan.shared_overlap and m.num_experts:
         # TransformerConfig.__post_init__ (megatron-core 0.16.1): moe_shared_expert_overlap "only works with alltoall
         # token dispatcher", and not beside overlap_moe_expert_parallel_comm

@@ -302,13 +302,15 @@ class Decisions:
     moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
                                    choices=("alltoall", "deepep", "hybridep"),
                                    free="hybridep on Blackwell and deepep on other NVIDIA GPUs where ep > 1 under "
-                                        "Megatron-Core, else alltoall (``space.free_dispatcher``)")
+                                        "Megatron-Core (not deepep with token dropping), else alltoall "
+                                        "(``space.free_dispatcher``)")
     """"alltoall": one copy per routed expert (Megatron's alltoall dispatcher); "deepep": one copy per destination
     node over the NICs, forwarded to its experts over NVLink (Megatron ``--moe-token-dispatcher-type flex
     --moe-enable-deepep``); "hybridep": NVIDIA's Hybrid-EP (DeepEP ``hybrid-ep`` branch), the same copies as deepep
     (once per destination node or NVLink domain, once per destination rank inside it, no second permute) over TMA
     NVLink kernels, priced at their published bandwidth (``costmodel.hybridep``; Megatron-Core
-    ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep``)."""
+    ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep``). Megatron-Core's DeepEP backend does
+    not pad experts to capacity, so it takes no token dropping (``layout.megatron_dispatch_refusal``)."""
     tp_overlap: bool = decision(False, "tensor-parallel collectives overlapped with their GEMMs (needs sp)")
     """Megatron-Core ``--tp-comm-overlap`` (Transformer Engine userbuffers), torchtitan's async TP: the all-gather
     before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks under it."""

@@ -179,6 +179,18 @@ def megatron_moe_overlap_refusal(pp: int, vpp: int, recompute: str, mtp: int) ->
     return ""
 
 
+def megatron_dispatch_refusal(dispatcher: str, moe_capacity: float) -> str:
+    """Why Megatron-Core does not run this token dispatcher beside token dropping ("" where it does): meshplan prices
+    a dropping layer padded to its capacity (``--moe-pad-expert-input-to-capacity``), which the flex dispatcher's
+    DeepEP backend refuses (``TransformerConfig.__post_init__``, megatron-core 0.16.1: "Flex token dispatcher with
+    deepep backend does not support moe_pad_expert_input_to_capacity")."""
+    if dispatcher == "deepep" and moe_capacity:
+        return (f"moe_dispatcher=deepep with moe_capacity={moe_capacity:g}: Megatron-Core's DeepEP backend does not "
+                "pad experts to their capacity ('Flex token dispatcher with deepep backend does not support "
+                "moe_pad_expert_input_to_capacity'); take alltoall or hybridep")
+    return ""
+
+
 @dataclass(frozen=True)
 class Layout(Decisions, Degrees):
     """Every decision of a homogeneous plan: the degrees (``Degrees``) and the rest, each declared and documented
@@ -371,6 +383,9 @@ class Layout(Decisions, Degrees):
                                 "pick one (Megatron-Core asserts against the pair)")
         if self.moe_overlap and num_experts and self.stack == "megatron":
             self._check_moe_overlap()
+        why = megatron_dispatch_refusal(self.moe_dispatcher, self.moe_capacity) if self.stack == "megatron" else ""
+        if why and num_experts:
+            raise MeshplanError(why)
         if self.moe_router != "learned" and not num_experts:
             raise MeshplanError(f"moe_router={self.moe_router} routes tokens to experts, but the model has none")
         if self.cuda_graphs == "iteration" and num_experts and not self.moe_capacity \

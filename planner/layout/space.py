@@ -24,7 +24,7 @@ from meshplan.planner.layout.decisions import (
     lowp_recipe,
     stack_can,
 )
-from meshplan.planner.layout.layout import DEGREE_NAMES, Layout, megatron_moe_overlap_refusal
+from meshplan.planner.layout.layout import DEGREE_NAMES, Layout, megatron_dispatch_refusal, megatron_moe_overlap_refusal
 from meshplan.planner.layout.splits import balanced_split, front_split
 
 # --fix keys beside the decisions': the degrees (and dp, their data-parallel product), and Megatron's first / last
@@ -343,16 +343,19 @@ def free_cuda_graphs(layout: Layout) -> str:
     return "layers"
 
 
-def free_dispatcher(device) -> str:
+def free_dispatcher(device, moe_capacity: float = 0.0) -> str:
     """The token dispatcher a free search takes where ep > 1 under Megatron-Core: Hybrid-EP on Blackwell, the parts
     its kernel bandwidths are published for (``costmodel.hybridep``: B200, GB200), DeepEP on other NVIDIA GPUs,
     NCCL's all-to-all elsewhere. Megatron-Bridge's performance recipes choose alike (``moe_flex_dispatcher_backend``
     hybridep on its DGX-B200 / GB200 / B300 / GB300 MoE recipes, DeepEP on H100), and as priced the flex
     dispatchers never lose to the all-to-all: one copy per destination node and rank instead of one per routed
-    expert, DeepEP's NIC at line rate, no second token sort (``tests/test_search_dispatcher.py``)."""
+    expert, DeepEP's NIC at line rate, no second token sort (``tests/test_search_dispatcher.py``). With token
+    dropping (``moe_capacity``) not DeepEP, which Megatron-Core does not pad to capacity
+    (``layout.megatron_dispatch_refusal``): the all-to-all there."""
     if device.vendor != "nvidia":
         return "alltoall"
-    return "hybridep" if device.supports("mxfp8") else "deepep"
+    flex = "hybridep" if device.supports("mxfp8") else "deepep"
+    return "alltoall" if megatron_dispatch_refusal(flex, moe_capacity) else flex
 
 
 def _ep_overlaps(model, fix: Pins, tp: int, cp: int, dp: int, etp: int,

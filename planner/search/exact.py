@@ -307,7 +307,7 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
                                    work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None),
                                    graphs=cluster.device.vendor == "nvidia",
-                                   dispatcher=free_dispatcher(cluster.device)))
+                                   dispatcher=free_dispatcher(cluster.device, float(fix.get("moe_capacity", 0.0)))))
     n = sum(len(g) for g in groups)
     if prune is None:
         prune = n > PRUNE_ABOVE

@@ -1,6 +1,7 @@
-"""``moe_overlap`` under Megatron-Core is ``overlap_moe_expert_parallel_comm``, which runs only beside some other
-choices. A layout meshplan accepts under the megatron stack is one Megatron-Core's own ``TransformerConfig`` (the
-installed megatron-core) accepts, and a free search never recommends one it would refuse.
+"""What Megatron-Core runs together: ``moe_overlap`` (``overlap_moe_expert_parallel_comm``) only beside some other
+choices, and token dropping (padded to capacity, as meshplan prices it) not through DeepEP. A layout meshplan accepts
+under the megatron stack is one Megatron-Core's own ``TransformerConfig`` (the installed megatron-core) accepts, and a
+free search never recommends one it would refuse.
 
 Truth: ``TransformerConfig.__post_init__`` itself, built on this host (no GPU needed) with each combination.
 """
@@ -99,3 +100,57 @@ def test_the_space_keeps_a_free_overlap_to_what_megatron_core_runs_and_a_pinned_
     work = Workload(model, load_cluster("2x8xH100"), 64, 4096)
     with pytest.raises(MeshplanError, match="moe_overlap under Megatron-Core .* no full recomputation"):
         search(work, parse_fix("moe_overlap=true,recompute=full,ep=8"), top=1)
+
+
+def _megatron_takes_dropping_through(dispatcher: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    kw = dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
+              expert_model_parallel_size=2, bf16=True, moe_expert_capacity_factor=1.25,
+              moe_pad_expert_input_to_capacity=True)
+    kw.update(moe_token_dispatcher_type="alltoall") if dispatcher == "alltoall" else kw.update(
+        moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend=dispatcher)
+    try:
+        TransformerConfig(**kw)
+    except (AssertionError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep", "hybridep"])
+def test_token_dropping_goes_through_the_dispatchers_megatron_core_pads(dispatcher):
+    layout = Layout(dp_shard=2, ep=2, etp=1, zero_stage=1, moe_capacity=1.25, moe_dispatcher=dispatcher)
+    try:
+        layout.validate(world_size=2, num_layers=8, num_heads=4, num_kv_heads=4, seq_len=64, global_batch=8,
+                        num_experts=8)
+        accepted = True
+    except MeshplanError as err:
+        assert "moe_pad_expert_input_to_capacity" in str(err)
+        accepted = False
+    assert accepted == _megatron_takes_dropping_through(dispatcher)
+
+
+@pytest.mark.parametrize("cluster,expected", [("2x8xH100", "alltoall"), ("2x4xGB200-NVL72", "hybridep")])
+def test_a_free_dispatcher_with_token_dropping_is_one_megatron_core_runs(cluster, expected):
+    """Mixtral with a pinned capacity: on Hopper the free dispatcher would be DeepEP, which Megatron-Core refuses to
+    pad; the search takes the all-to-all there, and Hybrid-EP (which pads) on Blackwell. The megatron export of the
+    plan is one Megatron-Core's arguments accept."""
+    from meshplan.planner.layout.space import parse_fix
+
+    work = Workload(load_model("mixtral-8x7b"), load_cluster(cluster), 64, 4096)
+    ranked = search(work, parse_fix("moe_capacity=1.25"), top=3).ranked
+    assert ranked and {lay.moe_dispatcher for lay, _ in ranked if lay.ep > 1} == {expected}
+    assert _megatron_takes_dropping_through(expected)
+
+
+def test_the_megatron_export_refuses_deepep_with_token_dropping_by_name():
+    """A plan file edited by hand (meshplan's own search would not write it)."""
+    from meshplan.planner.export import render
+    from tests.test_export_checks import with_
+    from tests.test_export_golden import plan_dsv3
+
+    dropping = with_(plan_dsv3(), moe_capacity=1.25)
+    assert render(with_(dropping, moe_dispatcher="alltoall"), "megatron").text
+    with pytest.raises(MeshplanError, match="megatron: moe_dispatcher=deepep with moe_capacity=1.25"):
+        render(with_(dropping, moe_dispatcher="deepep"), "megatron")
