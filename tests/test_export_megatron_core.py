@@ -163,3 +163,42 @@ def test_megatron_core_refuses_what_it_should() -> None:
     with pytest.raises((ValueError, AssertionError)):
         TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=8, num_moe_experts=8,
                           tensor_model_parallel_size=2, sequence_parallel=False, moe_router_topk=2)
+
+
+# Free searches whose best plans Megatron-Core is asked to build: the flagship NVL72 one (issue 26), an H100 MoE one
+# at 2048 GPUs, token dropping (the dispatcher rule), long context, with the decisions a free search takes itself.
+FREE_SEARCHES = [("deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "bf16", ""),
+                 ("deepseek-v3", "2048x8xH100", 16384, 4096, "bf16", ""),
+                 ("qwen3-30b-a3b", "16x8xH100", 1024, 4096, "bf16", ""),
+                 ("mixtral-8x7b", "2x8xH100", 64, 4096, "bf16", "moe_capacity=1.25"),
+                 ("llama-3.1-70b", "8x8xH100", 64, 131072, "bf16", "")]
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not available")
+@pytest.mark.parametrize("model,cluster,batch,seq,dtype,fix", FREE_SEARCHES,
+                         ids=[f"{s[0]}-{s[1]}" for s in FREE_SEARCHES])
+def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batch, seq, dtype, fix, tmp_path):
+    """Each of the five best plans of a free search, exported to Megatron and read back into megatron-core's own
+    ``TransformerConfig``, which raises on any combination it does not run (issue 26: the NVL72 search once ranked
+    ``moe_overlap`` under full recomputation first)."""
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.layout.space import parse_fix
+    from meshplan.planner.model.config import load_model
+    from meshplan.planner.plan.build import to_plan
+    from meshplan.planner.search.exact import search
+
+    work = Workload(load_model(model), load_cluster(cluster), batch, seq, dtype)
+    ranked = search(work, parse_fix(fix) if fix else {}, top=5).ranked
+    assert ranked
+    for i, (layout, est) in enumerate(ranked):
+        plan = to_plan(work, layout, est, f"{model}-{i}", model, "shipped")
+        ns = _torchrun_parse(_argv(render_megatron(plan), tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
+        cfg, _ = _transformer_config(_megatron_args(ns.training_script_args))
+        assert (cfg.expert_model_parallel_size, cfg.pipeline_model_parallel_size) == (layout.ep, layout.pp)
+
+
+def render_megatron(plan) -> str:
+    from meshplan.planner.export import render
+
+    return render(plan, "megatron").text

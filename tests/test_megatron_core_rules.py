@@ -154,3 +154,20 @@ def test_the_megatron_export_refuses_deepep_with_token_dropping_by_name():
     assert render(with_(dropping, moe_dispatcher="alltoall"), "megatron").text
     with pytest.raises(MeshplanError, match="megatron: moe_dispatcher=deepep with moe_capacity=1.25"):
         render(with_(dropping, moe_dispatcher="deepep"), "megatron")
+
+
+@pytest.mark.parametrize("replicate,shard,ok", [(8, 16, True), (16, 8, False), (1, 128, True)])
+def test_each_replica_holds_whole_experts(replicate, shard, ok):
+    """Qwen3-30B-A3B at ep 16 over 128 ranks: with replicas, the experts of a replica must fold over its own shard
+    group (megatron-core parallel_state: expert_data_parallel_size % num_distributed_optimizer_instances == 0, here
+    128 / 16 = 8 against the replicas; the free search once ranked 16 replicas of 8 second)."""
+    layout = Layout(dp_replicate=replicate, dp_shard=shard, ep=16, zero_stage=3)
+    try:
+        layout.validate(world_size=128, num_layers=48, num_heads=32, num_kv_heads=4, seq_len=4096,
+                        global_batch=1024, num_experts=128)
+        accepted = True
+    except MeshplanError as err:
+        assert "each replica holds whole experts" in str(err)
+        accepted = False
+    assert accepted == ok
+    assert ok == ((128 // 16) % replicate == 0)  # the megatron-core rule, computed

@@ -225,8 +225,13 @@ def cuda_graph_scope(plan: Plan) -> tuple[str, list[str]]:
         return "local", ["full_iteration"]
     if plan.cuda_graphs == "layers" and not plan.model.num_experts:
         return "transformer_engine", ["attn", "mlp"]
-    if plan.cuda_graphs == "layers":  # a drop-and-pad MoE layer has static shapes: captured whole ("moe")
-        return "transformer_engine", ["attn", "moe"] if plan.moe_capacity else ["attn", "moe_router", "moe_preprocess"]
+    if plan.cuda_graphs == "layers":
+        # a drop-and-pad MoE layer has static shapes: captured whole ("moe"), but not beside the overlapped expert
+        # all-to-all (TransformerConfig: "CUDA graph scope on moe and mlp is not supported with
+        # overlap_moe_expert_parallel_comm"), where its router and preprocessing are (no host wait is priced either
+        # way: a padded layer does not sync)
+        whole = plan.moe_capacity and not plan.moe_overlap
+        return "transformer_engine", ["attn", "moe"] if whole else ["attn", "moe_router", "moe_preprocess"]
     return "none", []
 
 
