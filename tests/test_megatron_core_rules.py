@@ -171,3 +171,17 @@ def test_each_replica_holds_whole_experts(replicate, shard, ok):
         accepted = False
     assert accepted == ok
     assert ok == ((128 // 16) % replicate == 0)  # the megatron-core rule, computed
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "eager"])
+def test_a_free_search_leaves_the_overlap_off_where_the_code_has_none(stack):
+    """torchtitan and HF code have no overlapped expert all-to-all (their exports warn that it runs on the critical
+    path): a free search under them does not price one; pinned, it is the user's to ask for."""
+    from meshplan.planner.layout.space import enumerate_layouts, parse_fix
+
+    model = load_model("mixtral-8x7b")
+    pins = f"stack={stack},tp=1,cp=1,pp=1"
+    free = list(enumerate_layouts(model, 16, 8, 64, 4096, parse_fix(pins)))
+    assert any(lay.ep > 1 for lay in free) and not any(lay.moe_overlap for lay in free)
+    pinned = list(enumerate_layouts(model, 16, 8, 64, 4096, parse_fix(pins + ",moe_overlap=true")))
+    assert pinned and all(lay.moe_overlap for lay in pinned)

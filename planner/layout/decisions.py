@@ -280,11 +280,13 @@ class Decisions:
     cross-entropy; Megatron-Core, NeMo, AutoModel's TE backend); "torchtitan": torch.compile per block, SDPA
     attention, PyTorch cross-entropy; "eager": HF / plain PyTorch code, one kernel per op. It is the user's code,
     which the export target names, so a free search keeps Megatron-Core's."""
-    moe_overlap: bool = decision(False, "expert all-to-alls overlapped with computation", searched=True, by_stack=True)
+    moe_overlap: bool = decision(False, "expert all-to-alls overlapped with computation", searched=True, by_stack=True,
+                                 stack_values={"megatron": (False, True), "torchtitan": (False,), "eager": (False,)})
     """MegaScale-MoE §4, Comet; DeepSeek-V3 DualPipe's forward/backward chunk pairing. Tried where ep > 1. Under
     Megatron-Core (``overlap_moe_expert_parallel_comm``) only as its ``TransformerConfig`` accepts it: no full
     recomputation, an interleaved pipeline where pp > 1, at most one MTP module and then pp > 1
-    (``layout.megatron_moe_overlap_refusal``); a free search tries it only there."""
+    (``layout.megatron_moe_overlap_refusal``); a free search tries it only there. torchtitan and HF code have no
+    such overlap (their exports say so): a free search leaves it off under them."""
     moe_capacity: float = decision(0.0, "token-dropping capacity factor (0 = dropless routing)", lo=0.0, hi=64.0)
     """Each expert takes at most capacity x its balanced share, padded to it."""
     moe_imbalance: float = decision(1.0, "dropless routing: the busiest expert group's tokens over the balanced share",

@@ -501,9 +501,9 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                         vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
                     if st != "megatron" and "moe_dispatcher" not in fix:
                         disp = "alltoall"  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
-                    ok = runs.get((st, ck, f8))
+                    ok = runs.get((st, ck, f8, mo))
                     if ok is None:
-                        ok = runs[st, ck, f8] = stack_runs(st, fix, cp_kind=ck, fp8=f8)
+                        ok = runs[st, ck, f8, mo] = stack_runs(st, fix, cp_kind=ck, fp8=f8, moe_overlap=mo)
                     if not ok:
                         continue
                     split = splits[vpp]
