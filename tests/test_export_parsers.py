@@ -510,3 +510,35 @@ def test_deepspeed_ulysses_config_loads(ds_config_cls) -> None:
     cfg = ds_config_cls(raw, mpu=_Mpu(plan.degrees.dp))
     assert cfg.train_batch_size == 32 == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * 4
     assert raw["sequence_parallel_size"] * raw["data_parallel_size"] == plan.cluster.world_size
+
+
+# Free searches under torchtitan's code whose best plans torchtitan is asked to load
+TORCHTITAN_SEARCHES = [("qwen3-30b-a3b", "16x8xH100", 1024, 4096), ("llama-3.1-70b", "8x8xH100", 64, 131072),
+                       ("mixtral-8x7b", "2x8xH100", 64, 4096)]
+
+
+@pytest.mark.parametrize("model,cluster,batch,seq", TORCHTITAN_SEARCHES, ids=[s[0] for s in TORCHTITAN_SEARCHES])
+def test_torchtitan_loads_what_a_free_search_under_it_recommends(model, cluster, batch, seq, tmp_path: Path) -> None:
+    """The five best plans of a free search with ``--fix stack=torchtitan``, each exported and loaded by torchtitan's
+    own ``ConfigManager``, its mesh validated by ``ParallelDims`` (which asserts the products and EP's borrowing)."""
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.layout.space import parse_fix
+    from meshplan.planner.model.config import load_model
+    from meshplan.planner.plan.build import to_plan
+    from meshplan.planner.search.exact import search
+
+    ConfigManager, ParallelDims = _torchtitan()
+    work = Workload(load_model(model), load_cluster(cluster), batch, seq)
+    ranked = search(work, parse_fix("stack=torchtitan"), top=5).ranked
+    assert ranked
+    for i, (layout, est) in enumerate(ranked):
+        plan = to_plan(work, layout, est, f"{model}-{i}", model, "shipped")
+        path = tmp_path / f"job{i}.toml"
+        path.write_text(render(plan, "torchtitan").text)
+        p = ConfigManager().parse_args(["--job.config_file", str(path)]).parallelism
+        dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                            ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
+                            world_size=plan.cluster.world_size)
+        assert (dims.dp_shard, dims.tp, dims.pp, dims.ep) == (layout.dp_shard, layout.tp, layout.pp, layout.ep)
