@@ -74,7 +74,7 @@ BAD = [
     (with_(plan_dsv3(), etp=4, degrees={"ep": 128}), list(TARGETS), "ep*etp = 128*4 must divide tp*cp*dp = 2*1*128"),
     (with_(plan_llama70b(), etp=2), list(TARGETS), "etp=2 but model 'Llama-3.1-70B' has no experts"),
     (with_(plan_dsv3(), moe_overlap=True, recompute="full"), ["megatron"],
-     "megatron: moe_overlap (--overlap-moe-expert-parallel-comm) cannot run with recompute=full"),
+     "megatron: moe_overlap (--overlap-moe-expert-parallel-comm) needs no full recomputation"),
     (with_(plan_dsv3(), moe_overlap=True, degrees={"ep": 1}), ["megatron"],
      "megatron: moe_overlap (--overlap-moe-expert-parallel-comm) needs ep > 1"),
 ]

@@ -156,12 +156,13 @@ def test_the_megatron_export_refuses_deepep_with_token_dropping_by_name():
         render(with_(dropping, moe_dispatcher="deepep"), "megatron")
 
 
-@pytest.mark.parametrize("replicate,shard,ok", [(8, 16, True), (16, 8, False), (1, 128, True)])
+@pytest.mark.parametrize("replicate,shard,ok", [(8, 16, True), (16, 8, False), (1, 128, True), (128, 1, True)])
 def test_each_replica_holds_whole_experts(replicate, shard, ok):
-    """Qwen3-30B-A3B at ep 16 over 128 ranks: with replicas, the experts of a replica must fold over its own shard
-    group (megatron-core parallel_state: expert_data_parallel_size % num_distributed_optimizer_instances == 0, here
-    128 / 16 = 8 against the replicas; the free search once ranked 16 replicas of 8 second)."""
-    layout = Layout(dp_replicate=replicate, dp_shard=shard, ep=16, zero_stage=3)
+    """Qwen3-30B-A3B at ep 16 over 128 ranks under Megatron-Core: with hybrid sharding, the experts of a replica must
+    fold over its own shard group (megatron-core parallel_state: expert_data_parallel_size %
+    num_distributed_optimizer_instances == 0, here 128 / 16 = 8 against the replicas; the free search once ranked 16
+    replicas of 8 second). Plain replication (no distributed optimizer instances) folds them over every rank."""
+    layout = Layout(dp_replicate=replicate, dp_shard=shard, ep=16, zero_stage=3 if shard > 1 else 0)
     try:
         layout.validate(world_size=128, num_layers=48, num_heads=32, num_kv_heads=4, seq_len=4096,
                         global_batch=1024, num_experts=128)
@@ -170,7 +171,35 @@ def test_each_replica_holds_whole_experts(replicate, shard, ok):
         assert "each replica holds whole experts" in str(err)
         accepted = False
     assert accepted == ok
-    assert ok == ((128 // 16) % replicate == 0)  # the megatron-core rule, computed
+    instances = replicate if replicate > 1 and shard > 1 else 1  # what the megatron export sets
+    assert ok == ((128 // 16) % instances == 0)  # the megatron-core rule, computed
+
+
+def test_torchtitan_lends_ep_only_its_shard_and_context_ranks():
+    """torchtitan (the installed 0.2.x) builds its expert mesh as (pp, dp_replicate, efsdp, ep, etp) with efsdp =
+    dp_shard x cp x tp // (etp x ep) (``ParallelDims.build_mesh``, read from its source): EP beyond dp_shard x cp
+    (x tp) leaves that mesh short of the world. meshplan refuses such a layout under torchtitan's code and keeps it
+    under Megatron-Core's, which folds the experts over every data-parallel rank."""
+    import inspect
+
+    from tests.test_export_parsers import _torchtitan
+
+    _, ParallelDims = _torchtitan()
+    src = inspect.getsource(ParallelDims.build_mesh)
+    assert "fsdp = self.dp_shard * self.cp" in src and "efsdp = fsdp * self.tp // (self.etp * self.ep)" in src
+    replicate, shard, ep = 8, 1, 8
+    efsdp = shard * 1 * 1 // (1 * ep)
+    assert 1 * replicate * efsdp * ep * 1 != replicate * shard  # torchtitan's sparse mesh misses the world
+    for stack, ok in (("torchtitan", False), ("megatron", True)):
+        layout = Layout(dp_replicate=replicate, dp_shard=shard, ep=ep, stack=stack)
+        try:
+            layout.validate(world_size=8, num_layers=48, num_heads=32, num_kv_heads=4, seq_len=4096,
+                            global_batch=64, num_experts=128)
+            accepted = True
+        except MeshplanError as err:
+            assert "each replica holds whole experts" in str(err)
+            accepted = False
+        assert accepted == ok, stack
 
 
 @pytest.mark.parametrize("stack", ["torchtitan", "eager"])

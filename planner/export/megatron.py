@@ -35,7 +35,12 @@ from __future__ import annotations
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement, torchrun
-from meshplan.planner.layout.layout import bf16_layers_problem, megatron_dispatch_refusal, p2p_overlapped
+from meshplan.planner.layout.layout import (
+    bf16_layers_problem,
+    megatron_dispatch_refusal,
+    megatron_moe_overlap_refusal,
+    p2p_overlapped,
+)
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
@@ -89,15 +94,16 @@ def check(plan: Plan, flags: bool = True) -> None:
         c.fail(f"megatron: offload_layers={plan.offload_layers} (--cpu-offloading-num-layers) needs pp=1, no "
                f"recomputation and fewer than the {m.num_layers} layers (pp={d.pp}, recompute={plan.recompute})")
     if plan.moe_overlap and m.num_experts:
-        # TransformerConfig.__post_init__ asserts these for overlap_moe_expert_parallel_comm (megatron-core 0.16.1).
-        why = ("needs ep > 1" if d.ep == 1 else
-               f"needs vpp > 1 with pp={d.pp} (the combined 1F1B schedule)" if d.pp > 1 and d.vpp == 1 else
-               f"cannot run with recompute={plan.recompute}" if plan.recompute.startswith("full") else
+        # TransformerConfig.__post_init__ asserts these for overlap_moe_expert_parallel_comm (megatron-core 0.16.1);
+        # the pipeline, recomputation and MTP ones as the planner states them (layout.megatron_moe_overlap_refusal)
+        rule = megatron_moe_overlap_refusal(d.pp, d.vpp, plan.recompute, plan.mtp)
+        why = ("needs ep > 1" if d.ep == 1 else f"needs {rule}" if rule else
                f"needs bf16 or fp16, not {plan.dtype}" if c.dtype_of(plan) == "fp32" else "")
         if why:
             c.fail(f"megatron: moe_overlap (--overlap-moe-expert-parallel-comm) {why}")
-    if m.num_experts and megatron_dispatch_refusal(plan.moe_dispatcher, plan.moe_capacity):
-        c.fail(f"megatron: {megatron_dispatch_refusal(plan.moe_dispatcher, plan.moe_capacity)}")
+    dispatch = megatron_dispatch_refusal(plan.moe_dispatcher, plan.moe_capacity) if m.num_experts else ""
+    if dispatch:
+        c.fail(f"megatron: {dispatch}")
     if plan.shared_overlap and m.num_experts:
         # TransformerConfig.__post_init__ (megatron-core 0.16.1): moe_shared_expert_overlap "only works with alltoall
         # token dispatcher", and not beside overlap_moe_expert_parallel_comm

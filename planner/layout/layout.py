@@ -179,12 +179,16 @@ def megatron_moe_overlap_refusal(pp: int, vpp: int, recompute: str, mtp: int) ->
     return ""
 
 
-def replicas_hold_whole_experts(tp: int, cp: int, dp_shard: int, dp_replicate: int, ep: int, expert_tp: int) -> bool:
-    """Whether each data-parallel replica's ranks hold whole experts: with dp_replicate > 1 the expert mesh ep x etp
-    folds over a replica's tp x cp x dp_shard ranks. Megatron-Core's distributed optimizer instances (parallel_state:
-    ``expert_data_parallel_size % num_distributed_optimizer_instances == 0``), torchtitan's EP borrowing from
-    dp_shard x cp (``parallel_dims.py``) and the plan file's convention (``export._common.check_plan``)."""
-    return ep == 1 or dp_replicate == 1 or (tp * cp * dp_shard) % (ep * expert_tp) == 0
+def replicas_hold_whole_experts(tp: int, cp: int, dp_shard: int, dp_replicate: int, ep: int, expert_tp: int,
+                                stack: str = "megatron") -> bool:
+    """Whether the expert mesh ep x etp folds over the ranks ``stack``'s code lets it borrow: torchtitan's and HF
+    code's FSDP2 meshes lend EP only dp_shard x cp (x tp at etp 1; ``parallel_dims.py``), so a replica holds whole
+    experts. Megatron-Core folds it over every data-parallel rank, but with hybrid sharding (dp_replicate > 1 replicas
+    of dp_shard > 1 ranks, one distributed optimizer instance each, as the export sets them) each replica must hold
+    whole experts too (parallel_state: ``expert_data_parallel_size % num_distributed_optimizer_instances == 0``)."""
+    if ep == 1 or (stack == "megatron" and (dp_replicate == 1 or dp_shard == 1)):
+        return True
+    return (tp * cp * dp_shard) % (ep * expert_tp) == 0
 
 
 def megatron_dispatch_refusal(dispatcher: str, moe_capacity: float) -> str:
@@ -413,11 +417,11 @@ class Layout(Decisions, Degrees):
                                     f"divide tp*cp*dp = {self.tp}*{self.cp}*{self.dp} = {dense} (the expert mesh "
                                     "folds over a stage's ranks)")
             if not replicas_hold_whole_experts(self.tp, self.cp, self.dp_shard, self.dp_replicate, self.ep,
-                                               self.expert_tp):
+                                               self.expert_tp, self.stack):
                 raise MeshplanError(f"ep({self.ep}) * etp({self.expert_tp}) = {self.ep * self.expert_tp} must "
                                     f"divide tp*cp*dp_shard = {self.tp}*{self.cp}*{self.dp_shard} = "
-                                    f"{self.tp * self.cp * self.dp_shard} with dp_replicate={self.dp_replicate}: "
-                                    "each replica holds whole experts")
+                                    f"{self.tp * self.cp * self.dp_shard} (dp_replicate={self.dp_replicate}, stack "
+                                    f"{self.stack}): each replica holds whole experts")
 
     def _check_moe_overlap(self) -> None:
         why = megatron_moe_overlap_refusal(self.pp, self.vpp, self.recompute, self.mtp)

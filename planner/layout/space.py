@@ -491,14 +491,15 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
         sps = fix.choices("sp", [tp > 1])
         for etp in etps:
             for ep, overlaps in _ep_overlaps(model, fix, tp, cp, dp, etp, dispatcher):
-                # the shardings whose replicas hold whole experts (``replicas_hold_whole_experts``)
-                ep_shards = [sh for sh in shards if replicas_hold_whole_experts(tp, cp, sh[1], sh[2], ep, etp or tp)]
-                if not ep_shards:
-                    continue
-                z0, d0, r0 = ep_shards[0]
-                ep_mesh = {**mesh, "dp_replicate": r0, "dp_shard": d0, "zero_stage": z0}
+                # per stack, the shardings whose replicas hold whole experts (``replicas_hold_whole_experts``)
+                by_stack = {st: tuple(sh for sh in shards
+                                      if replicas_hold_whole_experts(tp, cp, sh[1], sh[2], ep, etp or tp, st))
+                            for st in stacks}
                 for vpp, sp, att, ck, f8, st, (mo, disp) in product(
                         vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
+                    ep_shards = by_stack[st]
+                    if not ep_shards:
+                        continue
                     if st != "megatron" and "moe_dispatcher" not in fix:
                         disp = "alltoall"  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
                     ok = runs.get((st, ck, f8, mo))
@@ -526,7 +527,9 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                                                and (vpp == 1 or "vpp" in fix or global_batch // (b * dp) % pp == 0)])
                     if not mbss:
                         continue
-                    outer = {**ep_mesh, "vpp": vpp, "ep": ep, "recompute": rcs[0], "sequence_parallel": sp,
+                    z0, d0, r0 = ep_shards[0]
+                    outer = {**mesh, "dp_replicate": r0, "dp_shard": d0, "zero_stage": z0, "vpp": vpp, "ep": ep,
+                             "recompute": rcs[0], "sequence_parallel": sp,
                              "attention": att, "pp_layout": split, "etp": etp, "fp8": f8, "cp_kind": ck,
                              "stack": st, "moe_overlap": mo, "moe_dispatcher": disp}
                     graphs_of = ()
@@ -540,7 +543,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     for mbs in mbss:
                         lay = object.__new__(Layout)
                         object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
-                        yield LayoutGroup(lay, rcs, tuple(ep_shards), graphs_of)
+                        yield LayoutGroup(lay, rcs, ep_shards, graphs_of)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
