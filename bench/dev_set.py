@@ -4,11 +4,11 @@
 Run: python bench/dev_set.py [RUNS_DIR] [--json | --markdown]   (RUNS_DIR: data/published_runs by default)
 
 Each in-scope row goes through ``meshplan.planner.search.job.plan_job``, the library call behind ``meshplan plan``,
-with a ``--fix`` string pinning the row's layout, the row's HF config, an
-``NxGxDEVICE`` cluster (``-NVL72`` racks for GB200 / GB300), dtype, global batch and sequence length, and its
-source's stack profile. A row whose own ``meshplan_can_express`` begins with "no" is out of scope; the others (the
-B rows' "hybrid Mamba" ones included) go to meshplan, which prices them or says what it cannot load. Step time
-published = the source's seconds per step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's
+with a ``--fix`` string pinning the row's layout, the row's HF config, an ``NxGxDEVICE`` cluster (``-NVL72`` racks
+for GB200 / GB300), dtype, global batch and sequence length, and its source's stack profile. A row whose own
+``meshplan_can_express`` begins with "no" is out of scope, unless meshplan maps it to a config (``HYBRID_CONFIGS``);
+the others (the B rows' "hybrid Mamba" ones included) go to meshplan, which prices them or says what it cannot load.
+Step time published = the source's seconds per step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's
 convention); signed error = (predicted - published) / published, negative = predicted too fast.
 
 ``row_needs`` is the one place that says what a row needs, in the decisions' vocabulary (``pp_layout``, ``schedule``,
