@@ -210,3 +210,17 @@ def test_a_free_search_leaves_the_overlap_off_where_the_code_has_none(stack):
     assert any(lay.ep > 1 for lay in free) and not any(lay.moe_overlap for lay in free)
     pinned = list(enumerate_layouts(model, 16, 8, 64, 4096, parse_fix(pins + ",moe_overlap=true")))
     assert pinned and all(lay.moe_overlap for lay in pinned)
+
+
+def test_ep_over_plain_replicas_exports_to_megatron_and_is_refused_by_torchtitan():
+    """DeepSeek-V3 with plain replication (dp_shard 1) at ep 64: Megatron-Core folds the experts over every
+    data-parallel rank, and meshplan accepts the layout under its code, so the megatron export renders it;
+    torchtitan's expert mesh borrows only the sharded ranks, and its export refuses it by name."""
+    from meshplan.planner.export import render
+    from tests.test_export_checks import with_
+    from tests.test_export_golden import plan_dsv3
+
+    plan = with_(plan_dsv3(), zero_stage=0, degrees={"dp_shard": 1, "dp_replicate": 128})
+    assert "--expert-model-parallel-size 64" in " ".join(render(plan, "megatron").text.split())
+    with pytest.raises(MeshplanError, match="torchtitan: ep\\*etp = 64\\*2 must divide tp\\*cp\\*dp_shard = 2\\*1\\*1"):
+        render(plan, "torchtitan")

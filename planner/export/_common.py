@@ -7,8 +7,9 @@ Conventions of the plan (``planner/plan/schema.py``, ``planner/estimate/memory.p
   ``dp_shard > 1`` with ``zero_stage == 0`` is contradictory;
 * grad accumulation = global_batch / (micro_batch * dp), dp = dp_replicate * dp_shard (Megatron, DeepSpeed and
   TorchTitan all use this identity; exports.md sections (b), (c), (d));
-* ep borrows ranks from dp_shard * cp (experts stay tensor-parallel over tp, i.e. expert-TP = tp), unless the plan
-  sets ``etp``: then the expert mesh etp x ep folds over a stage's tp x cp x dp ranks (MoE parallel folding).
+* the expert mesh etp x ep (etp = tp unless the plan sets it) folds over a stage's tp x cp x dp ranks (MoE parallel
+  folding), and with hybrid sharding over each replica's tp x cp x dp_shard (``layout.replicas_hold_whole_experts``);
+  torchtitan lends it dp_shard x cp (x tp) alone, which its exporter checks.
 
 The decisions added after plan schema 1 (``etp``, ``fp8``, ``cp_kind``, ``stack``, ``moe_overlap``, ``moe_capacity``,
 ``moe_router``, ``recompute`` full:N / op) are read through the helpers below, so every target reads them alike:
@@ -24,7 +25,7 @@ import shlex
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE, lowp_recipe
-from meshplan.planner.layout.layout import fsdp_impl, p2p_overlapped
+from meshplan.planner.layout.layout import fsdp_impl, p2p_overlapped, replicas_hold_whole_experts
 from meshplan.planner.plan.schema import Plan
 
 # Plan.dtype values the exporters understand, mapped to a canonical name.
@@ -109,11 +110,13 @@ def check_plan(plan: Plan) -> None:
             fail(f"ep={d.ep} but model {m.name!r} has no experts")
         if m.num_experts % d.ep:
             fail(f"num_experts={m.num_experts} is not divisible by ep={d.ep}")
-        if not plan.etp and (d.dp_shard * d.cp) % d.ep:
-            fail(f"ep={d.ep} must divide dp_shard*cp = {d.dp_shard}*{d.cp} = {d.dp_shard * d.cp}")
-    if plan.etp and (d.tp * d.cp * d.dp) % (d.ep * plan.etp):
-        fail(f"ep*etp = {d.ep}*{plan.etp} must divide tp*cp*dp = {d.tp}*{d.cp}*{d.dp} = {d.tp * d.cp * d.dp} "
+    etp = plan.etp or d.tp
+    if (d.ep > 1 or plan.etp) and (d.tp * d.cp * d.dp) % (d.ep * etp):
+        fail(f"ep*etp = {d.ep}*{etp} must divide tp*cp*dp = {d.tp}*{d.cp}*{d.dp} = {d.tp * d.cp * d.dp} "
              "(the expert mesh folds over a stage's ranks)")
+    if not replicas_hold_whole_experts(d.tp, d.cp, d.dp_shard, d.dp_replicate, d.ep, etp):
+        fail(f"ep*etp = {d.ep}*{etp} must divide tp*cp*dp_shard = {d.tp}*{d.cp}*{d.dp_shard} = "
+             f"{d.tp * d.cp * d.dp_shard} with dp_replicate={d.dp_replicate}: each replica holds whole experts")
     if plan.stages is not None:
         total = sum(s.num_layers for s in plan.stages)
         if total != m.num_layers:

@@ -35,6 +35,7 @@ import tomli_w
 
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import placement
+from meshplan.planner.layout.layout import replicas_hold_whole_experts
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "toml"
@@ -96,6 +97,10 @@ def check(plan: Plan) -> None:
     c.refuse_fp8_attention(plan, "torchtitan", "v0.2.2 runs PyTorch SDPA, which has no fp8 attention")
     placement.refuse(plan, "torchtitan")
     d, m = plan.degrees, plan.model
+    if not replicas_hold_whole_experts(d.tp, d.cp, d.dp_shard, d.dp_replicate, d.ep, plan.etp or d.tp, "torchtitan"):
+        # ParallelDims.build_mesh: the expert mesh (pp, dp_replicate, efsdp, ep, etp), efsdp = dp_shard*cp*tp // etp*ep
+        c.fail(f"torchtitan: ep*etp = {d.ep}*{plan.etp or d.tp} must divide tp*cp*dp_shard = {d.tp}*{d.cp}*"
+               f"{d.dp_shard} = {d.tp * d.cp * d.dp_shard}: its expert mesh borrows only the sharded ranks")
     dt = c.dtype_of(plan)
     if dt == "fp16":
         c.fail("torchtitan: training.mixed_precision_param accepts bfloat16 or float32, not fp16")
