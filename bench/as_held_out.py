@@ -103,13 +103,13 @@ def main(runs_dir: Annotated[Path, typer.Argument(help="Folder of *.jsonl publis
         print(json.dumps(out, indent=2))
         return
     t = Table(title="the dev set judged as held-out runs: stated facts and one stack profile; beside it, its own "
-                    "mapping priced profile-only")
-    t.add_column("source", overflow="fold")
-    # the figures keep their width; the profile names fold
-    for col in ("rows", "priced\nheld out", "priced\nboth ways", "held out\n|error|", "held out\nmedian",
-                "own mapping\n|error|", "own\nmedian"):
+                    "mapping (own map) priced profile-only; |err|: mean |error|")
+    # the figures keep their width; the names fold, never narrower than a source's name or a profile's word
+    t.add_column("source", overflow="fold", min_width=6)
+    for col in ("rows", "priced\nheld\nout", "priced\nboth\nways", "held\nout\n|err|", "held\nout\nmedian",
+                "own\nmap\n|err|", "own\nmap\nmedian"):
         t.add_column(col, justify="right", no_wrap=True)
-    t.add_column("profile", overflow="fold")
+    t.add_column("profile", overflow="fold", min_width=8)
     for s in out:
         t.add_row(s["source"], str(s["rows"]), str(s["priced_held_out"]), str(s["priced_both"]),
                   _pct(s["held_out_mean_abs"]),
