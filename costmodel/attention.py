@@ -24,8 +24,12 @@ Sources (BF16, head dim 128, FLOPs counted as 4 s^2 d h forward, halved when cau
     1.21.1, cuDNN 9.22), kept in ``costmodel/data/published/cudnn_sdpa_blackwell.json``: forward and
     (non-deterministic) backward times at 2k..32k tokens for Llama 3.1's heads (64 query, 8 KV, head dim 128;
     causal and unmasked), DeepSeek-V3's (128 heads, head dims 192/128) and GPT-OSS's sliding window (128 keys,
-    head dim 64, causal). B200 and B300 take their NVL72 sibling's curve scaled by bf16 peak (same dies, lower
-    clocks).
+    head dim 64, causal). The B200 takes the GB200's curve at the die speed FlashAttention-2 measured on both
+    (1.08x), the B300 the GB300's scaled by bf16 peak (no run of it is published): ``costmodel.flash2_blackwell``.
+  * FlashAttention-2 on B200, GB200, GB300 (and B300 from the GB300): PyTorch SDPA's flash backend, timed by the same
+    cuDNN benchmark's earlier releases (``costmodel.flash2_blackwell``): 18% of the bf16 peak, as its ``mma.sync``
+    kernels leave Blackwell's tensor cores idle. FlashAttention-3 (Hopper's ``wgmma``) runs as FlashAttention-2
+    there, FlexAttention at FlashAttention-2's rate times the blog's shares.
   * Head dim 64: the same FA3 paper figures at head dim 64 (Fig. 5 (a) unmasked and (d) causal forward, Fig. 6 (a)
     backward), H100 SXM5: a head-dim-64 attention on Hopper takes those curves. A short head does less matmul work
     per softmax element and per K/V tile load, so every kernel runs it slower (cuDNN's causal forward at 4k: 363
@@ -43,6 +47,7 @@ import math
 from types import MappingProxyType
 from typing import Mapping
 
+from meshplan.costmodel import flash2_blackwell
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.measured import published_file
 from meshplan.costmodel.ops import OpSpec
@@ -73,6 +78,8 @@ HOPPER = frozenset({"H100-SXM", "H100-PCIe", "H800", "H200", "H100-SXM-96GB-500W
 AMPERE = frozenset({"A100-80GB", "A100-40GB", "A100-PCIe-40GB", "A100-PCIe-80GB"})
 FUSED_IMPLS = ("flash2", "flash3", "cudnn", "flex")
 FLEX_SHARE_OF_FA2 = {"fwd": 0.90, "bwd": 0.85}  # PyTorch FlexAttention blog, Aug 2024
+# on Blackwell FlashAttention-3 (Hopper's wgmma only) runs as FlashAttention-2, and flex takes FA2's rate
+BLACKWELL_FA2_IMPLS = ("flash2", "flash3", "flex")
 BLACKWELL_FILE = "cudnn_sdpa_blackwell.json"  # in costmodel/data/published
 # the part whose cuDNN curve each Blackwell device takes (B200 / B300: the same dies as GB200 / GB300 at lower clocks)
 BLACKWELL_MEASURED = {"GB200": "GB200", "B200": "GB200", "GB300": "GB300", "B300": "GB300"}
@@ -127,6 +134,8 @@ def attention_tflops(impl: str, device: DeviceSpec, seq: float, backward: bool,
     if impl == "flex":
         fa2 = attention_tflops("flash2", device, seq, backward, causal, head_dim)
         return None if fa2 is None else fa2 * FLEX_SHARE_OF_FA2[pass_]
+    if flash2_blackwell.curve_part(device.name) and impl in BLACKWELL_FA2_IMPLS:
+        return _blackwell_flash2(device, seq, pass_, causal, head_dim)
     peak = device.peak_flops.get("bf16", 0.0) / 1e12
     if device.name in HOPPER:
         return _interp(seq, _curve(impl, pass_, causal, head_dim)) * peak / H100_SXM_BF16_PEAK_TFLOPS
@@ -134,6 +143,14 @@ def attention_tflops(impl: str, device: DeviceSpec, seq: float, backward: bool,
         curve = _curve("flash2", pass_, causal, head_dim)
         return _interp(seq, curve) / max(_curve("flash2", pass_, causal)) * AMPERE_FA2_PLATEAU[pass_] * peak
     return None
+
+
+def _blackwell_flash2(device: DeviceSpec, seq: float, pass_: str, causal: bool, head_dim: int) -> float:
+    """FlashAttention-2's measured causal d128 rate on a Blackwell part (``costmodel.flash2_blackwell``), times the
+    H100 FlashAttention-2 curves' ratio of this mask and head dim to causal d128 at the same length."""
+    seqs, rates = flash2_blackwell.flash2_points(device.name, pass_ == "bwd")
+    shape = _interp(seq, _curve("flash2", pass_, causal, head_dim)) / _interp(seq, _curve("flash2", pass_, True))
+    return _interp_at(seq, seqs, rates) * shape
 
 
 def _window_keys(seq: int, window: int) -> float:
@@ -203,7 +220,9 @@ def _blackwell_key(op: OpSpec, device: DeviceSpec) -> tuple | None:
 
 
 def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
-    """What a Blackwell cuDNN attention price rests on, in words (``None``: no Blackwell curve applies)."""
+    """What a Blackwell attention price rests on, in words (``None``: no Blackwell curve applies)."""
+    if flash2_blackwell.curve_part(device.name) and op.impl in BLACKWELL_FA2_IMPLS and op.dtype in ("bf16", "fp16"):
+        return _flash2_source(op, device)
     key = _blackwell_key(op, device)
     if key is None:
         return None
@@ -214,7 +233,9 @@ def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
             "d192-full": "DeepSeek-V3 heads (d192/128), unmasked"}[kind]
     out = (f"cuDNN 9.22 {BENCH_DTYPE[op.dtype]} on {measured}, {what}: NVIDIA/cudnn-frontend "
            "sdpa_benchmark_training results @ 3929da2")
-    if measured != device.name:
+    if measured != device.name and device.name in flash2_blackwell.NEWEST_RUN:
+        out += f", {flash2_blackwell.speed_words(device.name)}"
+    elif measured != device.name:
         out += f", scaled by {_scale_dtype(op)} peak to {device.name}"
     if kind.startswith("d128") and op.shape[4] <= SHORT_HEAD_DIM:
         out += (f"; no head-dim-{op.shape[4]} measurement with this mask: the d128 rate times the H100 cuDNN d64 / "
@@ -226,6 +247,22 @@ def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
     return out
 
 
+def _flash2_source(op: OpSpec, device: DeviceSpec) -> str:
+    """What a FlashAttention-2-family price on a Blackwell part rests on: the measured causal d128 curve, and what
+    the op differs from it in."""
+    words = flash2_blackwell.source_words(device.name)
+    if op.impl == "flash3":
+        words = f"FlashAttention-3 needs Hopper (sm_90a), FlashAttention-2 runs: {words}"
+    if op.impl == "flex":
+        words += (f" x FlexAttention blog shares ({FLEX_SHARE_OF_FA2['fwd']:.2f} fwd, {FLEX_SHARE_OF_FA2['bwd']:.2f} "
+                  "bwd; no Blackwell measurement of flex)")
+    d = op.shape[4]
+    if not op.causal or d != 128:
+        what = "unmasked" if not op.causal else f"head-dim-{d}"
+        words += f"; no {what} measurement: the causal d128 rate times the H100 FlashAttention-2 curves' ratio"
+    return words
+
+
 def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
     """Achieved TFLOP/s of a cuDNN attention ``op`` on a Blackwell ``device`` (``None``: no curve applies), at the
     query length for a window, else the shorter of the query and key lengths."""
@@ -235,9 +272,14 @@ def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
         return None
     _, _, s_q, s_kv, d = op.shape
     seq = s_q if key[1] == "window" else min(s_q, s_kv)
-    dtype = _scale_dtype(op)
     short = short_head_share(seq, op.backward, op.causal) if key[1].startswith("d128") and d <= SHORT_HEAD_DIM else 1.0
-    return _interp_at(seq, *curve) * device.peak(dtype) / _peak_of(key[0], dtype) * short
+    return _interp_at(seq, *curve) * _sibling_scale(device.name, key[0], op.backward) * short
+
+
+def _sibling_scale(part: str, measured: str, backward: bool) -> float:
+    """What carries ``measured``'s cuDNN rate to ``part``: the FlashAttention-2 rule of the same pair
+    (``costmodel.flash2_blackwell.sibling_speed``: the measured die speed for the B200, bf16 peaks for the B300)."""
+    return 1.0 if part == measured else flash2_blackwell.sibling_speed(part, backward)
 
 
 def _scale_dtype(op: OpSpec) -> str:

@@ -1,23 +1,24 @@
-"""Every constant the shipped cost model learned or took from data, with its in-sample error and its error on data
-it was not fitted to (``bench/dev_set.py`` prints them beside the dev set's errors).
+"""Every constant the shipped cost model learned or took from data, with its in-sample error and its error on data it
+was not fitted to (``bench/dev_set.py`` prints them beside the dev set's errors).
 
 None of them saw a training step time: the learned op classes are fitted to kernel timings (``data/kernels``), their
 held-out error is leave-one-device-out (``metadata.json`` ``unseen_device``, from ``costmodel train``); the grouped
 GEMM shares are kernel measurements (``costmodel.grouped``), held out one GPU at a time; so are the Blackwell cuDNN
 attention curves (``costmodel.attention``), whose held-out error prices each GPU's cases from the other GPU's curve
-scaled by bf16 peak, the rule B200 and B300 are priced by; the sustained-load share (``costmodel.sustained``) is
-held out one run at a time, the blockwise fp8 GEMM multiple (``costmodel.fp8_recipes``) one M at a time, the
-Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs of OpenXLA's table, the Blackwell grouped share
-and GB300 speed (``costmodel.blackwell_grouped``) on the second run of each part, the NVFP4 GEMM main loop
-(``costmodel.fp4_gemm``) one published GEMM at a time, and the B300's constants from Transformer Engine's GEMM
-benchmark (``costmodel.te_gemm``: its GEMM scale, the MXFP8 GEMM multiple and the Blackwell Ultra NVFP4 main loop)
-one pass of the layer at a time.
+scaled by bf16 peak, the rule the B300 is priced by; the GB200's die speed over the B200
+(``costmodel.flash2_blackwell``), which carries the GB200's attention curves to the B200, one length at a time; the
+sustained-load share (``costmodel.sustained``) is held out one run at a time, the blockwise fp8 GEMM multiple
+(``costmodel.fp8_recipes``) one M at a time, the Blackwell GEMM scale (``costmodel.xla_gemm``) on the batched GEMMs
+of OpenXLA's table, the Blackwell grouped share and GB300 speed (``costmodel.blackwell_grouped``) on the second run
+of each part, the NVFP4 GEMM main loop (``costmodel.fp4_gemm``) one published GEMM at a time, and the B300's
+constants from Transformer Engine's GEMM benchmark (``costmodel.te_gemm``: its GEMM scale, the MXFP8 GEMM multiple
+and the Blackwell Ultra NVFP4 main loop) one pass of the layer at a time.
 """
 from __future__ import annotations
 
 import statistics
 
-from meshplan.costmodel import blackwell_grouped, fp4_gemm, fp8_recipes, sustained, te_gemm, xla_gemm
+from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, fp8_recipes, sustained, te_gemm, xla_gemm
 from meshplan.costmodel.api import FP8_FIXED_K
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
@@ -69,6 +70,15 @@ def attention_rows() -> list[dict]:
              "cases of cuDNN's benchmark on GB200 and GB300", "in_sample_error_pct": round(_mape(inside), 1),
              "held_out": "one GPU (the other's curve, scaled by bf16 peak)", "held_out_error_pct":
              round(_mape(held), 1), "step_times_used": 0}]
+
+
+def die_speed_rows() -> list[dict]:
+    """The GB200 / B200 die speed FlashAttention-2 measured (``costmodel.flash2_blackwell``)."""
+    inside, held = flash2_blackwell.held_out_ratios()
+    return [{"constant": "GB200 / B200 attention rate (die speed, FlashAttention-2)", "fitted_on": f"{len(inside)} "
+            "forward and backward lengths of 16k-128k tokens on a B200 and a GB200 (cuDNN frontend's artifacts)",
+            "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one length",
+            "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
 
 
 def measured_rows() -> list[dict]:
@@ -134,5 +144,5 @@ def te_gemm_rows(pricer) -> list[dict]:
 
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
-    return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + measured_rows()
+    return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + die_speed_rows() + measured_rows()
             + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer))

@@ -275,12 +275,12 @@ def unmeasured(pricer, dev, first_op: dict, attention_ops: dict | None = None) -
 
 def _attention_unmeasured(pricer, dev, op) -> bool:
     """Whether no measurement on ``dev`` backs fused-attention ``op``: cuDNN's own GB200 / GB300 times
-    (``costmodel.attention``) back it unless the curve stands in for another part (scaled by bf16 peak) or another
-    head dim; any other source is unmeasured."""
+    (``costmodel.attention``) and FlashAttention-2's on B200, GB200 and GB300 (``costmodel.flash2_blackwell``) back it
+    unless the curve stands in for another part (scaled), head dim or mask; any other source is unmeasured."""
     source = pricer.predict_with_source(op, dev)[1]
     if not source.startswith("published"):
         return True
-    return "scaled by" in source or "no head-dim" in source or "priced at the measured" in source
+    return any(words in source for words in ("scaled by", "no head-dim", "no unmasked", "priced at the measured"))
 
 
 def _rounded(d: dict) -> dict:
