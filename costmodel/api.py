@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import blackwell_grouped, fp4_gemm, te_gemm
+from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, te_gemm
 from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec, catalogue
@@ -46,6 +46,7 @@ SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §
               "is published for other GPUs")
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 GEMM_SCALED = (*XLA_SCALED, te_gemm.PART)  # the parts whose dense GEMM prices carry a measured scale
+DIE_CAPPED = ("GB200", "GB300")  # the B200's die (and the GB300, priced from it): GEMMs floored at the die speed
 
 # fp8 GEMMs, priced from their bf16 twin: no fp8 kernel measurements reach the learned model, and an fp8 GEMM is not
 # simply twice as fast. Its main loop (the K reduction) runs at twice the bf16 rate, but each output tile's fixed
@@ -268,7 +269,23 @@ class Pricer:
             return sec * share, f"{src} (bf16 twin, {rule})"
         sec, src = self.model_price(op, device)
         scale, note = self._gemm_factor(op, device, src)
-        return (sec * scale, f"{src} ({note})") if note else (sec, src)
+        sec, src = (sec * scale, f"{src} ({note})") if note else (sec, src)
+        return self._die_capped(op, device, sec, src)
+
+    def _die_capped(self, op: OpSpec, device: DeviceSpec, sec: float, source: str) -> tuple[float, str]:
+        """A GEMM on the GB200 runs no faster than the B200's over the die speed FlashAttention-2 measured on both
+        (``costmodel.flash2_blackwell.gemm_die_speed``: 1.08, where the model carries the datasheet peaks' 1.11 into
+        compute-bound GEMMs); the GB300, priced from the GB200, takes the same floor over its measured speed."""
+        if op.kind != "matmul" or device.name not in DIE_CAPPED or source.startswith(SOURCE_CALIBRATED):
+            return sec, source
+        die = flash2_blackwell.gemm_die_speed()
+        floor = self._compute_with_source(op, catalogue()["B200"])[0] / die
+        if device.name == "GB300":
+            floor /= self._blackwell("speed")
+        if floor <= sec:
+            return sec, source
+        return floor, (f"{source}; capped at the B200's price over the die speed FlashAttention-2 measured on a GB200 "
+                       f"over a B200 ({die:.3f}, {flash2_blackwell.SOURCE})")
 
     def _gemm_factor(self, op: OpSpec, device: DeviceSpec, source: str) -> tuple[float, str]:
         """``_gemm_scale`` for a GEMM's model price on a Blackwell part; 1 and "" for other ops and parts, and for a

@@ -17,7 +17,9 @@ throttling", so the rates are one-shot, as every other kernel price here.
   The GB200 is the B200's die at a higher power limit and clock: from 16k tokens on it ran FlashAttention-2 1.08x as
   fast as the B200 forward and backward (1.083 and 1.085), where the datasheets' bf16 peaks say 1.11 (2.5 against 2.25
   PFLOP/s). The B200 takes the GB200's FlashAttention-2 and cuDNN curves at that speed (``costmodel.attention``);
-  the B300, with no run, the GB300's at the bf16 peaks' ratio, and the source says so.
+  the B300, with no run, the GB300's at the bf16 peaks' ratio, and the source says so. A GB200 GEMM runs no faster
+  than the B200's at the pooled forward and backward speed, 1.084 (``costmodel.api``): the learned model carries
+  the peaks' 1.11 into compute-bound GEMMs.
 - The mask and a head dim of 64 take the H100 FlashAttention-2 curves' ratios at the same length (FlashAttention-3
   paper Fig. 5-6), the same kernel code. FlashAttention-3 needs Hopper's ``wgmma`` (sm_90a): on Blackwell the
   FlashAttention package runs its FlashAttention-2 kernels, priced so. FlexAttention takes FlashAttention-2's rate
@@ -69,6 +71,17 @@ def die_speed(part: str, over: str, backward: bool, backend: str = BACKEND) -> f
     sa, ra = curves()[(part, NEWEST_RUN[part], backend, pass_)]
     other = dict(zip(*curves()[(over, NEWEST_RUN[over], backend, pass_)]))
     return statistics.median(x / other[s] for s, x in zip(sa, ra) if s >= DIE_SPEED_MIN_SEQ and s in other)
+
+
+def gemm_die_speed() -> float:
+    """The GB200's die speed over the B200 for its GEMMs (``costmodel.api``): the median of the forward and backward
+    plateau ratios pooled, each length's GB200 rate over the B200's."""
+    ratios = []
+    for pass_ in ("fwd", "bwd"):
+        b200 = dict(zip(*curves()[("B200", NEWEST_RUN["B200"], BACKEND, pass_)]))
+        gb200 = dict(zip(*curves()[("GB200", NEWEST_RUN["GB200"], BACKEND, pass_)]))
+        ratios += [gb200[s] / b200[s] for s in b200 if s >= DIE_SPEED_MIN_SEQ and s in gb200]
+    return statistics.median(ratios)
 
 
 def sibling_speed(device_name: str, backward: bool) -> float:

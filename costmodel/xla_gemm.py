@@ -16,9 +16,11 @@ over the single GEMMs (b = 1, the planner's matmuls) of at least ``MIN_FLOPS``. 
 scale, their quotient, stays 1.19-1.32 over 2^33-2^38 (1.09 at that one largest shape), so a training step's GEMMs
 (1e11-1e13 FLOPs, beyond the table) take it as measured on the largest ones here. The H100 end is the part the
 learned model was trained on, and the one whose step times the dev set checks (S1, S5, T). GB200 is the B200's die
-(the model carries its higher clock through its peak); the B300 and GB300 are Blackwell Ultra (sm_103), which the
-table does not hold: the GB300 takes the B200's scale, and the source says so (``costmodel.api`` divides it by the
-GB300's measured speed over the GB200); the B300 has its own, from Transformer Engine's benchmark
+(the model carries its higher clock through its peak, 1.11x the B200 on a compute-bound GEMM, where FlashAttention-2
+measured the die at 1.08x: ``costmodel.api`` floors a GB200 GEMM at the B200's price over that speed,
+``costmodel.flash2_blackwell``); the B300 and GB300 are Blackwell Ultra (sm_103), which the table does not hold:
+the GB300 takes the B200's scale, and the source says so (``costmodel.api`` divides it, and the GB200's floor, by
+the GB300's measured speed over the GB200); the B300 has its own, from Transformer Engine's benchmark
 (``costmodel.te_gemm``). Batched ``bmm`` ops keep the model's price.
 Held out: the batched shapes (b = 2, 4), priced as one GEMM of b*m rows, except those that coincide with a single
 GEMM of the table.

@@ -125,3 +125,38 @@ def test_a_torchtitan_plan_on_b200_prices_attention_at_flash2s_rate(runner, tmp_
              if ln.startswith("│ attention bf16 (flash2)") and "TFLOP/s" in ln]
     assert rates and max(rates) < 450
     assert "attention bf16 (cudnn)" in attention_line("megatron")
+
+
+def test_a_gb200_gemm_runs_no_faster_than_the_b200s_at_the_measured_die_speed(pricer):
+    """The model carries the datasheet peaks' 1.11 into a compute-bound GB200 GEMM; the die runs 1.08x the B200's
+    (the pooled median of the hand-copied plateau ratios), so an 8192^3 GEMM is priced at the B200's over that
+    speed, and the GB300 at the GB200's over its measured GEMM speed. A small GEMM, which the model prices within
+    the die speed of the B200, keeps the model's price."""
+    from meshplan.costmodel.flash2_blackwell import gemm_die_speed
+
+    pooled = [GB200_FA2[s][i] / B200_FA2[s][i] for s in B200_FA2 for i in (0, 1)]
+    assert gemm_die_speed() == pytest.approx(statistics.median(pooled), rel=1e-9)
+    cat = catalogue()
+    big = OpSpec("matmul", (8192, 8192, 8192), "bf16")
+    b200, gb200 = pricer.one_shot_s(big, cat["B200"]), pricer.one_shot_s(big, cat["GB200"])
+    assert b200 / gb200 == pytest.approx(statistics.median(pooled), rel=1e-9)
+    assert "die speed FlashAttention-2 measured" in pricer.basis(big, cat["GB200"])
+    assert gb200 / pricer.one_shot_s(big, cat["GB300"]) == pytest.approx(pricer._blackwell("speed"), rel=1e-9)
+    small = OpSpec("matmul", (2048, 2048, 2048), "bf16")
+    assert pricer.one_shot_s(small, cat["B200"]) / pricer.one_shot_s(small, cat["GB200"]) < gemm_die_speed()
+    assert "die speed" not in pricer.basis(small, cat["GB200"])
+
+
+def test_the_die_speed_is_reported_held_out_one_length_at_a_time():
+    """``bench/dev_set.py``'s table of constants lists the die speed with its held-out error, fitted on no step
+    time: each plateau length priced from the other lengths' median ratio."""
+    from meshplan.costmodel.fitted import die_speed_rows
+    from meshplan.costmodel.flash2_blackwell import held_out_ratios
+
+    inside, held = held_out_ratios()
+    assert len(inside) == len(held) == 2 * len(B200_FA2)
+    fwd = {s: GB200_FA2[s][0] / B200_FA2[s][0] for s in B200_FA2}
+    left_out = statistics.median(v for t, v in fwd.items() if t != 16384)
+    assert held[0] == pytest.approx(fwd[16384] / left_out, rel=1e-3)
+    (row,) = die_speed_rows()
+    assert row["step_times_used"] == 0 and row["held_out_error_pct"] >= row["in_sample_error_pct"]
