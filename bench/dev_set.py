@@ -159,7 +159,7 @@ NEMO_SFT_VP = {"LLAMA2-7B": 1, "LLAMA2-13B": 10, "LLAMA2-70B": 20}
 # rows (2024-12, torchtitan 4d88a8a / 820504e) take the 0.2.2 profile, the nearest shipped: the values it sets
 # (FSDP2, fp32 reduction, eager kernels without torch.compile, in-line pipeline sends) held then too
 # (config_manager.py of 2024: mixed_precision_reduce choices ['float32']).
-SOURCE_PROFILE = {"S1": "nemo@24.07", "S1f": "nemo@24.07", "S5": "automodel@89e3a9fdd", "T": "torchtitan@0.2.2"}
+SOURCE_PROFILE = {"S1": "nemo@24.07", "S1f": "nemo@24.07", "S5": "automodel@89e3a9fdd", "T": "torchtitan@0.0.2"}
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,28 @@ def test_torchtitan_profile_is_torchtitans_own_defaults() -> None:
     assert Parallelism().context_parallel_rotate_method in BY_FIX_KEY["cp_kind"].choices
 
 
+def test_torchtitan_attention_is_the_sdpa_backend_its_code_puts_first() -> None:
+    """0.2.2's attention wrapper, read back from the installed package (loaded from its file: the package's
+    ``__init__`` needs GPU kernels), puts cuDNN ahead of FlashAttention-2 with ``set_priority``; the December 2024
+    code the dev set's torchtitan rows ran (0.0.2 at 4d88a8a) called SDPA plainly, FlashAttention-2 first, and those
+    rows price with it. The default profile is 0.2.2."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None:
+        pytest.skip("torchtitan not installed (pip install torchtitan==0.2.2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / "attention.py"
+    mod_spec = importlib.util.spec_from_file_location("_torchtitan_attention", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    first = mod.ScaledDotProductAttentionWrapper().sdpa_backends[0].name
+    cat = load_stacks()
+    assert cat.get("torchtitan").version == "0.2.2"
+    assert cat.get("torchtitan@0.2.2").defaults("bf16", False)["attention"] == {"CUDNN_ATTENTION": "cudnn"}[first]
+    assert cat.get("torchtitan@0.0.2").defaults("bf16", False)["attention"] == "flash2"
+
+
 def test_megatron_lm_profile_is_megatron_cores_own_defaults() -> None:
     """Read back from megatron-core 0.16.1's own config dataclasses (the core_r0.16 line the profile cites)."""
     core = pytest.importorskip("megatron.core", reason="megatron-core not installed (the test extras have it)")
