@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, te_gemm
-from meshplan.costmodel.attention import LOWP_ATTENTION_DTYPES, blackwell_source, curve_source, fused_attention_s
+from meshplan.costmodel.attention import (
+    LOWP_ATTENTION_DTYPES,
+    SDPA_WORDS,
+    blackwell_source,
+    curve_source,
+    fused_attention_s,
+    sdpa_backend,
+)
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple, recipe_words
@@ -132,6 +139,7 @@ class Pricer:
         self._flags: dict[tuple[str, str, str], int] = {}  # (device, op class, source) -> ops flagged
         self._gemm_scales: dict[str, tuple[float, str]] = {}  # device name -> costmodel.xla_gemm scale
         self._blackwell_fits: dict[str, float] = {}  # costmodel.blackwell_grouped's share and GB300 speed
+        self._die_floors: dict[OpSpec, float] = {}  # a dense GEMM's B200 one-shot seconds over the die speed
 
     def _note(self, sources, ops: list[OpSpec], devices: list[DeviceSpec]) -> None:
         """Count the ops whose source flags an unseen-device price (``learned (unseen device, ...)``)."""
@@ -247,6 +255,9 @@ class Pricer:
 
     def _compute_with_source(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
         """``predict_with_source`` of a compute op, not memoised at this level."""
+        if op.kind == "attention" and op.impl == "sdpa":
+            sec, src = self._compute_with_source(replace(op, impl=sdpa_backend(device)), device)
+            return sec, f"{src}; {SDPA_WORDS}"
         if _unmeasured_lowp_attention(op, device):
             sec, src = self._compute_with_source(replace(op, dtype="bf16"), device)
             return sec, f"{src}; no {op.dtype} attention measurement on {device.name}: its bf16 rate"
@@ -279,7 +290,11 @@ class Pricer:
         if op.kind != "matmul" or device.name not in DIE_CAPPED or source.startswith(SOURCE_CALIBRATED):
             return sec, source
         die = flash2_blackwell.gemm_die_speed()
-        floor = self._compute_with_source(op, catalogue()["B200"])[0] / die
+        floor = self._die_floors.get(op)
+        if floor is None:
+            if len(self._die_floors) >= MEMO_MAX:
+                self._die_floors.clear()
+            floor = self._die_floors[op] = self._compute_with_source(op, catalogue()["B200"])[0] / die
         if device.name == "GB300":
             floor /= self._blackwell("speed")
         if floor <= sec:
@@ -379,6 +394,8 @@ class Pricer:
         model (its per-call cost dominates single-op pricing), filling the memo ``predict`` reads."""
         if self.model is None:
             return
+        if device.name in DIE_CAPPED:  # its GEMMs are floored at the B200's price (``_die_capped``): one call for both
+            self.prime([op for op in ops if op.kind == "matmul"], catalogue()["B200"])
         todo = []
         for op in dict.fromkeys(ops):
             op = _dense_of(op)[0]
@@ -416,17 +433,20 @@ class Pricer:
             priced[i] = OpSpec("copy", (1,))
         src = [""] * len(ops)
         if self.model is None:
-            out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)]) * scale
+            out = np.array([roofline_predict(o, d) for o, d in zip(priced, devs)])
         else:
             sec, src = self.model.predict_ops(priced, devs)
             self._note(src, priced, devs)
-            out = sec * scale
+            out = np.array(sec, dtype=float)
         for i in ssd:
             out[i] = roofline_predict(ops[i], devs[i])
-        for i, (o, d) in enumerate(zip(priced, devs)):
-            out[i] *= self._gemm_factor(o, d, str(src[i]))[0]
+        for i, (o, d) in enumerate(zip(priced, devs)):  # as _compute_with_source: the dense price, then its multiples
+            out[i] = self._die_capped(o, d, out[i] * self._gemm_factor(o, d, str(src[i]))[0], str(src[i]))[0]
+        out *= scale
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:
+                if o.impl == "sdpa":
+                    o = replace(o, impl=sdpa_backend(d))  # PyTorch SDPA's own order on this part
                 if _unmeasured_lowp_attention(o, d):
                     o = replace(o, dtype="bf16")  # no fp8 attention measurement here: its bf16 rate
                 t = fused_attention_s(o, d)

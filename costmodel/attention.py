@@ -80,6 +80,18 @@ FUSED_IMPLS = ("flash2", "flash3", "cudnn", "flex")
 FLEX_SHARE_OF_FA2 = {"fwd": 0.90, "bwd": 0.85}  # PyTorch FlexAttention blog, Aug 2024
 # on Blackwell FlashAttention-3 (Hopper's wgmma only) runs as FlashAttention-2, and flex takes FA2's rate
 BLACKWELL_FA2_IMPLS = ("flash2", "flash3", "flex")
+# PyTorch SDPA's own backend order ("sdpa": what torchtitan's and HF's SDPA calls run unless a profile names the
+# kernel): aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention, puts cuDNN first on
+# sm90, sm100 and sm103 once the cuDNN it loads is above 9.15 (the torch 2.11 wheels on; pytorch/pytorch #169849),
+# FlashAttention-2 first elsewhere. An older torch runs FlashAttention-2 there too: pin attention=flash2.
+SDPA_CUDNN_FIRST = HOPPER | {"B200", "GB200", "B300", "GB300"}
+SDPA_WORDS = ("PyTorch SDPA's order (torch >= 2.11, cuDNN above 9.15: cuDNN first on sm90 / sm100 / sm103, "
+              "FlashAttention-2 elsewhere; sdp_utils.cpp check_prefer_cudnn_attention)")
+
+
+def sdpa_backend(device: DeviceSpec) -> str:
+    """The fused kernel PyTorch SDPA runs on ``device`` by its own backend order (``SDPA_CUDNN_FIRST``)."""
+    return "cudnn" if device.name in SDPA_CUDNN_FIRST else "flash2"
 BLACKWELL_FILE = "cudnn_sdpa_blackwell.json"  # in costmodel/data/published
 # the part whose cuDNN curve each Blackwell device takes (B200 / B300: the same dies as GB200 / GB300 at lower clocks)
 BLACKWELL_MEASURED = {"GB200": "GB200", "B200": "GB200", "GB300": "GB300", "B300": "GB300"}

@@ -64,6 +64,7 @@ def curve_part(device_name: str) -> str | None:
     return CURVE_PART.get(device_name)
 
 
+@functools.lru_cache(maxsize=64)
 def die_speed(part: str, over: str, backward: bool, backend: str = BACKEND) -> float:
     """How many times as fast ``part`` ran ``backend`` as ``over`` did, each in its newest run: the median over the
     lengths of at least ``DIE_SPEED_MIN_SEQ`` tokens."""
@@ -73,6 +74,7 @@ def die_speed(part: str, over: str, backward: bool, backend: str = BACKEND) -> f
     return statistics.median(x / other[s] for s, x in zip(sa, ra) if s >= DIE_SPEED_MIN_SEQ and s in other)
 
 
+@functools.lru_cache(maxsize=1)
 def gemm_die_speed() -> float:
     """The GB200's die speed over the B200 for its GEMMs (``costmodel.api``): the median of the forward and backward
     plateau ratios pooled, each length's GB200 rate over the B200's."""

@@ -25,7 +25,7 @@ COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "send
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
 # OpSpec.impl values per kind family ("" is always allowed: the kind's default implementation).
-ATTENTION_IMPLS = ("flash2", "flash3", "cudnn", "flex")
+ATTENTION_IMPLS = ("flash2", "flash3", "cudnn", "flex", "sdpa")  # sdpa: PyTorch SDPA's own order, by device
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "nvfp4")  # low-precision GEMM recipes
 MEMORY_BOUND_IMPLS = ("fused", "eager")
 COLLECTIVE_IMPLS = ("ring", "tree", "nvls")

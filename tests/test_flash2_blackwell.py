@@ -106,25 +106,27 @@ def test_explain_lists_what_the_measurement_does_not_cover(pricer):
                                                        {cls: _op(8192, False, head_dim=64)})[cls]
 
 
-def test_a_torchtitan_plan_on_b200_prices_attention_at_flash2s_rate(runner, tmp_path):
-    """End to end: Llama 3.1 8B under torchtitan on one B200 node names the measurement in ``--explain`` and runs its
-    attention at FlashAttention-2's rate (under 450 TFLOP/s), where cuDNN under Megatron-Core runs it faster."""
+def test_a_torchtitan_plan_on_b200_prices_attention_by_the_kernel_that_runs(runner, tmp_path):
+    """End to end: Llama 3.1 8B under torchtitan on one B200 node. Its December 2024 code (``--stack
+    torchtitan@0.0.2``: SDPA with FlashAttention-2 first) names the measurement in ``--explain`` and runs its
+    attention at FlashAttention-2's rate (under 450 TFLOP/s); with no profile, a current torch's SDPA order puts cuDNN
+    first on a B200, and the source says why."""
     from meshplan.cli.main import app
 
-    def attention_line(stack: str) -> str:
+    def explain(*args: str) -> str:
         r = runner.invoke(app, ["plan", "--model", "llama3.1-8b", "--cluster", "1x8xB200", "--global-batch", "64",
-                                "--seq-len", "8192", "--fix", f"stack={stack},tp=1,pp=1,mbs=1,recompute=none",
-                                "--top", "1", "--explain", "--out", str(tmp_path / f"{stack}.yaml")],
-                          terminal_width=400)
+                                "--seq-len", "8192", "--top", "1", "--explain", "--out", str(tmp_path / "p.yaml"),
+                                *args], terminal_width=400)
         assert r.exit_code == 0, r.output
         return r.output
 
-    titan = attention_line("torchtitan")
+    titan = explain("--stack", "torchtitan@0.0.2", "--fix", "tp=1,pp=1,mbs=1,recompute=none")
     assert "FlashAttention-2 measured on GB200" in titan and "die speed" in titan
     rates = [float(ln.split("│")[2].split("TFLOP/s")[0].replace(",", "")) for ln in titan.splitlines()
              if ln.startswith("│ attention bf16 (flash2)") and "TFLOP/s" in ln]
     assert rates and max(rates) < 450
-    assert "attention bf16 (cudnn)" in attention_line("megatron")
+    sdpa = explain("--fix", "stack=torchtitan,tp=1,pp=1,mbs=1,recompute=none")
+    assert "attention bf16 (sdpa)" in sdpa and "check_prefer_cudnn_attention" in sdpa and "cuDNN 9.22" in sdpa
 
 
 def test_a_gb200_gemm_runs_no_faster_than_the_b200s_at_the_measured_die_speed(pricer):
@@ -160,3 +162,27 @@ def test_the_die_speed_is_reported_held_out_one_length_at_a_time():
     assert held[0] == pytest.approx(fwd[16384] / left_out, rel=1e-3)
     (row,) = die_speed_rows()
     assert row["step_times_used"] == 0 and row["held_out_error_pct"] >= row["in_sample_error_pct"]
+
+
+@pytest.mark.parametrize("gpu,runs", [("A100-80GB", "flash2"), ("H100-SXM", "cudnn"), ("B200", "cudnn"),
+                                      ("GB300", "cudnn")])
+def test_sdpa_runs_the_backend_its_own_order_puts_first(pricer, gpu, runs):
+    """PyTorch SDPA with no kernel named (torchtitan and HF code without a profile): cuDNN first on sm90, sm100 and
+    sm103 once its cuDNN is above 9.15 (sdp_utils.cpp check_prefer_cudnn_attention), FlashAttention-2 first on an
+    A100 (sm80): the same price as the kernel named, and the source says SDPA chose it."""
+    dev = catalogue()[gpu]
+    for backward in (False, True):
+        sdpa = _op(8192, backward, "sdpa")
+        assert pricer.predict(sdpa, dev) == pytest.approx(pricer.predict(_op(8192, backward, runs), dev), rel=1e-12)
+    assert "check_prefer_cudnn_attention" in pricer.basis(_op(8192, False, "sdpa"), dev)
+
+
+def test_the_solvers_batch_path_prices_as_one_op_does(pricer):
+    """``predict_batch`` (the solvers' fast path) gives what ``predict`` gives: SDPA resolved by device, the GB200's
+    and GB300's GEMM floor (fp8 through its bf16 twin), on the parts either rule touches."""
+    ops = [_op(8192, False, "sdpa"), _op(4096, True, "sdpa"), OpSpec("matmul", (8192, 8192, 8192), "bf16"),
+           OpSpec("matmul", (8192, 8192, 8192), "fp8", impl="mxfp8"), OpSpec("matmul", (2048, 2048, 2048), "bf16")]
+    for gpu in ("A100-80GB", "H100-SXM", "B200", "GB200", "GB300"):
+        dev = catalogue()[gpu]
+        assert list(pricer.predict_batch(ops, dev)) == pytest.approx([pricer.predict(o, dev) for o in ops],
+                                                                     rel=1e-9), gpu

@@ -52,7 +52,10 @@ def test_every_blackwell_gemm_takes_the_scale_and_says_where_it_comes_from(price
     for name in ("B200", "GB200", "GB300", "B300"):
         scales[name], words[name] = pricer._gemm_scale(cat[name])
         sec, src = pricer.predict_with_source(op, cat[name])
-        assert sec == pytest.approx(pricer.model_price(op, cat[name])[0] * scales[name])
+        scaled = pricer.model_price(op, cat[name])[0] * scales[name]
+        # the GB200 (and the GB300 from it) no faster than the B200 at the measured die speed
+        # (costmodel.flash2_blackwell, tests/test_flash2_blackwell.py): this compute-bound GEMM meets that floor
+        assert sec == pytest.approx(scaled) if name in ("B200", "B300") else (sec > scaled and "capped" in src)
         # the B300 has its own measurement (costmodel.te_gemm, tests/test_te_gemm.py); the GB300 takes the B200's
         assert ("OpenXLA measured" in src) == (name != "B300") and ("unmeasured" in src) == (name == "GB300")
     assert 1.1 < scales["B200"] < 1.35  # the learned model's extrapolation runs B200 GEMMs ~20% faster than measured

@@ -518,14 +518,16 @@ def _cp_comm(lb: _LayerBuild, v_out: int, kv_bytes: float) -> list[tuple[str, fl
     return [("allgather", kv_bytes * lb.cp)]
 
 
-STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "flash2", "eager": "flash2"}
+STACK_ATTENTION = {"megatron": "cudnn", "torchtitan": "sdpa", "eager": "sdpa"}
 
 
 def attention_impl(layout: Layout) -> str:
     """The fused attention kernel that runs: the one named, or the stack's. Megatron-Core calls Transformer Engine's
-    ``DotProductAttention``, which picks cuDNN fused attention on Hopper; torchtitan and HF code call PyTorch SDPA,
-    whose flash backend is FlashAttention-2 (``costmodel.attention`` prices each). FlexAttention ("flex") is
-    compiled Triton, priced by the learned model / roofline."""
+    ``DotProductAttention``, which picks cuDNN fused attention on Hopper and Blackwell; torchtitan and HF code call
+    PyTorch SDPA ("sdpa"), whose own backend order the cost model resolves by device (``costmodel.attention.
+    sdpa_backend``: cuDNN on Hopper and Blackwell in a current torch, FlashAttention-2 elsewhere); a stack profile
+    that names the kernel pins it (torchtitan 0.2.2 cuDNN first everywhere, its December 2024 code FlashAttention-2).
+    FlexAttention ("flex") takes FlashAttention-2's rate times the blog's shares (``costmodel.attention``)."""
     if layout.attention == "flex":
         return "flex"
     return layout.attention if layout.attention != "flash" else STACK_ATTENTION[layout.stack]

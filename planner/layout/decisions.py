@@ -212,8 +212,9 @@ class Decisions:
     """Needs tp > 1; a free search runs it wherever tp > 1."""
     attention: str = decision("flash", "the fused attention kernel", searched=True, plan_optional=False, by_stack=True,
                               choices=("flash", "flash2", "flash3", "cudnn", "flex", "unfused"))
-    """"flash" is the stack's fused attention (cuDNN through Transformer Engine for megatron, PyTorch SDPA's
-    FlashAttention-2 for torchtitan and eager), or a named fused kernel; "unfused" materialises the s x s scores
+    """"flash" is the stack's fused attention (cuDNN through Transformer Engine for megatron; for torchtitan and
+    eager, PyTorch SDPA's own order: cuDNN first on Hopper and Blackwell in a current torch, FlashAttention-2
+    elsewhere; a stack profile may name the kernel), or a named fused kernel; "unfused" materialises the s x s scores
     (Megatron-LM 2021: fused scale-mask-softmax, separate dropout). Priced from the kernels' published curves
     (``costmodel.attention``)."""
     attention_dtype: str = decision("bf16", "the dtype fused attention runs in: bf16, or fp8 (Transformer Engine's "
