@@ -64,26 +64,25 @@ def curve_part(device_name: str) -> str | None:
     return CURVE_PART.get(device_name)
 
 
+def _plateau_ratios(part: str, over: str, pass_: str, backend: str = BACKEND) -> dict[int, float]:
+    """Length -> ``part``'s rate of ``backend`` over ``over``'s, each in its newest run, at the lengths of at least
+    ``DIE_SPEED_MIN_SEQ`` tokens."""
+    other = dict(zip(*curves()[(over, NEWEST_RUN[over], backend, pass_)]))
+    seqs, rates = curves()[(part, NEWEST_RUN[part], backend, pass_)]
+    return {s: x / other[s] for s, x in zip(seqs, rates) if s >= DIE_SPEED_MIN_SEQ and s in other}
+
+
 @functools.lru_cache(maxsize=64)
 def die_speed(part: str, over: str, backward: bool, backend: str = BACKEND) -> float:
-    """How many times as fast ``part`` ran ``backend`` as ``over`` did, each in its newest run: the median over the
-    lengths of at least ``DIE_SPEED_MIN_SEQ`` tokens."""
-    pass_ = "bwd" if backward else "fwd"
-    sa, ra = curves()[(part, NEWEST_RUN[part], backend, pass_)]
-    other = dict(zip(*curves()[(over, NEWEST_RUN[over], backend, pass_)]))
-    return statistics.median(x / other[s] for s, x in zip(sa, ra) if s >= DIE_SPEED_MIN_SEQ and s in other)
+    """How many times as fast ``part`` ran ``backend`` as ``over`` did: the median of the plateau ratios."""
+    return statistics.median(_plateau_ratios(part, over, "bwd" if backward else "fwd", backend).values())
 
 
 @functools.lru_cache(maxsize=1)
 def gemm_die_speed() -> float:
     """The GB200's die speed over the B200 for its GEMMs (``costmodel.api``): the median of the forward and backward
-    plateau ratios pooled, each length's GB200 rate over the B200's."""
-    ratios = []
-    for pass_ in ("fwd", "bwd"):
-        b200 = dict(zip(*curves()[("B200", NEWEST_RUN["B200"], BACKEND, pass_)]))
-        gb200 = dict(zip(*curves()[("GB200", NEWEST_RUN["GB200"], BACKEND, pass_)]))
-        ratios += [gb200[s] / b200[s] for s in b200 if s >= DIE_SPEED_MIN_SEQ and s in gb200]
-    return statistics.median(ratios)
+    plateau ratios pooled."""
+    return statistics.median([r for pass_ in ("fwd", "bwd") for r in _plateau_ratios("GB200", "B200", pass_).values()])
 
 
 def sibling_speed(device_name: str, backward: bool) -> float:
@@ -130,9 +129,7 @@ def held_out_ratios() -> tuple[list[float], list[float]]:
     and backward: the GB200's rate over the die speed from every such length, and from the others only."""
     inside, held = [], []
     for pass_ in ("fwd", "bwd"):
-        b200 = dict(zip(*curves()[("B200", NEWEST_RUN["B200"], BACKEND, pass_)]))
-        gb200 = dict(zip(*curves()[("GB200", NEWEST_RUN["GB200"], BACKEND, pass_)]))
-        ratios = {s: gb200[s] / b200[s] for s in b200 if s >= DIE_SPEED_MIN_SEQ and s in gb200}
+        ratios = _plateau_ratios("GB200", "B200", pass_)
         speed = statistics.median(ratios.values())
         for s, r in ratios.items():
             inside.append(r / speed)
