@@ -285,13 +285,9 @@ def blackwell_tflops(op: OpSpec, device: DeviceSpec) -> float | None:
     _, _, s_q, s_kv, d = op.shape
     seq = s_q if key[1] == "window" else min(s_q, s_kv)
     short = short_head_share(seq, op.backward, op.causal) if key[1].startswith("d128") and d <= SHORT_HEAD_DIM else 1.0
-    return _interp_at(seq, *curve) * _sibling_scale(device.name, key[0], op.backward) * short
-
-
-def _sibling_scale(part: str, measured: str, backward: bool) -> float:
-    """What carries ``measured``'s cuDNN rate to ``part``: the FlashAttention-2 rule of the same pair
-    (``costmodel.flash2_blackwell.sibling_speed``: the measured die speed for the B200, bf16 peaks for the B300)."""
-    return 1.0 if part == measured else flash2_blackwell.sibling_speed(part, backward)
+    # carried to a sibling part by FlashAttention-2's rule for the pair (the measured die speed for the B200, bf16
+    # peaks for the B300): costmodel.flash2_blackwell.sibling_speed, which is 1 on the measured part itself
+    return _interp_at(seq, *curve) * flash2_blackwell.sibling_speed(device.name, op.backward) * short
 
 
 def _scale_dtype(op: OpSpec) -> str:

@@ -1,14 +1,15 @@
 """FlashAttention-2 on Blackwell, and how much faster a GB200 runs the B200's die, from cuDNN frontend's artifacts.
 
-PyTorch SDPA's flash backend is FlashAttention-2, what torchtitan and Hugging Face code run
-(``planner.estimate.ops_graph.STACK_ATTENTION``). Its kernels issue Ampere-style ``mma.sync``, not Blackwell's
-``tcgen05`` tensor-core instructions: on a B200 at 32k tokens it ran at 404 TFLOP/s forward where PyTorch's cuDNN
-backend ran at 1,419 in the same run, 18% of the bf16 peak. NVIDIA's cuDNN frontend timed both in
-``benchmark/sdpa_benchmark_training/artifacts`` (``costmodel/data/published/sdpa_artifacts_blackwell.json``): a B200
-and a GB300 in one container (cudnn-frontend v1.15 release, commit 0b1577c, 2025-10-10, torch nv25.09) and a GB200
-and a GB300 in a later one (v1.17, commit b372d39, 2025-12-19, torch nv25.11). One shape, 128 query heads, 8 KV
-heads, head dim 128, causal, batch 1, 512 to 131,072 tokens; the script sleeps after every call "to avoid GPU
-throttling", so the rates are one-shot, as every other kernel price here.
+PyTorch SDPA's flash backend is FlashAttention-2: what torchtitan's December 2024 code ran, and what SDPA runs on an
+older torch or outside sm90 / sm100 / sm103 (``costmodel.attention.sdpa_backend``). Its kernels issue Ampere-style
+``mma.sync``, not Blackwell's ``tcgen05`` tensor-core instructions: on a B200 at 32k tokens it ran at 404 TFLOP/s
+forward where PyTorch's cuDNN backend ran at 1,419 in the same run, 18% of the bf16 peak. NVIDIA's cuDNN frontend
+timed both in ``benchmark/sdpa_benchmark_training/artifacts``
+(``costmodel/data/published/sdpa_artifacts_blackwell.json``): a B200 and a GB300 in one container (cudnn-frontend
+v1.15 release, commit 0b1577c, 2025-10-10, torch nv25.09) and a GB200 and a GB300 in a later one (v1.17, commit
+b372d39, 2025-12-19, torch nv25.11). One shape, 128 query heads, 8 KV heads, head dim 128, causal, batch 1, 512 to
+131,072 tokens; the script sleeps after every call "to avoid GPU throttling", so the rates are one-shot, as every
+other kernel price here.
 
 - The later container's PyTorch runs FlashAttention-2 much faster at short lengths: the GB300, run in both, went
   from 58.6 to 165 TFLOP/s forward at 512 tokens and 1.06x as fast at 4k, while from 16k on the two runs agree
