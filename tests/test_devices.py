@@ -167,6 +167,13 @@ def test_fp32_peak_equals_sms_times_lanes_times_clock():
         assert derived == pytest.approx(dev.peak_flops["fp32"], rel=0.02), name
 
 
+def test_b200_bandwidth_is_the_bus_the_driver_reports():
+    # pytorch/ao PR 4002 (2026-03-05) quotes a B200's device query: a 7,680-bit memory bus
+    # (cudaDevAttrGlobalMemoryBusWidth) and nvidia-smi's 3,996 MHz maximum memory clock, double data rate
+    bus_bytes, mem_clock_hz = 7680 / 8, 3996e6
+    assert get_device("B200").mem_bw_bytes_per_s == pytest.approx(bus_bytes * mem_clock_hz * 2, rel=1e-3)
+
+
 def test_dense_tensor_figures_are_half_the_sparse_datasheet_figures():
     # NVIDIA H100 SXM datasheet (with sparsity): TF32 989, BF16 1979, FP8 3958 TFLOPS.
     h100 = get_device("H100")
