@@ -48,9 +48,11 @@ if TYPE_CHECKING:  # xgboost is imported only when a learned model is loaded (CL
 # chunked algorithm and the bytes of mamba_ssm's kernels (costmodel.ops.ssd_flops / ssd_bytes), at the fractions
 # of peak and bandwidth its chunk-scan kernel reached on H800 (costmodel.roofline, "ssd")
 SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §6) and the HBM bytes of mamba_ssm's "
-              "five forward and fourteen backward kernels, at 13.5% of peak and 41% of HBM bandwidth: what its "
-              "chunk-scan kernel reached on H800 (tile-ai/tilelang benchmark/mamba2); no timing of these kernels "
-              "is published for other GPUs")
+              "five forward and fourteen backward kernels, with what each head reads again of its group's tensors "
+              "past L2, at 13.5% of peak and 41% of HBM bandwidth: what its chunk-scan kernel reached on H800 "
+              "(tile-ai/tilelang benchmark/mamba2); mamba_ssm's whole forward timed on H200 (TileOPs PR 1557) and "
+              "B200 (flashinfer PR 2709) runs 0.74-1.30x this price (bench/ssd_vs_costmodel.py); no backward "
+              "timing is published")
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 GEMM_SCALED = (*XLA_SCALED, te_gemm.PART)  # the parts whose dense GEMM prices carry a measured scale
 DIE_CAPPED = ("GB200", "GB300")  # the B200's die (and the GB300, priced from it): GEMMs floored at the die speed

@@ -12,6 +12,7 @@ Shape conventions per kind (all sizes in elements):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 COMPUTE_KINDS = (
@@ -158,8 +159,10 @@ def ssd_flops(op: OpSpec) -> float:
     return 2.0 * b * seq * macs
 
 
-def ssd_bytes(op: OpSpec) -> float:
-    """HBM bytes of the SSD as mamba_ssm runs it, per token (16-bit tensors ``e`` bytes, fp32 scratch 4).
+def ssd_bytes(op: OpSpec, l2_bytes: float = math.inf) -> float:
+    """HBM bytes of the SSD as mamba_ssm runs it, per token (16-bit tensors ``e`` bytes, fp32 scratch 4), on a part
+    whose L2 holds ``l2_bytes`` (``ssd_group_rereads``: what the heads of a group read again once their group's
+    tensors outgrow it; the default, an unbounded L2, prices each group's tensors read once).
 
     Forward: five kernels (chunk cumsum, chunk-state bmm ``C B^T``, chunk state, state passing, chunk scan) that
     write and read their intermediates in fp32 ("mostly bottlenecked by memory bandwidth and latency ... writing
@@ -173,11 +176,34 @@ def ssd_bytes(op: OpSpec) -> float:
     its outputs (``ssd_bwd_bytes``)."""
     b, heads, seq, p_dim, n, groups, q = op.shape
     e = DTYPE_BYTES.get(op.dtype, 2)
+    rereads = ssd_group_rereads(op, l2_bytes)
     if op.backward:
-        return b * seq * ssd_bwd_bytes_per_token(heads, p_dim, n, groups, q, e)
+        return b * seq * ssd_bwd_bytes_per_token(heads, p_dim, n, groups, q, e) + rereads
     io = e * (5 * heads * p_dim + 4 * groups * n + heads)
     scratch = 4.0 * (2 * groups * q + 4 * heads * p_dim * n / q + 8 * heads)
-    return b * seq * (io + scratch)
+    return b * seq * (io + scratch) + rereads
+
+
+def ssd_group_rereads(op: OpSpec, l2_bytes: float) -> float:
+    """HBM bytes the heads of a group read again from their group's shared tensors, over the batch.
+
+    mamba_ssm's chunk-state and chunk-scan kernels, forward and backward, run one program per head (the head is the
+    outermost axis of their grids) and each reads its group's tiles: ``C B^T`` (fp32, Q a token) and B or C (N
+    each). Forward, the chunk scan reads C B^T and C, the chunk state B: 4 Q + 2 e N a token and head. Backward,
+    dx reads B and C B^T, the dA gradient C B^T, the states' gradient and dC read C, dB and the chunk-state
+    recompute B: 8 Q + 5 e N. Between two heads of a group the kernels sweep that group's tensors over the whole
+    batch, b T (4 Q + 2 e N) bytes; the share L2 does not hold, ``1 - L2 / that``, comes again from HBM for each
+    head past the first. With a group per head nothing is shared. Checked against mamba_ssm's own forward timed on
+    an H200 (20 shapes, one group of 24-128 heads, 2k-32k tokens) and a B200 (22 shapes, a group a head):
+    ``bench/ssd_vs_costmodel.py``."""
+    b, heads, seq, p_dim, n, groups, q = op.shape
+    if heads <= groups or math.isinf(l2_bytes):
+        return 0.0
+    e = DTYPE_BYTES.get(op.dtype, 2)
+    shared = b * seq * (4 * q + 2 * e * n)
+    miss = max(0.0, 1.0 - l2_bytes / shared)
+    per_head = (8 * q + 5 * e * n) if op.backward else (4 * q + 2 * e * n)
+    return b * seq * (heads - groups) * per_head * miss
 
 
 def ssd_bwd_bytes_per_token(heads: int, p_dim: int, n: int, groups: int, q: int, e: float) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshplan.costmodel.collectives import Link, collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
-from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.ops import OpSpec, ssd_bytes
 
 # Fraction of peak FLOP/s and of peak memory bandwidth reached by each op class on large shapes.
 # Physical constants, not fitted to any single benchmark row:
@@ -51,7 +51,8 @@ def roofline_s(op: OpSpec, device: DeviceSpec, ideal: bool = False) -> float:
     eff_f, eff_b = (1.0, 1.0) if ideal else ROOFLINE_EFFICIENCY[op.kind]
     dtype = op.dtype if op.dtype in device.peak_flops else ("fp32" if "fp32" in device.peak_flops else op.dtype)
     t_flops = op.flops / (device.peak(dtype) * eff_f)
-    t_bytes = op.bytes / (device.mem_bw_bytes_per_s * eff_b)
+    nbytes = ssd_bytes(op, device.l2_bytes) if op.kind == "ssd" else op.bytes  # its heads' rereads past L2
+    t_bytes = nbytes / (device.mem_bw_bytes_per_s * eff_b)
     return max(t_flops, t_bytes)
 
 
