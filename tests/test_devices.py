@@ -167,6 +167,17 @@ def test_fp32_peak_equals_sms_times_lanes_times_clock():
         assert derived == pytest.approx(dev.peak_flops["fp32"], rel=0.02), name
 
 
+def test_l2_is_what_each_measured_part_reported():
+    # meshplan's own kernel runs record torch.cuda.get_device_properties(0).L2_cache_size with each file
+    from meshplan.costmodel.grouped import MEASURED_ON
+    from meshplan.costmodel.measured import measured_files
+
+    files = measured_files()
+    assert set(MEASURED_ON) <= set(files)
+    for name, device in MEASURED_ON.items():
+        assert get_device(device).l2_bytes == files[name]["environment"]["l2_bytes"], device
+
+
 def test_b200_bandwidth_is_the_bus_the_driver_reports():
     # pytorch/ao PR 4002 (2026-03-05) quotes a B200's device query: a 7,680-bit memory bus
     # (cudaDevAttrGlobalMemoryBusWidth) and nvidia-smi's 3,996 MHz maximum memory clock, double data rate

@@ -99,7 +99,7 @@ def test_the_priced_forward_is_mamba_ssm_s_measured_forward():
     """mamba_ssm's whole SSD forward, timed by others on an H200 (TileOPs PR 1557: one group of 24-128 heads,
     chunk 256) and a B200 (flashinfer PR 2709's copy of its Triton kernels: a group a head, chunk 128): from a
     quarter of a million token-heads up, where bytes rather than launches set the time, every row ran within
-    0.74-1.30x of its price, and the H200's rows past L2 (heads re-reading their group's tensors) within 0.85-1.2x."""
+    0.74-1.30x of its price, and the H200's rows past L2 (heads re-reading their group's tensors) within 0.9-1.3x."""
     pricer = Pricer.roofline()
     past_l2 = []
     for s in _forward_sets():
@@ -113,12 +113,12 @@ def test_the_priced_forward_is_mamba_ssm_s_measured_forward():
             assert 0.7 <= ratio <= 1.35, (s["device"], r, ratio)
             if ssd_group_rereads(op, dev.l2_bytes) > 0:
                 past_l2.append(ratio)
-    assert len(past_l2) == 10 and all(0.85 <= x <= 1.2 for x in past_l2), past_l2
+    assert len(past_l2) == 10 and all(0.9 <= x <= 1.3 for x in past_l2), past_l2
 
 
 def test_heads_reread_their_group_s_tensors_only_past_l2():
     """A group's C B^T (fp32) and B, C over the batch: 4 x 32768 tokens x (4 x 256 + 2 x 2 x 128) = 201 MB on the
-    H200's 50 MiB L2 leaves 1 - L2 / 201 MB of each later head's 4 Q + 2 e N bytes a token to HBM; a group per head,
+    H200's 60 MiB L2 leaves 1 - L2 / 201 MB of each later head's 4 Q + 2 e N bytes a token to HBM; a group per head,
     or a batch that fits, reads nothing again."""
     dev = get_device("H200")
     op = OpSpec("ssd", (4, 128, 32768, 64, 128, 1, 256), "bf16")
