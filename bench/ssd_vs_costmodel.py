@@ -24,11 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def group_tensor_bytes(batch: int, seq_len: int, chunk: int, state: int, elem_bytes: int = 2) -> float:
-    """Bytes of one group's ``C B^T`` (fp32) and B and C over the batch: what each head's kernels re-read."""
-    return batch * seq_len * (4 * chunk + 2 * elem_bytes * state)
-
-
 def regime(heads: int, groups: int, shared_bytes: float, l2_bytes: float) -> str:
     """Where a group's shared tensors come from for its heads: nothing to share (a group per head), L2, or HBM."""
     if heads == groups:
@@ -38,7 +33,7 @@ def regime(heads: int, groups: int, shared_bytes: float, l2_bytes: float) -> str
 
 def rows(pricer) -> list[dict]:
     from meshplan.costmodel.devices import catalogue
-    from meshplan.costmodel.ops import OpSpec
+    from meshplan.costmodel.ops import OpSpec, ssd_group_tensor_bytes
 
     data = json.loads((ROOT / "costmodel/data/published/ssd_forward_mamba_ssm.json").read_text(encoding="utf-8"))
     out = []
@@ -48,7 +43,7 @@ def rows(pricer) -> list[dict]:
             op = OpSpec("ssd", (r["batch"], r["heads"], r["seq_len"], s["head_dim"], s["state"], s["groups"],
                                 s["chunk"]), s["dtype"])
             priced_ms = pricer.predict(op, dev) * 1e3
-            shared = group_tensor_bytes(r["batch"], r["seq_len"], s["chunk"], s["state"])
+            shared = ssd_group_tensor_bytes(op)
             out.append({"device": s["device"], "batch": r["batch"], "seq_len": r["seq_len"], "heads": r["heads"],
                         "groups": s["groups"], "token_heads_m": r["batch"] * r["seq_len"] * r["heads"] / 1e6,
                         "regime": regime(r["heads"], s["groups"], shared, dev.l2_bytes),

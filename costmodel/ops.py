@@ -200,10 +200,16 @@ def ssd_group_rereads(op: OpSpec, l2_bytes: float) -> float:
     if heads <= groups or math.isinf(l2_bytes):
         return 0.0
     e = DTYPE_BYTES.get(op.dtype, 2)
-    shared = b * seq * (4 * q + 2 * e * n)
-    miss = max(0.0, 1.0 - l2_bytes / shared)
+    miss = max(0.0, 1.0 - l2_bytes / ssd_group_tensor_bytes(op))
     per_head = (8 * q + 5 * e * n) if op.backward else (4 * q + 2 * e * n)
     return b * seq * (heads - groups) * per_head * miss
+
+
+def ssd_group_tensor_bytes(op: OpSpec) -> float:
+    """Bytes of one group's tensors that its heads' kernels sweep over the batch: ``C B^T`` (fp32, Q a token) and B
+    and C (N each)."""
+    b, heads, seq, p_dim, n, groups, q = op.shape
+    return b * seq * (4 * q + 2 * DTYPE_BYTES.get(op.dtype, 2) * n)
 
 
 def ssd_bwd_bytes_per_token(heads: int, p_dim: int, n: int, groups: int, q: int, e: float) -> float:
