@@ -497,9 +497,9 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     assumptions += [a for a in (note, rnote) if a] + known_regressions(row)
     if fp8:
         needs.append(Need("fp8", fp8, f"table precision '{row['precision_recipe']}'", {}, stated=True))
-    unpriced = {k: v for k, v in ws.items() if k == "cutedsl_fused_grouped_mlp" and v}
-    if unpriced:
-        assumptions.append(f"not priced: {unpriced}")
+    if ws.get("cutedsl_fused_grouped_mlp"):
+        needs.append(Need("moe_fused_mlp", "true", "preset cutedsl_fused_grouped_mlp: Megatron-Core's fused grouped "
+                          "MLP (use_transformer_engine_op_fuser, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1)", {}))
     graphs = BRIDGE_GRAPHS[bridge_cuda_graphs(row)]
     said = ws.get("cuda_graph_scope") or (rec.get("settings") or {}).get("cuda_graphs")
     if graphs != "none" or row.get("num_experts"):

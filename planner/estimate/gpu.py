@@ -55,7 +55,7 @@ from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sync import ShardTable, SyncTerms, step_of
 from meshplan.planner.layout.decisions import FP8_ATTENTION_RECIPES, lowp_recipe
-from meshplan.planner.layout.layout import Layout, check_bf16_layers
+from meshplan.planner.layout.layout import Layout, check_bf16_layers, check_fused_moe_mlp
 from meshplan.planner.layout.schedules import bubble_s
 from meshplan.planner.layout.splits import weighted_split
 
@@ -787,6 +787,8 @@ class GpuEstimator:
         if layout.fp8 in ("mxfp8", "nvfp4") and not dev.supports(layout.fp8):
             raise MeshplanError(f"fp8={layout.fp8} needs block-scaled {layout.fp8} tensor cores (Blackwell); "
                                 f"{dev.name} has none (use tensorwise, delayed or blockwise)")
+        if layout.moe_fused_mlp:
+            check_fused_moe_mlp(work.model, dev)
         if layout.attention_dtype == "fp8" and lowp_recipe(layout.fp8, work.dtype) not in FP8_ATTENTION_RECIPES:
             raise MeshplanError(f"attention_dtype=fp8: Transformer Engine runs fp8 attention under tensor-wise, "
                                 f"delayed or MXFP8 scaling, not {lowp_recipe(layout.fp8, work.dtype)} (dtype "
@@ -1001,7 +1003,7 @@ def _chunk_tp(key: Layout) -> int:
 _SYNC_FREE = frozenset({"recompute", "recompute_modules", "micro_batch", "sequence_parallel", "attention",
                         "attention_dtype", "pipeline_schedule", "cp_kind", "moe_overlap", "moe_capacity",
                         "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap", "shared_overlap",
-                        "cuda_graphs", "moe_router"})
+                        "moe_fused_mlp", "cuda_graphs", "moe_router"})
 _SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
 _sync_getter = operator.attrgetter(*_SYNC_FIELDS)
 _FP8_AT = _SYNC_FIELDS.index("fp8")

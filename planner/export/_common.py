@@ -247,6 +247,15 @@ def shared_overlap_notes(plan: Plan, target: str) -> list[str]:
             "priced them overlapped"]
 
 
+def fused_moe_mlp_notes(plan: Plan, target: str) -> list[str]:
+    """A warning when the plan priced Megatron-Core's fused grouped MLP (``moe_fused_mlp``) and the target's MoE code
+    runs the activation and its quantize as kernels of their own (every target but Megatron-LM)."""
+    if not plan.moe_fused_mlp:
+        return []
+    return [f"{target}: moe_fused_mlp: no option fuses the experts' activation and quantize into their grouped GEMMs "
+            "here; they run as kernels of their own, which the plan did not price"]
+
+
 def fp8_params_notes(plan: Plan, target: str) -> list[str]:
     """A warning when the plan priced the decoder weights held only in their low-precision copies
     (``fp8_params``, Megatron-Core's ``--fp8-param-gather``) and the target keeps the 16-bit weights beside them."""

@@ -89,6 +89,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.tp_overlap_notes(plan, "accelerate")
     out += c.pp_overlap_notes(plan, "accelerate")
     out += c.shared_overlap_notes(plan, "accelerate")
+    out += c.fused_moe_mlp_notes(plan, "accelerate")
     out += c.cuda_graph_notes(plan, "accelerate")
     out += c.fp8_params_notes(plan, "accelerate")
     out += c.bf16_layers_notes(plan, "accelerate")

@@ -143,6 +143,11 @@ def check(plan: Plan) -> None:
     if c.dtype_of(plan) == "fp32":
         c.fail(f"megatron-bridge: dtype={plan.dtype}: the bridge's mixed-precision presets train in bf16 or fp16 "
                "(training/mixed_precision.py); re-plan with --dtype bf16")
+    if plan.moe_fused_mlp:
+        c.fail("megatron-bridge: moe_fused_mlp: the fused grouped MLP needs model.moe_mlp_glu_interleave_size=32, a "
+               f"field the Megatron-Core of {SOURCE} has not; Megatron-Bridge >= v0.5.0 runs it "
+               "(model.use_transformer_engine_op_fuser=true, model.moe_mlp_glu_interleave_size=32, "
+               "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1), or export --to megatron")
     recipe_of(plan)
 
 

@@ -81,6 +81,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.tp_overlap_notes(plan, "deepspeed")
     out += c.pp_overlap_notes(plan, "deepspeed")
     out += c.shared_overlap_notes(plan, "deepspeed")
+    out += c.fused_moe_mlp_notes(plan, "deepspeed")
     out += c.cuda_graph_notes(plan, "deepspeed")
     out += c.fp8_params_notes(plan, "deepspeed")
     if d.cp > 1 and plan.cp_kind != "a2a":

@@ -28,8 +28,11 @@ bf16 under a low-precision recipe (``bf16_first_layers``, ``bf16_last_layers``) 
 for the whole iteration: the release megatron-core 0.16.1 reads back; Megatron-LM @ d98e8a64ddf3 renames
 ``--cuda-graph-scope`` to ``--cuda-graph-modules`` and still takes the old flags, migrating ``full_iteration`` to
 ``--cuda-graph-impl full_iteration``, and drops core_v0.16.0's refusal of the whole-iteration graph under expert
-parallelism, which this export keeps for the release it writes). Refused in one line: ``recompute op``
-(Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts against it.
+parallelism, which this export keeps for the release it writes), ``moe_fused_mlp`` as
+``--use-transformer-engine-op-fuser --moe-mlp-glu-interleave-size 32`` with ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``
+exported (Megatron-LM @ d98e8a64ddf3's fields; megatron-core 0.16.1 predates them). Refused in one line:
+``recompute op`` (Megatron has no op-level selective checkpointing) and ``moe_overlap`` where Megatron asserts
+against it.
 """
 from __future__ import annotations
 
@@ -251,6 +254,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--tp-comm-overlap")
     if plan.shared_overlap and plan.model.num_experts:
         a.append("--moe-shared-expert-overlap")
+    if plan.moe_fused_mlp:  # TransformerConfig fields of Megatron-LM @ d98e8a64ddf3 (not in megatron-core 0.16.1)
+        a += ["--use-transformer-engine-op-fuser", "--moe-mlp-glu-interleave-size", "32"]
     if plan.cuda_graphs != "none":  # arguments.py: --cuda-graph-impl, --cuda-graph-scope (nargs='+')
         impl, scope = c.cuda_graph_scope(plan)
         a += ["--cuda-graph-impl", impl, "--cuda-graph-scope", *scope]
@@ -416,6 +421,8 @@ def render(plan: Plan) -> str:
     if (d.tp > 1 or d.cp > 1) and not _uses_fsdp(plan):
         # validate_args asserts this on pre-Blackwell GPUs when TP or CP > 1 (exports.md (b), runtime env gotcha).
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")
+    if plan.moe_fused_mlp:  # Transformer Engine fuses the grouped MLP only with it (ops/fused/forward_grouped_mlp.py)
+        lines.append("export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1")
     lines.append(_array("PARALLEL_ARGS", parallel_args(plan)))
     lines.append(_array("MODEL_ARGS", model_args(plan)))
     lines.append(_array("DATA_ARGS", data_args(plan)))

@@ -37,6 +37,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.tp_overlap_notes(plan, "torchrun")
     out += c.pp_overlap_notes(plan, "torchrun")
     out += c.shared_overlap_notes(plan, "torchrun")
+    out += c.fused_moe_mlp_notes(plan, "torchrun")
     out += c.cuda_graph_notes(plan, "torchrun")
     out += c.fp8_params_notes(plan, "torchrun")
     out += c.bf16_layers_notes(plan, "torchrun")

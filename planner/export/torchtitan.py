@@ -168,6 +168,7 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.fsdp_notes(plan, "torchtitan", "torch")
     out += c.pp_overlap_notes(plan, "torchtitan")
     out += c.shared_overlap_notes(plan, "torchtitan")
+    out += c.fused_moe_mlp_notes(plan, "torchtitan")
     out += c.cuda_graph_notes(plan, "torchtitan")
     out += c.fp8_params_notes(plan, "torchtitan")
     out += c.bf16_layers_notes(plan, "torchtitan")

@@ -346,6 +346,16 @@ class Decisions:
     """Megatron-Core ``--moe-shared-expert-overlap`` (default off, alltoall dispatcher only); NeMo AutoModel always
     (``components/moe/layers.py``: "Execute shared experts in a separate stream to overlap compute with the
     communication for grouped experts"). Priced in the forward and its recompute; the backward stays in line."""
+    moe_fused_mlp: bool = decision(False, "routed experts' activation and quantize fused into their grouped GEMMs "
+                                          "(MXFP8 on Blackwell)")
+    """Megatron-Core's fused grouped MLP (``use_transformer_engine_op_fuser`` with ``moe_mlp_glu_interleave_size``
+    32 and ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1``; Megatron-Bridge's performance presets ``cutedsl_fused_grouped_mlp``):
+    Transformer Engine's op fuser runs cuDNN frontend's CuTe DSL grouped GEMM, which takes fc1's gated activation,
+    the router-probability scale and fc2's MXFP8 input quantize into its epilogue, and in the backward fc2's dgrad
+    with the activation's gradient and its quantize; fc2's bias goes into its GEMM. Priced as the grouped GEMMs
+    alone (``costmodel.blackwell_grouped``: the fused kernel measured at the GEMM's price). Only where its kernels
+    run: Megatron-Core, the MXFP8 recipe, Blackwell, gated experts without expert tensor parallelism
+    (``layout.fused_moe_mlp_refusal``)."""
     cuda_graphs: str = decision(
         "none", "what CUDA graphs capture: none, layers (attention, router, dispatch preprocessing) or iteration",
         choices=("none", "layers", "iteration"),

@@ -789,6 +789,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"pp_overlap={str(layout.pp_overlap).lower()}")
     if layout.shared_overlap:
         parts.append("shared_overlap")
+    if layout.moe_fused_mlp:
+        parts.append("moe_fused_mlp")
     if layout.cuda_graphs != "none":
         parts.append(f"cuda_graphs={layout.cuda_graphs}")
     if layout.fsdp:
@@ -809,7 +811,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "moe_imbalance": layout.moe_imbalance, "moe_router": layout.moe_router, "schedule": layout.schedule,
         "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
-        "shared_overlap": layout.shared_overlap, "cuda_graphs": layout.cuda_graphs,
+        "shared_overlap": layout.shared_overlap, "moe_fused_mlp": layout.moe_fused_mlp,
+        "cuda_graphs": layout.cuda_graphs,
         "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
         "reduce_dtype": layout.reduce_dtype_priced or None,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,

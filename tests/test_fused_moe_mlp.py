@@ -1,0 +1,131 @@
+"""Megatron-Core's fused grouped MLP (``moe_fused_mlp``): priced as the grouped GEMMs alone, refused where its kernels
+do not run, exported to Megatron-LM and refused by name where a target cannot run it.
+
+Truths: the times NVIDIA/cudnn-frontend publishes for its CuTe DSL fused grouped GEMM + activation kernels
+(``benchmark/cutedsl_fusion_kernels/results/*/output_verbose.txt``, packaged as
+``costmodel/data/published/cudnn_moe_grouped_blackwell.json``: two GB200 and two GB300 runs, 8 experts x 4096 tokens,
+K 8192), the conditions in Megatron-Core's ``TEGroupedMLP._is_fused_impl_supported`` (d0b3b77, NeMo 26.06's) and
+Transformer Engine's ``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8`` / ``validate_grouped_mlp_dims`` (4220403), and the
+Megatron-LM field names ``use_transformer_engine_op_fuser`` / ``moe_mlp_glu_interleave_size`` (d98e8a64ddf3).
+"""
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cli.main import app
+from meshplan.core.errors import MeshplanError
+from meshplan.costmodel import blackwell_grouped as bg
+from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.devices import catalogue
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.estimate.ops_graph import kind_ops
+from meshplan.planner.layout.layout import Layout, check_fused_moe_mlp
+from meshplan.planner.model.config import load_model
+
+
+@pytest.fixture(scope="module")
+def pricer():
+    return Pricer.shipped()
+
+
+@pytest.mark.parametrize("act", ["swiglu", "dswiglu", "geglu", "dgeglu", "srelu", "dsrelu"])
+def test_the_fused_kernel_runs_at_the_grouped_gemms_price(pricer, act: str) -> None:
+    """Every published run (GB200 and GB300, two each): cuDNN frontend's fused kernel, which also does the
+    activation (forward) or its gradient (backward), the probability scale and the MXFP8 quantize, takes 0.90-1.09x
+    what meshplan prices the grouped GEMM alone at; the unfused path's memory-bound ops are what the fusion
+    removes (the unfused Transformer Engine path measured 1.22-1.34x the GEMM's price backward)."""
+    for run in bg.runs():
+        dev = catalogue()[run["device"]]
+        gemm = OpSpec("matmul", (bg.TOKENS, bg.gemm_n(act), bg.K), "fp8", impl="mxfp8", groups=bg.EXPERTS)
+        fused_s = run["cudnn_fused_ms"][act] * 1e-3
+        assert 0.90 <= fused_s / pricer.predict(gemm, dev) <= 1.10, (run["folder"], act)
+        assert fused_s < run["te_ms"][act] * 1e-3
+
+
+def _experts(model_name: str, fused: bool) -> list[OpSpec]:
+    model = load_model(model_name)
+    layout = Layout(dp_shard=8, ep=8, zero_stage=1, fp8="mxfp8", moe_dispatcher="hybridep", moe_fused_mlp=fused)
+    ops = kind_ops(model, "*E", layout, 4096, "fp8")
+    return [op for op in ops.compute if op.groups > 1 or op.kind in ("swiglu", "activation")]
+
+
+def test_fused_experts_keep_only_their_gemms() -> None:
+    """Qwen3-30B-A3B at EP 8: unfused, fc1's grouped GEMM, the SwiGLU, fc2's grouped GEMM; fused, the two grouped
+    GEMMs alone, the same ones (the activation and the quantize before fc2 run in fc1's epilogue)."""
+    unfused = _experts("qwen3-30b-a3b", False)
+    fused = _experts("qwen3-30b-a3b", True)
+    assert [op.kind for op in unfused] == ["matmul", "swiglu", "matmul"]
+    assert [op.kind for op in fused] == ["matmul", "matmul"]
+    assert fused == [op for op in unfused if op.kind == "matmul"]
+
+
+def test_fused_gpt_oss_experts_drop_the_eager_clamp_and_bias() -> None:
+    """GPT-OSS-120B: unfused, Megatron-Core clamps the GLU halves and adds fc2's bias in eager PyTorch (fp32 chains);
+    the fused op takes the clamp into its GeGLU and the bias into its GEMM: no memory-bound op between the GEMMs."""
+    model = load_model("gpt-oss-120b")
+    layout = Layout(dp_shard=8, ep=8, zero_stage=1, fp8="mxfp8", moe_dispatcher="hybridep")
+    unfused = kind_ops(model, "SE", layout, 4096, "fp8").compute
+    fused = kind_ops(model, "SE", layout.with_(moe_fused_mlp=True), 4096, "fp8").compute
+    between = fused[[i for i, op in enumerate(fused) if op.groups > 1][0] + 1:]
+    assert between[0].groups > 1  # fc2's grouped GEMM follows fc1's at once
+    assert sum(op.dtype == "fp32" for op in fused) < sum(op.dtype == "fp32" for op in unfused)
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(fp8="tensorwise"), "the MXFP8 recipe (fp8=mxfp8), got fp8=tensorwise"),
+    (dict(tp=2, sequence_parallel=True, dp_shard=4), "no expert tensor parallelism (etp 1), got etp=2"),
+    (dict(stack="torchtitan", zero_stage=3), "stack=megatron"),
+])
+def test_layouts_the_kernels_do_not_run_are_refused(changes: dict, words: str) -> None:
+    base = dict(dp_shard=8, ep=8, zero_stage=1, fp8="mxfp8", moe_fused_mlp=True)
+    layout = Layout(**{**base, **changes})
+    with pytest.raises(MeshplanError, match="moe_fused_mlp") as err:
+        layout.validate(world_size=8, num_layers=48, num_heads=32, num_kv_heads=4, seq_len=4096, global_batch=64,
+                        num_experts=128)
+    assert words in str(err.value)
+
+
+def test_models_and_parts_the_kernels_do_not_run_are_refused() -> None:
+    """sm100 kernels (Blackwell), gated experts (Nemotron 3's squared ReLU experts are not), widths a multiple of 64."""
+    b200, h100 = catalogue()["B200"], catalogue()["H100-SXM"]
+    check_fused_moe_mlp(load_model("qwen3-30b-a3b"), b200)
+    check_fused_moe_mlp(load_model("gpt-oss-120b"), b200)  # 2880 = 45 x 64
+    with pytest.raises(MeshplanError, match="Blackwell"):
+        check_fused_moe_mlp(load_model("qwen3-30b-a3b"), h100)
+    with pytest.raises(MeshplanError, match="not gated"):
+        check_fused_moe_mlp(load_model("nemotron-3-nano-30b-a3b"), b200)
+
+
+def test_plan_prices_it_faster_and_refuses_a_bad_pin_in_one_line(runner, tmp_path) -> None:
+    base = ["plan", "-m", "qwen3-30b-a3b", "-b", "64", "-s", "4096", "--dtype", "fp8", "--json"]
+    fix = "tp=1,pp=1,ep=8,mbs=2,zero=1,fp8=mxfp8,moe_dispatcher=hybridep,cuda_graphs=layers"
+    times = {}
+    for fused in ("false", "true"):
+        res = runner.invoke(app, [*base, "-c", "1x8xB200", "--fix", f"{fix},moe_fused_mlp={fused}",
+                                  "--out", str(tmp_path / f"{fused}.yaml")])
+        assert res.exit_code == 0, res.output
+        times[fused] = float(res.output.split('"step_time_s": ')[1].split(",")[0])
+    assert times["true"] < times["false"]
+    bad = runner.invoke(app, [*base, "-c", "1x8xB200", "--fix", "tp=1,ep=8,fp8=tensorwise,moe_fused_mlp=true",
+                              "--out", str(tmp_path / "bad.yaml")])
+    assert bad.exit_code == 2 and "moe_fused_mlp" in bad.output and "Traceback" not in bad.output, bad.output
+
+
+def test_exports(runner, tmp_path) -> None:
+    """Megatron-LM: the two TransformerConfig flags and the environment switch Transformer Engine reads; the bridge
+    export (v0.3.1, whose Megatron-Core has no moe_mlp_glu_interleave_size) refuses by name; torchtitan warns."""
+    plan = tmp_path / "p.yaml"
+    res = runner.invoke(app, ["plan", "-m", "qwen3-30b-a3b", "-c", "1x8xB200", "-b", "64", "-s", "4096", "--dtype",
+                              "fp8", "--fix", "tp=1,pp=1,ep=8,mbs=2,zero=1,fp8=mxfp8,moe_fused_mlp=true",
+                              "--out", str(plan)])
+    assert res.exit_code == 0, res.output
+    assert "moe_fused_mlp: true" in plan.read_text()
+    out = tmp_path / "m.sh"
+    assert runner.invoke(app, ["export", str(plan), "--to", "megatron", "--out", str(out)]).exit_code == 0
+    script = out.read_text()
+    assert "export NVTE_CUTEDSL_FUSED_GROUPED_MLP=1" in script
+    assert "--use-transformer-engine-op-fuser" in script and "--moe-mlp-glu-interleave-size 32" in script
+    bridge = runner.invoke(app, ["export", str(plan), "--to", "megatron-bridge", "--out", str(tmp_path / "b.sh")])
+    assert bridge.exit_code == 2 and "moe_fused_mlp" in bridge.output and not (tmp_path / "b.sh").exists()
+    titan = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "t.toml")])
+    assert titan.exit_code == 0 and "moe_fused_mlp: no option fuses" in titan.output
