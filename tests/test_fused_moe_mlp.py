@@ -10,6 +10,8 @@ Megatron-LM field names ``use_transformer_engine_op_fuser`` / ``moe_mlp_glu_inte
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from meshplan.cli.main import app
@@ -106,6 +108,10 @@ def test_plan_prices_it_faster_and_refuses_a_bad_pin_in_one_line(runner, tmp_pat
         assert res.exit_code == 0, res.output
         times[fused] = float(res.output.split('"step_time_s": ')[1].split(",")[0])
     assert times["true"] < times["false"]
+    explained = runner.invoke(app, [*base, "-c", "1x8xB200", "--fix", f"{fix},moe_fused_mlp=true", "--explain",
+                                    "--out", str(tmp_path / "e.yaml")])
+    basis = json.loads(explained.output)["explain"]["priced_from"]["experts' fused grouped MLP"]
+    assert "cuDNN frontend" in basis and "not priced apart" in basis
     bad = runner.invoke(app, [*base, "-c", "1x8xB200", "--fix", "tp=1,ep=8,fp8=tensorwise,moe_fused_mlp=true",
                               "--out", str(tmp_path / "bad.yaml")])
     assert bad.exit_code == 2 and "moe_fused_mlp" in bad.output and "Traceback" not in bad.output, bad.output

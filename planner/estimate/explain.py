@@ -178,6 +178,12 @@ def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> 
         priced_from["ep dispatch (hybridep)"] = basis
         if gap:
             notes["ep dispatch (hybridep)"] = gap
+    if layout.moe_fused_mlp:
+        priced_from["experts' fused grouped MLP"] = (
+            "the grouped GEMMs alone: cuDNN frontend's fused grouped GEMM + activation kernels, timed on GB200 and "
+            "GB300 (benchmark/cutedsl_fusion_kernels), run at 0.90-1.09x meshplan's price of the grouped GEMM, so "
+            "the activation, the probability scale and fc2's input quantize add nothing (tests/test_fused_moe_mlp.py); "
+            "the fused op's host time (Transformer Engine issue 2897) is not priced apart")
     if layout.moe_router == "contiguous" and layout.ep > 1 and layout.moe_dispatcher in ("deepep", "hybridep"):
         k, ep = model.experts_per_token, layout.ep
         ranks = contiguous_spread(model.num_experts, k, ep, 0)[0]
