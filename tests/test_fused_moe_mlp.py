@@ -10,6 +10,7 @@ Megatron-LM field names ``use_transformer_engine_op_fuser`` / ``moe_mlp_glu_inte
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,8 +21,11 @@ from meshplan.costmodel import blackwell_grouped as bg
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.ops import OpSpec
-from meshplan.planner.estimate.ops_graph import kind_ops
-from meshplan.planner.layout.layout import Layout, check_fused_moe_mlp
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.base import Workload, bf16_time_key
+from meshplan.planner.estimate.gpu import GpuEstimator, check_fused_moe_mlp
+from meshplan.planner.estimate.ops_graph import expert_ops, kind_ops
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
 
 
@@ -44,21 +48,56 @@ def test_the_fused_kernel_runs_at_the_grouped_gemms_price(pricer, act: str) -> N
         assert fused_s < run["te_ms"][act] * 1e-3
 
 
-def _experts(model_name: str, fused: bool) -> list[OpSpec]:
-    model = load_model(model_name)
-    layout = Layout(dp_shard=8, ep=8, zero_stage=1, fp8="mxfp8", moe_dispatcher="hybridep", moe_fused_mlp=fused)
-    ops = kind_ops(model, "*E", layout, 4096, "fp8")
-    return [op for op in ops.compute if op.groups > 1 or op.kind in ("swiglu", "activation")]
+def _layout(**changes) -> Layout:
+    base = dict(dp_shard=8, ep=8, zero_stage=1, fp8="mxfp8", moe_dispatcher="hybridep")
+    return Layout(**{**base, **changes})
 
 
-def test_fused_experts_keep_only_their_gemms() -> None:
-    """Qwen3-30B-A3B at EP 8: unfused, fc1's grouped GEMM, the SwiGLU, fc2's grouped GEMM; fused, the two grouped
-    GEMMs alone, the same ones (the activation and the quantize before fc2 run in fc1's epilogue)."""
-    unfused = _experts("qwen3-30b-a3b", False)
-    fused = _experts("qwen3-30b-a3b", True)
-    assert [op.kind for op in unfused] == ["matmul", "swiglu", "matmul"]
-    assert [op.kind for op in fused] == ["matmul", "matmul"]
-    assert fused == [op for op in unfused if op.kind == "matmul"]
+def test_fused_experts_keep_their_gemms_and_fc1s_input_quantize() -> None:
+    """Qwen3-30B-A3B at EP 8 (16 local experts, 8192 routed rows): unfused, fc1's input quantize, fc1's grouped
+    GEMM, the SwiGLU, fc2's input quantize and fc2's grouped GEMM; fused, the same but the SwiGLU and fc2's quantize,
+    which fc1's epilogue does. fc1's input quantize stays its own kernel (the fused op quantizes its input first)."""
+    model = load_model("qwen3-30b-a3b")
+    unfused = expert_ops(model, _layout(), 8192, "fp8")
+    fused = expert_ops(model, _layout(moe_fused_mlp=True), 8192, "fp8")
+    assert [op.kind for op in unfused] == ["cast", "matmul", "swiglu", "cast", "matmul"]
+    assert fused == [unfused[0], unfused[1], unfused[4]]
+
+
+def test_one_estimator_prices_fused_and_unfused_as_two_fresh_ones() -> None:
+    """Every cache that holds an MoE layer's ops or prices keys on the decision: one estimator asked for both gives
+    what two fresh ones give, and the fused step is the faster."""
+    work = Workload(load_model("qwen3-30b-a3b"), load_cluster("1x8xB200"), 64, 4096, "fp8")
+    lays = [_layout(micro_batch=2, moe_fused_mlp=f) for f in (False, True)]
+    shared = GpuEstimator(Pricer.shipped())
+    both = [shared.estimate(work, lay).step_time_s for lay in lays]
+    apart = [GpuEstimator(Pricer.shipped()).estimate(work, lay).step_time_s for lay in lays]
+    assert both == apart and both[1] < both[0]
+
+
+def test_layers_kept_in_bf16_run_their_experts_unfused() -> None:
+    """Transformer Engine's op fuser fuses the grouped MLP only under the MXFP8 recipe: a layer Megatron-Core keeps
+    in bf16 runs the SwiGLU as its own kernel."""
+    model = load_model("qwen3-30b-a3b")
+    kept = bf16_time_key(_layout(moe_fused_mlp=True))
+    assert [op.kind for op in expert_ops(model, kept, 8192, "bf16")] == ["matmul", "swiglu", "matmul"]
+
+
+def test_weights_not_held_quantized_are_cast_again_every_micro_batch() -> None:
+    """Without fp8_params the fused op quantizes every expert weight on every forward: 8 micro-batches cost 14
+    more casts of the routed experts' weights (row- and column-wise, 7 micro-batches past the first) than 8
+    micro-batches with the weights held in MXFP8, whose step is otherwise the same."""
+    work = Workload(load_model("qwen3-30b-a3b"), load_cluster("1x8xB200"), 64, 4096, "fp8")
+    est = GpuEstimator(Pricer.shipped())
+    held = est.estimate(work, _layout(moe_fused_mlp=True, fp8_params=True))
+    cast = est.estimate(work, _layout(moe_fused_mlp=True, fp8_params=False))
+    unfused_held = est.estimate(work, _layout(fp8_params=True))
+    unfused_cast = est.estimate(work, _layout(fp8_params=False))
+    extra = (cast.step_time_s - held.step_time_s) - (unfused_cast.step_time_s - unfused_held.step_time_s)
+    model = work.model
+    experts = sum(model.layer_routed_expert_params(i) for i in range(model.num_layers)) / 8
+    one_cast = Pricer.shipped().predict(OpSpec("cast", (int(experts),), "bf16"), catalogue()["B200"])
+    assert extra == pytest.approx(14 * one_cast, rel=1e-6)
 
 
 def test_fused_gpt_oss_experts_drop_the_eager_clamp_and_bias() -> None:
@@ -77,6 +116,7 @@ def test_fused_gpt_oss_experts_drop_the_eager_clamp_and_bias() -> None:
     (dict(fp8="tensorwise"), "the MXFP8 recipe (fp8=mxfp8), got fp8=tensorwise"),
     (dict(tp=2, sequence_parallel=True, dp_shard=4), "no expert tensor parallelism (etp 1), got etp=2"),
     (dict(stack="torchtitan", zero_stage=3), "stack=megatron"),
+    (dict(recompute="selective", recompute_modules="moe_act"), "no moe_act in recompute_modules"),
 ])
 def test_layouts_the_kernels_do_not_run_are_refused(changes: dict, words: str) -> None:
     base = dict(dp_shard=8, ep=8, zero_stage=1, fp8="mxfp8", moe_fused_mlp=True)
@@ -96,6 +136,9 @@ def test_models_and_parts_the_kernels_do_not_run_are_refused() -> None:
         check_fused_moe_mlp(load_model("qwen3-30b-a3b"), h100)
     with pytest.raises(MeshplanError, match="not gated"):
         check_fused_moe_mlp(load_model("nemotron-3-nano-30b-a3b"), b200)
+    odd = dataclasses.replace(load_model("qwen3-30b-a3b"), moe_ffn_hidden_size=760)
+    with pytest.raises(MeshplanError, match="multiples of 64; .* 2048 and 760"):
+        check_fused_moe_mlp(odd, b200)
 
 
 def test_plan_prices_it_faster_and_refuses_a_bad_pin_in_one_line(runner, tmp_path) -> None:

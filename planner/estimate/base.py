@@ -199,8 +199,9 @@ def keeps_bf16_layers(layout: Layout, dtype: str, num_layers: int) -> bool:
 
 def bf16_time_key(layout: Layout) -> Layout:
     """``time_key`` of a layer kept in bf16: Megatron-Core runs it outside the fp8 / fp4 autocast, attention
-    included."""
-    return time_key(layout).with_(fp8="none", attention_dtype="bf16")
+    included, and its experts unfused (Transformer Engine's op fuser fuses the grouped MLP only under the MXFP8
+    recipe: ``fuse_grouped_mlp_ops``)."""
+    return time_key(layout).with_(fp8="none", attention_dtype="bf16", moe_fused_mlp=False)
 
 
 def precision_parts(tb: ModelTables, layout: Layout, dtype: str, stage: int) -> list[tuple]:
@@ -289,6 +290,19 @@ def bf16_layer_params(tb: ModelTables, layout: Layout, stage: int) -> float:
     held = tb.bf16_counts(layout, stage)[0]
     dense = sum(tb.dense[r.stop] - tb.dense[r.start] for r in held) / layout.tp
     return dense + sum(tb.expert[r.stop] - tb.expert[r.start] for r in held) / (layout.ep * layout.expert_tp)
+
+
+def recast_expert_params(tb: ModelTables, layout: Layout, stage: int) -> float:
+    """Routed-expert parameters one rank of ``stage`` quantizes again on every micro-batch: under the fused grouped
+    MLP (``moe_fused_mlp``) Transformer Engine's fused op quantizes each expert weight, rowwise and columnwise, on
+    every forward unless it is held quantized already (``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8.fuser_forward``, TE
+    4220403: ``fp8_params``), where ``GroupedLinear`` modules cache the casts across a step's micro-batches. Layers
+    kept in bf16 run unfused and cast nothing."""
+    if not layout.moe_fused_mlp or layout.fp8_params:
+        return 0.0
+    held = tb.bf16_counts(layout, stage)[0]
+    bf16_experts = sum(tb.expert[r.stop] - tb.expert[r.start] for r in held) / (layout.ep * layout.expert_tp)
+    return max(0.0, stage_params(tb, layout, stage)[1] - bf16_experts)
 
 
 def _stage_params(tb: ModelTables, layout: Layout, stage: int) -> tuple[float, float]:

@@ -26,6 +26,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from meshplan.core.errors import MeshplanError
+from meshplan.costmodel import blackwell_grouped
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
@@ -44,6 +45,7 @@ from meshplan.planner.estimate.base import (
     keeps_bf16_layers,
     memory_floor_bytes,
     precision_parts,
+    recast_expert_params,
     stage_params,
     time_key,
     time_signature,
@@ -55,7 +57,7 @@ from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sync import ShardTable, SyncTerms, step_of
 from meshplan.planner.layout.decisions import FP8_ATTENTION_RECIPES, lowp_recipe
-from meshplan.planner.layout.layout import Layout, check_bf16_layers, check_fused_moe_mlp
+from meshplan.planner.layout.layout import Layout, check_bf16_layers
 from meshplan.planner.layout.schedules import bubble_s
 from meshplan.planner.layout.splits import weighted_split
 
@@ -80,6 +82,23 @@ GPU_SPEED_SIGMA = 0.01
 # recipes a search tries, each running delayed scaling's casts and GEMMs (tensor-wise adds an amax pass, block-wise
 # and MXFP8 scale inside the cast; ``ops_graph._precisions``), at GEMM multiples the bound checks per device
 TWINNED_RECIPES = ("tensorwise", "blockwise", "mxfp8")
+
+
+def check_fused_moe_mlp(model, device) -> None:
+    """Raise ``MeshplanError`` where the fused grouped MLP's kernels do not run for ``model`` on ``device``: cuDNN
+    frontend's sm100 block-scaled kernels (compute capability 10: ``costmodel.blackwell_grouped.PARTS``, the
+    data-centre Blackwell parts), for gated experts (SwiGLU, GPT-OSS's clamped GeGLU: ``ForwardGroupedMLP_CuTeGEMM
+    SwiGLU_MXFP8``; meshplan's models carry no other gated activation) whose GEMM widths are multiples of 64
+    (``validate_grouped_mlp_dims``, Transformer Engine 4220403): the experts' input width (a LatentMoE's latent) and
+    their FFN width."""
+    widths = (model.moe_latent_size or model.hidden_size, model.moe_ffn_hidden_size)
+    why = ("" if device.name in blackwell_grouped.PARTS else
+           f"a compute-capability-10 Blackwell part ({', '.join(blackwell_grouped.PARTS)}); got {device.name}") or \
+          ("" if model.gated_mlp else f"gated experts (SwiGLU or clamped GeGLU); {model.name}'s are not gated") or \
+          ("" if all(w % 64 == 0 for w in widths) else
+           f"expert GEMM widths that are multiples of 64; {model.name} has {widths[0]} and {widths[1]}")
+    if why:
+        raise MeshplanError(f"moe_fused_mlp (Transformer Engine's fused grouped MLP) needs {why}")
 
 
 def straggler_slowdown(world_size: int) -> float:
@@ -369,7 +388,7 @@ class GpuEstimator:
         if "E" in moe:
             return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
                     key.attention, key.attention_dtype, key.etp, key.fp8, key.cp_kind == "a2a", key.stack,
-                    key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher)
+                    key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher, key.moe_fused_mlp)
         return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
                 key.attention, key.attention_dtype, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
 
@@ -939,8 +958,10 @@ class GpuEstimator:
             linear = decoder_params(tb, layout, slow) - bf16_layer_params(tb, layout, slow)
             if linear >= 1.0:  # none when every layer of the stage is kept in bf16 (``Layout.bf16_ranges``)
                 cast_s = self.pricer.predict(OpSpec("cast", (int(linear),), "bf16"), dev)
+        recast = recast_expert_params(tb, layout, slow)
+        recast_s = self.pricer.predict(OpSpec("cast", (int(recast),), "bf16"), dev) if recast >= 1.0 else None
         return SyncTerms(np.array(out).T, dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
-                          layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s)
+                          layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s, recast_s)
 
 
 class _Scope(NamedTuple):
@@ -1003,7 +1024,7 @@ def _chunk_tp(key: Layout) -> int:
 _SYNC_FREE = frozenset({"recompute", "recompute_modules", "micro_batch", "sequence_parallel", "attention",
                         "attention_dtype", "pipeline_schedule", "cp_kind", "moe_overlap", "moe_capacity",
                         "moe_imbalance", "moe_dispatcher", "tp_overlap", "pp_overlap", "shared_overlap",
-                        "moe_fused_mlp", "cuda_graphs", "moe_router"})
+                        "cuda_graphs", "moe_router"})
 _SYNC_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in _SYNC_FREE)
 _sync_getter = operator.attrgetter(*_SYNC_FIELDS)
 _FP8_AT = _SYNC_FIELDS.index("fp8")

@@ -29,12 +29,19 @@ class SyncTerms(NamedTuple):
     sm_share: float
     optimizer_s: float
     cast_s: Optional[float]  # the fp8 weight casts (None: no fp8)
+    recast_s: Optional[float] = None
+    """The routed experts' weight casts again for every micro-batch but the first (None: none): the fused grouped
+    MLP quantizes its weights, rowwise and columnwise, on every forward unless they are held quantized
+    (``base.recast_expert_params``)."""
 
-    def other_s(self, fsdp_copies: float) -> float:
-        """The step's time beside the pipeline and the sync: the optimizer, FSDP2's copies, the fp8 casts."""
+    def other_s(self, fsdp_copies: float, m: int = 1) -> float:
+        """The step's time beside the pipeline and the sync: the optimizer, FSDP2's copies, the fp8 casts (with
+        ``m`` micro-batches)."""
         optimizer = self.optimizer_s + fsdp_copies
         if self.cast_s is not None:
             optimizer += 2 * self.cast_s
+        if self.recast_s is not None:
+            optimizer += 2 * (m - 1) * self.recast_s
         return optimizer
 
     def exposed_s(self, stage_s: float, compute_s: float, m: int) -> tuple[float, float]:
@@ -99,7 +106,7 @@ def step_of(pipe: tuple, terms: SyncTerms, m: int) -> tuple:
     compute = m * stage_c
     comm_exposed = m * stage_q
     dp_exposed, fsdp_copies = terms.exposed_s(stage_c + stage_q, stage_c, m)
-    dp_exposed, optimizer = float(dp_exposed), float(terms.other_s(fsdp_copies))
+    dp_exposed, optimizer = float(dp_exposed), float(terms.other_s(fsdp_copies, m))
     # the slowest of the job's ranks sets the pace of every synchronous step
     compute += straggle
     step = m * t_max + straggle + bubble + dp_exposed + optimizer
@@ -117,7 +124,8 @@ class ShardTable(NamedTuple):
     def of(cls, terms: list[SyncTerms]) -> "ShardTable":
         kinds: dict[tuple, list[int]] = {}
         for i, t in enumerate(terms):
-            kind = (t.zero3, t.groups.shape, t.cast_s is None, t.pp, t.vpp, t.pp_runs, t.torch_fsdp, t.sm_share)
+            kind = (t.zero3, t.groups.shape, t.cast_s is None, t.recast_s is None, t.pp, t.vpp, t.pp_runs,
+                    t.torch_fsdp, t.sm_share)
             kinds.setdefault(kind, []).append(i)
         parts = []
         for at in kinds.values():
@@ -125,7 +133,9 @@ class ShardTable(NamedTuple):
             stacked = rows[0]._replace(groups=np.stack([r.groups for r in rows], axis=-1),
                                        params=np.array([r.params for r in rows]),
                                        optimizer_s=np.array([r.optimizer_s for r in rows]),
-                                       cast_s=None if rows[0].cast_s is None else np.array([r.cast_s for r in rows]))
+                                       cast_s=None if rows[0].cast_s is None else np.array([r.cast_s for r in rows]),
+                                       recast_s=None if rows[0].recast_s is None
+                                       else np.array([r.recast_s for r in rows]))
             parts.append((np.array(at), stacked))
         return cls(tuple(parts), len(terms))
 
@@ -135,5 +145,5 @@ class ShardTable(NamedTuple):
         out = np.empty(self.size)
         for at, terms in self.parts:
             dp_exposed, copies = terms.exposed_s(stage_s, compute_s, m)
-            out[at] = before_sync_s + dp_exposed + terms.other_s(copies)
+            out[at] = before_sync_s + dp_exposed + terms.other_s(copies, m)
         return out.tolist()

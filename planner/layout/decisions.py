@@ -353,9 +353,12 @@ class Decisions:
     Transformer Engine's op fuser runs cuDNN frontend's CuTe DSL grouped GEMM, which takes fc1's gated activation,
     the router-probability scale and fc2's MXFP8 input quantize into its epilogue, and in the backward fc2's dgrad
     with the activation's gradient and its quantize; fc2's bias goes into its GEMM. Priced as the grouped GEMMs
-    alone (``costmodel.blackwell_grouped``: the fused kernel measured at the GEMM's price). Only where its kernels
-    run: Megatron-Core, the MXFP8 recipe, Blackwell, gated experts without expert tensor parallelism
-    (``layout.fused_moe_mlp_refusal``)."""
+    alone (``costmodel.blackwell_grouped``: the fused kernel measured at the GEMM's price); the op quantizes weights
+    not held in MXFP8 (``fp8_params``) again on every micro-batch, which is priced too. Only where its kernels run
+    as priced: Megatron-Core, the MXFP8 recipe, data-centre Blackwell, gated experts without expert tensor
+    parallelism, no ``moe_act`` recomputation (``layout.fused_moe_mlp_refusal``,
+    ``planner.estimate.gpu.check_fused_moe_mlp``). Not priced: the op fuser's 256-row padding per expert (32
+    unfused) and its host time."""
     cuda_graphs: str = decision(
         "none", "what CUDA graphs capture: none, layers (attention, router, dispatch preprocessing) or iteration",
         choices=("none", "layers", "iteration"),

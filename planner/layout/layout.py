@@ -179,11 +179,14 @@ def megatron_moe_overlap_refusal(pp: int, vpp: int, recompute: str, mtp: int) ->
     return ""
 
 
-def fused_moe_mlp_refusal(stack: str, fp8: str, expert_tp: int, num_experts: int) -> str:
-    """Why Megatron-Core's fused grouped MLP (``moe_fused_mlp``) does not run on this layout ("" where it does):
-    ``TEGroupedMLP._is_fused_impl_supported`` (Megatron-Core d0b3b77, NeMo 26.06's) takes no expert tensor
-    parallelism, and Transformer Engine's fused forward and backward (``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8``,
-    TE 4220403) run the MXFP8 recipe only."""
+def fused_moe_mlp_refusal(stack: str, fp8: str, expert_tp: int, num_experts: int,
+                          recomputed: frozenset = frozenset()) -> str:
+    """Why Megatron-Core's fused grouped MLP (``moe_fused_mlp``) does not run on this layout as priced ("" where it
+    does): ``TEGroupedMLP._is_fused_impl_supported`` (Megatron-Core d0b3b77, NeMo 26.06's) takes no expert tensor
+    parallelism; Transformer Engine's fused forward and backward (``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8``, TE
+    4220403) run the MXFP8 recipe only; and ``TEGroupedMLP.forward`` returns from ``_fused_forward`` before the
+    ``moe_act`` checkpoint, so recomputing the experts' activation does not happen there (nor save its memory).
+    What the model and the part must be is ``planner.estimate.gpu.check_fused_moe_mlp``'s."""
     if not num_experts:
         return "routed experts, and the model has none"
     if stack != "megatron":
@@ -192,21 +195,9 @@ def fused_moe_mlp_refusal(stack: str, fp8: str, expert_tp: int, num_experts: int
         return f"no expert tensor parallelism (etp 1), got etp={expert_tp}"
     if fp8 != "mxfp8":
         return f"the MXFP8 recipe (fp8=mxfp8), got fp8={fp8 or 'the dtype default'}"
+    if "moe_act" in recomputed:
+        return "no moe_act in recompute_modules (the fused path skips that checkpoint)"
     return ""
-
-
-def check_fused_moe_mlp(model, device) -> None:
-    """Raise ``MeshplanError`` where the fused grouped MLP's kernels do not run for ``model`` on ``device``: cuDNN
-    frontend's sm100 block-scaled kernels (Blackwell: the parts with MXFP8 tensor cores), for gated experts
-    (SwiGLU, GPT-OSS's clamped GeGLU: ``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8``) whose widths are multiples of 64
-    (``validate_grouped_mlp_dims``, Transformer Engine 4220403)."""
-    widths = (model.hidden_size, model.moe_ffn_hidden_size)
-    why = ("" if device.supports("mxfp8") else f"Blackwell's block-scaled tensor cores; {device.name} has none") or \
-          ("" if model.gated_mlp else f"gated experts (SwiGLU or clamped GeGLU); {model.name}'s are not gated") or \
-          ("" if all(w % 64 == 0 for w in widths) else
-           f"hidden and expert widths that are multiples of 64; {model.name} has {widths[0]} and {widths[1]}")
-    if why:
-        raise MeshplanError(f"moe_fused_mlp (Transformer Engine's fused grouped MLP) needs {why}")
 
 
 def replicas_hold_whole_experts(tp: int, cp: int, dp_shard: int, dp_replicate: int, ep: int, expert_tp: int,
@@ -425,7 +416,8 @@ class Layout(Decisions, Degrees):
                                 "pick one (Megatron-Core asserts against the pair)")
         if self.moe_overlap and num_experts and self.stack == "megatron":
             self._check_moe_overlap()
-        why = fused_moe_mlp_refusal(self.stack, self.fp8, self.expert_tp, num_experts) if self.moe_fused_mlp else ""
+        why = fused_moe_mlp_refusal(self.stack, self.fp8, self.expert_tp, num_experts,
+                                    self.recomputed_modules) if self.moe_fused_mlp else ""
         if why:
             raise MeshplanError(f"moe_fused_mlp (Transformer Engine's fused grouped MLP) needs {why}")
         why = megatron_dispatch_refusal(self.moe_dispatcher, self.moe_capacity) if self.stack == "megatron" else ""
