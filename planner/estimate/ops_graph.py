@@ -576,7 +576,7 @@ def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[O
     listed once per expert (``expert_copies``). Under Megatron-Core's fused grouped MLP (``moe_fused_mlp``) the
     activation, its clamp, the router-probability scale and fc2's input quantize run in the grouped GEMMs' epilogues,
     forward and backward: only the GEMMs and fc1's input quantize are listed. cuDNN frontend timed the fused kernels
-    at 0.90-0.95x the priced grouped GEMM alone forward and 0.94-1.09x backward, against 1.00-1.34x of the GEMM and
+    at 0.90-0.95x the priced grouped GEMM alone forward and 0.94-1.09x backward, against 0.98-1.34x of the GEMM and
     the memory-bound ops this list holds otherwise (``costmodel/data/published/cudnn_moe_grouped_blackwell.json``,
     ``tests/test_fused_moe_mlp.py``).
     """
