@@ -297,7 +297,7 @@ def recast_expert_params(tb: ModelTables, layout: Layout, stage: int) -> float:
     MLP (``moe_fused_mlp``) Transformer Engine's fused op quantizes each expert weight, rowwise and columnwise, on
     every forward unless it is held quantized already (``ForwardGroupedMLP_CuTeGEMMSwiGLU_MXFP8.fuser_forward``, TE
     4220403: ``fp8_params``), where ``GroupedLinear`` modules cache the casts across a step's micro-batches. Layers
-    kept in bf16 run unfused and cast nothing."""
+    kept in bf16 run unfused and cast nothing. Not priced: the casts a fully recomputed forward makes again."""
     if not layout.moe_fused_mlp or layout.fp8_params:
         return 0.0
     held = tb.bf16_counts(layout, stage)[0]
