@@ -434,14 +434,22 @@ class Decisions:
     torchtitan have no such loss (their exports say so); fixed only: a free search leaves it off."""
     offload_layers: int = decision(0, "decoder layers whose saved activations are copied to host memory in "
                                    "forward and back in backward (Megatron-Core cpu_offloading_num_layers)",
-                                   fix="offload_layers", lo=0)
+                                   fix="offload_layers", lo=0, searched=True, by_stack=True,
+                                   free="0, or a quarter or half of the layers beside recompute=none where "
+                                        "Megatron-Core offloads (pp 1) on a Grace host (``space.offload_choices``, "
+                                        "``space.offload_priced``)")
     """Megatron-Core ``TransformerConfig.cpu_offloading`` with ``cpu_offloading_num_layers`` N, run by Transformer
     Engine's ``cpu_offload.get_cpu_offload_context``: the tensors layers 0..N-1 save for backward go to host memory
     on a side stream; layer i's copy must be done before layer L-N+i's forward, and its reload starts at layer
     L-1-N+i's backward (``OffloadSynchronizer._default_offload_sync_init``), so a stage holds L-N layers'
     activations at any moment. The copies run on the GPU's host link (``DeviceSpec.host_bw_bytes_per_s``); what
     they do not fit under the layers' compute is exposed. Megatron-Core refuses it with pipeline parallelism and
-    with recomputation (``TransformerConfig.__post_init__``). Fixed only: a free search leaves it at 0."""
+    with recomputation (``TransformerConfig.__post_init__``). A free search tries a quarter and a half of the
+    layers beside recompute=none on a Grace host, whose NVLink-C2C and memory serve the superchip's GPUs alone:
+    Megatron-Bridge's own Llama 3 70B presets offload 20 to 40 of its 80 layers on GB200 and GB300
+    (``llama3_workload_base_configs.py``, v0.3.1 to v0.5.0). Behind PCIe the node's GPUs share the host's DRAM
+    and switches, which the copies' price leaves out, so there it is pinned only (``space.offload_priced``). Host
+    memory is not checked: the offloaded layers' activations must fit beside what the host already holds."""
 
 
 def _registry() -> Mapping[str, Decision]:

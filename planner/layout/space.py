@@ -44,6 +44,9 @@ MBS_CHOICES = (1, 2, 4, 8, 16, 32)
 FULL_N_FRACTIONS = (4, 2)  # a free search's full:N: N = a quarter and a half of a chunk's layers (Megatron
 # --recompute-num-layers with --recompute-method uniform/block); more N would add candidates priced only when
 # their group lies within the bound (planner.search.exact)
+OFFLOAD_FRACTIONS = (4, 2)  # a free search's offload_layers: a quarter and a half of the layers. Megatron-Bridge's
+# Llama 3 70B GB200 / GB300 performance presets offload 20, 30 or 40 of its 80 (llama3_workload_base_configs.py,
+# v0.3.1 to v0.5.0: GB300 bf16 30 and fp8-cs 20, GB200 bf16 20 and fp8-cs 40)
 
 
 def divisors(n: int) -> list[int]:
@@ -171,7 +174,7 @@ def space_size_bound(model, world_size: int, devices_per_node: int, global_batch
     ``MAX_CP``)."""
     total = meshes = 0
     most: dict[str, int] = {}
-    n_rc = 1 if "recompute" in fix else len(RECOMPUTE) + len(FULL_N_FRACTIONS)
+    n_rc = 1 if "recompute" in fix else len(RECOMPUTE) + len(FULL_N_FRACTIONS) + len(OFFLOAD_FRACTIONS)
     n_f8 = 1 if "fp8" in fix else len(fp8_recipes)
     seq = seq_len if seq_len is not None else 1024 * 2 * MAX_CP
     for mesh in _meshes(model, world_size, devices_per_node, global_batch, seq, fix, bound=True):
@@ -255,6 +258,26 @@ def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
     return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
 
 
+def offload_priced(device) -> bool:
+    """Whether a free search on ``device`` tries activation offloading: on a Grace host, whose NVLink-C2C and
+    LPDDR5X serve the superchip's GPUs alone (the catalogue's host link already shares them between its two GPUs).
+    Behind PCIe the eight GPUs of a node share the host's DRAM (a DGX H100's two Xeon 8480C: 16 DDR5-4800 channels,
+    614 GB/s, against 8 x 64 GB/s each way) and their switches with the NICs, which the copies' price leaves out;
+    NVIDIA's own presets offload on GB200 and GB300 and at most 5 layers elsewhere (Megatron-Bridge v0.5.0
+    ``llama3_workload_base_configs.py``: B200 fp8-cs 5 of 80). A pinned count is priced on any catalogued link."""
+    return device.host_cpu == "grace" and device.host_bw_bytes_per_s > 0
+
+
+def offload_choices(fix: Pins, num_layers: int, pp: int, stack: str) -> tuple[int, ...]:
+    """The ``offload_layers`` a free search tries beside recompute=none, past 0: a quarter and a half of the
+    layers (``OFFLOAD_FRACTIONS``), where Megatron-Core offloads (its stack, no pipeline parallelism:
+    ``Layout._check_offload``) and the user pinned neither the count nor a recomputation."""
+    if "offload_layers" in fix or fix.get("recompute", "none") != "none" or fix.get("recompute_modules") \
+            or pp > 1 or stack != "megatron":
+        return ()
+    return tuple(sorted({num_layers // f for f in OFFLOAD_FRACTIONS if 1 <= num_layers // f < num_layers}))
+
+
 # What each stack's code runs when a decision is left free (``Decision.stack_values``).
 STACK_CAN = stack_can()
 
@@ -318,6 +341,7 @@ class LayoutGroup:
     recomputes: tuple[str, ...]
     shards: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_shard, dp_replicate)
     graphs: tuple[str, ...] = ()  # a free search's cuda_graphs per recompute (``free_cuda_graphs``); () = pinned
+    offloads: tuple[int, ...] = ()  # a free search's offload_layers per recompute (``offload_choices``); () = base's
 
     def __len__(self) -> int:
         return len(self.recomputes) * len(self.shards)
@@ -325,10 +349,10 @@ class LayoutGroup:
     def member(self, r: int, s: int) -> Layout:
         """The layout of recompute ``self.recomputes[r]`` and shard choice ``self.shards[s]``."""
         z, d, rep = self.shards[s]
-        if self.graphs:
-            return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep,
-                                   cuda_graphs=self.graphs[r])
-        return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep)
+        extra = {"cuda_graphs": self.graphs[r]} if self.graphs else {}
+        if self.offloads:
+            extra["offload_layers"] = self.offloads[r]
+        return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep, **extra)
 
     def layouts(self) -> Iterator[Layout]:
         for r in range(len(self.recomputes)):
@@ -455,7 +479,7 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
 def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,
                      fix: Pins, fp8_recipes: tuple[str, ...] = ("none",),
                      recompute_kinds: tuple[str, ...] | None = None, graphs: bool = False,
-                     dispatcher: str = "alltoall") -> Iterator[LayoutGroup]:
+                     dispatcher: str = "alltoall", offload: bool = False) -> Iterator[LayoutGroup]:
     """Yield the candidate space as ``LayoutGroup`` s, in the one canonical order (``enumerate_layouts`` is the
     same order, flat; the search breaks exact ties by it).
 
@@ -469,6 +493,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     a layout tunes, and eager code is never the faster one. ``graphs``: the devices run CUDA graphs (NVIDIA GPUs),
     where a free ``cuda_graphs`` on an MoE model under Megatron-Core takes ``free_cuda_graphs``. ``dispatcher``: what a
     free ``moe_dispatcher`` takes where ep > 1 under Megatron-Core (``free_dispatcher`` of the cluster's device).
+    ``offload``: a free search also tries activation offloading beside recompute=none (``offload_choices``; where
+    ``offload_priced``), members of the group like its recompute variants.
     """
     L = model.num_layers
     fp8s = fix.choices("fp8", list(fp8_recipes))
@@ -484,6 +510,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     runs: dict[tuple, bool] = {}
     rc_memo: dict[tuple, tuple[str, ...]] = {}
     graphs_memo: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per recompute list (moe_kw is fixed)
+    base["offload_layers"] = int(fix.get("offload_layers", 0))
+    offload = offload and recompute_kinds is None and fix.get("cuda_graphs", "none") == "none"
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):
         z0, d0, r0 = shards[0]
@@ -527,6 +555,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                                                and (vpp == 1 or "vpp" in fix or global_batch // (b * dp) % pp == 0)])
                     if not mbss:
                         continue
+                    offs = offload_choices(fix, L, pp, st) if offload and "none" in rcs else ()
                     z0, d0, r0 = ep_shards[0]
                     outer = {**mesh, "dp_replicate": r0, "dp_shard": d0, "zero_stage": z0, "vpp": vpp, "ep": ep,
                              "recompute": rcs[0], "sequence_parallel": sp,
@@ -540,10 +569,14 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                             graphs_of = graphs_memo[rcs] = tuple(free_cuda_graphs(probe.with_(recompute=rc))
                                                                  for rc in rcs)
                         outer["cuda_graphs"] = graphs_of[0]
+                    members, offloads = rcs, ()
+                    if offs:  # recompute=none again, with each count offloaded (no graph: Layout refuses the pair)
+                        members, offloads = rcs + ("none",) * len(offs), (0,) * len(rcs) + offs
+                        graphs_of = graphs_of + ("none",) * len(offs) if graphs_of else ()
                     for mbs in mbss:
                         lay = object.__new__(Layout)
                         object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
-                        yield LayoutGroup(lay, rcs, ep_shards, graphs_of)
+                        yield LayoutGroup(lay, members, ep_shards, graphs_of, offloads)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,

@@ -82,6 +82,7 @@ from meshplan.planner.layout.space import (
     fp8_attention_recipes,
     fp8_recipe_choices,
     free_dispatcher,
+    offload_priced,
 )
 from meshplan.planner.layout.splits import format_pp_layout
 
@@ -307,7 +308,8 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     groups = list(enumerate_groups(model, cluster.world_size, cluster.nvlink_width, work.global_batch,
                                    work.seq_len, fix, fp8_recipes, getattr(estimator, "recompute_kinds", None),
                                    graphs=cluster.device.vendor == "nvidia",
-                                   dispatcher=free_dispatcher(cluster.device, float(fix.get("moe_capacity", 0.0)))))
+                                   dispatcher=free_dispatcher(cluster.device, float(fix.get("moe_capacity", 0.0))),
+                                   offload=offload_priced(cluster.device)))
     n = sum(len(g) for g in groups)
     if prune is None:
         prune = n > PRUNE_ABOVE
@@ -730,8 +732,10 @@ def _r3(x: float) -> float:
 
 
 def _rank_key(layout: Layout, est: Estimate) -> tuple:
-    """Fastest first; within 0.1% of step time, the simpler layout (fewer parallel dimensions), then less memory."""
+    """Fastest first; within 0.1% of step time, the simpler layout (fewer parallel dimensions, activation
+    offloading counted as one more: it only pays where it is faster), then less memory."""
     dims = sum(d > 1 for d in (layout.dp_shard, layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep))
+    dims += layout.offload_layers > 0
     return (float(f"{est.step_time_s:.3g}"), dims, est.memory.total_bytes)
 
 
@@ -753,6 +757,8 @@ def describe(layout: Layout) -> str:
     if layout.etp:
         parts.append(f"etp={layout.etp}")
     parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"]
+    if layout.offload_layers:
+        parts.append(f"offload={layout.offload_layers}")
     if layout.sequence_parallel:
         parts.append("sp")
     if layout.tp_overlap:
@@ -812,7 +818,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
         "shared_overlap": layout.shared_overlap, "moe_fused_mlp": layout.moe_fused_mlp,
-        "cuda_graphs": layout.cuda_graphs,
+        "cuda_graphs": layout.cuda_graphs, "offload_layers": layout.offload_layers,
         "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
         "reduce_dtype": layout.reduce_dtype_priced or None,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
