@@ -196,7 +196,9 @@ class Decisions:
     every-k-layers, HF code checkpoints whole layers (``gradient_checkpointing``)."""
     recompute_modules: str = decision(
         "", "the modules recompute=selective re-runs in backward, joined with + (mla_up_proj+moe_act)",
-        kind="modules", choices=RECOMPUTE_MODULES, stack_own="core_attn (Megatron-Core's default)")
+        kind="modules", choices=RECOMPUTE_MODULES, stack_own="core_attn (Megatron-Core's default)", searched=True,
+        by_stack=True, free="the default, and each module list Megatron-Bridge's performance presets run whose modules "
+                            "the model has, beside recompute=selective (``space.module_choices``)")
     """Megatron-Core ``recompute_granularity="selective"`` with ``recompute_modules`` (megatron-core 0.16.1):
     "core_attn" the core attention (what "selective" alone means); "moe_act" the routed experts' activation, its
     output discarded (``TEGroupedMLP``'s ``CheckpointWithoutOutput``); "layernorm" the input and pre-MLP norms that
@@ -205,8 +207,10 @@ class Decisions:
     dense layer's whole MLP; "moe" a whole MoE layer, its token dispatch and combine included; "shared_experts" the
     MoE's shared experts. What each frees and re-runs: ``planner.estimate.memory.module_freed_bytes`` and
     ``planner.estimate.ops_graph`` (``LayerOps.modules``). Needs ``recompute=selective`` (pinning the modules pins
-    it) and Megatron-Core: torchtitan and HF code have no module list. A free search keeps the default: the
-    variants would multiply the candidates for the few rows that need them."""
+    it) and Megatron-Core: torchtitan and HF code have no module list. A free search tries, beside the default,
+    each list NVIDIA's own Megatron-Bridge performance presets run (``space.PRESET_MODULE_SETS``: mla_up_proj on
+    DeepSeek-V3, layernorm+moe_act on GPT-OSS, ...) whose modules the model has, as more members of the layout's
+    recompute group."""
     sequence_parallel: bool = decision(False, "Megatron sequence parallelism (norms and dropout sharded over TP)",
                                        fix="sp", searched=True, plan_optional=False)
     """Needs tp > 1; a free search runs it wherever tp > 1."""

@@ -467,6 +467,10 @@ class Layout(Decisions, Degrees):
         if self.recompute_modules and self.stack != "megatron":
             raise MeshplanError(f"recompute_modules={self.recompute_modules} is Megatron-Core's module list; stack "
                                 f"{self.stack} has none (recompute=op or full there)")
+        if self.fp8 == "delayed" and self.recomputed_modules & {"moe_act", "layernorm"}:
+            raise MeshplanError(f"recompute_modules={self.recompute_modules} under fp8=delayed: Megatron-Core refuses "
+                                "moe_act and layernorm recomputation with delayed scaling ('Delayed scaling does not "
+                                "support moe_act and layernorm recompute for fp8'); take tensorwise or mxfp8")
         if self.cuda_graphs != "none" and self.offload_layers:
             raise MeshplanError(f"cuda_graphs={self.cuda_graphs} with offload_layers={self.offload_layers}: "
                                 f"Megatron-Core runs no CUDA graph with CPU offloading (TransformerConfig: \"CUDA "

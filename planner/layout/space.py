@@ -44,6 +44,12 @@ MBS_CHOICES = (1, 2, 4, 8, 16, 32)
 FULL_N_FRACTIONS = (4, 2)  # a free search's full:N: N = a quarter and a half of a chunk's layers (Megatron
 # --recompute-num-layers with --recompute-method uniform/block); more N would add candidates priced only when
 # their group lies within the bound (planner.search.exact)
+# The recompute_modules lists Megatron-Bridge's own performance presets run (scripts/performance/configs @ v0.5.0:
+# 28 presets set one, 8 distinct non-empty sets), those at least two presets run, in Megatron-Core's module order:
+# mla_up_proj 11 (DeepSeek-V3, Kimi-K2), moe_act+layernorm 5 (GPT-OSS, Nemotron 3), mla_up_proj+mlp 3 (DeepSeek-V3,
+# Kimi-K2), core_attn+moe_act+layernorm+moe 2 (Nemotron 3). A free search's selective variants beside the default
+# core_attn; the four sets one preset runs each would double an MLA MoE model's variants for the rows that need them
+PRESET_MODULE_SETS = ("mla_up_proj", "moe_act+layernorm", "mla_up_proj+mlp", "core_attn+moe_act+layernorm+moe")
 OFFLOAD_FRACTIONS = (4, 2)  # a free search's offload_layers: a quarter and a half of the layers. Megatron-Bridge's
 # Llama 3 70B GB200 / GB300 performance presets offload 20, 30 or 40 of its 80 (llama3_workload_base_configs.py,
 # v0.3.1 to v0.5.0: GB300 bf16 30 and fp8-cs 20, GB200 bf16 20 and fp8-cs 40)
@@ -174,7 +180,8 @@ def space_size_bound(model, world_size: int, devices_per_node: int, global_batch
     ``MAX_CP``)."""
     total = meshes = 0
     most: dict[str, int] = {}
-    n_rc = 1 if "recompute" in fix else len(RECOMPUTE) + len(FULL_N_FRACTIONS) + len(OFFLOAD_FRACTIONS)
+    n_rc = 1 if "recompute" in fix else (len(RECOMPUTE) + len(FULL_N_FRACTIONS) + len(OFFLOAD_FRACTIONS)
+                                         + len(PRESET_MODULE_SETS))
     n_f8 = 1 if "fp8" in fix else len(fp8_recipes)
     seq = seq_len if seq_len is not None else 1024 * 2 * MAX_CP
     for mesh in _meshes(model, world_size, devices_per_node, global_batch, seq, fix, bound=True):
@@ -256,6 +263,38 @@ def recompute_choices(fix: Pins, chunk_layers: int = 0) -> list[str]:
         return ["selective"]
     ns = sorted({chunk_layers // f for f in FULL_N_FRACTIONS if 1 <= chunk_layers // f < chunk_layers})
     return ["none", "selective", "op", "full"] + [f"full:{n}" for n in ns]
+
+
+def model_modules(model) -> frozenset[str]:
+    """The ``recompute_modules`` that re-run something in ``model`` (``memory.module_freed_bytes``): core_attn and
+    mla_up_proj where it has attention (MLA for the latter), mlp where it has dense MLP layers, moe and moe_act where
+    it has routed experts, layernorm where a norm is not fused into the next linear (MLA's input norm, an MoE
+    layer's pre-MLP norm), shared_experts where it has them."""
+    kinds = "".join(model.layer_kind(i) for i in range(model.num_layers))
+    attention, mla, moe = "*" in kinds or "S" in kinds, bool(model.q_lora_rank or model.kv_lora_rank), "E" in kinds
+    names = {"core_attn"} if attention else set()
+    names |= {"mla_up_proj"} if attention and mla else set()
+    names |= {"mlp"} if "-" in kinds else set()
+    names |= {"moe", "moe_act"} if moe else set()
+    names |= {"layernorm"} if (attention and mla) or moe else set()
+    names |= {"shared_experts"} if moe and model.num_shared_experts else set()
+    return frozenset(names)
+
+
+def module_choices(fix: Pins, model, stack: str, fp8: str = "none") -> tuple[str, ...]:
+    """The ``recompute_modules`` lists a free search tries beside Megatron-Core's default selective recomputation:
+    each of ``PRESET_MODULE_SETS`` whose every module re-runs something in ``model`` (``model_modules``), where the
+    user pinned neither the list nor a recompute kind other than selective, under Megatron-Core (its module list),
+    and as it runs them beside the fp8 recipe ``fp8`` (delayed scaling: no moe_act or layernorm)."""
+    if "recompute_modules" in fix or fix.get("recompute", "selective") != "selective" or stack != "megatron" \
+            or fix.get("offload_layers"):
+        return ()
+    has = model_modules(model)
+    if fix.get("moe_fused_mlp"):  # the fused experts skip the moe_act checkpoint (``layout.fused_moe_mlp_refusal``)
+        has -= {"moe_act"}
+    if fp8 == "delayed":  # ``Layout.validate``: Megatron-Core refuses them under delayed scaling
+        has -= {"moe_act", "layernorm"}
+    return tuple(m for m in PRESET_MODULE_SETS if set(m.split("+")) <= has)
 
 
 def offload_priced(device) -> bool:
@@ -342,6 +381,7 @@ class LayoutGroup:
     shards: tuple[tuple[int, int, int], ...]  # (zero_stage, dp_shard, dp_replicate)
     graphs: tuple[str, ...] = ()  # a free search's cuda_graphs per recompute (``free_cuda_graphs``); () = pinned
     offloads: tuple[int, ...] = ()  # a free search's offload_layers per recompute (``offload_choices``); () = base's
+    modules: tuple[str, ...] = ()  # a free search's recompute_modules per recompute (``module_choices``); () = base's
 
     def __len__(self) -> int:
         return len(self.recomputes) * len(self.shards)
@@ -352,6 +392,8 @@ class LayoutGroup:
         extra = {"cuda_graphs": self.graphs[r]} if self.graphs else {}
         if self.offloads:
             extra["offload_layers"] = self.offloads[r]
+        if self.modules:
+            extra["recompute_modules"] = self.modules[r]
         return self.base.with_(recompute=self.recomputes[r], zero_stage=z, dp_shard=d, dp_replicate=rep, **extra)
 
     def layouts(self) -> Iterator[Layout]:
@@ -511,6 +553,12 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     rc_memo: dict[tuple, tuple[str, ...]] = {}
     graphs_memo: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per recompute list (moe_kw is fixed)
     base["offload_layers"] = int(fix.get("offload_layers", 0))
+    base["recompute_modules"] = str(fix.get("recompute_modules", ""))
+    mods_of = {(st, f8): module_choices(fix, model, st, f8) for st in stacks for f8 in fp8s}
+
+    def graph_of_modules(mods: tuple[str, ...]) -> tuple[str, ...]:
+        probe = Layout(**moe_kw).with_(recompute="selective", offload_layers=base["offload_layers"])
+        return tuple(free_cuda_graphs(probe.with_(recompute_modules=m)) for m in mods)
     offload = offload and recompute_kinds is None and fix.get("cuda_graphs", "none") == "none"
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):
@@ -556,6 +604,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     if not mbss:
                         continue
                     offs = offload_choices(fix, L, pp, st) if offload and "none" in rcs else ()
+                    mods = mods_of[st, f8] if "selective" in rcs else ()
                     z0, d0, r0 = ep_shards[0]
                     outer = {**mesh, "dp_replicate": r0, "dp_shard": d0, "zero_stage": z0, "vpp": vpp, "ep": ep,
                              "recompute": rcs[0], "sequence_parallel": sp,
@@ -565,18 +614,26 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     if graphs_free and st == "megatron":
                         graphs_of = graphs_memo.get(rcs)
                         if graphs_of is None:
-                            probe = Layout(**moe_kw)
+                            probe = Layout(**moe_kw).with_(offload_layers=base["offload_layers"],
+                                                           recompute_modules=base["recompute_modules"])
                             graphs_of = graphs_memo[rcs] = tuple(free_cuda_graphs(probe.with_(recompute=rc))
                                                                  for rc in rcs)
                         outer["cuda_graphs"] = graphs_of[0]
-                    members, offloads = rcs, ()
+                    members, offloads, modules = rcs, (), ()
+                    if mods:  # selective again, with each preset module list
+                        members = rcs + ("selective",) * len(mods)
+                        modules = (outer.get("recompute_modules", ""),) * len(rcs) + mods
+                        if graphs_of:
+                            graphs_of = graphs_of + graph_of_modules(mods)
                     if offs:  # recompute=none again, with each count offloaded (no graph: Layout refuses the pair)
-                        members, offloads = rcs + ("none",) * len(offs), (0,) * len(rcs) + offs
+                        n = len(members)
+                        members, offloads = members + ("none",) * len(offs), (0,) * n + offs
+                        modules = modules + ("",) * len(offs) if modules else ()
                         graphs_of = graphs_of + ("none",) * len(offs) if graphs_of else ()
                     for mbs in mbss:
                         lay = object.__new__(Layout)
                         object.__setattr__(lay, "__dict__", {**outer, "micro_batch": mbs})
-                        yield LayoutGroup(lay, members, ep_shards, graphs_of, offloads)
+                        yield LayoutGroup(lay, members, ep_shards, graphs_of, offloads, modules)
 
 
 def enumerate_layouts(model, world_size: int, devices_per_node: int, global_batch: int, seq_len: int,

@@ -756,7 +756,8 @@ def describe(layout: Layout) -> str:
         parts.append(f"ep={layout.ep}")
     if layout.etp:
         parts.append(f"etp={layout.etp}")
-    parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"]
+    parts += [f"mbs={layout.micro_batch}", f"zero={layout.zero_stage}", f"recompute={layout.recompute}"
+              + (f"({layout.recompute_modules})" if layout.recompute_modules else "")]
     if layout.offload_layers:
         parts.append(f"offload={layout.offload_layers}")
     if layout.sequence_parallel:
@@ -811,6 +812,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "dp": layout.dp, "tp": layout.tp,
         "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "sp": layout.sequence_parallel,
         "mbs": layout.micro_batch, "zero": layout.zero_stage, "recompute": layout.recompute,
+        "recompute_modules": layout.recompute_modules,
         "attention": layout.attention, "attention_dtype": layout.attention_dtype, "etp": layout.expert_tp,
         "fp8": layout.fp8, "cp_kind": layout.cp_kind,
         "stack": layout.stack, "moe_overlap": layout.moe_overlap, "moe_capacity": layout.moe_capacity,
