@@ -60,11 +60,12 @@ def test_model_modules_golden():
 
 @pytest.mark.parametrize("fix,stack,fp8,expect", [
     ({}, "megatron", "none", PRESET_MODULE_SETS),
-    ({}, "megatron", "delayed", ("mla_up_proj", "mla_up_proj+mlp")),  # no moe_act, no layernorm
+    ({}, "megatron", "delayed", ("mla_up_proj", "mla_up_proj+mlp", "mlp")),  # no moe_act, no layernorm
     ({}, "torchtitan", "none", ()),                                   # Megatron-Core's list only
     ({"recompute": "full"}, "megatron", "none", ()),
+    ({"recompute": "selective"}, "megatron", "none", ()),             # Megatron-Core's default list, as its CLI
     ({"recompute_modules": "mla_up_proj"}, "megatron", "none", ()),   # a pinned list is the user's
-    ({"moe_fused_mlp": True}, "megatron", "mxfp8", ("mla_up_proj", "mla_up_proj+mlp")),
+    ({"moe_fused_mlp": True}, "megatron", "mxfp8", ("mla_up_proj", "mla_up_proj+mlp", "mlp", "layernorm+moe")),
 ])
 def test_module_choices(fix, stack, fp8, expect):
     assert module_choices(Pins.of(fix), load_model("deepseek-v3"), stack, fp8) == expect

@@ -197,8 +197,8 @@ class Decisions:
     recompute_modules: str = decision(
         "", "the modules recompute=selective re-runs in backward, joined with + (mla_up_proj+moe_act)",
         kind="modules", choices=RECOMPUTE_MODULES, stack_own="core_attn (Megatron-Core's default)", searched=True,
-        by_stack=True, free="the default, and each module list Megatron-Bridge's performance presets run whose modules "
-                            "the model has, beside recompute=selective (``space.module_choices``)")
+        by_stack=True, free="the default, and on an MoE model each module list Megatron-Bridge's performance presets "
+                            "run whose modules the model has, beside recompute=selective (``space.module_choices``)")
     """Megatron-Core ``recompute_granularity="selective"`` with ``recompute_modules`` (megatron-core 0.16.1):
     "core_attn" the core attention (what "selective" alone means); "moe_act" the routed experts' activation, its
     output discarded (``TEGroupedMLP``'s ``CheckpointWithoutOutput``); "layernorm" the input and pre-MLP norms that
@@ -207,10 +207,11 @@ class Decisions:
     dense layer's whole MLP; "moe" a whole MoE layer, its token dispatch and combine included; "shared_experts" the
     MoE's shared experts. What each frees and re-runs: ``planner.estimate.memory.module_freed_bytes`` and
     ``planner.estimate.ops_graph`` (``LayerOps.modules``). Needs ``recompute=selective`` (pinning the modules pins
-    it) and Megatron-Core: torchtitan and HF code have no module list. A free search tries, beside the default,
-    each list NVIDIA's own Megatron-Bridge performance presets run (``space.PRESET_MODULE_SETS``: mla_up_proj on
-    DeepSeek-V3, layernorm+moe_act on GPT-OSS, ...) whose modules the model has, as more members of the layout's
-    recompute group."""
+    it) and Megatron-Core: torchtitan and HF code have no module list. On an MoE model a free search tries, beside
+    the default, each list NVIDIA's own Megatron-Bridge performance presets run (``space.PRESET_MODULE_SETS``, all
+    from MoE models': mla_up_proj on DeepSeek-V3, layernorm+moe_act on GPT-OSS, ...) whose modules the model has,
+    as more members of the layout's recompute group; a dense model keeps the default. A pinned recompute=selective
+    is the default list, as Megatron-Core's command line reads it."""
     sequence_parallel: bool = decision(False, "Megatron sequence parallelism (norms and dropout sharded over TP)",
                                        fix="sp", searched=True, plan_optional=False)
     """Needs tp > 1; a free search runs it wherever tp > 1."""

@@ -45,11 +45,13 @@ FULL_N_FRACTIONS = (4, 2)  # a free search's full:N: N = a quarter and a half of
 # --recompute-num-layers with --recompute-method uniform/block); more N would add candidates priced only when
 # their group lies within the bound (planner.search.exact)
 # The recompute_modules lists Megatron-Bridge's own performance presets run (scripts/performance/configs @ v0.5.0:
-# 28 presets set one, 8 distinct non-empty sets), those at least two presets run, in Megatron-Core's module order:
-# mla_up_proj 11 (DeepSeek-V3, Kimi-K2), moe_act+layernorm 5 (GPT-OSS, Nemotron 3), mla_up_proj+mlp 3 (DeepSeek-V3,
-# Kimi-K2), core_attn+moe_act+layernorm+moe 2 (Nemotron 3). A free search's selective variants beside the default
-# core_attn; the four sets one preset runs each would double an MLA MoE model's variants for the rows that need them
-PRESET_MODULE_SETS = ("mla_up_proj", "moe_act+layernorm", "mla_up_proj+mlp", "core_attn+moe_act+layernorm+moe")
+# 28 presets set one; these are its 8 distinct non-empty lists, in Megatron-Core's module order, with how many presets
+# run each): mla_up_proj 11 (DeepSeek-V3, Kimi-K2), moe_act+layernorm 5 (GPT-OSS, Nemotron 3), mla_up_proj+mlp 3
+# (DeepSeek-V3, Kimi-K2), core_attn+moe_act+layernorm+moe 2 (Nemotron 3), and once each moe_act, mlp (DeepSeek-V3),
+# moe_act+layernorm+mla_up_proj (DeepSeek-V3), layernorm+moe (Nemotron 3). A free search's selective variants beside
+# the default core_attn
+PRESET_MODULE_SETS = ("mla_up_proj", "moe_act+layernorm", "mla_up_proj+mlp", "core_attn+moe_act+layernorm+moe",
+                      "moe_act", "mlp", "moe_act+layernorm+mla_up_proj", "layernorm+moe")
 OFFLOAD_FRACTIONS = (4, 2)  # a free search's offload_layers: a quarter and a half of the layers. Megatron-Bridge's
 # Llama 3 70B GB200 / GB300 performance presets offload 20, 30 or 40 of its 80 (llama3_workload_base_configs.py,
 # v0.3.1 to v0.5.0: GB300 bf16 30 and fp8-cs 20, GB200 bf16 20 and fp8-cs 40)
@@ -282,12 +284,14 @@ def model_modules(model) -> frozenset[str]:
 
 
 def module_choices(fix: Pins, model, stack: str, fp8: str = "none") -> tuple[str, ...]:
-    """The ``recompute_modules`` lists a free search tries beside Megatron-Core's default selective recomputation:
-    each of ``PRESET_MODULE_SETS`` whose every module re-runs something in ``model`` (``model_modules``), where the
-    user pinned neither the list nor a recompute kind other than selective, under Megatron-Core (its module list),
-    and as it runs them beside the fp8 recipe ``fp8`` (delayed scaling: no moe_act or layernorm)."""
-    if "recompute_modules" in fix or fix.get("recompute", "selective") != "selective" or stack != "megatron" \
-            or fix.get("offload_layers"):
+    """The ``recompute_modules`` lists a free search tries beside Megatron-Core's default selective recomputation
+    on an MoE model (the presets that run them are all MoE models'): each of ``PRESET_MODULE_SETS`` whose every
+    module re-runs something in ``model`` (``model_modules``), where the
+    user pinned neither the list nor the recompute kind (a pinned recompute=selective is Megatron-Core's default
+    list, as ``--recompute-granularity selective`` without ``--recompute-modules`` is), under Megatron-Core (its
+    module list), and as it runs them beside the fp8 recipe ``fp8`` (delayed scaling: no moe_act or layernorm)."""
+    if "recompute_modules" in fix or "recompute" in fix or stack != "megatron" or fix.get("offload_layers") \
+            or not model.num_experts:  # the lists come from MoE models' presets; a dense one keeps the default
         return ()
     has = model_modules(model)
     if fix.get("moe_fused_mlp"):  # the fused experts skip the moe_act checkpoint (``layout.fused_moe_mlp_refusal``)
