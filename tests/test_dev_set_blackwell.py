@@ -279,6 +279,22 @@ def test_b1_stays_within_its_ratchet(rows, runs_dir, tmp_path):
     assert statistics.mean(abs(res.error) for res in priced) <= B1_MEAN_ABS_ERROR_AT_MOST
 
 
+# B1 priced from its table's facts and its stack profile alone (``--profile-only``): 14.63% on 2026-11-28, once a
+# free search tried what the presets run beside those facts (activation offloading on Grace, the MoE recompute module
+# lists: BENCHMARKS.md "The free search tries what NVIDIA's presets run"). Issue 26 asks 8%; a guard with a little
+# room, moved only with a physics change that says why. Slow, as the ratchet above.
+B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.15
+
+
+@pytest.mark.slow
+def test_b1_profile_only_stays_within_its_ratchet(rows, runs_dir, tmp_path):
+    b1 = [r for r in rows if r["source_id"] == "B1"]
+    results = [dev_set.price_row(r, runs_dir, tmp_path, profile_only=True) for r in b1]
+    priced = [res for res in results if res.status == "priced"]
+    assert len(priced) >= 218, [res.detail for res in results if res.status != "priced"]
+    assert statistics.mean(abs(res.error) for res in priced) <= B1_PROFILE_ONLY_ABS_ERROR_AT_MOST
+
+
 def test_summary_splits_b1_by_system_and_precision(rows, runs_dir):
     """The summary's groups (no pricing: the rows' inputs only)."""
     results = [dev_set.RowResult(r["name"], r["source_id"], 1.0, "priced", error=0.0,
