@@ -560,9 +560,14 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     base["recompute_modules"] = str(fix.get("recompute_modules", ""))
     mods_of = {(st, f8): module_choices(fix, model, st, f8) for st in stacks for f8 in fp8s}
 
+    mod_graphs: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per module-list tuple
+
     def graph_of_modules(mods: tuple[str, ...]) -> tuple[str, ...]:
-        probe = Layout(**moe_kw).with_(recompute="selective", offload_layers=base["offload_layers"])
-        return tuple(free_cuda_graphs(probe.with_(recompute_modules=m)) for m in mods)
+        if mods not in mod_graphs:
+            probe = Layout(**moe_kw).with_(recompute="selective", offload_layers=base["offload_layers"])
+            mod_graphs[mods] = tuple(free_cuda_graphs(probe.with_(recompute_modules=m)) for m in mods)
+        return mod_graphs[mods]
+
     offload = offload and recompute_kinds is None and fix.get("cuda_graphs", "none") == "none"
     for tp, pp, cp, dp, shards, etps, vpps, splits, cp_kinds in _meshes(model, world_size, devices_per_node,
                                                                          global_batch, seq_len, fix):
