@@ -555,7 +555,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
         if state == _FLOOR:
             b, st = first_bound(gi, g, r0, work_lbs.pop(gi))
             pipe_lbs[gi] = b  # the pipeline part alone: what each recompute variant's is checked against
-            heapq.heappush(heap, (max(b + floors.pop(gi), lb), gi, r, st))
+            heapq.heappush(heap, (max(b + floors[gi], lb), gi, r, st))
             continue
         if state == _REP:
             b = bo.bound(g, r0, reps[gi, r0])
@@ -572,7 +572,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
                     heapq.heappush(heap, (gb, gi, r, _GROUP))
                     continue
             pipe_lb = pipe_lbs.pop(gi, lb)  # recompute=none's pipeline part, below every variant's
-            for item in _variants(bo, reps, gi, g, r0, lb, pipe_lb):
+            for item in _variants(bo, reps, gi, g, r0, lb, pipe_lb, floors.pop(gi, 0.0)):
                 heapq.heappush(heap, item)
             continue
         _price_family(rk, gi, g, r, lb)
@@ -653,10 +653,12 @@ class _OwnWork:
             self.known[k] = w
 
 
-def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: float) -> list[tuple]:
+def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: float,
+              floor: float = 0.0) -> list[tuple]:
     """Heap items of each recompute variant of group ``gi`` (``r0``: its recompute=none), at least ``lb`` (the
-    group's bound), each bounded on its own: its pipeline part (checked against recompute=none's, ``pipe_lb``),
-    else its first ZeRO-0 member's compute + bubble."""
+    group's bound), each bounded on its own: its pipeline part (checked against recompute=none's, ``pipe_lb``) plus
+    ``floor``, what any member of the group adds to its pipeline part (the estimator's ``sync_floor_s``, fact 7; 0
+    where it gives none), else its first ZeRO-0 member's compute + bubble."""
     items = []
     for rr in range(len(g.recomputes)):
         if rr == r0:
@@ -667,7 +669,7 @@ def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: 
             if b < pipe_lb * (1 - _REL):
                 raise _Fallback(f"{describe(g.member(rr, 0))}: pipeline part {b:.6g} s below "
                                 f"recompute=none's {pipe_lb:.6g} s")
-            items.append((max(b, lb), gi, rr, _FINAL))
+            items.append((max(b + floor, lb), gi, rr, _FINAL))
             continue
         rep = reps[gi, rr] = bo.first_zero0(gi, g, rr)
         cheap = (rep[1].compute_s + rep[1].bubble_s) * (1 - _REL) if rep else lb
