@@ -42,6 +42,7 @@ from rich.table import Table
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.devices import get_device
+from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.space import free_dispatcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -441,24 +442,10 @@ def _r010_model(row: dict) -> str:
     return row["model"].split()[0]
 
 
-def megatron_layout_stages(text: str) -> tuple[int, ...]:
-    """Decoder layers per virtual stage of a Megatron-Core ``pipeline_model_parallel_layout`` string
-    (``Et*4|(t*4|)*14tmL``: stages split by ``|``, ``t`` a decoder layer, ``E`` embedding, ``m`` MTP, ``L`` loss,
-    ``x*n`` and ``(...)*n`` repeats)."""
-    out = text
-    while "(" in out:
-        nxt = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), out)
-        if nxt == out:
-            raise MeshplanError(f"pipeline layout '{text}': an unmatched group")
-        out = nxt
-    out = re.sub(r"([A-Za-z])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), out)
-    return tuple(stage.count("t") for stage in out.split("|"))
-
-
 def bridge_pp_layout(row: dict, pp: int, vpp: int) -> Optional[Need]:
     """The pipeline split the row's recipe states (preset ``pp_layout``, or DeepSeek-V3's and Kimi-K2's library
     layout maps)."""
-    from meshplan.planner.layout.splits import format_pp_layout
+    from meshplan.planner.layout.splits import format_pp_layout, megatron_layout_stages
 
     said = (row["recipe"].get("workload_settings") or {}).get("pp_layout")
     if said:
@@ -1064,7 +1051,18 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     if stated and row.get("ep") is None:  # a source that does not say its expert parallelism leaves it to the search
         del fix["ep"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
+    gpn = row.get("gpus_per_node") or 8
+    cluster, spread = f"{n // gpn}x{gpn}x{device}", ""
+    if is_bridge_row(row) or stated:
+        cluster, spread = bridge_cluster(row, n) if not stated else stated_cluster(row, n, device)
     stack_sets = _profile_defaults(profile, dtype, is_moe, pinned_fp8, task)
+    preset, preset_sets = _preset_sets(profile, cfg, dtype, lowp_recipe(pinned_fp8 or stack_sets.get("fp8", "none"),
+                                                                         dtype), task, fix, cluster,
+                                       bool(bridge_lora(row)) if is_bridge_row(row) else bool(row.get("lora")),
+                                       row["gbs"], n)
+    stack_sets = {**stack_sets, **preset_sets}
+    if fix.get("recompute") is not None and preset_sets.get("recompute") == fix["recompute"]:
+        del fix["recompute"]  # the preset's, with its module list (a pinned kind would drop the profile's list)
     if "attention" in stack_sets or stated:
         del fix["attention"]  # the stack's attention kernel is the profile's (or, unstated, the search's)
     approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype,
@@ -1075,12 +1073,10 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         fix.pop("recompute", None)
     if profile_only:  # and what it captured in CUDA graphs (space.free_cuda_graphs: per-layer graphs where allowed)
         fix.pop("cuda_graphs", None)
-    gpn = row.get("gpus_per_node") or 8
-    cluster = f"{n // gpn}x{gpn}x{device}"
-    if is_bridge_row(row) or stated:
-        cluster, spread = bridge_cluster(row, n) if not stated else stated_cluster(row, n, device)
-        if spread:
-            per_row.append(f"cluster={cluster}: {spread}")
+    if spread:
+        per_row.append(f"cluster={cluster}: {spread}")
+    if preset is not None:
+        assumptions.append(f"profile {profile}: workload preset {preset}")
     return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
@@ -1129,6 +1125,25 @@ def _stack_refs() -> frozenset:
     from meshplan.planner.layout.stacks import load_stacks
 
     return frozenset(load_stacks().profiles)
+
+
+def _preset_sets(profile: str, cfg: Optional[str], dtype: str, recipe: str, task: str, fix: dict, cluster: str,
+                 lora: bool, global_batch: int, n_gpus: int) -> tuple[Optional[str], dict[str, str]]:
+    """(the workload preset's name, what it sets) where profile ``profile`` carries one for the row's model, GPU,
+    precision and task (``planner.search.workloads``: chosen by the degrees, batch and GPU count the row's table
+    states, as ``plan_job`` chooses it from the same pins)."""
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.search.workloads import JobFacts, choose_preset, preset_pins
+
+    if not cfg:
+        return None, {}
+    spec = _config_spec(cfg)
+    degrees = {k: fix[k] for k in ("tp", "pp", "vpp", "cp", "ep", "mbs") if k in fix}
+    job = JobFacts(load_cluster(cluster).device.name, global_batch, n_gpus, lora)
+    preset = choose_preset(profile, spec, dtype, recipe, task, degrees, job)
+    if preset is None:
+        return None, {}
+    return preset.name, preset_pins(preset, spec.is_moe, degrees, spec.num_layers)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1266,10 +1281,13 @@ def _diagnose(res: RowResult, inp: RowInputs) -> None:
     from meshplan.planner.layout.space import enumerate_layouts, parse_fix
     from meshplan.planner.model.config import load_model
     from meshplan.planner.search.job import profile_pins
+    from meshplan.planner.search.workloads import JobFacts
 
     work = Workload(load_model(inp.model), load_cluster(inp.cluster), inp.global_batch, inp.seq_len, inp.dtype,
                     lora=inp.lora)
-    pins, _ = profile_pins(inp.profile, inp.dtype, work.model.is_moe, parse_fix(inp.fix_string), inp.task)
+    pins, _, _ = profile_pins(inp.profile, inp.dtype, work.model, parse_fix(inp.fix_string), inp.task,
+                              JobFacts(work.cluster.device.name, inp.global_batch, work.cluster.world_size,
+                                       bool(inp.lora)))
     estimator = estimator_for(work.cluster)
     ests = [estimator.estimate(work, lay) for lay in enumerate_layouts(
         work.model, work.cluster.world_size, work.cluster.devices_per_node, inp.global_batch, inp.seq_len, pins)]

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from meshplan.cli.common import console, handle_errors, print_json
 from meshplan.planner.layout.stacks import load_stacks
+from meshplan.planner.search.workloads import load_workloads
 
 
 @handle_errors
@@ -17,13 +18,18 @@ def stacks(
     """List the stack profiles: each value a stack sets by default, with the file and version that says so."""
     cat = load_stacks()
     if json_out:
-        print_json([{**p.model_dump(mode="json"), "ref": p.ref, "default": cat.newest[p.name] == p.version}
+        print_json([{**p.model_dump(mode="json"), "ref": p.ref, "default": cat.newest[p.name] == p.version,
+                     "workload_presets": len(wl.presets) if (wl := load_workloads(p.ref)) else 0,
+                     "workload_presets_source": wl.source if wl else None}
                     for p in cat.profiles.values()])
         return
     for prof in cat.profiles.values():
         newest = " (default)" if cat.newest[prof.name] == prof.version else ""
         base = f"; adds to {prof.base}, whose values it keeps where it sets none" if prof.base else ""
-        table = Table(title=f"{prof.ref}{newest}: {prof.title}", caption=f"read at {prof.source}{base}")
+        wl = load_workloads(prof.ref)
+        presets = (f"; and {len(wl.presets)} workload presets of its launcher, one per model, GPU, precision and task "
+                   f"(the job's facts choose one), read at {wl.source}") if wl else ""
+        table = Table(title=f"{prof.ref}{newest}: {prof.title}", caption=f"read at {prof.source}{base}{presets}")
         for col in ("--fix", "value", "when", "source"):
             table.add_column(col, overflow="fold", no_wrap=col in ("--fix", "value"))
         for v in prof.values:

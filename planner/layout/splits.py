@@ -147,3 +147,17 @@ def parse_pp_layout(text: str) -> tuple[int, ...]:
         raise MeshplanError(f"--fix pp_layout={text}: each stage needs >= 1 layer (the first and last may hold 0: "
                             "only the embedding, only the loss)")
     return tuple(out)
+
+
+def megatron_layout_stages(text: str) -> tuple[int, ...]:
+    """Decoder layers per virtual stage of a Megatron-Core ``pipeline_model_parallel_layout`` string
+    (``Et*4|(t*4|)*14tmL``: stages split by ``|``, ``t`` a decoder layer, ``E`` embedding, ``m`` MTP, ``L`` loss,
+    ``x*n`` and ``(...)*n`` repeats)."""
+    out = text
+    while "(" in out:
+        nxt = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), out)
+        if nxt == out:
+            raise MeshplanError(f"pipeline layout '{text}': an unmatched group")
+        out = nxt
+    out = re.sub(r"([A-Za-z])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), out)
+    return tuple(stage.count("t") for stage in out.split("|"))

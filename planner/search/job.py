@@ -24,6 +24,7 @@ from meshplan.planner.estimate.explain import explain_gpu
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.host.terms import Host
+from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
 from meshplan.planner.layout.stacks import TASKS, StackProfile, load_stacks
 from meshplan.planner.model.config import load_model
@@ -33,6 +34,7 @@ from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.solve.columns import base_dtype
+from meshplan.planner.search.workloads import JobFacts, choose_preset, preset_pins
 
 WORKLOADS = ("train", "serve")
 
@@ -221,21 +223,35 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
                             "--cluster": request.cluster if Path(request.cluster).exists() else None,
                             "--sensitivity": opts.sensitivity}, "--out")
     before = file_state(path)  # a second writer of the same plan meanwhile is told, not overwritten
-    fix, prof = profile_pins(request.stack, dtype, spec.is_moe, request.fix, request.task)
+    facts = None if clus.is_heterogeneous else JobFacts(clus.device.name, request.global_batch, clus.world_size,
+                                                         bool(request.lora))  # a preset names one GPU part
+    fix, prof, preset_note = profile_pins(request.stack, dtype, spec, request.fix, request.task, facts)
     return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, prof.ref if prof else "",
-                _task_note(request.task, prof))
+                _task_note(request.task, prof) + ((preset_note,) if preset_note else ()))
 
 
-def profile_pins(stack: Optional[str], dtype: str, is_moe: bool, fix: Pins,
-                 task: str = "pretrain") -> tuple[Pins, Optional[StackProfile]]:
-    """(the pins a ``dtype`` run of a MoE or dense model plans under, the profile): stack profile ``stack``'s values
-    for ``task`` under ``fix`` (``_over_profile``); ``fix`` and ``None`` without a stack."""
+def profile_pins(stack: Optional[str], dtype: str, spec, fix: Pins, task: str = "pretrain",
+                 job: Optional[JobFacts] = None) -> tuple[Pins, Optional[StackProfile], str]:
+    """(the pins a ``dtype`` run of model ``spec`` plans under, the profile, a note naming the workload preset):
+    stack profile ``stack``'s values for ``task``, then those of the workload preset its launcher runs for ``job``
+    (``workloads.choose_preset``; none without ``job``), under ``fix`` (``_over_profile``); ``fix``, ``None`` and ""
+    without a stack."""
     if not stack:
-        return fix, None
+        return fix, None, ""
     prof = load_stacks().get(stack)
-    defaults = parse_fix(",".join(f"{k}={v}" for k, v in prof.defaults(dtype, is_moe, fix.pinned().get("fp8", ""),
-                                                                        task).items()))
-    return Pins(**_over_profile(defaults.pinned(), fix)), prof
+    own = prof.defaults(dtype, spec.is_moe, fix.pinned().get("fp8", ""), task)
+    note = ""
+    if job is not None:
+        pinned = fix.pinned()
+        recipe = lowp_recipe(str(pinned.get("fp8", own.get("fp8", "none"))), dtype)
+        preset = choose_preset(prof.ref, spec, dtype, recipe, task, pinned, job)
+        if preset is not None:
+            sets = preset_pins(preset, spec.is_moe, pinned, spec.num_layers)
+            own = {**own, **sets}
+            note = (f"stack profile {prof.ref}: workload preset {preset.name} ({preset.file} line {preset.line})"
+                    + (f" sets {', '.join(f'{k}={v}' for k, v in sets.items())}" if sets else " sets nothing more"))
+    defaults = parse_fix(",".join(f"{k}={v}" for k, v in own.items()))
+    return Pins(**_over_profile(defaults.pinned(), fix)), prof, note
 
 
 def _task_note(task: str, prof: Optional[StackProfile]) -> tuple[str, ...]:

@@ -1,0 +1,192 @@
+"""Workload presets: what a stack's launcher sets for one model on one GPU in one precision, beyond its library.
+
+Megatron-Bridge's performance scripts run each (model, task, GPU, precision) from a preset of its own
+(``scripts/performance/configs/<family>/*workload_base_configs.py``: ``WorkloadBaseConfig`` fields such as
+``cuda_graph_impl``, ``moe_a2a_overlap``, ``recompute_modules``, ``pp_layout``), chosen by name with
+``--config_variant`` (``v2`` by default, falling back to ``v1``, then to the unversioned name). A
+``megatron-bridge-perf`` profile carries them in ``presets/stacks/workloads/<profile>.yaml``, read from the tag by
+``workloads_extract``. Which preset runs is what the job states: its model, GPUs, precision and task, then the preset
+whose parallel degrees, batch and GPU count differ least from the job's (its published table gives them), the
+launcher's default variant on a tie. ``preset_pins`` turns the preset's fields into ``--fix`` values, each under the
+request's own pins.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import Mapping, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.core.errors import MeshplanError
+
+WORKLOADS_DIR = "presets/stacks/workloads"
+
+# Bridge's compute dtype in a preset's name -> (meshplan's --dtype, its fp8 recipe)
+PRECISIONS = {"bf16": ("bf16", "none"), "fp8_cs": ("fp8", "tensorwise"), "fp8_mx": ("fp8", "mxfp8"),
+              "fp8_ds": ("fp8", "delayed"), "fp8_sc": ("fp8", "blockwise"), "nvfp4": ("nvfp4", "nvfp4")}
+# a preset's degree fields -> the --fix key the job states them with (WorkloadBaseConfig's defaults beside)
+DEGREES = (("tensor_model_parallel_size", "tp", 1), ("pipeline_model_parallel_size", "pp", 1),
+           ("context_parallel_size", "cp", 1), ("virtual_pipeline_model_parallel_size", "vpp", 1),
+           ("expert_model_parallel_size", "ep", 1), ("micro_batch_size", "mbs", 1))
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What a job states beyond its model and precision that picks a preset: the GPU part (``meshplan devices``),
+    the global batch, the GPU count, and whether it trains LoRA adapters."""
+
+    device: str
+    global_batch: int
+    world_size: int
+    lora: bool = False
+
+
+class WorkloadPreset(BaseModel):
+    """One preset as its file sets it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    file: str
+    line: int
+    model: str
+    """meshplan's bundled model of the preset's shapes (``meshplan models``)."""
+    task: str = Field(pattern=r"^(pretrain|sft|lora)$")
+    gpu: str
+    dtype: str
+    variant: str
+    """``v1``, ``v2``, a named variant (``large_scale``) or "" (unversioned)."""
+    settings: Mapping[str, object]
+
+    def degree(self, field: str, default: int) -> int:
+        value = self.settings.get(field)
+        return default if value is None else int(value)
+
+
+class WorkloadFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    profile: str
+    source: str
+    default_variant: str
+    default_variant_source: str
+    left_out: int
+    presets: tuple[WorkloadPreset, ...]
+
+
+@functools.lru_cache(maxsize=None)
+def load_workloads(ref: str) -> Optional[WorkloadFile]:
+    """The workload presets of profile ``name@version`` (``None``: it has none)."""
+    path = resources.files("meshplan.planner").joinpath(WORKLOADS_DIR, f"{ref}.yaml")
+    if not path.is_file():
+        return None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml reads the 150 kB files 8x faster
+    return WorkloadFile.model_validate(yaml.load(path.read_text(encoding="utf-8"), Loader=loader))  # noqa: S506
+
+
+def _same_shapes(a, b) -> bool:
+    keys = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size", "num_experts",
+            "experts_per_token", "moe_ffn_hidden_size")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def _variant_rank(variant: str, default: str) -> int:
+    """The launcher's order of preference: its default variant, v1 (its fallback), the unversioned name, the rest."""
+    return {default: 0, "v1": 1, "": 2}.get(variant, 3)
+
+
+def choose_preset(ref: str, spec, dtype: str, recipe: str, task: str, pinned: Mapping[str, object],
+                  job: JobFacts) -> Optional[WorkloadPreset]:
+    """The preset profile ``ref``'s launcher runs for this job (module docstring), or ``None``: no preset of this
+    model on the job's device in this precision and task. ``recipe``: the job's low-precision recipe (``none`` for bf16,
+    ``nvfp4`` for an nvfp4 job)."""
+    wl = load_workloads(ref)
+    if wl is None:
+        return None
+    from meshplan.planner.model.config import load_model
+
+    want_task = "lora" if job.lora else task
+    cands = []
+    for p in wl.presets:
+        if p.gpu != job.device or p.task != want_task or PRECISIONS[p.dtype] != (dtype, recipe):
+            continue
+        if not _same_shapes(spec, load_model(p.model)):
+            continue
+        facts = [(p.degree(f, d), pinned.get(k)) for f, k, d in DEGREES if k in pinned]
+        facts += [(p.degree("global_batch_size", 1), job.global_batch), (p.degree("num_gpus", 1), job.world_size)]
+        differ = sum(int(a) != int(b) for a, b in facts)
+        cands.append((differ, _variant_rank(p.variant, wl.default_variant), p.name, p))
+    return min(cands, key=lambda c: c[:3])[3] if cands else None
+
+
+def _graphs(settings: Mapping[str, object]) -> str:
+    """meshplan's ``cuda_graphs`` of a preset's ``cuda_graph_impl`` / ``cuda_graph_scope``: the whole iteration
+    (``full_iteration``, or Megatron's ``local`` graphs scoped to it), per-layer graphs, or none, which is also what a
+    preset without an impl runs: ``_set_cuda_graph_overrides`` (overrides.py @ v0.5.1 line 113) then keeps the library
+    recipe's ``cfg.model.cuda_graph_impl = "none"`` (recipes/qwen/qwen3_moe.py line 70, recipes/deepseek/
+    deepseek_v3.py line 163 @ v0.5.1)."""
+    impl, scope = settings.get("cuda_graph_impl"), settings.get("cuda_graph_scope")
+    scopes = scope if isinstance(scope, list) else [scope]
+    if impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes):
+        return "iteration"
+    return "layers" if impl in ("transformer_engine", "local") else "none"
+
+
+def _recompute(settings: Mapping[str, object], pp: int) -> dict[str, str]:
+    """What ``_set_recompute_overrides`` (scripts/performance/utils/overrides.py @ v0.5.1 lines 139-153) makes of a
+    preset: ``recompute_num_layers`` N is full recomputation of N layers per chunk (method block), a
+    ``recompute_modules`` list selective recomputation of those modules (an empty list recomputes nothing,
+    ``core_attn`` alone is Megatron-Core's default list), ``cpu_offloading_num_layers`` activation offloading, which
+    Megatron-Core refuses at pp > 1 (TransformerConfig.__post_init__), so it is dropped there."""
+    out: dict[str, str] = {}
+    off = int(settings.get("cpu_offloading_num_layers") or 0)
+    if off and pp == 1:
+        out["offload_layers"] = str(off)
+    mods = settings.get("recompute_modules")
+    if settings.get("recompute_num_layers") is not None:
+        out["recompute"] = f"full:{int(settings['recompute_num_layers'])}"
+    elif isinstance(mods, list):
+        out["recompute"] = "selective" if mods else "none"
+        if mods and mods != ["core_attn"]:
+            out["recompute_modules"] = "+".join(str(m) for m in mods)
+    return out
+
+
+def preset_pins(preset: WorkloadPreset, is_moe: bool, pinned: Mapping[str, object], num_layers: int) -> dict[str, str]:
+    """``{--fix key: value}`` the preset sets for the job (``pinned``: the job's own pins, which keep theirs): its
+    recomputation and offloading, CUDA graphs, and on an MoE model its dispatcher (none named: the all-to-all,
+    overrides.py @ v0.5.1 lines 258-261), all-to-all overlap and fused grouped MLP; fp8 attention; its pipeline
+    layout where the job's pp and vpp are the preset's."""
+    from meshplan.planner.layout.splits import format_pp_layout, megatron_layout_stages
+
+    s = preset.settings
+    pp = int(pinned.get("pp", preset.degree("pipeline_model_parallel_size", 1)))
+    out = _recompute(s, pp)
+    out["cuda_graphs"] = _graphs(s)
+    if is_moe:
+        out["moe_dispatcher"] = str(s.get("moe_flex_dispatcher_backend") or "alltoall")
+        out["moe_overlap"] = "true" if s.get("moe_a2a_overlap") else "false"
+        if s.get("cutedsl_fused_grouped_mlp"):
+            out["moe_fused_mlp"] = "true"
+    if s.get("fp8_dot_product_attention"):
+        out["attention_dtype"] = "fp8"
+    vpp = int(pinned.get("vpp", preset.degree("virtual_pipeline_model_parallel_size", 1)))
+    if s.get("pp_layout") and (pp, vpp) == (preset.degree("pipeline_model_parallel_size", 1),
+                                            preset.degree("virtual_pipeline_model_parallel_size", 1)):
+        stages = megatron_layout_stages(str(s["pp_layout"]))
+        if len(stages) == pp * vpp and sum(stages) == num_layers and min(stages) >= 1:
+            out["pp_layout"] = format_pp_layout(stages)
+    return {k: v for k, v in out.items() if k not in pinned}
+
+
+def check_workloads(ref: str) -> None:
+    """Raise ``MeshplanError`` when profile ``ref``'s workloads file names a model meshplan does not bundle or a
+    precision it does not know."""
+    from meshplan.planner.model.config import preset_names
+
+    wl = load_workloads(ref)
+    for p in wl.presets if wl else ():
+        if p.model not in preset_names() or p.dtype not in PRECISIONS:
+            raise MeshplanError(f"{WORKLOADS_DIR}/{ref}.yaml: preset {p.name}: model {p.model} or precision "
+                                f"{p.dtype} unknown")

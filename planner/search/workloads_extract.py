@@ -1,0 +1,132 @@
+"""Read Megatron-Bridge's performance presets (``scripts/performance/configs/*/*workload_base_configs.py``) at the
+tags behind the ``megatron-bridge-perf`` stack profiles, into ``presets/stacks/workloads/<profile>.yaml``.
+
+    python -m meshplan.planner.search.workloads_extract BRIDGE_GIT_DIR
+
+``BRIDGE_GIT_DIR``: a clone (or bare mirror) of NVIDIA-NeMo/Megatron-Bridge holding the tags of ``TAGS``. Each
+preset file is evaluated with its imports replaced by a recorder of keyword arguments, so a preset keeps exactly the
+fields its file sets (``dataclasses.replace`` chains included) and nothing of Bridge's code runs. A preset of a
+model meshplan does not bundle (``MODELS``) or a name in neither naming scheme is left out and counted.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+# profile version -> (tag, the NeMo container it shipped in). 25.09 (r0.1.0) kept its presets as YAML perf matrices,
+# not workload configs: no preset is read for it.
+TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.2",
+        "26.06": "v0.5.0", "26.06.01": "v0.5.1"}
+
+# Bridge's model recipe name (upper case, as in a preset's name) -> meshplan's bundled model of the same shapes
+MODELS = {"DEEPSEEK_V3": "deepseek-v3", "KIMI_K2": "kimi-k2", "QWEN3_30B_A3B": "qwen3-30b-a3b",
+          "QWEN3_235B_A22B": "qwen3-235b-a22b", "LLAMA3_8B": "llama-3.1-8b-instruct",
+          "LLAMA3_70B": "llama-3.1-70b-instruct", "LLAMA31_405B": "llama-3.1-405b", "GPT_OSS_120B": "gpt-oss-120b",
+          "GPT_OSS_20B": "gpt-oss-20b", "NEMOTRONH_56B": "nemotron-h-56b",
+          "NEMOTRON_3_NANO": "nemotron-3-nano-30b-a3b", "NEMOTRON_3_SUPER": "nemotron-3-super-120b-a12b",
+          "NEMOTRON_3_ULTRA": "nemotron-3-ultra-550b-a55b"}
+GPUS = {"GB300": "GB300", "GB200": "GB200", "B300": "B300", "B200": "B200", "H100": "H100-SXM"}
+DTYPES = ("BF16", "FP8_CS", "FP8_MX", "FP8_DS", "FP8_SC", "NVFP4")
+_DT = "|".join(DTYPES)
+_GPU = "|".join(GPUS) + "|VR200|R200"
+# v0.3.0 on: get_workload_base_config's {model_recipe_name}_{task}_config_{gpu}_{compute_dtype}[_{variant}]
+NEW_NAME = re.compile(rf"^(?P<model>[A-Z0-9_]+?)_(?P<task>PRETRAIN|SFT|LORA)_CONFIG_(?P<gpu>{_GPU})_(?P<dtype>{_DT})"
+                      r"(?:_(?P<variant>V\d+|LARGE_SCALE|GBS\d+))?$")
+# v0.2.0: {model_name}_{model_size}_{gpu}[_{task}]_{compute_dtype}_BASE_CONFIG, pre-training without a task
+OLD_NAME = re.compile(rf"^(?P<model>[A-Z0-9_]+?)_(?P<gpu>{_GPU})(?:_(?P<task>SFT|LORA))?_(?P<dtype>{_DT})_BASE_CONFIG$")
+
+
+class _Preset(dict):
+    """The keyword arguments a preset file passes, accumulated along ``replace`` chains."""
+
+
+def _replace(base, **changes):
+    return _Preset({**base, **changes})
+
+
+def read_presets(source: str) -> dict[str, tuple[dict, int]]:
+    """{name: (fields set, line)} of every module-level preset in one workload file's ``source``."""
+    tree = ast.parse(source)
+    tree.body = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))]
+    scope = {"WorkloadBaseConfig": lambda **kw: _Preset(kw), "replace": _replace}
+    exec(compile(tree, "<workload>", "exec"), scope)  # noqa: S102 - the file's assignments only, imports removed
+    lines = {t.id: n.lineno for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)}
+    return {k: (dict(v), lines.get(k, 0)) for k, v in scope.items() if isinstance(v, _Preset)}
+
+
+def parse_name(name: str) -> dict | None:
+    """(model, task, gpu, dtype, variant) of a preset's name in either naming scheme; None for a base preset."""
+    m = NEW_NAME.match(name) or OLD_NAME.match(name)
+    if m is None:
+        return None
+    d = m.groupdict()
+    return {"model": d["model"], "task": (d.get("task") or "PRETRAIN").lower(), "gpu": d["gpu"],
+            "dtype": d["dtype"].lower(), "variant": (d.get("variant") or "").lower()}
+
+
+def _git(git_dir: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def extract(git_dir: Path, version: str) -> dict:
+    """The workloads file of ``megatron-bridge-perf@version``."""
+    tag = TAGS[version]
+    commit = _git(git_dir, "rev-parse", f"{tag}^{{commit}}").strip()
+    files = [f for f in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
+             if f.endswith("workload_base_configs.py")]
+    presets, skipped = [], 0
+    for path in files:
+        for name, (fields, line) in read_presets(_git(git_dir, "show", f"{tag}:{path}")).items():
+            parsed = parse_name(name)
+            if parsed is None:
+                continue
+            if parsed["model"] not in MODELS or parsed["gpu"] not in GPUS:
+                skipped += 1
+                continue
+            presets.append({"name": name, "file": path, "line": line, **parsed,
+                            "model": MODELS[parsed["model"]], "gpu": GPUS[parsed["gpu"]],
+                            "settings": {k: v for k, v in sorted(fields.items())}})
+    presets.sort(key=lambda p: (p["model"], p["task"], p["gpu"], p["dtype"], p["variant"]))
+    return {"profile": f"megatron-bridge-perf@{version}",
+            "source": f"NVIDIA-NeMo/Megatron-Bridge @ {tag} ({commit[:9]}), scripts/performance/configs: each preset's "
+                      "fields as its file sets them (read by meshplan.planner.search.workloads_extract)",
+            "default_variant": "v2",
+            "default_variant_source": f"scripts/performance/argument_parser.py @ {tag}: --config_variant defaults to "
+                                      "'v2', and utils/utils.py get_workload_base_config falls back to 'v1', then to "
+                                      "the unversioned name" if tag != "v0.2.0" else
+                                      "v0.2.0 names carry no variant (utils/utils.py get_workload_base_config)",
+            "left_out": skipped,
+            "presets": presets}
+
+
+class _NoAliases(yaml.SafeDumper):
+    """Every preset written out in full (no YAML anchors between presets that share a list)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m meshplan.planner.search.workloads_extract BRIDGE_GIT_DIR", file=sys.stderr)
+        return 2
+    git_dir = Path(argv[0])
+    out = Path(__file__).resolve().parent.parent / "presets" / "stacks" / "workloads"
+    out.mkdir(exist_ok=True)
+    for version in TAGS:
+        data = extract(git_dir, version)
+        (out / f"{data['profile']}.yaml").write_text(yaml.dump(data, Dumper=_NoAliases, sort_keys=False,
+                                                               width=120), encoding="utf-8")
+        print(f"{data['profile']}: {len(data['presets'])} presets ({data['left_out']} of models meshplan lacks)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,136 @@
+"""Workload presets: the ``megatron-bridge-perf`` profiles carry what Megatron-Bridge's performance scripts set for
+each (model, task, GPU, precision), read from the scripts' own preset files (``planner.search.workloads``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from meshplan.cli.main import app
+from meshplan.planner.layout.stacks import load_stacks
+from meshplan.planner.model.config import load_model
+from meshplan.planner.search.workloads import (
+    PRECISIONS,
+    JobFacts,
+    check_workloads,
+    choose_preset,
+    load_workloads,
+    preset_pins,
+)
+from meshplan.planner.search.workloads_extract import TAGS, parse_name, read_presets
+from tests.helpers import data_path, jsonl_rows, load_dev_set
+
+dev_set = load_dev_set()
+RUNS = data_path("published_runs")
+
+
+def test_a_preset_file_is_read_as_its_assignments_set_it():
+    """``replace`` chains accumulate and a later field replaces an earlier one; a base preset is kept but its name
+    parses to nothing; an alias line is the same preset (golden, by hand)."""
+    src = (
+        "from dataclasses import replace\nfrom utils.utils import WorkloadBaseConfig\n"
+        "BASE_X_CONFIG = WorkloadBaseConfig(expert_tensor_parallel_size=1)\n"
+        "X_PRETRAIN_CONFIG_GB300_V1 = replace(BASE_X_CONFIG, num_gpus=256, micro_batch_size=2, "
+        "recompute_modules=['mla_up_proj'])\n"
+        "X_PRETRAIN_CONFIG_GB300_FP8_MX_V1 = replace(X_PRETRAIN_CONFIG_GB300_V1, micro_batch_size=1, "
+        "cuda_graph_impl='full_iteration', recompute_modules=[])\n"
+        "X_PRETRAIN_CONFIG_GB300_NVFP4_V1 = X_PRETRAIN_CONFIG_GB300_V1\n")
+    got = read_presets(src)
+    assert got["X_PRETRAIN_CONFIG_GB300_FP8_MX_V1"] == ({
+        "expert_tensor_parallel_size": 1, "num_gpus": 256, "micro_batch_size": 1,
+        "cuda_graph_impl": "full_iteration", "recompute_modules": []}, 5)
+    assert got["X_PRETRAIN_CONFIG_GB300_NVFP4_V1"][0] == {
+        "expert_tensor_parallel_size": 1, "num_gpus": 256, "micro_batch_size": 2, "recompute_modules": ["mla_up_proj"]}
+    assert parse_name("X_PRETRAIN_CONFIG_GB300_V1") is None and parse_name("BASE_X_CONFIG") is None
+
+
+@pytest.mark.parametrize("name, parsed", [
+    # v0.3.0 on: {model_recipe_name}_{task}_config_{gpu}_{compute_dtype}_{variant} (utils/utils.py)
+    ("DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2", ("DEEPSEEK_V3", "pretrain", "GB300", "fp8_mx", "v2")),
+    ("QWEN3_235B_A22B_PRETRAIN_CONFIG_B200_FP8_MX_LARGE_SCALE",
+     ("QWEN3_235B_A22B", "pretrain", "B200", "fp8_mx", "large_scale")),
+    ("LLAMA3_70B_LORA_CONFIG_GB200_FP8_CS_V1", ("LLAMA3_70B", "lora", "GB200", "fp8_cs", "v1")),
+    # v0.2.0: {model_name}_{model_size}_{gpu}[_{task}]_{compute_dtype}_BASE_CONFIG
+    ("LLAMA3_70B_GB200_SFT_BF16_BASE_CONFIG", ("LLAMA3_70B", "sft", "GB200", "bf16", "")),
+    ("QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG", ("QWEN3_30B_A3B", "pretrain", "H100", "fp8_cs", "")),
+])
+def test_preset_names_parse_in_both_naming_schemes(name, parsed):
+    p = parse_name(name)
+    assert (p["model"], p["task"], p["gpu"], p["dtype"], p["variant"]) == parsed
+
+
+def test_every_perf_profile_from_25_11_carries_its_tags_presets():
+    """Each ``megatron-bridge-perf`` profile of a release with workload configs (25.09's r0.1.0 kept YAML perf
+    matrices instead) has its presets, read at the tag its own ``source`` names, each of a bundled model."""
+    stacks = load_stacks()
+    for version, tag in TAGS.items():
+        ref = f"megatron-bridge-perf@{version}"
+        wl = load_workloads(ref)
+        assert wl is not None and wl.presets, ref
+        assert f"@ {tag} " in wl.source and f"@ {tag} " in stacks.get(ref).source, ref
+        check_workloads(ref)
+    assert load_workloads("megatron-bridge-perf@25.09") is None and load_workloads("megatron-bridge@26.06.01") is None
+
+
+def test_the_preset_chosen_from_a_table_row_is_the_one_its_provenance_quotes():
+    """Independent truth: each Blackwell dev-set row records the preset its run matched (``recipe.workload_config``,
+    found by the row's builder comparing the table's layout with every preset of the release). Chosen from the
+    table's facts alone (model, GPUs, precision, task, degrees, batch, GPU count), the profile's preset is that one
+    on every row, the "closest" matches included."""
+    rows = [r for r in jsonl_rows(RUNS / "blackwell_dev.jsonl") if (r.get("recipe") or {}).get("workload_config")]
+    assert len(rows) == 207
+    for row in rows:
+        inp = dev_set.row_needs(row, RUNS, profile_only=True)
+        said = [a for a in inp.assumptions if "workload preset" in a]
+        assert said == [f"profile {inp.profile}: workload preset {row['recipe']['workload_config']}"], row["name"]
+
+
+def test_a_preset_sets_what_its_file_says():
+    """DeepSeek-V3 on GB300 in MXFP8, 26.06.01 (v0.5.1 deepseek_workload_base_configs.py, the FP8_MX_V2 preset on
+    top of FP8_MX_V1: full-iteration graphs, all-to-all overlap, the CuTe DSL fused grouped MLP, fp8 attention, an
+    empty recompute list, Hybrid-EP, pp_layout 'Et*4|(t*4|)*14tmL'), on the preset's own mesh (pp 2 x vpp 8)."""
+    spec = load_model("deepseek-v3")
+    job = JobFacts("GB300", 4096, 256)
+    pinned = {"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1}
+    p = choose_preset("megatron-bridge-perf@26.06.01", spec, "fp8", "mxfp8", "pretrain", pinned, job)
+    assert p.name == "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2"
+    assert preset_pins(p, True, pinned, spec.num_layers) == {
+        "recompute": "none", "cuda_graphs": "iteration", "moe_dispatcher": "hybridep", "moe_overlap": "true",
+        "moe_fused_mlp": "true", "attention_dtype": "fp8", "pp_layout": "4*15+1"}
+    # another mesh: the preset's pipeline layout does not fit it, and a pin keeps its own value
+    other = preset_pins(p, True, {**pinned, "pp": 4, "vpp": 4, "cuda_graphs": "none"}, spec.num_layers)
+    assert "pp_layout" not in other and "cuda_graphs" not in other
+    # nothing for a model the presets do not cover, a GPU they do not name, or a precision without a preset
+    assert choose_preset("megatron-bridge-perf@26.06.01", load_model("gpt2"), "bf16", "none", "pretrain", {},
+                         job) is None
+    assert choose_preset("megatron-bridge-perf@26.06.01", spec, "fp8", "mxfp8", "pretrain", {},
+                         JobFacts("H200", 4096, 256)) is None
+    assert ("fp8", "delayed") in PRECISIONS.values()
+
+
+def test_free_degrees_take_the_launchers_default_variant():
+    """With nothing pinned but the batch and GPU count of a V1 preset, V1 is chosen; with V2's, V2: the launcher's
+    ``--config_variant`` (v2 by default) is what the job's stated batch selects."""
+    spec = load_model("deepseek-v3")
+    ref = "megatron-bridge-perf@26.06.01"
+    v2 = choose_preset(ref, spec, "fp8", "mxfp8", "pretrain", {}, JobFacts("GB300", 4096, 256))
+    v1 = choose_preset(ref, spec, "fp8", "mxfp8", "pretrain", {}, JobFacts("GB300", 2048, 256))
+    assert (v1.variant, v2.variant) == ("v1", "v2")
+
+
+def test_plan_names_the_preset_and_prices_with_it(tmp_path):
+    """``meshplan plan --stack megatron-bridge-perf@26.06.01`` on the preset's job names the preset in its notes
+    and plans with its settings; the library profile (no launcher) has no preset."""
+    args = ["plan", "-m", "deepseek-v3", "-c", "64x4xGB300-NVL72", "-b", "4096", "-s", "4096", "--dtype", "fp8",
+            "--fix", "fp8=mxfp8,tp=1,pp=2,vpp=8,ep=32,mbs=1,zero=1,mtp=1", "--json"]
+    res = CliRunner().invoke(app, [*args, "--stack", "megatron-bridge-perf@26.06.01", "--out",
+                                   str(tmp_path / "a.yaml")])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert any("workload preset DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2" in n for n in out["warnings"])
+    row = out["plans"][0]
+    assert (row["cuda_graphs"], row["moe_overlap"]) == ("iteration", True), row
+    res = CliRunner().invoke(app, [*args, "--stack", "megatron-bridge@26.06.01", "--out", str(tmp_path / "b.yaml")])
+    assert res.exit_code == 0, res.output
+    assert not any("workload preset" in n for n in json.loads(res.output)["warnings"])
