@@ -133,15 +133,16 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``), and
     560 (median 2.5) since the MoE rows' CUDA graphs are a decision meshplan prices (``cuda_graphs``: each MoE
     layer's host wait after its token-count sync), one more on the 55 MoE rows whose preset captures none or the
-    whole iteration (per-layer graphs are meshplan's own free choice: ``space.free_cuda_graphs``), and 307 (median
-    1) since the perf-scripts profiles carry the launcher's own workload presets (``planner.search.workloads``): what
-    a row's preset sets is its profile's, chosen from the table's facts.
+    whole iteration (per-layer graphs are meshplan's own free choice: ``space.free_cuda_graphs``), and 288 (median
+    1) since the perf-scripts profiles carry the launcher's own workload presets (``planner.search.workloads``: r0.1.0's
+    perf matrices, the later tags' workload configs): what a row's preset sets is its profile's, chosen from the
+    table's facts.
     An uneven split the table leaves unsaid stays counted: left free, meshplan balances the stages by priced time,
     not as Megatron splits them."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 307 and statistics.median(counts["B1"]) <= 1
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 288 and statistics.median(counts["B1"]) <= 1
     assert counts["B2"] == [0] * 8
 
 
@@ -297,11 +298,11 @@ def test_b1_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 
 
 # B1 priced from its table's facts and its stack profile alone (``--profile-only``): 14.63% on 2026-11-28 once a
-# free search tried what the presets run (activation offloading on Grace, the MoE recompute module lists), 11.24%
+# free search tried what the presets run (activation offloading on Grace, the MoE recompute module lists), 10.92%
 # once the perf-scripts profiles carry the launcher's workload presets (BENCHMARKS.md, "The perf-scripts profiles
 # carry their launcher's presets"). Issue 26 asks 8%; a guard with a little room, moved only with a change that says
 # why. Slow, as the ratchet above.
-B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.115
+B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.112
 
 
 @pytest.mark.slow

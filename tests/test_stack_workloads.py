@@ -18,7 +18,7 @@ from meshplan.planner.search.workloads import (
     load_workloads,
     preset_pins,
 )
-from meshplan.planner.search.workloads_extract import TAGS, parse_name, read_presets
+from meshplan.planner.search.workloads_extract import TAGS, parse_name, read_perf_matrix, read_presets
 from tests.helpers import data_path, jsonl_rows, load_dev_set
 
 dev_set = load_dev_set()
@@ -60,9 +60,23 @@ def test_preset_names_parse_in_both_naming_schemes(name, parsed):
     assert (p["model"], p["task"], p["gpu"], p["dtype"], p["variant"]) == parsed
 
 
-def test_every_perf_profile_from_25_11_carries_its_tags_presets():
-    """Each ``megatron-bridge-perf`` profile of a release with workload configs (25.09's r0.1.0 kept YAML perf
-    matrices instead) has its presets, read at the tag its own ``source`` names, each of a bundled model."""
+def test_an_r010_perf_matrix_merges_each_precision_over_common():
+    """r0.1.0's launcher deep-merges a precision's block over ``common`` (utils/helpers.py
+    apply_perf_matrix_overrides) and takes every precision, present or not; keys become WorkloadBaseConfig's (golden,
+    by hand)."""
+    src = ("perf_matrix:\n  gb200:\n    num_gpus_8:\n      common:\n        tp: 2\n        mbs: 4\n"
+           "        cuda_graphs: true\n      fp8_mx:\n        mbs: 2\n")
+    got = {name: (fields, line, gpu, dtype) for name, fields, line, gpu, dtype in read_perf_matrix(src)}
+    assert set(got) == {f"perf_matrix.gb200.num_gpus_8.{d}" for d in ("bf16", "fp8_ds", "fp8_cs", "fp8_mx", "fp8_ss")}
+    assert got["perf_matrix.gb200.num_gpus_8.fp8_mx"] == ({"num_gpus": 8, "tensor_model_parallel_size": 2,
+                                                          "micro_batch_size": 2, "cuda_graphs": True}, 3, "GB200",
+                                                         "fp8_mx")
+    assert got["perf_matrix.gb200.num_gpus_8.bf16"][0]["micro_batch_size"] == 4
+
+
+def test_every_perf_profile_carries_its_tags_presets():
+    """Each ``megatron-bridge-perf`` profile has its presets (r0.1.0's perf matrices, the later tags' workload
+    configs), read at the tag its own ``source`` names, each of a bundled model."""
     stacks = load_stacks()
     for version, tag in TAGS.items():
         ref = f"megatron-bridge-perf@{version}"
@@ -70,20 +84,27 @@ def test_every_perf_profile_from_25_11_carries_its_tags_presets():
         assert wl is not None and wl.presets, ref
         assert f"@ {tag} " in wl.source and f"@ {tag} " in stacks.get(ref).source, ref
         check_workloads(ref)
-    assert load_workloads("megatron-bridge-perf@25.09") is None and load_workloads("megatron-bridge@26.06.01") is None
+    assert load_workloads("megatron-bridge@26.06.01") is None  # the library has no launcher
 
 
 def test_the_preset_chosen_from_a_table_row_is_the_one_its_provenance_quotes():
     """Independent truth: each Blackwell dev-set row records the preset its run matched (``recipe.workload_config``,
-    found by the row's builder comparing the table's layout with every preset of the release). Chosen from the
-    table's facts alone (model, GPUs, precision, task, degrees, batch, GPU count), the profile's preset is that one
-    on every row, the "closest" matches included."""
-    rows = [r for r in jsonl_rows(RUNS / "blackwell_dev.jsonl") if (r.get("recipe") or {}).get("workload_config")]
-    assert len(rows) == 207
+    or for 25.09 the r0.1.0 perf-matrix entry, ``recipe.perf_matrix_entry``), found by the row's builder comparing the
+    table's layout with every preset of the release. Chosen from the table's facts alone (model, GPUs, precision,
+    task, degrees, batch, GPU count), the profile's preset is that one on every row, the "closest" matches included
+    (a 25.09 entry's precision block is the table's precision, which the builder did not tell apart)."""
+    rows = [r for r in jsonl_rows(RUNS / "blackwell_dev.jsonl") if r.get("recipe")]
+    assert len(rows) == 228
     for row in rows:
         inp = dev_set.row_needs(row, RUNS, profile_only=True)
-        said = [a for a in inp.assumptions if "workload preset" in a]
-        assert said == [f"profile {inp.profile}: workload preset {row['recipe']['workload_config']}"], row["name"]
+        said = [a.removeprefix(f"profile {inp.profile}: workload preset ") for a in inp.assumptions
+                if "workload preset" in a]
+        rec = row["recipe"]
+        if rec.get("workload_config"):
+            assert said == [rec["workload_config"]], row["name"]
+        else:  # perf_matrix.<gpu>.num_gpus_<N>.<dtype>
+            assert len(said) == 1 and said[0].rsplit(".", 1)[0] == rec["perf_matrix_entry"].rsplit(".", 1)[0], \
+                row["name"]
 
 
 def test_a_preset_sets_what_its_file_says():

@@ -26,7 +26,8 @@ WORKLOADS_DIR = "presets/stacks/workloads"
 
 # Bridge's compute dtype in a preset's name -> (meshplan's --dtype, its fp8 recipe)
 PRECISIONS = {"bf16": ("bf16", "none"), "fp8_cs": ("fp8", "tensorwise"), "fp8_mx": ("fp8", "mxfp8"),
-              "fp8_ds": ("fp8", "delayed"), "fp8_sc": ("fp8", "blockwise"), "nvfp4": ("nvfp4", "nvfp4")}
+              "fp8_ds": ("fp8", "delayed"), "fp8_sc": ("fp8", "blockwise"), "nvfp4": ("nvfp4", "nvfp4"),
+              "fp8_ss": ("fp8", "blockwise")}  # r0.1.0's subchannel scaling, its name for blockwise
 # a preset's degree fields -> the --fix key the job states them with (WorkloadBaseConfig's defaults beside)
 DEGREES = (("tensor_model_parallel_size", "tp", 1), ("pipeline_model_parallel_size", "pp", 1),
            ("context_parallel_size", "cp", 1), ("virtual_pipeline_model_parallel_size", "vpp", 1),
@@ -126,6 +127,9 @@ def _graphs(settings: Mapping[str, object]) -> str:
     preset without an impl runs: ``_set_cuda_graph_overrides`` (overrides.py @ v0.5.1 line 113) then keeps the library
     recipe's ``cfg.model.cuda_graph_impl = "none"`` (recipes/qwen/qwen3_moe.py line 70, recipes/deepseek/
     deepseek_v3.py line 163 @ v0.5.1)."""
+    if "cuda_graphs" in settings:  # r0.1.0's perf matrix: a flag set_cuda_graph_overrides (utils/helpers.py @ r0.1.0
+        # lines 114-120) turns into Megatron-Core's per-layer graphs (enable_cuda_graph)
+        return "layers" if settings["cuda_graphs"] else "none"
     impl, scope = settings.get("cuda_graph_impl"), settings.get("cuda_graph_scope")
     scopes = scope if isinstance(scope, list) else [scope]
     if impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-# profile version -> (tag, the NeMo container it shipped in). 25.09 (r0.1.0) kept its presets as YAML perf matrices,
-# not workload configs: no preset is read for it.
-TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.2",
-        "26.06": "v0.5.0", "26.06.01": "v0.5.1"}
+# profile version -> the tag it was read at. 25.09's r0.1.0 kept its presets as YAML perf matrices
+# (``read_perf_matrix``), the later tags as workload configs.
+TAGS = {"25.09": "r0.1.0", "25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0",
+        "26.04.01": "v0.4.2", "26.06": "v0.5.0", "26.06.01": "v0.5.1"}
 
 # Bridge's model recipe name (upper case, as in a preset's name) -> meshplan's bundled model of the same shapes
 MODELS = {"DEEPSEEK_V3": "deepseek-v3", "KIMI_K2": "kimi-k2", "QWEN3_30B_A3B": "qwen3-30b-a3b",
@@ -30,8 +30,15 @@ MODELS = {"DEEPSEEK_V3": "deepseek-v3", "KIMI_K2": "kimi-k2", "QWEN3_30B_A3B": "
           "GPT_OSS_20B": "gpt-oss-20b", "NEMOTRONH_56B": "nemotron-h-56b",
           "NEMOTRON_3_NANO": "nemotron-3-nano-30b-a3b", "NEMOTRON_3_SUPER": "nemotron-3-super-120b-a12b",
           "NEMOTRON_3_ULTRA": "nemotron-3-ultra-550b-a55b"}
+# r0.1.0's perf-matrix keys -> WorkloadBaseConfig's field names (what ``workloads`` reads); the rest keep their own
+PERF_MATRIX_FIELDS = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+                      "cp": "context_parallel_size", "vp": "virtual_pipeline_model_parallel_size",
+                      "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size",
+                      "mbs": "micro_batch_size", "gbs": "global_batch_size", "fsdp": "use_megatron_fsdp"}
 GPUS = {"GB300": "GB300", "GB200": "GB200", "B300": "B300", "B200": "B200", "H100": "H100-SXM"}
 DTYPES = ("BF16", "FP8_CS", "FP8_MX", "FP8_DS", "FP8_SC", "NVFP4")
+# r0.1.0's --compute_dtype / --fp8_recipe pairs (argument_parser.py: bf16 or fp8 with ds, cs, mx or ss)
+R010_DTYPES = ("bf16", "fp8_ds", "fp8_cs", "fp8_mx", "fp8_ss")
 _DT = "|".join(DTYPES)
 _GPU = "|".join(GPUS) + "|VR200|R200"
 # v0.3.0 on: get_workload_base_config's {model_recipe_name}_{task}_config_{gpu}_{compute_dtype}[_{variant}]
@@ -70,6 +77,43 @@ def parse_name(name: str) -> dict | None:
             "dtype": d["dtype"].lower(), "variant": (d.get("variant") or "").lower()}
 
 
+def read_perf_matrix(source: str) -> list[tuple[str, dict, int, str, str]]:
+    """(name, fields, line, gpu, dtype) of every launch an r0.1.0 perf matrix holds: ``perf_matrix.<gpu>.num_gpus_<N>``
+    with its ``common`` block merged under each precision's (utils/helpers.py apply_perf_matrix_overrides @ r0.1.0:
+    the dtype's block, when present, deep-merged over common), for every precision the launcher takes, keys renamed
+    to WorkloadBaseConfig's (``PERF_MATRIX_FIELDS``) and ``num_gpus`` from the entry's key."""
+    data = yaml.safe_load(source).get("perf_matrix") or {}
+    lines = {}  # (gpu, num_gpus_N) -> the entry's line, from the composed nodes
+    for key, value in yaml.compose(source).value:
+        if key.value == "perf_matrix":
+            for gpu_key, gpu_node in value.value:
+                lines |= {(gpu_key.value, k.value): k.start_mark.line + 1 for k, _ in gpu_node.value}
+    out = []
+    for gpu, entries in data.items():
+        for entry, blocks in entries.items():
+            for dtype in R010_DTYPES:
+                merged = {**(blocks.get("common") or {}), **(blocks.get(dtype) or {})}
+                fields = {PERF_MATRIX_FIELDS.get(k, k): v for k, v in merged.items()}
+                out.append((f"perf_matrix.{gpu}.{entry}.{dtype}",
+                            {"num_gpus": int(entry.removeprefix("num_gpus_")), **fields},
+                            lines[gpu, entry], gpu.upper(), dtype))
+    return out
+
+
+def _r010_presets(git_dir: Path, tag: str) -> tuple[list[dict], int]:
+    """The presets of r0.1.0's perf matrices (``configs/<family>/<recipe>_llm_pretrain.yaml``: pre-training only)."""
+    presets, skipped = [], 0
+    for path in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split():
+        model = Path(path).name.removesuffix("_llm_pretrain.yaml").upper()
+        for name, fields, line, gpu, dtype in read_perf_matrix(_git(git_dir, "show", f"{tag}:{path}")):
+            if model not in MODELS or gpu not in GPUS:
+                skipped += 1
+                continue
+            presets.append({"name": name, "file": path, "line": line, "model": MODELS[model], "task": "pretrain",
+                            "gpu": GPUS[gpu], "dtype": dtype, "variant": "", "settings": dict(sorted(fields.items()))})
+    return presets, skipped
+
+
 def _git(git_dir: Path, *args: str) -> str:
     return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True,
                           text=True).stdout
@@ -81,7 +125,7 @@ def extract(git_dir: Path, version: str) -> dict:
     commit = _git(git_dir, "rev-parse", f"{tag}^{{commit}}").strip()
     files = [f for f in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
              if f.endswith("workload_base_configs.py")]
-    presets, skipped = [], 0
+    presets, skipped = _r010_presets(git_dir, tag) if tag == "r0.1.0" else ([], 0)
     for path in files:
         for name, (fields, line) in read_presets(_git(git_dir, "show", f"{tag}:{path}")).items():
             parsed = parse_name(name)
@@ -98,10 +142,12 @@ def extract(git_dir: Path, version: str) -> dict:
             "source": f"NVIDIA-NeMo/Megatron-Bridge @ {tag} ({commit[:9]}), scripts/performance/configs: each preset's "
                       "fields as its file sets them (read by meshplan.planner.search.workloads_extract)",
             "default_variant": "v2",
-            "default_variant_source": f"scripts/performance/argument_parser.py @ {tag}: --config_variant defaults to "
-                                      "'v2', and utils/utils.py get_workload_base_config falls back to 'v1', then to "
-                                      "the unversioned name" if tag != "v0.2.0" else
-                                      "v0.2.0 names carry no variant (utils/utils.py get_workload_base_config)",
+            "default_variant_source": {"r0.1.0": "r0.1.0's perf matrices carry no variant (utils/common.py "
+                                                 "get_perf_matrix_overrides: one entry per GPU and GPU count)",
+                                       "v0.2.0": "v0.2.0 names carry no variant (utils/utils.py "
+                                                 "get_workload_base_config)"}.get(
+                tag, f"scripts/performance/argument_parser.py @ {tag}: --config_variant defaults to 'v2', and "
+                     "utils/utils.py get_workload_base_config falls back to 'v1', then to the unversioned name"),
             "left_out": skipped,
             "presets": presets}
 
