@@ -133,7 +133,7 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     505 since the seven 25.09 rows at TP > 1 keep r0.1.0 run_script.py's TP overlap (``R010_TP_COMM_OVERLAP``), and
     560 (median 2.5) since the MoE rows' CUDA graphs are a decision meshplan prices (``cuda_graphs``: each MoE
     layer's host wait after its token-count sync), one more on the 55 MoE rows whose preset captures none or the
-    whole iteration (per-layer graphs are meshplan's own free choice: ``space.free_cuda_graphs``), and 288 (median
+    whole iteration (per-layer graphs are meshplan's own free choice: ``space.free_cuda_graphs``), and 276 (median
     1) since the perf-scripts profiles carry the launcher's own workload presets (``planner.search.workloads``: r0.1.0's
     perf matrices, the later tags' workload configs): what a row's preset sets is its profile's, chosen from the
     table's facts.
@@ -142,7 +142,7 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 288 and statistics.median(counts["B1"]) <= 1
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 276 and statistics.median(counts["B1"]) <= 1
     assert counts["B2"] == [0] * 8
 
 

@@ -117,11 +117,16 @@ def test_a_preset_sets_what_its_file_says():
     p = choose_preset("megatron-bridge-perf@26.06.01", spec, "fp8", "mxfp8", "pretrain", pinned, job)
     assert p.name == "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2"
     assert preset_pins(p, True, pinned, spec.num_layers) == {
-        "recompute": "none", "cuda_graphs": "iteration", "moe_dispatcher": "hybridep", "moe_overlap": "true",
-        "moe_fused_mlp": "true", "attention_dtype": "fp8", "pp_layout": "4*15+1"}
+        "cp": "1", "recompute": "none", "cuda_graphs": "iteration", "moe_dispatcher": "hybridep", "moe_overlap": "true",
+        "moe_fused_mlp": "true", "attention_dtype": "fp8", "pp_layout": "4*15+1", "schedule": "interleaved"}
     # another mesh: the preset's pipeline layout does not fit it, and a pin keeps its own value
     other = preset_pins(p, True, {**pinned, "pp": 4, "vpp": 4, "cuda_graphs": "none"}, spec.num_layers)
     assert "pp_layout" not in other and "cuda_graphs" not in other
+    # nothing pinned: the launcher runs the preset's own mesh (FP8_MX_V1, whose degrees V2 keeps: pp 2, vpp 8, ep 32,
+    # micro-batch 1)
+    free = preset_pins(p, True, {}, spec.num_layers)
+    assert {k: free[k] for k in ("tp", "pp", "vpp", "cp", "ep", "mbs", "pp_layout")} == {
+        "tp": "1", "pp": "2", "vpp": "8", "cp": "1", "ep": "32", "mbs": "1", "pp_layout": "4*15+1"}
     # nothing for a model the presets do not cover, a GPU they do not name, or a precision without a preset
     assert choose_preset("megatron-bridge-perf@26.06.01", load_model("gpt2"), "bf16", "none", "pretrain", {},
                          job) is None

@@ -8,7 +8,8 @@ Megatron-Bridge's performance scripts run each (model, task, GPU, precision) fro
 ``workloads_extract``. Which preset runs is what the job states: its model, GPUs, precision and task, then the preset
 whose parallel degrees, batch and GPU count differ least from the job's (its published table gives them), the
 launcher's default variant on a tie. ``preset_pins`` turns the preset's fields into ``--fix`` values, each under the
-request's own pins.
+request's own pins, its parallel degrees included where the job pins none: the launcher runs its preset's layout
+and overrides only what it is told, so under such a profile a plan prices the preset rather than searching.
 """
 from __future__ import annotations
 
@@ -157,16 +158,29 @@ def _recompute(settings: Mapping[str, object], pp: int) -> dict[str, str]:
     return out
 
 
+def _mesh(preset: WorkloadPreset, pinned: Mapping[str, object], is_moe: bool) -> dict[str, int]:
+    """The job's degrees: its own pins, the preset's where it pins none (the launcher runs its preset's layout and
+    overrides only what its command line says: utils/utils.py get_exp_name_config @ v0.5.1), expert tensor
+    parallelism where it differs from tp."""
+    out = {k: int(pinned.get(k, preset.degree(f, d))) for f, k, d in DEGREES}
+    etp = preset.settings.get("expert_tensor_parallel_size")
+    if is_moe and "etp" not in pinned and etp is not None and out["ep"] > 1 and int(etp) != out["tp"]:
+        out["etp"] = int(etp)
+    if not is_moe:
+        out.pop("ep")
+    return out
+
+
 def preset_pins(preset: WorkloadPreset, is_moe: bool, pinned: Mapping[str, object], num_layers: int) -> dict[str, str]:
     """``{--fix key: value}`` the preset sets for the job (``pinned``: the job's own pins, which keep theirs): its
-    recomputation and offloading, CUDA graphs, and on an MoE model its dispatcher (none named: the all-to-all,
-    overrides.py @ v0.5.1 lines 258-261), all-to-all overlap and fused grouped MLP; fp8 attention; its pipeline
-    layout where the job's pp and vpp are the preset's."""
+    mesh where the job leaves a degree free (``_mesh``); its recomputation and offloading, CUDA graphs, and on an MoE
+    model its dispatcher (none named: the all-to-all, overrides.py @ v0.5.1 lines 258-261), all-to-all overlap and
+    fused grouped MLP; fp8 attention; its pipeline layout when the job runs the preset's pp and vpp."""
     from meshplan.planner.layout.splits import format_pp_layout, megatron_layout_stages
 
     s = preset.settings
-    pp = int(pinned.get("pp", preset.degree("pipeline_model_parallel_size", 1)))
-    out = _recompute(s, pp)
+    mesh = _mesh(preset, pinned, is_moe)
+    out = {k: str(v) for k, v in mesh.items()} | _recompute(s, mesh["pp"])
     out["cuda_graphs"] = _graphs(s)
     if is_moe:
         out["moe_dispatcher"] = str(s.get("moe_flex_dispatcher_backend") or "alltoall")
@@ -175,12 +189,13 @@ def preset_pins(preset: WorkloadPreset, is_moe: bool, pinned: Mapping[str, objec
             out["moe_fused_mlp"] = "true"
     if s.get("fp8_dot_product_attention"):
         out["attention_dtype"] = "fp8"
-    vpp = int(pinned.get("vpp", preset.degree("virtual_pipeline_model_parallel_size", 1)))
-    if s.get("pp_layout") and (pp, vpp) == (preset.degree("pipeline_model_parallel_size", 1),
-                                            preset.degree("virtual_pipeline_model_parallel_size", 1)):
+    own = (preset.degree("pipeline_model_parallel_size", 1), preset.degree("virtual_pipeline_model_parallel_size", 1))
+    if s.get("pp_layout") and (mesh["pp"], mesh["vpp"]) == own:
         stages = megatron_layout_stages(str(s["pp_layout"]))
-        if len(stages) == pp * vpp and sum(stages) == num_layers and min(stages) >= 1:
+        if len(stages) == own[0] * own[1] and sum(stages) == num_layers and min(stages) >= 1:
             out["pp_layout"] = format_pp_layout(stages)
+    if mesh["vpp"] > 1:
+        out["schedule"] = "interleaved"
     return {k: v for k, v in out.items() if k not in pinned}
 
 
