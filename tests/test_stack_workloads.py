@@ -160,3 +160,16 @@ def test_plan_names_the_preset_and_prices_with_it(tmp_path):
     res = CliRunner().invoke(app, [*args, "--stack", "megatron-bridge@26.06.01", "--out", str(tmp_path / "b.yaml")])
     assert res.exit_code == 0, res.output
     assert not any("workload preset" in n for n in json.loads(res.output)["warnings"])
+
+
+def test_stacks_lists_each_profiles_presets():
+    """``meshplan stacks --json`` counts each profile's workload presets and names where they were read; the library
+    profiles have none."""
+    res = CliRunner().invoke(app, ["stacks", "--json"])
+    assert res.exit_code == 0, res.output
+    by_ref = {p["ref"]: p for p in json.loads(res.output)}
+    for version, tag in TAGS.items():
+        perf = by_ref[f"megatron-bridge-perf@{version}"]
+        assert perf["workload_presets"] == len(load_workloads(perf["ref"]).presets) > 0
+        assert f"@ {tag} " in perf["workload_presets_source"]
+        assert by_ref[f"megatron-bridge@{version}"]["workload_presets"] == 0
