@@ -32,15 +32,17 @@ SYSTEM_WORD = re.compile(r"-(gb300|gb200|b300|b200)-")
 
 
 def pairs(rows: list[dict]) -> list[dict]:
-    """Every pair of priced rows that differ only in their system: name (system word aside), ``fix``, global
-    batch, sequence and dtype equal. One record per pair: the systems, the published and priced step ratios (first
-    over second) and ``priced / published``."""
+    """Every pair of priced rows that differ only in their system: name (system word aside), what they run (``fix``
+    with the profile's values), global batch, sequence and dtype equal. One record per pair: the systems, the
+    published and priced step ratios (first over second) and ``priced / published``."""
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for row in rows:
         inp, hit = row.get("inputs") or {}, SYSTEM_WORD.search(row["name"])
         if row["status"] != "priced" or not hit:
             continue
-        key = (SYSTEM_WORD.sub("-*-", row["name"]), inp["fix"], inp["global_batch"], inp["seq_len"], inp["dtype"])
+        # what the row runs: its --fix and its profile's values (a workload preset's come through the profile)
+        runs = tuple(sorted(set(inp["fix"].split(",")) | set(inp.get("from_profile") or ())))
+        key = (SYSTEM_WORD.sub("-*-", row["name"]), runs, inp["global_batch"], inp["seq_len"], inp["dtype"])
         groups[key][hit.group(1).upper()] = row
     out = []
     for (name, *_), by_system in sorted(groups.items()):
