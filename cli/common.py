@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from meshplan.core.bounds import MAX_COUNT
 from meshplan.core.errors import MeshplanError
@@ -50,7 +51,8 @@ def handle_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except MeshplanError as exc:
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            # escaped: a message's own "[...]" (a list, a bracketed aside) is text, not rich markup to swallow
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper

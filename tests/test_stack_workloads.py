@@ -173,3 +173,15 @@ def test_stacks_lists_each_profiles_presets():
         assert perf["workload_presets"] == len(load_workloads(perf["ref"]).presets) > 0
         assert f"@ {tag} " in perf["workload_presets_source"]
         assert by_ref[f"megatron-bridge@{version}"]["workload_presets"] == 0
+
+
+def test_a_refusal_under_a_preset_names_the_preset_in_one_line(tmp_path):
+    """The user pinned pp=1 only; the preset's vpp 8 is what Megatron refuses beside it: the one line names the
+    preset's values, so the user sees what to override (and nothing in brackets is swallowed as rich markup)."""
+    res = CliRunner().invoke(app, ["plan", "-m", "deepseek-v3", "-c", "64x4xGB300-NVL72", "-b", "4096", "-s", "4096",
+                                   "--dtype", "fp8", "--fix", "fp8=mxfp8,mtp=1,pp=1", "--stack",
+                                   "megatron-bridge-perf@26.06.01", "--out", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "vpp=8 needs pipeline parallelism" in lines[0], res.output
+    assert "workload preset DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2" in lines[0] and "--fix any" in lines[0]

@@ -203,7 +203,13 @@ def plan_job(request: PlanRequest, host: Host = Host(),
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
         return _solver_plan(job)
-    return _search_plan(job, progress)
+    try:
+        return _search_plan(job, progress)
+    except MeshplanError as exc:  # a refusal under a workload preset's values names them: the user pinned none
+        preset = next((n for n in job.task_note if "workload preset" in n), "")
+        if not preset:
+            raise
+        raise MeshplanError(f"{exc} ({preset}; --fix any of them to override)", exc.exit_code) from None
 
 
 def _load_job(request: PlanRequest, host: Host) -> _Job:
