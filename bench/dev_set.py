@@ -301,23 +301,38 @@ def bridge_profile(row: dict) -> str:
     return perf if perf in _stack_refs() else f"megatron-bridge@{version}"
 
 
-def bridge_cluster(row: dict, n_gpus: int) -> tuple[str, str]:
-    """(cluster, note): ``16x4xGB200-NVL72`` (trays of 4 in NVL72 racks; a job need not fill its last rack) or
-    ``8x8xB200``. A job over several racks is spread evenly over the fewest that hold it (256 GPUs: 4 racks of 64,
-    ``64x4xGB200-NVL64``, the note saying so): the page does not say how the GPUs sat, but the perf scripts keep
-    each expert-parallel group inside one rack (``perf_plugins.py`` ``_set_nvl_domain_size``: HybridEP's
-    ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP, EP <= 72 asserted), which 256 GPUs packed 72 to a rack
-    cannot do for EP 64."""
+def bridge_cluster(row: dict, n_gpus: int, profile: str = "") -> tuple[str, str, bool]:
+    """(cluster, note, whether the profile says it): ``16x4xGB200-NVL72`` (trays of 4 in NVL72 racks; a job need not
+    fill its last rack) or ``8x8xB200``. A job over several racks runs as the launcher of stack profile ``profile``
+    lays it (``StackProfile.placement``: Megatron-Bridge's perf scripts ask Slurm for segments of at most 18 nodes,
+    each inside one rack: 256 GPUs as 4 racks of 64, ``64x4xGB200-NVL64``); a profile that says nothing spreads it
+    evenly over the fewest racks that hold it, a per-row assumption the note states. Either way each expert-parallel
+    group stays inside one rack, as the perf scripts require (``perf_plugins.py`` ``_set_nvl_domain_size``: HybridEP's
+    ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP, EP <= 72 asserted), which 256 GPUs packed 72 to a rack cannot
+    do for EP 64."""
     device, gpn = row["system"].removeprefix("DGX-"), row["gpus_per_node"]
     domain = row.get("nvlink_domain") or gpn
-    note = ""
+    note, said = "", False
     if domain > gpn and n_gpus > domain:
-        racks = -(-n_gpus // domain)
-        if n_gpus % racks == 0 and (n_gpus // racks) % gpn == 0 and n_gpus // racks < domain:
-            note = (f"{n_gpus} GPUs spread evenly over {racks} NVL{domain} racks, {n_gpus // racks} each (the page "
-                    "does not say; the perf scripts keep each EP group inside one rack)")
-            domain = n_gpus // racks
-    return f"{n_gpus // gpn}x{gpn}x{device}" + (f"-NVL{domain}" if domain > gpn else ""), note
+        place = _placement(profile)
+        per_rack = place.rack_gpus(n_gpus, gpn) if place else None
+        if per_rack is not None and per_rack <= domain:
+            note, said = (f"{n_gpus} GPUs in racks of {per_rack} (the profile's launcher: {place.source})", True)
+            domain = per_rack
+        else:
+            racks = -(-n_gpus // domain)
+            if n_gpus % racks == 0 and (n_gpus // racks) % gpn == 0 and n_gpus // racks < domain:
+                note = (f"{n_gpus} GPUs spread evenly over {racks} NVL{domain} racks, {n_gpus // racks} each (the "
+                        "page does not say; the perf scripts keep each EP group inside one rack)")
+                domain = n_gpus // racks
+    return f"{n_gpus // gpn}x{gpn}x{device}" + (f"-NVL{domain}" if domain > gpn else ""), note, said
+
+
+def _placement(profile: str):
+    """Stack profile ``profile``'s placement (``None``: no profile, or it says nothing)."""
+    from meshplan.planner.layout.stacks import load_stacks
+
+    return load_stacks().get(profile).placement if profile else None
 
 
 # The table's precision word -> (meshplan dtype, low-precision recipe or "" for the dtype's own, note). The perf
@@ -938,7 +953,7 @@ def stated_cluster(row: dict, n_gpus: int, device: str) -> tuple[str, str]:
         raise MeshplanError(f"row {row['name']}: its {n_gpus} GPUs do not fill whole nodes of {gpn} {device}s; state "
                             "its gpus_per_node")
     domain = row.get("nvlink_domain") or (72 if rack else gpn)
-    return bridge_cluster({"system": device, "gpus_per_node": gpn, "nvlink_domain": domain}, n_gpus)
+    return bridge_cluster({"system": device, "gpus_per_node": gpn, "nvlink_domain": domain}, n_gpus)[:2]
 
 
 def _resolve(needs: list[Need], stack_sets: dict, fix: dict, device: str, dtype: str,
@@ -1052,9 +1067,11 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         del fix["ep"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
     gpn = row.get("gpus_per_node") or 8
-    cluster, spread = f"{n // gpn}x{gpn}x{device}", ""
-    if is_bridge_row(row) or stated:
-        cluster, spread = bridge_cluster(row, n) if not stated else stated_cluster(row, n, device)
+    cluster, spread, placed = f"{n // gpn}x{gpn}x{device}", "", False
+    if is_bridge_row(row):
+        cluster, spread, placed = bridge_cluster(row, n, profile)
+    elif stated:
+        cluster, spread = stated_cluster(row, n, device)
     stack_sets = _profile_defaults(profile, dtype, is_moe, pinned_fp8, task)
     preset, preset_sets = _preset_sets(profile, cfg, dtype, lowp_recipe(pinned_fp8 or stack_sets.get("fp8", "none"),
                                                                          dtype), task, fix, cluster,
@@ -1073,7 +1090,10 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         fix.pop("recompute", None)
     if profile_only:  # and what it captured in CUDA graphs (space.free_cuda_graphs: per-layer graphs where allowed)
         fix.pop("cuda_graphs", None)
-    if spread:
+    if spread and placed:
+        from_profile.append(f"cluster={cluster}")
+        assumptions.append(f"cluster={cluster}: {spread}")
+    elif spread:
         per_row.append(f"cluster={cluster}: {spread}")
     if preset is not None:
         assumptions.append(f"profile {profile}: workload preset {preset}")

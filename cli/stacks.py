@@ -29,7 +29,11 @@ def stacks(
         wl = load_workloads(prof.ref)
         presets = (f"; and {len(wl.presets)} workload presets of its launcher, one per model, GPU, precision and task "
                    f"(the job's facts choose one), read at {wl.source}") if wl else ""
-        table = Table(title=f"{prof.ref}{newest}: {prof.title}", caption=f"read at {prof.source}{base}{presets}")
+        place = (f"; a job of more than {prof.placement.segment_nodes_at_most} nodes of "
+                 f"{prof.placement.gpus_per_node} GPUs runs in rack-sized segments ({prof.placement.source})"
+                 if prof.placement else "")
+        table = Table(title=f"{prof.ref}{newest}: {prof.title}",
+                      caption=f"read at {prof.source}{base}{presets}{place}")
         for col in ("--fix", "value", "when", "source"):
             table.add_column(col, overflow="fold", no_wrap=col in ("--fix", "value"))
         for v in prof.values:

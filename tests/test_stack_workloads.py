@@ -185,3 +185,15 @@ def test_a_refusal_under_a_preset_names_the_preset_in_one_line(tmp_path):
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "vpp=8 needs pipeline parallelism" in lines[0], res.output
     assert "workload preset DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2" in lines[0] and "--fix any" in lines[0]
+
+
+def test_the_perf_launcher_lays_a_job_over_racks_in_segments_of_at_most_18_nodes():
+    """``sbatch --segment``, the largest divisor of the job's nodes up to 18, on 4-GPU trays (executors.py): 256 GPUs
+    (64 nodes) in racks of 64, 160 GPUs (40 nodes) in racks of 40, a job of one rack or of 8-GPU nodes unsegmented
+    (golden, by hand); every multi-rack Blackwell row is laid out so, none by a per-row assumption."""
+    place = load_stacks().get("megatron-bridge-perf@26.06.01").placement
+    assert (place.rack_gpus(256, 4), place.rack_gpus(160, 4), place.rack_gpus(72, 4), place.rack_gpus(256, 8)) == (
+        64, 40, None, None)
+    for row in jsonl_rows(RUNS / "blackwell_dev.jsonl"):
+        inp = dev_set.row_needs(row, RUNS)
+        assert not any(p.startswith("cluster=") for p in inp.per_row), row["name"]

@@ -58,6 +58,23 @@ class Unpriced(_Frozen):
     source: str = Field(min_length=8)
 
 
+class Placement(_Frozen):
+    """How a stack's launcher asks the scheduler to lay a job over NVLink racks."""
+
+    segment_nodes_at_most: int = Field(ge=1)
+    """On systems of ``gpus_per_node``-GPU trays, a job of more nodes than this runs in segments (``sbatch --segment``)
+    of the largest divisor of its node count up to it, each segment inside one rack."""
+    gpus_per_node: int = Field(ge=1)
+    source: str = Field(min_length=8)
+
+    def rack_gpus(self, n_gpus: int, gpus_per_node: int) -> Optional[int]:
+        """The GPUs of the job in each rack, or ``None`` where the launcher asks for no segments."""
+        nodes = n_gpus // gpus_per_node
+        if gpus_per_node != self.gpus_per_node or nodes <= self.segment_nodes_at_most:
+            return None
+        return gpus_per_node * next(s for s in range(self.segment_nodes_at_most, 0, -1) if nodes % s == 0)
+
+
 class StackProfile(_Frozen):
     """A training stack at one version (``name@version``)."""
 
@@ -72,6 +89,8 @@ class StackProfile(_Frozen):
     unpriced: tuple[Unpriced, ...] = ()
     base: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*@[A-Za-z0-9][A-Za-z0-9._-]*$")
     """``name@version`` of the profile this one adds to (``None``: it stands alone)."""
+    placement: Optional[Placement] = None
+    """How its launcher lays a job over NVLink racks (``None``: it says nothing)."""
 
     @property
     def ref(self) -> str:
