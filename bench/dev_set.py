@@ -579,6 +579,8 @@ def _bridge_model_needs(row: dict) -> list[Need]:
     """What the model or task adds: DeepSeek-V3's and Nemotron 3 Super's MTP modules, Nemotron 3 Super's last layers
     kept in bf16 under NVFP4, 25.09's token dropping, Kimi-K2's Muon, SFT packing, LoRA."""
     needs = []
+    if "(w/o MTP)" in row["model"]:  # the table's own label turns the recipe's MTP layer off
+        needs.append(Need("mtp", "0", "the table's model label '(w/o MTP)'", {}, stated=True))
     if "(w/o MTP)" not in row["model"] and row["model"].startswith("DeepSeekV3"):
         needs.append(Need("mtp", "1", "Megatron-Bridge's DeepSeek-V3 recipe sets mtp_num_layers = 1 (the table's "
                           "TFLOP/s match with one MTP layer)", {}))
@@ -1047,7 +1049,8 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     profile = SOURCE_PROFILE.get(src) or (stated_profile(row) if stated else bridge_profile(row))
     task = row_task(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        stack_split = _profile_defaults(profile, dtype, is_moe, "", task).get("pp_split")
+        stack_split = {**_profile_defaults(profile, dtype, is_moe, "", task),
+                       **_model_sets(profile, cfg, dtype, "", task)}.get("pp_split")
         needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
                           "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
@@ -1077,7 +1080,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                                                                          dtype), task, fix, cluster,
                                        bool(bridge_lora(row)) if is_bridge_row(row) else bool(row.get("lora")),
                                        row["gbs"], n)
-    stack_sets = {**stack_sets, **preset_sets}
+    stack_sets = {**stack_sets, **_model_sets(profile, cfg, dtype, pinned_fp8, task), **preset_sets}
     if fix.get("recompute") is not None and preset_sets.get("recompute") == fix["recompute"]:
         del fix["recompute"]  # the preset's, with its module list (a pinned kind would drop the profile's list)
     if "attention" in stack_sets or stated:
@@ -1145,6 +1148,15 @@ def _stack_refs() -> frozenset:
     from meshplan.planner.layout.stacks import load_stacks
 
     return frozenset(load_stacks().profiles)
+
+
+def _model_sets(profile: str, cfg: Optional[str], dtype: str, fp8: str, task: str) -> dict[str, str]:
+    """What profile ``profile`` sets for the row's model alone (its library recipe's values:
+    ``planner.search.workloads.model_values``)."""
+    from meshplan.planner.layout.stacks import load_stacks
+    from meshplan.planner.search.workloads import model_values
+
+    return model_values(load_stacks().get(profile), _config_spec(cfg), dtype, fp8, task) if cfg else {}
 
 
 def _preset_sets(profile: str, cfg: Optional[str], dtype: str, recipe: str, task: str, fix: dict, cluster: str,

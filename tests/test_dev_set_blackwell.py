@@ -138,13 +138,15 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     1) since the perf-scripts profiles carry the launcher's own workload presets (``planner.search.workloads``: r0.1.0's
     perf matrices, the later tags' workload configs): what a row's preset sets is its profile's, chosen from the
     table's facts; 205 since a job over several racks is laid out as the perf launcher's own sbatch --segment rule
-    lays it (``StackProfile.placement``), where each row had assumed it.
+    lays it (``StackProfile.placement``), where each row had assumed it; 96 (median 0) since the library profiles
+    hold what a model's recipe sets (``ProfileValue.model``: DeepSeek-V3's and Nemotron 3 Super's MTP layers, the
+    account-for-embedding/loss split of Llama 3.1 405B and Qwen3-235B-A22B).
     An uneven split the table leaves unsaid stays counted: left free, meshplan balances the stages by priced time,
     not as Megatron splits them."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 205 and statistics.median(counts["B1"]) <= 1
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 96 and statistics.median(counts["B1"]) == 0
     assert counts["B2"] == [0] * 8
 
 
@@ -181,10 +183,17 @@ def test_uneven_splits_the_source_leaves_unsaid(rows, runs_dir):
     (128 = 32 x 4 slots: E+3 | 4 x 30 | 3+L); on 128 virtual stages one slot each: the first virtual stage holds
     the embedding alone and the last the loss alone (E | 1 x 126 | L)."""
     by = {r["name"]: r for r in rows}
-    inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb300-fp8"], runs_dir)
-    assert "pp_layout=3+4*30+3" in inp.fix_string.split(",")
-    inp = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb200-mxfp8"], runs_dir)  # pp 16 x vp 8
-    assert not inp.missing and "pp_layout=0+1*126+0" in inp.fix_string.split(",")
+    from meshplan.planner.layout.space import Pins, stage_split
+    from meshplan.planner.layout.splits import format_pp_layout
+
+    def split(name: str) -> str:  # what plan_job splits: the recipe's own rule, its profile's pp_split (no pin)
+        inp = dev_set.row_needs(by[name], runs_dir)
+        handed = _handed(inp)
+        assert not inp.missing and "pp_layout" not in handed and handed["pp_split"] == "megatron", name
+        return format_pp_layout(stage_split(126, handed["pp"], handed["vpp"], Pins(**handed)))
+
+    assert split("mbridge26.06-llama31-405b-gb300-fp8") == "3+4*30+3"
+    assert split("mbridge26.06-llama31-405b-gb200-mxfp8") == "0+1*126+0"  # pp 16 x vp 8
 
 
 def test_kimi_k2_rows_take_their_library_layout(rows, runs_dir):
@@ -353,8 +362,8 @@ def test_recipe_module_lists_and_mtp_are_pinned_not_approximated(rows, runs_dir)
             assert handed["recompute"] == "selective", row["name"]
             assert handed["recompute_modules"] == "+".join(m for m in RECOMPUTE_MODULES if m in names), row["name"]
         mtp = row["model"].startswith("DeepSeekV3") and "(w/o MTP)" not in row["model"]
-        want = "2" if row["model"].startswith("Nemotron_3_Super") else "1" if mtp else None
-        assert inp.fix.get("mtp") == want, row["name"]
+        want = 2 if row["model"].startswith("Nemotron_3_Super") else 1 if mtp else 0
+        assert _handed(inp).get("mtp", 0) == want, row["name"]
     assert listed >= 40
 
 
@@ -372,7 +381,7 @@ def test_nemotron_3_super_table_tflops_count_its_two_mtp_passes(rows, runs_dir):
         model = load_model(inp.model)
         table_per_token = row["published"]["tflops_per_gpu_model"] * 1e12 / row["published"]["tokens_per_s_per_gpu"]
         counted = {k: megatron_flops_per_token(model.with_mtp(k), row["seq"]) for k in (0, 1, 2)}
-        assert counted[int(inp.fix["mtp"])] == pytest.approx(table_per_token, rel=0.01), row["name"]
+        assert counted[int(_handed(inp)["mtp"])] == pytest.approx(table_per_token, rel=0.01), row["name"]
         assert all(abs(counted[k] / table_per_token - 1) > 0.05 for k in (0, 1)), row["name"]
 
 
@@ -441,14 +450,15 @@ def test_profile_only_leaves_every_per_row_setting_to_meshplan(rows, runs_dir):
     """``--profile-only`` prices a row as a run meshplan never saw: the table's facts and the stack profile pinned,
     each per-row layout setting left to the search (and still listed), the allocation kept, and recomputation,
     which the Megatron-Bridge tables never state, left free too. On Llama 3.1 405B's 26.06 GB300 FP8 row the
-    settings beyond the profile are the library recipe's TP overlap and the uneven split of 126 layers; on Nemotron
-    3 Super's the two MTP passes are the job's (its recipe's mtp_num_layers), kept."""
+    setting beyond the profile is the library recipe's TP overlap (its uneven split of 126 layers is the profile's,
+    the recipe's account-for-embedding/loss rule); on Nemotron 3 Super's the two MTP passes are the job's (its recipe's
+    mtp_num_layers, the profile's), kept."""
     by = {r["name"]: r for r in rows}
     row = by["mbridge26.06-llama31-405b-gb300-fp8"]
     full, free = dev_set.row_needs(row, runs_dir), dev_set.row_needs(row, runs_dir, profile_only=True)
     assert free.per_row == full.per_row and free.cluster == full.cluster
-    left = {"tp_overlap", "recompute", "pp_layout"}
+    left = {"tp_overlap", "recompute"}
     assert {k for k in full.fix if k not in free.fix} == left
     assert {k: v for k, v in full.fix.items() if k not in left} == free.fix
     super_row = by["mbridge26.06-nemotron3-super-gb300-mxfp8"]
-    assert dev_set.row_needs(super_row, runs_dir, profile_only=True).fix["mtp"] == "2"
+    assert _handed(dev_set.row_needs(super_row, runs_dir, profile_only=True))["mtp"] == 2

@@ -16,6 +16,7 @@ from meshplan.planner.search.workloads import (
     check_workloads,
     choose_preset,
     load_workloads,
+    model_values,
     preset_pins,
 )
 from meshplan.planner.search.workloads_extract import TAGS, parse_name, read_perf_matrix, read_presets
@@ -197,3 +198,26 @@ def test_the_perf_launcher_lays_a_job_over_racks_in_segments_of_at_most_18_nodes
     for row in jsonl_rows(RUNS / "blackwell_dev.jsonl"):
         inp = dev_set.row_needs(row, RUNS)
         assert not any(p.startswith("cluster=") for p in inp.per_row), row["name"]
+
+
+def test_a_models_library_recipe_is_its_profile_value():
+    """What the library's recipe for one model sets holds for that model (and one of its shapes) alone: DeepSeek-V3's
+    one MTP layer (recipes/deepseek/deepseek_v3.py), Qwen3-235B-A22B's account-for-embedding/loss split
+    (recipes/qwen/qwen3_moe.py), Nemotron 3 Super's two MTP passes from v0.4.0 only (its recipe arrived there); the
+    perf profiles keep them from their library base. A row whose table says '(w/o MTP)' states mtp=0 over it."""
+    stacks = load_stacks()
+    lib, perf = stacks.get("megatron-bridge@26.06.01"), stacks.get("megatron-bridge-perf@26.06.01")
+    dsv3, qwen = load_model("deepseek-v3"), load_model("qwen3-235b-a22b")
+    for prof in (lib, perf):
+        assert model_values(prof, dsv3, "fp8") == {"mtp": "1"}
+        assert model_values(prof, qwen, "bf16") == {"pp_split": "megatron"}
+        assert model_values(prof, load_model("llama-3.1-8b-instruct"), "bf16") == {}
+    nomtp = load_model(str(RUNS / "configs" / "deepseek-v3-nomtp.json"))  # DeepSeek-V3's shapes, no MTP module
+    assert model_values(lib, nomtp, "fp8") == {}  # a config that describes no MTP module trains none
+    assert "nemotron-3-super-120b-a12b" in lib.models
+    assert "nemotron-3-super-120b-a12b" not in stacks.get("megatron-bridge@26.02.01").models
+    assert "mtp=1" not in lib.defaults("fp8", True).items()  # no other model gets it
+    nomtp = [r for r in jsonl_rows(RUNS / "blackwell_dev.jsonl") if "(w/o MTP)" in r["model"]]
+    assert nomtp
+    for row in nomtp:
+        assert dev_set.row_needs(row, RUNS).fix.get("mtp") == "0", row["name"]

@@ -49,6 +49,9 @@ class ProfileValue(_Frozen):
     the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the recipe), or only for a
     supervised fine-tuning job (``sft``: what the stack's fine-tuning entry point sets over its pre-training default,
     which it replaces); conditions joined by ``+`` hold together (``sft+fp8``); ``None``: always."""
+    model: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    """Holds only for this bundled model (``meshplan models``) and models of its shapes, replacing the value the
+    profile holds for every model (``StackProfile.model_defaults``): what a library's recipe for that model sets."""
 
 
 class Unpriced(_Frozen):
@@ -101,17 +104,35 @@ class StackProfile(_Frozen):
         ``fp8``: the fp8 recipe the user pinned ("": the profile's own); ``task``: one of ``TASKS``."""
         if task not in TASKS:
             raise MeshplanError(f"--task {task}: not a task (known: {', '.join(TASKS)})")
-        own = {v.key: v.value for v in self.values if _phase(v.when) == 0 and _holds(v.when, dtype, is_moe, "")}
-        recipe = fp8 or own.get("fp8", "")
-        for later in (1, 2):  # the recipe resolved first; a fine-tuning value replaces any other
-            own |= {v.key: v.value for v in self.values if _phase(v.when) == later
-                    and _holds(v.when, dtype, is_moe, recipe, task)}
-        return own
+        return _resolved([v for v in self.values if v.model is None], dtype, is_moe, fp8, task)
+
+    def model_defaults(self, model: str, dtype: str, is_moe: bool, fp8: str = "", task: str = "pretrain"
+                       ) -> dict[str, str]:
+        """What the profile sets for bundled model ``model`` beyond ``defaults`` (its values with ``model``), under
+        the recipe ``defaults`` resolves."""
+        recipe = fp8 or self.defaults(dtype, is_moe, "", task).get("fp8", "")
+        return _resolved([v for v in self.values if v.model == model], dtype, is_moe, recipe, task)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The bundled models some value holds for alone."""
+        return tuple(sorted({v.model for v in self.values if v.model}))
 
 
     def holds_for(self, task: str) -> bool:
         """Whether any value of the profile holds only for ``task`` (``when`` names it)."""
         return any(task in (v.when or "").split("+") for v in self.values)
+
+
+def _resolved(values: list, dtype: str, is_moe: bool, fp8: str, task: str) -> dict[str, str]:
+    """``{--fix key: value}`` of ``values`` that hold: the plain ones, then those that need the recipe resolved,
+    then a fine-tuning value over any other."""
+    own = {v.key: v.value for v in values if _phase(v.when) == 0 and _holds(v.when, dtype, is_moe, "")}
+    recipe = fp8 or own.get("fp8", "")
+    for later in (1, 2):  # the recipe resolved first; a fine-tuning value replaces any other
+        own |= {v.key: v.value for v in values
+                if _phase(v.when) == later and _holds(v.when, dtype, is_moe, recipe, task)}
+    return own
 
 
 # What a job trains, as a stack's entry points tell them apart: pre-training, or supervised fine-tuning of every weight
@@ -154,8 +175,9 @@ def _on_base(prof: StackProfile, profiles: Mapping[str, StackProfile]) -> StackP
     if base is None or base.base is not None:
         raise MeshplanError(f"{STACKS_DIR}/{prof.ref}.yaml: base {prof.base} is not a shipped profile that stands "
                             "alone")
-    own = {v.key for v in prof.values}
-    return prof.model_copy(update={"values": prof.values + tuple(v for v in base.values if v.key not in own),
+    own = {(v.key, v.model) for v in prof.values}
+    return prof.model_copy(update={"values": prof.values + tuple(v for v in base.values
+                                                                  if (v.key, v.model) not in own),
                                    "unpriced": prof.unpriced + base.unpriced})
 
 
@@ -170,8 +192,8 @@ def _check(name: str, prof: StackProfile) -> StackProfile:
     for dtype, moe, recipe in itertools.product(("bf16", "fp8"), (False, True), ("", "tensorwise")):
         # an sft value replaces the others of its key, so it is checked against the sft values alone
         for sft in (False, True):
-            holding = [v.key for v in prof.values if (_phase(v.when) == 2) == sft and _holds(v.when, dtype, moe,
-                                                                                               recipe, "sft")]
+            holding = [(v.key, v.model) for v in prof.values if (_phase(v.when) == 2) == sft
+                       and _holds(v.when, dtype, moe, recipe, "sft")]
             if len(holding) != len(set(holding)):
                 raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "
                                     f"{'MoE' if moe else 'dense'} workload{' under ' + recipe if recipe else ''}"

@@ -34,7 +34,7 @@ from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.solve.columns import base_dtype
-from meshplan.planner.search.workloads import JobFacts, choose_preset, preset_pins
+from meshplan.planner.search.workloads import JobFacts, choose_preset, model_values, preset_pins
 
 WORKLOADS = ("train", "serve")
 
@@ -239,13 +239,15 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
 def profile_pins(stack: Optional[str], dtype: str, spec, fix: Pins, task: str = "pretrain",
                  job: Optional[JobFacts] = None) -> tuple[Pins, Optional[StackProfile], str]:
     """(the pins a ``dtype`` run of model ``spec`` plans under, the profile, a note naming the workload preset):
-    stack profile ``stack``'s values for ``task``, then those of the workload preset its launcher runs for ``job``
+    stack profile ``stack``'s values for ``task`` (its model's own over the rest: ``workloads.model_values``), then
+    those of the workload preset its launcher runs for ``job``
     (``workloads.choose_preset``; none without ``job``), under ``fix`` (``_over_profile``); ``fix``, ``None`` and ""
     without a stack."""
     if not stack:
         return fix, None, ""
     prof = load_stacks().get(stack)
     own = prof.defaults(dtype, spec.is_moe, fix.pinned().get("fp8", ""), task)
+    own |= model_values(prof, spec, dtype, fix.pinned().get("fp8", ""), task)
     note = ""
     if job is not None:
         pinned = fix.pinned()

@@ -93,6 +93,20 @@ def _same_shapes(a, b) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
+def model_values(prof, spec, dtype: str, fp8: str = "", task: str = "pretrain") -> dict[str, str]:
+    """What stack profile ``prof`` sets for ``spec``'s model alone (``ProfileValue.model``): the values of the bundled
+    model whose shapes ``spec`` has, none where no such model has values."""
+    from meshplan.planner.model.config import load_model
+
+    for name in prof.models:
+        if _same_shapes(spec, load_model(name)):
+            out = prof.model_defaults(name, dtype, spec.is_moe, fp8, task)
+            if not spec.config_mtp_layers:  # a config that describes no MTP module trains none, whatever the recipe
+                out.pop("mtp", None)
+            return out
+    return {}
+
+
 def _variant_rank(variant: str, default: str) -> int:
     """The launcher's order of preference: its default variant, v1 (its fallback), the unversioned name, the rest."""
     return {default: 0, "v1": 1, "": 2}.get(variant, 3)
