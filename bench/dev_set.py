@@ -352,25 +352,17 @@ BRIDGE_PRECISION = (
 
 
 def bridge_cuda_graphs(row: dict) -> str:
-    """What a Megatron-Bridge preset captured in CUDA graphs (``cuda_graph_impl`` / ``cuda_graph_scope`` of its
-    workload settings): ``whole iteration`` (``full_iteration``, or Megatron's ``local`` graphs over the full
-    iteration), ``partial`` (Transformer Engine's or Megatron's per-layer graphs of the scope's modules), ``none``
-    (``cuda_graph_impl`` none), or ``unstated`` (the preset sets neither: the library default, none, unless the
-    launcher's flags said otherwise). The 25.09 rows' r0.1.0 perf matrix says ``cuda_graphs`` instead, which
-    ``set_cuda_graph_overrides`` (scripts/performance/utils/helpers.py lines 87-93) turns into Megatron-Core's
-    per-layer graphs (``enable_cuda_graph``): partial, or none. ``BRIDGE_GRAPHS`` maps them to meshplan's
-    ``cuda_graphs`` decision, which prices the host time an MoE layer's token-count sync exposes."""
+    """What a Megatron-Bridge preset captured in CUDA graphs, as the summary groups rows: ``whole iteration``,
+    ``partial`` (per-layer graphs), ``none`` (``cuda_graph_impl`` none, or r0.1.0's ``cuda_graphs`` flag off), or
+    ``unstated`` (the preset sets neither: the library default, none). Read from the row's quoted preset
+    (``workload_settings``, r0.1.0's perf-matrix ``settings``) by the library's own reading
+    (``planner.search.workloads.preset_graphs``); ``BRIDGE_GRAPHS`` maps them to meshplan's ``cuda_graphs``
+    decision, which prices the host time an MoE layer's token-count sync exposes."""
+    from meshplan.planner.search.workloads import preset_graphs
+
     rec = row["recipe"]
-    ws = rec.get("workload_settings") or {}
-    impl, scope = ws.get("cuda_graph_impl"), ws.get("cuda_graph_scope")
-    scopes = scope if isinstance(scope, list) else [scope]
-    if impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes):
-        return "whole iteration"
-    if impl in ("transformer_engine", "local"):
-        return "partial"
-    if impl is None and "cuda_graphs" in (rec.get("settings") or {}):
-        return "partial" if rec["settings"]["cuda_graphs"] else "none"
-    return "none" if impl == "none" else "unstated"
+    said = preset_graphs(rec.get("workload_settings") or rec.get("settings") or {})
+    return {"iteration": "whole iteration", "layers": "partial", "none": "none", None: "unstated"}[said]
 
 
 # bridge_cuda_graphs' mode -> meshplan's cuda_graphs decision (``none`` is Megatron-Bridge's default,

@@ -136,20 +136,28 @@ def choose_preset(ref: str, spec, dtype: str, recipe: str, task: str, pinned: Ma
     return min(cands, key=lambda c: c[:3])[3] if cands else None
 
 
-def _graphs(settings: Mapping[str, object]) -> str:
+def preset_graphs(settings: Mapping[str, object]) -> Optional[str]:
     """meshplan's ``cuda_graphs`` of a preset's ``cuda_graph_impl`` / ``cuda_graph_scope``: the whole iteration
-    (``full_iteration``, or Megatron's ``local`` graphs scoped to it), per-layer graphs, or none, which is also what a
-    preset without an impl runs: ``_set_cuda_graph_overrides`` (overrides.py @ v0.5.1 line 113) then keeps the library
-    recipe's ``cfg.model.cuda_graph_impl = "none"`` (recipes/qwen/qwen3_moe.py line 70, recipes/deepseek/
-    deepseek_v3.py line 163 @ v0.5.1)."""
-    if "cuda_graphs" in settings:  # r0.1.0's perf matrix: a flag set_cuda_graph_overrides (utils/helpers.py @ r0.1.0
-        # lines 114-120) turns into Megatron-Core's per-layer graphs (enable_cuda_graph)
+    (``full_iteration``, or Megatron's ``local`` graphs scoped to it), per-layer graphs, none (impl ``none``), or
+    ``None`` where the preset sets no impl. r0.1.0's perf matrix says ``cuda_graphs`` instead, a flag
+    set_cuda_graph_overrides (utils/helpers.py @ r0.1.0 lines 114-120) turns into Megatron-Core's per-layer graphs
+    (``enable_cuda_graph``)."""
+    if "cuda_graphs" in settings:
         return "layers" if settings["cuda_graphs"] else "none"
     impl, scope = settings.get("cuda_graph_impl"), settings.get("cuda_graph_scope")
     scopes = scope if isinstance(scope, list) else [scope]
     if impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes):
         return "iteration"
-    return "layers" if impl in ("transformer_engine", "local") else "none"
+    if impl in ("transformer_engine", "local"):
+        return "layers"
+    return "none" if impl == "none" else None
+
+
+def _graphs(settings: Mapping[str, object]) -> str:
+    """``preset_graphs``, with none where the preset sets no impl: ``_set_cuda_graph_overrides`` (overrides.py @ v0.5.1
+    line 113) then keeps the library recipe's ``cfg.model.cuda_graph_impl = "none"`` (recipes/qwen/qwen3_moe.py line
+    70, recipes/deepseek/deepseek_v3.py line 163 @ v0.5.1)."""
+    return preset_graphs(settings) or "none"
 
 
 def _recompute(settings: Mapping[str, object], pp: int) -> dict[str, str]:
