@@ -8,7 +8,9 @@ the stack does that meshplan does not price (CUDA graphs, fused RoPE, ...) is li
 source, so a user sees it was not forgotten.
 A profile may add to another (``base``: an entry point of the same release, such as Megatron-Bridge's performance
 scripts on top of its library): it holds the base's values and unpriced items, its own value of a key replacing
-the base's.
+the base's. A value may hold for one model alone (``model``: what the library's recipe for it sets), and a
+launcher's profile may say how it lays a job over NVLink racks (``placement``); its per-workload presets sit beside
+it (``planner.search.workloads``).
 
 ``meshplan plan --stack NAME[@VERSION]`` plans with the profile's values as defaults: ``--fix`` overrides any of
 them; the plan records the profile (``Plan.stack_profile``). ``meshplan stacks`` lists them with their sources.
@@ -237,11 +239,10 @@ def load_stacks() -> StackCatalogue:
 def _catalogue(texts: tuple[tuple[str, str], ...]) -> StackCatalogue:
     read = {}
     for name, text in texts:
-        if name.endswith(".yaml"):
-            prof = _read(name, text)
-            if name != f"{prof.ref}.yaml":
-                raise MeshplanError(f"{STACKS_DIR}/{name}: holds {prof.ref}; name the file {prof.ref}.yaml")
-            read[prof.ref] = prof
+        prof = _read(name, text)
+        if name != f"{prof.ref}.yaml":
+            raise MeshplanError(f"{STACKS_DIR}/{name}: holds {prof.ref}; name the file {prof.ref}.yaml")
+        read[prof.ref] = prof
     profiles = {ref: _check(f"{ref}.yaml", _on_base(prof, read)) for ref, prof in read.items()}
     newest: dict[str, str] = {}
     for prof in profiles.values():
