@@ -42,7 +42,6 @@ from rich.table import Table
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.devices import get_device
-from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.space import free_dispatcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1041,8 +1040,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     profile = SOURCE_PROFILE.get(src) or (stated_profile(row) if stated else bridge_profile(row))
     task = row_task(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        stack_split = {**_profile_defaults(profile, dtype, is_moe, "", task),
-                       **_model_sets(profile, cfg, dtype, "", task)}.get("pp_split")
+        stack_split = _stack_sets(profile, cfg, dtype, is_moe, task)[0].get("pp_split")
         needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
                           "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
@@ -1067,12 +1065,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         cluster, spread, placed = bridge_cluster(row, n, profile)
     elif stated:
         cluster, spread = stated_cluster(row, n, device)
-    stack_sets = _profile_defaults(profile, dtype, is_moe, pinned_fp8, task)
-    preset, preset_sets = _preset_sets(profile, cfg, dtype, lowp_recipe(pinned_fp8 or stack_sets.get("fp8", "none"),
-                                                                         dtype), task, fix, cluster,
-                                       bool(bridge_lora(row)) if is_bridge_row(row) else bool(row.get("lora")),
-                                       row["gbs"], n)
-    stack_sets = {**stack_sets, **_model_sets(profile, cfg, dtype, pinned_fp8, task), **preset_sets}
+    lora = bool(bridge_lora(row)) if is_bridge_row(row) else bool(row.get("lora"))
+    stack_sets, preset, preset_sets = _stack_sets(profile, cfg, dtype, is_moe, task, pinned_fp8, fix,
+                                                  (cluster, row["gbs"], n, lora))
     if fix.get("recompute") is not None and preset_sets.get("recompute") == fix["recompute"]:
         del fix["recompute"]  # the preset's, with its module list (a pinned kind would drop the profile's list)
     if "attention" in stack_sets or stated:
@@ -1142,32 +1137,27 @@ def _stack_refs() -> frozenset:
     return frozenset(load_stacks().profiles)
 
 
-def _model_sets(profile: str, cfg: Optional[str], dtype: str, fp8: str, task: str) -> dict[str, str]:
-    """What profile ``profile`` sets for the row's model alone (its library recipe's values:
-    ``planner.search.workloads.model_values``)."""
-    from meshplan.planner.layout.stacks import load_stacks
-    from meshplan.planner.search.workloads import model_values
-
-    return model_values(load_stacks().get(profile), _config_spec(cfg), dtype, fp8, task) if cfg else {}
-
-
-def _preset_sets(profile: str, cfg: Optional[str], dtype: str, recipe: str, task: str, fix: dict, cluster: str,
-                 lora: bool, global_batch: int, n_gpus: int) -> tuple[Optional[str], dict[str, str]]:
-    """(the workload preset's name, what it sets) where profile ``profile`` carries one for the row's model, GPU,
-    precision and task (``planner.search.workloads``: chosen by the degrees, batch and GPU count the row's table
-    states, as ``plan_job`` chooses it from the same pins)."""
+def _stack_sets(profile: str, cfg: Optional[str], dtype: str, is_moe: bool, task: str, fp8: str = "",
+                fix: Optional[dict] = None, job: Optional[tuple] = None) -> tuple[dict[str, str], Optional[str], dict]:
+    """(what stack profile ``profile`` sets for the row, its workload preset's name, what that preset set), as
+    ``plan_job`` lays them (``planner.search.workloads.stack_values``): the preset chosen from the degrees the row's
+    table states (``fix``) and ``job`` = (cluster, global batch, GPUs, LoRA); a row without a config takes the
+    profile's general values alone."""
     from meshplan.planner.cluster.spec import load_cluster
-    from meshplan.planner.search.workloads import JobFacts, choose_preset, preset_pins
+    from meshplan.planner.layout.stacks import load_stacks
+    from meshplan.planner.search.workloads import JobFacts, stack_values
 
     if not cfg:
-        return None, {}
-    spec = _config_spec(cfg)
-    degrees = {k: fix[k] for k in ("tp", "pp", "vpp", "cp", "ep", "mbs") if k in fix}
-    job = JobFacts(load_cluster(cluster).device.name, global_batch, n_gpus, lora)
-    preset = choose_preset(profile, spec, dtype, recipe, task, degrees, job)
-    if preset is None:
-        return None, {}
-    return preset.name, preset_pins(preset, spec.is_moe, degrees, spec.num_layers)
+        return _profile_defaults(profile, dtype, is_moe, fp8, task), None, {}
+    pinned = {k: v for k, v in (fix or {}).items() if k in ("tp", "pp", "vpp", "cp", "ep", "mbs")}
+    if fp8:
+        pinned["fp8"] = fp8
+    facts = None
+    if job is not None:
+        cluster, global_batch, n_gpus, lora = job
+        facts = JobFacts(load_cluster(cluster).device.name, global_batch, n_gpus, lora)
+    sets, preset, by_preset = stack_values(load_stacks().get(profile), _config_spec(cfg), dtype, pinned, task, facts)
+    return sets, (preset.name if preset else None), by_preset
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,7 +24,6 @@ from meshplan.planner.estimate.explain import explain_gpu
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.host.terms import Host
-from meshplan.planner.layout.decisions import lowp_recipe
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
 from meshplan.planner.layout.stacks import TASKS, StackProfile, load_stacks
 from meshplan.planner.model.config import load_model
@@ -34,7 +33,7 @@ from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.solve.columns import base_dtype
-from meshplan.planner.search.workloads import JobFacts, choose_preset, model_values, preset_pins
+from meshplan.planner.search.workloads import JobFacts, stack_values
 
 WORKLOADS = ("train", "serve")
 
@@ -239,25 +238,16 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
 def profile_pins(stack: Optional[str], dtype: str, spec, fix: Pins, task: str = "pretrain",
                  job: Optional[JobFacts] = None) -> tuple[Pins, Optional[StackProfile], str]:
     """(the pins a ``dtype`` run of model ``spec`` plans under, the profile, a note naming the workload preset):
-    stack profile ``stack``'s values for ``task`` (its model's own over the rest: ``workloads.model_values``), then
-    those of the workload preset its launcher runs for ``job``
-    (``workloads.choose_preset``; none without ``job``), under ``fix`` (``_over_profile``); ``fix``, ``None`` and ""
-    without a stack."""
+    stack profile ``stack``'s values for ``task``, its model's own and those of the workload preset its launcher runs
+    for ``job`` (``workloads.stack_values``; no preset without ``job``), under ``fix`` (``_over_profile``); ``fix``,
+    ``None`` and "" without a stack."""
     if not stack:
         return fix, None, ""
     prof = load_stacks().get(stack)
-    own = prof.defaults(dtype, spec.is_moe, fix.pinned().get("fp8", ""), task)
-    own |= model_values(prof, spec, dtype, fix.pinned().get("fp8", ""), task)
-    note = ""
-    if job is not None:
-        pinned = fix.pinned()
-        recipe = lowp_recipe(str(pinned.get("fp8", own.get("fp8", "none"))), dtype)
-        preset = choose_preset(prof.ref, spec, dtype, recipe, task, pinned, job)
-        if preset is not None:
-            sets = preset_pins(preset, spec.is_moe, pinned, spec.num_layers)
-            own = {**own, **sets}
-            note = (f"stack profile {prof.ref}: workload preset {preset.name} ({preset.file} line {preset.line})"
-                    + (f" sets {', '.join(f'{k}={v}' for k, v in sets.items())}" if sets else " sets nothing more"))
+    own, preset, sets = stack_values(prof, spec, dtype, fix.pinned(), task, job)
+    note = "" if preset is None else (
+        f"stack profile {prof.ref}: workload preset {preset.name} ({preset.file} line {preset.line})"
+        + (f" sets {', '.join(f'{k}={v}' for k, v in sets.items())}" if sets else " sets nothing more"))
     defaults = parse_fix(",".join(f"{k}={v}" for k, v in own.items()))
     return Pins(**_over_profile(defaults.pinned(), fix)), prof, note
 

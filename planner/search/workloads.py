@@ -107,6 +107,23 @@ def model_values(prof, spec, dtype: str, fp8: str = "", task: str = "pretrain") 
     return {}
 
 
+def stack_values(prof, spec, dtype: str, pinned: Mapping[str, object], task: str = "pretrain",
+                 job: Optional[JobFacts] = None) -> tuple[dict[str, str], Optional[WorkloadPreset], dict[str, str]]:
+    """(``{--fix key: value}`` stack profile ``prof`` sets for a ``dtype`` ``task`` job of model ``spec``, the workload
+    preset its launcher runs, what that preset set): the profile's values, its model's own over them
+    (``model_values``), then the preset's (``choose_preset``, ``preset_pins``; none without ``job``). ``pinned``: the
+    job's own pins, whose fp8 recipe resolves the profile's and whose keys the preset leaves alone."""
+    fp8 = str(pinned.get("fp8", ""))
+    own = prof.defaults(dtype, spec.is_moe, fp8, task) | model_values(prof, spec, dtype, fp8, task)
+    if job is None:
+        return own, None, {}
+    from meshplan.planner.layout.decisions import lowp_recipe
+
+    preset = choose_preset(prof.ref, spec, dtype, lowp_recipe(fp8 or own.get("fp8", "none"), dtype), task, pinned, job)
+    sets = preset_pins(preset, spec.is_moe, pinned, spec.num_layers) if preset else {}
+    return own | sets, preset, sets
+
+
 def _variant_rank(variant: str, default: str) -> int:
     """The launcher's order of preference: its default variant, v1 (its fallback), the unversioned name, the rest."""
     return {default: 0, "v1": 1, "": 2}.get(variant, 3)
