@@ -1149,7 +1149,7 @@ def _stack_sets(profile: str, cfg: Optional[str], dtype: str, is_moe: bool, task
 
     if not cfg:
         return _profile_defaults(profile, dtype, is_moe, fp8, task), None, {}
-    pinned = {k: v for k, v in (fix or {}).items() if k in ("tp", "pp", "vpp", "cp", "ep", "mbs")}
+    pinned = {k: v for k, v in (fix or {}).items() if k in ("tp", "pp", "vpp", "cp", "ep", "mbs", "sp")}
     if fp8:
         pinned["fp8"] = fp8
     facts = None

@@ -37,7 +37,8 @@ def stacks(
         for col in ("--fix", "value", "when", "source"):
             table.add_column(col, overflow="fold", no_wrap=col in ("--fix", "value"))
         for v in prof.values:
-            when = " + ".join(w for w in (v.when, f"model {v.model}" if v.model else None) if w) or "always"
+            when = " + ".join(w for w in (v.when, f"model {v.model}" if v.model else None,
+                                           f"mesh {v.mesh}" if v.mesh else None) if w) or "always"
             table.add_row(v.key, v.value, when, v.source)
         for u in prof.unpriced:
             table.add_row("(not priced)", "", "", f"{u.what} [{u.source}]")

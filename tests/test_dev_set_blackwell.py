@@ -140,13 +140,18 @@ def test_per_row_settings_stay_within_their_ratchet(rows, runs_dir):
     table's facts; 205 since a job over several racks is laid out as the perf launcher's own sbatch --segment rule
     lays it (``StackProfile.placement``), where each row had assumed it; 96 (median 0) since the library profiles
     hold what a model's recipe sets (``ProfileValue.model``: DeepSeek-V3's and Nemotron 3 Super's MTP layers, the
-    account-for-embedding/loss split of Llama 3.1 405B and Qwen3-235B-A22B).
+    account-for-embedding/loss split of Llama 3.1 405B and Qwen3-235B-A22B); 23 since they also hold what a recipe
+    sets only on some mesh or in one precision (``ProfileValue.mesh``, ``when``): DeepSeek-V3's and Kimi-K2's
+    pipeline layouts by (pp, vp), the Llama recipes' TP overlap at TP > 1 with sequence parallelism (off under
+    NVFP4), r0.1.0's TP overlap for Qwen3-235B-A22B, Nemotron 3 Super's 14 bf16 layers under NVFP4 and Kimi-K2's
+    fp8_param_gather off under MXFP8. What stays counted is r0.1.0's per-GPU run_script choices for DeepSeek-V3
+    (shared-expert overlap and recompute modules differ on H100), 25.09's token dropping and the uneven splits.
     An uneven split the table leaves unsaid stays counted: left free, meshplan balances the stages by priced time,
     not as Megatron splits them."""
     counts = {"B1": [], "B2": []}
     for row in rows:
         counts[row["source_id"]].append(len(dev_set.row_needs(row, runs_dir).per_row))
-    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 96 and statistics.median(counts["B1"]) == 0
+    assert len(counts["B1"]) == 220 and sum(counts["B1"]) <= 23 and statistics.median(counts["B1"]) == 0
     assert counts["B2"] == [0] * 8
 
 
@@ -199,14 +204,18 @@ def test_uneven_splits_the_source_leaves_unsaid(rows, runs_dir):
 def test_kimi_k2_rows_take_their_library_layout(rows, runs_dir):
     """Kimi-K2's perf presets set no pp_layout; the perf scripts take ``_get_kimi_k2_pipeline_layout(pp, vp)`` from
     the library recipe, whose (4, 4) entry is [embedding + 4 decoders], 14 x [4 decoders], [decoder + loss]: 4, 14
-    x 4, 1 layers over the 16 virtual stages (written by hand from recipes/kimi/kimi_k2.py line 37)."""
+    x 4, 1 layers over the 16 virtual stages (written by hand from recipes/kimi/kimi_k2.py line 37). The library
+    profile holds that map (``ProfileValue.mesh``), so the layout is the profile's, not a per-row setting, and
+    ``plan_job`` is handed it; so is the perf scripts' ``fp8_param_gather = False`` under Muon with MXFP8."""
     kimi = [r for r in rows if r["model"].startswith("Kimi")]
     assert kimi
     for row in kimi:
         inp = dev_set.row_needs(row, runs_dir)
         assert (row["pp"], row["pp_interleave"]) == (4, 4), row["name"]
-        assert "pp_layout=4*15+1" in inp.fix_string.split(","), row["name"]
-        assert any(p.startswith("pp_layout=4*15+1: Kimi-K2 library recipe") for p in inp.per_row), row["name"]
+        assert "pp_layout=4*15+1" in inp.from_profile and "fp8_params=false" in inp.from_profile, row["name"]
+        assert not any(p.startswith(("pp_layout", "fp8_params")) for p in inp.per_row), row["name"]
+        handed = _handed(inp)
+        assert tuple(handed["pp_layout"]) == (4,) * 15 + (1,) and handed["fp8_params"] is False, row["name"]
 
 
 def test_lora_and_offload_rows_are_expressed(rows, runs_dir):
@@ -449,16 +458,19 @@ def test_moe_rows_are_summarized_by_cuda_graph_mode(rows, runs_dir):
 def test_profile_only_leaves_every_per_row_setting_to_meshplan(rows, runs_dir):
     """``--profile-only`` prices a row as a run meshplan never saw: the table's facts and the stack profile pinned,
     each per-row layout setting left to the search (and still listed), the allocation kept, and recomputation,
-    which the Megatron-Bridge tables never state, left free too. On Llama 3.1 405B's 26.06 GB300 FP8 row the
-    setting beyond the profile is the library recipe's TP overlap (its uneven split of 126 layers is the profile's,
-    the recipe's account-for-embedding/loss rule); on Nemotron 3 Super's the two MTP passes are the job's (its recipe's
-    mtp_num_layers, the profile's), kept."""
+    which the Megatron-Bridge tables never state, left free too. On Llama 3.1 405B's 26.06 GB300 FP8 row nothing is
+    needed beyond the profile: the library recipe's TP overlap at TP > 1 and its uneven split of 126 layers (the
+    account-for-embedding/loss rule) are the profile's. DeepSeek-V3's 25.11 GB300 row (no MTP) leaves its uneven
+    split of 61 layers over pp 2 x vp 4 unsaid: a per-row setting, left to the search. On Nemotron 3 Super's the
+    two MTP passes are the job's (its recipe's mtp_num_layers, the profile's), kept."""
     by = {r["name"]: r for r in rows}
-    row = by["mbridge26.06-llama31-405b-gb300-fp8"]
-    full, free = dev_set.row_needs(row, runs_dir), dev_set.row_needs(row, runs_dir, profile_only=True)
-    assert free.per_row == full.per_row and free.cluster == full.cluster
-    left = {"tp_overlap", "recompute"}
-    assert {k for k in full.fix if k not in free.fix} == left
-    assert {k: v for k, v in full.fix.items() if k not in left} == free.fix
+    for name, per_row, left in (("mbridge26.06-llama31-405b-gb300-fp8", 0, {"recompute"}),
+                                ("mbridge25.11-deepseekv3-gb300-bf16-nomtp", 1, {"pp_layout"})):
+        full, free = dev_set.row_needs(by[name], runs_dir), dev_set.row_needs(by[name], runs_dir, profile_only=True)
+        assert free.per_row == full.per_row and len(full.per_row) == per_row and free.cluster == full.cluster
+        assert {k for k in full.fix if k not in free.fix} == left, name
+        assert {k: v for k, v in full.fix.items() if k not in left} == free.fix, name
+    llama = dev_set.row_needs(by["mbridge26.06-llama31-405b-gb300-fp8"], runs_dir, profile_only=True)
+    assert "tp_overlap=true" in llama.from_profile and _handed(llama)["tp_overlap"] is True
     super_row = by["mbridge26.06-nemotron3-super-gb300-mxfp8"]
     assert _handed(dev_set.row_needs(super_row, runs_dir, profile_only=True))["mtp"] == 2

@@ -27,7 +27,8 @@ def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
     for prof in cat.profiles.values():
         assert prof.values, prof.ref
         for v in prof.values:
-            assert BY_FIX_KEY[v.key].by_stack, (prof.ref, v.key)
+            # a layout decision only as a recipe sets it on one mesh (DeepSeek-V3's pipeline layout by pp and vp)
+            assert BY_FIX_KEY[v.key].by_stack or v.mesh, (prof.ref, v.key)
             assert "@" in v.source or prof.version in v.source or "torch.distributed" in v.source, (prof.ref, v.key)
 
 

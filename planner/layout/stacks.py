@@ -45,15 +45,23 @@ class ProfileValue(_Frozen):
     key: str
     value: str
     source: str = Field(min_length=8)
-    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|moe|dense|tensorwise|sft)(\+(fp8|bf16|moe|dense|sft))*$")
-    """Holds only for an fp8 (or a bf16) workload, only for MoE / dense models, only for a workload whose GEMMs
-    run tensor-wise current scaling (``tensorwise``: the recipe pinned, else the profile's own ``fp8``, resolved with
-    the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the recipe), or only for a
-    supervised fine-tuning job (``sft``: what the stack's fine-tuning entry point sets over its pre-training default,
-    which it replaces); conditions joined by ``+`` hold together (``sft+fp8``); ``None``: always."""
+    when: Optional[str] = Field(None, pattern=r"^(fp8|bf16|nvfp4|moe|dense|tensorwise|mxfp8|sft)"
+                                              r"(\+(fp8|bf16|nvfp4|moe|dense|sft))*$")
+    """Holds only for an fp8 (or a bf16, or an nvfp4) workload, only for MoE / dense models, only for a workload whose
+    GEMMs run tensor-wise current scaling or MXFP8 (``tensorwise``, ``mxfp8``: the recipe pinned, else the profile's
+    own ``fp8``, resolved with the dtype by ``lowp_recipe``, as a stack's preset for that recipe sets more than the
+    recipe), or only for a supervised fine-tuning job (``sft``: what the stack's fine-tuning entry point sets over its
+    pre-training default, which it replaces); conditions joined by ``+`` hold together (``sft+fp8``); ``None``:
+    always."""
     model: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     """Holds only for this bundled model (``meshplan models``) and models of its shapes, replacing the value the
     profile holds for every model (``StackProfile.model_defaults``): what a library's recipe for that model sets."""
+    mesh: Optional[str] = Field(None, pattern=r"^[a-z_]+(=|!=|>)[a-z0-9]+(,[a-z_]+(=|!=|>)[a-z0-9]+)*$")
+    """Holds only where the job's mesh, as pinned (by the request or its workload preset), meets every condition:
+    ``pp=4,vpp=4`` (those degrees pinned to these values: a recipe's map from its mesh to a pipeline layout),
+    ``tp>1,sp!=false`` (tp pinned above 1, sp not pinned off: what a stack turns on only where it can, such as
+    Megatron-Bridge's tensor-parallel overlap, which ``CommOverlapConfig`` turns off at TP 1 or without sequence
+    parallelism). A search that leaves these degrees free does not take the value (``mesh_holds``)."""
 
 
 class Unpriced(_Frozen):
@@ -106,14 +114,22 @@ class StackProfile(_Frozen):
         ``fp8``: the fp8 recipe the user pinned ("": the profile's own); ``task``: one of ``TASKS``."""
         if task not in TASKS:
             raise MeshplanError(f"--task {task}: not a task (known: {', '.join(TASKS)})")
-        return _resolved([v for v in self.values if v.model is None], dtype, is_moe, fp8, task)
+        return _resolved([v for v in self.values if v.model is None and v.mesh is None], dtype, is_moe, fp8, task)
 
     def model_defaults(self, model: str, dtype: str, is_moe: bool, fp8: str = "", task: str = "pretrain"
                        ) -> dict[str, str]:
         """What the profile sets for bundled model ``model`` beyond ``defaults`` (its values with ``model``), under
         the recipe ``defaults`` resolves."""
         recipe = fp8 or self.defaults(dtype, is_moe, "", task).get("fp8", "")
-        return _resolved([v for v in self.values if v.model == model], dtype, is_moe, recipe, task)
+        return _resolved([v for v in self.values if v.model == model and v.mesh is None], dtype, is_moe, recipe, task)
+
+    def mesh_defaults(self, model: Optional[str], dtype: str, is_moe: bool, pinned: Mapping[str, object],
+                      fp8: str = "", task: str = "pretrain") -> dict[str, str]:
+        """What the profile sets, for every model and for bundled model ``model`` (``None``: none of its own), only
+        where the mesh ``pinned`` gives meets the value's ``mesh`` conditions (``mesh_holds``)."""
+        recipe = fp8 or self.defaults(dtype, is_moe, "", task).get("fp8", "")
+        return _resolved([v for v in self.values if v.mesh is not None and v.model in (None, model)
+                          and mesh_holds(v.mesh, pinned)], dtype, is_moe, recipe, task)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -142,11 +158,27 @@ def _resolved(values: list, dtype: str, is_moe: bool, fp8: str, task: str) -> di
 TASKS = ("pretrain", "sft")
 
 
+def mesh_holds(mesh: str, pinned: Mapping[str, object]) -> bool:
+    """Whether the pins ``pinned`` (``--fix`` keys) meet every condition of ``mesh`` (``ProfileValue.mesh``): ``k=v``
+    and ``k>n`` need ``k`` pinned; ``k!=v`` holds unless ``k`` is pinned to ``v``."""
+    for cond in mesh.split(","):
+        key, op, want = re.match(r"([a-z_]+)(=|!=|>)(.+)$", cond).groups()
+        got = pinned.get(key)
+        text = None if got is None else str(got).lower()
+        if op == "!=" and text == want:
+            return False
+        if op == "=" and text != want:
+            return False
+        if op == ">" and (got is None or int(got) <= int(want)):
+            return False
+    return True
+
+
 def _phase(when: Optional[str]) -> int:
-    """When a value applies: with the plain ones (0), once the recipe is resolved (1: ``tensorwise``), or over both
-    (2: a fine-tuning value)."""
+    """When a value applies: with the plain ones (0), once the recipe is resolved (1: ``tensorwise``, ``mxfp8``), or
+    over both (2: a fine-tuning value)."""
     parts = (when or "").split("+")
-    return 2 if "sft" in parts else 1 if "tensorwise" in parts else 0
+    return 2 if "sft" in parts else 1 if {"tensorwise", "mxfp8"} & set(parts) else 0
 
 
 def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str, task: str = "pretrain") -> bool:
@@ -155,8 +187,9 @@ def _holds(when: Optional[str], dtype: str, is_moe: bool, recipe: str, task: str
     GEMMs)."""
     if when is None:
         return True
-    facts = {"fp8": dtype == "fp8", "bf16": dtype == "bf16", "moe": is_moe, "dense": not is_moe,
-             "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise", "sft": task == "sft"}
+    facts = {"fp8": dtype == "fp8", "bf16": dtype == "bf16", "nvfp4": dtype == "nvfp4", "moe": is_moe,
+             "dense": not is_moe, "tensorwise": lowp_recipe(recipe or "none", dtype) == "tensorwise",
+             "mxfp8": lowp_recipe(recipe or "none", dtype) == "mxfp8", "sft": task == "sft"}
     return all(facts[part] for part in when.split("+"))
 
 
@@ -177,9 +210,9 @@ def _on_base(prof: StackProfile, profiles: Mapping[str, StackProfile]) -> StackP
     if base is None or base.base is not None:
         raise MeshplanError(f"{STACKS_DIR}/{prof.ref}.yaml: base {prof.base} is not a shipped profile that stands "
                             "alone")
-    own = {(v.key, v.model) for v in prof.values}
+    own = {(v.key, v.model, v.mesh) for v in prof.values}
     return prof.model_copy(update={"values": prof.values + tuple(v for v in base.values
-                                                                  if (v.key, v.model) not in own),
+                                                                  if (v.key, v.model, v.mesh) not in own),
                                    "unpriced": prof.unpriced + base.unpriced})
 
 
@@ -188,13 +221,13 @@ def _check(name: str, prof: StackProfile) -> StackProfile:
     for val in prof.values:
         if val.key not in BY_FIX_KEY:
             raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is not a decision (known: {', '.join(BY_FIX_KEY)})")
-        if not BY_FIX_KEY[val.key].by_stack:
+        if not BY_FIX_KEY[val.key].by_stack and val.mesh is None:  # on a given mesh, a recipe may set more
             raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is the search's to choose, not a stack default")
         BY_FIX_KEY[val.key].parse(val.value)  # a value the decision refuses is refused here, by name
-    for dtype, moe, recipe in itertools.product(("bf16", "fp8"), (False, True), ("", "tensorwise")):
+    for dtype, moe, recipe in itertools.product(("bf16", "fp8", "nvfp4"), (False, True), ("", "tensorwise", "mxfp8")):
         # an sft value replaces the others of its key, so it is checked against the sft values alone
         for sft in (False, True):
-            holding = [(v.key, v.model) for v in prof.values if (_phase(v.when) == 2) == sft
+            holding = [(v.key, v.model, v.mesh) for v in prof.values if (_phase(v.when) == 2) == sft
                        and _holds(v.when, dtype, moe, recipe, "sft")]
             if len(holding) != len(set(holding)):
                 raise MeshplanError(f"{STACKS_DIR}/{name}: two values of one decision hold for a {dtype} "

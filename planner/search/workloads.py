@@ -96,32 +96,42 @@ def _same_shapes(a, b) -> bool:
 def model_values(prof, spec, dtype: str, fp8: str = "", task: str = "pretrain") -> dict[str, str]:
     """What stack profile ``prof`` sets for ``spec``'s model alone (``ProfileValue.model``): the values of the bundled
     model whose shapes ``spec`` has, none where no such model has values."""
+    name = _bundled_model(prof, spec)
+    return {} if name is None else _trained(spec, prof.model_defaults(name, dtype, spec.is_moe, fp8, task))
+
+
+def _bundled_model(prof, spec) -> Optional[str]:
+    """The bundled model some value of ``prof`` holds for alone whose shapes ``spec`` has, or ``None``."""
     from meshplan.planner.model.config import load_model
 
-    for name in prof.models:
-        if _same_shapes(spec, load_model(name)):
-            out = prof.model_defaults(name, dtype, spec.is_moe, fp8, task)
-            if not spec.config_mtp_layers:  # a config that describes no MTP module trains none, whatever the recipe
-                out.pop("mtp", None)
-            return out
-    return {}
+    return next((name for name in prof.models if _same_shapes(spec, load_model(name))), None)
+
+
+def _trained(spec, values: dict[str, str]) -> dict[str, str]:
+    """``values`` less MTP where ``spec``'s config describes no MTP module: it trains none, whatever the recipe."""
+    if not spec.config_mtp_layers:
+        values.pop("mtp", None)
+    return values
 
 
 def stack_values(prof, spec, dtype: str, pinned: Mapping[str, object], task: str = "pretrain",
                  job: Optional[JobFacts] = None) -> tuple[dict[str, str], Optional[WorkloadPreset], dict[str, str]]:
     """(``{--fix key: value}`` stack profile ``prof`` sets for a ``dtype`` ``task`` job of model ``spec``, the workload
     preset its launcher runs, what that preset set): the profile's values, its model's own over them
-    (``model_values``), then the preset's (``choose_preset``, ``preset_pins``; none without ``job``). ``pinned``: the
+    (``model_values``), those that hold only on some mesh (``ProfileValue.mesh``, judged on the job's pins and its
+    preset's mesh), then the preset's (``choose_preset``, ``preset_pins``; none without ``job``). ``pinned``: the
     job's own pins, whose fp8 recipe resolves the profile's and whose keys the preset leaves alone."""
     fp8 = str(pinned.get("fp8", ""))
     own = prof.defaults(dtype, spec.is_moe, fp8, task) | model_values(prof, spec, dtype, fp8, task)
-    if job is None:
-        return own, None, {}
-    from meshplan.planner.layout.decisions import lowp_recipe
+    preset, sets = None, {}
+    if job is not None:
+        from meshplan.planner.layout.decisions import lowp_recipe
 
-    preset = choose_preset(prof.ref, spec, dtype, lowp_recipe(fp8 or own.get("fp8", "none"), dtype), task, pinned, job)
-    sets = preset_pins(preset, spec.is_moe, pinned, spec.num_layers) if preset else {}
-    return own | sets, preset, sets
+        recipe = lowp_recipe(fp8 or own.get("fp8", "none"), dtype)
+        preset = choose_preset(prof.ref, spec, dtype, recipe, task, pinned, job)
+        sets = preset_pins(preset, spec.is_moe, pinned, spec.num_layers) if preset else {}
+    on_mesh = prof.mesh_defaults(_bundled_model(prof, spec), dtype, spec.is_moe, {**sets, **pinned}, fp8, task)
+    return own | _trained(spec, on_mesh) | sets, preset, sets
 
 
 def _variant_rank(variant: str, default: str) -> int:
