@@ -69,6 +69,28 @@ DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
 # are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
 COMM_SMS = 20
+# Transformer Engine's userbuffers, as their default overlap methods run them (``transformer_engine/pytorch/module/
+# base.py`` ``initialize_ub`` @ fecb10bdf: ``methods``, ``get_default_config``): "ring_exchange" splits the GEMM in tp
+# chunks and moves them on the copy engines (1 SM, no SM margin) for the column-parallel forward (qkv_fprop,
+# fc1_fprop) and the row-parallel input gradient (proj_dgrad, fc2_dgrad); "pipeline" splits the row-parallel forward
+# (proj_fprop, fc2_fprop) in ``num_splits`` = 4 chunks, and "bulk" runs the column-parallel backward (qkv / fc1 dgrad
+# and wgrad) whole, both with 16 communication SMs that the GEMMs beside them leave (``set_sm_margin``); the
+# row-parallel weight gradient runs whole ("external", beside its dgrad's ring exchange)
+UB_PIPELINE_SPLITS = 4
+UB_COMM_SMS = 16
+
+
+def userbuffers_gemm_s(column: bool, fwd_s: float, bwd_s: float, ring_fwd_s: float, ring_bwd_s: float,
+                       pipe_fwd_s: float) -> tuple[float, float]:
+    """(seconds one GEMM next to a TP collective takes forward and backward under userbuffers, the seconds of it that
+    run beside a collective holding ``UB_COMM_SMS``): ``fwd_s`` / ``bwd_s`` whole; ``ring_*``: its tp chunks' sums;
+    ``pipe_fwd_s``: its 4 pipeline chunks' sum. A column-parallel GEMM (QKV, FC1, Mamba's in_proj) runs its forward
+    in ring-exchange chunks and its backward whole, in bulk; a row-parallel one (the attention projection, FC2,
+    out_proj) its forward in pipeline chunks and its input gradient, half its backward's FLOPs, in ring-exchange
+    chunks."""
+    if column:
+        return ring_fwd_s + bwd_s, bwd_s
+    return pipe_fwd_s + ring_bwd_s / 2 + bwd_s / 2, pipe_fwd_s
 
 
 # GPU-to-GPU speed variation of one SKU: Sinha et al., "Not All GPUs Are Created Equal" (SC'22, arXiv:2208.11035),
@@ -119,6 +141,13 @@ def group_links(cluster, model, layout: Layout) -> tuple:
                                   routing_groups=(model.routing_groups, model.routing_groups_per_token),
                                   contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0),
             (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
+
+
+def ub_margin(device) -> float:
+    """What a GEMM beside a userbuffers collective holding ``UB_COMM_SMS`` pays over its own time: it runs on the
+    SMs left (0 on devices without SMs)."""
+    sms = device.sm_count
+    return UB_COMM_SMS / (sms - UB_COMM_SMS) if sms and sms > UB_COMM_SMS else 0.0
 
 
 def comm_sm_share(device) -> float:
@@ -290,11 +319,11 @@ class GpuEstimator:
                                                      cp_link)
         fwd, bwd = p["fwd"], p["bwd_frozen" if frozen else "bwd"]
         if tp and key.tp_overlap:
-            # userbuffers split each GEMM next to a TP collective into tp chunks along the tokens and run chunk i's
-            # communication under chunk i-1's GEMM, on the SMs the communication kernels leave: the collective hides
-            # behind the GEMMs, which pay their chunking (tp GEMMs of m/tp rows) and the SMs
+            # userbuffers run the collectives beside the GEMMs next to them, on the SMs the communication kernels
+            # leave: the collective hides behind the GEMMs, which pay the SMs and, where TE's default method splits
+            # a GEMM (``userbuffers_gemm_s``), its chunking
             whole, chunked = p["gemm"], p["gemm_chunked"]
-            tp = (max(0.0, 2 * tp - whole) + min(2 * tp, whole) * comm_sm_share(device) + (chunked - whole)) / 2
+            tp = (max(0.0, 2 * tp - whole) + (chunked - whole) + p["gemm_margin"] * ub_margin(device)) / 2
             tp_bwd = tp
         cp_bwd = cp  # all-gather CP: the KV gathered forward, its gradient reduce-scattered backward, exposed
         if cp and key.cp_kind == "ring":
@@ -413,8 +442,8 @@ class GpuEstimator:
         """(the block, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price, the ids of its routed
         experts' ops) of block ``blk`` of
         layer ops ``lo``, cached per block. tp_overlap (``chunk_tp`` > 1): the attention and dense-MLP GEMMs next
-        to the TP collectives (not the routed experts, not the router), each also priced in tp chunks along the
-        tokens."""
+        to the TP collectives (not the routed experts, not the router), each also priced in the chunks along the
+        tokens userbuffers split it into: (tp chunks, ``UB_PIPELINE_SPLITS`` chunks)."""
         k = (id(blk), chunk_tp)
         hit = self._blocks.get(k)
         if hit is not None and hit[0] is blk:
@@ -425,10 +454,11 @@ class GpuEstimator:
         routed = {id(op) for op in lo.experts}
         chunked = {}
         if chunk_tp > 1:
-            chunked = {op: replace(op, shape=(op.shape[0] // chunk_tp,) + op.shape[1:]) for op in counts
-                       if op.kind == "matmul" and op.shape[0] >= chunk_tp and id(op) not in routed
-                       and op.shape[1] != tb.model.num_experts}
-        every = list(dict.fromkeys([*counts, *chunked.values()]))
+            splits = (chunk_tp, UB_PIPELINE_SPLITS)
+            chunked = {op: tuple(replace(op, shape=(op.shape[0] // n,) + op.shape[1:]) for n in splits)
+                       for op in counts if op.kind == "matmul" and op.shape[0] >= max(chunk_tp, UB_PIPELINE_SPLITS)
+                       and id(op) not in routed and op.shape[1] != tb.model.num_experts}
+        every = list(dict.fromkeys([*counts, *(c for pair in chunked.values() for c in pair)]))
         hit = self._blocks[k] = (blk, counts, chunked, every, routed)
         return hit
 
@@ -451,10 +481,14 @@ class GpuEstimator:
                   # its collectives behind (te_sp_backward_tp_s)
                   "column_bwd": sum(n * b[op] for op, n in counts.items() if op.kind == "matmul"
                                     and op.shape[2] == h and id(op) not in routed and op.shape[1] != experts),
-                  "gemm": 0.0, "gemm_chunked": 0.0}
-        for op, c in chunked.items():
+                  "gemm": 0.0, "gemm_chunked": 0.0, "gemm_margin": 0.0}
+        for op, (ring, pipe) in chunked.items():
             prices["gemm"] += counts[op] * (f[op] + b[op])
-            prices["gemm_chunked"] += counts[op] * chunk_tp * (predict(c, device) + self._bwd_s(c, device))
+            split_s, margin_s = userbuffers_gemm_s(
+                op.shape[2] == h, f[op], b[op], chunk_tp * predict(ring, device), chunk_tp * self._bwd_s(ring, device),
+                UB_PIPELINE_SPLITS * predict(pipe, device))
+            prices["gemm_chunked"] += counts[op] * split_s
+            prices["gemm_margin"] += counts[op] * margin_s
         self._block_price[k] = (blk, prices)
         return prices
 
@@ -1011,7 +1045,7 @@ _spread_fields = operator.attrgetter("pp", "vpp", "pp_runs", "micro_batch", "dp_
 
 
 # ``_priced_ops``' sums that add up block by block (``_block_prices``)
-_BLOCK_SUMS = ("fwd", "bwd", "bwd_frozen", "column_bwd", "gemm", "gemm_chunked")
+_BLOCK_SUMS = ("fwd", "bwd", "bwd_frozen", "column_bwd", "gemm", "gemm_chunked", "gemm_margin")
 
 
 def _chunk_tp(key: Layout) -> int:

@@ -321,7 +321,9 @@ class Decisions:
     not pad experts to capacity, so it takes no token dropping (``layout.megatron_dispatch_refusal``)."""
     tp_overlap: bool = decision(False, "tensor-parallel collectives overlapped with their GEMMs (needs sp)")
     """Megatron-Core ``--tp-comm-overlap`` (Transformer Engine userbuffers), torchtitan's async TP: the all-gather
-    before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks under it."""
+    before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks under it; backward,
+    as TE's default methods run them, the row-parallel input gradient in chunks and the column-parallel gradients
+    whole beside their collectives (``planner.estimate.gpu.userbuffers_gemm_s``)."""
     optim_dtype: str = decision("fp32", "Adam's states beside the 16-bit weights: fp32, remainder or bf16",
                                 choices=("fp32", "remainder", "bf16"))
     """"fp32": fp32 master weights and moments, 12 B (ZeRO paper's K = 12; Megatron's distributed optimizer,
