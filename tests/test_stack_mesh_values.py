@@ -76,3 +76,13 @@ def test_a_malformed_mesh_condition_is_refused_by_name(tmp_path, monkeypatch) ->
         {"key": "pp_layout", "value": "4*15+1", "source": "somewhere @ v1"}]}))
     with pytest.raises(MeshplanError, match="'pp_layout' is the search's to choose"):
         load()  # a layout decision only with the mesh it belongs to
+
+
+def test_a_models_own_mesh_value_replaces_the_one_for_every_model(tmp_path, monkeypatch) -> None:
+    body = {"name": "x", "version": "1", "title": "t", "source": "somewhere @ v1", "values": [
+        {"key": "tp_overlap", "value": "true", "model": "llama-3.1-405b", "mesh": "tp>1", "source": "recipe @ v1"},
+        {"key": "tp_overlap", "value": "false", "mesh": "tp>1", "source": "somewhere @ v1"}]}
+    prof = _catalogue_in(tmp_path, monkeypatch, {"x@1.yaml": body})().get("x@1")
+    assert prof.mesh_defaults("llama-3.1-405b", "bf16", False, {"tp": 8}) == {"tp_overlap": "true"}
+    assert prof.mesh_defaults(None, "bf16", False, {"tp": 8}) == {"tp_overlap": "false"}
+    assert prof.mesh_defaults("llama-3.1-405b", "bf16", False, {"tp": 1}) == {}

@@ -128,8 +128,10 @@ class StackProfile(_Frozen):
         """What the profile sets, for every model and for bundled model ``model`` (``None``: none of its own), only
         where the mesh ``pinned`` gives meets the value's ``mesh`` conditions (``mesh_holds``)."""
         recipe = fp8 or self.defaults(dtype, is_moe, "", task).get("fp8", "")
-        return _resolved([v for v in self.values if v.mesh is not None and v.model in (None, model)
-                          and mesh_holds(v.mesh, pinned)], dtype, is_moe, recipe, task)
+        held = [v for v in self.values
+                if v.mesh is not None and v.model in (None, model) and mesh_holds(v.mesh, pinned)]
+        # the model's own after the others, so that it replaces theirs
+        return _resolved(sorted(held, key=lambda v: v.model is not None), dtype, is_moe, recipe, task)
 
     @property
     def models(self) -> tuple[str, ...]:
