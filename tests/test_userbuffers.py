@@ -33,7 +33,7 @@ def test_each_pass_runs_as_te_splits_it(layer: str, column: bool) -> None:
     passes = {p: _method(f"{layer}_{p}") for p in ("fprop", "dgrad", "wgrad")}
     want = sum(price[SPLIT[m]] for m in passes.values())
     want_margin = sum(price[SPLIT[m]] for m in passes.values() if MARGIN[m])
-    got = userbuffers_gemm_s(column, whole, 2 * whole, ring, 2 * ring, pipe)
+    got = userbuffers_gemm_s(column, 2 * whole, ring, 2 * ring, pipe)
     assert got == pytest.approx((want, want_margin))
 
 

@@ -80,10 +80,10 @@ UB_PIPELINE_SPLITS = 4
 UB_COMM_SMS = 16
 
 
-def userbuffers_gemm_s(column: bool, fwd_s: float, bwd_s: float, ring_fwd_s: float, ring_bwd_s: float,
+def userbuffers_gemm_s(column: bool, bwd_s: float, ring_fwd_s: float, ring_bwd_s: float,
                        pipe_fwd_s: float) -> tuple[float, float]:
     """(seconds one GEMM next to a TP collective takes forward and backward under userbuffers, the seconds of it that
-    run beside a collective holding ``UB_COMM_SMS``): ``fwd_s`` / ``bwd_s`` whole; ``ring_*``: its tp chunks' sums;
+    run beside a collective holding ``UB_COMM_SMS``): ``bwd_s`` its backward whole; ``ring_*``: its tp chunks' sums;
     ``pipe_fwd_s``: its 4 pipeline chunks' sum. A column-parallel GEMM (QKV, FC1, Mamba's in_proj) runs its forward
     in ring-exchange chunks and its backward whole, in bulk; a row-parallel one (the attention projection, FC2,
     out_proj) its forward in pipeline chunks and its input gradient, half its backward's FLOPs, in ring-exchange
@@ -439,7 +439,7 @@ class GpuEstimator:
         return hit
 
     def _block_ops(self, blk: tuple, chunk_tp: int, tb, lo) -> tuple:
-        """(the block, {op: times it runs}, {GEMM: its tp chunk}, every distinct op to price, the ids of its routed
+        """(the block, {op: times it runs}, {GEMM: its chunks}, every distinct op to price, the ids of its routed
         experts' ops) of block ``blk`` of
         layer ops ``lo``, cached per block. tp_overlap (``chunk_tp`` > 1): the attention and dense-MLP GEMMs next
         to the TP collectives (not the routed experts, not the router), each also priced in the chunks along the
@@ -485,7 +485,7 @@ class GpuEstimator:
         for op, (ring, pipe) in chunked.items():
             prices["gemm"] += counts[op] * (f[op] + b[op])
             split_s, margin_s = userbuffers_gemm_s(
-                op.shape[2] == h, f[op], b[op], chunk_tp * predict(ring, device), chunk_tp * self._bwd_s(ring, device),
+                op.shape[2] == h, b[op], chunk_tp * predict(ring, device), chunk_tp * self._bwd_s(ring, device),
                 UB_PIPELINE_SPLITS * predict(pipe, device))
             prices["gemm_chunked"] += counts[op] * split_s
             prices["gemm_margin"] += counts[op] * margin_s
