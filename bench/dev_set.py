@@ -9,7 +9,10 @@ for GB200 / GB300), dtype, global batch and sequence length, and its source's st
 ``meshplan_can_express`` begins with "no" is out of scope, unless meshplan maps it to a config (``HYBRID_CONFIGS``);
 the others (the B rows' "hybrid Mamba" ones included) go to meshplan, which prices them or says what it cannot load.
 Step time published = the source's seconds per step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's
-convention); signed error = (predicted - published) / published, negative = predicted too fast.
+convention); signed error = (predicted - published) / published, negative = predicted too fast. An MoE row priced on
+an x86 host also carries its step at the other published x86 / Grace host speed (``planner.estimate.host_band``),
+and each source says how many of the rows that speed moves hold their published step between the two prices
+(``host band holds``).
 
 ``row_needs`` is the one place that says what a row needs, in the decisions' vocabulary (``pp_layout``, ``schedule``,
 ``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
@@ -1184,6 +1187,14 @@ class RowResult:
     memory_limit_gib: Optional[float] = None
     published_memory_gib: Optional[float] = None  # peak memory the source reports (torchtitan 2024-12 tables)
     inputs: dict = field(default_factory=dict)
+    host_speed_step_s: Optional[float] = None  # the step at the other published x86 host speed (host_band), if it moves
+
+
+def in_host_band(r: RowResult) -> bool:
+    """Whether a priced row's published step lies between its price and its price at the other published host
+    speed (``planner.estimate.host_band``); rows without a band are not counted."""
+    lo, hi = sorted((r.predicted_step_s, r.host_speed_step_s))
+    return lo <= r.published_step_s <= hi
 
 
 def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = False) -> RowResult:
@@ -1256,7 +1267,7 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
     try:
         out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
                                       stack=inp.profile, top=1, dtype=inp.dtype, name="devset", lora=inp.lora,
-                                      task=inp.task,
+                                      task=inp.task, breakdown=inp.moe,
                                       out=out_dir / (re.sub(r"[^\w.-]", "_", inp.name) + ".yaml")))
     except MeshplanError as exc:
         msg = str(exc)
@@ -1283,6 +1294,9 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
                      "other_s": out.plan.prediction.breakdown.other_s,
                      "memory_bytes": dict(out.plan.prediction.memory_bytes or {})}
     res.memory_gib = r["peak_memory_bytes"] / GiB
+    band = (out.breakdown or {}).get("host_speed")
+    if band:  # the step at the other published x86 / Grace host speed (planner.estimate.host_band)
+        res.host_speed_step_s = band["step_time_s"]
     return res
 
 
@@ -1393,6 +1407,11 @@ def summarize(results: list[RowResult]) -> list[dict]:
                                                                       for r in rs]) else None,
             "per_row_settings_total": sum(len(r.inputs.get("per_row", ())) for r in rs),
             "approximated_rows": sum(bool(r.inputs.get("approximated")) for r in rs if r.status == "priced"),
+            # rows whose step the other published x86 host speed moves by more than 1%, and of those, the ones
+            # whose published step lies between the two prices
+            "host_band_rows": len(band := [r for r in rs if r.status == "priced" and r.host_speed_step_s
+                                           and abs(r.host_speed_step_s / r.predicted_step_s - 1) > 0.01]),
+            "host_band_holds_published": sum(in_host_band(r) for r in band),
         })
     return out
 
@@ -1411,7 +1430,8 @@ def _pct(x: Optional[float]) -> str:
 
 ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated", "per-row settings")
 SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
-                   "median signed", "profile", "per-row settings (median)", "priced approximated")
+                   "median signed", "profile", "per-row settings (median)", "priced approximated",
+                   "host band holds")
 
 
 def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
@@ -1430,7 +1450,9 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
                    "" if x["mean_abs_error"] is None else f"{100 * x['mean_abs_error']:.1f}%",
                    _pct(x["worst_error"]), _pct(x["median_signed_error"]), _profiles_cell(x["profiles"]),
                    f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)",
-                   str(x["approximated_rows"])] for x in summary]
+                   str(x["approximated_rows"]),
+                   f"{x['host_band_holds_published']} of {x['host_band_rows']}" if x["host_band_rows"] else "-"]
+                  for x in summary]
     return rows, per_source
 
 

@@ -178,6 +178,10 @@ def render_explain(ex: dict) -> None:
     console.print(basis)
     for cls, how in ex.get("unmeasured", {}).items():
         console.print(f"unmeasured: {cls}: {how}")
+    band = ex.get("host_speed")
+    if band:
+        console.print(f"host speed: {band['step_time_s']:.3f} s a step ({100 * band['change']:+.1f}%) with an "
+                      f"{band['source']}")
 
 
 def register(app: typer.Typer) -> None:

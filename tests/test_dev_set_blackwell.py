@@ -474,3 +474,17 @@ def test_profile_only_leaves_every_per_row_setting_to_meshplan(rows, runs_dir):
     assert "tp_overlap=true" in llama.from_profile and _handed(llama)["tp_overlap"] is True
     super_row = by["mbridge26.06-nemotron3-super-gb300-mxfp8"]
     assert _handed(dev_set.row_needs(super_row, runs_dir, profile_only=True))["mtp"] == 2
+
+
+def test_the_host_band_counts_rows_whose_published_step_it_holds():
+    """A row's band runs from its price to its price at the other published x86 host speed: a published step inside
+    it is held, one outside is not, a row the other speed moves by 1% or less has no band, and a row without one is
+    not counted."""
+    def row(name, published, priced, other):
+        return dev_set.RowResult(name, "B1", published, "priced", predicted_step_s=priced,
+                                 error=priced / published - 1, host_speed_step_s=other)
+    results = [row("inside", 11.0, 10.0, 12.0), row("above", 13.0, 10.0, 12.0), row("below", 9.0, 10.0, 12.0),
+               row("flat", 11.0, 10.0, 10.05), row("none", 11.0, 10.0, None)]
+    (b1, *_), = [[s for s in dev_set.summarize(results) if s["source"] == "B1"]]
+    assert b1["host_band_rows"] == 3 and b1["host_band_holds_published"] == 1
+    assert [dev_set.in_host_band(r) for r in results[:3]] == [True, False, False]

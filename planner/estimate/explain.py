@@ -17,6 +17,7 @@ from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
+from meshplan.planner.estimate.host_band import host_speed_band
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
@@ -33,8 +34,8 @@ HOST_TIME_NOTE = (
     "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (3.45 ms for "
     "the routed experts of a rank holding 8, its grouped linears' 90 us more or less per expert; an x86 host at "
     "13.48/37.08 of Grace's time per op, TransformerEngine issue 2053, 2025; PyTorch's own op-call overhead measured "
-    "alike on both in 2026, 182 against 197 ns, pytorch issue 187862, so the x86 figure may be low), less what the "
-    "GPU runs meanwhile; an "
+    "alike on both in 2026, 182 against 197 ns, pytorch issue 187862, so the x86 figure may be low: `host speed` "
+    "gives the step at that one), less what the GPU runs meanwhile; an "
     "uncaptured router and preprocessing add 4.0 ms of host beside the layer's other forward GPU work and an "
     "uncaptured shared expert what capturing it saved in the same guide's runs, 0.78 ms (cuda_graphs decides what "
     "is eager; the per-expert part is read at 8 experts a rank and extrapolated). Not priced: the host time of the "
@@ -111,6 +112,9 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     notes.update(_step_notes(est, model, layout, dev, links["ep"], out["priced_from"]))
     if notes:
         out["unmeasured"] = notes
+    band = host_speed_band(estimator, work, layout, est.step_time_s)
+    if band:
+        out["host_speed"] = band
     return out
 
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import fields, replace
+from types import MappingProxyType
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -51,7 +53,7 @@ from meshplan.planner.estimate.base import (
     time_signature,
     trainable_params,
 )
-from meshplan.planner.estimate.host_wait import moe_sync_wait_s, waits_for_host
+from meshplan.planner.estimate.host_wait import HOST_SPEED, moe_sync_wait_s, waits_for_host
 from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
@@ -231,9 +233,12 @@ def pp_p2p_s(layout: Layout, hidden_size: int, seq_len: int, pp_link, stage_comp
 class GpuEstimator:
     """Analytic step-time estimate on accelerators, every op priced by ``pricer`` (memoised per instance)."""
 
-    def __init__(self, pricer: Pricer):
+    def __init__(self, pricer: Pricer, host_speed: Mapping[str, float] = HOST_SPEED):
         # a training step holds the GPU at its power limit: compute at the sustained share of one-shot kernel rates
         self.pricer = pricer.under_load()
+        # each host's time over Grace's for the MoE layer's wait (``host_wait.HOST_SPEED``; ``explain`` prices the
+        # published alternative, ``HOST_SPEED_OP_CALL``, with a second estimator)
+        self.host_speed = MappingProxyType(dict(host_speed))
         self.name = pricer.name
         self.tables = TablesCache()
         self._layer: dict[tuple, tuple[float, ...]] = {}
@@ -349,7 +354,7 @@ class GpuEstimator:
         if lo.experts and waits_for_host(key, device):
             host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
                                    key.shared_overlap, max(1, tb.model.num_experts // key.ep),
-                                   p["fwd"] - p["experts_fwd"] - p["shared_fwd"])
+                                   p["fwd"] - p["experts_fwd"] - p["shared_fwd"], self.host_speed)
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
         out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd), host)
         return out

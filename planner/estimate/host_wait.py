@@ -49,6 +49,8 @@ host runs ahead; a rank holding many experts may be host-bound there too), and w
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring)
 ROUTED_EXPERTS_HOST_S = 3.45e-3
 # Uncaptured, the attention, router and preprocessing: the timeline's 4.0 ms of host (image 4), which the layer's
@@ -63,6 +65,10 @@ GROUPED_LINEAR_HOST_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / TIMELINE_LOCAL_EXPERTS
 # Host time of one framework op on an x86 host over a Grace one: torch.nn.Linear forward, 13.48 / 37.08 us
 # (TransformerEngine issue 2053: H100 DGX with Xeon Platinum 8480C against GB200)
 HOST_SPEED = {"grace": 1.0, "x86": 13.48 / 37.08}
+# The other published ratio, PyTorch's own op-call overhead measured alike on both hosts in 2026: OpOverload.__call__
+# median 181.7 ns on an H100 host against 197.4 ns on a GB200 (pytorch issue 187862). Which of the two a Transformer
+# Engine MoE layer's host time follows is unmeasured, so ``planner.estimate.explain`` prices the plan at this one too
+HOST_SPEED_OP_CALL = {"grace": 1.0, "x86": 181.7 / 197.4}
 
 
 def waits_for_host(layout, device) -> bool:
@@ -80,7 +86,7 @@ def routed_experts_host_s(local_experts: int) -> float:
 
 def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, shared_gpu_s: float,
                     shared_overlap: bool, local_experts: int = TIMELINE_LOCAL_EXPERTS,
-                    captured_gpu_s: float = 0.0) -> float:
+                    captured_gpu_s: float = 0.0, host_speed: Mapping[str, float] = HOST_SPEED) -> float:
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
     ``experts_gpu_s``: the GPU's time for the routed experts that follow the wait; ``shared_gpu_s``: the shared
@@ -92,10 +98,11 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     time runs beside the dispatch rather than in the stretch.
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
     shared experts, not the routed experts; nothing captured leaves all of them eager, their wait a stretch before
-    the sync's, so capturing them never adds to the wait."""
+    the sync's, so capturing them never adds to the wait. ``host_speed``: each host's time over Grace's
+    (``HOST_SPEED``, or the alternative ``HOST_SPEED_OP_CALL``)."""
     if cuda_graphs == "iteration":
         return 0.0
-    speed = HOST_SPEED[host_cpu]
+    speed = host_speed[host_cpu]
     host_s = routed_experts_host_s(local_experts)
     if shared_gpu_s and shared_overlap:  # on a side stream beside the dispatch, eager under either scope
         host_s += SHARED_EXPERTS_HOST_S

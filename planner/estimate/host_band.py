@@ -1,0 +1,37 @@
+"""The step an MoE plan takes at the other published host speed: how far the x86 / Grace ratio moves it.
+
+An MoE layer's wait for the host (``planner.estimate.host_wait``) is read off a GB200's Grace timeline and priced on an
+x86 host at 13.48 / 37.08 of it (TransformerEngine issue 2053: a ``torch.nn.Linear`` forward). PyTorch's own op-call
+overhead measured alike on both hosts (pytorch issue 187862: 181.7 against 197.4 ns), and no measurement says which of
+the two a Transformer Engine MoE layer's eager stretch follows. ``host_speed_band`` prices the plan's layout again at
+the second ratio (``host_wait.HOST_SPEED_OP_CALL``) with an estimator of its own, so a plan says how much of its step
+rests on that open figure. Only a plan that waits for the host on an x86 host moves: on Grace both ratios are 1, a
+whole-iteration graph or token dropping leaves no wait.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.planner.estimate.base import Workload
+from meshplan.planner.estimate.gpu import GpuEstimator
+from meshplan.planner.estimate.host_wait import HOST_SPEED_OP_CALL, waits_for_host
+from meshplan.planner.layout.layout import Layout
+
+SOURCE = ("x86 host at 181.7 / 197.4 of Grace's time (PyTorch's op-call overhead, pytorch issue 187862) instead of "
+          "13.48 / 37.08 (a torch.nn.Linear forward, TransformerEngine issue 2053)")
+
+
+def host_speed_band(estimator: GpuEstimator, work: Workload, layout: Layout, step_s: float) -> Optional[dict]:
+    """``{"step_time_s", "change", "host_over_grace": {"priced", "alternative"}, "source"}``: the plan's step at the
+    alternative host speed, or ``None`` where that speed changes nothing (no MoE wait, or a host both ratios agree
+    on). ``step_s``: the step as ``estimator`` priced it."""
+    dev = work.cluster.device
+    priced = estimator.host_speed.get(dev.host_cpu)
+    other = HOST_SPEED_OP_CALL.get(dev.host_cpu)
+    if (not work.model.num_experts or not waits_for_host(layout, dev) or layout.cuda_graphs == "iteration"
+            or priced is None or other is None or other == priced):
+        return None
+    alt = GpuEstimator(estimator.pricer, host_speed={**estimator.host_speed, dev.host_cpu: other})
+    alt_s = alt.estimate(work, layout).step_time_s
+    return {"step_time_s": alt_s, "change": alt_s / step_s - 1.0,
+            "host_over_grace": {"priced": priced, "alternative": other}, "source": SOURCE}
