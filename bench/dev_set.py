@@ -11,8 +11,9 @@ the others (the B rows' "hybrid Mamba" ones included) go to meshplan, which pric
 Step time published = the source's seconds per step, else ``gbs*seq/(tokens_per_s_per_gpu*n_gpus)`` (the README's
 convention); signed error = (predicted - published) / published, negative = predicted too fast. An MoE row priced on
 an x86 host also carries its step at the other published x86 / Grace host speed (``planner.estimate.host_band``),
-and each source says how many of the rows that speed moves hold their published step between the two prices
-(``host band holds``).
+a row on a part with no sustained-load measurement its step at its lower-power sibling's measured share
+(``sustained_band``), and each source says how many of the rows each open figure moves hold their published step
+between the two prices (``host band holds``, ``sustained band holds``).
 
 ``row_needs`` is the one place that says what a row needs, in the decisions' vocabulary (``pp_layout``, ``schedule``,
 ``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
@@ -1188,13 +1189,21 @@ class RowResult:
     published_memory_gib: Optional[float] = None  # peak memory the source reports (torchtitan 2024-12 tables)
     inputs: dict = field(default_factory=dict)
     host_speed_step_s: Optional[float] = None  # the step at the other published x86 host speed (host_band), if it moves
+    sustained_step_s: Optional[float] = None  # the step at the lower-power sibling's sustained share (sustained_band)
 
 
-def in_host_band(r: RowResult) -> bool:
-    """Whether a priced row's published step lies between its price and its price at the other published host
-    speed (``planner.estimate.host_band``); rows without a band are not counted."""
-    lo, hi = sorted((r.predicted_step_s, r.host_speed_step_s))
+def in_band(r: RowResult, other_s: float) -> bool:
+    """Whether a priced row's published step lies between its price and ``other_s``, its price at an open figure's
+    other published value (``planner.estimate.host_band``, ``sustained_band``)."""
+    lo, hi = sorted((r.predicted_step_s, other_s))
     return lo <= r.published_step_s <= hi
+
+
+def band_counts(rs: list[RowResult], attr: str) -> tuple[int, int]:
+    """(rows the open figure ``attr`` names moves by more than 1%, those whose published step lies in the band)."""
+    band = [r for r in rs if r.status == "priced" and getattr(r, attr)
+            and abs(getattr(r, attr) / r.predicted_step_s - 1) > 0.01]
+    return len(band), sum(in_band(r, getattr(r, attr)) for r in band)
 
 
 def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = False) -> RowResult:
@@ -1267,7 +1276,7 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
     try:
         out = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string,
                                       stack=inp.profile, top=1, dtype=inp.dtype, name="devset", lora=inp.lora,
-                                      task=inp.task, breakdown=inp.moe,
+                                      task=inp.task, breakdown=True,
                                       out=out_dir / (re.sub(r"[^\w.-]", "_", inp.name) + ".yaml")))
     except MeshplanError as exc:
         msg = str(exc)
@@ -1294,9 +1303,11 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
                      "other_s": out.plan.prediction.breakdown.other_s,
                      "memory_bytes": dict(out.plan.prediction.memory_bytes or {})}
     res.memory_gib = r["peak_memory_bytes"] / GiB
-    band = (out.breakdown or {}).get("host_speed")
-    if band:  # the step at the other published x86 / Grace host speed (planner.estimate.host_band)
-        res.host_speed_step_s = band["step_time_s"]
+    bands = out.breakdown or {}
+    if bands.get("host_speed"):  # the step at the other published x86 / Grace host speed (estimate.host_band)
+        res.host_speed_step_s = bands["host_speed"]["step_time_s"]
+    if bands.get("sustained"):  # the step at the lower-power sibling's sustained share (estimate.sustained_band)
+        res.sustained_step_s = bands["sustained"]["step_time_s"]
     return res
 
 
@@ -1407,11 +1418,11 @@ def summarize(results: list[RowResult]) -> list[dict]:
                                                                       for r in rs]) else None,
             "per_row_settings_total": sum(len(r.inputs.get("per_row", ())) for r in rs),
             "approximated_rows": sum(bool(r.inputs.get("approximated")) for r in rs if r.status == "priced"),
-            # rows whose step the other published x86 host speed moves by more than 1%, and of those, the ones
-            # whose published step lies between the two prices
-            "host_band_rows": len(band := [r for r in rs if r.status == "priced" and r.host_speed_step_s
-                                           and abs(r.host_speed_step_s / r.predicted_step_s - 1) > 0.01]),
-            "host_band_holds_published": sum(in_host_band(r) for r in band),
+            # rows whose step an open figure's other value moves by more than 1%, and of those, the ones whose
+            # published step lies between the two prices (band_counts)
+            **dict(zip(("host_band_rows", "host_band_holds_published"), band_counts(rs, "host_speed_step_s"))),
+            **dict(zip(("sustained_band_rows", "sustained_band_holds_published"),
+                       band_counts(rs, "sustained_step_s"))),
         })
     return out
 
@@ -1431,7 +1442,7 @@ def _pct(x: Optional[float]) -> str:
 ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated", "per-row settings")
 SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
                    "median signed", "profile", "per-row settings (median)", "priced approximated",
-                   "host band holds")
+                   "host band holds", "sustained band holds")
 
 
 def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[list[str]], list[list[str]]]:
@@ -1451,7 +1462,8 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
                    _pct(x["worst_error"]), _pct(x["median_signed_error"]), _profiles_cell(x["profiles"]),
                    f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)",
                    str(x["approximated_rows"]),
-                   f"{x['host_band_holds_published']} of {x['host_band_rows']}" if x["host_band_rows"] else "-"]
+                   *(f"{x[f'{b}_band_holds_published']} of {x[f'{b}_band_rows']}" if x[f"{b}_band_rows"] else "-"
+                     for b in ("host", "sustained"))]
                   for x in summary]
     return rows, per_source
 

@@ -14,6 +14,7 @@ nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -134,6 +135,7 @@ class Pricer:
         self.model = model
         self.sustained = sustained
         self._shares: dict[DeviceSpec, float] = {}
+        self._share_names: dict[str, float] = {}  # device name -> a sustained share taken instead (``with_shares``)
         self._memo: dict[tuple[OpSpec, DeviceSpec], tuple[float, str]] = {}
         # every compute op's final (seconds, source), whichever rule priced it: a search asks for the same few
         # thousand ops 10^5 times, and the grouped / fp8 rules each take a rebuilt OpSpec and a second lookup
@@ -159,6 +161,16 @@ class Pricer:
         twin._memo, twin._flags = self._memo, self._flags
         return twin
 
+    def with_shares(self, shares: Mapping[str, float]) -> "Pricer":
+        """A twin of this pricer under sustained load that takes ``shares`` (device name -> sustained share) for the
+        parts it names instead of their measured share (``costmodel.sustained``), sharing the learned prices and
+        warnings: what a plan would take if a part sustained another share (``planner.estimate.sustained_band``)."""
+        twin = Pricer(self.model, sustained=True)
+        twin._memo, twin._flags = self._memo, self._flags
+        twin._shares = {}
+        twin._share_names = dict(shares)
+        return twin
+
     def _load_factor(self, op: OpSpec, device: DeviceSpec, source: str = "") -> float:
         """1 / the device's sustained share for a tensor-core op when pricing under load, else 1. A price calibrated
         on a profiled run's own kernels (``costmodel fit``: source ``calibrated``) was timed at the cap already."""
@@ -166,7 +178,8 @@ class Pricer:
             return 1.0
         hit = self._shares.get(device)
         if hit is None:
-            hit = self._shares[device] = 1.0 / sustained_share(device)[0]
+            share = self._share_names.get(device.name) or sustained_share(device)[0]
+            hit = self._shares[device] = 1.0 / share
         return hit
 
     @property

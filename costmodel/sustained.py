@@ -24,7 +24,9 @@ power meets the budget, so the B300 (160 SMs of the B200's tensor core at 1,100 
 takes the B200's 0.853; Megatron-Bridge's paired runs of one layout on two systems check it apart from everything
 else (``bench/part_pairs.py``: B200 / B300 priced over published 0.99, B300 / GB300 1.00). Every other part takes
 1 (the GB200's 8.1 W and the GB300's 8.8 W an SM leave their SMs more headroom, by how much nobody has measured): no
-sustained-load measurement exists for it, and ``meshplan plan --explain`` says so.
+sustained-load measurement exists for it, and ``meshplan plan --explain`` says so, and prices the plan again at the
+share of its measured sibling of the same SM design at fewer watts per SM (``lower_power_sibling``), the bound more
+power per SM can only raise.
 """
 from __future__ import annotations
 
@@ -141,6 +143,22 @@ def sustained_share(device: DeviceSpec) -> tuple[float, str]:
     via = "" if own else (" (the same die at the same power limit)" if die else
                           " (the same SM design at the same board power per SM; no run of this part's own)")
     return share, f"{share:.3f} of one-shot rates under sustained load: measured on {parts}{via} ({files})"
+
+
+def lower_power_sibling(device: DeviceSpec) -> tuple[float, str] | None:
+    """``(share, part)`` for a part with no sustained measurement of its own or of its kin (``sustained_share``
+    prices it at 1): the median share measured on a part of the same SM design (bf16 FLOP per SM per clock within
+    ``SAME_BUDGET_TOLERANCE``) given fewer board watts per SM, which throttles at least as much, so the unmeasured
+    part's share lies between that and 1 (the GB200 and GB300 against the B200); ``None`` where there is none."""
+    if sustained_share(device)[1] != NO_MEASUREMENT or device.tdp_w <= 0:
+        return None
+    width, watts = tensor_flop_per_sm_clock(device), device.tdp_w / device.sm_count
+    kin = [(m, vals) for m, vals, _ in _measured()
+           if m.vendor == device.vendor and m.tdp_w > 0 and m.tdp_w / m.sm_count < watts
+           and abs(tensor_flop_per_sm_clock(m) / width - 1) <= SAME_BUDGET_TOLERANCE]
+    if not kin:
+        return None
+    return statistics.median(v for _, vals in kin for v in vals), " and ".join(m.name for m, _ in kin)
 
 
 def held_out_ratios() -> tuple[list[float], list[float]]:

@@ -487,4 +487,4 @@ def test_the_host_band_counts_rows_whose_published_step_it_holds():
                row("flat", 11.0, 10.0, 10.05), row("none", 11.0, 10.0, None)]
     (b1, *_), = [[s for s in dev_set.summarize(results) if s["source"] == "B1"]]
     assert b1["host_band_rows"] == 3 and b1["host_band_holds_published"] == 1
-    assert [dev_set.in_host_band(r) for r in results[:3]] == [True, False, False]
+    assert [dev_set.in_band(r, r.host_speed_step_s) for r in results[:3]] == [True, False, False]

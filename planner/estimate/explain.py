@@ -19,6 +19,7 @@ from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.host_band import host_speed_band
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.estimate.sustained_band import sustained_band
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
 
@@ -115,6 +116,9 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     band = host_speed_band(estimator, work, layout, est.step_time_s)
     if band:
         out["host_speed"] = band
+    band = sustained_band(estimator, work, layout, est.step_time_s)
+    if band:
+        out["sustained"] = band
     return out
 
 
