@@ -167,7 +167,6 @@ class Pricer:
         warnings: what a plan would take if a part sustained another share (``planner.estimate.sustained_band``)."""
         twin = Pricer(self.model, sustained=True)
         twin._memo, twin._flags = self._memo, self._flags
-        twin._shares = {}
         twin._share_names = dict(shares)
         return twin
 
@@ -178,8 +177,8 @@ class Pricer:
             return 1.0
         hit = self._shares.get(device)
         if hit is None:
-            share = self._share_names.get(device.name) or sustained_share(device)[0]
-            hit = self._shares[device] = 1.0 / share
+            share = self._share_names.get(device.name)
+            hit = self._shares[device] = 1.0 / (sustained_share(device)[0] if share is None else share)
         return hit
 
     @property
