@@ -16,7 +16,6 @@ micro-batch too cheap against the larger one. Nothing is fitted here: the table 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -97,25 +96,11 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _dev_rows(path: str | None) -> list[dict]:
-    if path:
-        return json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
-    from dataclasses import asdict
-
-    import dev_set
-
-    results, _ = dev_set.run(dev_set.DEFAULT_RUNS)
-    return [asdict(r) for r in results]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dev_json", nargs="?", help="the output of `python bench/dev_set.py --json`")
-    fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument("--markdown", action="store_true")
-    fmt.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    records = pairs(_dev_rows(args.dev_json))
+    import part_pairs  # the pair tables' command line and dev-set reading (bench/ is on the path as a script)
+
+    args = part_pairs.parse_args(__doc__.splitlines()[0])
+    records = pairs(part_pairs.dev_rows(args.dev_json))
     if args.json:
         print(json.dumps({"pairs": records}, indent=2))
         return

@@ -74,7 +74,8 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _dev_rows(path: str | None) -> list[dict]:
+def dev_rows(path: str | None) -> list[dict]:
+    """The dev set's rows from ``python bench/dev_set.py --json``'s output at ``path``, or priced here (no path)."""
     if path:
         return json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
     from dataclasses import asdict
@@ -85,14 +86,19 @@ def _dev_rows(path: str | None) -> list[dict]:
     return [asdict(r) for r in results]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str) -> argparse.Namespace:
+    """The pair tables' command line: the dev set's JSON (optional), ``--markdown`` or ``--json``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("dev_json", nargs="?", help="the output of `python bench/dev_set.py --json`")
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true")
     fmt.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    records = pairs(_dev_rows(args.dev_json))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    records = pairs(dev_rows(args.dev_json))
     if args.json:
         print(json.dumps({"pairs": records, "by_systems": by_systems(records)}, indent=2))
         return
