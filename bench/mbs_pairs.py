@@ -110,7 +110,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(*HEAD)
+    table = Table()
+    for col in HEAD:  # the cells wrap rather than cut
+        table.add_column(col, overflow="fold")
     for r in records:
         table.add_row(*_cells(r))
     Console().print(table)

@@ -108,7 +108,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("run", "systems", "published ratio", "priced ratio", "priced / published")
+    table = Table()
+    for col in ("run", "systems", "published ratio", "priced ratio", "priced / published"):
+        table.add_column(col, overflow="fold")  # the cells wrap rather than cut
     for r in records:
         table.add_row(r["run"], r["systems"], f"{r['published_ratio']:.3f}", f"{r['priced_ratio']:.3f}",
                       f"{r['priced_over_published']:.3f}")
