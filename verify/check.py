@@ -142,11 +142,36 @@ def check(plan_path: str | Path, run_path: str | Path | ProfiledRun, tolerance: 
         res.warnings.append(f"host contention {contention:.2f}x (the run's repeated operators took {contention:.2f}x "
                             f"their fastest time): prediction scaled from {1e3 * pred.step_time_s:.1f} ms to "
                             f"{1e3 * predicted_s:.1f} ms; unscaled error {100 * res.raw_error:+.1f}%")
+    res.warnings += open_figure_notes(plan.explain, run.median_s, predicted_s)
     if run.peak_memory_bytes is None:
         res.warnings.append("the run records no peak memory; memory not compared")
     if breakdown:
         _add_phases(res, plan, read.traces)
     return res
+
+
+# The open figures a plan written with ``--explain`` prices both ways (planner.estimate.host_band, sustained_band)
+OPEN_FIGURES = {"host_speed": "the x86 host's speed", "sustained": "the GPU's sustained clock"}
+
+
+def open_figure_notes(explain: Optional[dict], measured_s: float, predicted_s: float) -> list[str]:
+    """One line per open figure the plan priced both ways (its ``explain``, ``meshplan plan --explain``): whether
+    the measured step lies between the prediction and the price at the figure's other published value (the gap is
+    that figure's to explain), past it, or on the prediction's other side."""
+    out = []
+    for key, what in OPEN_FIGURES.items():
+        band = (explain or {}).get(key)
+        if not band:
+            continue
+        other = band["step_time_s"]
+        lo, hi = sorted((predicted_s, other))
+        where = ("between them: that figure can explain the gap" if lo <= measured_s <= hi else
+                 "past the other price: that figure alone does not explain the gap"
+                 if (measured_s - predicted_s) * (other - predicted_s) > 0 else
+                 "on the prediction's other side: that figure does not explain the gap")
+        out.append(f"{what} is an open figure: at {band['source']} the plan prices {1e3 * other:.1f} ms "
+                   f"({100 * band['change']:+.1f}%); the measured step ({1e3 * measured_s:.1f} ms) lies {where}")
+    return out
 
 
 def scaled_step_s(pred, f: float) -> float:
