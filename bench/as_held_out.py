@@ -71,10 +71,15 @@ def summaries(runs_dir: Path, stack: Optional[str]) -> list[dict]:
     for src in sorted({r.source for r in own}) + ["all"]:
         pairs = [(a, b) for a, b in zip(own, held) if src in ("all", a.source)]
         both = [(a, b) for a, b in pairs if a.status == b.status == "priced"]  # the means compare the same rows
+        held_rows = [b for _, b in pairs]
         out.append({"source": src, "rows": len(pairs), "priced_held_out": sum(b.status == "priced" for _, b in pairs),
                     "priced_both": len(both), **_errors("held_out", [b for _, b in both]),
                     **_errors("own_profile_only", [a for a, _ in both]),
-                    "profiles_held_out": sorted({b.inputs.get("profile", "") for _, b in pairs} - {""})})
+                    "profiles_held_out": sorted({b.inputs.get("profile", "") for _, b in pairs} - {""}),
+                    # held out, the rows each open figure moves and those whose published step lies in its band
+                    **{f"held_out_{b}_band_{k}": n for b, attr in (("host", "host_speed_step_s"),
+                                                                  ("sustained", "sustained_step_s"))
+                       for k, n in zip(("rows", "holds_published"), dev_set.band_counts(held_rows, attr))}})
     return out
 
 
@@ -107,14 +112,17 @@ def main(runs_dir: Annotated[Path, typer.Argument(help="Folder of *.jsonl publis
     # the figures keep their width; the names fold, never narrower than a source's name or a profile's word
     t.add_column("source", overflow="fold", min_width=6)
     for col in ("rows", "priced\nheld\nout", "priced\nboth\nways", "held\nout\n|err|", "held\nout\nmedian",
-                "own\nmap\n|err|", "own\nmap\nmedian"):
+                "own\nmap\n|err|", "own\nmap\nmedian", "host\nband\nholds", "sustained\nband\nholds"):
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("profile", overflow="fold", min_width=8)
     for s in out:
         t.add_row(s["source"], str(s["rows"]), str(s["priced_held_out"]), str(s["priced_both"]),
                   _pct(s["held_out_mean_abs"]),
                   _pct(s["held_out_median_signed"]), _pct(s["own_profile_only_mean_abs"]),
-                  _pct(s["own_profile_only_median_signed"]), ", ".join(s["profiles_held_out"]))
+                  _pct(s["own_profile_only_median_signed"]),
+                  *(f"{s[f'held_out_{b}_band_holds_published']} of {s[f'held_out_{b}_band_rows']}"
+                    if s[f"held_out_{b}_band_rows"] else "-" for b in ("host", "sustained")),
+                  ", ".join(s["profiles_held_out"]))
     Console().print(t)
 
 
