@@ -21,17 +21,24 @@ SOURCE = ("x86 host at 181.7 / 197.4 of Grace's time (PyTorch's op-call overhead
           "13.48 / 37.08 (a torch.nn.Linear forward, TransformerEngine issue 2053)")
 
 
+def alternative(estimator: GpuEstimator, work: Workload) -> Optional[GpuEstimator]:
+    """An estimator like ``estimator`` with the job's host at the other published speed, or ``None`` where that
+    speed is the one priced (Grace) or the model has no experts to wait for the host."""
+    dev = work.cluster.device
+    priced, other = estimator.host_speed.get(dev.host_cpu), HOST_SPEED_OP_CALL.get(dev.host_cpu)
+    if not work.model.num_experts or priced is None or other is None or other == priced:
+        return None
+    return GpuEstimator(estimator.pricer, host_speed={**estimator.host_speed, dev.host_cpu: other})
+
+
 def host_speed_band(estimator: GpuEstimator, work: Workload, layout: Layout, step_s: float) -> Optional[dict]:
     """``{"step_time_s", "change", "host_over_grace": {"priced", "alternative"}, "source"}``: the plan's step at the
     alternative host speed, or ``None`` where that speed changes nothing (no MoE wait, or a host both ratios agree
     on). ``step_s``: the step as ``estimator`` priced it."""
     dev = work.cluster.device
-    priced = estimator.host_speed.get(dev.host_cpu)
-    other = HOST_SPEED_OP_CALL.get(dev.host_cpu)
-    if (not work.model.num_experts or not waits_for_host(layout, dev) or layout.cuda_graphs == "iteration"
-            or priced is None or other is None or other == priced):
+    alt = alternative(estimator, work)
+    if alt is None or not waits_for_host(layout, dev) or layout.cuda_graphs == "iteration":
         return None
-    alt = GpuEstimator(estimator.pricer, host_speed={**estimator.host_speed, dev.host_cpu: other})
     alt_s = alt.estimate(work, layout).step_time_s
-    return {"step_time_s": alt_s, "change": alt_s / step_s - 1.0,
-            "host_over_grace": {"priced": priced, "alternative": other}, "source": SOURCE}
+    ratios = {"priced": estimator.host_speed[dev.host_cpu], "alternative": alt.host_speed[dev.host_cpu]}
+    return {"step_time_s": alt_s, "change": alt_s / step_s - 1.0, "host_over_grace": ratios, "source": SOURCE}

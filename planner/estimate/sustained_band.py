@@ -18,6 +18,16 @@ from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.layout.layout import Layout
 
 
+def alternative(estimator: GpuEstimator, work: Workload) -> Optional[GpuEstimator]:
+    """An estimator like ``estimator`` with the job's GPU at its lower-power sibling's sustained share, or ``None``
+    where the part has its own share or no such sibling."""
+    dev = work.cluster.device
+    sibling = lower_power_sibling(dev)
+    if sibling is None:
+        return None
+    return GpuEstimator(estimator.pricer.with_shares({dev.name: sibling[0]}), host_speed=estimator.host_speed)
+
+
 def sustained_band(estimator: GpuEstimator, work: Workload, layout: Layout, step_s: float) -> Optional[dict]:
     """``{"step_time_s", "change", "share", "measured_on", "source"}``: the plan's step with its GPU at the sustained
     share its lower-power sibling measured, or ``None`` where the part has its own share or no such sibling.
@@ -27,8 +37,7 @@ def sustained_band(estimator: GpuEstimator, work: Workload, layout: Layout, step
     if sibling is None:
         return None
     share, part = sibling
-    alt = GpuEstimator(estimator.pricer.with_shares({dev.name: share}), host_speed=estimator.host_speed)
-    alt_s = alt.estimate(work, layout).step_time_s
+    alt_s = alternative(estimator, work).estimate(work, layout).step_time_s
     return {"step_time_s": alt_s, "change": alt_s / step_s - 1.0, "share": share, "measured_on": part,
             "source": f"{dev.name} sustaining {share:.3f} of its one-shot rates, as the {part} of the same SM design "
                       f"measured at fewer watts per SM, instead of 1 (no sustained measurement of the {dev.name})"}

@@ -32,6 +32,7 @@ from meshplan.planner.model.spec import ModelSpec
 from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
+from meshplan.planner.search.open_figures import rank_under_open_figures, ranking_notes
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.workloads import JobFacts, stack_values
 
@@ -291,12 +292,15 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     why = None
     if (opts.explain or opts.breakdown) and isinstance(estimator, GpuEstimator):
         why = explain_gpu(estimator, work, best_layout)
-    if opts.explain:
-        plan = plan.model_copy(update={"explain": {**why, "stack_profile": job.profile or None}})
     rows = [layout_row(lay, est) for lay, est in result.ranked]
     notes: tuple[str, ...] = ()
+    if opts.explain:
+        ranks = rank_under_open_figures(estimator, work, result.ranked)
+        plan = plan.model_copy(update={"explain": {**why, "stack_profile": job.profile or None,
+                                                   **({"open_figures_ranking": ranks} if ranks else {})}})
+        notes += ranking_notes(ranks, rows)
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
-        notes = (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
+        notes += (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
     if opts.compress:
         plan, rows, more = _choose_compression(job, work, fixes, plan, best_est, rows)
         notes += more
