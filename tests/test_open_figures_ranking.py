@@ -48,3 +48,11 @@ def test_notes_name_another_layout_only_past_the_margin() -> None:
     assert "#1 stays" in ranking_notes(same, rows)[0]
     said = "#3 (layout 3) runs fastest of the 3 ranked: 0.900 s a step against #1's 1.000 s"
     assert said in ranking_notes(far, rows)[0]
+
+
+def test_no_ranking_where_no_figure_applies(tmp_path) -> None:
+    """An MI300X's host waits were never read (the figures are NVIDIA's) and it has its own measured peers: no open
+    figure applies, so the plan ranks nothing again."""
+    out = plan_job(PlanRequest.of("mixtral-8x7b-v0.1", "1x8xMI300X", 256, 4096, fix="tp=1,pp=1", dtype="bf16",
+                                  explain=True, out=tmp_path / "plan.yaml"))
+    assert "open_figures_ranking" not in out.plan.explain and not any("open figure" in n for n in out.notes)

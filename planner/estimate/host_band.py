@@ -23,10 +23,12 @@ SOURCE = ("x86 host at 181.7 / 197.4 of Grace's time (PyTorch's op-call overhead
 
 def alternative(estimator: GpuEstimator, work: Workload) -> Optional[GpuEstimator]:
     """An estimator like ``estimator`` with the job's host at the other published speed, or ``None`` where that
-    speed is the one priced (Grace) or the model has no experts to wait for the host."""
+    speed is the one priced (Grace), the model has no experts to wait for the host, or the GPUs are not NVIDIA's
+    (where the figures were read: ``host_wait.waits_for_host``)."""
     dev = work.cluster.device
     priced, other = estimator.host_speed.get(dev.host_cpu), HOST_SPEED_OP_CALL.get(dev.host_cpu)
-    if not work.model.num_experts or priced is None or other is None or other == priced:
+    if (not work.model.num_experts or dev.vendor != "nvidia" or priced is None or other is None
+            or other == priced):
         return None
     return GpuEstimator(estimator.pricer, host_speed={**estimator.host_speed, dev.host_cpu: other})
 
