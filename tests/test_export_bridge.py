@@ -84,6 +84,7 @@ CASES = {
     "moe-shared-overlap": ALL_PLANS["moe-shared-overlap"], "moe-fold-ep256": ALL_PLANS["moe-fold-ep256"],
     "qwen25": plan_qwen25, "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
+    "qwen3-moe-hybridep": lambda: plan_qwen3_moe(moe_dispatcher="hybridep", hybridep_sms=32),
     "moe-recompute-modules": ALL_PLANS["moe-recompute-modules"], "moe-mtp-uneven": ALL_PLANS["moe-mtp-uneven"],
     "offload": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"recompute": "none", "offload_layers": 12}),
     "attention-fp8": ALL_PLANS["attention-fp8"], "attention-fp8-delayed": ALL_PLANS["attention-fp8-delayed"],
@@ -95,10 +96,12 @@ CASES = {
 FP8_ATTENTION_CASES = ("attention-fp8", "attention-fp8-delayed", "attention-fp8-mxfp8")
 
 
-# Where validation stops on a CPU-only machine, past the overrides: DeepEP's flex dispatcher is checked against the
-# GPU's architecture (validate_flex_dispatcher_backend, validate's last step), and megatron-core's OptimizerConfig
-# asks Transformer Engine's version for the precision-aware optimizer (is_te_min_version("2.1.0"): None without TE).
+# Where validation stops on a CPU-only machine, past the overrides: the flex dispatcher (DeepEP, Hybrid-EP) is checked
+# against the GPU's architecture (validate_flex_dispatcher_backend, validate's last step), and megatron-core's
+# OptimizerConfig asks Transformer Engine's version for the precision-aware optimizer (is_te_min_version("2.1.0"):
+# None without TE).
 GPU_ONLY = {"moe-deepep": "AssertionError: Torch not compiled with CUDA enabled",
+            "qwen3-moe-hybridep": "AssertionError: Torch not compiled with CUDA enabled",
             "remainder": "TypeError: '>=' not supported between instances of 'NoneType' and 'Version'"}
 
 
@@ -135,7 +138,8 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
                       "model.mtp_num_layers", "model.recompute_modules", "model.cpu_offloading",
                       "model.cpu_offloading_num_layers", "model.fp8_dot_product_attention",
                       "model.first_last_layers_bf16", "model.num_layers_at_start_in_bf16",
-                      "model.num_layers_at_end_in_bf16", "model.cuda_graph_impl", "model.cuda_graph_scope"]}
+                      "model.num_layers_at_end_in_bf16", "model.cuda_graph_impl", "model.cuda_graph_scope",
+                      "model.moe_hybridep_num_sms"]}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -221,14 +225,17 @@ def _expected(plan: Plan) -> dict[str, object]:
     if m.num_experts:
         e.update({"model.num_moe_experts": m.num_experts, "model.expert_model_parallel_size": d.ep,
                   "model.expert_tensor_parallel_size": plan.etp or d.tp,
-                  "model.moe_token_dispatcher_type": "flex" if plan.moe_dispatcher == "deepep" else "alltoall",
-                  "model.moe_flex_dispatcher_backend": "deepep" if plan.moe_dispatcher == "deepep" else None,
+                  "model.moe_token_dispatcher_type": "alltoall" if plan.moe_dispatcher == "alltoall" else "flex",
+                  "model.moe_flex_dispatcher_backend": None if plan.moe_dispatcher == "alltoall" else
+                  plan.moe_dispatcher,
                   "model.moe_shared_expert_overlap": plan.shared_overlap,
                   "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
                   "model.moe_expert_capacity_factor": plan.moe_capacity or None,
                   "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)})
         if plan.moe_capacity:  # dropping by router probability, as Megatron-LM's export sets it
             e["model.moe_token_drop_policy"] = "probs"
+        if plan.moe_dispatcher == "hybridep":  # its SMs as the plan priced them (megatron-core 0.16.1's own: 16)
+            e["model.moe_hybridep_num_sms"] = plan.hybridep_sms
     return e
 
 

@@ -72,3 +72,70 @@ def test_explain_names_what_no_measurement_covers():
     assert hybridep.explain(36, False)[1] == ""
     gap = hybridep.explain(64, True)[1]
     assert "above the 36 ranks measured" in gap and "no Blackwell RDMA row" in gap
+
+
+# (bf16 dispatch, combine) GB/s, Kernel Only, 32 SMs, GB200, as the README prints them (no B200 row at 32 SMs)
+README_GB200_32 = {8: (764.03, 737.13), 16: (706.95, 666.26), 24: (665.97, 639.80), 32: (642.23, 605.15),
+                   36: (632.31, 596.99)}
+
+
+def test_shares_at_32_sms_are_the_readme_32_sm_rows():
+    """32 SMs (Megatron-Bridge's performance scripts): the GB200 32-SM rows; an SM count between two rows takes the
+    one below it, and more than the table's largest its largest, which --explain names."""
+    from meshplan.costmodel import hybridep
+    want = {k: sum(v) / 2 / 900 for k, v in README_GB200_32.items()}
+    assert nvlink_shares(32) == pytest.approx(want, rel=1e-9)
+    assert hybridep_nvlink_share(32, 32) == pytest.approx(want[32])
+    assert nvlink_shares(128) == nvlink_shares(32) and nvlink_shares(24) == nvlink_shares(16)
+    assert nvlink_shares(8) == nvlink_shares(16)
+    assert "at 32 SMs" in hybridep.explain(32, False, 32)[0] and hybridep.explain(32, False, 32)[1] == ""
+    assert "no row at that count; the 32-SM rows" in hybridep.explain(32, False, 128)[1]
+
+
+def _explain(tmp_path, fix: str) -> dict:
+    from meshplan.planner.search.job import PlanRequest, plan_job
+    out = plan_job(PlanRequest.of("qwen3-30b-a3b", "2x4xGB200-NVL72", 512, 4096, fix=fix, top=1, dtype="fp8",
+                                  explain=True, out=tmp_path / "plan.yaml"))
+    return out.plan.explain
+
+
+def test_the_dispatch_takes_the_bandwidth_of_its_sms(tmp_path):
+    """Qwen3-30B-A3B at EP 8 in one NVL72 domain: Hybrid-EP's link on 32 SMs over on 16 is the README's 32-SM share
+    at 8 ranks (GB200) over its 16-SM one (B200 and GB200 rows averaged), and --explain names the SMs."""
+    from meshplan.planner.estimate.gpu import group_links
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.model.config import load_model
+    cluster, model = load_cluster("2x4xGB200-NVL72"), load_model("qwen3-30b-a3b")
+    bw = {sms: group_links(cluster, model, Layout(dp_shard=8, ep=8, moe_dispatcher="hybridep", hybridep_sms=sms))[1]
+          .bandwidth_bytes_per_s for sms in (16, 32)}
+    share16 = (sum(README_B200_8) / 2 + sum(README_GB200[8]) / 2) / 2
+    assert bw[32] / bw[16] == pytest.approx(sum(README_GB200_32[8]) / 2 / share16, rel=1e-9)
+    mesh = "dp=8,tp=1,pp=1,cp=1,ep=8,mbs=4,zero=1,recompute=none,moe_dispatcher=hybridep,moe_overlap=false"
+    ex = _explain(tmp_path, f"{mesh},hybridep_sms=32")
+    assert "at 32 SMs" in ex["priced_from"]["ep dispatch (hybridep)"]
+
+
+def test_an_overlapped_dispatch_takes_its_sms_from_the_compute():
+    """Overlapped, the all-to-all's kernels hold their SMs: Hybrid-EP its ``hybridep_sms`` of the device's, another
+    dispatcher the 20 DeepSeek-V3's report names (of a GB200's 148 here: NVIDIA publishes no Blackwell SM count;
+    devices.yaml cites its source)."""
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.gpu import ep_sm_share
+    from meshplan.planner.layout.layout import Layout
+    dev = load_cluster("2x4xGB200-NVL72").device
+    assert ep_sm_share(dev, Layout(moe_dispatcher="hybridep", hybridep_sms=32)) == pytest.approx(32 / dev.sm_count)
+    assert ep_sm_share(dev, Layout(moe_dispatcher="hybridep")) == pytest.approx(16 / dev.sm_count)
+    assert ep_sm_share(dev, Layout(moe_dispatcher="deepep", hybridep_sms=32)) == pytest.approx(20 / dev.sm_count)
+
+
+def test_megatron_lm_cannot_set_the_sms_and_says_so():
+    """Megatron-LM's arguments have no Hybrid-EP SM flag (core_r0.16.0 to core_v0.19.0): its export warns where
+    the plan priced another count than Megatron-Core's 16; the bridge writes the field, so it does not."""
+    from meshplan.planner.export import megatron
+    from tests.test_export_golden import _moe_variant
+    plan = _moe_variant(moe_dispatcher="hybridep", hybridep_sms=32)
+    assert any(n.startswith("megatron: hybridep_sms=32:") for n in megatron.unsupported(plan))
+    assert not any("hybridep_sms" in n for n in bridge.unsupported(plan))
+    assert bridge.moe_overrides(plan)["model.moe_hybridep_num_sms"] == 32
+    assert not any("hybridep_sms" in n for n in megatron.unsupported(_moe_variant(moe_dispatcher="hybridep")))
+    assert "model.moe_hybridep_num_sms" not in bridge.moe_overrides(_moe_variant(moe_dispatcher="deepep"))

@@ -35,9 +35,10 @@ def test_every_profile_loads_and_cites_a_version_for_each_value() -> None:
 def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_release() -> None:
     """Megatron-Bridge's performance scripts (which launched the published runs) keep the library release's
     defaults, reduce gradients in bf16 and, in a bf16 run, keep Adam's master weights as remainders (the
-    precision-aware optimizer; both from 25.11 on), and run every layer under tensor-wise fp8 (the library's preset
-    keeps the first and the last in bf16): each perf profile equals its release's library profile but for those, for
-    every workload, and says where."""
+    precision-aware optimizer; both from 25.11 on), give Hybrid-EP 32 SMs (from 25.11 on: ``utils/helpers.py``, then
+    ``utils/overrides.py``), and run every layer under tensor-wise fp8 (the library's preset keeps the first and the
+    last in bf16): each perf profile equals its release's library profile but for those, for every workload, and
+    says where."""
     cat = load_stacks()
     perf = sorted(p.version for p in cat.profiles.values() if p.name == "megatron-bridge-perf")
     assert perf == ["25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01"]
@@ -49,7 +50,7 @@ def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_releas
             for moe in (False, True):
                 got, want = prof.defaults(dtype, moe, fp8), lib.defaults(dtype, moe, fp8)
                 assert want["grad_dtype"] == "fp32" and "optim_dtype" not in want, (version, dtype)
-                more = {} if version == "25.09" else {"grad_dtype": "bf16"}
+                more = {} if version == "25.09" else {"grad_dtype": "bf16", "hybridep_sms": "32"}
                 if dtype == "bf16" and version != "25.09":
                     more["optim_dtype"] = "remainder"
                 if dtype == "fp8" and not fp8:  # the profile's own recipe, tensor-wise
@@ -57,6 +58,9 @@ def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_releas
                     more.update(bf16_first_layers="0", bf16_last_layers="0")
                 assert got == {**want, **more}, (version, dtype, fp8)
         assert set(lib.unpriced) <= set(prof.unpriced)
+        sms = [v for v in prof.values if v.key == "hybridep_sms"]
+        assert all("moe_hybridep_num_sms = 32" in v.source and "_perf_overrides" in v.source for v in sms)
+        assert len(sms) == (version != "25.09")
 
 
 def _catalogue_in(tmp_path, monkeypatch, files: dict):

@@ -182,7 +182,7 @@ def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> 
     if host:
         notes["host time"] = host
     if layout.moe_dispatcher == "hybridep" and layout.ep > 1 and model.num_experts:
-        basis, gap = hybridep.explain(layout.ep, ep_link.name.endswith("-a2a"))
+        basis, gap = hybridep.explain(layout.ep, ep_link.name.endswith("-a2a"), layout.hybridep_sms)
         priced_from["ep dispatch (hybridep)"] = basis
         if gap:
             notes["ep dispatch (hybridep)"] = gap

@@ -134,11 +134,12 @@ def group_links(cluster, model, layout: Layout) -> tuple:
     """(tp, ep, cp) links of ``layout`` on ``cluster``: rings for TP and ring/all-gather CP, the spanned all-to-all
     for EP (one copy per destination node under DeepEP and Hybrid-EP, spread as ``moe_router`` routes) and Ulysses CP
     (``ClusterSpec.alltoall_link``).
-    Hybrid-EP's NVLink share is its published kernel bandwidth at the EP size (``costmodel.hybridep``)."""
+    Hybrid-EP's NVLink share is its published kernel bandwidth at the EP size and the layout's ``hybridep_sms``
+    (``costmodel.hybridep``)."""
     dedup = layout.moe_dispatcher in ("deepep", "hybridep")
     return (cluster.collective_link(*layout.tp_group),
             cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token if dedup else 0,
-                                  nvlink_share=hybridep_nvlink_share(layout.ep)
+                                  nvlink_share=hybridep_nvlink_share(layout.ep, layout.hybridep_sms)
                                   if layout.moe_dispatcher == "hybridep" else 0.0,
                                   routing_groups=(model.routing_groups, model.routing_groups_per_token),
                                   contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0),
@@ -152,9 +153,16 @@ def ub_margin(device) -> float:
     return UB_COMM_SMS / (sms - UB_COMM_SMS) if sms and sms > UB_COMM_SMS else 0.0
 
 
-def comm_sm_share(device) -> float:
-    """Share of the device's SMs that overlapped communication takes from compute (0 on devices without SMs)."""
-    return min(1.0, COMM_SMS / device.sm_count) if device.sm_count else 0.0
+def comm_sm_share(device, sms: int = COMM_SMS) -> float:
+    """Share of the device's SMs that overlapped communication on ``sms`` of them takes from compute (0 on devices
+    without SMs)."""
+    return min(1.0, sms / device.sm_count) if device.sm_count else 0.0
+
+
+def ep_sm_share(device, layout: Layout) -> float:
+    """``comm_sm_share`` of the expert all-to-all: Hybrid-EP on the layout's ``hybridep_sms``, another dispatcher on
+    ``COMM_SMS``."""
+    return comm_sm_share(device, layout.hybridep_sms if layout.moe_dispatcher == "hybridep" else COMM_SMS)
 
 
 def te_sp_backward_tp_s(tp_comm, grad_gathers, tp: int, link, column_bwd_s: float, device) -> float:
@@ -316,7 +324,7 @@ class GpuEstimator:
         and cp comm, its ep comm, what a recomputed forward's ep exposes, (tp, ep, cp exposed fwd+bwd))."""
         op_key = self._op_key(tb, device, key, moe, seq_len, dtype)
         k = (op_key, key.cp_kind, key.moe_overlap, key.shared_overlap, key.cuda_graphs, tp_link, ep_link, cp_link,
-             frozen)
+             frozen, ep_sm_share(device, key))
         hit = self._base.get(k)
         if hit is not None:
             return hit
@@ -337,18 +345,18 @@ class GpuEstimator:
             # the dispatch/combine all-to-alls overlap the layer's other work (MegaScale-MoE §4; DeepSeek-V3
             # §3.2.2 pairs one micro-batch's all-to-all with another's compute); what the compute cannot cover stays
             # exposed, and the compute it overlaps runs on the SMs the communication kernels leave
-            hide = fwd + bwd
+            hide, sm_share = fwd + bwd, ep_sm_share(device, key)
             exposed = max(0.0, 2 * ep - hide)
-            ep_cost = exposed + min(2 * ep, hide) * comm_sm_share(device)
-            ep_re = max(0.0, ep - fwd) + min(ep, fwd) * comm_sm_share(device)
+            ep_cost = exposed + min(2 * ep, hide) * sm_share
+            ep_re = max(0.0, ep - fwd) + min(ep, fwd) * sm_share
         else:
             ep_cost, ep_re = 2 * ep, ep
             if ep and key.shared_overlap:
                 # the shared experts' forward runs on a side stream while the dispatch and combine move the routed
                 # tokens (AutoModel MoE.forward; Megatron-Core moe_shared_expert_overlap): what it covers leaves the
-                # critical path, on the SMs the communication kernels leave it (``comm_sm_share``); the forward and
+                # critical path, on the SMs the communication kernels leave it (``ep_sm_share``); the forward and
                 # its full recompute overlap, the backward stays in line
-                hidden = min(ep, p["shared_fwd"]) * (1.0 - comm_sm_share(device))
+                hidden = min(ep, p["shared_fwd"]) * (1.0 - ep_sm_share(device, key))
                 ep_cost, ep_re = ep_cost - hidden, ep_re - hidden
         host = 0.0
         if lo.experts and waits_for_host(key, device):
@@ -1025,13 +1033,13 @@ def _optimizer_op(layout: Layout, trained: tuple[float, float]) -> OpSpec:
 
 def _monotone_comm(base: tuple, key: Layout, device) -> float:
     """A layer's exposed comm (``_layer_base``'s fwd+bwd comm) with the expert all-to-all an overlap hides taken at
-    the least it can expose, ``comm_sm_share`` of it: what ``recipe_twin_bounds_s`` adds up. Overlapped, a slower op
+    the least it can expose, ``ep_sm_share`` of it: what ``recipe_twin_bounds_s`` adds up. Overlapped, a slower op
     hides more of the all-to-all behind it and waits less for the host, so the layer's time may fall as the op
     slows; without the all-to-all's term it cannot (the host wait only fills what the experts leave of it)."""
     comm, ep, ep_cost = base[4], base[7], base[9][1]
     if not (ep and key.moe_overlap):
         return comm
-    return comm - ep_cost + 2 * ep * comm_sm_share(device)
+    return comm - ep_cost + 2 * ep * ep_sm_share(device, key)
 
 
 def _bounds_whole_group(layout: Layout) -> bool:

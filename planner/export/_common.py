@@ -24,7 +24,7 @@ import re
 import shlex
 
 from meshplan.core.errors import MeshplanError
-from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE, lowp_recipe
+from meshplan.planner.layout.decisions import DECISIONS, GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE, lowp_recipe
 from meshplan.planner.layout.layout import fsdp_impl, p2p_overlapped, replicas_hold_whole_experts
 from meshplan.planner.plan.schema import Plan
 
@@ -43,6 +43,10 @@ HF_LAYER_CLASS = {
     "qwen3_moe": "Qwen3MoeDecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer", "gpt2": "GPT2Block",
     "gpt_neox": "GPTNeoXLayer",
 }
+
+
+# Megatron-Core's own SM count for Hybrid-EP (the decision's default: its TransformerConfig's)
+HYBRIDEP_DEFAULT_SMS = DECISIONS["hybridep_sms"].default
 
 
 def fail(message: str) -> None:
@@ -305,14 +309,18 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
 
 
 def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False,
-              deepep: bool = False) -> list[str]:
-    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep``: it can)."""
+              deepep: bool = False, hybridep_sms: bool = False) -> list[str]:
+    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep`` /
+    ``hybridep_sms``: it can)."""
     if not plan.model.num_experts:
         return []
     out = []
     if plan.moe_dispatcher in ("deepep", "hybridep") and not deepep:
         out.append(f"{target}: moe_dispatcher={plan.moe_dispatcher}: no such dispatcher here; tokens travel by "
                    "all-to-all, one copy per routed expert (the plan priced one per destination node)")
+    elif plan.moe_dispatcher == "hybridep" and plan.hybridep_sms != HYBRIDEP_DEFAULT_SMS and not hybridep_sms:
+        out.append(f"{target}: hybridep_sms={plan.hybridep_sms}: no option sets Hybrid-EP's SMs here; Megatron-Core "
+                   f"runs it on {HYBRIDEP_DEFAULT_SMS}, slower than the plan priced the dispatch")
     if plan.moe_overlap and not overlap:
         out.append(f"{target}: moe_overlap: no option overlaps the expert all-to-all with computation here; it runs "
                    "on the critical path, which the plan did not price")

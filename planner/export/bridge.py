@@ -162,8 +162,8 @@ def _torch_fsdp(plan: Plan) -> bool:
 
 def unsupported(plan: Plan) -> list[str]:
     """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds, and
-    the FSDP2 one, which the bridge carries."""
-    skip = _MODEL_NOTES + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
+    the FSDP2 and Hybrid-EP SM ones, which the bridge carries."""
+    skip = _MODEL_NOTES + ("hybridep_sms=",) + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
     out = [_renamed(n) for n in megatron.unsupported(plan) if not any(k in n for k in skip)]
     if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
         out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
@@ -254,8 +254,9 @@ def optimizer_overrides(plan: Plan) -> dict[str, object]:
 
 
 def moe_overrides(plan: Plan) -> dict[str, object]:
-    """Dispatcher (DeepEP = the flex dispatcher's deepep backend), EP all-to-all overlap, shared-expert overlap and
-    token dropping (capacity factor, padded to it, dropping by probability as the plan prices it)."""
+    """Dispatcher (DeepEP = the flex dispatcher's deepep backend; Hybrid-EP with its SMs), EP all-to-all overlap,
+    shared-expert overlap and token dropping (capacity factor, padded to it, dropping by probability as the plan
+    prices it)."""
     if not plan.model.num_experts:
         return {}
     flex = plan.moe_dispatcher in ("deepep", "hybridep")
@@ -266,6 +267,8 @@ def moe_overrides(plan: Plan) -> dict[str, object]:
         "model.moe_shared_expert_overlap": plan.shared_overlap and bool(plan.model.num_shared_experts),
         "model.moe_expert_capacity_factor": plan.moe_capacity or None,
         "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)}
+    if plan.moe_dispatcher == "hybridep":  # another dispatcher keeps the library's own field
+        o["model.moe_hybridep_num_sms"] = plan.hybridep_sms
     if plan.moe_capacity:
         o["model.moe_token_drop_policy"] = "probs"
     return o
