@@ -58,7 +58,7 @@ def test_bridge_perf_scripts_profiles_add_bf16_gradients_to_their_library_releas
                     more.update(bf16_first_layers="0", bf16_last_layers="0")
                 assert got == {**want, **more}, (version, dtype, fp8)
         assert set(lib.unpriced) <= set(prof.unpriced)
-        sms = [v for v in prof.values if v.key == "hybridep_sms"]
+        sms = [v for v in prof.values if v.key == "hybridep_sms" and v.model is None]
         assert all("moe_hybridep_num_sms = 32" in v.source and "_perf_overrides" in v.source for v in sms)
         assert len(sms) == (version != "25.09")
 
@@ -225,3 +225,18 @@ def test_a_task_that_changes_nothing_is_said(tmp_path) -> None:
     assert not [n for n in notes("nemo@24.07") if n.startswith("--task")]
     assert "--task sft: no --stack profile named, so the plan is priced as pre-training would be" in notes(None)
     assert any("stack profile torchtitan@0.2.2 holds no sft value" in n for n in notes("torchtitan@0.2.2"))
+
+
+def test_nemotron_3_nano_keeps_megatron_cores_hybridep_sms() -> None:
+    """The perf scripts' 32 Hybrid-EP SMs are set only where the model's backend is already hybridep when
+    ``_set_common_perf_overrides`` runs: Nemotron 3 Nano's library recipe sets deepep and its perf config switches to
+    hybridep after (16, Megatron-Core's own), Super's library recipe sets hybridep first (32), in every release that
+    has a Nano perf config (26.02.01 on); no other model of the perf profiles is set apart."""
+    cat = load_stacks()
+    for version in ("26.02.01", "26.04", "26.04.01", "26.06", "26.06.01"):
+        prof = cat.get(f"megatron-bridge-perf@{version}")
+        assert prof.defaults("fp8", True, "mxfp8")["hybridep_sms"] == "32"
+        assert prof.model_defaults("nemotron-3-nano-30b-a3b", "fp8", True, "mxfp8")["hybridep_sms"] == "16"
+        assert "hybridep_sms" not in prof.model_defaults("nemotron-3-super-120b-a12b", "fp8", True, "mxfp8")
+        own = {v.model for v in prof.values if v.key == "hybridep_sms" and v.model}
+        assert own == {"nemotron-3-nano-30b-a3b"}, version

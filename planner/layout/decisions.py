@@ -321,11 +321,12 @@ class Decisions:
     not pad experts to capacity, so it takes no token dropping (``layout.megatron_dispatch_refusal``)."""
     hybridep_sms: int = decision(16, "SMs Hybrid-EP's dispatch and combine kernels run on (moe_dispatcher=hybridep)",
                                  lo=1, by_stack=True)
-    """Megatron-Core ``moe_hybridep_num_sms``: 16 in ``TransformerConfig`` of core_r0.16.0 and core_v0.17.0;
-    Megatron-Bridge's performance scripts set 32 for every Hybrid-EP run (v0.2.0 ``utils/helpers.py``, v0.3.0 on
-    ``utils/overrides.py`` ``_set_common_perf_overrides``). More SMs move tokens faster, at the published bandwidth
-    of that SM count (``costmodel.hybridep``), and leave fewer to the compute an overlapped all-to-all runs beside
-    (``planner.estimate.gpu.ep_sm_share``). No effect under another dispatcher."""
+    """Megatron-Core ``moe_hybridep_num_sms``: 16 in ``TransformerConfig`` of core_r0.16.0 and core_v0.17.0.
+    Megatron-Bridge's performance scripts set 32 where a model's backend is Hybrid-EP before their common overrides
+    run (v0.2.0 ``utils/helpers.py``, v0.3.0 on ``utils/overrides.py`` ``_set_common_perf_overrides``): every
+    published Hybrid-EP run but Nemotron 3 Nano's (the ``megatron-bridge-perf`` profiles). More SMs move tokens
+    faster, at the published bandwidth of that SM count (``costmodel.hybridep``), and leave fewer to the compute an
+    overlapped all-to-all runs beside (``planner.estimate.gpu.ep_sm_share``). No effect under another dispatcher."""
     tp_overlap: bool = decision(False, "tensor-parallel collectives overlapped with their GEMMs (needs sp)")
     """Megatron-Core ``--tp-comm-overlap`` (Transformer Engine userbuffers), torchtitan's async TP: the all-gather
     before a column-parallel GEMM and the reduce-scatter after a row-parallel one run in chunks under it; backward,
