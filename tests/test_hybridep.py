@@ -139,3 +139,24 @@ def test_megatron_lm_cannot_set_the_sms_and_says_so():
     assert bridge.moe_overrides(plan)["model.moe_hybridep_num_sms"] == 32
     assert not any("hybridep_sms" in n for n in megatron.unsupported(_moe_variant(moe_dispatcher="hybridep")))
     assert "model.moe_hybridep_num_sms" not in bridge.moe_overrides(_moe_variant(moe_dispatcher="deepep"))
+
+
+def _qwen_step(estimator, sms: int) -> float:
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.model.config import load_model
+    work = Workload(load_model("qwen3-30b-a3b"), load_cluster("2x4xGB200-NVL72"), 512, 4096, "fp8")
+    lay = Layout(dp_shard=8, ep=8, zero_stage=1, micro_batch=4, fp8="mxfp8", moe_dispatcher="hybridep",
+                 hybridep_sms=sms)
+    return estimator.estimate(work, lay).step_time_s
+
+
+def test_one_estimator_prices_both_sm_counts_as_two_fresh_ones():
+    """The estimator's caches (links, layer times) key on the SMs: 16 then 32 on one estimator give what two fresh
+    estimators give, and the two differ."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.planner.estimate.gpu import GpuEstimator
+    shared = GpuEstimator(Pricer.shipped())
+    both = [_qwen_step(shared, sms) for sms in (16, 32)]
+    apart = [_qwen_step(GpuEstimator(Pricer.shipped()), sms) for sms in (16, 32)]
+    assert both == apart and both[0] != both[1]

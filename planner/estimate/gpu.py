@@ -937,7 +937,7 @@ class GpuEstimator:
     def _group_links(work: Workload, layout: Layout, scope: "_Scope") -> tuple:
         """``group_links``, kept per what it reads: one pricing per mesh shape, not per signature."""
         lkey = (layout.tp, layout.ep, layout.expert_tp, layout.cp, layout.cp_kind == "a2a", layout.moe_dispatcher,
-                layout.moe_router)
+                layout.moe_router, layout.hybridep_sms)
         links = scope.links.get(lkey)
         if links is None:
             links = scope.links[lkey] = group_links(work.cluster, work.model, layout)
