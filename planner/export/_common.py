@@ -309,18 +309,19 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
 
 
 def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False,
-              deepep: bool = False, hybridep_sms: bool = False) -> list[str]:
-    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep`` /
-    ``hybridep_sms``: it can)."""
+              deepep: bool = False) -> list[str]:
+    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep``: it can), and
+    under Hybrid-EP an SM count other than Megatron-Core's, which no target's flags set (the bridge drops the
+    warning: it writes the field)."""
     if not plan.model.num_experts:
         return []
     out = []
     if plan.moe_dispatcher in ("deepep", "hybridep") and not deepep:
         out.append(f"{target}: moe_dispatcher={plan.moe_dispatcher}: no such dispatcher here; tokens travel by "
                    "all-to-all, one copy per routed expert (the plan priced one per destination node)")
-    elif plan.moe_dispatcher == "hybridep" and plan.hybridep_sms != HYBRIDEP_DEFAULT_SMS and not hybridep_sms:
+    elif plan.moe_dispatcher == "hybridep" and plan.hybridep_sms != HYBRIDEP_DEFAULT_SMS:
         out.append(f"{target}: hybridep_sms={plan.hybridep_sms}: no option sets Hybrid-EP's SMs here; Megatron-Core "
-                   f"runs it on {HYBRIDEP_DEFAULT_SMS}, slower than the plan priced the dispatch")
+                   f"runs it on {HYBRIDEP_DEFAULT_SMS}, a dispatch the plan did not price")
     if plan.moe_overlap and not overlap:
         out.append(f"{target}: moe_overlap: no option overlaps the expert all-to-all with computation here; it runs "
                    "on the critical path, which the plan did not price")
