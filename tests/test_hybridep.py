@@ -160,3 +160,14 @@ def test_one_estimator_prices_both_sm_counts_as_two_fresh_ones():
     both = [_qwen_step(shared, sms) for sms in (16, 32)]
     apart = [_qwen_step(GpuEstimator(Pricer.shipped()), sms) for sms in (16, 32)]
     assert both == apart and both[0] != both[1]
+
+
+def test_the_layout_names_sms_other_than_megatron_cores():
+    """The ranked table and --json say which SM count a Hybrid-EP layout was priced at where it is not Megatron-Core's
+    own 16; another dispatcher has none."""
+    from meshplan.planner.layout.layout import Layout
+    from meshplan.planner.search.exact import describe
+    words = describe(Layout(dp_shard=8, ep=8, moe_dispatcher="hybridep", hybridep_sms=32)).split()
+    assert "moe_dispatcher=hybridep(sms=32)" in words
+    assert "moe_dispatcher=hybridep" in describe(Layout(dp_shard=8, ep=8, moe_dispatcher="hybridep")).split()
+    assert "sms=" not in describe(Layout(dp_shard=8, ep=8, moe_dispatcher="deepep", hybridep_sms=32))

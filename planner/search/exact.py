@@ -72,6 +72,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate.base import Estimate, Estimator, Workload, logits_held_bytes
 from meshplan.planner.estimate.memory import GiB
 from meshplan.planner.estimate.select import estimator_for
+from meshplan.planner.layout.decisions import DECISIONS
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.space import (
     MAX_LAYOUTS,
@@ -743,8 +744,8 @@ def _rank_key(layout: Layout, est: Estimate) -> tuple:
 
 def describe(layout: Layout) -> str:
     """Short human form: ``dp=4(2x2) tp=8 pp=4 vpp=2 cp=1 ep=1 mbs=1 zero=1 recompute=full sp``; decisions at
-    their default (ring CP, no etp, flash attention, no fp8, Megatron stack, dropless balanced routing) are left
-    out."""
+    their default (ring CP, no etp, flash attention, no fp8, Megatron stack, dropless balanced routing, Hybrid-EP
+    on Megatron-Core's SMs) are left out."""
     parts = [f"dp={layout.dp}" + (f"({layout.dp_replicate}x{layout.dp_shard})" if layout.dp_shard > 1 else ""),
              f"tp={layout.tp}", f"pp={layout.pp}" + (f"({format_pp_layout(layout.pp_layout)})"
                                                        if layout.pp_layout else "")]
@@ -777,7 +778,8 @@ def describe(layout: Layout) -> str:
     if layout.moe_overlap:
         parts.append("moe_overlap")
     if layout.moe_dispatcher != "alltoall":
-        parts.append(f"moe_dispatcher={layout.moe_dispatcher}")
+        own_sms = layout.moe_dispatcher != "hybridep" or layout.hybridep_sms == DECISIONS["hybridep_sms"].default
+        parts.append(f"moe_dispatcher={layout.moe_dispatcher}" + ("" if own_sms else f"(sms={layout.hybridep_sms})"))
     if layout.optim_dtype != "fp32":
         parts.append(f"optim={layout.optim_dtype}")
     if layout.grad_dtype:
@@ -822,6 +824,8 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "optim_dtype": layout.optim_dtype,
         "grad_dtype": layout.grad_dtype, "pp_runs": layout.pp_runs, "p2p_overlapped": layout.p2p_overlapped,
         "shared_overlap": layout.shared_overlap, "moe_fused_mlp": layout.moe_fused_mlp,
+        "moe_dispatcher": layout.moe_dispatcher,
+        "hybridep_sms": layout.hybridep_sms if layout.moe_dispatcher == "hybridep" else None,
         "cuda_graphs": layout.cuda_graphs, "offload_layers": layout.offload_layers,
         "fsdp": layout.fsdp_impl if layout.zero_stage == 3 else None,
         "reduce_dtype": layout.reduce_dtype_priced or None,
