@@ -6,6 +6,8 @@ force, and the dispatch bytes that follow from it.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -41,14 +43,15 @@ def test_spread_matches_the_gate_token_by_token(experts, topk, ep, per_node):
 
 
 def test_one_node_dispatch_moves_one_copy_per_token_not_five():
-    """Qwen3-30B-A3B at EP 8 on one H100 node under DeepEP: a trained router's 8 experts sit on E[distinct ranks] =
-    8 (1 - (7/8)^8) = 5.25 ranks, the gate's on 1, so the same routed bytes take 5.25x the bandwidth to move."""
+    """Qwen3-30B-A3B at EP 8 on one H100 node under DeepEP: a trained router's 8 distinct experts of 128 (16 a rank)
+    sit on E[distinct ranks] = 8 (1 - C(112, 8) / C(128, 8)) = 5.34 ranks, the gate's on 1, so the same routed bytes
+    take 5.34x the bandwidth to move."""
     model = load_model(str(data_path("model_configs", "qwen3-30b-a3b.json")))
     cluster = load_cluster("1x8xH100")
     base = Layout(dp_shard=8, ep=8, zero_stage=3, moe_dispatcher="deepep")
     learned = group_links(cluster, model, base)[1].bandwidth_bytes_per_s
     gate = group_links(cluster, model, base.with_(moe_router="contiguous"))[1].bandwidth_bytes_per_s
-    assert gate / learned == pytest.approx(8 * (1 - (7 / 8) ** 8), rel=1e-9)
+    assert gate / learned == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)), rel=1e-9)
 
 
 def test_across_nodes_the_dispatch_sends_one_copy_per_node_reached():
@@ -126,7 +129,7 @@ def test_a_held_out_automodel_row_keeps_the_gate_its_publication_names(tmp_path)
 
 def test_explain_names_the_spread_it_priced():
     """``meshplan plan --explain`` says what the dispatch was priced from: the gate's ranks against a trained
-    router's, for the layout's own EP size (Qwen3-30B-A3B, 8 experts a token over EP 8: 1 against 5.25)."""
+    router's, for the layout's own EP size (Qwen3-30B-A3B, 8 experts a token over EP 8: 1 against 5.34)."""
     from meshplan.costmodel.api import Pricer
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.estimate.explain import explain_gpu
@@ -137,7 +140,7 @@ def test_explain_names_the_spread_it_priced():
     base = Layout(dp_shard=8, ep=8, zero_stage=3, micro_batch=4, moe_dispatcher="deepep", recompute="full")
     est = GpuEstimator(Pricer.shipped())
     said = explain_gpu(est, work, base.with_(moe_router="contiguous"))["priced_from"]["ep routing (contiguous)"]
-    assert "8 experts on 1 of the 8 EP ranks" in said and "would sit on 5.25" in said
+    assert "8 experts on 1 of the 8 EP ranks" in said and "would sit on 5.34" in said
     assert "ep routing (contiguous)" not in explain_gpu(est, work, base)["priced_from"]
     from meshplan.planner.search.exact import describe
 

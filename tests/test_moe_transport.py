@@ -2,11 +2,14 @@
 node (RDMA), and DeepSeek-V3's group-limited routing. The truth is a brute-force simulation of the router itself
 (DeepSeek's ``MoEGate``: group score = sum of the group's top-2 expert scores, ``topk_group`` groups kept, top-k
 experts among theirs), not the closed form under test."""
+import itertools
+
 import numpy as np
 import pytest
 
 from meshplan.planner.cluster.spec import distinct_nodes, load_cluster
 from meshplan.planner.model.config import load_model
+from meshplan.planner.model.routing import uniform_ranks
 
 
 def _simulated_nodes(experts: int, nodes: int, topk: int, groups: int, per_token: int, tokens: int = 20000) -> float:
@@ -59,3 +62,14 @@ def test_group_limited_routing_cuts_the_rdma_bytes_at_ep64():
     limited = c.alltoall_link(64, 1, dedup_topk=8, routing_groups=(8, 4))
     uniform_remote = 7 * (1 - (7 / 8) ** 8)
     assert limited.bandwidth_bytes_per_s / plain.bandwidth_bytes_per_s == pytest.approx(uniform_remote / 3.5)
+
+
+def test_distinct_ranks_are_counted_over_distinct_experts():
+    """A router picks a token's experts distinct: for 16 experts over 4 ranks at top-3, the mean distinct ranks over
+    every one of the C(16, 3) = 560 picks (brute force) is what ``uniform_ranks`` and ``distinct_nodes`` give with the
+    expert count; the many-experts limit, which lets a pick repeat, counts fewer."""
+    picks = list(itertools.combinations(range(16), 3))
+    exact = sum(len({e // 4 for e in pick}) for pick in picks) / len(picks)
+    assert uniform_ranks(4, 3, 16) == pytest.approx(exact, rel=1e-12)
+    assert distinct_nodes(4.0, 3, experts=16) == pytest.approx(exact, rel=1e-12)
+    assert uniform_ranks(4, 3) < exact

@@ -97,13 +97,16 @@ class NodeGroup:
         return _members_per_domain(group_size, stride, self.domain_size, self.world_size)
 
 
-def distinct_nodes(nodes: float, topk: int, groups: int = 1, groups_per_token: int = 0) -> float:
-    """Expected number of the ``nodes`` nodes (equal shares of the experts, contiguous) a token's ``topk`` experts
-    sit on. Uniform routing: ``nodes (1 - (1 - 1/nodes)^topk)``. Group-limited routing (DeepSeek-V3 §2.1.2: its
-    experts in ``groups`` contiguous groups, a token's from ``groups_per_token`` of them) with whole groups per
-    node: the nodes holding the chosen groups, ``nodes (1 - C(groups - g, chosen) / C(groups, chosen))`` with ``g``
-    groups per node (DeepSeek-V3 at EP64 over 8 nodes: 4 nodes, against 5.25 uniform). Other splits: uniform."""
-    uniform = nodes * (1 - (1 - 1 / nodes) ** topk)
+def distinct_nodes(nodes: float, topk: int, groups: int = 1, groups_per_token: int = 0, experts: int = 0) -> float:
+    """Expected number of the ``nodes`` nodes (equal shares of the ``experts``, contiguous) a token's ``topk``
+    experts sit on. Uniform routing: ``planner.model.routing.uniform_ranks`` over the nodes (``topk`` distinct
+    experts; the many-experts limit ``nodes (1 - (1 - 1/nodes)^topk)`` without the count). Group-limited routing
+    (DeepSeek-V3 §2.1.2: its experts in ``groups`` contiguous groups, a token's from ``groups_per_token`` of them)
+    with whole groups per node: the nodes holding the chosen groups, ``nodes (1 - C(groups - g, chosen) /
+    C(groups, chosen))`` with ``g`` groups per node (DeepSeek-V3 at EP64 over 8 nodes: 4 nodes, against 5.3
+    uniform). Other splits: uniform."""
+    whole = float(nodes).is_integer()
+    uniform = uniform_ranks(int(nodes), topk, experts) if whole else nodes * (1 - (1 - 1 / nodes) ** topk)
     if not groups_per_token or groups_per_token >= groups or groups % nodes:
         return uniform
     g = groups // int(nodes)
@@ -211,7 +214,7 @@ class ClusterSpec:
 
     def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0,
                       routing_groups: tuple[int, int] = (1, 0), nvlink_share: float = 0.0,
-                      contiguous_experts: int = 0) -> Link:
+                      contiguous_experts: int = 0, experts: int = 0) -> Link:
         """The link an all-to-all over ``group_size`` ranks ``stride`` apart sees, as one effective bandwidth.
 
         Unlike a ring, an all-to-all gets no help from the node's other NICs: every rank sends ``(p - k) / p`` of
@@ -229,6 +232,7 @@ class ClusterSpec:
         TMA kernels, ``costmodel.hybridep``).
         ``contiguous_experts``: where set (the model's experts), a token's experts are adjacent ones
         (``contiguous_spread``) rather than spread like uniform picks.
+        ``experts``: the model's routed experts, whose ``dedup_topk`` a token picks distinct (``uniform_ranks``).
         """
         ring = self.collective_link(group_size, stride, group_index)
         g = self.groups[group_index]
@@ -236,8 +240,8 @@ class ClusterSpec:
         p = group_size
         # DeepEP sends a token once to each rank that holds one of its experts (``get_dispatch_layout``:
         # ``is_token_in_rank``), and its README's bandwidths are of those bytes: per routed copy, NVLink carries
-        # E[distinct ranks] / topk of what one copy per expert would, E[distinct ranks] = p (1 - (1 - 1/p)^topk)
-        rank_share = uniform_ranks(p, dedup_topk) / dedup_topk if dedup_topk else 1.0
+        # E[distinct ranks] / topk of what one copy per expert would (``uniform_ranks``)
+        rank_share = uniform_ranks(p, dedup_topk, experts) / dedup_topk if dedup_topk else 1.0
         spread = contiguous_spread(contiguous_experts, dedup_topk, p, k) if dedup_topk and contiguous_experts else None
         if spread:
             rank_share = spread[0] / dedup_topk
@@ -252,7 +256,7 @@ class ClusterSpec:
         nic_bw = nic.bandwidth_bytes_per_s
         if dedup_topk:
             nodes = p / k
-            reached = spread[1] if spread else distinct_nodes(nodes, dedup_topk, *routing_groups)
+            reached = spread[1] if spread else distinct_nodes(nodes, dedup_topk, *routing_groups, experts=experts)
             inter = min(inter, (nodes - 1) / nodes * reached / dedup_topk)
             # DeepEP's RDMA kernels drive the NIC at its line rate (README, normal kernels on H800 + CX7 400 Gb/s:
             # internode EP64 dispatch 51 GB/s, combine 50 GB/s of "~50 GB/s maximum"), where a large NCCL transfer

@@ -198,8 +198,8 @@ def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> 
         priced_from["ep routing (contiguous)"] = (
             f"a token's {k} experts on {ranks:.3g} of the {ep} EP ranks, as NeMo AutoModel's fake balanced gate "
             f"routes (experts t*{k} .. t*{k}+{k - 1} for token t; planner.model.routing.contiguous_spread), where a "
-            f"trained router's would sit on {uniform_ranks(ep, k):.3g}: the dispatch sends one copy per rank, "
-            "and across nodes one per node, counted the same way")
+            f"trained router's would sit on {uniform_ranks(ep, k, model.num_experts):.3g}: the dispatch sends one copy "
+            "per rank, and across nodes one per node, counted the same way")
     return notes
 
 

@@ -142,7 +142,8 @@ def group_links(cluster, model, layout: Layout) -> tuple:
                                   nvlink_share=hybridep_nvlink_share(layout.ep, layout.hybridep_sms)
                                   if layout.moe_dispatcher == "hybridep" else 0.0,
                                   routing_groups=(model.routing_groups, model.routing_groups_per_token),
-                                  contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0),
+                                  contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0,
+                                  experts=model.num_experts),
             (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
 
 

@@ -20,7 +20,17 @@ def contiguous_spread(num_experts: int, topk: int, ep: int, ranks_per_node: int)
     return ranks / len(starts), nodes / len(starts)
 
 
-def uniform_ranks(ep: int, topk: int) -> float:
+def missed_share(experts: int, share: int, topk: int) -> float:
+    """Chance a token's ``topk`` distinct experts, picked uniformly among ``experts``, miss a given ``share`` of
+    them: ``C(experts - share, topk) / C(experts, topk)`` (hypergeometric)."""
+    return math.comb(experts - share, topk) / math.comb(experts, topk)
+
+
+def uniform_ranks(ep: int, topk: int, experts: int = 0) -> float:
     """E[distinct ranks] a token's ``topk`` experts sit on when it picks them uniformly over ``ep`` equal shares (a
-    trained router, or Megatron-Core's forced balancing): ``ep (1 - (1 - 1/ep)^topk)``."""
+    trained router, or Megatron-Core's forced balancing, which draws random logits): ``topk`` distinct experts of
+    ``experts``, so a rank holds none of them with the chance ``missed_share`` of its ``experts / ep``; without the
+    expert count (or shares that do not divide it), the limit of many experts, ``ep (1 - (1 - 1/ep)^topk)``."""
+    if experts and experts % ep == 0 and topk <= experts:
+        return ep * (1 - missed_share(experts, experts // ep, topk))
     return ep * (1 - (1 - 1 / ep) ** topk)
