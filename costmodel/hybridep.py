@@ -27,10 +27,15 @@ def published_rows() -> list[dict]:
     return json.loads(text)["rows"]
 
 
+def nvlink_rows() -> list[dict]:
+    """Hybrid-EP's kernel-only rows measured over NVLink (B200, GB200; the H100 rows are InfiniBand's)."""
+    return [r for r in published_rows() if (r["impl"], r["measurement"]) == ("hybridep", "kernel_only")
+            and r["device"] in ("B200", "GB200")]
+
+
 def measured_sms() -> tuple[int, ...]:
-    """The SM counts the NVLink rows were measured at (kernel only)."""
-    return tuple(sorted({r["sm_count"] for r in published_rows()
-                         if (r["impl"], r["measurement"]) == ("hybridep", "kernel_only") and r["device"] != "H100"}))
+    """The SM counts the NVLink rows were measured at."""
+    return tuple(sorted({r["sm_count"] for r in nvlink_rows()}))
 
 
 def table_sms(sms: int) -> int:
@@ -47,9 +52,8 @@ def nvlink_shares(sms: int = DEFAULT_SMS) -> dict[int, float]:
     that rank count."""
     at = table_sms(sms)
     by_ranks: dict[int, list[float]] = {}
-    for r in published_rows():
-        if (r["impl"], r["measurement"], r["sm_count"]) == ("hybridep", "kernel_only", at) \
-                and r["device"] in ("B200", "GB200"):
+    for r in nvlink_rows():
+        if r["sm_count"] == at:
             gbps = (r["dispatch_bf16_GBps"] + r["combine_GBps"]) / 2
             by_ranks.setdefault(r["ranks"], []).append(gbps * 1e9 / NVLINK5_BYTES_PER_S)
     return {k: sum(v) / len(v) for k, v in sorted(by_ranks.items())}
@@ -73,8 +77,7 @@ def measured_range(sms: int = DEFAULT_SMS) -> tuple[int, int]:
 def explain(ep: int, crosses_nodes: bool, sms: int = DEFAULT_SMS) -> tuple[str, str]:
     """(what the EP dispatch is priced from, what no measurement covers: '' where all is measured) for ``--explain``."""
     hi, at = measured_range(sms)[1], table_sms(sms)
-    devices = "/".join(sorted({r["device"] for r in published_rows() if r["device"] != "H100"
-                               and (r["impl"], r["measurement"], r["sm_count"]) == ("hybridep", "kernel_only", at)}))
+    devices = "/".join(sorted({r["device"] for r in nvlink_rows() if r["sm_count"] == at}))
     basis = (f"Hybrid-EP NVLink at {hybridep_nvlink_share(ep, sms):.3f} of 900 GB/s: deepseek-ai/DeepEP hybrid-ep @ "
              f"94a9f8f docs/README_Hybrid-EP.md, {devices} kernel-only bf16 dispatch and combine at {at} SMs")
     gaps = []
