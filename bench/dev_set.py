@@ -21,7 +21,9 @@ meshplan's own ``--fix`` parser accepts it; until then the row is priced with th
 *approximated* decision, listed per row) or, where there is none, reported as *not expressible* with the
 missing decision. A Megatron-Bridge table layout that cannot run (refused as out of memory, or against Megatron's
 mesh rules) where the release's recipe ran another is priced at the recipe's, an approximated ``layout=recipe``
-(``recipe_layout_row``). Nothing is fitted here: the harness only maps rows to inputs and reports.
+(``recipe_layout_row``); under ``--profile-only``, which reads no row's recipe, at the layout its profile's launcher
+runs for the job the table states (its workload preset), an approximated ``layout=preset`` (``_price_at_preset``).
+Nothing is fitted here: the harness only maps rows to inputs and reports.
 
 A row of any other source (a run kept apart, from any publication, in the same fields) is priced from what it
 states alone (``_stated_needs``): its model config, GPU (the catalogue part its ``gpu`` text or ``device`` names),
@@ -36,7 +38,7 @@ import json
 import re
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -1209,7 +1211,8 @@ def band_counts(rs: list[RowResult], attr: str) -> tuple[int, int]:
 def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = False) -> RowResult:
     """Price one row through ``plan_job`` with its layout pinned (``profile_only``: see ``row_needs``). A Bridge
     row whose table layout cannot run (refused as out of memory, or against Megatron's mesh rules) and whose
-    release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``). A row of a
+    release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``; under
+    ``profile_only`` at its launcher's preset layout, ``_price_at_preset``). A row of a
     source without its own mapping that lacks a fact, or names no catalogued GPU, is reported as not expressible,
     saying why (the other rows still price)."""
     if is_stated_row(row) and not str(row.get("meshplan_can_express", "yes")).startswith("no"):
@@ -1223,8 +1226,10 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = Fal
         return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), step, "not expressible",
                          problem)
     res = _price_as_stated(row, runs_dir, out_dir, profile_only)
-    if res.status not in ("refused OOM", "not expressible") or res.inputs.get("missing") or profile_only:
+    if res.status not in ("refused OOM", "not expressible") or res.inputs.get("missing"):
         return res
+    if profile_only:
+        return _price_at_preset(row, runs_dir, out_dir, res) if is_bridge_row(row) else res
     swap = recipe_layout_row(row)
     if swap is None:
         return res
@@ -1235,6 +1240,25 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = Fal
     out.inputs["approximated"] = [f"layout=recipe: {why}; the table's: {res.status}, {res.detail}",
                                   *out.inputs["approximated"]]
     out.detail = f"table layout {res.status} ({res.detail}): priced at its recipe's"
+    return out
+
+
+# The --fix keys of a row's layout that ``_price_at_preset`` leaves to the launcher's workload preset
+PRESET_LAYOUT_KEYS = frozenset({"dp", "dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "sp"})
+
+
+def _price_at_preset(row: dict, runs_dir: Path, out_dir: Path, res: RowResult) -> RowResult:
+    """``profile_only``: a Bridge row whose table layout cannot run (``res``: refused as out of memory, or against
+    Megatron's mesh rules) priced at the layout its profile's launcher runs for the job the table states (its model,
+    GPUs, batch and precision pick the workload preset, whose degrees and micro-batch then hold:
+    ``planner.search.workloads``), approximated; ``res`` where that does not price either. The profile-only twin of
+    ``recipe_layout_row``, which reads the row's own recipe match instead."""
+    out = _price_as_stated(row, runs_dir, out_dir, True, free_layout=True)
+    if out.status != "priced":
+        return res
+    out.inputs["approximated"] = [f"layout=preset: {out.detail}; the table's: {res.status}, {res.detail}",
+                                  *out.inputs["approximated"]]
+    out.detail = f"table layout {res.status} ({res.detail}): priced at its launcher's preset layout ({out.detail})"
     return out
 
 
@@ -1264,10 +1288,15 @@ def recipe_layout_row(row: dict) -> Optional[tuple[dict, str]]:
     return alt, f"{where} runs " + ", ".join(f"{k} {v['recipe']} (table {v['table']})" for k, v in differs.items())
 
 
-def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool) -> RowResult:
+def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool,
+                     free_layout: bool = False) -> RowResult:
+    """One row through ``plan_job`` (``price_row``); ``free_layout``: its layout degrees unpinned
+    (``PRESET_LAYOUT_KEYS``), so a workload preset's hold, and the priced layout named in ``detail``."""
     from meshplan.planner.search.job import PlanRequest, plan_job
 
     inp = row_needs(row, runs_dir, profile_only)
+    if free_layout:
+        inp = replace(inp, fix={k: v for k, v in inp.fix.items() if k not in PRESET_LAYOUT_KEYS})
     res = RowResult(inp.name, inp.source, inp.published_step_s, "", inputs=_inputs_dict(inp),
                     published_memory_gib=TORCHTITAN_FACTS.get(inp.name, {}).get("memory_gib"))
     if inp.out_of_scope:
@@ -1296,7 +1325,13 @@ def _price_as_stated(row: dict, runs_dir: Path, out_dir: Path, profile_only: boo
         res.detail = "; ".join(f"{m.key} ({m.value})" for m in inp.missing)
         return res
     r = out.rows[0]
+    preset = next((n for n in out.notes if "workload preset" in n), "")
+    if free_layout and not preset:  # no preset sets the layout: the search chose it, not the launcher
+        res.status, res.detail = "not expressible", "no workload preset of its profile runs this job"
+        return res
     res.status = "priced"
+    if free_layout:
+        res.detail = f"{r['layout']}; {preset}"
     res.predicted_step_s = r["step_time_s"]
     res.error = r["step_time_s"] / inp.published_step_s - 1.0
     res.breakdown = {"compute_s": r["compute_s"], "exposed_comm_s": r["exposed_comm_s"], "bubble_s": r["bubble_s"],

@@ -266,10 +266,14 @@ def test_a_table_layout_no_gpu_holds_is_priced_at_its_release_recipe(rows, runs_
     assert res.status == "priced" and res.inputs["fix"] == dev_set.row_needs(by[earlier], runs_dir).fix_string
     assert res.inputs["approximated"][0].startswith("layout=recipe: v0.3.1 LLAMA3_70B_PRETRAIN_CONFIG_GB300_NVFP4_V2")
     assert "refused OOM" in res.detail
-    # a row whose table is its recipe has nothing to fall back to; --profile-only keeps the refusal (a run never
-    # seen comes with no recipe)
+    # a row whose table is its recipe has nothing to fall back to
     assert dev_set.recipe_layout_row(by[earlier]) is None
-    assert dev_set.price_row(by[name], runs_dir, tmp_path, profile_only=True).status == "refused OOM"
+    # --profile-only reads no recipe of the row's (a run never seen comes with none): the launcher its profile names
+    # runs its own preset for the job the table states, which lands on the same layout the 26.02 table quotes
+    alone = dev_set.price_row(by[name], runs_dir, tmp_path, profile_only=True)
+    assert alone.status == "priced" and alone.inputs["approximated"][0].startswith("layout=preset: ")
+    assert "tp=1 pp=4 vpp=5 mbs=1" in alone.detail and "LLAMA3_70B_PRETRAIN_CONFIG_GB300_NVFP4_V2" in alone.detail
+    assert "refused OOM" in alone.detail
 
 
 def test_a_table_expert_mesh_megatron_refuses_is_priced_at_its_recipe(rows, runs_dir, tmp_path):
@@ -280,6 +284,10 @@ def test_a_table_expert_mesh_megatron_refuses_is_priced_at_its_recipe(rows, runs
     fix = dict(kv.split("=") for kv in res.inputs["fix"].split(","))
     assert res.status == "priced" and (fix["pp"], fix["vpp"], fix["ep"], fix["dp"]) == ("4", "4", "64", "64")
     assert "must divide" in res.detail and res.inputs["approximated"][0].startswith("layout=recipe: r0.1.0")
+    # from the profile alone, the launcher's preset for 256 GB200s in MXFP8 (perf_matrix.gb200.num_gpus_256.fp8_mx)
+    alone = dev_set.price_row(by["mbridge25.09-deepseekv3-gb200-fp8-32x32-tokendrop"], runs_dir, tmp_path, True)
+    assert alone.status == "priced" and "pp=4(4*15+1) vpp=4 ep=64" in alone.detail
+    assert "perf_matrix.gb200.num_gpus_256.fp8_mx" in alone.inputs["approximated"][0]
 
 
 # B2's mean |error| on 2026-11-27 after the Blackwell GEMM level (OpenXLA's measured B200/H100 table), the MXFP8
@@ -330,7 +338,10 @@ def test_b1_profile_only_stays_within_its_ratchet(rows, runs_dir, tmp_path):
     b1 = [r for r in rows if r["source_id"] == "B1"]
     results = [dev_set.price_row(r, runs_dir, tmp_path, profile_only=True) for r in b1]
     priced = [res for res in results if res.status == "priced"]
-    assert len(priced) >= 218, [res.detail for res in results if res.status != "priced"]
+    assert len(priced) == 220, [res.detail for res in results if res.status != "priced"]
+    # only the two tables whose layout cannot run under any recomputation price at their launcher's preset
+    swapped = {res.name for res in results if any(a.startswith("layout=preset") for a in res.inputs["approximated"])}
+    assert swapped == {"mbridge26.02.01-llama3-70b-gb300-nvfp4", "mbridge25.09-deepseekv3-gb200-fp8-32x32-tokendrop"}
     assert statistics.mean(abs(res.error) for res in priced) <= B1_PROFILE_ONLY_ABS_ERROR_AT_MOST
 
 
