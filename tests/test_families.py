@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
@@ -117,6 +118,39 @@ def test_mamba_ops_split_over_tp_and_cp_as_megatron_core():
         layer_ops(spec, mamba, Layout(tp=16), 8192)
     assert spec.mamba_split_problem(1, 16) == ""  # 64 heads, 8 groups repeated twice
     assert "MambaContextParallel" in spec.mamba_split_problem(2, 64)
+
+
+def test_mamba_scan_layout_copies_only_above_micro_batch_one():
+    """Megatron-Core's ``_ssm_training`` takes ``rearrange(zxBCdt, "l b d -> b l d").contiguous()`` and the same for y
+    back: torch copies only where the micro-batch exceeds 1 (its own ``contiguous`` is the truth), and the price holds
+    one copy of both widths on this rank (in_proj's 2 d_inner + 2 G N + H, out_proj's d_inner, over TP)."""
+    for b, copied in ((1, False), (2, True)):
+        x = torch.empty(16, b, 8)
+        assert (x.permute(1, 0, 2).contiguous().data_ptr() != x.data_ptr()) is copied
+    spec = load_model("nemotron-3-nano-30b-a3b")
+    mamba = spec.layer_pattern.index("M")
+    for mbs, want in ((1, []), (2, [2 * 8192 * ((2 * 4096 + 2 * 8 * 128 + 64) // 2 + 4096 // 2)])):
+        lo = layer_ops(spec, mamba, Layout(tp=2, micro_batch=mbs, sequence_parallel=True), 8192)
+        assert [o.shape[0] for o in lo.compute if o.kind == "copy"] == want
+    # batch-first model code (NeMo AutoModel's NemotronV3 mixer, its profile says so) feeds the kernel as it is
+    lay = Layout(tp=2, micro_batch=2, sequence_parallel=True, sequence_first=False)
+    assert not [o for o in layer_ops(spec, mamba, lay, 8192).compute if o.kind == "copy"]
+    from meshplan.planner.layout.stacks import load_stacks
+    assert load_stacks().get("automodel").defaults("bf16", True, "", "pretrain")["sequence_first"] == "false"
+
+
+def test_one_estimator_prices_both_activation_orders_as_two_fresh_ones():
+    """The layer caches key on ``sequence_first``: both orders on one estimator give what two fresh ones give, and
+    the sequence-first one (Megatron-Core's copies at micro-batch 2) is the slower."""
+    work = Workload(load_model("nemotron-3-nano-30b-a3b"), load_cluster("2x4xGB300-NVL72"), 64, 8192, "bf16")
+
+    def step(est, first):
+        return est.estimate(work, Layout(dp_shard=8, ep=8, zero_stage=1, micro_batch=2, sequence_first=first))
+
+    shared = GpuEstimator(Pricer.shipped())
+    both = [step(shared, first).step_time_s for first in (True, False)]
+    assert both == [step(GpuEstimator(Pricer.shipped()), first).step_time_s for first in (True, False)]
+    assert both[0] > both[1]
 
 
 def test_sliding_window_layers_price_the_window():
@@ -248,3 +282,16 @@ def test_plan_cli_end_to_end_names_the_ssd_source(runner, tmp_path):
     assert "Dao & Gu 2024" in " ".join(res.output.split())
     plan = load_plan(out)
     assert plan.degrees.ep == 8
+
+
+def test_a_batch_first_plan_launched_as_megatron_core_is_named():
+    """A plan priced on batch-first model code (``sequence_first`` false) exported to a Megatron-Core target warns in
+    one line (its Mamba copies are not in the price); the sequence-first default and torchtitan's target do not."""
+    from meshplan.planner.export import bridge, megatron, torchtitan
+    from tests.test_export_golden import _moe_variant
+
+    plan = _moe_variant(sequence_first=False)
+    for target, notes in (("megatron", megatron.unsupported(plan)), ("megatron-bridge", bridge.unsupported(plan))):
+        assert sum(n.startswith(f"{target}: sequence_first=false:") for n in notes) == 1
+    assert not any("sequence_first" in n for n in megatron.unsupported(_moe_variant()))
+    assert not any("sequence_first" in n for n in torchtitan.unsupported(plan))

@@ -427,13 +427,14 @@ class GpuEstimator:
     def _op_key(tb, device, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
         """The fields a layer's op lists depend on (not recompute or moe_overlap; ring and all-gather CP run the same
         ops; the dispatcher decides the token sorts around the experts; a layer without routed experts reads none
-        of the expert fields)."""
+        of the expert fields, one without a Mamba mixer not the activation order)."""
+        order = key.sequence_first or "M" not in moe
         if "E" in moe:
             return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
                     key.attention, key.attention_dtype, key.etp, key.fp8, key.cp_kind == "a2a", key.stack,
-                    key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher, key.moe_fused_mlp)
+                    key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher, key.moe_fused_mlp, order)
         return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
-                key.attention, key.attention_dtype, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap)
+                key.attention, key.attention_dtype, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap, order)
 
     def _op_lists(self, k: tuple, tb, key: Layout, moe: str, seq_len: int, dtype: str) -> tuple:
         """(layer ops, the ops of its blocks not yet priced on the layout's device) of op key ``k``, cached until

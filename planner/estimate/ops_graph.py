@@ -191,12 +191,13 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
 # What each block's ops read (besides the model, the sequence length and the dtype): a block memo's key
 # (``kind_ops``). Attention reads the tokens and heads on the rank (tp, cp, micro-batch), sequence parallelism's rows
 # outside the TP region, the GEMM precision, the stack's kernels, the attention kernel and Ulysses CP; the Mamba mixer
-# the same but the attention's; an MLP only the rank's tokens (inside and outside the TP region), tp, the precision
-# and the stack, and an MoE block also the expert mesh, the routing load, the dispatcher (its token sorts) and
-# whether its experts' MLP is fused.
+# the same but the attention's, and the model code's activation order; an MLP only the rank's tokens (inside and
+# outside the TP region), tp, the precision and the stack, and an MoE block also the expert mesh, the routing load,
+# the dispatcher (its token sorts) and whether its experts' MLP is fused.
 _COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
+_MAMBA_FIELDS = _COMMON_FIELDS + ("sequence_first",)
 _MLP_FIELDS = ("tp", "fp8", "stack")
-_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _COMMON_FIELDS, "D": _MLP_FIELDS,
+_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _MAMBA_FIELDS, "D": _MLP_FIELDS,
                  "E": _MLP_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher",
                                        "moe_fused_mlp")}
 _block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
@@ -313,6 +314,14 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
     tp, no collective), out_proj (row-parallel) and the residual. Under context parallelism
     (``MambaContextParallel``) z, x, B, C and dt go from sequence- to head-parallel by all-to-all before the conv
     and y comes back after the scan: conv and scan see the whole sequence and H/(tp cp) heads.
+
+    The scan runs batch-first while Megatron-Core's activations are sequence-first: ``_ssm_training`` takes
+    ``rearrange(zxBCdt, "l b d -> b l d").contiguous()`` before ``mamba_split_conv1d_scan_combined`` and
+    ``rearrange(y, "b l d -> l b d").contiguous()`` after it (megatron-core ``ssm/mamba_mixer.py``, core_r0.16.0 to
+    core_v0.19.0): at a micro-batch above 1 each is a copy (at 1 the permuted view is already contiguous, and
+    ``.contiguous()`` returns it), priced as one ``copy`` of both widths; its backward, the gradients' way back,
+    takes the estimator's rule for memory-bound ops. Batch-first model code (``Layout.sequence_first`` false: NeMo
+    AutoModel's NemotronV3 mixer) feeds the kernel without them.
     """
     model, T, h, t, cp = lb.model, lb.T, lb.h, lb.t, lb.cp
     heads, groups, n = model.mamba_heads // t, model.mamba_groups // t, model.mamba_state
@@ -321,6 +330,8 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
     lb.ops.extend(lb.mm(T, 2 * di + 2 * groups * n + heads, h))
     repeat = max(1, cp // groups) if cp > 1 else 1  # groups repeated when cp exceeds them
     g_cp = max(1, groups // cp)
+    if lb.b > 1 and lb.layout.stack == "megatron" and lb.layout.sequence_first:  # the scan's layout change
+        lb.ops.append(OpSpec("copy", (int(T * (2 * di + 2 * groups * n * repeat + heads + di)),), lb.act))
     lb.ops.append(OpSpec("activation", (int(T * (di + 2 * groups * n)),), lb.act))  # conv1d + SiLU, T*cp/cp
     lb.ops.append(OpSpec("ssd", (lb.b, max(1, heads // cp), lb.seq_len, model.mamba_head_dim, n, g_cp,
                                  model.mamba_chunk), lb.act))

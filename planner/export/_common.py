@@ -178,11 +178,17 @@ STACK_RUNS = {"megatron": "Megatron-Core with Transformer Engine's fused kernels
 
 def stack_notes(plan: Plan, target: str, runs: str) -> list[str]:
     """A warning when the plan priced another stack's kernels than the target's job runs. ``stack: megatron`` is also
-    what every plan written before the field holds, so only a stack chosen otherwise is named."""
+    what every plan written before the field holds, so only a stack chosen otherwise is named. Likewise a plan priced
+    on batch-first model code (``sequence_first`` false, NeMo AutoModel's) launched as Megatron-Core."""
+    out = []
+    if runs == "megatron" and plan.stack == "megatron" and not plan.sequence_first:
+        out.append(f"{target}: sequence_first=false: the plan priced batch-first model code, but Megatron-Core runs "
+                   "sequence-first, and its Mamba mixer copies its activations to batch-first and back at a "
+                   "micro-batch above 1, which the plan did not price (re-plan with --fix sequence_first=true)")
     if plan.stack == "megatron" or plan.stack == runs:
-        return []
-    return [f"{target}: stack={plan.stack}: the plan priced {STACK_RUNS[plan.stack]}, but the job runs "
-            f"{STACK_RUNS[runs]}; the predicted step time does not carry over (re-plan with --fix stack={runs})"]
+        return out
+    return out + [f"{target}: stack={plan.stack}: the plan priced {STACK_RUNS[plan.stack]}, but the job runs "
+                  f"{STACK_RUNS[runs]}; the predicted step time does not carry over (re-plan with --fix stack={runs})"]
 
 
 def tp_overlap_notes(plan: Plan, target: str, *, carried: bool = False) -> list[str]:

@@ -466,6 +466,16 @@ class Decisions:
     and switches, which the copies' price leaves out, so there it is pinned only (``space.offload_priced``). Host
     memory is not checked: the offloaded layers' activations must fit beside what the host already holds."""
 
+    sequence_first: bool = decision(True, "the model code holds activations sequence-first, [s, b, h] (Megatron-Core), "
+                                    "not batch-first", by_stack=True)
+    """Megatron-Core's transformer and Mamba blocks run on ``[s, b, h]`` tensors (``TransformerBlock`` and
+    ``MambaMixer`` in every core release to 0.19); NeMo AutoModel's, HF's and torchtitan's models run batch-first.
+    It matters where a kernel wants the other order: Megatron-Core's Mamba mixer turns its in_proj output batch-first
+    for ``mamba_split_conv1d_scan_combined`` and its output back, a copy each at a micro-batch above 1
+    (``planner.estimate.ops_graph``, ``_mamba_block``). Meaningful under the megatron stack only (torchtitan's and
+    eager code are batch-first); NeMo AutoModel's profile sets false (its NemotronV3 mixer calls the same kernel on
+    its batch-first projections)."""
+
 
 def _registry() -> Mapping[str, Decision]:
     out = {}
