@@ -295,3 +295,17 @@ def test_a_batch_first_plan_launched_as_megatron_core_is_named():
         assert sum(n.startswith(f"{target}: sequence_first=false:") for n in notes) == 1
     assert not any("sequence_first" in n for n in megatron.unsupported(_moe_variant()))
     assert not any("sequence_first" in n for n in torchtitan.unsupported(plan))
+
+
+def test_explain_books_the_mtp_modules_on_the_last_stage_not_as_a_straggler():
+    """The estimate prices Nemotron 3 Super's two MTP modules on the last stage (``ops_graph.mtp_ops``): --explain
+    books them in that stage's compute, so its straggler row is ``straggler_slowdown`` of the 64 ranks times the
+    stage's time per step, as without them."""
+    from meshplan.planner.estimate.gpu import straggler_slowdown
+
+    work = Workload(load_model("nemotron-3-super-120b-a12b"), load_cluster("8x8xB300"), 512, 8192, "bf16")
+    est = GpuEstimator(Pricer.shipped())
+    for mtp in (0, 2):
+        step = explain_gpu(est, work, Layout(dp_shard=64, ep=8, zero_stage=1, mtp=mtp))["step_s"]
+        stage = step["slowest stage compute"] + step["slowest stage exposed comm"]
+        assert step["slowest of the ranks (straggler)"] == pytest.approx(stage * straggler_slowdown(64), rel=1e-3)

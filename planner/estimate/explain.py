@@ -10,7 +10,7 @@ Units: seconds per step, FLOP/s, bytes/s.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshplan.costmodel import hybridep
 from meshplan.costmodel.collectives import collective_time_s
@@ -18,7 +18,7 @@ from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.host_band import host_speed_band
-from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
+from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sustained_band import sustained_band
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
@@ -79,6 +79,8 @@ class _Tally:
 
 def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     """The breakdown of ``estimator.estimate(work, layout)`` (a ``GpuEstimator``), as plain data for YAML/JSON."""
+    if layout.mtp and layout.mtp != work.model.num_mtp_layers:  # the MTP modules the estimate prices
+        work = replace(work, model=work.model.with_mtp(layout.mtp))
     model, cluster, dev = work.model, work.cluster, work.cluster.device
     est = estimator.estimate(work, layout)
     m = layout.num_microbatches(work.global_batch)
@@ -94,8 +96,10 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
         key = time_key(layout)
         edges = embedding_ops(model, key, work.seq_len, work.dtype) if st == 0 else ()
         edges += head_ops(model, key, work.seq_len, work.dtype) if st == layout.pp - 1 else ()
-        for op in edges:
-            tally.compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * m
+        # the multi-token-prediction modules run on the last stage, after its head (``ops_graph.mtp_ops``)
+        extra = mtp_ops(model, key, work.seq_len, work.dtype).items() if st == layout.pp - 1 else ()
+        for op, runs in [(op, 1) for op in edges] + list(extra):
+            tally.compute[op_class(op)] += (estimator.op_time_s(op, dev) + estimator._bwd_s(op, dev)) * runs * m
             tally.first_op.setdefault(op_class(op), op)
         if layout.pp > 1:
             pp_link = cluster.collective_link(*layout.pp_neighbours)
