@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, te_gemm
+from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, router_topk, te_gemm
 from meshplan.costmodel.attention import (
     LOWP_ATTENTION_DTYPES,
     SDPA_WORDS,
@@ -54,6 +54,16 @@ SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §
               "(tile-ai/tilelang benchmark/mamba2); mamba_ssm's whole forward timed on H200 (TileOPs PR 1557) and "
               "B200 (flashinfer PR 2709) runs 0.74-1.30x this price (bench/ssd_vs_costmodel.py); no backward "
               "timing is published")
+
+
+def _analytic_s(op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
+    """(seconds, source) of an op of ``ANALYTIC_KINDS``: the router's eager top-k from its measurements
+    (``costmodel.router_topk``), the Mamba-2 scan by the calibrated roofline (``SSD_SOURCE``)."""
+    if op.kind == "topk":
+        return router_topk.time_s(op, device), router_topk.source(device)
+    return roofline_predict(op, device), SSD_SOURCE
+
+
 MEMO_MAX = 200_000  # distinct (op, device) prices a pricer keeps before starting its memo afresh
 GEMM_SCALED = (*XLA_SCALED, te_gemm.PART)  # the parts whose dense GEMM prices carry a measured scale
 DIE_CAPPED = ("GB200", "GB300")  # the B200's die (and the GB300, priced from it): GEMMs floored at the die speed
@@ -279,8 +289,8 @@ class Pricer:
             t = fused_attention_s(op, device)
             if t is not None:
                 return t, f"published {op.impl} curve: {blackwell_source(op, device) or curve_source(op.impl, device)}"
-        if op.kind in ANALYTIC_KINDS:  # no op-level dataset measures it: the roofline over its FLOPs and bytes
-            return roofline_predict(op, device), SSD_SOURCE
+        if op.kind in ANALYTIC_KINDS:  # the learned model holds no class for it
+            return _analytic_s(op, device)
         if op.groups > 1:
             dense, scale, words = self._grouped_of(op, device)
             sec, src = self._compute_with_source(dense, device)
@@ -443,7 +453,7 @@ class Pricer:
             if twin is not None and d.supports("bf16"):
                 priced[i], scale[i] = twin, scale[i] * fp8_time_share(o, d) * recipe_time_multiple(o.impl, d)
         ssd = [i for i, o in enumerate(priced) if o.kind in ANALYTIC_KINDS]
-        for i in ssd:  # priced below by the roofline; the learned model holds no class for them
+        for i in ssd:  # priced below (``_analytic_s``); the learned model holds no class for them
             priced[i] = OpSpec("copy", (1,))
         src = [""] * len(ops)
         if self.model is None:
@@ -453,7 +463,7 @@ class Pricer:
             self._note(src, priced, devs)
             out = np.array(sec, dtype=float)
         for i in ssd:
-            out[i] = roofline_predict(ops[i], devs[i])
+            out[i] = _analytic_s(ops[i], devs[i])[0]
         for i, (o, d) in enumerate(zip(priced, devs)):  # as _compute_with_source: the dense price, then its multiples
             out[i] = self._die_capped(o, d, out[i] * self._gemm_factor(o, d, str(src[i]))[0], str(src[i]))[0]
         out *= scale

@@ -18,7 +18,16 @@ from __future__ import annotations
 
 import statistics
 
-from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, fp8_recipes, sustained, te_gemm, xla_gemm
+from meshplan.costmodel import (
+    blackwell_grouped,
+    flash2_blackwell,
+    fp4_gemm,
+    fp8_recipes,
+    router_topk,
+    sustained,
+    te_gemm,
+    xla_gemm,
+)
 from meshplan.costmodel.api import FP8_FIXED_K
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
@@ -142,7 +151,17 @@ def te_gemm_rows(pricer) -> list[dict]:
             for name, (inside, held) in fits.items()]
 
 
+def router_topk_rows() -> list[dict]:
+    """The eager router's score function and top-k (``costmodel.router_topk``): fixed time and time per token and
+    expert, fitted to the H100 / H200 timings, held out one expert count at a time."""
+    inside, held = router_topk.held_out()
+    return [{"constant": "eager router top-k time per token and expert", "fitted_on": f"{len(inside)} timings of "
+             "torch softmax / sigmoid + topk on an H100 and an H200 (bench/gpu_kernels.py)",
+             "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one expert count (128 or 256)",
+             "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
     return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + die_speed_rows() + measured_rows()
-            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer))
+            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer) + router_topk_rows())

@@ -8,6 +8,7 @@ Shape conventions per kind (all sizes in elements):
     elementwise, activation, swiglu, copy, cast, optimizer:  (numel,)   (swiglu: its n outputs)
     embedding:   (tokens, hidden)
     ssd:         (b, heads, seq, head_dim, state, groups, chunk)   Mamba-2 chunked SSD scan (Dao & Gu 2024)
+    topk:        (tokens, experts, k)      an MoE router's eager score function and torch.topk (fp32 scores)
     allreduce, allgather, reducescatter, alltoall, sendrecv:  (bytes,) with ``group_size`` participants
 """
 from __future__ import annotations
@@ -19,9 +20,10 @@ COMPUTE_KINDS = (
     "matmul", "bmm", "attention", "layernorm", "rmsnorm", "softmax",
     "elementwise", "activation", "swiglu", "embedding", "optimizer", "copy", "cast",
 )
-# Compute kinds no op-level dataset measures, priced by the calibrated roofline alone (``costmodel.api``): the learned
-# model has no class for them and training never sees them.
-ANALYTIC_KINDS = ("ssd",)
+# Compute kinds the learned model holds no class for (training never sees them), priced apart (``costmodel.api``):
+# the Mamba-2 scan by the calibrated roofline, the router's eager top-k from its own measurements
+# (``costmodel.router_topk``).
+ANALYTIC_KINDS = ("ssd", "topk")
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
@@ -268,4 +270,6 @@ def op_bytes(op: OpSpec) -> float:
         return e * 2.0 * s[0] * s[1]
     if k == "ssd":
         return ssd_bytes(op)
+    if k == "topk":  # the fp32 scores read, the kept scores and their int64 indices written; backward: router_topk
+        return 4.0 * s[0] * s[1] + 12.0 * s[0] * s[2] if not op.backward else 16.0 * s[0] * s[1]
     return 0.0

@@ -85,6 +85,7 @@ CASES = {
     "qwen25": plan_qwen25, "qwen3-moe": plan_qwen3_moe, "qwen3-moe-capacity": lambda: plan_qwen3_moe(moe_capacity=1.25),
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
     "qwen3-moe-hybridep": lambda: plan_qwen3_moe(moe_dispatcher="hybridep", hybridep_sms=32),
+    "qwen3-moe-router-fusion": lambda: plan_qwen3_moe(moe_router_fusion=True),
     "moe-recompute-modules": ALL_PLANS["moe-recompute-modules"], "moe-mtp-uneven": ALL_PLANS["moe-mtp-uneven"],
     "offload": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"recompute": "none", "offload_layers": 12}),
     "attention-fp8": ALL_PLANS["attention-fp8"], "attention-fp8-delayed": ALL_PLANS["attention-fp8-delayed"],
@@ -229,6 +230,7 @@ def _expected(plan: Plan) -> dict[str, object]:
                   "model.moe_flex_dispatcher_backend": None if plan.moe_dispatcher == "alltoall" else
                   plan.moe_dispatcher,
                   "model.moe_shared_expert_overlap": plan.shared_overlap,
+                  "model.moe_router_fusion": plan.moe_router_fusion,
                   "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
                   "model.moe_expert_capacity_factor": plan.moe_capacity or None,
                   "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)})

@@ -134,14 +134,15 @@ def _megatron_flags_from_notes() -> set[str]:
     # megatron/training/initialize.py reads args.first_last_layers_bf16). --cuda-graph-impl and --cuda-graph-scope
     # (nargs='+'), --no-check-for-nan-in-loss-and-grad: arguments.py's add_argument flags (core_v0.16.0 lines 1430-
     # 1441, validate_args line 725); --attention-dropout and --hidden-dropout are generated from TransformerConfig's
-    # attention_dropout and hidden_dropout.
+    # attention_dropout and hidden_dropout; --moe-router-fusion from TransformerConfig's moe_router_fusion.
     return flags | {"--fp4-format", "--fp4-recipe", "--recompute-modules", "--mtp-num-layers",
                     "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
                     "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
                     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy",
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
                     "--moe-flex-dispatcher-backend", "--cuda-graph-impl", "--cuda-graph-scope",
-                    "--no-check-for-nan-in-loss-and-grad", "--attention-dropout", "--hidden-dropout"}
+                    "--no-check-for-nan-in-loss-and-grad", "--attention-dropout", "--hidden-dropout",
+                    "--moe-router-fusion"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:

@@ -23,8 +23,9 @@ from meshplan.planner.estimate.sustained_band import sustained_band
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
 
+# Op classes whose rate is said in bytes moved (the router's top-k too: it does no FLOPs to speak of)
 MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
-                "cast")
+                "cast", "topk")
 
 
 # What the step still leaves out on the host, said for MoE models, where it is measured to matter (BENCHMARKS.md,

@@ -193,13 +193,13 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
 # outside the TP region, the GEMM precision, the stack's kernels, the attention kernel and Ulysses CP; the Mamba mixer
 # the same but the attention's, and the model code's activation order; an MLP only the rank's tokens (inside and
 # outside the TP region), tp, the precision and the stack, and an MoE block also the expert mesh, the routing load,
-# the dispatcher (its token sorts) and whether its experts' MLP is fused.
+# the dispatcher (its token sorts), whether its experts' MLP is fused and how its router scores (fused or not).
 _COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
 _MAMBA_FIELDS = _COMMON_FIELDS + ("sequence_first",)
 _MLP_FIELDS = ("tp", "fp8", "stack")
 _BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _MAMBA_FIELDS, "D": _MLP_FIELDS,
                  "E": _MLP_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher",
-                                       "moe_fused_mlp")}
+                                       "moe_fused_mlp", "moe_router", "moe_router_fusion")}
 _block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
 
 
@@ -406,7 +406,7 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         start = len(ops)
         k = model.experts_per_token
         ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
-        ops.append(OpSpec("softmax", (T, model.num_experts), "fp32"))  # router scores (top-k: see _token_moves)
+        ops.append(_router_scores(layout, T, model.num_experts, k))
         width = model.moe_latent_size or h
         if model.moe_latent_size:
             ops.extend(mm(T, width, h))
@@ -445,6 +445,16 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
     return experts, shared, ep_comm
 
 
+def _router_scores(layout: Layout, tokens: int, experts: int, topk: int) -> OpSpec:
+    """The router's score function and top-k over its ``[tokens, experts]`` fp32 logits: fused
+    (``moe_router_fusion``: Transformer Engine's ``fused_topk_with_score_function``), or a contiguous router's scores
+    (AutoModel's fake balanced gate picks no top-k), one memory pass priced as a softmax; unfused, torch's score
+    function and ``torch.topk`` at their measured time (``topk``, ``costmodel.router_topk``)."""
+    if layout.moe_router_fusion or layout.moe_router == "contiguous":
+        return OpSpec("softmax", (tokens, experts), "fp32")
+    return OpSpec("topk", (tokens, experts, topk), "fp32")
+
+
 def _token_moves(lb: _LayerBuild, copies: float, width: int) -> list[OpSpec]:
     """The token copies' moves around the routed experts, forward: the permute (each token gathered once per chosen
     expert into expert order), the sort of the received copies by local expert after the dispatch, its inverse
@@ -458,8 +468,7 @@ def _token_moves(lb: _LayerBuild, copies: float, width: int) -> list[OpSpec]:
     copy and its probability and writes one row per token: priced as a fused pass (Transformer Engine's
     ``moe_unpermute``, Megatron-Bridge's ``moe_permute_fusion``), an ``elementwise`` op over the copies. The eager
     ``index_add_`` / ``scatter_add_`` fallback measures 8-11x slower than that price (atomics); it is not priced.
-    The router's top-k is not priced either: its softmax is, at the cost model's softmax rate (torch's softmax +
-    top-k measure 0.45-0.93 ms at 65536 tokens, about 7-14 ns a token, against 0.02-0.04 ms priced)."""
+    The router's score function and top-k are priced with the router (``_router_scores``)."""
     model, layout = lb.model, lb.layout
     n = int(copies * width)  # the hidden size, or a LatentMoE's latent width
     local = max(1, model.num_experts // layout.ep)

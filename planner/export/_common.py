@@ -315,8 +315,9 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
 
 
 def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False,
-              deepep: bool = False) -> list[str]:
-    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep``: it can), and
+              deepep: bool = False, router_fusion: bool = False) -> list[str]:
+    """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep`` /
+    ``router_fusion``: it can), and
     under Hybrid-EP an SM count other than Megatron-Core's, which no target's flags set (the bridge drops the
     warning: it writes the field)."""
     if not plan.model.num_experts:
@@ -331,6 +332,9 @@ def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool 
     if plan.moe_overlap and not overlap:
         out.append(f"{target}: moe_overlap: no option overlaps the expert all-to-all with computation here; it runs "
                    "on the critical path, which the plan did not price")
+    if plan.moe_router_fusion and not router_fusion:
+        out.append(f"{target}: moe_router_fusion: no option fuses the router's score function and top-k here; they "
+                   "run as torch kernels, slower than the plan priced")
     if plan.moe_capacity and not capacity:
         out.append(f"{target}: moe_capacity={plan.moe_capacity:g}: no token-dropping capacity factor here; routing "
                    "runs dropless (the plan priced padded, capacity-bounded experts)")

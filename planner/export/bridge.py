@@ -255,8 +255,8 @@ def optimizer_overrides(plan: Plan) -> dict[str, object]:
 
 def moe_overrides(plan: Plan) -> dict[str, object]:
     """Dispatcher (DeepEP = the flex dispatcher's deepep backend; Hybrid-EP with its SMs), EP all-to-all overlap,
-    shared-expert overlap and token dropping (capacity factor, padded to it, dropping by probability as the plan
-    prices it)."""
+    shared-expert overlap, the router's fused top-k and token dropping (capacity factor, padded to it, dropping by
+    probability as the plan prices it)."""
     if not plan.model.num_experts:
         return {}
     flex = plan.moe_dispatcher in ("deepep", "hybridep")
@@ -265,6 +265,7 @@ def moe_overrides(plan: Plan) -> dict[str, object]:
         "model.moe_flex_dispatcher_backend": plan.moe_dispatcher if flex else None,
         "model.overlap_moe_expert_parallel_comm": plan.moe_overlap,
         "model.moe_shared_expert_overlap": plan.shared_overlap and bool(plan.model.num_shared_experts),
+        "model.moe_router_fusion": plan.moe_router_fusion,
         "model.moe_expert_capacity_factor": plan.moe_capacity or None,
         "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)}
     if plan.moe_dispatcher == "hybridep":  # another dispatcher keeps the library's own field

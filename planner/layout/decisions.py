@@ -307,6 +307,15 @@ class Decisions:
     sit on adjacent experts, so on ``ceil(topk / experts a rank)`` ranks or one more, and a dispatcher that sends a
     token once per destination rank or node (deepep, hybridep) moves far fewer bytes
     (``planner.model.routing.contiguous_spread``)."""
+    moe_router_fusion: bool = decision(False, "the router's score function and top-k run as one fused kernel",
+                                       by_stack=True)
+    """Megatron-Core ``moe_router_fusion`` (its ``TransformerConfig`` default False, core_r0.16.0 to core_v0.19.0;
+    ``--moe-router-fusion``): Transformer Engine's ``fused_topk_with_score_function`` over the ``[tokens, experts]``
+    logits, priced as one memory pass over them (no measurement times it). Off, ``topk_routing_with_score_function``
+    runs ``torch.softmax`` or ``torch.sigmoid`` and ``torch.topk``, priced at their time measured on an H100 and an
+    H200 (``costmodel.router_topk``: about 7 ns a token at 128 experts, 14 at 256), as torchtitan's and eager
+    routers run them too. Megatron-Bridge's performance scripts turn it on for DeepSeek-V3, GPT-OSS, Kimi-K2 and
+    Qwen3 (from v0.2.0), not for the Nemotron models; a contiguous router (``moe_router``) scores nothing."""
     moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
                                    choices=("alltoall", "deepep", "hybridep"),
                                    free="hybridep on Blackwell and deepep on other NVIDIA GPUs where ep > 1 under "

@@ -42,6 +42,7 @@ OVERRIDES=(
   model.moe_flex_dispatcher_backend=null
   model.overlap_moe_expert_parallel_comm=false
   model.moe_shared_expert_overlap=false
+  model.moe_router_fusion=false
   model.moe_expert_capacity_factor=null
   model.moe_pad_expert_input_to_capacity=false
   comm_overlap.tp_comm_overlap=false
