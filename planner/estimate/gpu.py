@@ -65,7 +65,8 @@ from meshplan.planner.layout.splits import weighted_split
 
 # kinds whose backward is priced as its own op (its FLOPs and bytes); any other kind's backward is a memory-bound
 # pass over twice the forward's bytes (read the gradient and the saved input, write the gradient). The SSD's
-# backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward.
+# backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward; the
+# router top-k's a scatter and the score function's backward (costmodel.router_topk).
 BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk")
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
