@@ -305,10 +305,11 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
     assert statistics.mean(abs(res.error) for res in results) <= B2_MEAN_ABS_ERROR_AT_MOST
 
 
-# B1's mean |error| (11.42% on 2026-11-27, once GPT-OSS's eager expert passes are priced): it may only fall, except
-# by a fact the rows ran that meshplan had left out; BENCHMARKS.md records each step and what moved it. Pricing the
-# 220 rows takes about 40 s, so this runs with the slow tests (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.115
+# B1's mean |error| (11.42% on 2026-11-27, once GPT-OSS's eager expert passes are priced; 10.31% on 2026-11-28 with
+# Megatron-Core's Mamba layout copies and the router's measured eager top-k): it may only fall, except by a fact the
+# rows ran that meshplan had left out; BENCHMARKS.md records each step and what moved it. Pricing the 220 rows takes
+# about 40 s, so this runs with the slow tests (`pytest -m slow`).
+B1_MEAN_ABS_ERROR_AT_MOST = 0.108
 
 
 @pytest.mark.slow
@@ -328,9 +329,10 @@ def test_b1_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # B1 priced from its table's facts and its stack profile alone (``--profile-only``): 14.63% on 2026-11-28 once a
 # free search tried what the presets run (activation offloading on Grace, the MoE recompute module lists), 10.92%
 # once the perf-scripts profiles carry the launcher's workload presets (BENCHMARKS.md, "The perf-scripts profiles
-# carry their launcher's presets"). Issue 26 asks 8%; a guard with a little room, moved only with a change that says
-# why. Slow, as the ratchet above.
-B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.112
+# carry their launcher's presets"), 10.52% on 2026-11-28 over all 220 rows (the unrunnable tables at their launcher's
+# preset, the Mamba layout copies, the eager top-k). Issue 26 asks 8%; a guard with a little room, moved only with a
+# change that says why. Slow, as the ratchet above.
+B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.110
 
 
 @pytest.mark.slow
