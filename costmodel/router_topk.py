@@ -78,7 +78,9 @@ def issue_rate(device: DeviceSpec) -> float:
     return device.sm_count * device.clock_hz
 
 
+@lru_cache(maxsize=1)
 def _measured_rate() -> float:
+    """The measured parts' mean SMs x clock, Hz."""
     parts = catalogue()
     return float(np.mean([issue_rate(parts[p]) for p in MEASURED_ON.values()]))
 
