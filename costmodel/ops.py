@@ -270,6 +270,8 @@ def op_bytes(op: OpSpec) -> float:
         return e * 2.0 * s[0] * s[1]
     if k == "ssd":
         return ssd_bytes(op)
-    if k == "topk":  # the fp32 scores read, the kept scores and their int64 indices written; backward: router_topk
+    if k == "topk":  # forward: the fp32 scores read, the kept scores and their int64 indices written; backward: the
+        # zero-fill and scatter of the kept scores' gradients (4 B a score), the score function's backward (scores and
+        # their gradient read, the logits' written: 12 B)
         return 4.0 * s[0] * s[1] + 12.0 * s[0] * s[2] if not op.backward else 16.0 * s[0] * s[1]
     return 0.0

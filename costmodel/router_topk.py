@@ -13,7 +13,8 @@ within 11% (``fit``, least squares), about 7 ns a token at 128 experts and 14 at
 another part's time is scaled by SM count x clock against the measured parts', an assumption no measurement checks
 off Hopper, which ``source`` says. The backward is ``topk``'s scatter of the kept scores' gradients into a zeroed
 ``[tokens, experts]`` fp32 tensor and the score function's backward over it (read the scores and their gradient,
-write the logits' gradient): 16 bytes a token and expert at the memory-bound kernels' share of HBM bandwidth.
+write the logits' gradient): its bytes (``costmodel.ops.op_bytes``) at the memory-bound kernels' share of HBM
+bandwidth.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ from meshplan.costmodel.roofline import ROOFLINE_EFFICIENCY
 # measurement file -> the catalogued part it ran on (its environment.device_name: NVIDIA H100 80GB HBM3, NVIDIA H200)
 MEASURED_ON = {"nvidia-h100.json": "H100-SXM", "nvidia-h200.json": "H200"}
 OPS = ("router_softmax_topk", "router_sigmoid_topk")
-BWD_BYTES_PER_SCORE = 16.0  # zero-fill + scatter (4 B), the score function's backward: scores, gradient in, out (12 B)
 
 
 def records() -> list[dict]:
@@ -42,6 +42,11 @@ def records() -> list[dict]:
                 out.append({"part": part, "tokens": r["tokens"], "experts": r["experts"], "topk": r["topk"],
                             "op": r["op"], "seconds": r["median_ms"] * 1e-3})
     return out
+
+
+def _seconds(t0_per: tuple[float, float], tokens: int, experts: int) -> float:
+    """The fitted form: fixed seconds plus seconds per token and expert."""
+    return t0_per[0] + t0_per[1] * tokens * experts
 
 
 def _fit(rows: list[dict]) -> tuple[float, float]:
@@ -63,7 +68,7 @@ def held_out() -> tuple[list[float], list[float]]:
     rows = records()
 
     def ratio(r, t0_per):
-        return (t0_per[0] + t0_per[1] * r["tokens"] * r["experts"]) / r["seconds"]
+        return _seconds(t0_per, r["tokens"], r["experts"]) / r["seconds"]
 
     inside = [ratio(r, fit()) for r in rows]
     held = []
@@ -88,13 +93,10 @@ def _measured_rate() -> float:
 def time_s(op: OpSpec, device: DeviceSpec) -> float:
     """Seconds of the eager score function and top-k over ``op.shape`` = (tokens, experts, top-k) on ``device``,
     forward or (``op.backward``) backward."""
-    tokens, experts = op.shape[0], op.shape[1]
     if op.backward:
-        share = ROOFLINE_EFFICIENCY["elementwise"][1]
-        return BWD_BYTES_PER_SCORE * tokens * experts / (device.mem_bw_bytes_per_s * share)
-    t0, per = fit()
+        return op.bytes / (device.mem_bw_bytes_per_s * ROOFLINE_EFFICIENCY["elementwise"][1])
     scale = _measured_rate() / issue_rate(device) if device.sm_count and device.clock_hz else 1.0
-    return (t0 + per * tokens * experts) * scale
+    return _seconds(fit(), op.shape[0], op.shape[1]) * scale
 
 
 def source(device: DeviceSpec) -> str:
