@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import blackwell_grouped, flash2_blackwell, fp4_gemm, router_topk, te_gemm
+from meshplan.costmodel import aux_loss, blackwell_grouped, flash2_blackwell, fp4_gemm, router_topk, te_gemm
 from meshplan.costmodel.attention import (
     LOWP_ATTENTION_DTYPES,
     SDPA_WORDS,
@@ -58,9 +58,12 @@ SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §
 
 def _analytic_s(op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
     """(seconds, source) of an op of ``ANALYTIC_KINDS``: the router's eager top-k from its measurements
-    (``costmodel.router_topk``), the Mamba-2 scan by the calibrated roofline (``SSD_SOURCE``)."""
+    (``costmodel.router_topk``), its load-balancing loss from the same and its bytes (``costmodel.aux_loss``), the
+    Mamba-2 scan by the calibrated roofline (``SSD_SOURCE``)."""
     if op.kind == "topk":
         return router_topk.time_s(op, device), router_topk.source(device)
+    if op.kind == "auxloss":
+        return aux_loss.time_s(op, device), aux_loss.source(op, device)
     return roofline_predict(op, device), SSD_SOURCE
 
 

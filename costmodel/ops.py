@@ -9,6 +9,7 @@ Shape conventions per kind (all sizes in elements):
     embedding:   (tokens, hidden)
     ssd:         (b, heads, seq, head_dim, state, groups, chunk)   Mamba-2 chunked SSD scan (Dao & Gu 2024)
     topk:        (tokens, experts, k)      an MoE router's eager score function and torch.topk (fp32 scores)
+    auxloss:     (tokens, experts, k)      an MoE router's load-balancing loss, its second scoring pass (fp32)
     allreduce, allgather, reducescatter, alltoall, sendrecv:  (bytes,) with ``group_size`` participants
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ COMPUTE_KINDS = (
 )
 # Compute kinds the learned model holds no class for (training never sees them), priced apart (``costmodel.api``):
 # the Mamba-2 scan by the calibrated roofline, the router's eager top-k from its own measurements
-# (``costmodel.router_topk``).
-ANALYTIC_KINDS = ("ssd", "topk")
+# (``costmodel.router_topk``), the router's load-balancing loss from the same and its bytes (``costmodel.aux_loss``).
+ANALYTIC_KINDS = ("ssd", "topk", "auxloss")
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
@@ -34,8 +35,17 @@ MEMORY_BOUND_IMPLS = ("fused", "eager")
 COLLECTIVE_IMPLS = ("ring", "tree", "nvls")
 IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES,
          **{k: MEMORY_BOUND_IMPLS for k in ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu",
-                                             "cast", "copy")},
+                                             "cast", "copy", "auxloss")},
          **{k: COLLECTIVE_IMPLS for k in ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")}}
+
+# The MoE load-balancing loss's memory passes, bytes a [tokens, experts] score (``costmodel.aux_loss`` says which):
+# eager: the routing map's fill, cast, out-of-place scatter and cast, and the two reductions; fused: TE's score kernel
+# (logits read; scores, map and saved softmax written), the map's count and the loss kernel; backward: the score
+# function's backward and the gradient's accumulation (fused: the loss kernel's gradient first, then read with it)
+AUX_EAGER_PASS_BYTES = 4 + (4 + 4) + (4 + 4) + (4 + 1) + 1 + 4
+AUX_FUSED_PASS_BYTES = (4 + 4 + 1 + 4) + 1 + 4
+AUX_EAGER_BWD_BYTES = 8 + 12
+AUX_FUSED_BWD_BYTES = 4 + 12 + 12
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "mxfp8": 1, "nvfp4": 0.5, "int8": 1, "int4": 0.5}
 
@@ -274,4 +284,9 @@ def op_bytes(op: OpSpec) -> float:
         # zero-fill and scatter of the kept scores' gradients (4 B a score), the score function's backward (scores and
         # their gradient read, the logits' written: 12 B)
         return 4.0 * s[0] * s[1] + 12.0 * s[0] * s[2] if not op.backward else 16.0 * s[0] * s[1]
+    if k == "auxloss":  # bytes a score of the load-balancing loss's passes (``costmodel.aux_loss``)
+        fused = op.impl == "fused"
+        per = (AUX_FUSED_BWD_BYTES if fused else AUX_EAGER_BWD_BYTES) if op.backward else (
+            AUX_FUSED_PASS_BYTES if fused else AUX_EAGER_PASS_BYTES)
+        return float(per * s[0] * s[1])
     return 0.0

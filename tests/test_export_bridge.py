@@ -86,6 +86,7 @@ CASES = {
     "qwen3-moe-etp1": lambda: plan_qwen3_moe(etp=1),
     "qwen3-moe-hybridep": lambda: plan_qwen3_moe(moe_dispatcher="hybridep", hybridep_sms=32),
     "qwen3-moe-router-fusion": lambda: plan_qwen3_moe(moe_router_fusion=True),
+    "qwen3-moe-aux-loss": lambda: plan_qwen3_moe(moe_aux_loss="global_aux_loss"),
     "moe-recompute-modules": ALL_PLANS["moe-recompute-modules"], "moe-mtp-uneven": ALL_PLANS["moe-mtp-uneven"],
     "offload": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"recompute": "none", "offload_layers": 12}),
     "attention-fp8": ALL_PLANS["attention-fp8"], "attention-fp8-delayed": ALL_PLANS["attention-fp8-delayed"],
@@ -236,6 +237,8 @@ def _expected(plan: Plan) -> dict[str, object]:
                   "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)})
         if plan.moe_capacity:  # dropping by router probability, as Megatron-LM's export sets it
             e["model.moe_token_drop_policy"] = "probs"
+        if plan.moe_aux_loss != "none":  # its type; the coefficient stays the model bridge's
+            e["model.moe_router_load_balancing_type"] = plan.moe_aux_loss
         if plan.moe_dispatcher == "hybridep":  # its SMs as the plan priced them (megatron-core 0.16.1's own: 16)
             e["model.moe_hybridep_num_sms"] = plan.hybridep_sms
     return e

@@ -141,6 +141,7 @@ VARIANTS.update({
     "moe-shared-overlap": lambda: _moe_variant(shared_overlap=True),
     "moe-deepep": lambda: _moe_variant(moe_dispatcher="deepep"),
     "moe-router-fusion": lambda: _moe_variant(moe_router_fusion=True),
+    "moe-seq-aux-loss": lambda: _moe_variant(moe_aux_loss="seq_aux_loss"),
     # CUDA graphs: Transformer Engine's per-layer graphs (attention, MoE router and preprocessing; the dense MLP in a
     # dense layer) and the full-iteration graph a dropless MoE layer takes with Hybrid-EP's sync-free dispatch
     "graphs-layers": lambda: _variant(cuda_graphs="layers", recompute="selective"),

@@ -146,6 +146,8 @@ def test_megatron_core_accepts_and_runs_the_plan(plan_name: str, tmp_path: Path)
     assert cfg.overlap_moe_expert_parallel_comm == plan.moe_overlap
     assert cfg.moe_shared_expert_overlap == (plan.shared_overlap and bool(plan.model.num_experts))
     assert cfg.moe_router_fusion == (plan.moe_router_fusion and bool(plan.model.num_experts))
+    if plan.model.num_experts:  # the loss's type (its coefficient is the user's: TransformerConfig's default 0.0)
+        assert cfg.moe_router_load_balancing_type == ("aux_loss" if plan.moe_aux_loss == "none" else plan.moe_aux_loss)
     # what the plan priced: overlapped p2p unless in line (planner.layout.layout.p2p_overlapped)
     if vpp > 1 and d.pp > 2:
         assert cfg.overlap_p2p_comm == p2p_overlapped(plan.pp_overlap, plan.stack, d.pp, plan.schedule)

@@ -204,17 +204,19 @@ def test_a_models_library_recipe_is_its_profile_value():
     """What the library's recipe for one model sets holds for that model (and one of its shapes) alone: DeepSeek-V3's
     one MTP layer (recipes/deepseek/deepseek_v3.py), Qwen3-235B-A22B's account-for-embedding/loss split
     (recipes/qwen/qwen3_moe.py), Nemotron 3 Super's two MTP passes from v0.4.0 only (its recipe arrived there); the
-    perf profiles keep them from their library base and add their scripts' fused router (``moe_router_fusion``). A
-    row whose table says '(w/o MTP)' states mtp=0 over it."""
+    perf profiles keep them from their library base and add their scripts' fused router (``moe_router_fusion``). Each
+    MoE model's load-balancing loss is its model bridge's (DeepSeek-V3 seq_aux_loss, Qwen3 aux_loss). A row whose
+    table says '(w/o MTP)' states mtp=0 over it."""
     stacks = load_stacks()
     lib, perf = stacks.get("megatron-bridge@26.06.01"), stacks.get("megatron-bridge-perf@26.06.01")
     dsv3, qwen = load_model("deepseek-v3"), load_model("qwen3-235b-a22b")
     for prof, more in ((lib, {}), (perf, {"moe_router_fusion": "true"})):
-        assert model_values(prof, dsv3, "fp8") == {"mtp": "1", **more}
-        assert model_values(prof, qwen, "bf16") == {"pp_split": "megatron", **more}
+        assert model_values(prof, dsv3, "fp8") == {"mtp": "1", "moe_aux_loss": "seq_aux_loss", **more}
+        assert model_values(prof, qwen, "bf16") == {"pp_split": "megatron", "moe_aux_loss": "aux_loss", **more}
         assert model_values(prof, load_model("llama-3.1-8b-instruct"), "bf16") == {}
     nomtp = load_model(str(RUNS / "configs" / "deepseek-v3-nomtp.json"))  # DeepSeek-V3's shapes, no MTP module
-    assert model_values(lib, nomtp, "fp8") == {}  # a config that describes no MTP module trains none
+    # a config that describes no MTP module trains none
+    assert model_values(lib, nomtp, "fp8") == {"moe_aux_loss": "seq_aux_loss"}
     assert "nemotron-3-super-120b-a12b" in lib.models
     assert "nemotron-3-super-120b-a12b" not in stacks.get("megatron-bridge@26.02.01").models
     assert "mtp=1" not in lib.defaults("fp8", True).items()  # no other model gets it

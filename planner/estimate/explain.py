@@ -25,7 +25,7 @@ from meshplan.planner.model.routing import contiguous_spread, uniform_ranks
 
 # Op classes whose rate is said in bytes moved (the router's top-k too: it does no FLOPs to speak of)
 MEMORY_BOUND = ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu", "embedding", "copy",
-                "cast", "topk")
+                "cast", "topk", "auxloss")
 
 
 # What the step still leaves out on the host, said for MoE models, where it is measured to matter (BENCHMARKS.md,

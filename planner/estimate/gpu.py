@@ -67,7 +67,7 @@ from meshplan.planner.layout.splits import weighted_split
 # pass over twice the forward's bytes (read the gradient and the saved input, write the gradient). The SSD's
 # backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward; the
 # router top-k's a scatter and the score function's backward (costmodel.router_topk).
-BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk")
+BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk", "auxloss")
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
 # are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
@@ -434,7 +434,7 @@ class GpuEstimator:
             return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
                     key.attention, key.attention_dtype, key.etp, key.fp8, key.cp_kind == "a2a", key.stack,
                     key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher, key.moe_fused_mlp, order,
-                    key.moe_router, key.moe_router_fusion)
+                    key.moe_router, key.moe_router_fusion, key.moe_aux_loss)
         return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
                 key.attention, key.attention_dtype, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap, order)
 

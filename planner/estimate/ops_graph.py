@@ -193,13 +193,14 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
 # outside the TP region, the GEMM precision, the stack's kernels, the attention kernel and Ulysses CP; the Mamba mixer
 # the same but the attention's, and the model code's activation order; an MLP only the rank's tokens (inside and
 # outside the TP region), tp, the precision and the stack, and an MoE block also the expert mesh, the routing load,
-# the dispatcher (its token sorts), whether its experts' MLP is fused and how its router scores (fused or not).
+# the dispatcher (its token sorts), whether its experts' MLP is fused, how its router scores (fused or not) and
+# whether it computes a load-balancing loss.
 _COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
 _MAMBA_FIELDS = _COMMON_FIELDS + ("sequence_first",)
 _MLP_FIELDS = ("tp", "fp8", "stack")
 _BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _MAMBA_FIELDS, "D": _MLP_FIELDS,
                  "E": _MLP_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher",
-                                       "moe_fused_mlp", "moe_router", "moe_router_fusion")}
+                                       "moe_fused_mlp", "moe_router", "moe_router_fusion", "moe_aux_loss")}
 _block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
 
 
@@ -407,6 +408,7 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         k = model.experts_per_token
         ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
         ops.append(_router_scores(layout, T, model.num_experts, k))
+        ops.extend(_aux_loss(layout, T, model.num_experts, k))
         width = model.moe_latent_size or h
         if model.moe_latent_size:
             ops.extend(mm(T, width, h))
@@ -453,6 +455,15 @@ def _router_scores(layout: Layout, tokens: int, experts: int, topk: int) -> OpSp
     if layout.moe_router_fusion or layout.moe_router == "contiguous":
         return OpSpec("softmax", (tokens, experts), "fp32")
     return OpSpec("topk", (tokens, experts, topk), "fp32")
+
+
+def _aux_loss(layout: Layout, tokens: int, experts: int, topk: int) -> list[OpSpec]:
+    """The router's load-balancing loss (``moe_aux_loss``): Megatron-Core's second scoring pass over the
+    ``[tokens, experts]`` logits and its reductions, fused under ``moe_router_fusion`` (``costmodel.aux_loss``);
+    none without one, or under a contiguous router, which scores nothing."""
+    if layout.moe_aux_loss == "none" or layout.moe_router == "contiguous":
+        return []
+    return [OpSpec("auxloss", (tokens, experts, topk), "fp32", impl="fused" if layout.moe_router_fusion else "eager")]
 
 
 def _token_moves(lb: _LayerBuild, copies: float, width: int) -> list[OpSpec]:

@@ -315,9 +315,9 @@ def state_dtype_notes(plan: Plan, target: str, *, optim: tuple[str, ...] = ("fp3
 
 
 def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool = False,
-              deepep: bool = False, router_fusion: bool = False) -> list[str]:
+              deepep: bool = False, router_fusion: bool = False, aux_loss: bool = False) -> list[str]:
     """Warnings for the MoE decisions a target cannot carry (``overlap`` / ``capacity`` / ``deepep`` /
-    ``router_fusion``: it can), and
+    ``router_fusion`` / ``aux_loss``: it can; one that can still takes the loss's coefficient from the user), and
     under Hybrid-EP an SM count other than Megatron-Core's, which no target's flags set (the bridge drops the
     warning: it writes the field)."""
     if not plan.model.num_experts:
@@ -335,6 +335,12 @@ def moe_notes(plan: Plan, target: str, *, overlap: bool = False, capacity: bool 
     if plan.moe_router_fusion and not router_fusion:
         out.append(f"{target}: moe_router_fusion: no option fuses the router's score function and top-k here; they "
                    "run as torch kernels, slower than the plan priced")
+    if plan.moe_aux_loss != "none":
+        out.append(f"{target}: moe_aux_loss={plan.moe_aux_loss}: " + (
+            "the loss's coefficient is your model's, not the plan's; at Megatron-Core's default of 0 no loss is "
+            "computed, a little faster than the plan priced" if aux_loss else
+            "no option computes Megatron-Core's load-balancing loss here; the plan priced its second scoring pass "
+            "over the router's logits"))
     if plan.moe_capacity and not capacity:
         out.append(f"{target}: moe_capacity={plan.moe_capacity:g}: no token-dropping capacity factor here; routing "
                    "runs dropless (the plan priced padded, capacity-bounded experts)")

@@ -161,9 +161,10 @@ def _torch_fsdp(plan: Plan) -> bool:
 
 
 def unsupported(plan: Plan) -> list[str]:
-    """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds, and
-    the FSDP2 and Hybrid-EP SM ones, which the bridge carries."""
-    skip = _MODEL_NOTES + ("hybridep_sms=",) + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
+    """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds (the
+    load-balancing loss's coefficient with it: the model bridge sets it), and the FSDP2 and Hybrid-EP SM ones, which
+    the bridge carries."""
+    skip = _MODEL_NOTES + ("hybridep_sms=", "moe_aux_loss=") + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
     out = [_renamed(n) for n in megatron.unsupported(plan) if not any(k in n for k in skip)]
     if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
         out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
@@ -255,8 +256,8 @@ def optimizer_overrides(plan: Plan) -> dict[str, object]:
 
 def moe_overrides(plan: Plan) -> dict[str, object]:
     """Dispatcher (DeepEP = the flex dispatcher's deepep backend; Hybrid-EP with its SMs), EP all-to-all overlap,
-    shared-expert overlap, the router's fused top-k and token dropping (capacity factor, padded to it, dropping by
-    probability as the plan prices it)."""
+    shared-expert overlap, the router's fused top-k, its load-balancing loss's type and token dropping (capacity
+    factor, padded to it, dropping by probability as the plan prices it)."""
     if not plan.model.num_experts:
         return {}
     flex = plan.moe_dispatcher in ("deepep", "hybridep")
@@ -270,6 +271,8 @@ def moe_overrides(plan: Plan) -> dict[str, object]:
         "model.moe_pad_expert_input_to_capacity": bool(plan.moe_capacity)}
     if plan.moe_dispatcher == "hybridep":  # another dispatcher keeps the library's own field
         o["model.moe_hybridep_num_sms"] = plan.hybridep_sms
+    if plan.moe_aux_loss != "none":  # the coefficient stays the model bridge's (or the user's)
+        o["model.moe_router_load_balancing_type"] = plan.moe_aux_loss
     if plan.moe_capacity:
         o["model.moe_token_drop_policy"] = "probs"
     return o

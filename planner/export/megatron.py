@@ -173,7 +173,8 @@ def unsupported(plan: Plan) -> list[str]:
                    "only without dropout; rendered --attention-dropout 0.0 --hidden-dropout 0.0 (meshplan prices no "
                    "dropout)")
     out += c.stack_notes(plan, "megatron", "megatron")
-    out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True, router_fusion=True)
+    out += c.moe_notes(plan, "megatron", overlap=True, capacity=True, deepep=True, router_fusion=True,
+                       aux_loss=True)
     out += c.state_dtype_notes(plan, "megatron", optim=("fp32", "remainder"), grads=("bf16", "fp32"),
                                reduce=("bf16", "fp32"))
     if plan.reduce_dtype and plan.grad_dtype and plan.reduce_dtype != plan.grad_dtype:
@@ -256,6 +257,8 @@ def parallel_args(plan: Plan) -> list[str]:
         a.append("--moe-shared-expert-overlap")
     if plan.moe_router_fusion and plan.model.num_experts:  # TransformerConfig.moe_router_fusion (core_r0.16.0 on)
         a.append("--moe-router-fusion")
+    if plan.moe_aux_loss != "none" and plan.model.num_experts:  # its coefficient is the model's (unsupported())
+        a += ["--moe-router-load-balancing-type", plan.moe_aux_loss]
     if plan.moe_fused_mlp:  # TransformerConfig fields of Megatron-LM @ d98e8a64ddf3 (not in megatron-core 0.16.1)
         a += ["--use-transformer-engine-op-fuser", "--moe-mlp-glu-interleave-size", "32"]
     if plan.cuda_graphs != "none":  # arguments.py: --cuda-graph-impl, --cuda-graph-scope (nargs='+')

@@ -316,6 +316,17 @@ class Decisions:
     H200 (``costmodel.router_topk``: about 7 ns a token at 128 experts, 14 at 256), as torchtitan's and eager
     routers run them too. Megatron-Bridge's performance scripts turn it on for DeepSeek-V3, GPT-OSS, Kimi-K2 and
     Qwen3 (from v0.2.0), not for the Nemotron models; a contiguous router (``moe_router``) scores nothing."""
+    moe_aux_loss: str = decision("none", "the router's load-balancing loss: none, aux_loss, seq_aux_loss or "
+                                 "global_aux_loss", choices=("none", "aux_loss", "seq_aux_loss", "global_aux_loss"),
+                                 by_stack=True)
+    """Megatron-Core's ``moe_router_load_balancing_type`` with a ``moe_aux_loss_coeff`` above 0 (``TransformerConfig``
+    defaults "aux_loss" and 0.0: none is computed, core_r0.14.0 to core_v0.19.0). In training ``TopKRouter.routing``
+    then scores the logits a second time, with the score function and top-k again (fused under
+    ``moe_router_fusion``), and reduces them over the tokens: priced per MoE layer by ``costmodel.aux_loss``,
+    ``moe_router_force_load_balancing`` or not. The three types cost the same passes (the sequence-level one over
+    the same scores reshaped); the coefficient is the model's, not priced. Megatron-Bridge's model bridges set it
+    (Qwen3-MoE aux_loss 1e-3; DeepSeek-V3, Kimi-K2 and Nemotron seq_aux_loss; GPT-OSS none), which its profiles
+    carry per model; a contiguous router (``moe_router``) computes none."""
     moe_dispatcher: str = decision("alltoall", "how routed tokens travel: alltoall (NCCL), deepep or hybridep",
                                    choices=("alltoall", "deepep", "hybridep"),
                                    free="hybridep on Blackwell and deepep on other NVIDIA GPUs where ep > 1 under "
