@@ -593,7 +593,8 @@ def _bridge_model_needs(row: dict) -> list[Need]:
                           "first_last_layers_bf16 with num_layers_at_end_in_bf16 = 14; its te_quant.cfg module "
                           "overrides (attention and latent projections in bf16, Mamba out_proj in MXFP8) are not "
                           "priced", {}))
-    if "(tokendrop)" in row["model"]:  # 25.09 = r0.1.0, whose run_script.py set these for the token-drop runs
+    if "(tokendrop)" in row["model"]:  # 25.09 = r0.1.0, whose run_script.py set these for the token-drop runs (its
+        # profile carries them by model and GPU: a row whose profile agrees counts them from the profile)
         needs.append(Need("moe_capacity", "1", "25.09 '(tokendrop)': scripts/performance/run_script.py @ r0.1.0 "
                           "lines 80 / 109 / 116 apply_moe_token_drop (training/utils/moe_token_drop.py lines 20-21: "
                           "capacity factor 1.0, padded to capacity)", {}))
@@ -1076,6 +1077,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
                                                   (cluster, row["gbs"], n, lora))
     if fix.get("recompute") is not None and preset_sets.get("recompute") == fix["recompute"]:
         del fix["recompute"]  # the preset's, with its module list (a pinned kind would drop the profile's list)
+    elif ("recompute" in stack_sets and "recompute" not in preset_sets
+          and str(row.get("recompute") or "").startswith("none stated")):
+        del fix["recompute"]  # the recipe states none; what its launcher sets (the profile's) holds
     if "attention" in stack_sets or stated:
         del fix["attention"]  # the stack's attention kernel is the profile's (or, unstated, the search's)
     approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype,

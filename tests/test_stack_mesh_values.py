@@ -29,6 +29,11 @@ from tests.test_stacks import _catalogue_in
     ("tp>1,sp!=false", {"tp": 2, "sp": False}, False),
     ("tp>1,sp!=false", {"tp": 1}, False),
     ("tp>1,sp!=false", {}, False),
+    ("gpu=gb200", {"gpu": "gb200"}, True),
+    ("gpu=gb200", {"gpu": "b200"}, False),
+    ("gpu=gb200", {}, False),  # a job on no one GPU part
+    ("moe_capacity=1", {"moe_capacity": 1.0}, True),  # numbers compare as numbers
+    ("moe_capacity>0", {"moe_capacity": "1.25"}, True),
 ])
 def test_a_mesh_condition_holds_only_on_the_pins_it_names(mesh, pinned, holds) -> None:
     assert mesh_holds(mesh, pinned) is holds
@@ -86,3 +91,28 @@ def test_a_models_own_mesh_value_replaces_the_one_for_every_model(tmp_path, monk
     assert prof.mesh_defaults("llama-3.1-405b", "bf16", False, {"tp": 8}) == {"tp_overlap": "true"}
     assert prof.mesh_defaults(None, "bf16", False, {"tp": 8}) == {"tp_overlap": "false"}
     assert prof.mesh_defaults("llama-3.1-405b", "bf16", False, {"tp": 1}) == {}
+
+
+@pytest.mark.parametrize("device, want", [
+    ("B200", {"moe_capacity": "1", "shared_overlap": "true", "recompute": "selective",
+              "recompute_modules": "mla_up_proj"}),
+    ("GB200", {"moe_capacity": "1", "shared_overlap": "true", "recompute": "selective",
+               "recompute_modules": "mla_up_proj"}),
+    ("H100-SXM", {"shared_overlap": "false", "recompute": "selective", "recompute_modules": "mla_up_proj+mlp"}),
+    ("GB300", {})])
+def test_r010_run_script_sets_deepseek_v3_by_the_gpu(device, want) -> None:
+    """Megatron-Bridge r0.1.0's scripts/performance/run_script.py (lines 56-98) keys DeepSeek-V3 on ``--gpu``:
+    token dropping, the shared-expert overlap and ['mla_up_proj'] recomputation on B200 and GB200 (token dropping
+    being their default); no shared-expert overlap (the 1F1B all-to-all overlap takes its place) and
+    ['mla_up_proj', 'mlp'] on H100; nothing for a GPU it does not name."""
+    from meshplan.planner.layout.stacks import load_stacks
+    from meshplan.planner.search.workloads import JobFacts, stack_values
+
+    keys = ("moe_capacity", "shared_overlap", "recompute", "recompute_modules")
+    prof, spec = load_stacks().get("megatron-bridge-perf@25.09"), load_model("deepseek-v3")
+    sets = stack_values(prof, spec, "fp8", {"pp": 16, "ep": 8}, "pretrain", JobFacts(device, 2048, 256))[0]
+    got = {k: v for k, v in sets.items() if k in keys and k in want}
+    assert got == want
+    if not want:  # the launcher's DeepSeek-V3 branch sets none of these off its three GPUs
+        assert not any(k in sets for k in ("moe_capacity", "shared_overlap", "recompute_modules"))
+    assert "moe_capacity" not in stack_values(prof, spec, "fp8", {}, "pretrain", None)[0]  # no GPU said

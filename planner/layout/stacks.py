@@ -56,12 +56,14 @@ class ProfileValue(_Frozen):
     model: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     """Holds only for this bundled model (``meshplan models``) and models of its shapes, replacing the value the
     profile holds for every model (``StackProfile.model_defaults``): what a library's recipe for that model sets."""
-    mesh: Optional[str] = Field(None, pattern=r"^[a-z_]+(=|!=|>)[a-z0-9]+(,[a-z_]+(=|!=|>)[a-z0-9]+)*$")
+    mesh: Optional[str] = Field(None, pattern=r"^[a-z_]+(=|!=|>)[a-z0-9.-]+(,[a-z_]+(=|!=|>)[a-z0-9.-]+)*$")
     """Holds only where the job's mesh, as pinned (by the request or its workload preset), meets every condition:
     ``pp=4,vpp=4`` (those degrees pinned to these values: a recipe's map from its mesh to a pipeline layout),
     ``tp>1,sp!=false`` (tp pinned above 1, sp not pinned off: what a stack turns on only where it can, such as
     Megatron-Bridge's tensor-parallel overlap, which ``CommOverlapConfig`` turns off at TP 1 or without sequence
-    parallelism). A search that leaves these degrees free does not take the value (``mesh_holds``)."""
+    parallelism), ``gpu=gb200`` (the job's GPU part as ``meshplan devices`` names it, lower case: what a launcher
+    sets by the GPU it runs on, as Megatron-Bridge r0.1.0's ``run_script.py`` does). A ``k=v`` or ``k>n`` condition
+    on a degree left free, or on the GPU of a job on no one GPU part, does not hold (``mesh_holds``)."""
 
 
 class Unpriced(_Frozen):
@@ -161,19 +163,29 @@ TASKS = ("pretrain", "sft")
 
 
 def mesh_holds(mesh: str, pinned: Mapping[str, object]) -> bool:
-    """Whether the pins ``pinned`` (``--fix`` keys) meet every condition of ``mesh`` (``ProfileValue.mesh``): ``k=v``
-    and ``k>n`` need ``k`` pinned; ``k!=v`` holds unless ``k`` is pinned to ``v``."""
+    """Whether the pins ``pinned`` (``--fix`` keys, and ``gpu``: the job's part) meet every condition of ``mesh``
+    (``ProfileValue.mesh``): ``k=v`` and ``k>n`` need ``k`` pinned; ``k!=v`` holds unless ``k`` is pinned to ``v``.
+    Numbers compare as numbers (a capacity pinned as 1.0 is ``moe_capacity=1``)."""
     for cond in mesh.split(","):
         key, op, want = re.match(r"([a-z_]+)(=|!=|>)(.+)$", cond).groups()
         got = pinned.get(key)
-        text = None if got is None else str(got).lower()
-        if op == "!=" and text == want:
+        same = got is not None and _same_value(got, want)
+        if op == "!=" and same:
             return False
-        if op == "=" and text != want:
+        if op == "=" and not same:
             return False
-        if op == ">" and (got is None or int(got) <= int(want)):
+        if op == ">" and (got is None or float(got) <= float(want)):
             return False
     return True
+
+
+def _same_value(got: object, want: str) -> bool:
+    """``got`` (a pin) is ``want`` (a condition's text): as numbers where both are, else as lower-case text."""
+    text = str(got).lower()
+    try:
+        return float(text) == float(want)
+    except ValueError:
+        return text == want
 
 
 def _phase(when: Optional[str]) -> int:

@@ -118,9 +118,9 @@ def stack_values(prof, spec, dtype: str, pinned: Mapping[str, object], task: str
                  job: Optional[JobFacts] = None) -> tuple[dict[str, str], Optional[WorkloadPreset], dict[str, str]]:
     """(``{--fix key: value}`` stack profile ``prof`` sets for a ``dtype`` ``task`` job of model ``spec``, the workload
     preset its launcher runs, what that preset set): the profile's values, its model's own over them
-    (``model_values``), those that hold only on some mesh (``ProfileValue.mesh``, judged on the job's pins and its
-    preset's mesh), then the preset's (``choose_preset``, ``preset_pins``; none without ``job``). ``pinned``: the
-    job's own pins, whose fp8 recipe resolves the profile's and whose keys the preset leaves alone."""
+    (``model_values``), those that hold only on some mesh (``ProfileValue.mesh``, judged on the job's pins, its
+    preset's mesh and its GPU), then the preset's (``choose_preset``, ``preset_pins``; none without ``job``).
+    ``pinned``: the job's own pins, whose fp8 recipe resolves the profile's and whose keys the preset leaves alone."""
     fp8 = str(pinned.get("fp8", ""))
     own = prof.defaults(dtype, spec.is_moe, fp8, task) | model_values(prof, spec, dtype, fp8, task)
     preset, sets = None, {}
@@ -130,7 +130,8 @@ def stack_values(prof, spec, dtype: str, pinned: Mapping[str, object], task: str
         recipe = lowp_recipe(fp8 or own.get("fp8", "none"), dtype)
         preset = choose_preset(prof.ref, spec, dtype, recipe, task, pinned, job)
         sets = preset_pins(preset, spec.is_moe, pinned, spec.num_layers) if preset else {}
-    on_mesh = prof.mesh_defaults(_bundled_model(prof, spec), dtype, spec.is_moe, {**sets, **pinned}, fp8, task)
+    held = {**sets, **pinned} | ({"gpu": job.device.lower()} if job is not None else {})  # ``ProfileValue.mesh``
+    on_mesh = prof.mesh_defaults(_bundled_model(prof, spec), dtype, spec.is_moe, held, fp8, task)
     return own | _trained(spec, on_mesh) | sets, preset, sets
 
 
