@@ -76,3 +76,33 @@ def collective_time_s(kind: str, nbytes: float, group_size: int, link: Link) -> 
     if kind == "alltoall":  # every pair exchanges directly: no ring steps to split by node
         return (p - 1) * link.latency_s + frac * nbytes / link.bandwidth_bytes_per_s
     raise ValueError(f"unknown collective kind {kind!r}")
+
+
+# NCCL's own latency model for its LL protocol, which it picks for messages of a few kilobytes: NVIDIA/nccl
+# ``src/graph/tuning.cc`` @ 5067397 (``ncclTunerConstantsDefaults``, ``ncclTopoTuneModel``), microseconds. A ring
+# pays its base latency once and each step's hardware latency: NVLink's inside a node, the network's on the steps
+# that cross one, and inside a group that spans nodes at least the host's network overhead (``getNetOverhead``:
+# 1 us but on AMD x86); a tree all-reduce pays two passes up and down ``log2(nodes)`` network levels.
+NCCL_LL_BASE_US = {"ring": 6.6, "tree": 6.8}
+NCCL_LL_NVLINK_US = {"ring": 0.6, "tree": 0.6}
+NCCL_LL_NET_US = {"ring": 2.7, "tree": 5.0}
+NCCL_NET_OVERHEAD_US = 1.0
+
+
+def nccl_ll_latency_s(kind: str, group_size: int, nodes: int = 1) -> float:
+    """Seconds NCCL's tuning model gives a tiny ``kind`` collective (LL protocol) over ``group_size`` ranks on
+    ``nodes`` nodes (or NVLink domains): a ring for all-gather and reduce-scatter, the faster of ring and tree for
+    all-reduce; with one rank a node the network steps take the tree's latency, as NCCL does."""
+    p, n = group_size, max(1, nodes)
+    if p <= 1:
+        return 0.0
+    steps = 2 * (p - 1) if kind == "allreduce" else p - 1
+    inter = 0 if n == 1 else (2 * (n - 1) if kind == "allreduce" else n - 1)
+    intra = NCCL_LL_NVLINK_US["ring"] if n == 1 else max(NCCL_LL_NVLINK_US["ring"], NCCL_NET_OVERHEAD_US)
+    net = NCCL_LL_NET_US["tree" if p == n else "ring"]
+    ring = NCCL_LL_BASE_US["ring"] + (steps - inter) * intra + inter * net
+    if kind != "allreduce":
+        return ring * 1e-6
+    tree = NCCL_LL_BASE_US["tree"] + 2 * ((p / n - 1) * NCCL_LL_NVLINK_US["tree"]
+                                          + math.ceil(math.log2(n)) * NCCL_LL_NET_US["tree"])
+    return min(ring, tree) * 1e-6

@@ -266,7 +266,8 @@ class ClusterSpec:
         if nvlink_share:
             intra_bw *= nvlink_share / NCCL_NVLINK_EFFICIENCY
         per_byte = max(inter / nic_bw, (k - 1) / p * rank_share / intra_bw)
-        return Link(f"{nic.name}-a2a", (p - 1) / p / per_byte, ring.latency_s)
+        return Link(f"{nic.name}-a2a", (p - 1) / p / per_byte, ring.latency_s, nodes=ring.nodes,
+                    intra_latency_s=ring.intra_latency_s)
 
     def with_inter_bandwidth(self, bytes_per_s: float) -> "ClusterSpec":
         """The same cluster with the per-GPU inter-node bandwidth set to ``bytes_per_s`` (``--net 25Gbps``)."""

@@ -18,6 +18,7 @@ from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.host_band import host_speed_band
+from meshplan.planner.estimate.host_wait import count_exchange_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sustained_band import sustained_band
 from meshplan.planner.layout.layout import Layout
@@ -165,8 +166,11 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
     # the forward's wait for the host after the MoE token-count sync (planner.estimate.host_wait), again in a full
     # recompute's forward (exposed communication there, as the estimator books it)
     again_waits = rec if layout.recompute_kind == "full" else 0
-    if times[8]:
-        tally.comm["host wait after the MoE token-count sync"] += times[8] * (n + again_waits) * m
+    counts = count_exchange_s(layout, model.num_experts, links["ep"], dev) if lo.experts else 0.0
+    if times[8] - counts:
+        tally.comm["host wait after the MoE token-count sync"] += (times[8] - counts) * (n + again_waits) * m
+    if counts:
+        tally.comm[f"ep allgather of the token counts on {links['ep'].name}"] += counts * (n + again_waits) * m
     if "moe" in layout.recomputed_modules and rec:
         # a recomputed MoE block (selective) syncs, waits for the host, dispatches and combines again: part of the
         # recompute, as the estimator books it (``layer_times``' recompute)

@@ -53,7 +53,7 @@ from meshplan.planner.estimate.base import (
     time_signature,
     trainable_params,
 )
-from meshplan.planner.estimate.host_wait import HOST_SPEED, moe_sync_wait_s, waits_for_host
+from meshplan.planner.estimate.host_wait import HOST_SPEED, count_exchange_s, moe_sync_wait_s, waits_for_host
 from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
@@ -290,10 +290,11 @@ class GpuEstimator:
                     tp_link, ep_link, cp_link, frozen: bool = False) -> tuple[float, ...]:
         """One layer for one micro-batch, seconds: (fwd compute, bwd compute, recompute when this layer is
         recomputed, exposed comm fwd+bwd, exposed comm a full recompute adds, the exposed comm fwd+bwd of the
-        tp, ep and cp groups, and the forward's wait for the host after an MoE layer's token-count sync
-        (``host_wait``), which four add up to the fourth; last, what of the recompute is the dispatch and combine
-        of a recomputed MoE block (``recompute_modules`` with ``moe``)). ``frozen``: the weights take no gradient
-        (LoRA's base, ``Workload.lora``), so each weight GEMM's backward is its input gradient alone."""
+        tp, ep and cp groups, and the forward's wait at an MoE layer's token-count sync: the counts' exchange and
+        the host after it (``host_wait``), which four add up to the fourth; last, what of the recompute is the
+        dispatch and combine of a recomputed MoE block (``recompute_modules`` with ``moe``)). ``frozen``: the
+        weights take no gradient (LoRA's base, ``Workload.lora``), so each weight GEMM's backward is its input
+        gradient alone."""
         k = (tb, device, time_signature(key), moe, seq_len, dtype, tp_link, ep_link, cp_link, frozen)
         hit = self._layer.get(k)
         if hit is not None:
@@ -365,6 +366,8 @@ class GpuEstimator:
             host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
                                    key.shared_overlap, max(1, tb.model.num_experts // key.ep),
                                    p["fwd"] - p["experts_fwd"] - p["shared_fwd"], self.host_speed)
+        if lo.experts:  # the token counts exchanged before that sync, on the compute stream
+            host += count_exchange_s(key, tb.model.num_experts, ep_link, device)
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
         out = self._base[k] = (lo, p, fwd, bwd, comm, tp, cp, ep, ep_re, (tp + tp_bwd, ep_cost, cp + cp_bwd), host)
         return out

@@ -1,4 +1,4 @@
-"""The GPU's wait for the host after an MoE layer's token-count sync.
+"""The GPU's wait at an MoE layer's token-count sync: the counts' exchange (``count_exchange_s``) and the host.
 
 A dropless MoE layer copies its token counts to the host once per forward and waits for them before the dispatch:
 Megatron-Core's alltoall dispatcher at ``cuda_sync_point`` ``before_ep_alltoall`` (the splits NCCL's all-to-all
@@ -50,6 +50,8 @@ host runs ahead; a rank holding many experts may be host-bound there too), and w
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from meshplan.costmodel.collectives import Link, nccl_ll_latency_s
 
 # Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring)
 ROUTED_EXPERTS_HOST_S = 3.45e-3
@@ -118,3 +120,25 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
         queued_s = max(0.0, experts_gpu_s - host_s * speed)
         wait_s += max(0.0, pre_host_s * speed - captured_gpu_s - (shared_gpu_s if in_line else 0.0) - queued_s)
     return wait_s
+
+
+# Bytes of one rank's token count per expert in the exchange (``num_local_tokens_per_expert``, int64)
+COUNT_BYTES = 8
+
+
+def count_exchange_s(layout, experts: int, link: Link, device) -> float:
+    """Seconds of the token-count exchange before a dropless MoE layer's sync under Megatron-Core's alltoall
+    dispatcher: ``MoEAlltoAllTokenDispatcher.preprocess`` all-gathers each rank's tokens per expert over the
+    expert-TP x EP group (``gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=tp_ep_group)``,
+    core_v0.16.1 token_dispatcher.py lines 525-541) on the compute stream, before the splits go to the host; dropping
+    and padding to capacity skips it (the splits are fixed), and the flex dispatcher (DeepEP, Hybrid-EP) exchanges
+    its counts inside its own kernels. A few kilobytes: NCCL's LL latency over the group's ranks and the nodes its
+    ``link`` spans (``nccl_ll_latency_s``), plus its bytes at that link's bandwidth. Forward only (the backward reuses
+    the splits); 0 where it does not run."""
+    group = layout.ep * layout.expert_tp
+    if (group <= 1 or layout.moe_dispatcher != "alltoall" or layout.moe_capacity or layout.stack != "megatron"
+            or device.vendor != "nvidia"):
+        return 0.0
+    gathered = COUNT_BYTES * experts * group
+    return nccl_ll_latency_s("allgather", group, link.nodes) + (group - 1) / group * gathered / (
+        link.bandwidth_bytes_per_s)
