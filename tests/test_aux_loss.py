@@ -79,18 +79,19 @@ def test_eager_passes_are_what_megatron_core_dispatches():
     assert (bwd_with.total - bwd_without.total) / (T * E) == pytest.approx(AUX_EAGER_BWD_BYTES, rel=0.02)
 
 
-def test_eager_loss_costs_the_measured_pair_and_its_passes():
-    """The eager forward is the router top-k's measured price plus its passes at HBM rate; fused, only passes, so
-    cheaper; the backward is bytes alone."""
-    dev = catalogue()["H200"]
-    eager, fused = (OpSpec("auxloss", (16384, 128, 8), "fp32", impl=i) for i in ("eager", "fused"))
-    pair = router_topk.time_s(OpSpec("topk", (16384, 128, 8), "fp32"), dev)
-    passes = AUX_EAGER_PASS_BYTES * 16384 * 128 / (dev.mem_bw_bytes_per_s * 0.8)
-    assert aux_loss.time_s(eager, dev) == pytest.approx(pair + passes)
-    assert aux_loss.time_s(fused, dev) < 0.5 * aux_loss.time_s(eager, dev)
-    back = OpSpec("auxloss", (16384, 128, 8), "fp32", backward=True, impl="eager")
-    assert aux_loss.time_s(back, dev) == pytest.approx(AUX_EAGER_BWD_BYTES * 16384 * 128 / (dev.mem_bw_bytes_per_s
-                                                                                            * 0.8))
+def test_eager_loss_costs_at_least_the_measured_pair_it_reruns():
+    """The eager loss re-runs the router's score function and top-k, so on the parts that timed that pair (H100,
+    H200: ``costmodel/data/measured``) its forward costs at least each measured median (less the pair's fit
+    tolerance, 12%) and more by its own passes; fused, it runs memory passes alone, under half the eager price; the
+    backward has no top-k to re-run."""
+    for r in router_topk.records():
+        dev, shape = catalogue()[r["part"]], (r["tokens"], r["experts"], r["topk"])
+        eager, fused = (OpSpec("auxloss", shape, "fp32", impl=i) for i in ("eager", "fused"))
+        assert aux_loss.time_s(eager, dev) > 0.88 * r["seconds"], r
+        assert aux_loss.time_s(eager, dev) > router_topk.time_s(OpSpec("topk", shape, "fp32"), dev)
+        assert aux_loss.time_s(fused, dev) < 0.5 * aux_loss.time_s(eager, dev), r
+        back = OpSpec("auxloss", shape, "fp32", backward=True, impl="eager")
+        assert aux_loss.time_s(back, dev) < aux_loss.time_s(eager, dev), r
 
 
 @pytest.mark.parametrize("aux,fusion,router,expect", [
