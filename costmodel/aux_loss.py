@@ -19,12 +19,12 @@ Backward: only the scores carry a gradient (the map is boolean). Eager: the sum'
 score function's backward reads the scores and writes the logits' gradient (8 B), and autograd adds it to the
 routing pass's gradient of the same logits (read 2, write 1: 12 B). Fused: ``fused_moe_aux_loss_bwd`` writes the
 scores' gradient (4 B), ``fused_score_for_moe_aux_loss_bwd`` reads it with the saved output and writes the logits'
-(12 B), and the same accumulation: ``AUX_*_BWD_BYTES``. The eager counts are what megatron-core 0.16.1's own functions
-dispatch, read back in ``tests/test_aux_loss.py``. These passes run at the
-memory-bound kernels' share of HBM bandwidth (``ROOFLINE_EFFICIENCY["elementwise"]``), as the router top-k's
-backward does. Not priced: a sigmoid router's normalisation (``scores / scores.sum(-1)``, 12 B a score more; the
-measured pair is sigmoid and top-k alone), and the small all-reduce of the per-expert counts over the TP x CP group
-(over TP x DP x CP for ``global_aux_loss``), one per layer and micro-batch.
+(12 B), and the same accumulation: ``AUX_*_BWD_BYTES``. The eager counts are what megatron-core 0.16.1's own
+functions dispatch, read back in ``tests/test_aux_loss.py``. These passes run at the memory-bound kernels' share of
+HBM bandwidth (``ROOFLINE_EFFICIENCY["elementwise"]``), as the router top-k's backward does. Not priced: a sigmoid
+router's normalisation (``scores / scores.sum(-1)``, 12 B a score more; the measured pair is sigmoid and top-k
+alone), and the small all-reduce of the per-expert counts over the TP x CP group (over TP x DP x CP for
+``global_aux_loss``), one per layer and micro-batch.
 """
 from __future__ import annotations
 
