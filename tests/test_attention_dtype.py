@@ -8,6 +8,9 @@ backward is slower than bf16: a plan with fp8 attention there must be slower, no
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from meshplan.core.errors import MeshplanError
@@ -16,9 +19,12 @@ from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.memory import LayerShape, _attention_bytes
+from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.space import Pins, fp8_attention_recipes
 from meshplan.planner.model.config import load_model
+
+PRESETS = Path(__file__).resolve().parents[1] / "planner" / "presets" / "models"  # the HF configs, as shipped
 
 
 def _shape() -> LayerShape:
@@ -80,3 +86,33 @@ def test_one_estimator_prices_both_attention_dtypes_as_two_fresh_ones() -> None:
     both = [_gpt_oss_step(shared, a) for a in ("bf16", "fp8")]
     apart = [_gpt_oss_step(GpuEstimator(Pricer.shipped()), a) for a in ("bf16", "fp8")]
     assert both == apart and both[0] != both[1]
+
+
+@pytest.mark.parametrize("model_name,tp", [("deepseek-v3", 1), ("gpt-oss-120b", 2)])
+def test_fp8_attention_quantizes_q_k_v_forward_and_do_backward_once(model_name: str, tp: int) -> None:
+    """Transformer Engine 2.16's ``FusedAttnFunc`` quantizes Q, K and V once each in the forward (one kernel per
+    tensor writing the row- and column-wise MXFP8 copies together: 2 B read, 1 + 1 B written an element) and the
+    output gradient dO once in the backward (dQ, dK, dV come back in bf16). Counted here from the HF config's head
+    widths, not from meshplan's model spec: DeepSeek-V3's MLA Q and K are 128 heads of 128 + 64, V 128 of 128;
+    GPT-OSS's Q is 64 heads of 64 and K, V 8 heads of 64 each; at TP ``tp`` a rank holds its share of the heads."""
+    cfg = json.loads((PRESETS / f"{model_name}.json").read_text(encoding="utf-8"))
+    heads = cfg["num_attention_heads"] // tp
+    if "kv_lora_rank" in cfg:
+        qk, v = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        qkv_width, do_width = heads * (2 * qk + v), heads * v
+    else:
+        d, kv = cfg["head_dim"], cfg["num_key_value_heads"] // tp
+        qkv_width, do_width = heads * d + 2 * kv * d, heads * d
+    seq = 4096
+    model = load_model(model_name)
+    lay = Layout(tp=tp, dp_replicate=8 // tp, micro_batch=1, fp8="mxfp8", attention_dtype="fp8",
+                 sequence_parallel=tp > 1)
+    casts = [op for op in layer_ops(model, model.num_layers - 1, lay, seq, "fp8").compute
+             if op.kind == "cast" and len(op.shape) == 2]
+    assert [op.shape for op in casts] == [(seq * qkv_width, seq * do_width)]
+    est, dev = GpuEstimator(Pricer.shipped()), load_cluster("1x8xB200").device
+    cast = casts[0]
+    # 4 B an element either way (the cast class's read of 2 B and write of 2): forward over Q, K, V, backward over dO
+    assert cast.bytes == 4 * seq * qkv_width
+    assert est._bwd_s(cast, dev) == pytest.approx(est.op_time_s(type(cast)("cast", (seq * do_width,)), dev))
+    assert est._bwd_s(cast, dev) < est.op_time_s(cast, dev)

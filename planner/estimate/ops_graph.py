@@ -362,7 +362,7 @@ def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
         dtype = _attention_dtype(lb) if layout.attention_dtype == "fp8" else lb.act
         kernel = OpSpec("attention", (b, attn_heads, attn_s, keys, d), dtype, causal=True,
                         impl=attention_impl(layout))
-        return [kernel] if dtype == lb.act else [_qkv_cast(lb, dtype), kernel]
+        return [kernel] if dtype == lb.act else [_qkv_cast(lb), kernel]
     bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
     core = [OpSpec("bmm", (bh, attn_s, keys, d), lb.act), OpSpec("softmax", (bh * attn_s, keys), lb.act)]
     if lb.drop:
@@ -377,17 +377,22 @@ def _attention_dtype(lb: _LayerBuild) -> str:
     return "mxfp8" if lowp_recipe(lb.layout.fp8, lb.dtype) == "mxfp8" else "fp8"
 
 
-def _qkv_cast(lb: _LayerBuild, dtype: str) -> OpSpec:
-    """fp8 attention's quantize pass: Q, K and V of this rank's tokens cast from the activation dtype (Transformer
-    Engine's ``FusedAttnFunc`` quantizes them before cuDNN's fp8 kernel; under MXFP8 row- and column-wise, twice the
-    elements). Its backward takes the estimator's twice-the-forward rule, an upper bound on TE's dO cast."""
+def _qkv_cast(lb: _LayerBuild) -> OpSpec:
+    """fp8 attention's quantize passes: forward, Q, K and V of this rank's tokens cast from the activation dtype;
+    backward, the output's gradient dO (Transformer Engine 2.16 ``FusedAttnFunc``: ``combine_and_quantize`` of Q, K,
+    V before cuDNN's fp8 kernel, ``dO_quantizer`` on ``d_out`` in its backward; dQ, dK and dV come back in bf16).
+    One kernel per tensor reads it once and writes every copy its quantizer asks for: under MXFP8 in training the
+    row- and column-wise copies together (``MXFP8Quantizer`` with both usages: ``used_in_backward=is_training``), 2 B
+    read and 1 + 1 B written an element, which is the ``cast`` class's 4 B an element; per-tensor fp8 writes one copy
+    (3 B an element, priced at the class's 4). A ``cast`` of (forward elements, backward elements):
+    ``GpuEstimator._bwd_s`` prices its backward as the cast of the second."""
     model = lb.model
+    kv_heads = max(1, model.num_kv_heads // lb.t)
     if model.q_lora_rank or model.kv_lora_rank:  # MLA: full-width K and V out of the up-projection
-        width = lb.a_t * (2 * model.head_dim + model.v_head_dim)
+        width, v_dim = lb.a_t * (2 * model.head_dim + model.v_head_dim), model.v_head_dim
     else:
-        width = lb.a_t * lb.d + 2 * max(1, model.num_kv_heads // lb.t) * lb.d
-    copies = 2 if dtype == "mxfp8" else 1
-    return OpSpec("cast", (int(lb.T * width * copies),), lb.act)
+        width, v_dim = lb.a_t * lb.d + 2 * kv_heads * lb.d, lb.d
+    return OpSpec("cast", (int(lb.T * width), int(lb.T * lb.a_t * v_dim)), lb.act)
 
 
 def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, ...], list[tuple[str, float]]]:
