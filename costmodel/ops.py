@@ -5,8 +5,8 @@ Shape conventions per kind (all sizes in elements):
     bmm:         (b, m, n, k)
     attention:   (b, heads, s_q, s_kv, d_head)   SDPA / flash, causal unless ``causal=False``
     layernorm, rmsnorm, softmax:  (rows, cols)
-    elementwise, activation, swiglu, copy, cast, optimizer:  (numel,)   (swiglu: its n outputs; a cast may be
-                 (numel, backward numel): the backward casts another tensor, which the planner prices apart)
+    elementwise, activation, swiglu, copy, cast, optimizer:  (numel,)   (swiglu: its n outputs; a cast or copy
+                 may be (numel, backward numel): a quantize whose backward quantizes another tensor, priced apart)
     embedding:   (tokens, hidden)
     ssd:         (b, heads, seq, head_dim, state, groups, chunk)   Mamba-2 chunked SSD scan (Dao & Gu 2024)
     topk:        (tokens, experts, k)      an MoE router's eager score function and torch.topk (fp32 scores)

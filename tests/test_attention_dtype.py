@@ -107,8 +107,8 @@ def test_fp8_attention_quantizes_q_k_v_forward_and_do_backward_once(model_name: 
     model = load_model(model_name)
     lay = Layout(tp=tp, dp_replicate=8 // tp, micro_batch=1, fp8="mxfp8", attention_dtype="fp8",
                  sequence_parallel=tp > 1)
-    casts = [op for op in layer_ops(model, model.num_layers - 1, lay, seq, "fp8").compute
-             if op.kind == "cast" and len(op.shape) == 2]
+    ops = layer_ops(model, model.num_layers - 1, lay, seq, "fp8").compute
+    casts = [op for op, nxt in zip(ops, ops[1:]) if op.kind == "cast" and nxt.kind == "attention"]
     assert [op.shape for op in casts] == [(seq * qkv_width, seq * do_width)]
     est, dev = GpuEstimator(Pricer.shipped()), load_cluster("1x8xB200").device
     cast = casts[0]

@@ -8,6 +8,7 @@ from collections import Counter
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
@@ -65,3 +66,24 @@ def test_fp8_rule_matches_transformer_engines_own_gemm_benchmark():
     # with the casts: at or below TE's delayed-scaling figure, which also re-casts the weights in every call (TE
     # caches them across a training step's micro-batches) and runs at 600 W (H200 NVL) rather than 700 W
     assert 16.785 / 31.968 < (fp8 + casts) / bf16 <= 18.978 / 32.014 + 0.01
+
+
+def test_each_fp8_gemm_quantizes_its_output_gradient_in_backward():
+    """Transformer Engine's ``_Linear.backward`` quantizes the GEMM's output gradient (``m x n``) for dgrad and wgrad;
+    the input's column-wise copy was written by the forward's cast. Megatron-Core's output projection saves its
+    original input under every recipe but delayed scaling (core_v0.16.1 attention.py ``set_save_original_input``),
+    so its backward quantizes that input again, column-wise only: 3 of the cast class's 4 B an element. Shapes from
+    Llama-3.1-8B's config at 4096 tokens: q 4096 and k, v 1024 wide (6144), hidden 4096, ffn 14336."""
+    m = load_model("llama-3.1-8b")
+    tokens, h, qkv, ffn = 4096, 4096, 4096 + 2 * 1024, 14336
+    outputs = [qkv, h, 2 * ffn, h]  # qkv, out, gate+up, down: each GEMM's n
+    inputs = [h, h, h, ffn]
+    for recipe, proj_again in (("delayed", 0), ("mxfp8", 3 * tokens * h // 4)):
+        lay = Layout(tp=1, micro_batch=1, fp8=recipe)
+        casts = [o for o in layer_ops(m, 0, lay, tokens, "fp8").compute if o.kind == "cast"]
+        assert [c.shape for c in casts] == [
+            (tokens * k, tokens * n + (proj_again if i == 1 else 0)) for i, (k, n) in enumerate(zip(inputs, outputs))]
+    est = GpuEstimator(Pricer.from_dir(None))
+    dev = load_cluster("8xH100").device
+    cast = casts[0]
+    assert est._bwd_s(cast, dev) == est.op_time_s(OpSpec("cast", (cast.shape[1],), cast.dtype), dev)

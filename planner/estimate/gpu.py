@@ -283,7 +283,8 @@ class GpuEstimator:
             if hit is None:
                 hit = self._bwd[(op, device)] = self.pricer.predict(replace(op, backward=True), device)
             return hit
-        if op.kind == "cast" and len(op.shape) == 2:  # its own backward cast (``ops_graph._qkv_cast``: dO)
+        if op.kind in ("cast", "copy") and len(op.shape) == 2:  # a quantize whose backward quantizes another
+            # tensor: an fp8 GEMM's output gradient, fp8 attention's dO (``ops_graph._precisions``, ``_qkv_cast``)
             return self.pricer.predict(replace(op, shape=op.shape[1:]), device)
         return 2.0 * self.pricer.predict(op, device)  # memory-bound ops: read grad + saved input, write grad
 

@@ -290,7 +290,7 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
             lb.module("mla_up_proj", first)
     attn_core = _core_attention(lb, window)
     ops.extend(attn_core)
-    ops.extend(mm(T, h, v_out))
+    ops.extend(_proj_gemm(lb, v_out))
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
     return attn_core, v_out, kv_bytes
 
@@ -343,6 +343,22 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
         return []
     pre = 2.0 * T * (2 * di + 2 * groups * n * repeat + heads)
     return [("alltoall", pre), ("alltoall", 2.0 * T * di)]
+
+
+def _proj_gemm(lb: _LayerBuild, v_out: int) -> list[OpSpec]:
+    """The attention's output projection. Megatron-Core sets it to save its original input under fp8 recipes but
+    delayed scaling and under fp4 (``set_save_original_input(self.linear_proj)``, core_v0.16.1 attention.py, TE 2.6
+    and later): the forward quantizes that input row-wise only and the backward quantizes it again column-wise for
+    the weight gradient, beside the output gradient (TE's ``_Linear``: the input quantizer's column-wise usage is
+    ``backward_needs_input and not save_original_input``). The backward's extra pass reads 2 B and writes 1 B an
+    element, three quarters of the ``cast`` class's 4; under current scaling and NVFP4 its amax reads the input
+    once more (the ``copy`` of half its elements)."""
+    ops = list(lb.mm(lb.T, lb.h, v_out))
+    if lb.layout.stack != "megatron" or lowp_recipe(lb.layout.fp8, lb.dtype) in ("none", "delayed"):
+        return ops
+    again = {"cast": lambda x: 3 * x // 4, "copy": lambda x: x}
+    return [replace(op, shape=(op.shape[0], op.shape[1] + again[op.kind](op.shape[0])))
+            if op.kind in again and len(op.shape) == 2 else op for op in ops]
 
 
 def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
@@ -629,8 +645,12 @@ def expert_ops(model, layout: Layout, token_copies: float, dtype: str) -> list[O
                 *activation_ops(per_expert * fe // etp, model.gated_mlp, True, act),
                 *mm(per_expert, h, fe // etp)] * local
     if layout.moe_fused_mlp:  # activation, probability scale and fc2's input quantize in fc1's GEMM epilogue
+        # backward: fc2's output gradient is quantized (its dgrad's dGLU epilogue quantizes fc1's): one cast of
+        # per_expert x h, carried by fc1's input quantize
+        fc1 = [replace(op, shape=(op.shape[0], op.shape[0])) if op.kind in ("cast", "copy") else op
+               for op in mm(per_expert, gate * fe // etp, h)]
         fc2 = [op for op in mm(per_expert, h, fe // etp) if op.kind == "matmul"]
-        return [*_grouped(mm(per_expert, gate * fe // etp, h), local), *_grouped(fc2, local)]
+        return [*_grouped(fc1, local), *_grouped(fc2, local)]
     n_act = per_expert * local * fe // etp
     return [*_grouped(mm(per_expert, gate * fe // etp, h), local),
             *(glu_clamp_ops(model, n_act, act) if layout.stack == "megatron" else ()),
@@ -682,8 +702,8 @@ def expert_copies(model, layout: Layout) -> int:
 def _grouped(gemm_ops, groups: int) -> list[OpSpec]:
     """One expert's GEMM ops (its input casts, the GEMM) as the grouped call over ``groups`` experts: the GEMM
     grouped, each cast one pass over all the groups' inputs."""
-    return [replace(op, groups=groups) if op.kind == "matmul" else replace(op, shape=(op.shape[0] * groups,))
-            for op in gemm_ops]
+    return [replace(op, groups=groups) if op.kind == "matmul"
+            else replace(op, shape=tuple(n * groups for n in op.shape)) for op in gemm_ops]
 
 
 def _op_recompute(ops: list[OpSpec], attn_core: list[OpSpec]) -> tuple[OpSpec, ...]:
@@ -766,7 +786,11 @@ def _precisions(dtype: str, recipe: str = "none"):
     scaling needs the amax of the tensor before casting it, one more read of the input (priced as a copy of half
     its elements: the same bytes); block-wise (1x128 tiles) and MXFP8 (1x32 blocks) compute their scales inside
     the cast kernel. The GEMM carries the recipe (``OpSpec.impl``) for the cost model. The weights' casts are per
-    step, not per micro-batch (TE caches them across micro-batches), and are priced by the estimator.
+    step, not per micro-batch (TE caches them across micro-batches), and are priced by the estimator. In the
+    backward the GEMM quantizes its output's gradient, ``m x n`` (TE 2.16 ``_Linear.backward``: ``grad_output``
+    through its quantizer, row- and column-wise for dgrad and wgrad, its amax first under current scaling), while
+    the input's column-wise copy for wgrad was written by the forward's cast: each quantize op carries those
+    elements as its backward's (``GpuEstimator._bwd_s``).
 
     NVFP4 (``dtype='nvfp4'`` or recipe ``nvfp4``; TE ``NVFP4BlockScaling``) runs fprop, dgrad and wgrad in NVFP4
     (``matmul`` in ``nvfp4``) with the same bf16 rest. Quantizing a GEMM input takes two passes (TE 2.20
@@ -783,10 +807,10 @@ def _precisions(dtype: str, recipe: str = "none"):
     gemm_dtype = "nvfp4" if recipe == "nvfp4" else "fp8"
 
     def gemm(m, n, k):
-        cast = OpSpec("cast", (int(m) * int(k),), act)
-        out = (cast, OpSpec("matmul", (m, n, k), gemm_dtype, impl=recipe))
+        x, dy = int(m) * int(k), int(m) * int(n)  # forward: the input quantized; backward: the output's gradient
+        out = (OpSpec("cast", (x, dy), act), OpSpec("matmul", (m, n, k), gemm_dtype, impl=recipe))
         if recipe in ("tensorwise", "nvfp4"):
-            return (OpSpec("copy", (int(m) * int(k) // 2,), act),) + out
+            return (OpSpec("copy", (x // 2, dy // 2), act),) + out
         return out
 
     return act, gemm
