@@ -4,6 +4,7 @@ not make a step 2x faster: on Llama-3.1-8B the non-GEMM work keeps its bf16 pric
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.ops import OpSpec
@@ -87,3 +88,22 @@ def test_each_fp8_gemm_quantizes_its_output_gradient_in_backward():
     dev = load_cluster("8xH100").device
     cast = casts[0]
     assert est._bwd_s(cast, dev) == est.op_time_s(OpSpec("cast", (cast.shape[1],), cast.dtype), dev)
+
+
+def test_sequence_parallel_quantizes_this_ranks_rows_before_the_gather():
+    """Under sequence parallelism Transformer Engine quantizes a column-parallel layer's input on this rank's
+    ``1 / tp`` of the tokens and all-gathers the fp8 copy (``LayerNormLinear``), and a row-parallel layer's output
+    gradient alike in the backward (``grad_output_preprocess``). Llama-3.1-8B at TP 2, 4096 tokens: QKV 3072 and
+    gate+up 14336 columns a rank, the output projection's 2048 and the down projection's 7168 input columns."""
+    m = load_model("llama-3.1-8b")
+    tokens, h, t = 4096, 4096, 2
+    lay = Layout(tp=t, dp_replicate=4, micro_batch=1, fp8="mxfp8", sequence_parallel=True)
+    casts = [o.shape for o in layer_ops(m, 0, lay, tokens, "fp8").compute if o.kind == "cast"]
+    local = tokens // t
+    assert casts == [(local * h, tokens * 3072),  # QKV: forward on the local rows, backward its whole gradient
+                     (tokens * 2048, local * h + 3 * tokens * 2048 // 4),  # out: gradient local, input again
+                     (local * h, tokens * 14336),  # gate + up
+                     (tokens * 7168, local * h)]  # down
+    no_sp = [o.shape for o in layer_ops(m, 0, replace(lay, sequence_parallel=False), tokens, "fp8").compute
+             if o.kind == "cast"]
+    assert no_sp[0] == (tokens * h, tokens * 3072) and no_sp[3] == (tokens * 7168, tokens * h)

@@ -134,6 +134,15 @@ class _LayerBuild:
     def ew(self, n: float) -> OpSpec:
         return OpSpec("elementwise", (int(n),), self.act)
 
+    def col_mm(self, n: int, k: int) -> list[OpSpec]:
+        """A column-parallel GEMM of this rank's ``T`` rows (``sp_quantized``: its input quantized before the
+        gather)."""
+        return sp_quantized(self.mm(self.T, n, k), self.layout, gathered_input=True)
+
+    def row_mm(self, n: int, k: int) -> list[OpSpec]:
+        """A row-parallel GEMM (``sp_quantized``: its output gradient quantized before the backward's gather)."""
+        return sp_quantized(self.mm(self.T, n, k), self.layout, gathered_input=False)
+
     def norm(self, rows: int, width: int) -> None:
         kind = "rmsnorm" if self.model.norm == "rmsnorm" else "layernorm"
         self.ops.append(OpSpec(kind, (int(rows), int(width)), self.act))
@@ -279,7 +288,7 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
         rope_width = a_t * rope + rope
     else:
         kv = max(1, model.num_kv_heads // lb.t) * d
-        ops.extend(mm(T, a_t * d + 2 * kv, h))
+        ops.extend(lb.col_mm(a_t * d + 2 * kv, h))
         v_out = a_t * d
         kv_bytes = 2.0 * T * 2 * kv
         rope_width = a_t * d + kv
@@ -328,7 +337,7 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
     heads, groups, n = model.mamba_heads // t, model.mamba_groups // t, model.mamba_state
     di = heads * model.mamba_head_dim
     lb.norm(lb.Tn, h)
-    lb.ops.extend(lb.mm(T, 2 * di + 2 * groups * n + heads, h))
+    lb.ops.extend(lb.col_mm(2 * di + 2 * groups * n + heads, h))
     repeat = max(1, cp // groups) if cp > 1 else 1  # groups repeated when cp exceeds them
     g_cp = max(1, groups // cp)
     if lb.b > 1 and lb.layout.stack == "megatron" and lb.layout.sequence_first:  # the scan's layout change
@@ -337,12 +346,27 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
     lb.ops.append(OpSpec("ssd", (lb.b, max(1, heads // cp), lb.seq_len, model.mamba_head_dim, n, g_cp,
                                  model.mamba_chunk), lb.act))
     lb.ops.append(OpSpec("rmsnorm", (int(T), di), lb.act))
-    lb.ops.extend(lb.mm(T, h, di))
+    lb.ops.extend(lb.row_mm(h, di))
     lb.ops.append(lb.ew(lb.Tn * h))  # residual add
     if cp == 1:
         return []
     pre = 2.0 * T * (2 * di + 2 * groups * n * repeat + heads)
     return [("alltoall", pre), ("alltoall", 2.0 * T * di)]
+
+
+def sp_quantized(ops, layout: Layout, gathered_input: bool) -> list[OpSpec]:
+    """A tensor-parallel GEMM's quantize ops under sequence parallelism, where Transformer Engine quantizes on this
+    rank's ``1 / tp`` of the rows and all-gathers the fp8 copy: a column-parallel layer's input in the forward
+    (``LayerNormLinear``: the norm's quantized output, then ``gather_along_first_dim(ln_out, quantizer=...)``; TE
+    2.16), a row-parallel layer's output gradient in the backward (``grad_output_preprocess``: quantize, then gather,
+    NCCL's or Userbuffers'). Each quantize op is a ``cast`` or ``copy`` of (forward, backward) elements (``gemm_ops``);
+    without sequence parallelism every rank quantizes the whole tensor."""
+    t = layout.tp
+    if t <= 1 or not layout.sequence_parallel:
+        return list(ops)
+    at = 0 if gathered_input else 1
+    return [replace(op, shape=tuple(n // t if i == at else n for i, n in enumerate(op.shape)))
+            if op.kind in ("cast", "copy") and len(op.shape) == 2 else op for op in ops]
 
 
 def _proj_gemm(lb: _LayerBuild, v_out: int) -> list[OpSpec]:
@@ -353,7 +377,7 @@ def _proj_gemm(lb: _LayerBuild, v_out: int) -> list[OpSpec]:
     ``backward_needs_input and not save_original_input``). The backward's extra pass reads 2 B and writes 1 B an
     element, three quarters of the ``cast`` class's 4; under current scaling and NVFP4 its amax reads the input
     once more (the ``copy`` of half its elements)."""
-    ops = list(lb.mm(lb.T, lb.h, v_out))
+    ops = lb.row_mm(lb.h, v_out)
     if lb.layout.stack != "megatron" or lowp_recipe(lb.layout.fp8, lb.dtype) in ("none", "delayed"):
         return ops
     again = {"cast": lambda x: 3 * x // 4, "copy": lambda x: x}
@@ -447,9 +471,9 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         if model.shared_expert_ffn_hidden_size:
             fs = model.shared_expert_ffn_hidden_size
             first = len(ops)
-            ops.extend(mm(T, gate * fs // t, h))
+            ops.extend(lb.col_mm(gate * fs // t, h))
             lb.activation(T * fs // t, model.gated_mlp)
-            ops.extend(mm(T, h, fs // t))
+            ops.extend(lb.row_mm(h, fs // t))
             shared = tuple(ops[first:])
         if layout.ep > 1:
             # dispatch + combine of the token copies this rank sends (under folding, the T*k*etp/tp its experts
@@ -460,9 +484,9 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         lb.module("moe", start)
     else:
         f = model.ffn_hidden_size
-        ops.extend(mm(T, gate * f // t, h))
+        ops.extend(lb.col_mm(gate * f // t, h))
         lb.activation(T * f // t, model.gated_mlp)
-        ops.extend(mm(T, h, f // t))
+        ops.extend(lb.row_mm(h, f // t))
         lb.module("mlp", first)
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))
     return experts, shared, ep_comm
