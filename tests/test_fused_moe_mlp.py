@@ -182,3 +182,22 @@ def test_exports(runner, tmp_path) -> None:
     assert bridge.exit_code == 2 and "moe_fused_mlp" in bridge.output and not (tmp_path / "b.sh").exists()
     titan = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "t.toml")])
     assert titan.exit_code == 0 and "moe_fused_mlp: no option fuses" in titan.output
+
+
+@pytest.mark.parametrize("changes,padded", [
+    ({"moe_dispatcher": "alltoall"}, True), ({"moe_dispatcher": "deepep"}, True),
+    ({"moe_dispatcher": "hybridep"}, False),  # Hybrid-EP pads in its dispatch kernel
+    ({"moe_dispatcher": "alltoall", "moe_capacity": 1.0}, False),  # counts fixed at the capacity
+    ({"moe_dispatcher": "alltoall", "fp8": "none"}, False),  # bf16: nothing to align
+    ({"moe_dispatcher": "alltoall", "moe_fused_mlp": True}, False)])
+def test_the_grouped_mlp_pads_and_unpads_its_rows_for_the_quantization_block(changes, padded) -> None:
+    """Megatron-Core's ``TEGroupedMLP`` pads each expert's rows to the quantization block before fc1 and unpads the
+    output after fc2 (TE ``Fp8Padding`` / ``Fp8Unpadding``): a copy of the routed rows x hidden each way. Qwen3-30B-A3B
+    (hidden 2048, top 8) at 4096 tokens a micro-batch, balanced: this rank's experts receive 4096 x 8 rows."""
+    model, tokens = load_model("qwen3-30b-a3b"), 4096
+    dtype = "bf16" if changes.get("fp8") == "none" else "fp8"
+    lo = kind_ops(model, "AE", _layout(**changes), tokens, dtype)
+    copies = [op for op in lo.experts if op.kind == "copy" and op.shape == (tokens * 8 * 2048,) * 2]
+    assert len(copies) == (2 if padded else 0)
+    if padded:
+        assert lo.experts[0] == lo.experts[-1] == copies[0]

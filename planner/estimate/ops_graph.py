@@ -463,6 +463,8 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         if layout.stack == "megatron" and not layout.moe_fused_mlp:  # Megatron-Core's (and AutoModel's) eager
             # bias path (the fused grouped MLP adds fc2's bias in its GEMM); others not read
             experts += expert_bias_ops(model, T * k * layout.expert_tp / t * _expert_load(layout) * width)
+        experts = quantization_padding_ops(layout, lb.dtype, T * k * layout.expert_tp / t * _expert_load(layout)
+                                           * width, lb.act, experts)
         ops.extend(moves[:-1])
         ops.extend(experts)
         ops.append(moves[-1])
@@ -721,6 +723,22 @@ def expert_copies(model, layout: Layout) -> int:
     """How many times ``expert_ops``' list repeats one expert's ops: once per local expert when the experts run in
     a loop (plain PyTorch), once when they run as grouped GEMMs."""
     return max(1, model.num_experts // layout.ep) if layout.stack == "eager" else 1
+
+
+def quantization_padding_ops(layout: Layout, dtype: str, n: float, act: str, experts: list[OpSpec]) -> list[OpSpec]:
+    """``experts`` between the row padding and unpadding Megatron-Core's grouped MLP runs under fp8 and fp4, where
+    each local expert's rows must be a multiple of the quantization block: ``TEGroupedMLP.forward`` (core_v0.16.1
+    experts.py) pads the permuted tokens (``Fp8Padding``: TE's ``fused_multi_row_padding``, a copy of the ``n``
+    elements) and unpads the output (``Fp8Unpadding``), and their backward runs the inverse copies. TE skips them
+    when every count is already aligned: Hybrid-EP's dispatch pads in its kernel (``pad_multiple``), dropping and
+    padding to capacity fixes the counts, and the router can pad its map (``moe_router_padding_for_quantization``,
+    off by default and in every Megatron-Bridge recipe the dev set runs). Each copy is a ``copy`` of (forward,
+    backward) elements: one read and one write each way."""
+    if (lowp_recipe(layout.fp8, dtype) == "none" or layout.stack != "megatron" or layout.moe_fused_mlp
+            or layout.moe_capacity or layout.moe_dispatcher == "hybridep"):
+        return experts
+    pad = OpSpec("copy", (int(n), int(n)), act)
+    return [pad, *experts, pad]
 
 
 def _grouped(gemm_ops, groups: int) -> list[OpSpec]:
