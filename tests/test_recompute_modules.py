@@ -19,6 +19,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.memory import activation_bytes_per_layer, layer_shape
+from meshplan.planner.estimate.ops_graph import layer_ops
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.space import parse_fix
@@ -152,3 +153,22 @@ def test_a_pinned_module_list_overrides_a_profiles_recompute() -> None:
         "zero": 1, "recompute_modules": "moe_act"}
     assert _over_profile({"recompute_modules": "moe_act"}, parse_fix("recompute=full")) == {"recompute": "full"}
     assert _over_profile({"recompute": "selective"}, parse_fix("mbs=2")) == {"recompute": "selective", "mbs": 2}
+
+
+@pytest.mark.parametrize("fp8,requantized", [("mxfp8", True), ("tensorwise", True), ("delayed", False)])
+def test_a_recomputed_norm_or_activation_makes_its_readers_quantize_again(fp8: str, requantized: bool) -> None:
+    """Megatron-Core (core_v0.16.1) sets the linears that read a recomputed module's output to save their original
+    input under fp8 recipes but delayed scaling (``set_save_original_input``): MLA's q and kv down-projections under
+    the input norm's recompute, the shared experts' fc1 under the pre-MLP norm's (both the ``layernorm`` module), the
+    grouped MLP's fc2 under ``moe_act``'s. Their backward quantizes that input again, column-wise: 3 of the cast
+    class's 4 B an element. DeepSeek-V3's config (hidden 7168, q_lora_rank 1536, top 8, expert width 2048), one
+    micro-batch of 4096 tokens at EP 8, balanced."""
+    cfg = json.loads((Path(PRESETS_INIT).parent / "deepseek-v3.json").read_text(encoding="utf-8"))
+    tokens, h, k, f = 4096, cfg["hidden_size"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+    model = load_model("deepseek-v3")
+    lay = Layout(dp_shard=8, ep=8, zero_stage=1, fp8=fp8, recompute="selective",
+                 recompute_modules="moe_act+layernorm", moe_dispatcher="hybridep")
+    modules = dict(layer_ops(model, model.num_layers - 1, lay, tokens, "fp8").modules)
+    extra = {m: [op.shape for op in ops if op.kind == "cast" and len(op.shape) == 1] for m, ops in modules.items()}
+    want = {"layernorm": [(3 * 2 * tokens * h // 4,), (3 * tokens * h // 4,)], "moe_act": [(3 * tokens * k * f // 4,)]}
+    assert {m: extra[m] for m in want} == (want if requantized else {m: [] for m in want})

@@ -118,6 +118,16 @@ class _LayerBuild:
         """Record ``ops[first:]`` as (more of) recompute module ``name``'s forward."""
         self.modules.setdefault(name, []).extend(self.ops[first:])
 
+    def requantized(self, name: str, n: float) -> None:
+        """What recomputing module ``name`` adds to the backward under an fp8 or fp4 recipe but delayed scaling:
+        the linears that read its output save their original input instead of its quantized copy (Megatron-Core
+        core_v0.16.1 ``set_save_original_input``: MLA's down-projections under the input norm's recompute, the
+        shared experts' fc1 under the pre-MLP norm's, the grouped MLP's fc2 under ``moe_act``'s), so their backward
+        quantizes those ``n`` elements again, column-wise only: 2 B read and 1 B written an element, three quarters
+        of the ``cast`` class's 4 (TE's ``_Linear.backward``). Priced with the module's recomputation."""
+        if self.layout.stack == "megatron" and lowp_recipe(self.layout.fp8, self.dtype) not in ("none", "delayed"):
+            self.modules.setdefault(name, []).append(OpSpec("cast", (int(3 * n // 4),), self.act))
+
     def __post_init__(self) -> None:
         lay = self.layout
         self.t, self.cp, self.b = lay.tp, lay.cp, lay.micro_batch
@@ -269,6 +279,7 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
     lb.norm(lb.Tn, h)
     if mla:  # DeepSeek MLA (DeepSeek-V2 paper §2.1.2)
         lb.module("layernorm", first)  # MLA's input norm feeds two down-projections: not fused into either
+        lb.requantized("layernorm", T * h * (2 if model.q_lora_rank else 1))  # their saved inputs
         qk = model.head_dim
         rope = model.qk_rope_head_dim
         nope = qk - rope
@@ -449,6 +460,8 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
     shared: tuple[OpSpec, ...] = ()
     if moe:
         lb.module("layernorm", first)  # the router and the experts read it: not fused into a linear
+        if model.shared_expert_ffn_hidden_size:  # the shared experts' fc1 saves the norm's output
+            lb.requantized("layernorm", T * h)
         start = len(ops)
         k = model.experts_per_token
         ops.append(OpSpec("matmul", (T, model.num_experts, h), lb.act))  # router: tiny, kept in 16 bits
@@ -460,6 +473,9 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         moves = _token_moves(lb, T * k * layout.expert_tp / t, width)
         experts = expert_ops(model, layout, T * k, lb.dtype)
         lb.modules["moe_act"] = [op for op in experts if op.kind in ("swiglu", "activation", "elementwise")]
+        if not layout.moe_fused_mlp:  # fc2 saves the activation's output
+            lb.requantized("moe_act", T * k * layout.expert_tp / t * _expert_load(layout)
+                           * model.moe_ffn_hidden_size / layout.expert_tp)
         if layout.stack == "megatron" and not layout.moe_fused_mlp:  # Megatron-Core's (and AutoModel's) eager
             # bias path (the fused grouped MLP adds fc2's bias in its GEMM); others not read
             experts += expert_bias_ops(model, T * k * layout.expert_tp / t * _expert_load(layout) * width)
