@@ -472,15 +472,14 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
             ops.extend(mm(T, width, h))
         moves = _token_moves(lb, T * k * layout.expert_tp / t, width)
         experts = expert_ops(model, layout, T * k, lb.dtype)
+        rows = T * k * layout.expert_tp / t * _expert_load(layout)  # the routed rows this rank's experts compute
         lb.modules["moe_act"] = [op for op in experts if op.kind in ("swiglu", "activation", "elementwise")]
         if not layout.moe_fused_mlp:  # fc2 saves the activation's output
-            lb.requantized("moe_act", T * k * layout.expert_tp / t * _expert_load(layout)
-                           * model.moe_ffn_hidden_size / layout.expert_tp)
+            lb.requantized("moe_act", rows * model.moe_ffn_hidden_size / layout.expert_tp)
         if layout.stack == "megatron" and not layout.moe_fused_mlp:  # Megatron-Core's (and AutoModel's) eager
             # bias path (the fused grouped MLP adds fc2's bias in its GEMM); others not read
-            experts += expert_bias_ops(model, T * k * layout.expert_tp / t * _expert_load(layout) * width)
-        experts = quantization_padding_ops(layout, lb.dtype, T * k * layout.expert_tp / t * _expert_load(layout)
-                                           * width, lb.act, experts)
+            experts += expert_bias_ops(model, rows * width)
+        experts = quantization_padding_ops(layout, lb.dtype, rows * width, lb.act, experts)
         ops.extend(moves[:-1])
         ops.extend(experts)
         ops.append(moves[-1])
