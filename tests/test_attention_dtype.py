@@ -15,6 +15,7 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.cluster.spec import load_cluster
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.gpu import GpuEstimator
@@ -114,5 +115,5 @@ def test_fp8_attention_quantizes_q_k_v_forward_and_do_backward_once(model_name: 
     cast = casts[0]
     # 4 B an element either way (the cast class's read of 2 B and write of 2): forward over Q, K, V, backward over dO
     assert cast.bytes == 4 * seq * qkv_width
-    assert est._bwd_s(cast, dev) == pytest.approx(est.op_time_s(type(cast)("cast", (seq * do_width,)), dev))
+    assert est._bwd_s(cast, dev) == pytest.approx(est.op_time_s(OpSpec("cast", (seq * do_width,)), dev))
     assert est._bwd_s(cast, dev) < est.op_time_s(cast, dev)

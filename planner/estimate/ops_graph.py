@@ -125,8 +125,13 @@ class _LayerBuild:
         shared experts' fc1 under the pre-MLP norm's, the grouped MLP's fc2 under ``moe_act``'s), so their backward
         quantizes those ``n`` elements again, column-wise only: 2 B read and 1 B written an element, three quarters
         of the ``cast`` class's 4 (TE's ``_Linear.backward``). Priced with the module's recomputation."""
-        if self.layout.stack == "megatron" and lowp_recipe(self.layout.fp8, self.dtype) not in ("none", "delayed"):
+        if self.saves_original_input():
             self.modules.setdefault(name, []).append(OpSpec("cast", (int(3 * n // 4),), self.act))
+
+    def saves_original_input(self) -> bool:
+        """Whether Megatron-Core's ``set_save_original_input`` takes effect: its stack under an fp8 recipe but
+        delayed scaling (which Transformer Engine refuses it) or fp4."""
+        return self.layout.stack == "megatron" and lowp_recipe(self.layout.fp8, self.dtype) not in ("none", "delayed")
 
     def __post_init__(self) -> None:
         lay = self.layout
@@ -389,7 +394,7 @@ def _proj_gemm(lb: _LayerBuild, v_out: int) -> list[OpSpec]:
     element, three quarters of the ``cast`` class's 4; under current scaling and NVFP4 its amax reads the input
     once more (the ``copy`` of half its elements)."""
     ops = lb.row_mm(lb.h, v_out)
-    if lb.layout.stack != "megatron" or lowp_recipe(lb.layout.fp8, lb.dtype) in ("none", "delayed"):
+    if not lb.saves_original_input():
         return ops
     again = {"cast": lambda x: 3 * x // 4, "copy": lambda x: x}
     return [replace(op, shape=(op.shape[0], op.shape[1] + again[op.kind](op.shape[0])))
