@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import aux_loss, blackwell_grouped, flash2_blackwell, fp4_gemm, router_topk, te_gemm
+from meshplan.costmodel import aux_loss, blackwell_grouped, flash2_blackwell, fp4_gemm, router_topk, streaming, te_gemm
 from meshplan.costmodel.attention import (
     LOWP_ATTENTION_DTYPES,
     SDPA_WORDS,
@@ -34,7 +34,7 @@ from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple, recipe_words
 from meshplan.costmodel.grouped import SOURCE as GROUPED_SOURCE
 from meshplan.costmodel.grouped import grouped_efficiency
-from meshplan.costmodel.learned import SOURCE_CALIBRATED
+from meshplan.costmodel.learned import SOURCE_CALIBRATED, SOURCE_UNSEEN_CLIPPED
 from meshplan.costmodel.ops import ANALYTIC_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 from meshplan.costmodel.sustained import TENSOR_CORE_KINDS, sustained_share
@@ -129,6 +129,13 @@ def _dense_of(op: OpSpec) -> tuple[OpSpec, float]:
     return dense, 1.0 / grouped_efficiency(m, op.dtype, op.backward)
 
 
+def _floor_replaces_clip(op: OpSpec, device: DeviceSpec, source: str) -> bool:
+    """Whether a learned price clipped to the roofline bound on an unseen device is not the price: the streaming
+    floor measured on that part (``costmodel.streaming``) lies above the bound and prices the op instead."""
+    floor = streaming.floor_s(op, device) if source == SOURCE_UNSEEN_CLIPPED else None
+    return floor is not None and floor > op.bytes / device.mem_bw_bytes_per_s
+
+
 def shipped_model_dir() -> Path:
     """Folder of the default model shipped in the package (``costmodel/data/model``)."""
     return Path(str(resources.files("meshplan.costmodel").joinpath("data/model")))
@@ -161,7 +168,7 @@ class Pricer:
     def _note(self, sources, ops: list[OpSpec], devices: list[DeviceSpec]) -> None:
         """Count the ops whose source flags an unseen-device price (``learned (unseen device, ...)``)."""
         for src, o, d in zip(sources, ops, devices):
-            if str(src).startswith("learned (unseen device"):
+            if str(src).startswith("learned (unseen device") and not _floor_replaces_clip(o, d, str(src)):
                 key = (d.name, o.kind, str(src))
                 self._flags[key] = self._flags.get(key, 0) + 1
 
@@ -308,7 +315,18 @@ class Pricer:
         sec, src = self.model_price(op, device)
         scale, note = self._gemm_factor(op, device, src)
         sec, src = (sec * scale, f"{src} ({note})") if note else (sec, src)
-        return self._die_capped(op, device, sec, src)
+        return self._streaming_floored(op, device, *self._die_capped(op, device, sec, src))
+
+    @staticmethod
+    def _streaming_floored(op: OpSpec, device: DeviceSpec, sec: float, source: str) -> tuple[float, str]:
+        """A memory-bound op runs no faster than the streaming kernels measured on ``device`` at its bytes
+        (``costmodel.streaming``); a price calibrated on a run's own kernels stands."""
+        floor = streaming.floor_s(op, device)
+        if floor is None or floor <= sec or source.startswith(SOURCE_CALIBRATED):
+            return sec, source
+        rate_gbs = op.bytes / floor / 1e9
+        return floor, (f"{source}; {streaming.FLOOR_WORDS} {rate_gbs:,.0f} GB/s, the rate of {streaming.SOURCE} "
+                       f"on {device.name}")
 
     def _die_capped(self, op: OpSpec, device: DeviceSpec, sec: float, source: str) -> tuple[float, str]:
         """A GEMM on the GB200 runs no faster than the B200's over the die speed FlashAttention-2 measured on both
@@ -468,7 +486,8 @@ class Pricer:
         for i in ssd:
             out[i] = _analytic_s(ops[i], devs[i])[0]
         for i, (o, d) in enumerate(zip(priced, devs)):  # as _compute_with_source: the dense price, then its multiples
-            out[i] = self._die_capped(o, d, out[i] * self._gemm_factor(o, d, str(src[i]))[0], str(src[i]))[0]
+            out[i] = self._streaming_floored(o, d, *self._die_capped(
+                o, d, out[i] * self._gemm_factor(o, d, str(src[i]))[0], str(src[i])))[0]
         out *= scale
         for i, (o, d) in enumerate(zip(ops, devs)):
             if o.kind == "attention" and o.impl:

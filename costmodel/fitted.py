@@ -12,7 +12,8 @@ sustained-load share (``costmodel.sustained``) is held out one run at a time, th
 of OpenXLA's table, the Blackwell grouped share and GB300 speed (``costmodel.blackwell_grouped``) on the second run
 of each part, the NVFP4 GEMM main loop (``costmodel.fp4_gemm``) one published GEMM at a time, and the B300's
 constants from Transformer Engine's GEMM benchmark (``costmodel.te_gemm``: its GEMM scale, the MXFP8 GEMM multiple
-and the Blackwell Ultra NVFP4 main loop) one pass of the layer at a time.
+and the Blackwell Ultra NVFP4 main loop) one pass of the layer at a time, and the streaming floor of memory-bound
+ops (``costmodel.streaming``) one part at a time.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from meshplan.costmodel import (
     fp4_gemm,
     fp8_recipes,
     router_topk,
+    streaming,
     sustained,
     te_gemm,
     xla_gemm,
@@ -32,6 +34,7 @@ from meshplan.costmodel.api import FP8_FIXED_K
 from meshplan.costmodel.attention import blackwell_held_out_ratios
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.grouped import MEASURED_ON, curves_of, measured_files, priced_over_measured
+from meshplan.costmodel.measured import published_file
 
 
 def _mape(ratios) -> float:
@@ -161,7 +164,20 @@ def router_topk_rows() -> list[dict]:
              "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
 
 
+def streaming_rows() -> list[dict]:
+    """The streaming floor of memory-bound ops (``costmodel.streaming``): each part's curve against the rows that
+    set it, held out as the other parts' curves at their share of HBM bandwidth."""
+    cat = catalogue()
+    parts = published_file(streaming.DATA_FILE)["parts"]
+    inside, held = streaming.held_out_ratios({p: cat[p].mem_bw_bytes_per_s for p in parts})
+    return [{"constant": "streaming rate of a memory-bound kernel by bytes moved (floor)", "fitted_on":
+             f"{len(inside)} timings of two static FP8 quantize kernels on {len(parts)} parts (AIConfigurator)",
+             "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one part (the others' share of HBM "
+             "bandwidth)", "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
+
+
 def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
     return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + die_speed_rows() + measured_rows()
-            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer) + router_topk_rows())
+            + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer) + router_topk_rows()
+            + streaming_rows())

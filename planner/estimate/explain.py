@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from meshplan.costmodel import hybridep
+from meshplan.costmodel import hybridep, streaming
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
@@ -275,6 +275,8 @@ def unmeasured(pricer, dev, first_op: dict, attention_ops: dict | None = None) -
         if op.kind == "attention":
             op = next((o for o in (attention_ops or {}).get(cls, ()) if _attention_unmeasured(pricer, dev, o)), op)
         source = pricer.predict_with_source(op, dev)[1]
+        if streaming.FLOOR_WORDS in source:  # priced at the streaming rate measured on this part
+            continue
         if source.startswith("learned") and "unseen" not in source:
             source = source.replace("learned", "learned model trained on other GPUs, extrapolated by device "
                                     "features", 1)

@@ -39,11 +39,12 @@ EAGER_ROPE_PASSES = 4
 MEGATRON_UNFUSED_ROPE_KERNELS = EAGER_ROPE_PASSES + 1
 # Those kernels run slower than the elementwise pass the op list prices each at: the broadcast multiplies and the
 # rotate-half cat take PyTorch's non-vectorised paths. Measured on an H200 at GPT-OSS's shapes (bench/gpu_rope.py,
-# costmodel/data/measured/nvidia-h200-rope.json), forward and backward took 7.2 such passes at micro-batch 4 and 12.6
-# at 1, a pass priced as the estimator prices one (its backward twice its forward, ``GpuEstimator._bwd_s``). Each
-# eager chain measured there is priced at the whole number of its passes the measurement at the dev set's shape
-# exceeds, never above what it took (also ``GLU_CLAMP_PASSES``, ``EXPERT_BIAS_PASSES``).
-MEGATRON_UNFUSED_ROPE_PASSES = 7
+# costmodel/data/measured/nvidia-h200-rope.json), forward and backward took 6.7 such passes at micro-batch 4 and 10.2
+# at 1, a pass priced as the estimator prices one (its backward twice its forward, ``GpuEstimator._bwd_s``; no faster
+# than the streaming floor, ``costmodel.streaming``). Each eager chain measured there is priced at the whole number of
+# its passes the measurement at the dev set's shape exceeds, never above what it took (also ``GLU_CLAMP_PASSES``,
+# ``EXPERT_BIAS_PASSES``).
+MEGATRON_UNFUSED_ROPE_PASSES = 6
 
 
 @dataclass(frozen=True)
