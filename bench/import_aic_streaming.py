@@ -1,4 +1,4 @@
-"""Copy the streaming-kernel timings of NVIDIA's AIConfigurator into ``costmodel/data/published``.
+"""Copy NVIDIA AIConfigurator's streaming-kernel and NVLink5 NCCL timings into ``costmodel/data/published``.
 
 ai-dynamo/aiconfigurator collects kernel timings per GPU with each inference framework's own kernels
 (``collector/<framework>/collect_computescale.py``, under ``helper.benchmark_with_power``: 3 warm-up calls, then 6
@@ -9,9 +9,14 @@ else, the plainest streaming kernel there is. Two frameworks' kernels are kept: 
 ``static_scaled_fp8_quant`` (``quantize/vllm/0.24.0``); SGLang's reached under 10% of HBM bandwidth on every part, a
 kernel not tuned for throughput, and is left out. Rows move at least 1 MiB.
 
+Its ``nccl_perf`` rows (``comm/nccl/2.29.2``, ``collector/network/collect_nccl.py``: the nccl-tests binaries, fp16,
+one node; ``message_size`` in elements, the nccl-tests size over 2 B) time all-gather, reduce-scatter, all-reduce
+and all-to-all on the NVLink5 parts: 2, 4 and 8 GPUs of a DGX B200 and B300, 2 and 4 of a GB200 and GB300 compute
+tray (``aic_nccl_nvlink5.json``, every size).
+
 Run (needs a checkout of the repository, e.g. ``fetch github:ai-dynamo/aiconfigurator``):
 
-    python bench/import_aic_streaming.py GIT_DIR [--commit SHA]
+    python bench/import_aic_streaming.py GIT_DIR [--commit SHA]  (writes both files)
 """
 from __future__ import annotations
 
@@ -23,7 +28,13 @@ from pathlib import Path
 
 import pandas as pd
 
-OUT = Path(__file__).resolve().parents[1] / "meshplan/costmodel/data/published/aic_streaming.json"
+PUBLISHED = Path(__file__).resolve().parents[1] / "meshplan/costmodel/data/published"
+OUT = PUBLISHED / "aic_streaming.json"
+NCCL_OUT = PUBLISHED / "aic_nccl_nvlink5.json"
+NCCL = "comm/nccl/2.29.2/nccl_perf.parquet"
+NVLINK5_PARTS = ("B200", "GB200", "B300", "GB300")
+NCCL_KINDS = {"all_gather": "allgather", "reduce_scatter": "reducescatter", "all_reduce": "allreduce",
+              "alltoall": "alltoall"}  # nccl-tests' collective -> meshplan's kind
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
 # AIConfigurator's system folder -> meshplan's catalogue name (the rows' device column names the card)
 PARTS = {"h100_sxm": "H100-SXM", "h200_sxm": "H200", "b200_sxm": "B200", "gb200": "GB200", "b300_sxm": "B300",
@@ -67,6 +78,29 @@ def main() -> None:
            "bytes_per_element": BYTES_PER_ELEMENT, "row_fields": ["m", "k", "latency_ms"], "parts": parts}
     OUT.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
+    write_nccl(args.git_dir, commit)
+
+
+def write_nccl(git_dir: str, commit: str) -> None:
+    """``aic_nccl_nvlink5.json``: per NVLink5 part, ``(kind, ranks, bytes, latency_ms)`` rows of the fp16 tables."""
+    folders = {name: folder for folder, name in PARTS.items()}
+    parts = {}
+    for name in NVLINK5_PARTS:
+        t = read_parquet(git_dir, commit, f"{DATA}/{folders[name]}/{NCCL}")
+        t = t[t.nccl_dtype == "half"].sort_values(["op_name", "num_gpus", "message_size"])
+        parts[name] = {"file": f"{DATA}/{folders[name]}/{NCCL}", "device_name": str(t.device.iloc[0]),
+                       "rows": [[NCCL_KINDS[op], int(p), int(m) * 2, float(f"{lat:.5g}")]
+                                for op, p, m, lat in zip(t.op_name, t.num_gpus, t.message_size, t.latency)]}
+    doc = {"schema": "meshplan.published_nccl/1",
+           "source": {"repository": "ai-dynamo/aiconfigurator", "commit": commit,
+                      "collector": "collector/network/collect_nccl.py (nccl-tests all_gather_perf, "
+                                   "reduce_scatter_perf, all_reduce_perf, alltoall_perf; NCCL 2.29.2; fp16)",
+                      "timing": "nccl-tests' out-of-place time; latency ms; bytes = message_size x 2 (the "
+                                "nccl-tests size column)",
+                      "license": "Apache-2.0"},
+           "row_fields": ["kind", "ranks", "bytes", "latency_ms"], "parts": parts}
+    NCCL_OUT.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"wrote {NCCL_OUT} ({NCCL_OUT.stat().st_size:,} bytes)")
 
 
 if __name__ == "__main__":

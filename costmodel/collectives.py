@@ -13,12 +13,15 @@ A group that spans ``N`` nodes (``Link.nodes``) pays the network's alpha only on
 NCCL's own cost model (NVIDIA/nccl ``src/graph/tuning.cc`` @ 5067397, ``ncclTopoTuneModel``) counts ``N - 1`` such
 steps per ring phase (``2 (N - 1)`` for all-reduce) and the rest at the intra-node link's alpha, and prices an
 all-reduce over nodes by a double binary tree too (``2 ((k - 1) alpha_intra + log2(N) alpha_net)``, ``k`` ranks per
-node), taking the faster. The alphas are links.yaml's measured ones; nothing here is fitted.
+node), taking the faster. The alphas are links.yaml's measured ones; nothing here is fitted. A collective inside
+one NVLink5 domain is priced at nccl-tests' measured time instead (``costmodel.nvlink5_nccl``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from meshplan.costmodel import nvlink5_nccl
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,10 @@ def collective_time_s(kind: str, nbytes: float, group_size: int, link: Link) -> 
         return link.latency_s + nbytes / link.bandwidth_bytes_per_s
     if p <= 1:
         return 0.0
+    if link.name == nvlink5_nccl.LINK and link.nodes <= 1:
+        measured = nvlink5_nccl.time_s(kind, nbytes, p, link.latency_s)
+        if measured is not None:
+            return measured
     frac = (p - 1) / p
     if kind == "allreduce":
         return ring_latency_s(kind, p, link) + 2 * frac * nbytes / link.bandwidth_bytes_per_s
