@@ -1,4 +1,4 @@
-"""Copy NVIDIA AIConfigurator's streaming-kernel and NVLink5 NCCL timings into ``costmodel/data/published``.
+"""Copy NVIDIA AIConfigurator's streaming-kernel and NVLink NCCL timings into ``costmodel/data/published``.
 
 ai-dynamo/aiconfigurator collects kernel timings per GPU with each inference framework's own kernels
 (``collector/<framework>/collect_computescale.py``, under ``helper.benchmark_with_power``: 3 warm-up calls, then 6
@@ -11,8 +11,8 @@ kernel not tuned for throughput, and is left out. Rows move at least 1 MiB.
 
 Its ``nccl_perf`` rows (``comm/nccl/2.29.2``, ``collector/network/collect_nccl.py``: the nccl-tests binaries, fp16,
 one node; ``message_size`` in elements, the nccl-tests size over 2 B) time all-gather, reduce-scatter, all-reduce
-and all-to-all on the NVLink5 parts: 2, 4 and 8 GPUs of a DGX B200 and B300, 2 and 4 of a GB200 and GB300 compute
-tray (``aic_nccl_nvlink5.json``, every size).
+and all-to-all over NVLink: 2, 4 and 8 GPUs of an H100 and H200 node (NVLink4) and of a DGX B200 and B300, 2 and 4
+of a GB200 and GB300 compute tray (NVLink5) (``aic_nccl_nvlink.json``, every size).
 
 Run (needs a checkout of the repository, e.g. ``fetch github:ai-dynamo/aiconfigurator``):
 
@@ -30,9 +30,10 @@ import pandas as pd
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "meshplan/costmodel/data/published"
 OUT = PUBLISHED / "aic_streaming.json"
-NCCL_OUT = PUBLISHED / "aic_nccl_nvlink5.json"
+NCCL_OUT = PUBLISHED / "aic_nccl_nvlink.json"
 NCCL = "comm/nccl/2.29.2/nccl_perf.parquet"
-NVLINK5_PARTS = ("B200", "GB200", "B300", "GB300")
+NVLINK_OF = {"H100-SXM": "nvlink4", "H200": "nvlink4", "B200": "nvlink5", "GB200": "nvlink5", "B300": "nvlink5",
+             "GB300": "nvlink5"}  # part -> its GPU-to-GPU link family (planner/presets/clusters/links.yaml)
 NCCL_KINDS = {"all_gather": "allgather", "reduce_scatter": "reducescatter", "all_reduce": "allreduce",
               "alltoall": "alltoall"}  # nccl-tests' collective -> meshplan's kind
 DATA = "aic-core/src/aiconfigurator_core/systems/data"
@@ -82,13 +83,14 @@ def main() -> None:
 
 
 def write_nccl(git_dir: str, commit: str) -> None:
-    """``aic_nccl_nvlink5.json``: per NVLink5 part, ``(kind, ranks, bytes, latency_ms)`` rows of the fp16 tables."""
+    """``aic_nccl_nvlink.json``: per part, its link family and the ``(kind, ranks, bytes, latency_ms)`` rows of its
+    fp16 table."""
     folders = {name: folder for folder, name in PARTS.items()}
     parts = {}
-    for name in NVLINK5_PARTS:
+    for name, link in NVLINK_OF.items():
         t = read_parquet(git_dir, commit, f"{DATA}/{folders[name]}/{NCCL}")
         t = t[t.nccl_dtype == "half"].sort_values(["op_name", "num_gpus", "message_size"])
-        parts[name] = {"file": f"{DATA}/{folders[name]}/{NCCL}", "device_name": str(t.device.iloc[0]),
+        parts[name] = {"link": link, "file": f"{DATA}/{folders[name]}/{NCCL}", "device_name": str(t.device.iloc[0]),
                        "rows": [[NCCL_KINDS[op], int(p), int(m) * 2, float(f"{lat:.5g}")]
                                 for op, p, m, lat in zip(t.op_name, t.num_gpus, t.message_size, t.latency)]}
     doc = {"schema": "meshplan.published_nccl/1",

@@ -14,14 +14,14 @@ NCCL's own cost model (NVIDIA/nccl ``src/graph/tuning.cc`` @ 5067397, ``ncclTopo
 steps per ring phase (``2 (N - 1)`` for all-reduce) and the rest at the intra-node link's alpha, and prices an
 all-reduce over nodes by a double binary tree too (``2 ((k - 1) alpha_intra + log2(N) alpha_net)``, ``k`` ranks per
 node), taking the faster. The alphas are links.yaml's measured ones; nothing here is fitted. A collective inside
-one NVLink5 domain is priced at nccl-tests' measured time instead (``costmodel.nvlink5_nccl``).
+one NVLink4 or NVLink5 domain is priced at nccl-tests' measured time instead (``costmodel.nvlink_nccl``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from meshplan.costmodel import nvlink5_nccl
+from meshplan.costmodel import nvlink_nccl
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ def collective_time_s(kind: str, nbytes: float, group_size: int, link: Link) -> 
         return link.latency_s + nbytes / link.bandwidth_bytes_per_s
     if p <= 1:
         return 0.0
-    if link.name == nvlink5_nccl.LINK and link.nodes <= 1:
-        measured = nvlink5_nccl.time_s(kind, nbytes, p, link.latency_s)
+    if link.nodes <= 1:
+        measured = nvlink_nccl.time_s(link.name, kind, nbytes, p, link.latency_s)
         if measured is not None:
             return measured
     frac = (p - 1) / p

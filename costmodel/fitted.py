@@ -13,7 +13,7 @@ of OpenXLA's table, the Blackwell grouped share and GB300 speed (``costmodel.bla
 of each part, the NVFP4 GEMM main loop (``costmodel.fp4_gemm``) one published GEMM at a time, and the B300's
 constants from Transformer Engine's GEMM benchmark (``costmodel.te_gemm``: its GEMM scale, the MXFP8 GEMM multiple
 and the Blackwell Ultra NVFP4 main loop) one pass of the layer at a time, and the streaming floor of memory-bound
-ops (``costmodel.streaming``) and the NVLink5 collective curves (``costmodel.nvlink5_nccl``) one part at a time.
+ops (``costmodel.streaming``) and the NVLink collective curves (``costmodel.nvlink_nccl``) one part at a time.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from meshplan.costmodel import (
     flash2_blackwell,
     fp4_gemm,
     fp8_recipes,
-    nvlink5_nccl,
+    nvlink_nccl,
     router_topk,
     streaming,
     sustained,
@@ -177,12 +177,13 @@ def streaming_rows() -> list[dict]:
              "bandwidth)", "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
 
 
-def nvlink5_rows() -> list[dict]:
-    """The NVLink5 collectives' measured curves (``costmodel.nvlink5_nccl``): the median over the four parts
-    against each part's rows, held out as the other parts' median."""
-    inside, held = nvlink5_nccl.held_out_ratios()
-    return [{"constant": "NCCL collective time on NVLink5 by kind, ranks and size (measured curve)", "fitted_on":
-             f"{len(inside)} nccl-tests timings from 1 MiB on DGX B200 / B300 and GB200 / GB300 (AIConfigurator)",
+def nvlink_rows() -> list[dict]:
+    """The NVLink collectives' measured curves (``costmodel.nvlink_nccl``): the median over a link family's parts
+    against each part's rows, held out as its other parts' median."""
+    inside, held = nvlink_nccl.held_out_ratios()
+    return [{"constant": "NCCL collective time on NVLink4 / NVLink5 by kind, ranks and size (measured curve)",
+             "fitted_on": f"{len(inside)} nccl-tests timings from 1 MiB on H100 / H200, DGX B200 / B300 and GB200 / "
+             "GB300 (AIConfigurator)",
              "in_sample_error_pct": round(_mape(inside), 1), "held_out": "one part (the others' median)",
              "held_out_error_pct": round(_mape(held), 1), "step_times_used": 0}]
 
@@ -191,4 +192,4 @@ def fitted_constants(pricer) -> list[dict]:
     """Every fitted or measured constant behind ``pricer``'s prices, as rows for a table."""
     return (learned_rows(pricer) + grouped_rows(pricer) + attention_rows() + die_speed_rows() + measured_rows()
             + gemm_scale_rows(pricer) + blackwell_grouped_rows(pricer) + te_gemm_rows(pricer) + router_topk_rows()
-            + streaming_rows() + nvlink5_rows())
+            + streaming_rows() + nvlink_rows())

@@ -537,7 +537,7 @@ def _branch_and_bound(rk: _Ranker, groups: list, estimate) -> int:
     own_work = _OwnWork(rk, twinned)
     while heap:
         lb, gi, r, state = heapq.heappop(heap)
-        if _r3(lb) > rk.kth_time():
+        if _rank_round(lb) > rk.kth_time():
             break  # every bound left is at least this one
         g = groups[gi]
         r0 = g.recomputes.index("none") if r < 0 else r
@@ -641,7 +641,7 @@ class _OwnWork:
         batch, kth = [key], self.rk.kth_time()
         while self.next < len(self.order) and len(batch) < _TWIN_BATCH:
             k = self.order[self.next]
-            if _r3(self.twinned[k][0]) > kth:
+            if _rank_round(self.twinned[k][0]) > kth:
                 break
             self.next += 1
             if k != key and k in self.twinned and k not in self.known:
@@ -698,7 +698,7 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
             steps = None
     if steps is not None:
         low = min(steps)
-        if low >= lb and _r3(low) > rk.kth_time() and not any((gi, r, s) in rk.done for s in range(len(steps))):
+        if low >= lb and _rank_round(low) > rk.kth_time() and not any((gi, r, s) in rk.done for s in range(len(steps))):
             rk.tick_many(len(steps))  # every member's step time alone shows it cannot rank (as below, at once)
             return
     by_zero: dict[int, list[int]] = {}
@@ -712,7 +712,7 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
                 if step < lb:
                     raise _Fallback(f"{describe(g.member(r, s))} priced {step:.6g} s, below its group's bound "
                                     f"{lb:.6g} s")
-                if _r3(step) > rk.kth_time():
+                if _rank_round(step) > rk.kth_time():
                     rk.timed += 1  # its step time alone shows it cannot rank: never priced in full
                     rk.tick()
                     continue
@@ -729,9 +729,10 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
                 break
 
 
-def _r3(x: float) -> float:
-    """The rounding of ``_rank_key``'s first element (monotone, so a bound rounds below what it bounds)."""
-    return float(f"{x:.3g}") if math.isfinite(x) else x
+def _rank_round(x: float) -> float:
+    """The rounding of ``_rank_key``'s first element, to four figures: two step times it makes equal differ by under
+    0.1% (monotone, so a bound rounds below what it bounds)."""
+    return float(f"{x:.4g}") if math.isfinite(x) else x
 
 
 def _rank_key(layout: Layout, est: Estimate) -> tuple:
@@ -739,7 +740,7 @@ def _rank_key(layout: Layout, est: Estimate) -> tuple:
     offloading counted as one more: it only pays where it is faster), then less memory."""
     dims = sum(d > 1 for d in (layout.dp_shard, layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep))
     dims += layout.offload_layers > 0
-    return (float(f"{est.step_time_s:.3g}"), dims, est.memory.total_bytes)
+    return (_rank_round(est.step_time_s), dims, est.memory.total_bytes)
 
 
 def describe(layout: Layout) -> str:
