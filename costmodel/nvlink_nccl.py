@@ -69,6 +69,14 @@ def measured_ranks(link: str, kind: str) -> tuple[int, ...]:
     return tuple(sorted({p for part in _parts(link) for k, p, _, _ in part["rows"] if k == kind}))
 
 
+def basis(link: str) -> str:
+    """What a collective inside one ``link`` domain is priced from, in words (``meshplan plan --explain``)."""
+    parts = " / ".join(name for name, part in published_file(DATA_FILE)["parts"].items() if part["link"] == link)
+    ranks = sorted({p for part in _parts(link) for _, p, _, _ in part["rows"]})
+    return (f"nccl-tests' measured time by kind, ranks ({', '.join(map(str, ranks))}) and size on {parts}; a larger "
+            f"group at {ranks[-1]} ranks' bus bandwidth plus the link's alpha for each further step: {SOURCE}")
+
+
 def _measured_s(link: str, kind: str, ranks: int, nbytes: float) -> float:
     """The measured curve at ``nbytes``: log-log between sizes, the bus bandwidth held beyond the largest, the time
     held below the smallest."""

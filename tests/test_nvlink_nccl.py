@@ -5,10 +5,12 @@ read here row by row.
 """
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
 
+from meshplan.cli.main import app
 from meshplan.costmodel import nvlink_nccl
 from meshplan.costmodel.collectives import collective_time_s, ring_latency_s
 from meshplan.costmodel.measured import published_file
@@ -91,3 +93,12 @@ def test_send_receive_and_groups_across_nodes_keep_the_alpha_beta_model():
     link = load_cluster("1x8xB200").collective_link(8, 1)
     assert collective_time_s("sendrecv", 1 << 26, 2, link) == pytest.approx(
         link.latency_s + (1 << 26) / link.bandwidth_bytes_per_s)
+
+
+def test_explain_names_the_measurement_nvlink_collectives_rest_on(runner, tmp_path):
+    fix = "dp=4,dp_shard=1,tp=2,pp=1,cp=1,ep=1,sp=true,mbs=1,zero=1,recompute=none,attention=flash"
+    res = runner.invoke(app, ["plan", "-m", "llama-3.1-8b", "-c", "1x8xH100", "-b", "64", "-s", "4096", "--fix", fix,
+                              "--explain", "--json", "--out", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 0, res.output
+    basis = json.loads(res.stdout)["explain"]["priced_from"]["NCCL collectives on nvlink4"]
+    assert "H100-SXM / H200" in basis and "aiconfigurator" in basis and "(2, 4, 8)" in basis

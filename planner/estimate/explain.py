@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from meshplan.costmodel import hybridep, streaming
+from meshplan.costmodel import hybridep, nvlink_nccl, streaming
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
@@ -116,6 +116,8 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
            "efficiency_stage0": {k: {kk: (round(vv, 4) if isinstance(vv, float) else vv) for kk, vv in v.items()}
                                  for k, v in sorted(efficiency.items())}}
     out["priced_from"], notes = _bases(estimator.pricer, dev, tally.first_op, tally.attention_ops)
+    for name in sorted({lk.name for lk in links.values() if lk.nodes <= 1 and lk.name in nvlink_nccl.links()}):
+        out["priced_from"][f"NCCL collectives on {name}"] = nvlink_nccl.basis(name)
     notes.update(_step_notes(est, model, layout, dev, links["ep"], out["priced_from"]))
     if notes:
         out["unmeasured"] = notes
