@@ -3,7 +3,7 @@
 NVIDIA's AIConfigurator (ai-dynamo/aiconfigurator) ran the nccl-tests binaries (NCCL 2.29.2, fp16, every size from
 1 KiB to 537 MB) on 2, 4 and 8 GPUs of an H100 and an H200 node (NVLink4) and of a DGX B200 and a DGX B300
 (NVLink5), and on 2 and 4 GPUs of a GB200 and a GB300 compute tray (NVLink5)
-(``costmodel/data/published/aic_nccl_nvlink.json``, copied by ``bench/import_aic_streaming.py``). The parts of one
+(``costmodel/data/published/aic_nccl_nvlink.json``, copied by ``bench/import_aic.py``). The parts of one
 link family agree within 3% at every size, and none reaches one bus bandwidth for every kind and group: at 537 MB,
 as a share of the link's 450 / 900 GB/s a direction (meshplan assumed 0.80 of it for all, from Vidur's NVLink4
 curves, and carried that over to NVLink5),

@@ -3,7 +3,7 @@
 NVIDIA's AIConfigurator (ai-dynamo/aiconfigurator) times, on each part it supports, the per-tensor static FP8
 quantize of an ``m x k`` bf16 tensor under TensorRT-LLM's kernel and vLLM's: one read of 2 B and one write of 1 B
 an element and nothing else, from 1 MiB to 6.4 GB moved (``costmodel/data/published/aic_streaming.json``, copied by
-``bench/import_aic_streaming.py``). What the faster of the two reaches, by the bytes moved, is the rate a streaming
+``bench/import_aic.py``). What the faster of the two reaches, by the bytes moved, is the rate a streaming
 kernel gets there:
 
 | bytes moved | 8-17 MB | 34-67 MB | 67-134 MB | 134-268 MB | 0.5-1.1 GB | 1.1-2.1 GB |

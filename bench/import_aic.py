@@ -1,4 +1,5 @@
-"""Copy NVIDIA AIConfigurator's streaming-kernel and NVLink NCCL timings into ``costmodel/data/published``.
+"""Copy NVIDIA AIConfigurator's streaming-kernel, NVLink NCCL and power-held GEMM timings into
+``costmodel/data/published``.
 
 ai-dynamo/aiconfigurator collects kernel timings per GPU with each inference framework's own kernels
 (``collector/<framework>/collect_computescale.py``, under ``helper.benchmark_with_power``: 3 warm-up calls, then 6
@@ -14,9 +15,16 @@ one node; ``message_size`` in elements, the nccl-tests size over 2 B) time all-g
 and all-to-all over NVLink: 2, 4 and 8 GPUs of an H100 and H200 node (NVLink4) and of a DGX B200 and B300, 2 and 4
 of a GB200 and GB300 compute tray (NVLink5) (``aic_nccl_nvlink.json``, every size).
 
+Some of its GEMM tables were collected with ``COLLECTOR_MEASURE_POWER`` on: each shape run back to back for at least
+a second (``benchmark_with_power``'s ``power_min_duration``) with the board power read meanwhile, shape after shape,
+so the GPU works at its power limit as in training; the others one-shot. Each such table is matched, shape by shape
+(bf16, kernel source, m >= 4096, n and k >= 2048), with the same framework's one-shot table of the nearest release:
+vLLM 0.22.0 against 0.19.0 on an H200, a B200 and a GB200, TensorRT-LLM 1.3.0rc15 / rc17 against rc20 on a B200 /
+GB200 (``aic_gemm_sustained.json``).
+
 Run (needs a checkout of the repository, e.g. ``fetch github:ai-dynamo/aiconfigurator``):
 
-    python bench/import_aic_streaming.py GIT_DIR [--commit SHA]  (writes both files)
+    python bench/import_aic.py GIT_DIR [--commit SHA]  (writes the three files)
 """
 from __future__ import annotations
 
@@ -32,6 +40,12 @@ PUBLISHED = Path(__file__).resolve().parents[1] / "meshplan/costmodel/data/publi
 OUT = PUBLISHED / "aic_streaming.json"
 NCCL_OUT = PUBLISHED / "aic_nccl_nvlink.json"
 NCCL = "comm/nccl/2.29.2/nccl_perf.parquet"
+SUSTAINED_OUT = PUBLISHED / "aic_gemm_sustained.json"
+# (part, framework): (the table collected under power measurement, the one-shot table it is matched with)
+POWER_PAIRS = {("H200", "vllm"): ("vllm/0.22.0", "vllm/0.19.0"), ("B200", "vllm"): ("vllm/0.22.0", "vllm/0.19.0"),
+               ("GB200", "vllm"): ("vllm/0.22.0", "vllm/0.19.0"),
+               ("B200", "trtllm"): ("trtllm/1.3.0rc15", "trtllm/1.3.0rc20"),
+               ("GB200", "trtllm"): ("trtllm/1.3.0rc17", "trtllm/1.3.0rc20")}
 NVLINK_OF = {"H100-SXM": "nvlink4", "H200": "nvlink4", "B200": "nvlink5", "GB200": "nvlink5", "B300": "nvlink5",
              "GB300": "nvlink5"}  # part -> its GPU-to-GPU link family (planner/presets/clusters/links.yaml)
 NCCL_KINDS = {"all_gather": "allgather", "reduce_scatter": "reducescatter", "all_reduce": "allreduce",
@@ -80,6 +94,34 @@ def main() -> None:
     OUT.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
     write_nccl(args.git_dir, commit)
+    write_sustained(args.git_dir, commit)
+
+
+def write_sustained(git_dir: str, commit: str) -> None:
+    """``aic_gemm_sustained.json``: per (part, framework), the bf16 GEMMs of a power-measured table matched with the
+    one-shot table: ``(m, n, k, power-run ms, one-shot ms, power W, power limit W)``."""
+    folders = {name: folder for folder, name in PARTS.items()}
+    key = ["kernel_source", "m", "n", "k"]
+    runs = []
+    for (name, framework), (held, one_shot) in POWER_PAIRS.items():
+        paths = [f"{DATA}/{folders[name]}/gemm/{v}/gemm_perf.parquet" for v in (held, one_shot)]
+        p, q = (read_parquet(git_dir, commit, path) for path in paths)
+        p, q = (t[(t.gemm_dtype == "bfloat16") & (t.m >= 4096) & (t.n >= 2048) & (t.k >= 2048)] for t in (p, q))
+        j = p.merge(q[key + ["latency"]], on=key, suffixes=("_held", "_one")).sort_values(key)
+        runs.append({"part": name, "framework": framework, "held_file": paths[0], "one_shot_file": paths[1],
+                     "device_name": str(p.device.iloc[0]),
+                     "rows": [[int(m), int(n), int(k), float(f"{a:.5g}"), float(f"{b:.5g}"), float(f"{w:.4g}"),
+                               float(f"{cap:.4g}")] for m, n, k, a, b, w, cap in
+                              zip(j.m, j.n, j.k, j.latency_held, j.latency_one, j.power, j.power_limit)]})
+    doc = {"schema": "meshplan.published_sustained_pairs/1",
+           "source": {"repository": "ai-dynamo/aiconfigurator", "commit": commit,
+                      "collector": "collector/<framework>/collect_gemm.py under collector/helper.py "
+                                   "benchmark_with_power (COLLECTOR_MEASURE_POWER: each shape held >= 1 s, board power "
+                                   "read; otherwise 3 warm-up calls and 6 CUDA-graph replays)",
+                      "license": "Apache-2.0"},
+           "row_fields": ["m", "n", "k", "held_ms", "one_shot_ms", "power_w", "power_limit_w"], "runs": runs}
+    SUSTAINED_OUT.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"wrote {SUSTAINED_OUT} ({SUSTAINED_OUT.stat().st_size:,} bytes)")
 
 
 def write_nccl(git_dir: str, commit: str) -> None:
