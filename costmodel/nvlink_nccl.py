@@ -90,6 +90,16 @@ def _measured_s(link: str, kind: str, ranks: int, nbytes: float) -> float:
     return math.exp(math.log(times[i - 1]) + w * (math.log(times[i]) - math.log(times[i - 1])))
 
 
+@lru_cache(maxsize=None)
+def _largest_measured(link: str, kind: str, ranks: int) -> int | None:
+    """The largest group ``kind`` was measured at on ``link`` no larger than ``ranks`` (``None``: none, or a link the
+    file does not measure); cached, as the search prices the same few groups many times."""
+    if link not in links():
+        return None
+    taken = [p for p in measured_ranks(link, kind) if p <= ranks]
+    return taken[-1] if taken else None
+
+
 def time_s(link: str, kind: str, nbytes: float, ranks: int, step_latency_s: float) -> float | None:
     """Seconds of one ``kind`` collective of ``nbytes`` (the full tensor, as ``collectives.collective_time_s``)
     over ``ranks`` ranks inside one ``link`` domain, from the measured curve; ``None`` for a link, kind or group
@@ -99,12 +109,9 @@ def time_s(link: str, kind: str, nbytes: float, ranks: int, step_latency_s: floa
     tensor size, its bus bandwidth carried to its own ``(ranks - 1) / ranks`` share, plus ``step_latency_s`` (the
     link's alpha) for each ring step or peer beyond ``m``'s, twice for an all-reduce's two phases: what the
     alpha-beta model adds for them (``collectives.ring_latency_s``)."""
-    if link not in links() or nbytes <= 0:
+    m = _largest_measured(link, kind, ranks) if nbytes > 0 else None
+    if m is None:
         return None
-    taken = [p for p in measured_ranks(link, kind) if p <= ranks]
-    if not taken:
-        return None
-    m = taken[-1]
     share = ((ranks - 1) / ranks) / ((m - 1) / m)
     steps = (2 if kind == "allreduce" else 1) * (ranks - m)
     return _measured_s(link, kind, m, nbytes) * share + steps * step_latency_s
