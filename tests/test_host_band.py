@@ -1,8 +1,8 @@
 """The step an MoE plan takes at the other published x86 host speed (``planner.estimate.host_band``).
 
-Truths the pricing does not compute: the two published x86 / Grace ratios (TransformerEngine issue 2053: a
-``torch.nn.Linear`` forward at 13.48 us on a DGX H100's Xeon against 37.08 us on a GB200; pytorch issue 187862:
-``OpOverload.__call__`` at 181.7 ns median on an H100 host against 197.4 ns on a GB200), the routed stretch's host
+Truths the pricing does not compute: the two published x86 / Grace ratios (pytorch issue 187862, the priced one:
+``OpOverload.__call__`` at 181.7 ns median on an H100 host against 197.4 ns on a GB200; TransformerEngine issue 2053:
+a ``torch.nn.Linear`` forward at 13.48 us on a DGX H100's Xeon against 37.08 us on a GB200), the routed stretch's host
 time NVIDIA's GB200 timeline shows (3.45 ms at 8 experts a rank, 90 us more an expert), and where no wait exists
 (Grace, where both ratios are 1; a dense model; a whole-iteration graph).
 """
@@ -15,7 +15,7 @@ from meshplan.planner.search.job import PlanRequest, plan_job
 
 MESH = "tp=1,pp=1,cp=1,ep=8,mbs=4,zero=1,recompute=none,moe_dispatcher=hybridep"
 LAYERS, MICRO_BATCHES = 48, 512 // (8 * 4)  # Qwen3-30B-A3B, global batch 512 over DP 8 at micro-batch 4
-PRICED, OTHER = 13.48 / 37.08, 181.7 / 197.4
+PRICED, OTHER = 181.7 / 197.4, 13.48 / 37.08
 # the routed stretch of a rank holding Qwen3-30B-A3B's 16 experts (128 at EP 8): the timeline's 3.45 ms at 8, and
 # its two grouped linears' host ranges (0.377 + 0.34 ms over 8 experts) for each of the 8 more
 ROUTED_16_S = 3.45e-3 + 8 * (0.377e-3 + 0.34e-3) / 8
@@ -29,7 +29,7 @@ def _explain(tmp_path, cluster: str, fix: str, model: str = "qwen3-30b-a3b") -> 
 
 def test_an_x86_plan_prices_the_other_host_speed(tmp_path) -> None:
     """On DGX-B200 (x86) with per-layer graphs each layer waits for the routed experts' eager stretch at both
-    speeds, so the step at the other speed is longer by that stretch times the difference of the two published
+    speeds, so the step at the other speed is shorter by that stretch times the difference of the two published
     ratios, per layer and micro-batch, stretched by the slowest of the 8 ranks."""
     ex = _explain(tmp_path, "1x8xB200", f"{MESH},cuda_graphs=layers")
     band = ex["host_speed"]
@@ -44,6 +44,7 @@ def test_an_x86_plan_prices_the_other_host_speed(tmp_path) -> None:
     ("2x4xGB200-NVL72", f"{MESH},cuda_graphs=layers", "qwen3-30b-a3b"),  # Grace: both ratios are 1
     ("1x8xB200", f"{MESH},cuda_graphs=iteration", "qwen3-30b-a3b"),  # one graph: no wait to move
     ("1x8xB200", "tp=1,pp=1,cp=1,mbs=4,zero=1,recompute=none", "llama-3.1-8b-instruct"),  # dense: no sync
+    ("1x8xB200", f"{MESH},cuda_graphs=layers,moe_impl=automodel", "qwen3-30b-a3b"),  # AutoModel's layer: unpriced
 ])
 def test_no_band_where_no_wait_moves(tmp_path, cluster: str, fix: str, model: str) -> None:
     assert "host_speed" not in _explain(tmp_path, cluster, fix, model)

@@ -6,8 +6,8 @@ padding to capacity never: ``token_dispatcher.py`` ``drop_and_pad``), what a who
 host times NVIDIA's GB200 timeline of DeepSeek-V3 shows (3.45 ms for the routed experts' eager stretch) and the part
 of that layer it captured, what the same guide's runs gained from per-layer graphs (610.71 -> 663.27 TFLOPS) and
 expected from one graph for the whole iteration ("at least 10%"), its final rate (970.01 TFLOPS),
-the x86 / Grace ratio TransformerEngine issue 2053 measured (13.48 / 37.08 us), and the
-combinations Megatron-Core refuses.
+the x86 / Grace ratio of PyTorch's op call (pytorch issue 187862: 181.7 / 197.4 ns), NeMo AutoModel's MoE layer as
+other code (its GroupedExpertsDeepEP, one grouped_gemm call per projection), and the combinations Megatron-Core refuses.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from meshplan.planner.search.job import PlanRequest, plan_job
 # Qwen3-30B-A3B as Megatron-Bridge's GB200 preset runs it: EP8 over 2 trays, micro-batch 4, Hybrid-EP
 MESH = "tp=1,pp=1,cp=1,ep=8,mbs=4,zero=1,recompute=none,moe_dispatcher=hybridep"
 LAYERS, MICRO_BATCHES = 48, 512 // (8 * 4)
-GRACE_ROUTED_S, X86_OVER_GRACE = 3.45e-3, 13.48 / 37.08
+GRACE_ROUTED_S, X86_OVER_GRACE = 3.45e-3, 181.7 / 197.4
 # The guide's runs (its optimization-history table): DeepSeek-V3 at 249.8 GFLOP a token, global batch 2048 of 4096
 # tokens on 256 GPUs, 64 micro-batches of 8 layers a rank (the busiest ranks)
 GUIDE_GPU_FLOP = 249.8e9 * 2048 * 4096 / 256
@@ -61,7 +61,7 @@ def test_the_wait_is_what_the_graphs_leave_eager(tmp_path) -> None:
 
 
 def test_an_x86_host_waits_less_than_grace(tmp_path) -> None:
-    """The same run on DGX B200 nodes: its Xeon launches at 13.48 / 37.08 of Grace's time per op."""
+    """The same run on DGX B200 nodes: its Xeon calls PyTorch's ops at 181.7 / 197.4 of Grace's time."""
     _, grace = _plan(tmp_path, "layers")
     _, x86 = _plan(tmp_path, "layers", cluster="1x8xB200")
     assert _wait_s(x86) / (LAYERS * MICRO_BATCHES) < ROUTED_16_S * X86_OVER_GRACE
@@ -72,13 +72,26 @@ def test_an_x86_host_waits_less_than_grace(tmp_path) -> None:
 def test_the_host_time_grows_with_the_experts_a_rank_holds(host: str) -> None:
     """With no GPU work to hide it, the wait is the timeline's host time: 3.45 ms at its 8 local experts (the one
     reading); elsewhere the linear extrapolation by the grouped linears' 0.717 ms per 8 experts (restated here, so
-    only its direction is a check), x86 at 13.48 / 37.08 of it."""
+    only its direction is a check), x86 at 181.7 / 197.4 of it."""
     speed = 1.0 if host == "grace" else X86_OVER_GRACE
     for local, want_s in ((8, GRACE_ROUTED_S), (16, ROUTED_16_S),
                           (64, GRACE_ROUTED_S + 56 * GROUPED_LINEARS_PER_EXPERT_S),
                           (2, GRACE_ROUTED_S - 6 * GROUPED_LINEARS_PER_EXPERT_S)):
         assert moe_sync_wait_s("layers", host, 0.0, 0.0, False, local) == pytest.approx(want_s * speed, rel=1e-9)
     assert moe_sync_wait_s("iteration", host, 0.0, 0.0, False, 64) == 0.0
+
+
+def test_automodels_moe_layer_is_not_priced_a_wait(tmp_path) -> None:
+    """NeMo AutoModel's MoE layer (``moe_impl=automodel``, what its stack profile sets) is not the code the timeline
+    shows: no wait is priced, the step is the whole-iteration graph's, and ``--explain`` says the host time is not
+    priced; Megatron-Core's layer on the same layout waits."""
+    from meshplan.planner.estimate.explain import AUTOMODEL_HOST_NOTE
+    step, explain = _plan(tmp_path, "layers", extra=",moe_impl=automodel")
+    same, _ = _plan(tmp_path, "iteration", extra=",moe_impl=automodel")
+    assert _wait_s(explain) == 0.0 and step == pytest.approx(same, rel=1e-9)
+    assert explain["unmeasured"]["host time"] == AUTOMODEL_HOST_NOTE
+    _, megatron = _plan(tmp_path, "layers")
+    assert _wait_s(megatron) > 0.0
 
 
 def test_dropping_and_padding_has_no_sync(tmp_path) -> None:
@@ -222,3 +235,16 @@ def test_capturing_never_adds_to_the_wait() -> None:
                     local_experts=rng.randint(1, 256), captured_gpu_s=rng.uniform(0, 8e-3))
         none, layers, whole = (moe_sync_wait_s(g, **args) for g in ("none", "layers", "iteration"))
         assert none >= layers >= whole == 0.0
+
+
+def test_an_automodel_plan_launched_as_megatron_core_is_named() -> None:
+    """A plan priced on NeMo AutoModel's MoE layer exported to a Megatron-Core target warns in one line (Megatron-Core's
+    own layer waits for the host, which the plan left out); Megatron-Core's default and torchtitan's target do not."""
+    from meshplan.planner.export import bridge, megatron, torchtitan
+    from tests.test_export_golden import _moe_variant
+
+    plan = _moe_variant(moe_impl="automodel")
+    for target, notes in (("megatron", megatron.unsupported(plan)), ("megatron-bridge", bridge.unsupported(plan))):
+        assert sum(n.startswith(f"{target}: moe_impl=automodel:") for n in notes) == 1
+    assert not any("moe_impl" in n for n in megatron.unsupported(_moe_variant()))
+    assert not any("moe_impl" in n for n in torchtitan.unsupported(plan))

@@ -36,24 +36,27 @@ HOST_TIME_NOTE = (
     "host time is priced only where an MoE layer waits for it: after each dropless layer's token-count sync, the "
     "eager stretch up to the next sync at the host time NVIDIA's GB200 timeline of DeepSeek-V3 shows (3.45 ms for "
     "the routed experts of a rank holding 8, its grouped linears' 90 us more or less per expert; an x86 host at "
-    "13.48/37.08 of Grace's time per op, TransformerEngine issue 2053, 2025; PyTorch's own op-call overhead measured "
-    "alike on both in 2026, 182 against 197 ns, pytorch issue 187862, so the x86 figure may be low: `host speed` "
-    "gives the step at that one), less what the GPU runs meanwhile; an "
-    "uncaptured router and preprocessing add 4.0 ms of host beside the layer's other forward GPU work and an "
-    "uncaptured shared expert what capturing it saved in the same guide's runs, 0.78 ms (cuda_graphs decides what "
-    "is eager; the per-expert part is read at 8 experts a rank and extrapolated). Not priced: the host time of the "
-    "backward, and what Transformer Engine releases after 2.9 cut. Over Megatron-Bridge's published "
-    "Blackwell MoE runs (bench/dev_set.py, 2026-11-27), meshplan's median error is +1.3% on the 18 captured as one "
-    "whole-iteration CUDA graph, -10% on the 93 with per-layer graphs and -11% on the 37 with none or none stated "
-    "(priced faster than they ran); per MoE layer and micro-batch the per-layer "
-    "graph runs on x86 hosts took 1.4 ms longer than priced at 8 experts a rank and 7.7 ms at 64 "
-    "(bench/moe_residuals.py), while layers of 4 experts a rank on Grace price slower than they ran "
-    "(Qwen3-235B-A22B on GB200, +25..+29%)")
+    "181.7/197.4 of Grace's time, PyTorch's op call measured on both in 2026, pytorch issue 187862; a "
+    "torch.nn.Linear forward measured in 2025 gave 13.48/37.08, TransformerEngine issue 2053: `host speed` gives the "
+    "step at that one), less what the GPU runs meanwhile; an uncaptured router and preprocessing add 4.0 ms of host "
+    "beside the layer's other forward GPU work and an uncaptured shared expert what capturing it saved in the same "
+    "guide's runs, 0.78 ms (cuda_graphs decides what is eager; the per-expert part is read at 8 experts a rank and "
+    "extrapolated). Not priced: the host time of the backward, and what Transformer Engine releases after 2.9 cut. "
+    "BENCHMARKS.md keeps the dev set's error by CUDA-graph scope and host")
+# NeMo AutoModel's MoE layer (``Layout.moe_impl``): no timeline of it, so no wait is priced (host_wait.waits_for_host)
+AUTOMODEL_HOST_NOTE = (
+    "host time is not priced: NeMo AutoModel's MoE layer (moe_impl=automodel) syncs on its token counts too, but no "
+    "timeline shows the host stretch after it (its experts run as one grouped_gemm call per projection, not "
+    "Transformer Engine's GroupedLinear, whose host time meshplan read off Megatron-Core's layer); the step may be "
+    "slower than priced by that wait")
 
 
 def host_note(model, layout: Layout) -> str | None:
-    """``HOST_TIME_NOTE`` for an MoE model on a GPU, else ``None``."""
-    return HOST_TIME_NOTE if model.num_experts else None
+    """What the step leaves out of an MoE model's host time (``HOST_TIME_NOTE``, or ``AUTOMODEL_HOST_NOTE`` for NeMo
+    AutoModel's MoE layer), else ``None``."""
+    if not model.num_experts:
+        return None
+    return AUTOMODEL_HOST_NOTE if layout.stack == "megatron" and layout.moe_impl == "automodel" else HOST_TIME_NOTE
 
 
 def op_class(op) -> str:

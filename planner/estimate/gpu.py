@@ -247,7 +247,7 @@ class GpuEstimator:
         # a training step holds the GPU at its power limit: compute at the sustained share of one-shot kernel rates
         self.pricer = pricer.under_load()
         # each host's time over Grace's for the MoE layer's wait (``host_wait.HOST_SPEED``; ``explain`` prices the
-        # published alternative, ``HOST_SPEED_OP_CALL``, with a second estimator)
+        # published alternative, ``HOST_SPEED_LINEAR``, with a second estimator)
         self.host_speed = MappingProxyType(dict(host_speed))
         self.name = pricer.name
         self.tables = TablesCache()

@@ -1,12 +1,12 @@
 """The step an MoE plan takes at the other published host speed: how far the x86 / Grace ratio moves it.
 
-An MoE layer's wait for the host (``planner.estimate.host_wait``) is read off a GB200's Grace timeline and priced on an
-x86 host at 13.48 / 37.08 of it (TransformerEngine issue 2053: a ``torch.nn.Linear`` forward). PyTorch's own op-call
-overhead measured alike on both hosts (pytorch issue 187862: 181.7 against 197.4 ns), and no measurement says which of
-the two a Transformer Engine MoE layer's eager stretch follows. ``host_speed_band`` prices the plan's layout again at
-the second ratio (``host_wait.HOST_SPEED_OP_CALL``) with an estimator of its own, so a plan says how much of its step
-rests on that open figure. Only a plan that waits for the host on an x86 host moves: on Grace both ratios are 1, a
-whole-iteration graph or token dropping leaves no wait.
+An MoE layer's wait for the host (``planner.estimate.host_wait``) is read off a GB200's Grace timeline and priced on
+an x86 host at 181.7 / 197.4 of it (pytorch issue 187862, 2026: PyTorch's op call on each host). A ``torch.nn.Linear``
+forward measured in 2025 took an x86 host 13.48 us against Grace's 37.08 (TransformerEngine issue 2053), and no
+measurement of the MoE layer's own stretch on both hosts settles which of the two it follows. ``host_speed_band``
+prices the plan's layout again at the second ratio (``host_wait.HOST_SPEED_LINEAR``) with an estimator of its own, so
+a plan says how much of its step rests on that open figure. Only a plan that waits for the host on an x86 host moves:
+on Grace both ratios are 1, a whole-iteration graph or token dropping leaves no wait.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Optional
 
 from meshplan.planner.estimate.base import Workload
 from meshplan.planner.estimate.gpu import GpuEstimator
-from meshplan.planner.estimate.host_wait import HOST_SPEED_OP_CALL, waits_for_host
+from meshplan.planner.estimate.host_wait import HOST_SPEED_LINEAR, waits_for_host
 from meshplan.planner.layout.layout import Layout
 
-SOURCE = ("x86 host at 181.7 / 197.4 of Grace's time (PyTorch's op-call overhead, pytorch issue 187862) instead of "
-          "13.48 / 37.08 (a torch.nn.Linear forward, TransformerEngine issue 2053)")
+SOURCE = ("x86 host at 13.48 / 37.08 of Grace's time (a torch.nn.Linear forward, TransformerEngine issue 2053, 2025) "
+          "instead of 181.7 / 197.4 (PyTorch's op call, pytorch issue 187862, 2026)")
 
 
 def alternative(estimator: GpuEstimator, work: Workload) -> Optional[GpuEstimator]:
@@ -26,7 +26,7 @@ def alternative(estimator: GpuEstimator, work: Workload) -> Optional[GpuEstimato
     speed is the one priced (Grace), the model has no experts to wait for the host, or the GPUs are not NVIDIA's
     (where the figures were read: ``host_wait.waits_for_host``)."""
     dev = work.cluster.device
-    priced, other = estimator.host_speed.get(dev.host_cpu), HOST_SPEED_OP_CALL.get(dev.host_cpu)
+    priced, other = estimator.host_speed.get(dev.host_cpu), HOST_SPEED_LINEAR.get(dev.host_cpu)
     if (not work.model.num_experts or dev.vendor != "nvidia" or priced is None or other is None
             or other == priced):
         return None

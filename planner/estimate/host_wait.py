@@ -38,14 +38,22 @@ time per expert, taken whole as per-expert cost (Transformer Engine issue 1499: 
 local experts, thereby reducing quantization and other overheads"), 90 us per expert forward on Grace, read at 8 and
 extrapolated linearly (the dev set's runs hold 2 to 64 a rank). The routed stretch holds against the same runs: the
 guide estimated that removing the sync (one graph for the whole iteration) would gain "at least 10%" more on its final
-layout, and meshplan prices that at +15% (``tests/test_host_wait.py``). An x86 host launches faster: a
-``torch.nn.Linear`` forward costs the host 13.48 us on an H100 DGX's Xeon Platinum 8480C against 37.08 us on a GB200's
-Grace (TransformerEngine issue 2053, 2025), the only measured pair of a whole op, taken for every x86 host; PyTorch's
-op-call overhead alone measured alike on a GB200 and an H100 host in 2026 (pytorch issue 187862: 197 against 182 ns),
-so an x86 host may be slower than this prices (BENCHMARKS.md, the what-if). Not priced apart: the eager
-attention's host time before its output projection (image 4 shows it host-bound too), the backward's (no sync: the
-host runs ahead; a rank holding many experts may be host-bound there too), and what Transformer Engine releases after
-2.9 cut (its 2026 CPU-overhead changes publish no figures): for newer stacks the wait is an upper estimate.
+layout, and meshplan prices that at +15% (``tests/test_host_wait.py``). An x86 host runs that stretch at 181.7 / 197.4
+of Grace's time: the stretch is Python, Megatron-Core's dispatcher and Transformer Engine's module code calling
+PyTorch ops, and PyTorch's op call measured on a GB200's Grace and on an H100 node's x86 host in 2026 ran 197.4
+against 181.7 ns, a bare Python call 71.6 against 67.5 (pytorch issue 187862, ``OpOverload.__call__`` and ``f(*10)``,
+medians). The other published pair, a ``torch.nn.Linear`` forward at 13.48 us of host on a DGX H100's Xeon Platinum
+8480C against 37.08 us on a GB200 (TransformerEngine issue 2053, 2025-08), was filed as a Grace defect that
+Transformer Engine's developers then worked on (PR 2146, "CPU overhead micro-optimizations", motivated by it; issue
+2126, 2026-01: "CPU overhead should have been greatly reduced"); it is kept as the open figure (``HOST_SPEED_LINEAR``,
+``planner.estimate.host_band``). The dev set's x86 runs check the choice apart from the GPU's prices: those with no
+wait (dense, or one whole-iteration graph) against those waiting in eager code (BENCHMARKS.md, "An x86 host runs the
+MoE layer's eager stretch at Grace's pace"). The figures were read on Megatron-Core's MoE layer; NeMo AutoModel's
+(``Layout.moe_impl``) is other code, one ``grouped_gemm`` call for all its experts, which no timeline shows: its wait
+is not priced (``waits_for_host``). Not priced apart: the eager attention's host time before its output projection
+(image 4 shows it host-bound too), the backward's (no sync: the host runs ahead; a rank holding many experts may be
+host-bound there too), and what Transformer Engine releases after 2.9 cut (its 2026 CPU-overhead changes publish no
+figures): for newer stacks the wait is an upper estimate.
 """
 from __future__ import annotations
 
@@ -64,20 +72,21 @@ SHARED_EXPERTS_HOST_S = 0.78e-3 + 0.18e-3
 # The routed stretch's grouped linears (fc1 0.377 ms + fc2 0.34 ms of host, image 5) over the timeline's local experts
 TIMELINE_LOCAL_EXPERTS = 8
 GROUPED_LINEAR_HOST_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / TIMELINE_LOCAL_EXPERTS
-# Host time of one framework op on an x86 host over a Grace one: torch.nn.Linear forward, 13.48 / 37.08 us
-# (TransformerEngine issue 2053: H100 DGX with Xeon Platinum 8480C against GB200)
-HOST_SPEED = {"grace": 1.0, "x86": 13.48 / 37.08}
-# The other published ratio, PyTorch's own op-call overhead measured alike on both hosts in 2026: OpOverload.__call__
-# median 181.7 ns on an H100 host against 197.4 ns on a GB200 (pytorch issue 187862). Which of the two a Transformer
-# Engine MoE layer's host time follows is unmeasured, so ``planner.estimate.explain`` prices the plan at this one too
-HOST_SPEED_OP_CALL = {"grace": 1.0, "x86": 181.7 / 197.4}
+# Host time of the eager stretch on an x86 host over a Grace one: PyTorch's op call, OpOverload.__call__ median 181.7
+# ns on an H100 node's host against 197.4 ns on a GB200 (pytorch issue 187862, 2026; module docstring)
+HOST_SPEED = {"grace": 1.0, "x86": 181.7 / 197.4}
+# The other published ratio, a torch.nn.Linear forward's host time, 13.48 us on a DGX H100's Xeon Platinum 8480C
+# against 37.08 us on a GB200 (TransformerEngine issue 2053, 2025): ``planner.estimate.explain`` prices the plan at it
+# too (``host_band``)
+HOST_SPEED_LINEAR = {"grace": 1.0, "x86": 13.48 / 37.08}
 
 
 def waits_for_host(layout, device) -> bool:
     """Whether an MoE layer of ``layout`` on ``device`` syncs on its token counts with these host figures: dropless
-    (dropping and padding to capacity skips the sync) on NVIDIA GPUs under Megatron-Core's kernels with Transformer
-    Engine, where the figures were read."""
-    return not layout.moe_capacity and device.vendor == "nvidia" and layout.stack == "megatron"
+    (dropping and padding to capacity skips the sync) on NVIDIA GPUs in Megatron-Core's MoE layer with Transformer
+    Engine's kernels, where the figures were read (not NeMo AutoModel's layer: ``Layout.moe_impl``)."""
+    return (not layout.moe_capacity and device.vendor == "nvidia" and layout.stack == "megatron"
+            and layout.moe_impl == "megatron")
 
 
 def routed_experts_host_s(local_experts: int) -> float:
@@ -101,7 +110,7 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
     shared experts, not the routed experts; nothing captured leaves all of them eager, their wait a stretch before
     the sync's, so capturing them never adds to the wait. ``host_speed``: each host's time over Grace's
-    (``HOST_SPEED``, or the alternative ``HOST_SPEED_OP_CALL``)."""
+    (``HOST_SPEED``, or the alternative ``HOST_SPEED_LINEAR``)."""
     if cuda_graphs == "iteration":
         return 0.0
     speed = host_speed[host_cpu]

@@ -179,12 +179,17 @@ STACK_RUNS = {"megatron": "Megatron-Core with Transformer Engine's fused kernels
 def stack_notes(plan: Plan, target: str, runs: str) -> list[str]:
     """A warning when the plan priced another stack's kernels than the target's job runs. ``stack: megatron`` is also
     what every plan written before the field holds, so only a stack chosen otherwise is named. Likewise a plan priced
-    on batch-first model code (``sequence_first`` false, NeMo AutoModel's) launched as Megatron-Core."""
+    on batch-first model code (``sequence_first`` false, NeMo AutoModel's) or on NeMo AutoModel's MoE layer
+    (``moe_impl``) launched as Megatron-Core."""
     out = []
     if runs == "megatron" and plan.stack == "megatron" and not plan.sequence_first:
         out.append(f"{target}: sequence_first=false: the plan priced batch-first model code, but Megatron-Core runs "
                    "sequence-first, and its Mamba mixer copies its activations to batch-first and back at a "
                    "micro-batch above 1, which the plan did not price (re-plan with --fix sequence_first=true)")
+    if runs == "megatron" and plan.stack == "megatron" and plan.moe_impl == "automodel" and plan.model.num_experts:
+        out.append(f"{target}: moe_impl=automodel: the plan priced NeMo AutoModel's MoE layer, but Megatron-Core "
+                   "runs its own, whose wait for the host after each layer's token-count sync the plan did not "
+                   "price (re-plan with --fix moe_impl=megatron)")
     if plan.stack == "megatron" or plan.stack == runs:
         return out
     return out + [f"{target}: stack={plan.stack}: the plan priced {STACK_RUNS[plan.stack]}, but the job runs "

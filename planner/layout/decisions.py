@@ -495,6 +495,16 @@ class Decisions:
     (``planner.estimate.ops_graph``, ``_mamba_block``). Meaningful under the megatron stack only (torchtitan's and
     eager code are batch-first); NeMo AutoModel's profile sets false (its NemotronV3 mixer calls the same kernel on
     its batch-first projections)."""
+    moe_impl: str = decision("megatron", "whose MoE layer code runs under the megatron kernels: megatron "
+                             "(Megatron-Core's MoELayer) or automodel (NeMo AutoModel's)",
+                             choices=("megatron", "automodel"), by_stack=True)
+    """"megatron": Megatron-Core's ``MoELayer`` (its token dispatchers, Transformer Engine's ``GroupedLinear`` experts:
+    Megatron-Core, NeMo, Megatron-Bridge); "automodel": NeMo AutoModel's ``MoE`` with ``GroupedExpertsDeepEP``, which
+    runs its routed experts as one ``grouped_gemm`` ``ops.gmm`` call per projection (``components/moe/layers.py`` @
+    89e3a9fdd; its benchmark configs' ``experts: gmm``). What it changes: the host time an MoE layer waits for after
+    its token-count sync was read off Megatron-Core's layer (``planner.estimate.host_wait``); AutoModel's is other
+    Python, timed nowhere, and is not priced. NeMo AutoModel's profile sets automodel; meaningful under the megatron
+    stack only."""
 
 
 def _registry() -> Mapping[str, Decision]:

@@ -832,7 +832,7 @@ def layout_row(layout: Layout, est: Estimate) -> dict:
         "reduce_dtype": layout.reduce_dtype_priced or None,
         "pp_layout": format_pp_layout(layout.pp_layout) if layout.pp_layout else None,
         "sequence_first": layout.sequence_first, "moe_router_fusion": layout.moe_router_fusion,
-        "moe_aux_loss": layout.moe_aux_loss,
+        "moe_aux_loss": layout.moe_aux_loss, "moe_impl": layout.moe_impl,
         "step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
         "tflops_per_device": est.tflops_per_device, "hw_tflops_per_device": est.hw_tflops_per_device,
         "mfu": est.mfu, "peak_memory_bytes": est.memory.total_bytes,
