@@ -157,7 +157,8 @@ def test_the_timelines_captured_part_prices_as_measured() -> None:
 
 def test_a_free_search_captures_per_layer_graphs_for_moe_only(tmp_path) -> None:
     """Left free, a Megatron MoE plan on GPUs takes NVIDIA's dropless-MoE scope (per-layer graphs), except under full
-    recomputation, which Megatron-Core runs only with the whole-iteration graph; a dense plan keeps none."""
+    recomputation, which Megatron-Core runs only with the whole-iteration graph, and on NeMo AutoModel's MoE layer; a
+    dense plan keeps none."""
     free = plan_job(PlanRequest.of("qwen3-30b-a3b", "2x4xGB200-NVL72", 512, 4096, fix=MESH, top=1, dtype="fp8",
                                    out=tmp_path / "free.yaml"))
     assert free.plan.cuda_graphs == "layers"
@@ -165,6 +166,9 @@ def test_a_free_search_captures_per_layer_graphs_for_moe_only(tmp_path) -> None:
                                    fix=MESH.replace("recompute=none", "recompute=full"), top=1, dtype="fp8",
                                    out=tmp_path / "full.yaml"))
     assert full.plan.cuda_graphs == "none"
+    automodel = plan_job(PlanRequest.of("qwen3-30b-a3b", "2x4xGB200-NVL72", 512, 4096, fix=f"{MESH},moe_impl=automodel",
+                                        top=1, dtype="fp8", out=tmp_path / "automodel.yaml"))
+    assert automodel.plan.cuda_graphs == "none"  # NeMo AutoModel captures no CUDA graphs
     dense = plan_job(PlanRequest.of("llama3.1-8b", "1x8xGB200-NVL72", 64, 4096, fix="tp=1,pp=1,mbs=1,zero=1", top=1,
                                     out=tmp_path / "dense.yaml"))
     assert dense.plan.cuda_graphs == "none"
@@ -248,3 +252,12 @@ def test_an_automodel_plan_launched_as_megatron_core_is_named() -> None:
         assert sum(n.startswith(f"{target}: moe_impl=automodel:") for n in notes) == 1
     assert not any("moe_impl" in n for n in megatron.unsupported(_moe_variant()))
     assert not any("moe_impl" in n for n in torchtitan.unsupported(plan))
+
+
+@pytest.mark.parametrize("model, fix, said", [
+    ("llama3.1-8b", "tp=1,pp=1,mbs=1,zero=1,moe_impl=automodel", "has no experts"),
+    ("qwen3-30b-a3b", "tp=1,pp=1,ep=8,mbs=1,zero=1,stack=torchtitan,moe_impl=automodel", "stack=torchtitan"),
+])
+def test_moe_impl_outside_its_meaning_is_refused_by_name(tmp_path, model: str, fix: str, said: str) -> None:
+    with pytest.raises(MeshplanError, match=said):
+        plan_job(PlanRequest.of(model, "1x8xB200", 64, 4096, fix=fix, top=1, out=tmp_path / "p.yaml"))

@@ -425,6 +425,11 @@ class Layout(Decisions, Degrees):
             raise MeshplanError(why)
         if self.moe_router != "learned" and not num_experts:
             raise MeshplanError(f"moe_router={self.moe_router} routes tokens to experts, but the model has none")
+        if self.moe_impl != "megatron" and not num_experts:
+            raise MeshplanError(f"moe_impl={self.moe_impl} names whose MoE layer runs, but the model has no experts")
+        if self.moe_impl != "megatron" and self.stack != "megatron":
+            raise MeshplanError(f"moe_impl={self.moe_impl} names an MoE layer under the megatron kernels; "
+                                f"stack={self.stack} runs its own")
         if self.cuda_graphs == "iteration" and num_experts and not self.moe_capacity \
                 and self.moe_dispatcher != "hybridep":
             raise MeshplanError(f"cuda_graphs=iteration on a dropless MoE model needs moe_dispatcher=hybridep (its "

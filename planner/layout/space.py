@@ -412,9 +412,10 @@ def free_cuda_graphs(layout: Layout) -> str:
     (Megatron-Bridge ``docs/training/cuda-graphs.md``: "dropless MoE: attn moe_router moe_preprocess"). They only
     take host time away (their memory is not priced). None where Megatron-Core refuses them (``Layout`` says why):
     full recomputation, activation offloading, a recomputed MoE block; the whole-iteration graph needs a sync-free
-    dispatcher, so it is never chosen here."""
+    dispatcher, so it is never chosen here. None for NeMo AutoModel's MoE layer (``moe_impl``): AutoModel captures
+    no CUDA graphs (nothing in ``nemo_automodel`` @ 89e3a9fdd, where its MoE performance rows entered)."""
     if (layout.recompute_kind == "full" or layout.offload_layers
-            or "moe" in layout.recomputed_modules):
+            or "moe" in layout.recomputed_modules or layout.moe_impl == "automodel"):
         return "none"
     return "layers"
 
