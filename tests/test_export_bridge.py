@@ -364,3 +364,13 @@ def test_precision_presets(read_back: dict, recipe: str) -> None:
     assert preset["bf16"] and preset["fp4"] == ("e2m1" if recipe == "nvfp4" else None)
     if recipe == "nvfp4":
         assert preset["fp4_recipe"] == "nvfp4"
+
+
+def test_a_dropless_full_iteration_graph_is_refused_at_its_release() -> None:
+    """Megatron-Core 0.16.1 (the bridge release's) sizes Hybrid-EP's dropless output on the host, inside what the
+    full-iteration graph would capture: refused in one line naming the decision and the field that lifts it in
+    later releases; token dropping (fixed sizes) still exports."""
+    with pytest.raises(MeshplanError, match=r"^megatron-bridge: cuda_graphs=iteration on a dropless MoE model: .*"
+                                            r"moe_expert_rank_capacity_factor"):
+        render(plan_qwen3_moe(cuda_graphs="iteration", moe_dispatcher="hybridep", hybridep_sms=32), "megatron-bridge")
+    assert "full_iteration" in render(plan_qwen3_moe(cuda_graphs="iteration", moe_capacity=1.0), "megatron-bridge").text

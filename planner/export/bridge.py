@@ -18,7 +18,8 @@ length is ``sequence_length``), ``CheckpointConfig``, ``CommOverlapConfig`` and 
 the model. Precision is a whole preset (``mixed_precision=<name>``: a recipe holds either a name or a config, and
 only a name replaces both); the mxfp8 preset also gathers parameters in MXFP8 (``fp8_param_gather``), as
 Transformer Engine's MXFP8 recipe is meant to run. Everything else the recipe sets (optimizer, schedule, data,
-logging, kernels) is the user's: extra ``key=value`` words after the script's name override it.
+logging, kernels) is the user's: extra ``key=value`` words after the script's name override it. The full-iteration
+CUDA graph on a dropless MoE model is refused: this release's Hybrid-EP sizes its output on the host.
 """
 from __future__ import annotations
 
@@ -143,6 +144,15 @@ def check(plan: Plan) -> None:
     if c.dtype_of(plan) == "fp32":
         c.fail(f"megatron-bridge: dtype={plan.dtype}: the bridge's mixed-precision presets train in bf16 or fp16 "
                "(training/mixed_precision.py); re-plan with --dtype bf16")
+    if plan.cuda_graphs == "iteration" and plan.model.num_experts and not plan.moe_capacity:
+        # megatron-core 0.16.1 token_dispatcher.py _HybridEPManager.dispatch: dropless, hybrid_ep_dispatch sizes its
+        # output on the host (num_permuted_tokens None, then tokens_per_expert.sum()); core_v0.18.0 adds
+        # moe_expert_rank_capacity_factor, a static budget that lifts the sync, which Megatron-Bridge v0.5.0's
+        # performance recipes set (1.5) beside the full-iteration graph
+        c.fail("megatron-bridge: cuda_graphs=iteration on a dropless MoE model: Hybrid-EP sizes its buffers on the "
+               f"host in the Megatron-Core of {SOURCE}, a sync the graph cannot capture; Megatron-Core >= 0.18 "
+               "lifts it with model.moe_expert_rank_capacity_factor (Megatron-Bridge >= v0.5.0's performance "
+               "recipes set 1.5), or re-plan with cuda_graphs=layers or token dropping (moe_capacity)")
     if plan.moe_fused_mlp:
         c.fail("megatron-bridge: moe_fused_mlp: the fused grouped MLP needs model.moe_mlp_glu_interleave_size=32, a "
                f"field the Megatron-Core of {SOURCE} has not; Megatron-Bridge >= v0.5.0 runs it "
