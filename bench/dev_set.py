@@ -13,7 +13,9 @@ convention); signed error = (predicted - published) / published, negative = pred
 an x86 host also carries its step at the other published x86 / Grace host speed (``planner.estimate.host_band``),
 a row on a part with no sustained-load measurement its step at its lower-power sibling's measured share
 (``sustained_band``), and each source says how many of the rows each open figure moves hold their published step
-between the two prices (``host band holds``, ``sustained band holds``).
+between the two prices (``host band holds``, ``sustained band holds``). The JSON summary adds the median |error| and,
+for rows whose page footnote names a known kernel regression the run ran (``known_regressions``: priced and counted
+in the mean like every other), their count and the mean |error| over the other rows.
 
 ``row_needs`` is the one place that says what a row needs, in the decisions' vocabulary (``pp_layout``, ``schedule``,
 ``etp``, ``fp8``, ``recompute``, ``cp_kind``, ``stack``, ...). A need becomes a ``--fix`` entry as soon as
@@ -1439,6 +1441,11 @@ def _graph_groups(src: str, rows: list[RowResult]) -> list[tuple[str, list[RowRe
     return [g for g in groups if g[1]]
 
 
+def _footnoted(r: RowResult) -> bool:
+    """Whether the row's page footnote names a known regression the run ran (``known_regressions``)."""
+    return any(a.startswith("page footnote names a known regression") for a in r.inputs.get("assumptions", ()))
+
+
 def summarize(results: list[RowResult]) -> list[dict]:
     """Per source and group (``summary_groups``): counts by status, mean |error|, worst, median signed over the
     priced rows, approximated decisions and per-row settings."""
@@ -1452,6 +1459,13 @@ def summarize(results: list[RowResult]) -> list[dict]:
             "mean_abs_error": statistics.fmean(abs(e) for e in errs) if errs else None,
             "worst_error": max(errs, key=abs) if errs else None,
             "median_signed_error": statistics.median(errs) if errs else None,
+            "median_abs_error": statistics.median(abs(e) for e in errs) if errs else None,
+            # rows whose page footnote names a known kernel regression they ran (``known_regressions``): priced and
+            # counted above; the mean over the others beside it
+            "known_regression_rows": len(flagged := [r for r in rs if r.status == "priced" and _footnoted(r)]),
+            "mean_abs_error_outside_known_regressions": statistics.fmean(
+                abs(r.error) for r in rs if r.status == "priced" and not _footnoted(r)) if len(errs) > len(flagged)
+            else None,
             "profiles": sorted({r.inputs.get("profile", "") for r in rs}),
             "per_row_settings_median": statistics.median(n) if (n := [len(r.inputs.get("per_row", ()))
                                                                       for r in rs]) else None,
