@@ -408,8 +408,8 @@ class Decisions:
     --cuda-graph-scope full_iteration``), which a dropless MoE layer can only take with Hybrid-EP's sync-free
     dispatch (Megatron-Core ``docs/user-guide/features/cuda_graph.md``): from core_v0.18.0 under
     ``moe_expert_rank_capacity_factor``, a static budget for the tokens a rank receives (Megatron-Bridge v0.5.0's
-    performance recipes set 1.5 beside the graph), which the plan does not price. An MoE layer waits for its token counts
-    on the host once per forward, before the dispatch, unless it drops and pads to capacity; after that wait the
+    performance recipes set 1.5 beside the graph), which the plan does not price. An MoE layer waits for its token
+    counts on the host once per forward, before the dispatch, unless it drops and pads to capacity; after that wait the
     GPU runs only as fast as the host launches the eager ops, which ``planner.estimate.host_wait`` prices. Left
     free, an MoE plan on NVIDIA GPUs under Megatron-Core takes per-layer graphs (none under full recomputation:
     ``planner.layout.space.free_cuda_graphs``), any other plan none; the graphs' memory and capture time are not
