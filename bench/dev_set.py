@@ -1493,8 +1493,8 @@ def _pct(x: Optional[float]) -> str:
 
 
 ROW_COLUMNS = ("row", "src", "published s", "predicted s", "error", "status", "approximated", "per-row settings")
-SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "worst",
-                   "median signed", "profile", "per-row settings (median)", "priced approximated",
+SUMMARY_COLUMNS = ("source", "rows", "priced", "not expressible", "refused OOM", "mean |error|", "median |error|",
+                   "worst", "median signed", "profile", "per-row settings (median)", "priced approximated",
                    "host band holds", "sustained band holds")
 
 
@@ -1512,6 +1512,7 @@ def table_cells(results: list[RowResult], summary: list[dict]) -> tuple[list[lis
                      per_row])
     per_source = [[x["source"], str(x["rows"]), str(x["priced"]), str(x["not_expressible"]), str(x["refused_oom"]),
                    "" if x["mean_abs_error"] is None else f"{100 * x['mean_abs_error']:.1f}%",
+                   "" if x["median_abs_error"] is None else f"{100 * x['median_abs_error']:.1f}%",
                    _pct(x["worst_error"]), _pct(x["median_signed_error"]), _profiles_cell(x["profiles"]),
                    f"{x['per_row_settings_median']:g} ({x['per_row_settings_total']} in all)",
                    str(x["approximated_rows"]),
