@@ -1447,8 +1447,9 @@ def _footnoted(r: RowResult) -> bool:
 
 
 def summarize(results: list[RowResult]) -> list[dict]:
-    """Per source and group (``summary_groups``): counts by status, mean |error|, worst, median signed over the
-    priced rows, approximated decisions and per-row settings."""
+    """Per source and group (``summary_groups``): counts by status, mean and median |error|, worst, median signed
+    over the priced rows, the rows a page footnote marks as a known regression and the mean without them,
+    approximated decisions and per-row settings."""
     out = []
     for s, rs in summary_groups(results):
         errs = [r.error for r in rs if r.status == "priced"]

@@ -56,7 +56,7 @@ def host_note(model, layout: Layout) -> str | None:
     AutoModel's MoE layer), else ``None``."""
     if not model.num_experts:
         return None
-    return AUTOMODEL_HOST_NOTE if layout.stack == "megatron" and layout.moe_impl == "automodel" else HOST_TIME_NOTE
+    return AUTOMODEL_HOST_NOTE if layout.moe_impl == "automodel" else HOST_TIME_NOTE
 
 
 def op_class(op) -> str:
