@@ -568,10 +568,13 @@ KNOWN_REGRESSIONS = {
 }
 
 
+REGRESSION_NOTE = "page footnote names a known regression"  # how ``known_regressions`` begins its assumption lines
+
+
 def known_regressions(row: dict) -> list[str]:
     """The assumption lines for the known kernel regressions a row's page footnotes name."""
     notes = row.get("notes") or ""
-    return [f"page footnote names a known regression: {v}" for k, v in KNOWN_REGRESSIONS.items() if k in notes]
+    return [f"{REGRESSION_NOTE}: {v}" for k, v in KNOWN_REGRESSIONS.items() if k in notes]
 
 
 def _bridge_model_needs(row: dict) -> list[Need]:
@@ -1443,7 +1446,7 @@ def _graph_groups(src: str, rows: list[RowResult]) -> list[tuple[str, list[RowRe
 
 def _footnoted(r: RowResult) -> bool:
     """Whether the row's page footnote names a known regression the run ran (``known_regressions``)."""
-    return any(a.startswith("page footnote names a known regression") for a in r.inputs.get("assumptions", ()))
+    return any(a.startswith(REGRESSION_NOTE) for a in r.inputs.get("assumptions", ()))
 
 
 def summarize(results: list[RowResult]) -> list[dict]:
@@ -1453,6 +1456,9 @@ def summarize(results: list[RowResult]) -> list[dict]:
     out = []
     for s, rs in summary_groups(results):
         errs = [r.error for r in rs if r.status == "priced"]
+        # rows whose page footnote names a known kernel regression they ran: priced and counted in the mean; the
+        # mean over the others beside it
+        others = [abs(r.error) for r in rs if r.status == "priced" and not _footnoted(r)]
         out.append({
             "source": s, "rows": len(rs), "priced": len(errs),
             "not_expressible": sum(r.status == "not expressible" for r in rs),
@@ -1461,12 +1467,8 @@ def summarize(results: list[RowResult]) -> list[dict]:
             "worst_error": max(errs, key=abs) if errs else None,
             "median_signed_error": statistics.median(errs) if errs else None,
             "median_abs_error": statistics.median(abs(e) for e in errs) if errs else None,
-            # rows whose page footnote names a known kernel regression they ran (``known_regressions``): priced and
-            # counted above; the mean over the others beside it
-            "known_regression_rows": len(flagged := [r for r in rs if r.status == "priced" and _footnoted(r)]),
-            "mean_abs_error_outside_known_regressions": statistics.fmean(
-                abs(r.error) for r in rs if r.status == "priced" and not _footnoted(r)) if len(errs) > len(flagged)
-            else None,
+            "known_regression_rows": len(errs) - len(others),
+            "mean_abs_error_outside_known_regressions": statistics.fmean(others) if others else None,
             "profiles": sorted({r.inputs.get("profile", "") for r in rs}),
             "per_row_settings_median": statistics.median(n) if (n := [len(r.inputs.get("per_row", ()))
                                                                       for r in rs]) else None,

@@ -28,6 +28,9 @@ def test_only_the_tensor_core_seconds_are_repriced():
     share = 1 - bench.depth(0.4) * (1 - flat)
     assert bench.repriced_s(b200, "now") == 10.0
     assert bench.repriced_s(b200, "duty") == pytest.approx(10.0 - 4.0 * (1 - flat / share))
+    # bounded by the measured flat share: no slower than priced, no faster than those seconds at one-shot rates
+    assert 10.0 - 4.0 * (1 - flat) < bench.repriced_s(b200, "duty") < 10.0
+    assert bench.repriced_s({**b200, "tc_s": 9.0}, "duty") == 10.0  # busy 0.9: the full throttle, as priced
     gb200 = {"part": "GB200", "step_s": 10.0, "tc_s": 9.0, "published_s": 10.0}
     assert bench.repriced_s(gb200, "flat+gb200") == pytest.approx(10.0 + 9.0 * (1 / 0.894 - 1))
     assert bench.repriced_s(gb200, "duty") == 10.0  # priced at 1: no throttle to scale
