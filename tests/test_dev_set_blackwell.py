@@ -310,11 +310,12 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # load-balancing loss; 10.69% on 2026-11-29 once each fp8 GEMM's backward quantizes its output gradient as
 # Transformer Engine does, not twice its forward input, which had stood in for time meshplan still misses; 9.99% on
 # 2026-11-29 with memory-bound ops floored at the streaming rate measured on their part and NVLink collectives at
-# nccl-tests' times; 9.16% on 2026-11-29 with an x86 host's eager stretch at PyTorch's op-call ratio to Grace's): it
-# may only fall, except by a fact the rows ran that meshplan had left out or counted wrong;
+# nccl-tests' times; 9.16% on 2026-11-29 with an x86 host's eager stretch at PyTorch's op-call ratio to Grace's;
+# 8.95% once the GPU starts the routed experts no earlier than the host launches their grouped GEMMs): it may only
+# fall, except by a fact the rows ran that meshplan had left out or counted wrong;
 # BENCHMARKS.md records each step and what moved it. Pricing the 220 rows takes about 40 s, so this runs with the slow
 # tests (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.094
+B1_MEAN_ABS_ERROR_AT_MOST = 0.092
 
 
 @pytest.mark.slow
@@ -337,9 +338,9 @@ def test_b1_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # launcher's presets"), 10.52% on 2026-11-28 over all 220 rows (the unrunnable tables at their launcher's preset, the
 # Mamba layout copies, the eager top-k), 10.29% on 2026-11-29 with the load-balancing loss, 10.90% with the fp8
 # backward's quantize of the output gradient (the ratchet above says why), 10.21% on 2026-11-29 with the two
-# measurements the ratchet above names, 9.37% with the x86 host's op-call ratio. Issue 26 asks 8%; a guard with a little
-# room, moved only with a change that says why. Slow, as the ratchet above.
-B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.096
+# measurements the ratchet above names, 9.37% with the x86 host's op-call ratio, 9.16% with the experts' launch order.
+# Issue 26 asks 8%; a guard with a little room, moved only with a change that says why. Slow, as the ratchet above.
+B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.094
 
 
 @pytest.mark.slow

@@ -261,3 +261,17 @@ def test_an_automodel_plan_launched_as_megatron_core_is_named() -> None:
 def test_moe_impl_outside_its_meaning_is_refused_by_name(tmp_path, model: str, fix: str, said: str) -> None:
     with pytest.raises(MeshplanError, match=said):
         plan_job(PlanRequest.of(model, "1x8xB200", 64, 4096, fix=fix, top=1, out=tmp_path / "p.yaml"))
+
+
+def test_the_gpu_cannot_start_the_experts_before_the_host_launches_them() -> None:
+    """Where the routed experts' GPU work outlasts the host's stretch, the wait is the host's lead the GPU cannot
+    start before, read off the timeline's positions: to the end of fc1's range (+686.9 -> +687.74 ms, then its
+    0.377 ms), or, if fc2's GEMM onward is longer than the 0.77 ms of host after fc2's range (+689.58 -> +690.35),
+    to the end of fc2's range; with less GPU work, the host's 3.45 ms less it, as before."""
+    fc1_at_s = (687.74e-3 - 686.9e-3) + 0.377e-3
+    fc2_at_s = 689.58e-3 - 686.9e-3
+    assert moe_sync_wait_s("layers", "grace", 10e-3, 0.0, False, fc2_gpu_s=1e-3) == pytest.approx(fc1_at_s)
+    assert moe_sync_wait_s("layers", "grace", 10e-3, 0.0, False, fc2_gpu_s=9.5e-3) == pytest.approx(
+        fc2_at_s + 9.5e-3 - 10e-3)
+    assert moe_sync_wait_s("layers", "grace", 1e-3, 0.0, False, fc2_gpu_s=0.5e-3) == pytest.approx(
+        GRACE_ROUTED_S - 1e-3)

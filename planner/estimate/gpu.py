@@ -53,7 +53,13 @@ from meshplan.planner.estimate.base import (
     time_signature,
     trainable_params,
 )
-from meshplan.planner.estimate.host_wait import HOST_SPEED, count_exchange_s, moe_sync_wait_s, waits_for_host
+from meshplan.planner.estimate.host_wait import (
+    HOST_SPEED,
+    count_exchange_s,
+    fc2_onward,
+    moe_sync_wait_s,
+    waits_for_host,
+)
 from meshplan.planner.estimate.memory import USABLE_FRACTION, param_bytes, reduce_bytes_per_param, saved_input_bytes
 from meshplan.planner.estimate.offload import offload_exposed_s
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
@@ -368,7 +374,8 @@ class GpuEstimator:
         if lo.experts and waits_for_host(key, device):
             host = moe_sync_wait_s(key.cuda_graphs, device.host_cpu, p["experts_fwd"], p["shared_fwd"],
                                    key.shared_overlap, max(1, tb.model.num_experts // key.ep),
-                                   p["fwd"] - p["experts_fwd"] - p["shared_fwd"], self.host_speed)
+                                   p["fwd"] - p["experts_fwd"] - p["shared_fwd"], self.host_speed,
+                                   p["experts_fc2_fwd"])
         if lo.experts:  # the token counts exchanged before that sync, on the compute stream
             host += count_exchange_s(key, tb.model.num_experts, ep_link, device)
         comm = tp + tp_bwd + cp + cp_bwd + ep_cost + host  # forward and backward
@@ -571,7 +578,8 @@ class GpuEstimator:
         prices.update(attn=sum(predict(op, device) for op in lo.core_attention),
                       attn_bwd=sum(self._bwd_s(op, device) for op in lo.core_attention),
                       shared_fwd=sum(predict(op, device) for op in lo.shared),
-                      experts_fwd=lo.expert_copies * sum(predict(op, device) for op in lo.experts))
+                      experts_fwd=lo.expert_copies * sum(predict(op, device) for op in lo.experts),
+                      experts_fc2_fwd=lo.expert_copies * sum(predict(op, device) for op in fc2_onward(lo.experts)))
         out = self._ops[k] = (lo, prices)
         return out
 

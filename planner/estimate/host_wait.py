@@ -5,9 +5,10 @@ Megatron-Core's alltoall dispatcher at ``cuda_sync_point`` ``before_ep_alltoall`
 takes as Python integers), DeepEP's ``buffer.dispatch`` busy-waiting on its received counts, Hybrid-EP's
 ``current_stream().synchronize()`` unless a rank capacity pre-sizes its buffers (``token_dispatcher.py`` in every
 core release to 0.19). Only dropping and padding to capacity skips it (``drop_and_pad``: no sync). At the wait the
-GPU's queue drains; from then on the GPU runs only as fast as the host launches the eager ops up to the next wait,
-so a layer's forward takes ``max(host, GPU)`` over that stretch rather than the GPU's time. The host launches
-ahead of the GPU everywhere else, and the backward has no such wait (the splits are reused).
+GPU's queue drains; from then on the GPU runs each eager op up to the next wait no earlier than the host launches it,
+so over that stretch a layer's forward takes the host's time, or, where its GPU work is longer, the GPU's time after
+the host's lead before the experts' first grouped GEMM (``routed_gpu_end_s``), rather than the GPU's time alone. The
+host launches ahead of the GPU everywhere else, and the backward has no such wait (the splits are reused).
 
 The host's time for that stretch is read off NVIDIA's own Nsight timelines of DeepSeek-V3 on GB200 NVL72 (MXFP8, EP32:
 8 local experts and one shared expert, DeepEP dispatch, Transformer Engine 2.9, Megatron-Core dev 2025-10; "Optimizing
@@ -57,12 +58,21 @@ figures): for newer stacks the wait is an upper estimate.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from meshplan.costmodel.collectives import Link, nccl_ll_latency_s
 
-# Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring)
-ROUTED_EXPERTS_HOST_S = 3.45e-3
+# Host seconds of one MoE layer's eager stretches after the token-count wait, on a Grace CPU (module docstring): the
+# routed stretch in image 5 (bottom), 3.45 ms from the dispatch kernel's end (+686.9 ms) to the combine kernel's
+# start (+690.35), in the five parts its two grouped linears' NVTX ranges (0.377 ms from +687.74, 0.34 ms to
+# +689.58) cut it into: the host before fc1 (the dispatch's outputs, the permute), fc1's range, the host between them
+# (the activation, the probabilities' scale: what the others leave of the 3.45), fc2's range, and the host after fc2
+# (the unpermute, the combine's inputs)
+ROUTED_EXPERTS_HOST_S = 690.35e-3 - 686.9e-3
+BEFORE_FC1_HOST_S = 687.74e-3 - 686.9e-3
+FC1_HOST_S, FC2_HOST_S = 0.377e-3, 0.34e-3
+AFTER_FC2_HOST_S = 690.35e-3 - 689.58e-3
+BETWEEN_HOST_S = ROUTED_EXPERTS_HOST_S - BEFORE_FC1_HOST_S - FC1_HOST_S - FC2_HOST_S - AFTER_FC2_HOST_S
 # Uncaptured, the attention, router and preprocessing: the timeline's 4.0 ms of host (image 4), which the layer's
 # GPU work outside the experts runs beside; the shared expert: what capturing it saved in the guide's runs
 # (797.67 -> 829.93 TFLOPS: 0.78 ms a layer and micro-batch) plus the 0.18 ms meshplan prices its forward at on
@@ -71,7 +81,7 @@ ROUTER_PREPROCESS_HOST_S = 4.0e-3
 SHARED_EXPERTS_HOST_S = 0.78e-3 + 0.18e-3
 # The routed stretch's grouped linears (fc1 0.377 ms + fc2 0.34 ms of host, image 5) over the timeline's local experts
 TIMELINE_LOCAL_EXPERTS = 8
-GROUPED_LINEAR_HOST_PER_EXPERT_S = (0.377e-3 + 0.34e-3) / TIMELINE_LOCAL_EXPERTS
+GROUPED_LINEAR_HOST_PER_EXPERT_S = (FC1_HOST_S + FC2_HOST_S) / TIMELINE_LOCAL_EXPERTS
 # Host time of the eager stretch on an x86 host over a Grace one: PyTorch's op call, OpOverload.__call__ median 181.7
 # ns on an H100 node's host against 197.4 ns on a GB200 (pytorch issue 187862, 2026; module docstring)
 HOST_SPEED = {"grace": 1.0, "x86": 181.7 / 197.4}
@@ -95,12 +105,39 @@ def routed_experts_host_s(local_experts: int) -> float:
     return ROUTED_EXPERTS_HOST_S + (local_experts - TIMELINE_LOCAL_EXPERTS) * GROUPED_LINEAR_HOST_PER_EXPERT_S
 
 
+def routed_launches_s(local_experts: int) -> tuple[float, float]:
+    """Grace seconds from the wait's end until the host has launched fc1's and fc2's grouped GEMMs (the ends of
+    their NVTX ranges), each range grown or shrunk with the local experts as ``routed_experts_host_s``."""
+    scale = local_experts / TIMELINE_LOCAL_EXPERTS
+    fc1_s = BEFORE_FC1_HOST_S + FC1_HOST_S * scale
+    return fc1_s, fc1_s + BETWEEN_HOST_S + FC2_HOST_S * scale
+
+
+def routed_gpu_end_s(host_s: float, fc1_at_s: float, fc2_at_s: float, experts_gpu_s: float,
+                     fc2_gpu_s: float) -> float:
+    """Seconds from the wait's end until the GPU has run the routed experts, when their work can start no earlier
+    than the host launches it: fc1's grouped GEMM (and what follows it up to fc2) at ``fc1_at_s``, fc2's GEMM and
+    what follows it (``fc2_gpu_s`` of the ``experts_gpu_s``) at ``fc2_at_s``, the combine not before the host is
+    through (``host_s``). A stream runs its kernels in order, each once launched, so the GPU stands idle until the
+    host has reached the kernel it would run next."""
+    return max(host_s, fc1_at_s + experts_gpu_s, fc2_at_s + fc2_gpu_s)
+
+
+def fc2_onward(experts: Sequence) -> Sequence:
+    """The routed experts' ops (``LayerOps.experts``, in launch order) from fc2's grouped GEMM on: its last
+    ``matmul`` and what follows it."""
+    last = max((i for i, op in enumerate(experts) if op.kind == "matmul"), default=len(experts))
+    return experts[last:]
+
+
 def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, shared_gpu_s: float,
                     shared_overlap: bool, local_experts: int = TIMELINE_LOCAL_EXPERTS,
-                    captured_gpu_s: float = 0.0, host_speed: Mapping[str, float] = HOST_SPEED) -> float:
+                    captured_gpu_s: float = 0.0, host_speed: Mapping[str, float] = HOST_SPEED,
+                    fc2_gpu_s: float = 0.0) -> float:
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
-    ``experts_gpu_s``: the GPU's time for the routed experts that follow the wait; ``shared_gpu_s``: the shared
+    ``experts_gpu_s``: the GPU's time for the routed experts that follow the wait, of which ``fc2_gpu_s`` from
+    fc2's grouped GEMM on (``routed_gpu_end_s``); ``shared_gpu_s``: the shared
     experts', which run before the sync (Megatron-Core) or beside the dispatch (``shared_overlap``);
     ``captured_gpu_s``: the forward's other GPU time (attention, router, preprocessing), what per-layer graphs
     capture, which runs beside their host time when they are not captured;
@@ -117,7 +154,9 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     host_s = routed_experts_host_s(local_experts)
     if shared_gpu_s and shared_overlap:  # on a side stream beside the dispatch, eager under either scope
         host_s += SHARED_EXPERTS_HOST_S
-    wait_s = max(0.0, host_s * speed - experts_gpu_s)
+    fc1_at_s, fc2_at_s = (t * speed for t in routed_launches_s(local_experts))
+    gpu_end_s = routed_gpu_end_s(host_s * speed, fc1_at_s, fc2_at_s, experts_gpu_s, fc2_gpu_s)
+    wait_s = gpu_end_s - experts_gpu_s
     if cuda_graphs == "none":
         # before the sync, a stretch of its own (the GPU's queue drains at the sync, so work after it hides nothing
         # before it): Megatron-Core's MoE forward runs the shared experts, then the router and preprocessing
@@ -126,7 +165,7 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
         # layers repeat, so the routed experts' GPU time past their host time comes before the next layer's)
         in_line = bool(shared_gpu_s) and not shared_overlap
         pre_host_s = ROUTER_PREPROCESS_HOST_S + (SHARED_EXPERTS_HOST_S if in_line else 0.0)
-        queued_s = max(0.0, experts_gpu_s - host_s * speed)
+        queued_s = max(0.0, gpu_end_s - host_s * speed)
         wait_s += max(0.0, pre_host_s * speed - captured_gpu_s - (shared_gpu_s if in_line else 0.0) - queued_s)
     return wait_s
 

@@ -14,7 +14,7 @@ from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.ops import OpSpec
 from meshplan.costmodel.roofline import ROOFLINE_EFFICIENCY
 from meshplan.planner.estimate.gpu import GpuEstimator
-from meshplan.planner.estimate.host_wait import moe_sync_wait_s, waits_for_host
+from meshplan.planner.estimate.host_wait import fc2_onward, moe_sync_wait_s, waits_for_host
 from meshplan.planner.layout.space import free_cuda_graphs
 
 T = TypeVar("T")
@@ -82,8 +82,9 @@ class OpPrices:
         experts_s = self.ops_s(ops.experts, device, precision, base, False)
         shared_s = self.ops_s(ops.shared, device, precision, base, False)
         captured_s = self.ops_s(ops.compute, device, precision, base, False) - experts_s - shared_s
+        fc2_s = self.ops_s(fc2_onward(ops.experts), device, precision, base, False)
         return moe_sync_wait_s(free_cuda_graphs(lay), device.host_cpu, experts_s, shared_s, lay.shared_overlap,
-                               max(1, model.num_experts // lay.ep), captured_s)
+                               max(1, model.num_experts // lay.ep), captured_s, fc2_gpu_s=fc2_s)
 
 
 def default_estimator(estimator=None):
