@@ -1052,9 +1052,12 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     profile = SOURCE_PROFILE.get(src) or (stated_profile(row) if stated else bridge_profile(row))
     task = row_task(row)
     if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        stack_split = _stack_sets(profile, cfg, dtype, is_moe, task)[0].get("pp_split")
-        needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
-                          "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
+        # the profile's own split at this mesh (a recipe's layout map), else its rule, else Megatron's default rule
+        stack = _stack_sets(profile, cfg, dtype, is_moe, task, fix=dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep))[0]
+        stack_split = stack.get("pp_split")
+        if not stack.get("pp_layout"):
+            needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
+                              "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))
