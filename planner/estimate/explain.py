@@ -39,8 +39,9 @@ HOST_TIME_NOTE = (
     "181.7/197.4 of Grace's time, PyTorch's op call measured on both in 2026, pytorch issue 187862; a "
     "torch.nn.Linear forward measured in 2025 gave 13.48/37.08, TransformerEngine issue 2053: `host speed` gives the "
     "step at that one), less what the GPU runs meanwhile, which starts no earlier than the host launches it (fc1's "
-    "grouped GEMM 1.21 ms into the stretch, fc2's 2.68 ms at 8 experts); an uncaptured router and preprocessing add 4.0 ms of host "
-    "beside the layer's other forward GPU work and an uncaptured shared expert what capturing it saved in the same "
+    "grouped GEMM 1.21 ms into the stretch, fc2's 2.68 ms at 8 experts); an uncaptured router and preprocessing "
+    "add 4.0 ms of host beside the layer's other forward GPU work and an uncaptured shared expert what capturing it "
+    "saved in the same "
     "guide's runs, 0.78 ms (cuda_graphs decides what is eager; the per-expert part is read at 8 experts a rank and "
     "extrapolated). Not priced: the host time of the backward, and what Transformer Engine releases after 2.9 cut. "
     "BENCHMARKS.md keeps the dev set's error by CUDA-graph scope and host")
