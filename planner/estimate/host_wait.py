@@ -137,8 +137,8 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     """Seconds one MoE layer's forward waits for the host after its token-count sync (0 when no sync is left).
 
     ``experts_gpu_s``: the GPU's time for the routed experts that follow the wait, of which ``fc2_gpu_s`` from
-    fc2's grouped GEMM on (``routed_gpu_end_s``); ``shared_gpu_s``: the shared
-    experts', which run before the sync (Megatron-Core) or beside the dispatch (``shared_overlap``);
+    fc2's grouped GEMM on (``routed_gpu_end_s``); ``shared_gpu_s``: the shared experts', which run before the sync
+    (Megatron-Core) or beside the dispatch (``shared_overlap``);
     ``captured_gpu_s``: the forward's other GPU time (attention, router, preprocessing), what per-layer graphs
     capture, which runs beside their host time when they are not captured;
     ``local_experts``: the routed experts one rank holds (their grouped linears' host time grows with them);
