@@ -42,8 +42,8 @@ HOST_TIME_NOTE = (
     "grouped GEMM 1.21 ms into the stretch, fc2's 2.68 ms at 8 experts); an uncaptured router and preprocessing "
     "add 4.0 ms of host beside the layer's other forward GPU work and an uncaptured shared expert what capturing it "
     "saved in the same guide's runs, 0.78 ms (cuda_graphs decides what is eager; the per-expert part is read at 8 "
-    "experts a rank and extrapolated). Not priced: the host time of the backward, and what Transformer Engine releases after 2.9 cut. "
-    "BENCHMARKS.md keeps the dev set's error by CUDA-graph scope and host")
+    "experts a rank and extrapolated). Not priced: the host time of the backward, and what Transformer Engine "
+    "releases after 2.9 cut. BENCHMARKS.md keeps the dev set's error by CUDA-graph scope and host")
 # NeMo AutoModel's MoE layer (``Layout.moe_impl``): no timeline of it, so no wait is priced (host_wait.waits_for_host)
 AUTOMODEL_HOST_NOTE = (
     "host time is not priced: NeMo AutoModel's MoE layer (moe_impl=automodel) syncs on its token counts too, but no "
