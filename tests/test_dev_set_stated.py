@@ -182,3 +182,23 @@ def test_an_uneven_pipeline_takes_the_stack_profiles_own_split(runs_dir, tmp_pat
                                      dtype=inp.dtype, out=tmp_path / "pinned.yaml"))
     assert res.status == "priced"
     assert res.predicted_step_s == pytest.approx(pinned.rows[0]["step_time_s"], rel=1e-12)
+
+
+def test_unstated_virtual_stages_are_the_searchs(runs_dir, tmp_path):
+    """NeMo 24.07's SFT table has no VP column: its Llama-2-13B row stated alone leaves the virtual pipeline stages
+    to the search, as an unstated expert parallelism is, and prices no slower than the same job at one stage a rank
+    (the search's optimum); the same row stating ``pp_interleave`` keeps it."""
+    from meshplan.planner.search.job import PlanRequest, plan_job
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "as_stated")
+    row = next(r for r in dev_set.load_rows(runs_dir) if r["name"] == "nemo2407-sft-llama2-13b")
+    stated = held.as_stated(row, runs_dir, "own")
+    assert stated.get("pp_interleave") is None and stated["pp"] == 4
+    inp = dev_set.row_needs(stated, runs_dir)
+    assert "vpp" not in inp.fix
+    res = dev_set.price_row(stated, runs_dir, tmp_path)
+    one = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len, fix=inp.fix_string + ",vpp=1",
+                                  stack=inp.profile, top=1, dtype=inp.dtype, task=inp.task, out=tmp_path / "one.yaml"))
+    assert res.status == "priced" and res.predicted_step_s <= one.rows[0]["step_time_s"]
+    assert dev_set.row_needs(stated | {"pp_interleave": 1}, runs_dir).fix["vpp"] == 1
