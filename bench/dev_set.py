@@ -1051,13 +1051,6 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     is_moe = bool(row.get("num_experts")) or bool(spec and spec.is_moe)
     profile = SOURCE_PROFILE.get(src) or (stated_profile(row) if stated else bridge_profile(row))
     task = row_task(row)
-    if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs):
-        # the profile's own split at this mesh (a recipe's layout map), else its rule, else Megatron's default rule
-        stack = _stack_sets(profile, cfg, dtype, is_moe, task, fix=dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep))[0]
-        stack_split = stack.get("pp_split")
-        if not stack.get("pp_layout"):
-            needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
-                              "split by the stack's own rule", {}) if stack_split else _uneven_split(L, pp, vpp))
     if ep > 1 and (dp * cp) % ep and not any(nd.key == "etp" for nd in needs):
         needs.append(Need("etp", "1", f"ep={ep} over dp={dp} x cp={cp}: the expert mesh folded independently of "
                           "the dense mesh (MoE parallel folding)", None))
@@ -1092,6 +1085,17 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         del fix["recompute"]  # the recipe states none; what its launcher sets (the profile's) holds
     if "attention" in stack_sets or stated:
         del fix["attention"]  # the stack's attention kernel is the profile's (or, unstated, the search's)
+    if (L % pp or (vpp > 1 and L % (pp * vpp))) and not any(nd.key == "pp_layout" for nd in needs) and not (
+            "pp_layout" in stack_sets or "pp_layout" in preset_sets):
+        # uneven, and neither the profile nor its preset has this mesh's split (a recipe's layout map): the
+        # profile's rule, else Megatron's default rule where the virtual stages are known (left to the search,
+        # they take the profile's split for the mesh it picks, or its own)
+        stack_split = stack_sets.get("pp_split")
+        if stack_split:
+            needs.append(Need("pp_split", stack_split, f"{L} layers over pp={pp} x vpp={vpp} virtual stages: uneven, "
+                              "split by the stack's own rule", {}))
+        elif "vpp" in fix:
+            needs.append(_uneven_split(L, pp, vpp))
     approximated, missing, from_profile, per_row, device, dtype = _resolve(needs, stack_sets, fix, device, dtype,
                                                                            profile_only)
     if "recompute_modules" in fix:  # the module list is what selective recomputation re-runs

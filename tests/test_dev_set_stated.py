@@ -164,21 +164,27 @@ def test_a_job_inside_one_node_takes_its_gpus_of_it(runs_dir, tmp_path):
     assert res.inputs["cluster"] == "1x4xH100-SXM" and "attention" not in res.inputs["fix"]
 
 
-def test_an_uneven_pipeline_takes_the_stack_profiles_own_split(runs_dir, tmp_path):
-    """DeepSeek-V3's 61 layers over PP 16 stated alone, under its Megatron-Bridge performance profile: the split is
-    the one the profile reads off the recipe's layout map at that mesh (``deepseek_v3.py`` layout_map: embedding + 4
-    layers first, 1 + loss last, "4*15+1"), not a split the harness assumes for the row, and no per-row setting."""
+@pytest.mark.parametrize("name, split", [
+    ("mbridge26.04-deepseekv3-b200-mxfp8", "4*15+1"),  # PP 16, its VP unstated: the library recipe's layout map
+    ("mbridge26.04-deepseekv3-gb300-mxfp8", "4*15+1"),  # PP 2 x VP 8: the workload preset's pp_layout
+])
+def test_an_uneven_pipeline_takes_the_stack_profiles_own_split(runs_dir, tmp_path, name, split):
+    """DeepSeek-V3's 61 layers over 16 virtual stages stated alone, under its Megatron-Bridge performance profile: the
+    split is the one the profile reads off the recipe at that mesh (``deepseek_v3.py`` layout_map, or the workload
+    preset's ``pp_layout``: embedding + 4 layers first, 1 + loss last, "4*15+1"), not a split the harness assumes for
+    the row, and no per-row setting."""
     from meshplan.planner.search.job import PlanRequest, plan_job
     from tests.helpers import load_bench
 
     held = load_bench("as_held_out", "as_stated")
-    row = next(r for r in dev_set.load_rows(runs_dir) if r["name"] == "mbridge26.04-deepseekv3-b200-mxfp8")
+    row = next(r for r in dev_set.load_rows(runs_dir) if r["name"] == name)
     stated = held.as_stated(row, runs_dir, "own")
     inp = dev_set.row_needs(stated, runs_dir)
-    assert inp.profile == "megatron-bridge-perf@26.04" and "pp_layout" not in inp.fix and not inp.per_row
+    assert inp.profile == "megatron-bridge-perf@26.04" and "pp_layout" not in inp.fix
+    assert not [s for s in inp.per_row if s.startswith(("pp_layout", "pp_split"))]
     res = dev_set.price_row(stated, runs_dir, tmp_path)
     pinned = plan_job(PlanRequest.of(inp.model, inp.cluster, inp.global_batch, inp.seq_len,
-                                     fix=inp.fix_string + ",pp_layout=4*15+1", stack=inp.profile, top=1,
+                                     fix=inp.fix_string + f",pp_layout={split}", stack=inp.profile, top=1,
                                      dtype=inp.dtype, out=tmp_path / "pinned.yaml"))
     assert res.status == "priced"
     assert res.predicted_step_s == pytest.approx(pinned.rows[0]["step_time_s"], rel=1e-12)
