@@ -79,9 +79,8 @@ BETWEEN_HOST_S = ROUTED_EXPERTS_HOST_S - BEFORE_FC1_HOST_S - FC1_HOST_S - FC2_HO
 # that layout (the wait is host less GPU; module docstring)
 ROUTER_PREPROCESS_HOST_S = 4.0e-3
 SHARED_EXPERTS_HOST_S = 0.78e-3 + 0.18e-3
-# The routed stretch's grouped linears (fc1 0.377 ms + fc2 0.34 ms of host, image 5) over the timeline's local experts
+# The timeline's local experts, over which its grouped linears' ranges (fc1 0.377 ms + fc2 0.34 ms) grow per expert
 TIMELINE_LOCAL_EXPERTS = 8
-GROUPED_LINEAR_HOST_PER_EXPERT_S = (FC1_HOST_S + FC2_HOST_S) / TIMELINE_LOCAL_EXPERTS
 # Host time of the eager stretch on an x86 host over a Grace one: PyTorch's op call, OpOverload.__call__ median 181.7
 # ns on an H100 node's host against 197.4 ns on a GB200 (pytorch issue 187862, 2026; module docstring)
 HOST_SPEED = {"grace": 1.0, "x86": 181.7 / 197.4}
@@ -99,18 +98,19 @@ def waits_for_host(layout, device) -> bool:
             and layout.moe_impl == "megatron")
 
 
-def routed_experts_host_s(local_experts: int) -> float:
-    """Grace seconds of host time for the routed stretch of a rank holding ``local_experts`` experts: the
-    timeline's 3.45 ms at its 8, less or more the grouped linears' host time per expert."""
-    return ROUTED_EXPERTS_HOST_S + (local_experts - TIMELINE_LOCAL_EXPERTS) * GROUPED_LINEAR_HOST_PER_EXPERT_S
-
-
 def routed_launches_s(local_experts: int) -> tuple[float, float]:
     """Grace seconds from the wait's end until the host has launched fc1's and fc2's grouped GEMMs (the ends of
-    their NVTX ranges), each range grown or shrunk with the local experts as ``routed_experts_host_s``."""
+    their NVTX ranges), each range grown or shrunk in proportion to the local experts a rank holds."""
     scale = local_experts / TIMELINE_LOCAL_EXPERTS
     fc1_s = BEFORE_FC1_HOST_S + FC1_HOST_S * scale
     return fc1_s, fc1_s + BETWEEN_HOST_S + FC2_HOST_S * scale
+
+
+def routed_experts_host_s(local_experts: int) -> float:
+    """Grace seconds of host time for the routed stretch of a rank holding ``local_experts`` experts: the
+    timeline's 3.45 ms at its 8, less or more the grouped linears' host time per expert (to fc2's launch, then the
+    host after it)."""
+    return routed_launches_s(local_experts)[1] + AFTER_FC2_HOST_S
 
 
 def routed_gpu_end_s(host_s: float, fc1_at_s: float, fc2_at_s: float, experts_gpu_s: float,
