@@ -38,7 +38,7 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     out["source_id"] = f"{row['source_id']}*"
     out["task"] = "lora" if row.get("task") == "lora" else dev_set.row_task(row)  # a fine-tuning table says so
     config = dev_set.HYBRID_CONFIGS.get(row["name"])  # rows naming no config: the harness's reading of them
-    out["config"] = str((runs_dir / config).resolve()) if config else dev_set._config_path(row, runs_dir)
+    out["config"] = dev_set._config_path({"config": config} if config else row, runs_dir)
     if config:
         out["meshplan_can_express"] = "yes"
     fsdp = (row.get("published") or {}).get("fsdp")
@@ -60,10 +60,16 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     return out
 
 
+def judged_rows(runs_dir: Path) -> list[dict]:
+    """The rows judged apart: every row the dev set prices (``dev_set.in_scope``), the hybrid rows it maps to a
+    config included."""
+    return [r for r in dev_set.load_rows(runs_dir) if dev_set.in_scope(r)]
+
+
 def summaries(runs_dir: Path, stack: Optional[str]) -> list[dict]:
     """Per source: rows, those priced held out, and over the rows priced both ways, mean |error| and median signed
     error held out and profile-only by the source's own mapping."""
-    rows = [r for r in dev_set.load_rows(runs_dir) if not str(r.get("meshplan_can_express", "yes")).startswith("no")]
+    rows = judged_rows(runs_dir)
     with tempfile.TemporaryDirectory() as tmp:
         own = [dev_set.price_row(r, runs_dir, Path(tmp), profile_only=True) for r in rows]
         held = [dev_set.price_row(as_stated(r, runs_dir, stack), runs_dir, Path(tmp)) for r in rows]

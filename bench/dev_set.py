@@ -285,6 +285,12 @@ HYBRID_CONFIGS = {"automodel-nemotronv3-nano-8": "configs/nemotron-3-nano-30b-a3
                   "automodel-nemotronv3-ultra-128": "nemotron-3-ultra-550b-a55b"}
 
 
+def in_scope(row: dict) -> bool:
+    """Whether the dev set prices ``row``: its ``meshplan_can_express`` does not begin with "no", or meshplan maps
+    it to a config (``HYBRID_CONFIGS``)."""
+    return row["name"] in HYBRID_CONFIGS or not str(row.get("meshplan_can_express", "yes")).startswith("no")
+
+
 # Megatron-Bridge's published runs (B1 pre-training, B2 fine-tuning; blackwell_dev.jsonl): each table section is one
 # NeMo container, whose Megatron-Bridge release is the stack profile: its performance scripts, which launched the
 # published runs (planner/presets/stacks/megatron-bridge-perf@<ver>, on the library's megatron-bridge@<ver>; 25.09's

@@ -208,3 +208,19 @@ def test_unstated_virtual_stages_are_the_searchs(runs_dir, tmp_path):
                                   stack=inp.profile, top=1, dtype=inp.dtype, task=inp.task, out=tmp_path / "one.yaml"))
     assert res.status == "priced" and res.predicted_step_s <= one.rows[0]["step_time_s"]
     assert dev_set.row_needs(stated | {"pp_interleave": 1}, runs_dir).fix["vpp"] == 1
+
+
+def test_every_row_the_dev_set_prices_is_judged_apart(runs_dir):
+    """The judged-apart harness takes the rows the dev set prices, the hybrid Mamba rows it maps to a config among
+    them (the three AutoModel Nemotron V3 rows, whose table says 'no: hybrid'), and Ultra's config, one of
+    meshplan's model presets, resolves as the dev set's mapping resolves it."""
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "judged_rows")
+    rows = dev_set.load_rows(runs_dir)
+    judged = {r["name"] for r in held.judged_rows(runs_dir)}
+    priced_by_dev_set = {r["name"] for r in rows if dev_set.row_needs(r, runs_dir).out_of_scope == ""}
+    assert judged == priced_by_dev_set and set(dev_set.HYBRID_CONFIGS) <= judged
+    ultra = next(r for r in rows if r["name"] == "automodel-nemotronv3-ultra-128")
+    stated = held.as_stated(ultra, runs_dir, "own")
+    assert stated["config"] == dev_set.row_needs(ultra, runs_dir).model == "nemotron-3-ultra-550b-a55b"
