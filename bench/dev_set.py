@@ -141,6 +141,26 @@ AUTOMODEL_RUN_AC = {
                                        "(global_batch_size 256, local_batch_size 2, ep_size 64, dispatcher deepep, "
                                        "experts torch_mm: the table's row)"),
 }
+# What an AutoModel MoE run's FSDP2 exchanges over a step. At 89e3a9fdd, where the summary's first MoE rows ran, a
+# block is gathered for its forward and again for its backward (components/moe/parallelizer.py apply_fsdp:
+# reshard_after_forward=not pp_enabled) and a pipelined stage once per schedule run (torch.distributed.pipelining's
+# backward_maybe_with_nosync): meshplan's zero=3 under fsdp=torch. PR #574 (bdb4dbc72, "Add fsdp optimizations for
+# custom MoE models") added the benchmark's ``enable_fsdp_optimization``: recipes/llm/benchmark.py's
+# prepare_for_grad_accumulation sets every FSDP module's reshard_after_backward and requires_gradient_sync False
+# for all micro-batches but the last (components/moe/fsdp_mixin.py; under pipelining its patched
+# backward_maybe_with_nosync does the same until the optimizer step's last backward), and the MoE blocks default to
+# reshard_after_forward False: parameters gathered once a step and gradients reduce-scattered once, ZeRO-2's
+# exchange (zero=2). The runs on that code whose configs turn both on (Super @ e344133e4 and Ultra @ cb9765441 set
+# moe.reshard_after_forward: true, gathered again each forward):
+AUTOMODEL_RUN_ZERO2 = {
+    "automodel-dsv3-1024": "examples/benchmark/configs/deepseek_v3_te_deepep_1024.yaml @ bdb4dbc72: "
+                           "parallelizer.reshard_after_forward: false, backend.enable_fsdp_optimization: true",
+    "automodel-nemotronv3-nano-8": "examples/benchmark/configs/nemotron_nano_v3_te_deepep.yaml @ 08a48f76c: "
+                                   "backend.enable_fsdp_optimizations: true, no moe.reshard_after_forward "
+                                   "(MoEParallelizerConfig's default, False)",
+}
+
+
 # AutoModel runs whose config takes the fused linear cross-entropy (``linear_ce``) over the MaskedCrossEntropy of
 # every other benchmark config (examples/benchmark/configs/*.yaml @ 89e3a9fdd, Super's @ e344133e4)
 AUTOMODEL_RUN_LINEAR_CE = {
@@ -688,12 +708,15 @@ def states_fake_gate(row: dict) -> bool:
     return "fake balanced gate is enabled" in str((row.get("published") or {}).get("source", "")).lower()
 
 
-def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> tuple:
+def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, profile_only: bool = False) -> tuple:
     """(zero, sp, recompute, needs, assumptions) of a NeMo AutoModel row (S5): FSDP2 + TE kernels + DeepEP, bf16."""
     name, la = row["name"], row.get("layout_assumptions") or {}
     needs: list[Need] = []
     assumptions: list[str] = []
     zero, sp = 3, False
+    if name in AUTOMODEL_RUN_ZERO2 and not profile_only:  # the run's own code and config, not the profile's
+        zero = 2
+        assumptions.append(f"zero=2: {AUTOMODEL_RUN_ZERO2[name]}")
     said = str(la.get("recompute", row.get("recompute") or ""))
     # the source's config states activation checkpointing for some rows; where it says nothing (recompute
     # null), meshplan chooses (a free decision), as a user planning that run would let it
@@ -702,7 +725,7 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
     if recompute is None and name in AUTOMODEL_RUN_AC:
         recompute, where = AUTOMODEL_RUN_AC[name]
         assumptions.append(f"recompute={recompute}: {where}")
-    assumptions.append(f"FSDP2 = zero=3 over the FSDP size {dp}; recompute="
+    assumptions.append(f"FSDP2 = zero={zero} over the FSDP size {dp}; recompute="
                        f"{recompute or 'not stated: chosen by meshplan'}")
     if "ep" in la:
         assumptions.append(f"ep={ep} (table '-', config ep_size)")
@@ -716,7 +739,7 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int) -> 
                       "parallelizer.py apply_fsdp, components/distributed/parallelizer.py @ 89e3a9fdd), not "
                       "Megatron-FSDP", {}))
     needs.append(Need("stack", "megatron" if "TE" in kernels else "torchtitan",
-                      f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 (zero=3) with Transformer Engine's "
+                      f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 with Transformer Engine's "
                       "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
                       {}))
     ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
@@ -1043,7 +1066,7 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
     elif src in ("S1", "S1f"):
         zero, sp, recompute, dtype, needs, assumptions, vpp = _nemo_needs(row, src, tp, pp, cp, vpp)
     elif src == "S5":
-        zero, sp, recompute, needs, assumptions = _automodel_needs(row, dp, tp, pp, cp, ep)
+        zero, sp, recompute, needs, assumptions = _automodel_needs(row, dp, tp, pp, cp, ep, profile_only)
     elif src == "T":
         zero, sp, recompute, needs, assumptions, device = _torchtitan_needs(row, n, dp, tp, device)
     else:
