@@ -7,8 +7,8 @@ at the power limit, and GEMMs.
 - ``held`` (from ``costmodel/data/published/aic_gemm_sustained.json``): per part and framework, the bf16 GEMM sweep
   collected with the board power read (each shape held a second or more, shape after shape) matched with the same
   framework's one-shot sweep: the median one-shot / held time over the shapes drawing 95% of the power limit or more
-  (``AT_CAP``), beside the share ``costmodel.sustained`` prices the part at. Nothing prices from it: a flat share
-  from it would contradict a GB200 training timeline (BENCHMARKS.md, 2026-11-29 "GEMMs held at the power limit").
+  (``costmodel.sustained.AT_CAP``), beside the share ``costmodel.sustained`` prices the part at: each sweep with
+  ``MIN_SHAPES_AT_CAP`` shapes at the cap is one of its part's runs there.
 - ``gemm`` (needs a checkout of ai-dynamo/aiconfigurator, e.g. ``fetch github:ai-dynamo/aiconfigurator``; not copied
   into the repository, nothing prices from it): TensorRT-LLM 1.3.0rc20's ``Linear`` GEMM times per part, bf16, and
   fp8 with its dynamic input quantize (the collector's own note) against the shipped pricer's one-shot price of the
@@ -34,27 +34,16 @@ FOLDERS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm", "B200": "b200_sxm", "GB20
            "GB300": "gb300"}
 DTYPES = {"bfloat16": ("bf16", "none"), "fp8": ("fp8", "tensorwise")}
 SAMPLE = 300
-HELD_FILE = "aic_gemm_sustained.json"  # in costmodel/data/published
-AT_CAP = 0.95  # a shape counts where its board power read at least this share of the limit
-
-
-def held_share(rows: list[list[float]]) -> tuple[float, int]:
-    """(median one-shot / held time of a matched sweep's shapes at the power cap, how many there are)."""
-    import statistics
-
-    at_cap = [one / held for _, _, _, held, one, watts, cap in rows if watts >= AT_CAP * cap]
-    return (statistics.median(at_cap) if at_cap else float("nan")), len(at_cap)
-
 
 def held_rows() -> list[dict]:
     """One row per matched sweep: its share at the cap, the shapes there, and the share meshplan prices at."""
     from meshplan.costmodel.devices import catalogue
     from meshplan.costmodel.measured import published_file
-    from meshplan.costmodel.sustained import sustained_share
+    from meshplan.costmodel.sustained import HELD_SWEEPS, held_sweep_share, sustained_share
 
     out, cat = [], catalogue()
-    for run in published_file(HELD_FILE)["runs"]:
-        share, n = held_share(run["rows"])
+    for run in published_file(HELD_SWEEPS)["runs"]:
+        share, n = held_sweep_share(run["rows"])
         priced = sustained_share(cat[run["part"]])[0]
         out.append({"part": run["part"], "framework": run["framework"], "shapes_at_cap": n,
                     "held_share": round(share, 3), "priced_share": round(priced, 3)})

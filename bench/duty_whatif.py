@@ -3,16 +3,13 @@
 A power-capped GPU throttles by how long it draws its tensor cores' power: one H200 held a GEMM in bursts kept 0.991,
 0.984 and 0.933 of its rate at busy fractions 0.38, 0.58 and 0.78 (``costmodel.sustained.duty_points``), and one
 H100 held a Qwen3-30B-A3B MoE layer at its cap kept 0.988 (GEMMs 0.907-0.938). meshplan prices one flat share per
-part (``costmodel.sustained``). This prices every B1 and B2 row as ``bench/dev_set.py --profile-only`` does, reads
-the slowest stage's tensor-core seconds (matmul, grouped matmul, attention, SSD) off ``--explain``, and reprices the
-step four ways, each only in those seconds:
+part (``costmodel.sustained``: B200 and B300 0.866, GB200 0.894, GB300 1). This prices every B1 and B2 row as
+``bench/dev_set.py --profile-only`` does, reads the slowest stage's tensor-core seconds (matmul, grouped matmul,
+attention, SSD) off ``--explain``, and reprices the step two ways, each only in those seconds:
 
-- ``now``: the flat shares priced (B200 and B300 0.853, GB200 and GB300 1);
+- ``now``: the flat shares priced;
 - ``duty``: each part's throttle scaled by the H200's duty curve at the step's busy fraction (tensor-core seconds
-  over the step): share = 1 - depth x (1 - flat share), depth = (1 - kept(busy)) / (1 - the H200's held share);
-- ``flat+gb200``: the GB200 at AIConfigurator's held GEMM share, 0.894 (``costmodel/data/published/
-  aic_gemm_sustained.json``, the median of its two frameworks' sweeps at the cap), flat;
-- ``duty+gb200``: both.
+  over the step): ``costmodel.sustained.duty_share``.
 
 Run: python bench/duty_whatif.py [--json]   (about 2 minutes; nothing here prices a plan)
 """
@@ -29,22 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dev_set  # noqa: E402
 
 TENSOR_CORE_CLASSES = ("matmul", "grouped matmul", "attention", "ssd")
-GB200_HELD_SHARE = 0.894  # AIConfigurator's GB200 GEMM sweeps at the cap: vLLM 0.882, TensorRT-LLM 0.906
-POLICIES = ("now", "duty", "flat+gb200", "duty+gb200")
+POLICIES = ("now", "duty")
 
 
 def depth(busy: float) -> float:
     """How much of a part's full-load throttle a step busy ``busy`` of its time keeps (0..1), by the H200's curve."""
-    from meshplan.costmodel.devices import catalogue
-    from meshplan.costmodel.sustained import duty_points, sustained_share
+    from meshplan.costmodel.sustained import duty_depth
 
-    held = sustained_share(catalogue()["H200"])[0]
-    points = duty_points()
-    kept = held if busy >= points[-1][0] else points[0][1]
-    for (b0, s0), (b1, s1) in zip(points, points[1:]):
-        if b0 <= busy <= b1:
-            kept = s0 + (s1 - s0) * (busy - b0) / (b1 - b0)
-    return min(1.0, max(0.0, (1.0 - kept) / (1.0 - held)))
+    return duty_depth(busy)
 
 
 def priced_rows() -> list[dict]:
@@ -74,18 +63,15 @@ def priced_rows() -> list[dict]:
 
 
 def repriced_s(row: dict, policy: str) -> float:
-    """The row's step under ``policy``, its tensor-core seconds alone rescaled."""
+    """The row's step under ``policy``, its tensor-core seconds alone rescaled: priced at the flat share, under
+    ``duty`` they run at flat / duty share of it."""
     from meshplan.costmodel.devices import catalogue
-    from meshplan.costmodel.sustained import sustained_share
+    from meshplan.costmodel.sustained import duty_share, sustained_share
 
-    flat = sustained_share(catalogue()[row["part"]])[0]
-    step, tc, busy = row["step_s"], row["tc_s"], row["tc_s"] / row["step_s"]
-    if policy.endswith("gb200") and row["part"] == "GB200":  # priced at 1: scale up from one-shot rates
-        share = 1.0 - (depth(busy) if policy.startswith("duty") else 1.0) * (1.0 - GB200_HELD_SHARE)
-        return step + tc * (1.0 / share - 1.0)
-    if policy.startswith("duty"):  # priced at the flat share: these seconds run at flat / share of it
-        share = 1.0 - depth(busy) * (1.0 - flat)
-        return step - tc * (1.0 - flat / share)
+    part = catalogue()[row["part"]]
+    step, tc = row["step_s"], row["tc_s"]
+    if policy == "duty":
+        return step - tc * (1.0 - sustained_share(part)[0] / duty_share(part, tc / step))
     return step
 
 

@@ -17,16 +17,23 @@ copies and scatters keep HBM busy, ran at the cap with its SM clock at 1905 MHz 
 (``nvidia-h100-sustained-moe.json``). One B200 (1000 W) run is published, not ours: flashinfer-ai/flashinfer PR
 #2899 timed 100 back-to-back bf16 FlashAttention-4 iterations and read 1450 TFLOP/s at the peak, 1237 once fully
 throttled (0.853), the SM clock down from 1965 to about 1580 MHz at 1000 W (``costmodel/data/published/
-flashinfer_b200_sustained.json``). A part with no run of its own but the same SMs, boost clock and power limit as
-measured ones (H800: the GH100 die at 700 W) takes the median over theirs. A part of the same SM design given the same
+flashinfer_b200_sustained.json``). NVIDIA's AIConfigurator collected bf16 GEMM sweeps with the board power read, each
+shape held a second or more, shape after shape (``costmodel/data/published/aic_gemm_sustained.json``, matched with
+the same framework's one-shot sweep by ``bench/import_aic.py``): each sweep with at least ``MIN_SHAPES_AT_CAP``
+shapes at its cap is one more run of its part, its share the median one-shot / held time over those shapes (H200
+0.939, as our own runs; B200 0.880; GB200 0.882 and 0.906; the B200's TensorRT-LLM sweep brought 20 of its 181 shapes
+to the cap and counts for nothing). So the B200 is priced at 0.866 and the GB200 at 0.894. A part with no run of its
+own but the same SMs, boost clock and power limit as measured ones (H800: the GH100 die at 700 W) takes the median
+over theirs. A part of the same SM design given the same
 board watts per SM as a measured one takes its share too (``same_budget``): the cap holds each SM's clock where its
 power meets the budget, so the B300 (160 SMs of the B200's tensor core at 1,100 W: 6.9 W an SM against the B200's 6.8)
-takes the B200's 0.853; Megatron-Bridge's paired runs of one layout on two systems check it apart from everything
-else (``bench/part_pairs.py``: B200 / B300 priced over published 0.99, B300 / GB300 1.00). Every other part takes
-1 (the GB200's 8.1 W and the GB300's 8.8 W an SM leave their SMs more headroom, by how much nobody has measured): no
+takes the B200's 0.866; Megatron-Bridge's paired runs of one layout on two systems check the shares apart from
+everything else (``bench/part_pairs.py``, priced over published, medians: B200 / B300 0.95, B300 / GB300 1.05,
+B200 / GB200 1.06, GB200 / GB300 1.01). Every other part takes
+1 (the GB300's 8.8 W an SM leave its SMs more headroom than the GB200's 8.1, by how much nobody has measured): no
 sustained-load measurement exists for it, and ``meshplan plan --explain`` says so, and prices the plan again at the
-share of its measured sibling of the same SM design at fewer watts per SM (``lower_power_sibling``), the bound more
-power per SM can only raise.
+share of its measured siblings of the same SM design at fewer watts per SM (``lower_power_sibling``: the B200 and the
+GB200), the bound more power per SM can only raise.
 """
 from __future__ import annotations
 
@@ -96,12 +103,45 @@ def _published() -> dict[str, dict[str, float]]:
             for name in PUBLISHED_ON}
 
 
+# AIConfigurator's bf16 GEMM sweeps held at the power limit (ai-dynamo/aiconfigurator @ 095f58a, its collectors
+# under COLLECTOR_MEASURE_POWER: each shape held a second or more, shape after shape, board power read), matched
+# with the same framework's one-shot sweep (bench/import_aic.py): one run per (part, framework), its share the median
+# one-shot / held time over the shapes that drew at least AT_CAP of the board's limit
+HELD_SWEEPS = "aic_gemm_sustained.json"
+AT_CAP = 0.95
+MIN_SHAPES_AT_CAP = 100
+
+
+def held_sweep_share(rows: list) -> tuple[float, int]:
+    """(median one-shot / held time of a held sweep's shapes at the power cap, how many there are)."""
+    at_cap = [one / held for _, _, _, held, one, watts, cap in rows if watts >= AT_CAP * cap]
+    return (statistics.median(at_cap) if at_cap else float("nan")), len(at_cap)
+
+
+@lru_cache(maxsize=1)
+def _held_sweeps() -> dict[str, tuple[str, float]]:
+    """Run name -> (its part, its share at the cap), for each held sweep."""
+    out = {}
+    for run in published_file(HELD_SWEEPS)["runs"]:
+        share, n = held_sweep_share(run["rows"])
+        if n >= MIN_SHAPES_AT_CAP:
+            out[f"{HELD_SWEEPS}:{run['part']}:{run['framework']}"] = (run["part"], share)
+    return out
+
+
 def _device_of(run: str) -> str:
+    if run.startswith(HELD_SWEEPS):
+        return _held_sweeps()[run][0]
     return MEASURED_ON.get(run) or PUBLISHED_ON[run]
 
 
 def _where(run: str) -> str:
     """Who measured ``run`` and its file."""
+    if run.startswith(HELD_SWEEPS):
+        _, part, framework = run.split(":")
+        src = published_file(HELD_SWEEPS)["source"]
+        return (f"published: {src['repository']} @ {src['commit'][:7]}, {framework}'s bf16 GEMMs held at {part}'s "
+                f"power limit, costmodel/data/published/{HELD_SWEEPS}")
     if run in PUBLISHED_ON:
         src = published_file(run)["source"]
         return f"published: {src['repository']} PR #{src['pull_request']}, costmodel/data/published/{run}"
@@ -113,7 +153,8 @@ def _runs() -> dict[str, dict[str, float]]:
     published ones)."""
     ours = {name: shares_of(data) for name, data in measured_files(SUSTAINED).items()
             if name in MEASURED_ON and "sustain" in data["sections"]}
-    return {**ours, **_published()}
+    sweeps = {name: {"gemm_bf16_held": share} for name, (_, share) in _held_sweeps().items()}
+    return {**ours, **_published(), **sweeps}
 
 
 @lru_cache(maxsize=1)
@@ -149,7 +190,7 @@ def lower_power_sibling(device: DeviceSpec) -> tuple[float, str] | None:
     """``(share, part)`` for a part with no sustained measurement of its own or of its kin (``sustained_share``
     prices it at 1): the median share measured on a part of the same SM design (bf16 FLOP per SM per clock within
     ``SAME_BUDGET_TOLERANCE``) given fewer board watts per SM, which throttles at least as much, so the unmeasured
-    part's share lies between that and 1 (the GB200 and GB300 against the B200); ``None`` where there is none."""
+    part's share lies between that and 1 (the GB300 against the B200 and the GB200); ``None`` where there is none."""
     if sustained_share(device)[1] != NO_MEASUREMENT or device.tdp_w <= 0:
         return None
     width, watts = tensor_flop_per_sm_clock(device), device.tdp_w / device.sm_count
@@ -192,16 +233,37 @@ def duty_points() -> tuple[tuple[float, float], ...]:
     return tuple(sorted((r["summary"]["busy_fraction"], r["summary"]["steady_over_first_burst"]) for r in recs))
 
 
+def kept_at(busy: float) -> float:
+    """The share of its rate the measured GPU kept computing ``busy`` of its time (``duty_points``, linear between
+    them; the first below, the last above)."""
+    points = duty_points()
+    kept = points[0][1] if busy < points[-1][0] else points[-1][1]
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if b0 <= busy <= b1:
+            kept = s0 + (s1 - s0) * (busy - b0) / (b1 - b0)
+    return kept
+
+
+def duty_depth(busy: float) -> float:
+    """How much of a part's full-load throttle a GPU computing ``busy`` of its time keeps (0..1): what the measured
+    H200's duty cycles lost at ``busy`` over what it loses held (``sustained_share``)."""
+    held = sustained_share(catalogue()["H200"])[0]
+    return min(1.0, max(0.0, (1.0 - kept_at(busy)) / (1.0 - held)))
+
+
+def duty_share(device: DeviceSpec, busy: float) -> float:
+    """The share of its one-shot rate ``device`` keeps computing ``busy`` of its time: its held share's throttle
+    (``sustained_share``) scaled by ``duty_depth``."""
+    return 1.0 - duty_depth(busy) * (1.0 - sustained_share(device)[0])
+
+
 def busy_note(busy: float, device: DeviceSpec) -> str | None:
     """What the share leaves out for a step whose compute is ``busy`` of its time, or ``None`` when nothing: a GPU
     that waits keeps more of its boost than the share grants (linear between the measured duty cycles)."""
     share, points = sustained_share(device)[0], duty_points()
     if share >= 1.0 or not points or busy >= points[-1][0]:
         return None
-    kept = points[0][1]
-    for (b0, s0), (b1, s1) in zip(points, points[1:]):
-        if b0 <= busy <= b1:
-            kept = s0 + (s1 - s0) * (busy - b0) / (b1 - b0)
+    kept = kept_at(busy)
     if kept <= share + 0.01:
         return None
     return (f"the step computes {busy:.0%} of its time; a GPU that waits this much keeps about {kept:.3f} of its "

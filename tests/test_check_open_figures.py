@@ -17,7 +17,7 @@ def plans(tmp_path_factory) -> dict[str, object]:
     out = {}
     moe = "dp=8,tp=1,pp=1,ep=8,mbs=4,moe_dispatcher=hybridep,cuda_graphs=layers"
     for name, model, cluster, fix, batch, seq in (
-            ("gb200", "llama-3.1-8b-instruct", "2x4xGB200-NVL72", "dp=8,tp=1,pp=1,mbs=2", 128, 8192),
+            ("gb300", "llama-3.1-8b-instruct", "2x4xGB300-NVL72", "dp=8,tp=1,pp=1,mbs=2", 128, 8192),
             ("b200", "qwen3-30b-a3b", "1x8xB200", moe, 512, 4096)):
         out[name] = plan_job(PlanRequest.of(model, cluster, batch, seq, fix=fix, top=1, dtype="fp8",
                                             explain=True, out=tmp / f"{name}.yaml")).plan
@@ -29,7 +29,7 @@ def plans(tmp_path_factory) -> dict[str, object]:
 def test_a_measured_step_is_placed_against_the_band(plans, where: float, said: str) -> None:
     # a lower share prices slower; the 2025 Linear pair's faster x86 host (13.48 / 37.08 of Grace's time against the
     # priced 181.7 / 197.4) waits less, so that price is the faster one
-    for plan, key, what, slower in ((plans["gb200"], "sustained", "sustained clock", True),
+    for plan, key, what, slower in ((plans["gb300"], "sustained", "sustained clock", True),
                                     (plans["b200"], "host_speed", "host's speed", False)):
         predicted = plan.prediction.step_time_s
         other = plan.explain[key]["step_time_s"]
@@ -40,5 +40,5 @@ def test_a_measured_step_is_placed_against_the_band(plans, where: float, said: s
 
 def test_a_plan_without_bands_says_nothing(plans) -> None:
     assert open_figure_notes(None, 1.0, 1.0) == []
-    explain = {k: v for k, v in plans["gb200"].explain.items() if k != "sustained"}
+    explain = {k: v for k, v in plans["gb300"].explain.items() if k != "sustained"}
     assert open_figure_notes(explain, 1.0, 1.0) == []

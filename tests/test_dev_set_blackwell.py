@@ -293,9 +293,12 @@ def test_a_table_expert_mesh_megatron_refuses_is_priced_at_its_recipe(rows, runs
 # B2's mean |error| on 2026-11-27 after the Blackwell GEMM level (OpenXLA's measured B200/H100 table), the MXFP8
 # grouped share and GB300 speed (cuDNN frontend's MoE benchmark) and fp8 attention: 12.9 -> 6.0% (BENCHMARKS.md
 # "Blackwell GEMMs against OpenXLA's measured B200/H100 table"), then 6.0 -> 4.9% with the MXFP8 GEMM's time over
-# tensor-wise that Transformer Engine's B300 benchmark measured (``costmodel.te_gemm``). A guard with a little room,
-# moved only with a physics change that says why.
-B2_MEAN_ABS_ERROR_AT_MOST = 0.055
+# tensor-wise that Transformer Engine's B300 benchmark measured (``costmodel.te_gemm``), 3.9% by 2026-11-29, then
+# 5.8% with the GB200 priced at its GEMMs' share held at the power limit (AIConfigurator's sweeps,
+# ``costmodel.sustained``): its four GB200 rows go from -3% to +6% median where B1's 85 go from -7% to +1%, and the
+# one GB200 / GB300 pair of one layout (LoRA, fp8) prices 1.22 against 1.205 published (``bench/part_pairs.py``).
+# A guard with a little room, moved only with a physics change that says why.
+B2_MEAN_ABS_ERROR_AT_MOST = 0.06
 
 
 def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
@@ -311,11 +314,12 @@ def test_b2_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # Transformer Engine does, not twice its forward input, which had stood in for time meshplan still misses; 9.99% on
 # 2026-11-29 with memory-bound ops floored at the streaming rate measured on their part and NVLink collectives at
 # nccl-tests' times; 9.16% on 2026-11-29 with an x86 host's eager stretch at PyTorch's op-call ratio to Grace's;
-# 8.95% once the GPU starts the routed experts no earlier than the host launches their grouped GEMMs): it may only
+# 8.95% once the GPU starts the routed experts no earlier than the host launches their grouped GEMMs; 8.44% with the
+# GB200's GEMM share held at its power limit, AIConfigurator's sweeps): it may only
 # fall, except by a fact the rows ran that meshplan had left out or counted wrong;
 # BENCHMARKS.md records each step and what moved it. Pricing the 220 rows takes about 40 s, so this runs with the slow
 # tests (`pytest -m slow`).
-B1_MEAN_ABS_ERROR_AT_MOST = 0.092
+B1_MEAN_ABS_ERROR_AT_MOST = 0.087
 
 
 @pytest.mark.slow
@@ -338,9 +342,10 @@ def test_b1_stays_within_its_ratchet(rows, runs_dir, tmp_path):
 # launcher's presets"), 10.52% on 2026-11-28 over all 220 rows (the unrunnable tables at their launcher's preset, the
 # Mamba layout copies, the eager top-k), 10.29% on 2026-11-29 with the load-balancing loss, 10.90% with the fp8
 # backward's quantize of the output gradient (the ratchet above says why), 10.21% on 2026-11-29 with the two
-# measurements the ratchet above names, 9.37% with the x86 host's op-call ratio, 9.16% with the experts' launch order.
+# measurements the ratchet above names, 9.37% with the x86 host's op-call ratio, 9.16% with the experts' launch order,
+# 8.62% with the GB200's GEMM share held at its power limit.
 # Issue 26 asks 8%; a guard with a little room, moved only with a change that says why. Slow, as the ratchet above.
-B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.094
+B1_PROFILE_ONLY_ABS_ERROR_AT_MOST = 0.089
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ def test_a_step_busy_as_the_held_runs_keeps_the_full_throttle_and_a_waiting_one_
 
 
 def test_only_the_tensor_core_seconds_are_repriced():
-    """A B200 row (flat 0.853) busy 40%: its tensor-core seconds run at 0.853 / (1 - depth x 0.147) of their price;
-    a GB200 row (priced at 1) under the held share grows by exactly those seconds' 1 / 0.894 - 1 when fully busy."""
+    """A B200 row busy 40%: its tensor-core seconds run at flat / (1 - depth x (1 - flat)) of their price; a GB200
+    row fully busy keeps its whole throttle, as priced; a part priced at 1 (the GB300) has none to scale."""
     bench = load_bench("duty_whatif", "repriced_s")
     b200 = {"part": "B200", "step_s": 10.0, "tc_s": 4.0, "published_s": 10.0}
     flat = sustained_share(catalogue()["B200"])[0]
@@ -32,5 +32,5 @@ def test_only_the_tensor_core_seconds_are_repriced():
     assert 10.0 - 4.0 * (1 - flat) < bench.repriced_s(b200, "duty") < 10.0
     assert bench.repriced_s({**b200, "tc_s": 9.0}, "duty") == 10.0  # busy 0.9: the full throttle, as priced
     gb200 = {"part": "GB200", "step_s": 10.0, "tc_s": 9.0, "published_s": 10.0}
-    assert bench.repriced_s(gb200, "flat+gb200") == pytest.approx(10.0 + 9.0 * (1 / 0.894 - 1))
-    assert bench.repriced_s(gb200, "duty") == 10.0  # priced at 1: no throttle to scale
+    assert bench.repriced_s(gb200, "duty") == 10.0
+    assert bench.repriced_s({**gb200, "part": "GB300", "tc_s": 4.0}, "duty") == 10.0  # priced at 1

@@ -32,7 +32,7 @@ def test_a_slower_host_favours_fewer_experts_a_rank(tmp_path) -> None:
 
 
 def test_the_first_layout_at_the_siblings_share_is_its_band(tmp_path) -> None:
-    out = _plan(tmp_path, "llama-3.1-8b-instruct", "2x4xGB200-NVL72", 128, 8192, "tp=1,pp=1")
+    out = _plan(tmp_path, "llama-3.1-8b-instruct", "2x4xGB300-NVL72", 128, 8192, "tp=1,pp=1")
     ex = out.plan.explain
     rank = ex["open_figures_ranking"]["sustained"]
     assert rank["first_step_time_s"] == pytest.approx(ex["sustained"]["step_time_s"], rel=1e-9)

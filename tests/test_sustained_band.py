@@ -2,10 +2,15 @@
 .lower_power_sibling``, ``Pricer.with_shares``, ``planner.estimate.sustained_band``).
 
 Truths the pricing does not compute: FlashInfer PR 2899's B200 run (1,450 TFLOP/s at the peak window, 1,237 once
-throttled at 1,000 W: 0.853), the datasheet board powers and SM counts (B200 1,000 W and GB200 1,200 W over 148 SMs,
-GB300 1,400 W over 160), and that a part with its own measurement or its die's has no band.
+throttled at 1,000 W: 0.853) and AIConfigurator's GEMM sweeps held at the B200's and the GB200's caps, read here from
+their file, the datasheet board powers and SM counts (B200 1,000 W and GB200 1,200 W over 148 SMs, GB300 1,400 W over
+160), and that a part with its own measurement or its die's has no band.
 """
 from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
 
 import pytest
 
@@ -16,26 +21,38 @@ from meshplan.costmodel.sustained import lower_power_sibling
 from meshplan.planner.search.job import PlanRequest, plan_job
 
 B200_SHARE = 1237 / 1450  # FlashInfer PR 2899: fully throttled window over the peak one
+SWEEPS = json.loads((Path(__file__).resolve().parents[1] / "costmodel" / "data" / "published" /
+                     "aic_gemm_sustained.json").read_text(encoding="utf-8"))["runs"]
 
 
-@pytest.mark.parametrize("part", ["GB200", "GB300"])
-def test_an_unmeasured_part_above_the_b200s_power_takes_its_share_as_the_bound(part: str) -> None:
-    dev, b200 = catalogue()[part], catalogue()["B200"]
-    assert dev.tdp_w / dev.sm_count > b200.tdp_w / b200.sm_count  # more watts an SM than the measured sibling
-    assert lower_power_sibling(dev) == (pytest.approx(B200_SHARE, abs=1e-4), "B200")
+def _sweep(part: str, framework: str) -> float:
+    """Median one-shot / held time of a held sweep's shapes at 95% of the power limit or more."""
+    rows = next(r["rows"] for r in SWEEPS if (r["part"], r["framework"]) == (part, framework))
+    return statistics.median(one / held for _, _, _, held, one, watts, cap in rows if watts >= 0.95 * cap)
 
 
-@pytest.mark.parametrize("part", ["B200", "B300", "H100-SXM", "H200", "MI300X"])
+SIBLINGS = [B200_SHARE, _sweep("B200", "vllm"), _sweep("GB200", "vllm"), _sweep("GB200", "trtllm")]
+
+
+def test_an_unmeasured_part_above_its_siblings_power_takes_their_share_as_the_bound() -> None:
+    dev = catalogue()["GB300"]
+    for name in ("B200", "GB200"):
+        sib = catalogue()[name]
+        assert dev.tdp_w / dev.sm_count > sib.tdp_w / sib.sm_count  # more watts an SM than the measured siblings
+    assert lower_power_sibling(dev) == (pytest.approx(statistics.median(SIBLINGS), abs=1e-9), "B200 and GB200")
+
+
+@pytest.mark.parametrize("part", ["B200", "B300", "GB200", "H100-SXM", "H200", "MI300X"])
 def test_a_part_with_a_share_of_its_own_or_no_sibling_has_no_bound(part: str) -> None:
     assert lower_power_sibling(catalogue()[part]) is None
 
 
 def test_a_pricer_with_another_share_rescales_tensor_core_work_only() -> None:
-    """A GEMM on the GB200 (priced at share 1) costs 1 / 0.853 as much at the B200's share; an elementwise op runs
+    """A GEMM on the GB300 (priced at share 1) costs 1 / 0.853 as much at the B200's share; an elementwise op runs
     at HBM speed, which the power cap leaves alone."""
-    gb200 = catalogue()["GB200"]
+    gb200 = catalogue()["GB300"]
     base = Pricer(None).under_load()
-    other = base.with_shares({"GB200": B200_SHARE})
+    other = base.with_shares({"GB300": B200_SHARE})
     gemm = OpSpec("matmul", (8192, 8192, 8192), "bf16")
     add = OpSpec("elementwise", (1 << 28,), "bf16")
     assert other.predict(gemm, gb200) == pytest.approx(base.predict(gemm, gb200) / B200_SHARE, rel=1e-9)
@@ -50,10 +67,11 @@ def _explain(tmp_path, cluster: str) -> dict:
     return out.plan.explain
 
 
-def test_a_gb200_plan_prices_the_siblings_share(tmp_path) -> None:
-    """Only the tensor-core share of the step grows, so the step grows by less than 1 / 0.853."""
-    ex = _explain(tmp_path, "2x4xGB200-NVL72")
-    band = ex["sustained"]
-    assert band["measured_on"] == "B200" and band["share"] == pytest.approx(B200_SHARE, abs=1e-4)
-    assert 1.0 < band["step_time_s"] / ex["step_time_s"] < 1 / B200_SHARE
-    assert "sustained" not in _explain(tmp_path, "1x8xB200")
+def test_a_gb300_plan_prices_the_siblings_share(tmp_path) -> None:
+    """Only the tensor-core share of the step grows, so the step grows by less than 1 / the siblings' share."""
+    ex = _explain(tmp_path, "2x4xGB300-NVL72")
+    band, share = ex["sustained"], statistics.median(SIBLINGS)
+    assert band["measured_on"] == "B200 and GB200" and band["share"] == pytest.approx(share, abs=1e-4)
+    assert 1.0 < band["step_time_s"] / ex["step_time_s"] < 1 / share
+    assert "sustained" not in _explain(tmp_path, "1x8xB200") and "sustained" not in _explain(tmp_path,
+                                                                                               "2x4xGB200-NVL72")

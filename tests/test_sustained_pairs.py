@@ -1,7 +1,8 @@
 """AIConfigurator's GEMM sweeps held at the power limit against its one-shot sweeps (``bench/aic_vs_costmodel.py``
 ``held``; ``costmodel/data/published/aic_gemm_sustained.json``), read here row by row; on the H200 against our own
-held runs (``costmodel/data/measured/nvidia-h200-sustained*.json``). Nothing prices from them (BENCHMARKS.md,
-2026-11-29 "GEMMs held at the power limit"); these are the figures that entry states.
+held runs (``costmodel/data/measured/nvidia-h200-sustained*.json``). Each sweep with at least 100 shapes at the cap
+is one run of its part in ``costmodel.sustained`` (BENCHMARKS.md, 2026-11-29 "The GB200 priced at its GEMMs' share
+held at the power limit").
 """
 from __future__ import annotations
 
@@ -55,4 +56,12 @@ def test_the_bench_reports_each_sweep_beside_the_share_meshplan_prices(capsys):
     assert bench.main(["--json"]) == 0
     held = {(r["part"], r["framework"]): r for r in json.loads(capsys.readouterr().out)["held"]}
     assert held[("GB200", "vllm")]["held_share"] == round(statistics.median(at_cap("GB200", "vllm")), 3)
-    assert held[("GB200", "vllm")]["priced_share"] == 1.0  # no sustained measurement prices the GB200
+    # the GB200 priced at the median of its two sweeps; the B200 at its FlashAttention-4 run's and its vLLM sweep's
+    # (TensorRT-LLM's 20 shapes at the B200's cap count for nothing)
+    gb200 = statistics.median([statistics.median(at_cap("GB200", f)) for f in ("vllm", "trtllm")])
+    assert held[("GB200", "vllm")]["priced_share"] == round(gb200, 3)
+    fa4 = json.loads((ROOT / "costmodel" / "data" / "published" / "flashinfer_b200_sustained.json").read_text(
+        encoding="utf-8"))["windows"]
+    b200 = statistics.median([fa4[-1]["tflops"] / max(w["tflops"] for w in fa4),
+                              statistics.median(at_cap("B200", "vllm"))])
+    assert held[("B200", "trtllm")]["priced_share"] == round(b200, 3)
