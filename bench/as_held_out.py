@@ -44,6 +44,7 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     fsdp = (row.get("published") or {}).get("fsdp")
     if isinstance(fsdp, int) and not isinstance(fsdp, bool) and fsdp > 0:
         out["zero"] = 3
+    out |= dev_set.automodel_table_facts(row)  # AutoModel's FSDP column and Kernel Optimizations cell
     # AutoModel's table: 'Fake balanced gate is enabled', the router of its MoE models (a dense one has none)
     if dev_set.states_fake_gate(row) and out.get("config") and dev_set._config_spec(out["config"]).is_moe:
         out["moe_router"] = "contiguous"

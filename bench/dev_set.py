@@ -708,6 +708,29 @@ def states_fake_gate(row: dict) -> bool:
     return "fake balanced gate is enabled" in str((row.get("published") or {}).get("source", "")).lower()
 
 
+AUTOMODEL_KERNEL_WORDS = (("FlexAttn", "attention", "flex"), ("TorchSDPA", "attention", "flash2"),
+                          ("DeepEP", "moe_dispatcher", "deepep"))
+"""The Kernel Optimizations cell of AutoModel's table, in meshplan's words: FlexAttention; PyTorch SDPA, whose first
+backend is its FlashAttention-2 kernel (``torch._C._get_sdp_priority_order``); DeepEP's dispatch."""
+
+
+def automodel_table_facts(row: dict) -> dict:
+    """What an AutoModel table row states beyond its degrees and batch, as a row of a source without a mapping states
+    it: its FSDP column (a size above 1: FSDP2's fully_shard, zero=3) and its Kernel Optimizations cell
+    (``AUTOMODEL_KERNEL_WORDS``); {} for a row of any other table."""
+    header = str((row.get("published") or {}).get("location", ""))
+    if "| FSDP |" not in header or "Kernel Optimizations" not in header:
+        return {}
+    names = [c.strip() for c in header.split("header", 1)[1].strip().strip("|").split("|")]
+    cells = dict(zip(names, _quote_cells(row)))
+    out = {"zero": 3} if cells.get("FSDP", "-").isdigit() and int(cells["FSDP"]) > 1 else {}
+    kernels = cells.get("Kernel Optimizations", "")
+    for word, key, value in AUTOMODEL_KERNEL_WORDS:
+        if word in kernels and key not in out:
+            out[key] = value
+    return out
+
+
 def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, profile_only: bool = False) -> tuple:
     """(zero, sp, recompute, needs, assumptions) of a NeMo AutoModel row (S5): FSDP2 + TE kernels + DeepEP, bf16."""
     name, la = row["name"], row.get("layout_assumptions") or {}
@@ -755,13 +778,10 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, pro
     if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
         needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
                           "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
-    if "FlexAttn" in kernels:
-        needs.append(Need("attention", "flex", f"Kernel Optimizations '{kernels}': FlexAttention", {},
-                          stated=True))
-    elif "TorchSDPA" in kernels:  # SDPA's backend order (torch._C._get_sdp_priority_order) puts flash first
-        needs.append(Need("attention", "flash2", f"Kernel Optimizations '{kernels}': PyTorch SDPA, whose first "
-                          "backend is its FlashAttention-2 kernel (the order of the torch meshplan runs with; the "
-                          "container's own torch is not stated)", {}, stated=True))
+    stated = automodel_table_facts(row)
+    if stated.get("attention"):  # SDPA's backend order is the torch meshplan runs with's (the container's: unstated)
+        needs.append(Need("attention", stated["attention"], f"Kernel Optimizations '{kernels}' "
+                          "(AUTOMODEL_KERNEL_WORDS)", {}, stated=True))
     elif cp > 1:
         needs.append(Need("attention", "flash2", "torch context_parallel runs PyTorch SDPA (flash backend: "
                           "FlashAttention-2), not TE attention", {}))
@@ -774,8 +794,8 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, pro
         # master (4 B per parameter)
         needs.append(Need("optim_dtype", "bf16", "bf16 model under torch.optim.Adam (AutoModel @ 89e3a9fdd)",
                           {}))
-        if "DeepEP" in kernels:
-            needs.append(Need("moe_dispatcher", "deepep", f"Kernel Optimizations '{kernels}'", {}))
+        if stated.get("moe_dispatcher"):
+            needs.append(Need("moe_dispatcher", stated["moe_dispatcher"], f"Kernel Optimizations '{kernels}'", {}))
         # AutoModel's MoE apply_fsdp shards the blocks with MixedPrecisionPolicy(param_dtype=bf16,
         # reduce_dtype=float32) (components/moe/parallelizer.py @ 89e3a9fdd): dense gradients reduced in fp32;
         # the routed experts' own fully_shard over the expert-shard mesh takes no policy: bf16
@@ -944,6 +964,11 @@ def stated_profile(row: dict) -> str:
     return load_stacks().get(str(row.get("stack") or STATED_DEFAULT_STACK)).ref
 
 
+# Decisions a row of a source without a mapping may state by name (``meshplan plan --fix`` words): the router its
+# publication names (AutoModel's fake balanced gate), the attention kernel and the MoE dispatcher
+STATED_DECISIONS = ("moe_router", "attention", "moe_dispatcher")
+
+
 def _stated_needs(row: dict, tp: int) -> tuple:
     """(zero, sp, recompute, dtype, needs, assumptions, device) of a row from a source the harness has no mapping
     for: each decision the row states, as a stated need; what it leaves out stays ``None`` (left to the search)."""
@@ -959,16 +984,17 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     recipe = next((r for word, r in STATED_FP8_RECIPE if word in words), "") if dtype == "fp8" else ""
     if recipe:
         needs.append(Need("fp8", recipe, f"the row's precision '{row['precision_recipe']}'", {}, stated=True))
-    router = row.get("moe_router")
-    if router is not None and not meshplan_accepts("moe_router", str(router)):
-        said["moe_router"], router = router, None  # named unread below
-    if router:
-        needs.append(Need("moe_router", str(router), f"the row's router '{router}'", {}, stated=True))
-    facts = [f"{k}={v}" for k, v in (("zero", zero), ("sp", sp), ("recompute", recompute), ("moe_router", router))
-             if v is not None]
+    read = {"zero": zero, "sp": sp, "recompute": recompute}
+    for key in STATED_DECISIONS:  # a kernel or dispatcher the row names, in meshplan's words
+        value = row.get(key)
+        if value is not None and not meshplan_accepts(key, str(value)):
+            said[key], value = value, None  # named unread below
+        if value:
+            needs.append(Need(key, str(value), f"the row's {key} '{value}'", {}, stated=True))
+        read[key] = value
+    facts = [f"{k}={v}" for k, v in read.items() if v is not None]
     facts += [f"{k}={row[k]}" for k in ("gpus_per_node", "nvlink_domain") if row.get(k)]
-    unread = [f"{k}={v!r}" for k, v in said.items()
-              if {"zero": zero, "sp": sp, "recompute": recompute, "moe_router": router}[k] != v]
+    unread = [f"{k}={v!r}" for k, v in said.items() if read[k] != v]
     stated_facts = ", ".join(facts) or "no ZeRO stage, sequence parallelism or recomputation"
     assumptions = [f"a source without a mapping of its own: priced from what its row states ({stated_facts}), the "
                    f"rest left to the search; device {device} from gpu '{row.get('device') or row['gpu']}'"

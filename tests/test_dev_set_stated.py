@@ -224,3 +224,28 @@ def test_every_row_the_dev_set_prices_is_judged_apart(runs_dir):
     ultra = next(r for r in rows if r["name"] == "automodel-nemotronv3-ultra-128")
     stated = held.as_stated(ultra, runs_dir, "own")
     assert stated["config"] == dev_set.row_needs(ultra, runs_dir).model == "nemotron-3-ultra-550b-a55b"
+
+
+def test_a_row_names_its_attention_kernel_and_dispatcher_in_meshplans_words(runs_dir):
+    """A held-out row may state the attention kernel and the MoE dispatcher it ran, as it may its router: read where
+    they are ``--fix`` words, named unread where not."""
+    row = _held_out_rows(runs_dir)[0] | {"attention": "flex", "moe_dispatcher": "deepep"}
+    inp = dev_set.row_needs(row, runs_dir)
+    assert {"attention": "flex", "moe_dispatcher": "deepep"}.items() <= inp.fix.items()
+    said = dev_set.row_needs(row | {"attention": "flash-4"}, runs_dir).assumptions[0]
+    assert "not read: " in said and "attention='flash-4'" in said.split("not read: ")[1]
+
+
+def test_automodels_table_states_its_fsdp_and_its_kernels(runs_dir):
+    """AutoModel's table (header '| ... | FSDP | Kernel Optimizations | ...') states a row's FSDP size and kernels:
+    judged apart, GPT-OSS 120B keeps FSDP2 over 64 GPUs (zero=3), 'TE + DeepEP + FlexAttn' (FlexAttention, DeepEP)
+    and Nemotron 3 Nano 'TorchSDPA' (SDPA's FlashAttention-2); a Megatron-Bridge row states none of them."""
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "as_stated")
+    rows = {r["name"]: r for r in dev_set.load_rows(runs_dir)}
+    gptoss = held.as_stated(rows["automodel-gptoss-120b-64"], runs_dir, "own")
+    assert (gptoss["zero"], gptoss["attention"], gptoss["moe_dispatcher"]) == (3, "flex", "deepep")
+    assert held.as_stated(rows["automodel-nemotronv3-nano-8"], runs_dir, "own")["attention"] == "flash2"
+    bridge = held.as_stated(rows["mbridge26.04-llama3-70b-gb300-mxfp8"], runs_dir, None)
+    assert not {"zero", "attention", "moe_dispatcher"} & set(bridge)
