@@ -8,11 +8,11 @@ container, launch-file settings and the curator's layout assumptions are dropped
 its table states one (a Megatron-Bridge FSDP column above 0: Megatron-FSDP, zero=3; AutoModel's FSDP column above 1:
 FSDP2, zero=3), recomputation only where the table states it (torchtitan's activation checkpointing column), the
 router where the publication names it (AutoModel's 'Fake balanced gate is enabled': ``moe_router`` contiguous), and
-the kernels AutoModel's Kernel Optimizations column names (``dev_set.automodel_table_facts``). Every row is re-labelled ``<source>*`` and
-priced under ``--stack`` (default: the harness's default for such sources, Megatron-Bridge's newest; ``own``: the
-profile its source's own mapping uses, e.g. the release's ``megatron-bridge-perf`` for a B1 row). The table
-prints, per source, mean |error| and median signed error next to the same rows priced by the source's own mapping,
-profile-only, both over the rows priced both ways.
+the kernels AutoModel's Kernel Optimizations column names (``dev_set.automodel_table_facts``). Every row is
+re-labelled ``<source>*`` and priced under ``--stack`` (default: the harness's default for such sources,
+Megatron-Bridge's newest; ``own``: the profile its source's own mapping uses, e.g. the release's
+``megatron-bridge-perf`` for a B1 row). The table prints, per source, mean |error| and median signed error next to
+the same rows priced by the source's own mapping, profile-only, both over the rows priced both ways.
 """
 from __future__ import annotations
 
