@@ -779,7 +779,7 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, pro
         needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
                           "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
     stated = automodel_table_facts(row)
-    if stated.get("attention"):  # SDPA's backend order is the torch meshplan runs with's (the container's: unstated)
+    if stated.get("attention"):  # TorchSDPA's flash2: the backend order of meshplan's torch (the run's: unstated)
         needs.append(Need("attention", stated["attention"], f"Kernel Optimizations '{kernels}' "
                           "(AUTOMODEL_KERNEL_WORDS)", {}, stated=True))
     elif cp > 1:

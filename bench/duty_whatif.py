@@ -29,13 +29,6 @@ TENSOR_CORE_CLASSES = ("matmul", "grouped matmul", "attention", "ssd")
 POLICIES = ("now", "duty")
 
 
-def depth(busy: float) -> float:
-    """How much of a part's full-load throttle a step busy ``busy`` of its time keeps (0..1), by the H200's curve."""
-    from meshplan.costmodel.sustained import duty_depth
-
-    return duty_depth(busy)
-
-
 def priced_rows() -> list[dict]:
     """Each B1 / B2 row: source, part, published and priced step, and the slowest stage's tensor-core seconds."""
     from meshplan.core.errors import MeshplanError

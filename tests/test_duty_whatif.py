@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 
 from meshplan.costmodel.devices import catalogue
-from meshplan.costmodel.sustained import duty_points, sustained_share
+from meshplan.costmodel.sustained import duty_depth, duty_points, sustained_share
 from tests.helpers import load_bench
 
 
 def test_a_step_busy_as_the_held_runs_keeps_the_full_throttle_and_a_waiting_one_little():
-    bench = load_bench("duty_whatif", "depth")
     held = sustained_share(catalogue()["H200"])[0]
     (b_low, kept_low), *_ = duty_points()
-    assert bench.depth(0.95) == 1.0 and bench.depth(0.78) == 1.0
-    assert bench.depth(b_low) == pytest.approx((1 - kept_low) / (1 - held))
-    assert 0.1 < bench.depth(b_low) < 0.2  # 0.991 kept against 0.939 held: a seventh of the throttle
+    assert duty_depth(0.95) == 1.0 and duty_depth(0.78) == 1.0
+    assert duty_depth(b_low) == pytest.approx((1 - kept_low) / (1 - held))
+    assert 0.1 < duty_depth(b_low) < 0.2  # 0.991 kept against 0.939 held: a seventh of the throttle
 
 
 def test_only_the_tensor_core_seconds_are_repriced():
@@ -25,7 +24,7 @@ def test_only_the_tensor_core_seconds_are_repriced():
     bench = load_bench("duty_whatif", "repriced_s")
     b200 = {"part": "B200", "step_s": 10.0, "tc_s": 4.0, "published_s": 10.0}
     flat = sustained_share(catalogue()["B200"])[0]
-    share = 1 - bench.depth(0.4) * (1 - flat)
+    share = 1 - duty_depth(0.4) * (1 - flat)
     assert bench.repriced_s(b200, "now") == 10.0
     assert bench.repriced_s(b200, "duty") == pytest.approx(10.0 - 4.0 * (1 - flat / share))
     # bounded by the measured flat share: no slower than priced, no faster than those seconds at one-shot rates
