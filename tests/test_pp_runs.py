@@ -111,16 +111,26 @@ def test_a_plan_keeps_pp_runs_and_the_exports_say_they_run_one_schedule(runner, 
 
 def test_a_pipelined_fsdp_stage_holds_its_whole_weights_and_gradients_over_a_run():
     """PipelineStage.backward_maybe_with_nosync: no reshard after backward and no gradient sync until the run's
-    last backward, so the stage's gathered weights and unreduced gradients sit beside their 1/16 shards; the
-    optimizer states stay sharded. Without pipelining FSDP2 holds the shards only (ZeRO-3)."""
+    last backward, so an FSDP2 stage's gathered weights and unreduced gradients sit beside their 1/16 shards; the
+    optimizer states stay sharded. Without pipelining FSDP2 holds the shards only (ZeRO-3), and so does
+    Megatron-FSDP under Megatron-Core's schedules, which reduce-scatters on every backward when it shards gradients
+    (the installed megatron-core's ``MegatronFSDP``: ``grad_reduce_every_bprop`` for ``optim_grads_params``)."""
+    import inspect
+
     from meshplan.planner.estimate.memory import PARAM_BYTES, grad_bytes_per_param, model_state_bytes
 
     n, d = 1e9, 16
-    flat = Layout(dp_shard=d, micro_batch=1, zero_stage=3)
-    piped = Layout(dp_shard=d, pp=4, micro_batch=1, zero_stage=3)
+    flat = Layout(dp_shard=d, micro_batch=1, zero_stage=3, fsdp="torch")
+    piped = Layout(dp_shard=d, pp=4, micro_batch=1, zero_stage=3, fsdp="torch")
     g = grad_bytes_per_param(piped, "bf16")
     w0, g0, o0 = model_state_bytes(n, 0, flat)
     w1, g1, o1 = model_state_bytes(n, 0, piped)
     assert (w0, g0) == pytest.approx((n * PARAM_BYTES / d, n * g / d))
     assert (w1, g1) == pytest.approx((n * PARAM_BYTES * (1 + 1 / d), n * g * (1 + 1 / d)))
     assert o1 == pytest.approx(o0)
+    fsdp = pytest.importorskip("megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp")
+    src = inspect.getsource(fsdp.MegatronFSDP)
+    every = src[src.index("grad_reduce_every_bprop = "):]
+    assert '"optim_grads_params"' in every[:every.index("]")]
+    megatron = Layout(dp_shard=d, pp=4, micro_batch=1, zero_stage=3, fsdp="megatron")
+    assert model_state_bytes(n, 0, megatron) == pytest.approx((w0, g0, o0))

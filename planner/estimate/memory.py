@@ -122,10 +122,12 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
     param_b = param_bytes(dtype)
     if dtype == "fp32":  # the fp32 weights are their own master: Adam adds its two fp32 moments only
         optim_b = 8
-    # torch.distributed.pipelining keeps a pipelined FSDP stage gathered, its gradients unreduced, over a schedule
+    # torch.distributed.pipelining keeps a pipelined FSDP2 stage gathered, its gradients unreduced, over a schedule
     # run (PipelineStage.backward_maybe_with_nosync: reshard_after_backward and gradient sync off until a chunk's
-    # last backward): the stage's whole weights and gradients beside their shards
-    run_whole = z >= 3 and layout.pp > 1
+    # last backward): the stage's whole weights and gradients beside their shards. Megatron-FSDP under Megatron-Core's
+    # own schedules reduce-scatters on every backward when it shards gradients (MegatronFSDP's
+    # grad_reduce_every_bprop for optim_grads and optim_grads_params) and gathers a module's weights for its own use
+    run_whole = z >= 3 and layout.pp > 1 and layout.fsdp_impl == "torch"
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
         whole = run_whole and d > 1
         w += n * param_b / (d if z >= 3 else 1) + (n * param_b if whole else 0.0)
