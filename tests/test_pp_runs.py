@@ -42,14 +42,14 @@ def test_each_schedule_run_pays_its_own_bubble():
 
 def test_pipelined_fsdp_syncs_once_per_run_not_per_micro_batch():
     """Step time less the micro-batches' own time and the bubble = the data-parallel cost: the same at 8 or 32
-    micro-batches for a pipelined FSDP stage (one gather + reduce-scatter per run); it grows with the micro-batches
+    micro-batches for a pipelined FSDP2 stage (one gather + reduce-scatter per run); it grows with the micro-batches
     without pipelining (gathered in forward and backward, reduce-scattered, each micro-batch), unless hidden."""
     def sync(est):
         return est.step_time_s - est.pipeline_s - est.bubble_s - est.other_s
 
-    few, many = _estimate(_fsdp_pp(), 128), _estimate(_fsdp_pp(), 512)  # 8 and 32 micro-batches per step
+    few, many = _estimate(_fsdp_pp(fsdp="torch"), 128), _estimate(_fsdp_pp(fsdp="torch"), 512)  # 8 and 32 per step
     assert sync(many) == pytest.approx(sync(few), rel=1e-6)
-    runs = _estimate(_fsdp_pp(pp_runs=4), 512)  # four runs: four reduce-scatters ending a run
+    runs = _estimate(_fsdp_pp(pp_runs=4, fsdp="torch"), 512)  # four runs: four reduce-scatters ending a run
     assert sync(runs) == pytest.approx(4 * sync(few), rel=1e-6)
     flat = [Layout(dp_shard=64, micro_batch=1, zero_stage=3, recompute="full") for _ in range(2)]
     assert sync(_estimate(flat[1], 512)) > 3 * sync(_estimate(flat[0], 128))  # per micro-batch: 4x of them
@@ -59,9 +59,11 @@ def test_every_chunks_reduce_scatter_stands_in_the_compute_streams_way():
     """The installed torch's own code: a pipelined FSDP2 stage's post-backward ends in
     ``_root_post_backward_final_callback`` with ``is_last_backward`` set, whose branch makes the compute stream wait
     on the reduce-scatter's event, once per chunk; so interleaving (v chunks per rank) hides none of a run's
-    reduce-scatter behind the other chunks' backward, and the step's data-parallel cost does not fall with v. Under
-    Megatron-FSDP, Megatron-Core's schedule launches each chunk's reduction under the other chunks' backward: there
-    interleaving hides all but the last chunk's."""
+    reduce-scatter behind the other chunks' backward, and the step's data-parallel cost does not fall with v.
+    Megatron-FSDP under Megatron-Core's schedules exchanges per micro-batch, pipelined or not (the installed
+    megatron-core's ``MegatronFSDP``: its post-forward hook releases a module's parameters, its post-backward
+    reduce-scatters on every backward for ``optim_grads_params``): its cost does not move with v either, and a
+    pipelined stage pays more than FSDP2's once-per-run exchange."""
     import inspect
 
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
@@ -82,8 +84,14 @@ def test_every_chunks_reduce_scatter_stands_in_the_compute_streams_way():
 
     one, four = by_chunks("torch")
     assert four >= one * (1 - 1e-6)
-    one, four = by_chunks("megatron")
-    assert four < one
+    fsdp = pytest.importorskip("megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp")
+    src = inspect.getsource(fsdp.MegatronFSDP)
+    post_forward = src[src.index("def _post_forward"):src.index("def _release_module_fp8_transpose_cache")]
+    assert "release_module_parameters(module, bwd=False" in post_forward
+    every = src[src.index("grad_reduce_every_bprop = "):]
+    assert '"optim_grads_params"' in every[:every.index("]")]
+    m_one, m_four = by_chunks("megatron")
+    assert m_four == pytest.approx(m_one, rel=1e-6) and m_one > one
 
 
 def test_pp_runs_is_a_fix_decision_that_must_split_the_micro_batches():

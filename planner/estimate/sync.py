@@ -72,20 +72,23 @@ class SyncTerms(NamedTuple):
         """ZeRO-3 / FSDP per parameter group: (exposed gathers and reduce-scatters, the hidden part, FSDP2's copy
         passes), seconds per step."""
         _, share, _, _, gather, scatter, copy_s, copy_in_s, sharded = self.groups
-        if self.pp > 1:
-            # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP
+        if self.pp > 1 and self.torch_fsdp:
+            # torch.distributed.pipelining (PipelineStage.backward_maybe_with_nosync, torch 2.5+) keeps an FSDP2
             # stage gathered and its gradients unreduced over a schedule run: set_reshard_after_backward(False) and
             # set_requires_gradient_sync(False) until a chunk's last backward, which then runs FSDP's post_backward
             # (the reduce-scatter). One gather and one reduce-scatter per run; the gather prefetches under the
-            # run's compute. Under FSDP2 (torch's pipelining: torchtitan, AutoModel) every chunk's reduce-scatter
-            # then holds the compute stream: _root_post_backward_final_callback's is_last_backward branch waits on
-            # its event (``current_stream().wait_event``, FSDP2's _fsdp_state.py since torch 2.4; from torch 2.10
-            # the schedule's REDUCE_GRAD action, stage.perform_reduce_grad). Megatron-Core's schedules launch each
-            # chunk's (grad_sync_func) under the other chunks' backward: its last chunk's ends the run
+            # run's compute. Every chunk's reduce-scatter then holds the compute stream:
+            # _root_post_backward_final_callback's is_last_backward branch waits on its event
+            # (``current_stream().wait_event``, FSDP2's _fsdp_state.py since torch 2.4; from torch 2.10 the
+            # schedule's REDUCE_GRAD action, stage.perform_reduce_grad)
             runs, comm = self.pp_runs, gather + scatter
-            exposed_scatter = scatter if self.torch_fsdp else scatter / self.vpp
-            out = runs * (np.maximum(0.0, gather - compute_s * m / runs * share) + exposed_scatter)
-        else:  # FSDP2 per micro-batch: gathered in forward, again in backward, reduce-scattered
+            out = runs * (np.maximum(0.0, gather - compute_s * m / runs * share) + scatter)
+        else:
+            # per micro-batch: gathered in forward, again in backward, reduce-scattered. FSDP2 unpipelined; and
+            # Megatron-FSDP under Megatron-Core's schedules, pipelined or not: its post-forward hook releases a
+            # module's parameters (``release_module_parameters``), its pre-backward gathers them again, and its
+            # post-backward reduce-scatters on every backward when it shards gradients (``grad_reduce_every_bprop``
+            # for optim_grads and optim_grads_params)
             runs, comm = m, 2 * gather + scatter
             out = runs * np.maximum(0.0, comm - compute_s * share)
         copies = np.zeros_like(out)
