@@ -1025,7 +1025,7 @@ class GpuEstimator:
                 cast_s = self.pricer.predict(OpSpec("cast", (int(linear),), "bf16"), dev)
         recast = recast_expert_params(tb, layout, slow)
         recast_s = self.pricer.predict(OpSpec("cast", (int(recast),), "bf16"), dev) if recast >= 1.0 else None
-        return SyncTerms(np.array(out).T, dense + expert, zero3, layout.pp, layout.vpp, layout.pp_runs,
+        return SyncTerms(np.array(out).T, dense + expert, zero3, layout.pp, layout.pp_runs,
                           layout.fsdp_impl == "torch", comm_sm_share(dev), optimizer_s, cast_s, recast_s)
 
 

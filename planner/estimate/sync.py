@@ -23,7 +23,6 @@ class SyncTerms(NamedTuple):
     params: float  # dense + expert parameters of the stage
     zero3: bool
     pp: int
-    vpp: int
     pp_runs: int
     torch_fsdp: bool
     sm_share: float
@@ -127,7 +126,7 @@ class ShardTable(NamedTuple):
     def of(cls, terms: list[SyncTerms]) -> "ShardTable":
         kinds: dict[tuple, list[int]] = {}
         for i, t in enumerate(terms):
-            kind = (t.zero3, t.groups.shape, t.cast_s is None, t.recast_s is None, t.pp, t.vpp, t.pp_runs,
+            kind = (t.zero3, t.groups.shape, t.cast_s is None, t.recast_s is None, t.pp, t.pp_runs,
                     t.torch_fsdp, t.sm_share)
             kinds.setdefault(kind, []).append(i)
         parts = []
