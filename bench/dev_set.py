@@ -887,8 +887,6 @@ def stated_row_problem(row: dict) -> str:
     lacks = [f for f in STATED_FIELDS if row.get(f) in (None, "")]
     if not (row.get("n_gpus") or row.get("dp")):
         lacks.append("n_gpus (or dp)")
-    if row.get("task") == "lora" and not row.get("lora"):
-        lacks.append("lora (its task is LoRA: rank[:targets], as meshplan plan --lora takes it)")
     pub = row.get("published")
     if isinstance(pub, dict) and not (pub.get("step_time_s") or pub.get("tokens_per_s_per_gpu")):
         lacks.append("published.step_time_s (or published.tokens_per_s_per_gpu)")
@@ -954,6 +952,24 @@ def stated_device(row: dict) -> str:
         what = f"names {' and '.join(sorted(found))}" if found else "names no catalogued device (meshplan devices)"
         raise MeshplanError(f"row {row['name']}: gpu '{row['gpu']}' {what}; state one in the row's 'device'")
     return found.pop()
+
+
+def stack_lora(profile: str, cfg: str) -> tuple[str, str]:
+    """(``--lora`` text, why) of a LoRA row that states no rank: the adapters stack profile ``profile`` trains by
+    default for ``cfg``'s model (``planner.search.workloads.lora_default``, as ``meshplan plan --task lora`` takes
+    them).
+
+    Raises:
+        MeshplanError: the profile states none (the row is then not expressible, saying so).
+    """
+    from meshplan.planner.layout.stacks import load_stacks
+    from meshplan.planner.search.workloads import lora_default
+
+    found = lora_default(load_stacks().get(profile), _config_spec(cfg))
+    if found is None:
+        raise MeshplanError(f"its task is LoRA and it states no rank, nor does stack profile {profile} (name it as "
+                            "meshplan plan --lora takes it: rank[:targets])")
+    return found.value, f"lora={found.value}: stack profile {profile}'s LoRA default ({found.source})"
 
 
 def stated_profile(row: dict) -> str:
@@ -1130,9 +1146,12 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         cluster, spread, placed = bridge_cluster(row, n, profile)
     elif stated:
         cluster, spread = stated_cluster(row, n, device)
-    lora = bool(bridge_lora(row)) if is_bridge_row(row) else bool(row.get("lora"))
+    lora = bridge_lora(row) if is_bridge_row(row) else (str(row.get("lora") or "") if stated else "")
+    lora_why = ""
+    if stated and row.get("task") == "lora" and not lora:  # a LoRA table that states no rank: the stack's own
+        lora, lora_why = stack_lora(profile, cfg)
     stack_sets, preset, preset_sets = _stack_sets(profile, cfg, dtype, is_moe, task, pinned_fp8, fix,
-                                                  (cluster, row["gbs"], n, lora))
+                                                  (cluster, row["gbs"], n, bool(lora)))
     if fix.get("recompute") is not None and preset_sets.get("recompute") == fix["recompute"]:
         del fix["recompute"]  # the preset's, with its module list (a pinned kind would drop the profile's list)
     elif ("recompute" in stack_sets and "recompute" not in preset_sets
@@ -1166,11 +1185,14 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         per_row.append(f"cluster={cluster}: {spread}")
     if preset is not None:
         assumptions.append(f"profile {profile}: workload preset {preset}")
+    if lora_why:
+        from_profile.append(f"lora={lora}")
+        assumptions.append(lora_why)
     return RowInputs(name, src, cfg, cluster, row["gbs"], row["seq"], dtype, fix, n, step,
                      tuple(approximated), tuple(missing), tuple(assumptions), profile=profile,
                      from_profile=tuple(from_profile), per_row=tuple(per_row), system=row.get("system", ""),
                      precision=precision_group(row), can_express=str(can),
-                     lora=bridge_lora(row) if is_bridge_row(row) else (str(row.get("lora") or "") if stated else ""),
+                     lora=lora,
                      moe=is_moe,
                      cuda_graphs=bridge_cuda_graphs(row) if is_bridge_row(row) else "", task=task)
 

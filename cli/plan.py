@@ -29,8 +29,9 @@ def plan(
     dtype: Annotated[Optional[str], typer.Option("--dtype",
                                                  help="Math dtype (default: bf16; fp32 on local:N CPUs)")] = None,
     workload: Annotated[str, typer.Option("--workload", help="train or serve (LLM-PQ style)")] = "train",
-    task: Annotated[str, typer.Option("--task", help="pretrain or sft (supervised fine-tuning of every weight): "
-                                      "a stack profile's fine-tuning defaults hold for sft")] = "pretrain",
+    task: Annotated[str, typer.Option("--task", help="pretrain, sft (supervised fine-tuning of every weight: a "
+                                      "stack profile's fine-tuning defaults hold) or lora (LoRA adapters: --lora's, "
+                                      "else those the --stack profile's recipe trains)")] = "pretrain",
     lora: Annotated[Optional[str], typer.Option("--lora", help="Fine-tune LoRA adapters over a frozen base: "
                                                 "RANK[:MODULES], modules qkv, proj, fc1, fc2 joined by + "
                                                 "(default all four), e.g. 16:qkv")] = None,

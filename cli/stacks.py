@@ -40,6 +40,8 @@ def stacks(
             when = " + ".join(w for w in (v.when, f"model {v.model}" if v.model else None,
                                            f"mesh {v.mesh}" if v.mesh else None) if w) or "always"
             table.add_row(v.key, v.value, when, v.source)
+        for d in prof.lora:  # what --task lora trains where --lora names nothing
+            table.add_row("--lora", d.value, f"--task lora{' + model ' + d.model if d.model else ''}", d.source)
         for u in prof.unpriced:
             table.add_row("(not priced)", "", "", f"{u.what} [{u.source}]")
         console.print(table)

@@ -122,7 +122,28 @@ def test_a_row_lacking_facts_or_with_bad_counts_says_which(runs_dir):
         "row lacks config, n_gpus (or dp)"
     assert dev_set.stated_row_problem(row | {"tp": "2", "mbs": 0}) == \
         "row has tp='2', mbs=0: not what the field holds"
-    assert "lora (its task is LoRA" in dev_set.stated_row_problem(row | {"task": "lora"})
+    assert dev_set.stated_row_problem(row | {"task": "lora"}) == ""  # no rank: its stack's (next test)
+
+
+def test_a_lora_row_stating_no_rank_trains_its_stacks_default_adapters(runs_dir, tmp_path):
+    """B2's LoRA rows as another publication states them (no rank): priced with the adapters the stack profile's
+    recipe trains, which for the performance scripts are what the source's own mapping reads from each row's recipe
+    file (rank 16 on linear_qkv), and for the library the 70B recipe's rank 16 on all four linears; a stack stating
+    no LoRA default leaves the row not expressible, saying why."""
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "as_stated")
+    row = next(r for r in dev_set.load_rows(runs_dir) if r["name"] == "mbridge26.06-llama3-70b-lora-gb300-fp8")
+    own = dev_set.row_needs(row, runs_dir).lora
+    for stack, want in (("own", own), (None, "16")):
+        stated = held.as_stated(row, runs_dir, stack)
+        assert stated["task"] == "lora" and "lora" not in stated
+        inp = dev_set.row_needs(stated, runs_dir)
+        assert inp.lora == want and f"lora={want}" in inp.from_profile
+    assert own == "16:qkv"
+    bare = held.as_stated(row, runs_dir, "megatron-lm")
+    got = dev_set.price_row(bare, runs_dir, tmp_path)
+    assert got.status == "not expressible" and "states no rank" in got.detail
 
 
 @pytest.mark.parametrize("change, said", [

@@ -3,6 +3,9 @@ golden count worked from the model's config by the LoRA paper's r x (d_in + d_ou
 base's states and backward, the plan file, the exporters' notes and the CLI's one-line refusal."""
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+
 import pytest
 
 from meshplan.cli.main import app
@@ -100,4 +103,40 @@ def test_bad_lora_is_one_line_exit_2(runner, tmp_path) -> None:
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
                             "--seq-len", "4096", "--lora", "16:attn", "--out", str(tmp_path / "p.yaml")])
     assert r.exit_code == 2 and "--lora 16:attn" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def _bridge_lora_source() -> tuple[int, list[str], int]:
+    """(LoRA's default dim, its default target modules, the dim ``llama3_70b_peft_config`` sets), read from the
+    installed megatron-bridge's own source files (its ``__init__`` needs Transformer Engine, so they are parsed)."""
+    dist = importlib.metadata.distribution("megatron-bridge")
+    lora = ast.parse(dist.locate_file("megatron/bridge/peft/lora.py").read_text(encoding="utf-8"))
+    fields = {ast.unparse(a.target): a.value for n in ast.walk(lora) if isinstance(n, ast.ClassDef)
+              and n.name == "LoRA" for a in n.body if isinstance(a, ast.AnnAssign)}
+    modules = ast.literal_eval(next(k.value.body for k in fields["target_modules"].keywords))
+    recipe = ast.parse(dist.locate_file("megatron/bridge/recipes/llama/llama3.py").read_text(encoding="utf-8"))
+    fn = next(n for n in ast.walk(recipe) if isinstance(n, ast.FunctionDef) and n.name == "llama3_70b_peft_config")
+    dim_70b = next(ast.literal_eval(a.value) for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                   and ast.unparse(a.targets[0]).endswith(".dim"))
+    return ast.literal_eval(fields["dim"]), modules, dim_70b
+
+
+def test_task_lora_trains_the_adapters_the_stacks_recipes_set(runner, tmp_path) -> None:
+    """``--task lora`` names no adapters: the Megatron-Bridge profile of the installed release (0.3.1, NeMo
+    26.02.01) prices what that release's source sets, LoRA's own defaults for a model no recipe sets more for and
+    the 70B recipe's rank on the 70B; a stack stating no LoRA default is refused in one line."""
+    dim, modules, dim_70b = _bridge_lora_source()
+    assert importlib.metadata.version("megatron-bridge") == "0.3.1"
+    assert modules == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]  # meshplan's four: no modules named
+    for model, rank in (("llama-3.1-8b", dim), ("llama-3.1-70b-instruct", dim_70b)):
+        out = tmp_path / f"{model}.yaml"
+        r = runner.invoke(app, ["plan", "--model", model, "--cluster", "2x8xH100", "--global-batch", "64",
+                                "--seq-len", "4096", "--task", "lora", "--stack", "megatron-bridge@26.02.01",
+                                "--fix", "tp=8,pp=2,mbs=1", "--out", str(out), "--top", "1"])
+        assert r.exit_code == 0, r.output
+        assert load_plan(out).lora == str(rank) and f"--task lora: adapters {rank}," in r.output
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
+                            "--seq-len", "4096", "--task", "lora", "--stack", "megatron-lm",
+                            "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and "--task lora: stack profile megatron-lm@" in r.output
     assert len(r.output.strip().splitlines()) == 1

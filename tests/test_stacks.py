@@ -90,6 +90,22 @@ def test_a_profile_on_a_base_keeps_its_values_and_refuses_a_missing_base(tmp_pat
         load()
 
 
+def test_lora_defaults_come_from_the_base_unless_the_profile_names_its_own(tmp_path, monkeypatch) -> None:
+    src = "somewhere @ v1"
+    base = {"name": "x", "version": "1", "title": "t", "source": src, "values": [],
+            "lora": [{"value": "32", "source": src}, {"value": "16", "model": "llama-3.1-70b-instruct", "source": src}]}
+    top = {"name": "x-perf", "version": "1", "title": "t", "source": src, "base": "x@1", "values": [],
+           "lora": [{"value": "16:qkv", "model": "llama-3.1-70b-instruct", "source": "the perf script @ v1"}]}
+    load = _catalogue_in(tmp_path, monkeypatch, {"x@1.yaml": base, "x-perf@1.yaml": top})
+    perf, lib = load().get("x-perf@1"), load().get("x@1")
+    assert [perf.lora_default(m).value for m in ("llama-3.1-70b-instruct", "llama-3.1-8b", None)] == \
+        ["16:qkv", "32", "32"]
+    assert lib.lora_default("llama-3.1-70b-instruct").value == "16"
+    (tmp_path / "x@1.yaml").write_text(yaml.safe_dump({**base, "lora": base["lora"] * 2}))
+    with pytest.raises(MeshplanError, match="two LoRA defaults for one model"):
+        load()
+
+
 def test_torchtitan_profile_is_torchtitans_own_defaults() -> None:
     """Read back from torchtitan 0.2.2's own JobConfig dataclasses."""
     _torchtitan()  # loads torchtitan's config modules without its GPU kernels, or skips

@@ -9,8 +9,9 @@ source, so a user sees it was not forgotten.
 A profile may add to another (``base``: an entry point of the same release, such as Megatron-Bridge's performance
 scripts on top of its library): it holds the base's values and unpriced items, its own value of a key replacing
 the base's. A value may hold for one model alone (``model``: what the library's recipe for it sets), and a
-launcher's profile may say how it lays a job over NVLink racks (``placement``); its per-workload presets sit beside
-it (``planner.search.workloads``).
+launcher's profile may say how it lays a job over NVLink racks (``placement``) and which LoRA adapters its
+fine-tuning recipes train when the user names none (``lora``); its per-workload presets sit beside it
+(``planner.search.workloads``).
 
 ``meshplan plan --stack NAME[@VERSION]`` plans with the profile's values as defaults: ``--fix`` overrides any of
 them; the plan records the profile (``Plan.stack_profile``). ``meshplan stacks`` lists them with their sources.
@@ -73,6 +74,18 @@ class Unpriced(_Frozen):
     source: str = Field(min_length=8)
 
 
+class LoraDefault(_Frozen):
+    """The LoRA adapters a stack's fine-tuning entry point trains when its user names none (``--task lora``), and
+    where the stack says so."""
+
+    value: str = Field(pattern=r"^[1-9][0-9]*(:[a-z0-9]+(\+[a-z0-9]+)*)?$")
+    """``--lora`` text, ``RANK[:MODULES]`` (``planner.model.peft``): the rank and the layers the adapters sit on."""
+    model: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    """Holds only for this bundled model and models of its shapes (what the library's recipe for it sets), over the
+    value for every model; ``None``: every model."""
+    source: str = Field(min_length=8)
+
+
 class Placement(_Frozen):
     """How a stack's launcher asks the scheduler to lay a job over NVLink racks."""
 
@@ -106,6 +119,9 @@ class StackProfile(_Frozen):
     """``name@version`` of the profile this one adds to (``None``: it stands alone)."""
     placement: Optional[Placement] = None
     """How its launcher lays a job over NVLink racks (``None``: it says nothing)."""
+    lora: tuple[LoraDefault, ...] = ()
+    """The LoRA adapters its fine-tuning entry point trains by default, at most one per model (and one for every
+    model); with a ``base``, the base's for the models this profile names none for."""
 
     @property
     def ref(self) -> str:
@@ -141,6 +157,12 @@ class StackProfile(_Frozen):
         return tuple(sorted({v.model for v in self.values if v.model}))
 
 
+    def lora_default(self, model: Optional[str]) -> Optional[LoraDefault]:
+        """The LoRA default for bundled model ``model`` (``None``: a model no value holds for alone), else the one
+        for every model, else ``None``."""
+        by_model = {d.model: d for d in self.lora}
+        return by_model.get(model) or by_model.get(None)
+
     def holds_for(self, task: str) -> bool:
         """Whether any value of the profile holds only for ``task`` (``when`` names it)."""
         return any(task in (v.when or "").split("+") for v in self.values)
@@ -158,7 +180,8 @@ def _resolved(values: list, dtype: str, is_moe: bool, fp8: str, task: str) -> di
 
 
 # What a job trains, as a stack's entry points tell them apart: pre-training, or supervised fine-tuning of every weight
-# (NeMo's ``conf/peft/<model>/sft.yaml``, Megatron-Bridge's finetune recipes); LoRA is ``--lora``, on either
+# (NeMo's ``conf/peft/<model>/sft.yaml``, Megatron-Bridge's finetune recipes); LoRA is ``--lora``, on either, or
+# ``--task lora``: the adapters the profile's fine-tuning recipe trains (``StackProfile.lora``) on pre-training's values
 TASKS = ("pretrain", "sft")
 
 
@@ -225,13 +248,18 @@ def _on_base(prof: StackProfile, profiles: Mapping[str, StackProfile]) -> StackP
         raise MeshplanError(f"{STACKS_DIR}/{prof.ref}.yaml: base {prof.base} is not a shipped profile that stands "
                             "alone")
     own = {(v.key, v.model, v.mesh) for v in prof.values}
+    lora_models = {d.model for d in prof.lora}
     return prof.model_copy(update={"values": prof.values + tuple(v for v in base.values
                                                                   if (v.key, v.model, v.mesh) not in own),
-                                   "unpriced": prof.unpriced + base.unpriced})
+                                   "unpriced": prof.unpriced + base.unpriced,
+                                   "lora": prof.lora + tuple(d for d in base.lora if d.model not in lora_models)})
 
 
 def _check(name: str, prof: StackProfile) -> StackProfile:
     """``prof`` (its base's values included), each value checked against the decision registry."""
+    lora_models = [d.model for d in prof.lora]
+    if len(lora_models) != len(set(lora_models)):
+        raise MeshplanError(f"{STACKS_DIR}/{name}: two LoRA defaults for one model")
     for val in prof.values:
         if val.key not in BY_FIX_KEY:
             raise MeshplanError(f"{STACKS_DIR}/{name}: '{val.key}' is not a decision (known: {', '.join(BY_FIX_KEY)})")

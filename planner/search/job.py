@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -34,7 +34,7 @@ from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, 
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.open_figures import rank_under_open_figures, ranking_notes
 from meshplan.planner.search.solve.columns import base_dtype
-from meshplan.planner.search.workloads import JobFacts, stack_values
+from meshplan.planner.search.workloads import JobFacts, lora_default, stack_values
 
 WORKLOADS = ("train", "serve")
 
@@ -97,7 +97,8 @@ class PlanRequest:
     """LoRA adapters over a frozen base, ``RANK[:MODULES]`` (``planner.model.peft``); "" trains every weight."""
     task: str = "pretrain"
     """What the job trains, as the stack's entry points tell them apart (``planner.layout.stacks.TASKS``): the
-    profile's fine-tuning values hold for ``sft``."""
+    profile's fine-tuning values hold for ``sft``; ``lora`` trains the adapters ``lora`` names, else those the
+    profile's fine-tuning recipe trains by default (``StackProfile.lora``), on the values pre-training takes."""
 
     @classmethod
     def of(cls, model: str, cluster: str, global_batch: int, seq_len: int, *, fix: str | Pins | None = None,
@@ -117,8 +118,12 @@ class PlanRequest:
         if self.workload not in WORKLOADS:
             raise MeshplanError(f"--workload {self.workload}: expected one of {', '.join(WORKLOADS)}")
         parse_lora(self.lora)  # a malformed --lora is named before any work
-        if self.task not in TASKS:
-            raise MeshplanError(f"--task {self.task}: expected one of {', '.join(TASKS)}")
+        if self.task not in REQUEST_TASKS:
+            raise MeshplanError(f"--task {self.task}: expected one of {', '.join(REQUEST_TASKS)}")
+
+
+# What ``--task`` takes: the profile's tasks, and LoRA at the profile's adapters (``PlanRequest.task``)
+REQUEST_TASKS = (*TASKS, "lora")
 
 
 @dataclass
@@ -216,6 +221,7 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
     """Load the model and cluster, choose the estimator and the dtype, and claim the plan's file."""
     opts = request.options
     spec = load_model(request.model)
+    request, lora_note = with_task_lora(request, spec)
     clus = load_cluster(request.cluster, calibration=host.calibration)
     estimator = estimator_for(clus, Pricer.from_dir(opts.costmodel), host.terms)
     if opts.net:
@@ -233,7 +239,29 @@ def _load_job(request: PlanRequest, host: Host) -> _Job:
                                                          bool(request.lora))  # a preset names one GPU part
     fix, prof, preset_note = profile_pins(request.stack, dtype, spec, request.fix, request.task, facts)
     return _Job(request, spec, clus, estimator, dtype, name, path, before, fix, prof.ref if prof else "",
-                _task_note(request.task, prof) + ((preset_note,) if preset_note else ()))
+                lora_note + _task_note(request.task, prof) + ((preset_note,) if preset_note else ()))
+
+
+def with_task_lora(request: PlanRequest, spec) -> tuple[PlanRequest, tuple[str, ...]]:
+    """(``request`` as the search takes it, a note): ``--task lora`` becomes the LoRA job it names, its adapters
+    those of ``--lora`` or else the ones the stack profile trains by default for ``spec``'s model (``lora_default``),
+    on the values pre-training takes (as ``--lora`` alone prices). Any other task passes through.
+
+    Raises:
+        MeshplanError: ``--task lora`` with neither ``--lora`` nor a profile that states LoRA defaults.
+    """
+    if request.task != "lora":
+        return request, ()
+    if request.lora:
+        return replace(request, task="pretrain"), ()
+    prof = load_stacks().get(request.stack) if request.stack else None
+    found = lora_default(prof, spec) if prof else None
+    if found is None:
+        where = f"stack profile {prof.ref} states no LoRA default" if prof else "no --stack profile named"
+        raise MeshplanError(f"--task lora: {where}; name the adapters with --lora RANK[:MODULES], e.g. 16:qkv")
+    scope = f" for {found.model}" if found.model else ""
+    return replace(request, lora=found.value, task="pretrain"), (
+        f"--task lora: adapters {found.value}, stack profile {prof.ref}'s default{scope} ({found.source})",)
 
 
 def profile_pins(stack: Optional[str], dtype: str, spec, fix: Pins, task: str = "pretrain",

@@ -107,6 +107,15 @@ def _bundled_model(prof, spec) -> Optional[str]:
     return next((name for name in prof.models if _same_shapes(spec, load_model(name))), None)
 
 
+def lora_default(prof, spec):
+    """The LoRA adapters stack profile ``prof`` trains by default for ``spec``'s model (``StackProfile.lora``): its
+    recipe's for the bundled model whose shapes ``spec`` has, else the one for every model, else ``None``."""
+    from meshplan.planner.model.config import load_model
+
+    named = next((d.model for d in prof.lora if d.model and _same_shapes(spec, load_model(d.model))), None)
+    return prof.lora_default(named)
+
+
 def _trained(spec, values: dict[str, str]) -> dict[str, str]:
     """``values`` less MTP where ``spec``'s config describes no MTP module: it trains none, whatever the recipe."""
     if not spec.config_mtp_layers:
