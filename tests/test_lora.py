@@ -106,35 +106,39 @@ def test_bad_lora_is_one_line_exit_2(runner, tmp_path) -> None:
     assert len(r.output.strip().splitlines()) == 1
 
 
-def _bridge_lora_source() -> tuple[int, list[str], int]:
-    """(LoRA's default dim, its default target modules, the dim ``llama3_70b_peft_config`` sets), read from the
-    installed megatron-bridge's own source files (its ``__init__`` needs Transformer Engine, so they are parsed)."""
+def _bridge_lora_source() -> tuple[int, list[str], dict[str, int]]:
+    """(LoRA's default dim, its default target modules, {peft recipe: the dim it sets}), read from the installed
+    megatron-bridge's own source files (its ``__init__`` needs Transformer Engine, so they are parsed)."""
     dist = importlib.metadata.distribution("megatron-bridge")
     lora = ast.parse(dist.locate_file("megatron/bridge/peft/lora.py").read_text(encoding="utf-8"))
     fields = {ast.unparse(a.target): a.value for n in ast.walk(lora) if isinstance(n, ast.ClassDef)
               and n.name == "LoRA" for a in n.body if isinstance(a, ast.AnnAssign)}
     modules = ast.literal_eval(next(k.value.body for k in fields["target_modules"].keywords))
     recipe = ast.parse(dist.locate_file("megatron/bridge/recipes/llama/llama3.py").read_text(encoding="utf-8"))
-    fn = next(n for n in ast.walk(recipe) if isinstance(n, ast.FunctionDef) and n.name == "llama3_70b_peft_config")
-    dim_70b = next(ast.literal_eval(a.value) for a in ast.walk(fn) if isinstance(a, ast.Assign)
-                   and ast.unparse(a.targets[0]).endswith(".dim"))
-    return ast.literal_eval(fields["dim"]), modules, dim_70b
+    dims = {fn.name: next(ast.literal_eval(a.value) for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                          and ast.unparse(a.targets[0]).endswith(".dim"))
+            for fn in recipe.body if isinstance(fn, ast.FunctionDef)
+            and fn.name in ("llama31_8b_peft_config", "llama31_70b_peft_config")}
+    return ast.literal_eval(fields["dim"]), modules, dims
 
 
 def test_task_lora_trains_the_adapters_the_stacks_recipes_set(runner, tmp_path) -> None:
     """``--task lora`` names no adapters: the Megatron-Bridge profile of the installed release (0.3.1, NeMo
-    26.02.01) prices what that release's source sets, LoRA's own defaults for a model no recipe sets more for and
-    the 70B recipe's rank on the 70B; a stack stating no LoRA default is refused in one line."""
-    dim, modules, dim_70b = _bridge_lora_source()
+    26.02.01) prices what that release's source sets, each Llama 3.1 recipe's rank on its model and LoRA's own
+    defaults on a model whose recipe sets none (Qwen3-8B: ``default_peft_config`` alone); a stack stating no LoRA
+    default is refused in one line."""
+    dim, modules, dims = _bridge_lora_source()
     assert importlib.metadata.version("megatron-bridge") == "0.3.1"
     assert modules == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]  # meshplan's four: no modules named
-    for model, rank in (("llama-3.1-8b", dim), ("llama-3.1-70b-instruct", dim_70b)):
+    for model, rank in (("llama-3.1-8b", dims["llama31_8b_peft_config"]),
+                        ("llama-3.1-70b-instruct", dims["llama31_70b_peft_config"]), ("qwen3-8b", dim)):
         out = tmp_path / f"{model}.yaml"
         r = runner.invoke(app, ["plan", "--model", model, "--cluster", "2x8xH100", "--global-batch", "64",
                                 "--seq-len", "4096", "--task", "lora", "--stack", "megatron-bridge@26.02.01",
                                 "--fix", "tp=8,pp=2,mbs=1", "--out", str(out), "--top", "1"])
         assert r.exit_code == 0, r.output
         assert load_plan(out).lora == str(rank) and f"--task lora: adapters {rank}," in r.output
+    assert len({dim, *dims.values()}) == 3  # three ranks: the test tells the three sources apart
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
                             "--seq-len", "4096", "--task", "lora", "--stack", "megatron-lm",
                             "--out", str(tmp_path / "p.yaml")])
