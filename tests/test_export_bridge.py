@@ -94,7 +94,12 @@ CASES = {
     "graphs-layers": ALL_PLANS["graphs-layers"],
     "qwen3-moe-graphs-layers": lambda: plan_qwen3_moe(cuda_graphs="layers"),
     "qwen3-moe-graphs-iteration": lambda: plan_qwen3_moe(cuda_graphs="iteration", moe_capacity=1.0),
+    # LoRA: the peft recipes of the 70B and the 8B, at the ranks those recipes train (the 26.02.01 profile's)
+    "lora-70b": lambda: ALL_PLANS["llama70b"]().model_copy(update={"lora": "16"}),
+    "lora-8b": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"lora": "8:qkv+proj+fc1+fc2"}),
 }
+# The base checkpoint a LoRA script asks for (its $PRETRAINED_CHECKPOINT)
+CHECKPOINT = "/checkpoints/base"
 FP8_ATTENTION_CASES = ("attention-fp8", "attention-fp8-delayed", "attention-fp8-mxfp8")
 
 
@@ -113,7 +118,8 @@ def _overrides_from_script(script: str, tmp_path: Path) -> list[str]:
     path.write_text(script)
     code = 'torchrun() { :; }; source "$1" >/dev/null; printf "%s\\n" "${OVERRIDES[@]}"'
     out = subprocess.run(["bash", "-c", code, "bash", str(path)], capture_output=True, text=True, timeout=30,
-                         env={"PATH": os.environ["PATH"], "HEAD_NODE": "node-a", "NODE_RANK": "0"}, check=True)
+                         env={"PATH": os.environ["PATH"], "HEAD_NODE": "node-a", "NODE_RANK": "0",
+                              "PRETRAINED_CHECKPOINT": CHECKPOINT}, check=True)
     return out.stdout.splitlines()
 
 
@@ -141,7 +147,8 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
                       "model.cpu_offloading_num_layers", "model.fp8_dot_product_attention",
                       "model.first_last_layers_bf16", "model.num_layers_at_start_in_bf16",
                       "model.num_layers_at_end_in_bf16", "model.cuda_graph_impl", "model.cuda_graph_scope",
-                      "model.moe_hybridep_num_sms"]}
+                      "model.moe_hybridep_num_sms"]
+            + (["peft.dim", "peft.target_modules", "checkpoint.pretrained_checkpoint"] if plan.lora else [])}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -181,7 +188,7 @@ def _expected(plan: Plan) -> dict[str, object]:
     e = {"model.tensor_model_parallel_size": d.tp, "model.pipeline_model_parallel_size": d.pp,
          "model.virtual_pipeline_model_parallel_size": d.vpp if d.vpp > 1 else None,
          "model.context_parallel_size": d.cp, "model.sequence_parallel": plan.sequence_parallel,
-         "model.seq_length": plan.seq_len, "dataset.sequence_length": plan.seq_len,
+         "model.seq_length": plan.seq_len,
          "train.micro_batch_size": plan.micro_batch, "train.global_batch_size": plan.global_batch,
          "data_parallel_size": d.dp, "model.num_layers": m.num_layers, "model.hidden_size": m.hidden_size,
          "model.recompute_granularity": "full" if plan.recompute.startswith("full") else
@@ -201,6 +208,15 @@ def _expected(plan: Plan) -> dict[str, object]:
          # every decoder layer in the plan's recipe but those it keeps in bf16: the tensorwise preset's own 1 and 1
          # are turned off unless the plan priced them
          "model.first_last_layers_bf16": any(c.bf16_layers(plan))}
+    if plan.lora:  # the peft recipe: its dataset's length and packing, its adapters, the base checkpoint
+        rank, _, mods = plan.lora.partition(":")
+        packed = "dataset.packed_sequence_specs" + (".packed_sequence_size" if plan.micro_batch == 1 else "")
+        e.update({"dataset.seq_length": plan.seq_len, packed: plan.seq_len if plan.micro_batch == 1 else None,
+                  "peft.dim": int(rank), "checkpoint.pretrained_checkpoint": CHECKPOINT,
+                  "peft.target_modules": [f"linear_{x}" for x in (mods.split("+") if mods else
+                                                                  ("qkv", "proj", "fc1", "fc2"))]})
+    else:
+        e["dataset.sequence_length"] = plan.seq_len
     if any(c.bf16_layers(plan)):
         e["model.num_layers_at_start_in_bf16"], e["model.num_layers_at_end_in_bf16"] = c.bf16_layers(plan)
     if m.model_type == "deepseek_v3":  # the recipe's one MTP layer, kept only where the plan prices it
@@ -278,6 +294,19 @@ def test_recipe_refused_by_name() -> None:
     with pytest.raises(MeshplanError, match=r"^megatron-bridge: no .* recipe builds model 'Llama-odd'") as exc:
         render(odd, "megatron-bridge")
     assert "\n" not in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_lora_other_than_the_peft_recipes_is_refused_by_name() -> None:
+    """The release's overrides cannot reach ``peft``: adapters other than the recipe's, or a model with no peft
+    recipe (DeepSeek-V3 in v0.3.1), are refused in one line saying what the recipe trains."""
+    said = r"^megatron-bridge: lora 16:qkv: .* llama31_8b_peft_config trains lora 8 "
+    with pytest.raises(MeshplanError, match=said) as exc:
+        render(ALL_PLANS["fsdp8b"]().model_copy(update={"lora": "16:qkv"}), "megatron-bridge")
+    assert "\n" not in str(exc.value) and exc.value.exit_code == 2
+    with pytest.raises(MeshplanError, match="has no peft recipe for model"):
+        render(ALL_PLANS["dsv3"]().model_copy(update={"lora": "8"}), "megatron-bridge")
+    warnings = render(CASES["lora-70b"](), "megatron-bridge").warnings
+    assert not any("trains every weight" in w for w in warnings) and any("packs sequences" in w for w in warnings)
 
 
 def test_cli_refusal_is_one_line_exit_2(runner, tmp_path: Path) -> None:

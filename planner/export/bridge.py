@@ -20,6 +20,14 @@ only a name replaces both); the mxfp8 preset also gathers parameters in MXFP8 (`
 Transformer Engine's MXFP8 recipe is meant to run. Everything else the recipe sets (optimizer, schedule, data,
 logging, kernels) is the user's: extra ``key=value`` words after the script's name override it. The full-iteration
 CUDA graph on a dropless MoE model is refused: this release's Hybrid-EP sizes its output on the host.
+
+A LoRA plan runs the model's fine-tuning recipe (``<name>_peft_config``, ``--peft_scheme lora``: ``run_recipe.py``
+then calls ``finetune``) from the base model's checkpoint (``$PRETRAINED_CHECKPOINT``, which ``ConfigContainer``
+requires for PEFT). That release's overrides cannot reach ``peft`` (``create_omegaconf_dict_config`` leaves it out of
+the tree they edit), so the plan's adapters must be the recipe's own, as the ``megatron-bridge@26.02.01`` profile
+(the same release) reads them; other adapters are refused by name. The recipe packs sequences
+(``dataset.packed_sequence_specs``), written at the plan's length, which takes micro-batch 1; at a larger one the
+packing is turned off (each sample padded to the plan's length).
 """
 from __future__ import annotations
 
@@ -29,11 +37,13 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import _common as c
 from meshplan.planner.export import megatron, torchrun
 from meshplan.planner.layout.layout import fsdp_impl
+from meshplan.planner.layout.stacks import load_stacks
 from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
 ENTRY = "run_recipe.py"
 SOURCE = "NVIDIA-NeMo/Megatron-Bridge v0.3.1"
+PROFILE = "megatron-bridge@26.02.01"  # the stack profile of that release: the adapters its peft recipes train
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class Recipe:
     hf_model: str
     comm_overlap: bool
     mtp: bool = False
+    preset: str = ""
+    """The bundled model (``meshplan models``) of the recipe's shapes, whose LoRA the profile names; "": the recipe
+    has no peft variant in that release."""
 
 
 # (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
@@ -54,13 +67,18 @@ class Recipe:
 # Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan prices), Mixtral and
 # Mistral (no v0.3.1 recipe).
 RECIPES: dict[tuple[str, int, int, int], Recipe] = {
-    ("llama", 32, 4096, 0): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False),
-    ("llama", 80, 8192, 0): Recipe("llama31_70b_pretrain_config", "meta-llama/Meta-Llama-3.1-70B", True),
-    ("llama", 126, 16384, 0): Recipe("llama31_405b_pretrain_config", "meta-llama/Meta-Llama-3.1-405B", True),
-    ("qwen2", 28, 3584, 0): Recipe("qwen25_7b_pretrain_config", "Qwen/Qwen2.5-7B", False),
-    ("qwen3", 36, 4096, 0): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False),
-    ("qwen3_moe", 48, 2048, 128): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False),
-    ("qwen3_moe", 94, 4096, 128): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False),
+    ("llama", 32, 4096, 0): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False,
+                                   preset="llama-3.1-8b-instruct"),
+    ("llama", 80, 8192, 0): Recipe("llama31_70b_pretrain_config", "meta-llama/Meta-Llama-3.1-70B", True,
+                                   preset="llama-3.1-70b-instruct"),
+    ("llama", 126, 16384, 0): Recipe("llama31_405b_pretrain_config", "meta-llama/Meta-Llama-3.1-405B", True,
+                                     preset="llama-3.1-405b"),
+    ("qwen2", 28, 3584, 0): Recipe("qwen25_7b_pretrain_config", "Qwen/Qwen2.5-7B", False, preset="qwen2.5-7b"),
+    ("qwen3", 36, 4096, 0): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False, preset="qwen3-8b"),
+    ("qwen3_moe", 48, 2048, 128): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False,
+                                         preset="qwen3-30b-a3b"),
+    ("qwen3_moe", 94, 4096, 128): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False,
+                                         preset="qwen3-235b-a22b"),
     ("deepseek_v3", 61, 7168, 256): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
 }
 
@@ -127,7 +145,31 @@ def recipe_of(plan: Plan) -> Recipe:
         c.fail(f"megatron-bridge: no {SOURCE} pretraining recipe builds model {m.name!r} ({m.model_type}, "
                f"{m.num_layers} layers, hidden {m.hidden_size}{experts}); recipes: {known} (export to megatron "
                "instead)")
+    if plan.lora:
+        if not found.preset:
+            c.fail(f"megatron-bridge: lora {plan.lora}: {SOURCE} has no peft recipe for model {m.name!r} (only "
+                   f"{found.name}); export to megatron, which names what it cannot train")
+        # the peft recipe of the same model: only the 405B's sets a CommOverlapConfig (tp_comm_overlap off), v0.3.1
+        return Recipe(found.name.replace("_pretrain_config", "_peft_config"), found.hf_model,
+                      "405b" in found.name, preset=found.preset)
     return found
+
+
+def _lora_parts(text: str) -> tuple[str, frozenset]:
+    """(rank, modules) of a ``--lora`` text (``RANK[:MODULES]``, all four linears when it names none)."""
+    rank, _, mods = text.partition(":")
+    return rank, frozenset(mods.split("+") if mods else ("qkv", "proj", "fc1", "fc2"))
+
+
+def check_lora(plan: Plan, recipe: Recipe) -> None:
+    """The plan's adapters are those the peft recipe trains (``PROFILE``'s LoRA for its model), the only ones the
+    release's overrides can run."""
+    own = load_stacks().get(PROFILE).lora_default(recipe.preset)
+    if own is not None and _lora_parts(own.value) == _lora_parts(plan.lora):
+        return
+    said = f"trains lora {own.value} ({own.source})" if own else "is not in the profile"
+    c.fail(f"megatron-bridge: lora {plan.lora}: the {SOURCE} recipe {recipe.name} {said}, and its overrides cannot "
+           f"reach peft; re-plan with --task lora --stack {PROFILE}, or export to megatron")
 
 
 def _renamed(message: str) -> str:
@@ -158,7 +200,9 @@ def check(plan: Plan) -> None:
                f"field the Megatron-Core of {SOURCE} has not; Megatron-Bridge >= v0.5.0 runs it "
                "(model.use_transformer_engine_op_fuser=true, model.moe_mlp_glu_interleave_size=32, "
                "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1), or export --to megatron")
-    recipe_of(plan)
+    recipe = recipe_of(plan)
+    if plan.lora:
+        check_lora(plan, recipe)
 
 
 # Megatron-LM notes about flags the recipe's model already carries (rope, router, expert width from the HF config).
@@ -174,8 +218,15 @@ def unsupported(plan: Plan) -> list[str]:
     """Megatron-LM's notes (the same Megatron-Core runs), less those about the model, which the recipe builds (the
     load-balancing loss's coefficient with it: the model bridge sets it), and the FSDP2 and Hybrid-EP SM ones, which
     the bridge carries."""
-    skip = _MODEL_NOTES + ("hybridep_sms=", "moe_aux_loss=") + (("fsdp=torch:",) if _torch_fsdp(plan) else ())
+    skip = _MODEL_NOTES + ("hybridep_sms=", "moe_aux_loss=", f"lora {plan.lora}:") + (
+        ("fsdp=torch:",) if _torch_fsdp(plan) else ())
     out = [_renamed(n) for n in megatron.unsupported(plan) if not any(k in n for k in skip)]
+    if plan.lora and plan.micro_batch == 1:
+        out.append(f"megatron-bridge: lora {plan.lora}: the peft recipe packs sequences of {plan.seq_len} tokens, "
+                   "each document attending within itself; the plan priced causal attention over the whole sequence")
+    elif plan.lora:
+        out.append(f"megatron-bridge: lora {plan.lora}: micro-batch {plan.micro_batch} turns the peft recipe's "
+                   "sequence packing off (it takes micro-batch 1): each sample is padded to the plan's length")
     if plan.grad_dtype == "bf16" or plan.reduce_dtype == "bf16" or "bf16" in c.compression_methods(plan):
         out.append("megatron-bridge: bf16 gradient reduction: the mixed-precision presets reduce in fp32 "
                    "(MixedPrecisionConfig.grad_reduce_in_fp32); the plan priced bf16")
@@ -216,8 +267,17 @@ def parallel_overrides(plan: Plan) -> dict[str, object]:
     if m.num_experts:
         o["model.expert_model_parallel_size"] = d.ep
         o["model.expert_tensor_parallel_size"] = c.expert_tp(plan)
-    o.update({"model.seq_length": plan.seq_len, "dataset.sequence_length": plan.seq_len,
-              "train.micro_batch_size": plan.micro_batch, "train.global_batch_size": plan.global_batch})
+    o["model.seq_length"] = plan.seq_len
+    if plan.lora:  # the peft recipes' HFDatasetConfig: its length, and the packed sequences it builds, which
+        # take micro-batch 1 (finetune's check: "Micro batch size should be 1 when training with packed sequence")
+        o["dataset.seq_length"] = plan.seq_len
+        if plan.micro_batch == 1:
+            o["dataset.packed_sequence_specs.packed_sequence_size"] = plan.seq_len
+        else:
+            o["dataset.packed_sequence_specs"] = None
+    else:
+        o["dataset.sequence_length"] = plan.seq_len
+    o.update({"train.micro_batch_size": plan.micro_batch, "train.global_batch_size": plan.global_batch})
     return o
 
 
@@ -338,7 +398,12 @@ def render(plan: Plan) -> str:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1")  # as Megatron-LM's validate_args asks (megatron.py)
     lines.append(f"RECIPE={recipe.name}")
     lines.append("OVERRIDES=(\n  " + "\n  ".join(c.quote(w) for w in overrides(plan)) + "\n)")
+    peft: list[str] = []
+    if plan.lora:  # LoRA fine-tunes the base model's checkpoint (ConfigContainer.validate requires one for PEFT)
+        lines.append('OVERRIDES+=("checkpoint.pretrained_checkpoint=${PRETRAINED_CHECKPOINT:?set PRETRAINED_CHECKPOINT '
+                     'to the Megatron checkpoint of the base model}")')
+        peft = ["--peft_scheme", "lora"]
     launch = (["torchrun"] + torchrun.launcher_args(plan)
-              + [f'"${{BRIDGE_ENTRY:-{ENTRY}}}"', "--recipe", '"$RECIPE"', '"${OVERRIDES[@]}"', '"$@"'])
+              + [f'"${{BRIDGE_ENTRY:-{ENTRY}}}"', "--recipe", '"$RECIPE"', *peft, '"${OVERRIDES[@]}"', '"$@"'])
     lines.append(c.bash_lines(launch))
     return "\n".join(lines) + "\n"
