@@ -144,3 +144,8 @@ def test_task_lora_trains_the_adapters_the_stacks_recipes_set(runner, tmp_path) 
                             "--out", str(tmp_path / "p.yaml")])
     assert r.exit_code == 2 and "--task lora: stack profile megatron-lm@" in r.output
     assert len(r.output.strip().splitlines()) == 1
+    # the solver for mixed device groups trains every weight: the stack's adapters are refused there as --lora is
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100+1x8xA100", "--global-batch",
+                            "64", "--seq-len", "4096", "--task", "lora", "--stack", "megatron-bridge@26.02.01",
+                            "--out", str(tmp_path / "h.yaml")])
+    assert r.exit_code == 2 and f"--lora {dims['llama31_8b_peft_config']} (or --task lora)" in r.output

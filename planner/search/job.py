@@ -199,11 +199,12 @@ def plan_job(request: PlanRequest, host: Host = Host(),
     clusters. ``progress``: called with the count of layouts priced so far.
     """
     job = _load_job(request, host)
+    request = job.request  # --task lora: the adapters it trains (with_task_lora)
     if request.workload == "serve" or job.cluster.is_heterogeneous or job.request.options.quality_budget is not None \
             or request.options.sensitivity:
         if request.lora:
-            raise MeshplanError("--lora prices fine-tuning in the homogeneous layout search; the heterogeneous / "
-                                "serving solver trains every weight")
+            raise MeshplanError(f"--lora {request.lora} (or --task lora) prices fine-tuning in the homogeneous layout "
+                                "search; the heterogeneous / serving solver trains every weight")
         if request.fix.pinned():
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
