@@ -156,7 +156,6 @@ class StackProfile(_Frozen):
         """The bundled models some value holds for alone."""
         return tuple(sorted({v.model for v in self.values if v.model}))
 
-
     def lora_default(self, model: Optional[str]) -> Optional[LoraDefault]:
         """The LoRA default for bundled model ``model`` (``None``: a model no value holds for alone), else the one
         for every model, else ``None``."""
