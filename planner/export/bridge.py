@@ -59,6 +59,8 @@ class Recipe:
     preset: str = ""
     """The bundled model (``meshplan models``) of the recipe's shapes, whose LoRA the profile names; "": the recipe
     has no peft variant in that release."""
+    peft_comm_overlap: bool = False
+    """Whether its peft variant sets a ``CommOverlapConfig`` (of v0.3.1's, only the 405B's: tp_comm_overlap off)."""
 
 
 # (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
@@ -72,7 +74,7 @@ RECIPES: dict[tuple[str, int, int, int], Recipe] = {
     ("llama", 80, 8192, 0): Recipe("llama31_70b_pretrain_config", "meta-llama/Meta-Llama-3.1-70B", True,
                                    preset="llama-3.1-70b-instruct"),
     ("llama", 126, 16384, 0): Recipe("llama31_405b_pretrain_config", "meta-llama/Meta-Llama-3.1-405B", True,
-                                     preset="llama-3.1-405b"),
+                                     preset="llama-3.1-405b", peft_comm_overlap=True),
     ("qwen2", 28, 3584, 0): Recipe("qwen25_7b_pretrain_config", "Qwen/Qwen2.5-7B", False, preset="qwen2.5-7b"),
     ("qwen3", 36, 4096, 0): Recipe("qwen3_8b_pretrain_config", "Qwen/Qwen3-8B", False, preset="qwen3-8b"),
     ("qwen3_moe", 48, 2048, 128): Recipe("qwen3_30b_a3b_pretrain_config", "Qwen/Qwen3-30B-A3B", False,
@@ -149,9 +151,8 @@ def recipe_of(plan: Plan) -> Recipe:
         if not found.preset:
             c.fail(f"megatron-bridge: lora {plan.lora}: {SOURCE} has no peft recipe for model {m.name!r} (only "
                    f"{found.name}); export to megatron, which names what it cannot train")
-        # the peft recipe of the same model: only the 405B's sets a CommOverlapConfig (tp_comm_overlap off), v0.3.1
         return Recipe(found.name.replace("_pretrain_config", "_peft_config"), found.hf_model,
-                      "405b" in found.name, preset=found.preset)
+                      found.peft_comm_overlap, preset=found.preset)
     return found
 
 
