@@ -275,9 +275,12 @@ def _quote_cells(row: dict) -> list[str]:
 
 # The rows' GPT-OSS configs are Mixtral-family stand-ins written when meshplan could not express GPT-OSS (README:
 # no attention sinks, no 128-token sliding window); meshplan's presets are the models themselves (HF config.json of
-# openai/gpt-oss-120b and -20b: alternating sliding and full attention, sinks, expert biases).
+# openai/gpt-oss-120b and -20b: alternating sliding and full attention, sinks, expert biases). Nemotron-4 340B's is a
+# Llama-family stand-in of equal FLOPs (a gated MLP of 2/3 the width for its two-matrix squared-ReLU one); meshplan's
+# preset is the model as NeMo 24.07's conf trains it (planner/presets/models/PROVENANCE.md).
 REAL_MODEL_OF_STAND_IN = {"configs/gpt-oss-120b-approx.json": "gpt-oss-120b",
-                          "configs/gpt-oss-20b-approx.json": "gpt-oss-20b"}
+                          "configs/gpt-oss-20b-approx.json": "gpt-oss-20b",
+                          "configs/nemotron4-340b-flopeq-approx.json": "nemotron-4-340b"}
 
 
 def _config_path(row: dict, runs_dir: Path) -> Optional[str]:

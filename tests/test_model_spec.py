@@ -117,6 +117,21 @@ def test_gpt_neox_20b_matches_paper():
     assert not spec.tied_embeddings and spec.num_kv_heads == 64
 
 
+def test_nemotron_4_reads_a_two_matrix_mlp_with_query_groups(tmp_path):
+    # nvidia/Nemotron-4-340B-Base's model card: "This model has 340 billion parameters"; its MLP is squared-ReLU (two
+    # matrices of 4 x hidden) and its attention has 8 query groups (NeMo-Framework-Launcher nemotron_340b.yaml @ 24.07)
+    spec = load_model("nemotron-4-340b")
+    assert not spec.gated_mlp and spec.num_kv_heads == 8 and spec.ffn_hidden_size == 4 * spec.hidden_size
+    assert spec.num_params == pytest.approx(340e9, rel=0.01) and not spec.tied_embeddings
+    cfg = {"model_type": "nemotron", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 256, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    small = load_model(str(tmp_path / "config.json"))
+    assert small.num_kv_heads == 4 and small.head_dim == 16  # no num_key_value_heads: every head its own
+    # two 64 x 256 matrices a layer, attention 4 x 64 x 64, two LayerNorms with bias, final norm, untied embeddings
+    assert small.num_params == 2 * (2 * 64 * 256 + 4 * 64 * 64 + 2 * 2 * 64) + 2 * 64 + 2 * 100 * 64
+
+
 def test_qwen2_moe_counts_shared_expert_and_gate():
     # Qwen/Qwen1.5-MoE-A2.7B (config values below, from its config.json): the model card states "14.3B parameters
     # in total and 2.7B activated parameters during runtime". Both within 1%.

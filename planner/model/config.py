@@ -33,6 +33,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox", "NemotronHForCausalLM": "nemotron_h", "GptOssForCausalLM": "gpt_oss",
+    "NemotronForCausalLM": "nemotron",
 }
 _REQUIRED = object()
 
@@ -256,6 +257,15 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
                        gated_mlp=False, norm="layernorm", qkv_bias=bias, o_bias=bias, mlp_bias=True)
 
 
+def _nemotron(r: _Reader) -> dict[str, Any]:
+    """Nemotron-4 (transformers ``configuration_nemotron.py``): Llama's attention with query groups, a two-matrix
+    squared-ReLU MLP (``hidden_act`` relu2), LayerNorm1P, untied, no biases unless the config says so."""
+    bias = r.bool("attention_bias", False)
+    return _base(r, False) | _heads(r, kv_default=None, head_dim_default=None) | dict(
+        ffn_hidden_size=r.int("intermediate_size"), gated_mlp=False, norm="layernorm", qkv_bias=bias, o_bias=bias,
+        mlp_bias=r.bool("mlp_bias", False))
+
+
 def _nemotron_h(r: _Reader) -> dict[str, Any]:
     """Nemotron-H / Nemotron 3 (transformers ``configuration_nemotron_h.py``; Megatron-Bridge ``MambaModelProvider``):
     one block per layer from ``hybrid_override_pattern`` (M Mamba-2, * attention, - MLP, E MoE), squared-ReLU MLPs
@@ -316,7 +326,7 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
 FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss,
+    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron,
 }
 
 
