@@ -445,12 +445,13 @@ def test_automodel_pipelined_rows_run_one_schedule_per_accumulation_step(rows, r
 
 def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
     """Each in-scope row names its source's stack profile; what it needs beyond its table's facts and that profile
-    is listed per row (bench/dev_set.py prints and counts it). Counted 2026-11-29: 3 settings over 33 rows, all
-    AutoModel's (S5): its SDPA under context parallelism, and Nemotron V3 Ultra's two MTP depths and fused linear
-    cross-entropy, from its run's config. The NeMo launcher confs' own settings (userbuffer overlaps, Nemotron 8B /
-    22B's fp32 gradients, 340B's bf16 optimizer and in-line pipeline sends: 10 until then) are the nemo@24.07
-    profile's values for those models; AutoModel's uneven pipeline split is its profile's rule (``pp_split=front``),
-    and the fine-tuning optimizer dtype and fp8 weights the NeMo profile's for ``--task sft``."""
+    is listed per row (bench/dev_set.py prints and counts it). Counted 2026-11-29: 2 settings over 33 rows, both
+    Nemotron V3 Ultra's (S5), from its run's config, a commit past the AutoModel profile's: its two MTP depths and its
+    fused linear cross-entropy. The NeMo launcher confs' own settings (userbuffer overlaps, Nemotron 8B / 22B's fp32
+    gradients, 340B's bf16 optimizer and in-line pipeline sends: 10 until then) are the nemo@24.07 profile's values
+    for those models, AutoModel's SDPA under context parallelism its profile's where cp > 1; AutoModel's uneven
+    pipeline split is its profile's rule (``pp_split=front``), and the fine-tuning optimizer dtype and fp8 weights
+    the NeMo profile's for ``--task sft``."""
     per_row = []
     for row in rows:
         inp = dev_set.row_needs(row, runs_dir)
@@ -459,15 +460,34 @@ def test_rows_are_priced_from_facts_and_their_stack_profile(rows, runs_dir):
         assert inp.profile == dev_set.SOURCE_PROFILE[inp.source]
         assert not set(k.split("=")[0] for k in inp.from_profile) & set(inp.fix), row["name"]
         per_row.append(len(inp.per_row))
-    assert len(per_row) == 33 and sum(per_row) <= 3 and statistics.median(per_row) == 0
+    assert len(per_row) == 33 and sum(per_row) <= 2 and statistics.median(per_row) == 0
 
 
-def test_profile_only_leaves_a_counted_attention_kernel_free(rows, runs_dir):
-    """AutoModel's Llama 3 70B row runs PyTorch SDPA's FlashAttention-2 under context parallelism, a per-row
-    setting: ``--profile-only`` leaves the kernel to meshplan instead of pinning the harness's own default."""
+def test_profile_only_leaves_a_counted_setting_free(runs_dir):
+    """A per-row setting (a 25.11 DeepSeek-V3 row's pipeline split, which its source does not give) is pinned when
+    the row is priced with its own settings and left to meshplan under ``--profile-only``, not replaced by a default
+    of the harness's own."""
+    row = next(r for r in jsonl_rows(runs_dir / "blackwell_dev.jsonl")
+               if r["name"] == "mbridge25.11-deepseekv3-gb300-bf16-nomtp")
+    own, alone = dev_set.row_needs(row, runs_dir), dev_set.row_needs(row, runs_dir, profile_only=True)
+    assert own.per_row == alone.per_row and own.per_row[0].startswith("pp_layout=")
+    assert own.fix["pp_layout"] == "7*2+8*5+7" and "pp_layout" not in alone.fix
+
+
+def test_context_parallel_attention_is_the_automodel_profiles(rows, runs_dir):
+    """AutoModel runs attention under context parallelism as PyTorch SDPA's FlashAttention-2 (its train context
+    allows SDPA's flash and efficient backends only, cp_utils.py @ 89e3a9fdd): its profile says so where cp > 1, so the
+    Llama 3 70B row (CP 2) takes it from the profile in both modes and carries no setting of its own."""
+    from meshplan.planner.layout.stacks import load_stacks
+    from meshplan.planner.search.workloads import stack_values
+
     row = next(r for r in rows if r["name"] == "automodel-llama3-70b-64")
-    assert dev_set.row_needs(row, runs_dir).fix["attention"] == "flash2"
-    assert "attention" not in dev_set.row_needs(row, runs_dir, profile_only=True).fix
+    for alone in (False, True):
+        inp = dev_set.row_needs(row, runs_dir, profile_only=alone)
+        assert "attention=flash2" in inp.from_profile and not inp.per_row and "attention" not in inp.fix
+    prof, spec = load_stacks().get("automodel@89e3a9fdd"), load_model("llama-3.1-70b-instruct")
+    assert stack_values(prof, spec, "bf16", {"cp": 2})[0]["attention"] == "flash2"
+    assert "attention" not in stack_values(prof, spec, "bf16", {"cp": 1})[0]
 
 
 def test_a_table_naming_torch_sdpa_runs_its_flash_backend(rows, runs_dir):
