@@ -94,6 +94,7 @@ CASES = {
     "graphs-layers": ALL_PLANS["graphs-layers"],
     "qwen3-moe-graphs-layers": lambda: plan_qwen3_moe(cuda_graphs="layers"),
     "qwen3-moe-graphs-iteration": lambda: plan_qwen3_moe(cuda_graphs="iteration", moe_capacity=1.0),
+    "qwen3-moe-graphs-mixers": lambda: plan_qwen3_moe(cuda_graphs="mixers", recompute_modules="moe+layernorm"),
     # LoRA: the peft recipes of the 70B and the 8B, at the ranks those recipes train (the 26.02.01 profile's)
     "lora-70b": lambda: ALL_PLANS["llama70b"]().model_copy(update={"lora": "16"}),
     "lora-8b": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"lora": "8:qkv+proj+fc1+fc2"}),
@@ -225,10 +226,12 @@ def _expected(plan: Plan) -> dict[str, object]:
         e["model.recompute_modules"] = plan.recompute_modules.split("+")
     # CUDA graphs: TE's per-layer scopes (the whole MoE block where it drops and pads) or the full-iteration graph,
     # written from Megatron-Core's CudaGraphScope names here, not from the exporter's helper
-    impl = {"none": "none", "layers": "transformer_engine", "iteration": "local"}
+    impl = {"none": "none", "mixers": "transformer_engine", "layers": "transformer_engine", "iteration": "local"}
     e["model.cuda_graph_impl"] = impl[plan.cuda_graphs]
     if plan.cuda_graphs == "iteration":
         e["model.cuda_graph_scope"] = ["full_iteration"]
+    elif plan.cuda_graphs == "mixers":
+        e["model.cuda_graph_scope"] = ["attn", "mamba"] if m.model_type == "nemotron_h" else ["attn"]
     elif plan.cuda_graphs == "layers":
         e["model.cuda_graph_scope"] = (["attn", "mlp"] if not m.num_experts else ["attn", "moe"] if plan.moe_capacity
                                        else ["attn", "moe_router", "moe_preprocess"])

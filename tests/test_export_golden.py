@@ -147,6 +147,9 @@ VARIANTS.update({
     "graphs-layers": lambda: _variant(cuda_graphs="layers", recompute="selective"),
     "moe-graphs-layers": lambda: _moe_variant(cuda_graphs="layers"),
     "moe-graphs-iteration": lambda: _moe_variant(cuda_graphs="iteration", moe_dispatcher="hybridep"),
+    # graphs of the attention alone (Megatron-Bridge's H100 Nemotron 3 Nano presets): the MoE block stays eager, so
+    # Megatron-Core lets it be recomputed
+    "moe-graphs-mixers": lambda: _moe_variant(cuda_graphs="mixers", recompute="selective", recompute_modules="moe"),
     "graphs-layers-mlp-recompute": lambda: _variant(cuda_graphs="layers", recompute="selective",
                                                     recompute_modules="mlp"),
     "reduce-fp32": lambda: _variant(reduce_dtype="fp32"),

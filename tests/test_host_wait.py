@@ -95,6 +95,26 @@ def test_automodels_moe_layer_is_not_priced_a_wait(tmp_path) -> None:
     assert _wait_s(megatron) > 0.0
 
 
+def test_graphs_of_the_mixers_alone_leave_the_moe_block_eager(tmp_path) -> None:
+    """Graphs of the attention alone (``mixers``; Megatron-Bridge's H100 Nemotron 3 Nano presets graph ``attn mamba``
+    or ``mamba``) leave the router and preprocessing eager: the wait is the all-eager one, and the MoE block may be
+    recomputed, which Megatron-Core refuses only with the router in a graph (TransformerConfig.__post_init__:
+    "moe recompute is not supported with moe_router CUDA graph")."""
+    _, eager_x = _plan(tmp_path, "none")
+    _, mixers_x = _plan(tmp_path, "mixers")
+    _, layers_x = _plan(tmp_path, "layers")
+    assert _wait_s(mixers_x) == pytest.approx(_wait_s(eager_x)) and _wait_s(mixers_x) > _wait_s(layers_x)
+    step, _ = _plan(tmp_path, "mixers", extra=",recompute=selective,recompute_modules=moe",
+                    mesh=MESH.replace(",recompute=none", ""))
+    assert step > 0
+    from meshplan.planner.search.workloads import load_workloads, preset_graphs
+
+    nano = [p for p in load_workloads("megatron-bridge-perf@26.06").presets
+            if p.model == "nemotron-3-nano-30b-a3b" and p.gpu == "H100-SXM"]
+    assert nano and {preset_graphs(p.settings) for p in nano} == {"mixers"}
+    assert all("moe" in p.settings["recompute_modules"] for p in nano)
+
+
 def test_dropping_and_padding_has_no_sync(tmp_path) -> None:
     """Token dropping padded to capacity sizes every buffer before the step: Megatron-Core skips the sync."""
     step, explain = _plan(tmp_path, "layers", extra=",moe_capacity=1")

@@ -146,8 +146,10 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     time runs beside the dispatch rather than in the stretch.
     ``cuda_graphs`` as the layout's decision: per-layer graphs capture the attention, router, preprocessing and
     shared experts, not the routed experts; nothing captured leaves all of them eager, their wait a stretch before
-    the sync's, so capturing them never adds to the wait. ``host_speed``: each host's time over Grace's
-    (``HOST_SPEED``, or the alternative ``HOST_SPEED_LINEAR``)."""
+    the sync's, so capturing them never adds to the wait; graphs of the mixers alone (``mixers``) leave the router,
+    the preprocessing and the shared experts eager: priced as none, the timeline's stretch from the attention's output
+    projection to the dispatch (an upper estimate where the projection runs inside the attention's graph).
+    ``host_speed``: each host's time over Grace's (``HOST_SPEED``, or the alternative ``HOST_SPEED_LINEAR``)."""
     if cuda_graphs == "iteration":
         return 0.0
     speed = host_speed[host_cpu]
@@ -157,7 +159,7 @@ def moe_sync_wait_s(cuda_graphs: str, host_cpu: str, experts_gpu_s: float, share
     fc1_at_s, fc2_at_s = (t * speed for t in routed_launches_s(local_experts))
     gpu_end_s = routed_gpu_end_s(host_s * speed, fc1_at_s, fc2_at_s, experts_gpu_s, fc2_gpu_s)
     wait_s = gpu_end_s - experts_gpu_s
-    if cuda_graphs == "none":
+    if cuda_graphs in ("none", "mixers"):
         # before the sync, a stretch of its own (the GPU's queue drains at the sync, so work after it hides nothing
         # before it): Megatron-Core's MoE forward runs the shared experts, then the router and preprocessing
         # (``MoELayer.forward``: shared_experts_compute, route, preprocess, then dispatch). Their host time runs

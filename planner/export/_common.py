@@ -235,12 +235,15 @@ def cuda_graph_notes(plan: Plan, target: str) -> list[str]:
 
 def cuda_graph_scope(plan: Plan) -> tuple[str, list[str]]:
     """(Megatron-Core ``cuda_graph_impl``, ``cuda_graph_scope``) of the plan's ``cuda_graphs``: Transformer Engine's
-    per-layer graphs of the attention and the MoE router and dispatch preprocessing (the dense MLP in a dense
+    per-layer graphs of the attention and Mamba mixers alone (``mixers``), or of the attention and the MoE router
+    and dispatch preprocessing (the dense MLP in a dense
     layer; the whole MoE block where it drops and pads to capacity, which TransformerConfig requires of the "moe"
     scope and which keeps "moe_preprocess" out under the alltoall dispatcher), or Megatron's own full-iteration
     graph (``megatron/core/transformer/enums.py`` CudaGraphScope)."""
     if plan.cuda_graphs == "iteration":
         return "local", ["full_iteration"]
+    if plan.cuda_graphs == "mixers":  # the attention and, in a hybrid, the Mamba mixers
+        return "transformer_engine", ["attn"] + (["mamba"] if plan.model.model_type == "nemotron_h" else [])
     if plan.cuda_graphs == "layers" and not plan.model.num_experts:
         return "transformer_engine", ["attn", "mlp"]
     if plan.cuda_graphs == "layers":

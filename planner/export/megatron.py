@@ -120,9 +120,9 @@ def check(plan: Plan, flags: bool = True) -> None:
         # validate_args: an interleaved pipeline without p2p overlap needs pp > 2 (shared/notes/exports.md (b))
         c.fail(f"megatron: pp_overlap=false (--no-overlap-p2p-communication) with vpp={d.vpp} needs pp > 2, got "
                f"pp={d.pp}")
-    if plan.cuda_graphs == "layers" and plan.recompute.startswith("full"):
-        c.fail(f"megatron: cuda_graphs=layers with recompute={plan.recompute}: Megatron-Core recomputes whole layers "
-               f"only under the full-iteration graph")
+    if plan.cuda_graphs in ("layers", "mixers") and plan.recompute.startswith("full"):
+        c.fail(f"megatron: cuda_graphs={plan.cuda_graphs} with recompute={plan.recompute}: Megatron-Core recomputes "
+               f"whole layers only under the full-iteration graph")
     if plan.cuda_graphs == "iteration" and plan.moe_overlap and m.num_experts:
         # TransformerConfig.__post_init__ (megatron-core 0.16.1): under overlap_moe_expert_parallel_comm the graphs
         # must be Transformer Engine's and hold no moe or mlp scope

@@ -395,8 +395,9 @@ class Decisions:
     ``planner.estimate.gpu.check_fused_moe_mlp``). Not priced: the op fuser's 256-row padding per expert (32
     unfused) and its host time."""
     cuda_graphs: str = decision(
-        "none", "what CUDA graphs capture: none, layers (attention, router, dispatch preprocessing) or iteration",
-        choices=("none", "layers", "iteration"),
+        "none", "what CUDA graphs capture: none, mixers (attention and Mamba alone), layers (attention, router, "
+        "dispatch preprocessing) or iteration",
+        choices=("none", "mixers", "layers", "iteration"),
         stack_values={"megatron": ("none",), "torchtitan": ("none",), "eager": ("none",)},
         free="layers on an MoE model under Megatron-Core on NVIDIA GPUs where Megatron-Core allows them, else none "
              "(``space.free_cuda_graphs``)")
@@ -404,7 +405,12 @@ class Decisions:
     in an MoE layer, the router and the dispatch preprocessing (Megatron-Core ``--cuda-graph-impl
     transformer_engine --cuda-graph-scope attn moe_router moe_preprocess``; ``attn mlp`` in a dense layer): the
     routed experts, the dispatch and the combine stay eager, because their token counts change every step.
-    "iteration": the whole forward and backward replayed as one graph (``--cuda-graph-impl local
+    "mixers": per-layer graphs of the sequence mixers alone, the attention and the Mamba mixer (``--cuda-graph-scope
+    attn mamba``, Megatron-Bridge's H100 presets of Nemotron 3 Nano and Nemotron-H): every MLP and MoE block eager, an
+    MoE layer's router and preprocessing too, so its host wait is priced as under "none" (the guide's router-to-dispatch
+    stretch beside the layer's other GPU work, an upper estimate where the attention's output projection is graphed),
+    and Megatron-Core lets it recompute its MoE block (TransformerConfig refuses "moe" recomputation only with the
+    router in a graph). "iteration": the whole forward and backward replayed as one graph (``--cuda-graph-impl local
     --cuda-graph-scope full_iteration``), which a dropless MoE layer can only take with Hybrid-EP's sync-free
     dispatch (Megatron-Core ``docs/user-guide/features/cuda_graph.md``): from core_v0.18.0 under
     ``moe_expert_rank_capacity_factor``, a static budget for the tokens a rank receives (Megatron-Bridge v0.5.0's

@@ -484,11 +484,11 @@ class Layout(Decisions, Degrees):
             raise MeshplanError(f"cuda_graphs=layers with recompute_modules={self.recompute_modules}: Megatron-Core "
                                 f"recomputes no MoE block whose router a graph captures (TransformerConfig: \"moe "
                                 f"recompute is not supported with moe_router CUDA graph\")")
-        if self.cuda_graphs == "layers" and self.recompute_kind == "full":
-            raise MeshplanError(f"cuda_graphs=layers with recompute={self.recompute}: Megatron-Core recomputes whole "
-                                f"layers only under the full-iteration graph (TransformerConfig: \"full recompute is "
-                                f"only supported with full iteration CUDA graph\"); take cuda_graphs=iteration or "
-                                f"selective recomputation")
+        if self.cuda_graphs in ("layers", "mixers") and self.recompute_kind == "full":
+            raise MeshplanError(f"cuda_graphs={self.cuda_graphs} with recompute={self.recompute}: Megatron-Core "
+                                f"recomputes whole layers only under the full-iteration graph (TransformerConfig: "
+                                f"\"full recompute is only supported with full iteration CUDA graph\"); take "
+                                f"cuda_graphs=iteration or selective recomputation")
         if self.recompute_layers:
             per_chunk = (min(k for k in self.pp_layout if k) if self.pp_layout
                          else num_layers // (self.pp * self.vpp))

@@ -175,7 +175,8 @@ def choose_preset(ref: str, spec, dtype: str, recipe: str, task: str, pinned: Ma
 
 def preset_graphs(settings: Mapping[str, object]) -> Optional[str]:
     """meshplan's ``cuda_graphs`` of a preset's ``cuda_graph_impl`` / ``cuda_graph_scope``: the whole iteration
-    (``full_iteration``, or Megatron's ``local`` graphs scoped to it), per-layer graphs, none (impl ``none``), or
+    (``full_iteration``, or Megatron's ``local`` graphs scoped to it), per-layer graphs of the attention and Mamba
+    mixers alone (a scope of ``attn`` / ``mamba`` only), other per-layer graphs, none (impl ``none``), or
     ``None`` where the preset sets no impl. r0.1.0's perf matrix says ``cuda_graphs`` instead, a flag
     set_cuda_graph_overrides (utils/helpers.py @ r0.1.0 lines 114-120) turns into Megatron-Core's per-layer graphs
     (``enable_cuda_graph``)."""
@@ -185,6 +186,8 @@ def preset_graphs(settings: Mapping[str, object]) -> Optional[str]:
     scopes = scope if isinstance(scope, list) else [scope]
     if impl == "full_iteration" or (impl == "local" and "full_iteration" in scopes):
         return "iteration"
+    if impl in ("transformer_engine", "local") and scope and set(scopes) <= {"attn", "mamba"}:
+        return "mixers"  # the sequence mixers alone: every MLP and MoE block eager
     if impl in ("transformer_engine", "local"):
         return "layers"
     return "none" if impl == "none" else None
