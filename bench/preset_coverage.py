@@ -1,0 +1,145 @@
+"""Whether meshplan prices every workload preset of the Megatron-Bridge performance profiles, as a run kept apart
+would reach it.
+
+A published run of Megatron-Bridge's performance tables that meshplan never saw (a DGX-H100 row, another release's
+row) is priced from what its table states (GPU, GPUs, degrees, micro and global batch, sequence, precision, task)
+and its release's ``megatron-bridge-perf`` profile, whose launcher preset for that job supplies the rest (CUDA
+graphs, recomputation, dispatcher...). This bench states each preset's own facts as such a row and prices it
+through ``bench/dev_set.py``'s path for a source without a mapping: a preset meshplan refuses (not expressible, or
+out of memory) is a run of that release it could not judge. Nothing published is read: no step time, only whether
+the job prices.
+
+The sequence a preset's table row would state is the one the dev set's published rows of that model and task state
+(their ``seq``), else the preset's own ``seq_length`` (r0.1.0's perf matrix), else 4096. A preset in a precision its
+GPU has no tensor cores for (r0.1.0's perf matrix lists MXFP8 entries for H100, which Transformer Engine refuses) is
+counted apart, not as a failure.
+
+    python bench/preset_coverage.py [--profile megatron-bridge-perf@26.06.01] [--gpu H100-SXM] [--json]
+
+(about 40 s for every profile, GPU and task).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import dev_set  # noqa: E402
+
+RECIPE_LABEL = {"none": "BF16", "tensorwise": "FP8-CS", "mxfp8": "MXFP8", "blockwise": "FP8-SC", "delayed": "FP8-DS",
+                "nvfp4": "NVFP4"}
+
+
+def bridge_profiles() -> list[str]:
+    """Every shipped ``megatron-bridge-perf`` profile, oldest first."""
+    from meshplan.planner.layout.stacks import _version_key, load_stacks
+
+    profs = [p for p in load_stacks().profiles.values() if p.name == "megatron-bridge-perf"]
+    return [p.ref for p in sorted(profs, key=lambda p: _version_key(p.version))]
+
+
+def stated_seqs(runs_dir: Path) -> dict[tuple[str, str], int]:
+    """(bundled model, task) -> the sequence the dev set's published Megatron-Bridge rows of that model state."""
+    from meshplan.planner.model.config import load_model, preset_names
+    from meshplan.planner.search.workloads import _same_shapes
+
+    names = {n: load_model(n) for n in preset_names()}
+    out: dict[tuple[str, str], int] = {}
+    for row in dev_set.load_rows(runs_dir):
+        if not dev_set.is_bridge_row(row) or not dev_set.in_scope(row):
+            continue
+        cfg = dev_set.HYBRID_CONFIGS.get(row["name"]) or row.get("config")
+        spec = dev_set._config_spec(dev_set._config_path({"config": cfg}, runs_dir))
+        name = next((n for n, m in names.items() if _same_shapes(m, spec)), None)
+        if name:
+            out.setdefault((name, dev_set.row_task(row)), int(row["seq"]))
+    return out
+
+
+def preset_row(profile: str, preset, seq: int) -> dict:
+    """A held-out row stating ``preset``'s own facts under ``profile``."""
+    from meshplan.planner.search.workloads import PRECISIONS
+
+    s = preset.settings
+    deg = {key: preset.degree(field, default) for field, key, default in
+           (("tensor_model_parallel_size", "tp", 1), ("pipeline_model_parallel_size", "pp", 1),
+            ("context_parallel_size", "cp", 1), ("expert_model_parallel_size", "ep", 1))}
+    n = preset.degree("num_gpus", 8)
+    dtype, recipe = PRECISIONS[preset.dtype]
+    return {"name": f"{profile}:{preset.name}", "source_id": "coverage", "gpu": preset.gpu,
+            "gpus_per_node": int(s.get("num_gpus_per_node") or (4 if preset.gpu.startswith("GB") else 8)),
+            "n_gpus": n, **deg, "dp": n // (deg["tp"] * deg["pp"] * deg["cp"]),
+            "mbs": preset.degree("micro_batch_size", 1), "gbs": preset.degree("global_batch_size", 1), "seq": seq,
+            "pp_interleave": s.get("virtual_pipeline_model_parallel_size"), "dtype": dtype,
+            "precision_recipe": RECIPE_LABEL[recipe], "task": preset.task, "config": preset.model,
+            "published": {"step_time_s": 1.0}, "meshplan_can_express": "yes", "system": f"DGX-{preset.gpu}",
+            "stack": profile}
+
+
+def coverage(runs_dir: Path, profiles: list[str], gpus: Optional[set[str]] = None) -> list[dict]:
+    """One record per preset (deduplicated by its facts): profile, preset, GPU, task, status, detail."""
+    from meshplan.costmodel.devices import get_device
+    from meshplan.planner.search.workloads import PRECISIONS, load_workloads
+
+    seqs = stated_seqs(runs_dir)
+    out, seen = [], set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for profile in profiles:
+            for p in load_workloads(profile).presets:
+                if gpus and p.gpu not in gpus:
+                    continue
+                seq = seqs.get((p.model, p.task)) or int(p.settings.get("seq_length") or 4096)
+                row = preset_row(profile, p, seq)
+                key = (profile, json.dumps({k: v for k, v in row.items() if k != "name"}, sort_keys=True))
+                if key in seen:
+                    continue
+                seen.add(key)
+                recipe = PRECISIONS[p.dtype][1]
+                if recipe in ("mxfp8", "nvfp4") and not get_device(p.gpu).supports(recipe):
+                    out.append(dict(profile=profile, preset=p.name, gpu=p.gpu, task=p.task, seq=seq,
+                                    status="precision not on this part", detail=recipe))
+                    continue
+                res = dev_set.price_row(row, runs_dir, Path(tmp))
+                out.append(dict(profile=profile, preset=p.name, gpu=p.gpu, task=p.task, seq=seq, status=res.status,
+                                detail=res.detail or ""))
+    return out
+
+
+def main(runs_dir: Annotated[Path, typer.Argument()] = ROOT / "data" / "published_runs",
+         profile: Annotated[Optional[list[str]], typer.Option(help="a megatron-bridge-perf profile (repeatable)")]
+         = None,
+         gpu: Annotated[Optional[list[str]], typer.Option(help="only presets of this GPU part (repeatable)")] = None,
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    records = coverage(runs_dir, profile or bridge_profiles(), set(gpu) if gpu else None)
+    if as_json:
+        print(json.dumps(records, indent=1))
+        return
+    table = Table(title="Megatron-Bridge performance presets priced as runs kept apart", show_lines=False)
+    for col in ("profile", "GPU", "task", "presets", "priced", "refused", "precision not on the part"):
+        table.add_column(col, overflow="fold")
+    groups = Counter((r["profile"], r["gpu"], r["task"], r["status"]) for r in records)
+    for prof, part, task in sorted({k[:3] for k in groups}):
+        st = {k[3]: v for k, v in groups.items() if k[:3] == (prof, part, task)}
+        total, priced = sum(st.values()), st.get("priced", 0)
+        skipped = st.get("precision not on this part", 0)
+        table.add_row(prof, part, task, str(total), str(priced), str(total - priced - skipped), str(skipped))
+    console = Console()
+    console.print(table)
+    for r in records:
+        if r["status"] not in ("priced", "precision not on this part"):
+            console.print(f"{r['profile']} {r['preset']}: {r['status']}: {r['detail']}", soft_wrap=True)
+
+
+if __name__ == "__main__":
+    typer.run(main)
