@@ -111,15 +111,17 @@ def test_the_preset_chosen_from_a_table_row_is_the_one_its_provenance_quotes():
 def test_a_preset_sets_what_its_file_says():
     """DeepSeek-V3 on GB300 in MXFP8, 26.06.01 (v0.5.1 deepseek_workload_base_configs.py, the FP8_MX_V2 preset on
     top of FP8_MX_V1: full-iteration graphs, all-to-all overlap, the CuTe DSL fused grouped MLP, fp8 attention, an
-    empty recompute list, Hybrid-EP, pp_layout 'Et*4|(t*4|)*14tmL'), on the preset's own mesh (pp 2 x vpp 8)."""
+    empty recompute list, Hybrid-EP, pp_layout 'Et*4|(t*4|)*14tmL', and its base's expert_tensor_parallel_size 1), on
+    the preset's own mesh (pp 2 x vpp 8)."""
     spec = load_model("deepseek-v3")
     job = JobFacts("GB300", 4096, 256)
     pinned = {"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "mbs": 1}
     p = choose_preset("megatron-bridge-perf@26.06.01", spec, "fp8", "mxfp8", "pretrain", pinned, job)
     assert p.name == "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2"
     assert preset_pins(p, True, pinned, spec.num_layers) == {
-        "cp": "1", "recompute": "none", "cuda_graphs": "iteration", "moe_dispatcher": "hybridep", "moe_overlap": "true",
-        "moe_fused_mlp": "true", "attention_dtype": "fp8", "pp_layout": "4*15+1", "schedule": "interleaved"}
+        "cp": "1", "etp": "1", "recompute": "none", "cuda_graphs": "iteration", "moe_dispatcher": "hybridep",
+        "moe_overlap": "true", "moe_fused_mlp": "true", "attention_dtype": "fp8", "pp_layout": "4*15+1",
+        "schedule": "interleaved"}
     # another mesh: the preset's pipeline layout does not fit it, and a pin keeps its own value
     other = preset_pins(p, True, {**pinned, "pp": 4, "vpp": 4, "cuda_graphs": "none"}, spec.num_layers)
     assert "pp_layout" not in other and "cuda_graphs" not in other

@@ -222,11 +222,11 @@ def _recompute(settings: Mapping[str, object], pp: int) -> dict[str, str]:
 
 def _mesh(preset: WorkloadPreset, pinned: Mapping[str, object], is_moe: bool) -> dict[str, int]:
     """The job's degrees: its own pins, the preset's where it pins none (the launcher runs its preset's layout and
-    overrides only what its command line says: utils/utils.py get_exp_name_config @ v0.5.1), expert tensor
-    parallelism where it differs from tp."""
+    overrides only what its command line says: utils/utils.py get_exp_name_config @ v0.5.1), and the expert tensor
+    parallelism the preset states on an expert-parallel MoE job (the launcher sets it, equal to tp or not)."""
     out = {k: int(pinned.get(k, preset.degree(f, d))) for f, k, d in DEGREES}
     etp = preset.settings.get("expert_tensor_parallel_size")
-    if is_moe and "etp" not in pinned and etp is not None and out["ep"] > 1 and int(etp) != out["tp"]:
+    if is_moe and "etp" not in pinned and etp is not None and out["ep"] > 1:
         out["etp"] = int(etp)
     if not is_moe:
         out.pop("ep")
