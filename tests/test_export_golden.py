@@ -14,6 +14,8 @@ import pytest
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import EXTENSIONS, TARGETS, render
+from meshplan.planner.model.config import load_model
+from meshplan.planner.plan.build import model_ref
 from meshplan.planner.plan.schema import BucketCompression, ClusterRef, Degrees, DeviceGroupRef, ModelRef, Plan, Stage
 from tests.helpers import REPO
 
@@ -150,6 +152,8 @@ VARIANTS.update({
     # graphs of the attention alone (Megatron-Bridge's H100 Nemotron 3 Nano presets): the MoE block stays eager, so
     # Megatron-Core lets it be recomputed
     "moe-graphs-mixers": lambda: _moe_variant(cuda_graphs="mixers", recompute="selective", recompute_modules="moe"),
+    # Nemotron-4 340B on the reference's mesh: rope, the two-matrix squared-ReLU MLP, 8 query groups, untied
+    "nemotron4-340b": lambda: _variant(model=model_ref(load_model("nemotron-4-340b"), "nemotron-4-340b")),
     "graphs-layers-mlp-recompute": lambda: _variant(cuda_graphs="layers", recompute="selective",
                                                     recompute_modules="mlp"),
     "reduce-fp32": lambda: _variant(reduce_dtype="fp32"),

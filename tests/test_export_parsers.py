@@ -135,7 +135,8 @@ def _megatron_flags_from_notes() -> set[str]:
     # (nargs='+'), --no-check-for-nan-in-loss-and-grad: arguments.py's add_argument flags (core_v0.16.0 lines 1430-
     # 1441, validate_args line 725); --attention-dropout and --hidden-dropout are generated from TransformerConfig's
     # attention_dropout and hidden_dropout; --moe-router-fusion and --moe-router-load-balancing-type from
-    # TransformerConfig's moe_router_fusion and moe_router_load_balancing_type.
+    # TransformerConfig's moe_router_fusion and moe_router_load_balancing_type; --squared-relu is arguments.py's own
+    # add_argument (core_v0.16.0 line 1685, Nemotron-4's MLP).
     return flags | {"--fp4-format", "--fp4-recipe", "--recompute-modules", "--mtp-num-layers",
                     "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
                     "--add-qkv-bias", "--qk-layernorm", "--use-rope-scaling", "--rope-scaling-factor",
@@ -143,7 +144,7 @@ def _megatron_flags_from_notes() -> set[str]:
                     "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
                     "--moe-flex-dispatcher-backend", "--cuda-graph-impl", "--cuda-graph-scope",
                     "--no-check-for-nan-in-loss-and-grad", "--attention-dropout", "--hidden-dropout",
-                    "--moe-router-fusion", "--moe-router-load-balancing-type"}
+                    "--moe-router-fusion", "--moe-router-load-balancing-type", "--squared-relu"}
 
 
 def _megatron_args(words: list[str]) -> dict[str, object]:

@@ -202,7 +202,10 @@ def unsupported(plan: Plan) -> list[str]:
     if plan.compression and any(b.where == "cpu" for b in plan.compression):
         out.append("megatron: no CPU-side gradient compression")
     m = plan.model
-    if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type == "gpt_neox":
+    if m.model_type == "nemotron":
+        out.append("megatron: Nemotron's rotary embedding on part of each head (partial_rotary_factor) and its "
+                   "LayerNorm1P are not in the plan; add the model's --rotary-percent and zero-centred-gamma flags")
+    if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type in ("gpt_neox", "nemotron"):
         if not m.rope_theta:
             out.append("megatron: the plan does not record rope_theta; add --rotary-base <config.json rope_theta> "
                        "(Megatron's default is 10000)")
@@ -368,7 +371,9 @@ def model_args(plan: Plan) -> list[str]:
             a.append("--qk-layernorm")
     elif fam == "gpt_neox":
         a += ["--position-embedding-type", "rope"]
-    if (fam in c.ROPE_SWIGLU_FAMILIES or fam == "gpt_neox") and m.rope_theta:
+    elif fam == "nemotron":  # Nemotron-4: rope, the two-matrix squared-ReLU MLP (--squared-relu), no biases
+        a += ["--position-embedding-type", "rope", "--squared-relu", "--disable-bias-linear"]
+    if (fam in c.ROPE_SWIGLU_FAMILIES or fam in ("gpt_neox", "nemotron")) and m.rope_theta:
         # Megatron-LM arguments.py: --rotary-base is an int (default 10000); Llama 3.1's rope_theta is 500000.
         a += ["--rotary-base", str(int(round(m.rope_theta)))]
         if m.rope_scaling_type == "llama3":  # --use-rope-scaling applies Llama 3.x scaling; factor default 8.0
