@@ -30,6 +30,13 @@ CASES = [  # model, cluster, global batch, seq, dtype, pins
     ("llama-3.1-8b", "2x8xB200", 16, 8192, "fp8", {"fp8": "mxfp8", "bf16_first_layers": 2, "bf16_last_layers": 3}),
     # the fp8 recipe free on Blackwell (tensor-wise and MXFP8 bounded by their delayed twin) with moe_overlap free
     ("qwen3-30b-a3b", "2x4xGB200-NVL72", 64, 4096, "fp8", {"pp": 1, "cp": 1, "mbs": 1}),
+    # FSDP2 under torch.distributed.pipelining (NeMo AutoModel's MoE runs): a stage held whole beside its shards, so
+    # an unsharded part holds less than a sharded one (HSDP 4x4 at ep 8: experts unsharded) and memory does not grow
+    # as sharding falls; the search prices those members rather than falling back to pricing the whole space
+    ("mixtral-8x7b", "8x8xH100", 512, 4096, "bf16", {"fsdp": "torch", "zero": 3, "pp": 2, "vpp": 2, "cp": 2, "tp": 1,
+                                                     "ep": 8, "mbs": 1, "optim_dtype": "bf16", "reduce_dtype": "fp32",
+                                                     "moe_dispatcher": "deepep", "moe_impl": "automodel",
+                                                     "pp_overlap": False}),
 ]
 
 

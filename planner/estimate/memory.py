@@ -103,6 +103,13 @@ class MemoryBreakdown:
         return d
 
 
+def holds_whole_stage(layout: Layout) -> bool:
+    """Whether a rank holds its pipeline stage's whole weights and gradients beside their FSDP2 shards over a
+    schedule run (ZeRO-3 with FSDP2 under torch.distributed.pipelining: ``model_state_bytes``): there, sharding a
+    part less can hold less (n/d + n for d > 1 shards, n unsharded)."""
+    return layout.zero_stage >= 3 and layout.pp > 1 and layout.fsdp_impl == "torch"
+
+
 def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
                       dtype: str = "bf16") -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes on one rank.
@@ -127,7 +134,7 @@ def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,
     # last backward): the stage's whole weights and gradients beside their shards. Megatron-FSDP under Megatron-Core's
     # own schedules reduce-scatters on every backward when it shards gradients (MegatronFSDP's
     # grad_reduce_every_bprop for optim_grads and optim_grads_params) and gathers a module's weights for its own use
-    run_whole = z >= 3 and layout.pp > 1 and layout.fsdp_impl == "torch"
+    run_whole = holds_whole_stage(layout)
     for n, d in ((dense_params * copies, shard), (expert_params * copies, eshard)):
         whole = run_whole and d > 1
         w += n * param_b / (d if z >= 3 else 1) + (n * param_b if whole else 0.0)

@@ -70,7 +70,7 @@ from typing import Callable, Mapping, NamedTuple, Optional
 
 from meshplan.core.errors import MeshplanError
 from meshplan.planner.estimate.base import Estimate, Estimator, Workload, logits_held_bytes
-from meshplan.planner.estimate.memory import GiB
+from meshplan.planner.estimate.memory import GiB, holds_whole_stage
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.layout.decisions import DECISIONS
 from meshplan.planner.layout.layout import Layout
@@ -681,7 +681,8 @@ def _variants(bo: _Bounds, reps: dict, gi: int, g, r0: int, lb: float, pipe_lb: 
 
 def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
     """Price the members of recompute ``r`` of group ``gi``: per ZeRO stage from the most sharded down, stopping
-    at the first that does not fit (less sharding holds at least as much)."""
+    at the first that does not fit (less sharding holds at least as much; not under ``holds_whole_stage``, where all
+    are priced)."""
     if rk.cannot_fit is not None:
         try:
             unfit = rk.cannot_fit(rk.work, g.member(r, 0))
@@ -706,6 +707,9 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
         by_zero.setdefault(z, []).append(s)
     for z, ss in by_zero.items():
         prev = None
+        # less sharding holds at least as much, except where a pipelined FSDP2 stage is held whole beside its shards
+        # (``holds_whole_stage``): an unsharded part then holds less than a sharded one, so every member is priced
+        monotone = not holds_whole_stage(g.member(r, ss[0]))
         for s in sorted(ss, key=lambda s: -g.shards[s][1]):
             step = steps[s] if steps is not None and (gi, r, s) not in rk.done else None
             if step is not None:
@@ -722,10 +726,10 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
             if est.step_time_s < lb:
                 raise _Fallback(f"{describe(g.member(r, s))} priced {est.step_time_s:.6g} s, below its group's "
                                 f"bound {lb:.6g} s")
-            if prev is not None and est.memory.total_bytes < prev * (1 - _REL):
+            if monotone and prev is not None and est.memory.total_bytes < prev * (1 - _REL):
                 raise _Fallback(f"{describe(g.member(r, s))}: less sharding, less memory")
             prev = est.memory.total_bytes
-            if not est.fits:
+            if monotone and not est.fits:
                 break
 
 
