@@ -190,6 +190,16 @@ def test_a_refusal_under_a_preset_names_the_preset_in_one_line(tmp_path):
     assert "workload preset DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2" in lines[0] and "--fix any" in lines[0]
 
 
+def test_a_preset_for_another_gpu_count_says_so(tmp_path):
+    """Qwen3-235B on 64 H100s: the launcher's H100 preset lays out 256 GPUs (qwen3_workload_base_configs.py: the V1
+    preset's num_gpus=256, which V2 keeps), whose EP 32 cannot fold over 64; the refusal says whose layout it is."""
+    res = CliRunner().invoke(app, ["plan", "-m", "qwen3-235b-a22b", "-c", "8x8xH100", "-b", "512", "-s", "4096",
+                                   "--stack", "megatron-bridge-perf@26.06.01", "--out", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "a layout for 256 GPUs (this job has 64)" in lines[0], res.output
+
+
 def test_the_perf_launcher_lays_a_job_over_racks_in_segments_of_at_most_18_nodes():
     """``sbatch --segment``, the largest divisor of the job's nodes up to 18, on 4-GPU trays (executors.py): 256 GPUs
     (64 nodes) in racks of 64, 160 GPUs (40 nodes) in racks of 40, a job of one rack or of 8-GPU nodes unsegmented

@@ -278,6 +278,9 @@ def profile_pins(stack: Optional[str], dtype: str, spec, fix: Pins, task: str = 
     note = "" if preset is None else (
         f"stack profile {prof.ref}: workload preset {preset.name} ({preset.file} line {preset.line})"
         + (f" sets {', '.join(f'{k}={v}' for k, v in sets.items())}" if sets else " sets nothing more"))
+    own_gpus = preset.degree("num_gpus", 0) if preset is not None else 0
+    if job is not None and own_gpus and own_gpus != job.world_size:  # the closest preset is another job's layout
+        note += f", a layout for {own_gpus} GPUs (this job has {job.world_size})"
     defaults = parse_fix(",".join(f"{k}={v}" for k, v in own.items()))
     return Pins(**_over_profile(defaults.pinned(), fix)), prof, note
 
