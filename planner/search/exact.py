@@ -20,7 +20,9 @@ not on how the estimator prices a decision:
    comes up. (Not to the step: more compute hides more of the gradient sync and ZeRO-3's gathers, so a recompute
    variant may step faster than its recompute=none twin, and none is skipped for its twin's time.)
 3. More sharding never needs more memory: per zero stage, members are priced from the largest dp_shard down and
-   the first that does not fit ends that stage.
+   the first that does not fit ends that stage. Not where FSDP2 runs under torch.distributed.pipelining
+   (``memory.holds_whole_stage``: a stage held whole beside its shards, so an unsharded part holds less than a
+   sharded one): there every member of the stage is priced.
 4. No member fits whose activations and runtime overhead alone exceed the GPU (``memory_floor_bytes``: no sharding
    changes them), so such a family is never priced. When nothing fits at all, the search runs again pricing them,
    so that its error names the closest miss exhaustive search would.
