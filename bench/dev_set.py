@@ -389,8 +389,9 @@ BRIDGE_PRECISION = (
 
 def bridge_cuda_graphs(row: dict) -> str:
     """What a Megatron-Bridge preset captured in CUDA graphs, as the summary groups rows: ``whole iteration``,
-    ``partial`` (per-layer graphs), ``none`` (``cuda_graph_impl`` none, or r0.1.0's ``cuda_graphs`` flag off), or
-    ``unstated`` (the preset sets neither: the library default, none). Read from the row's quoted preset
+    ``partial`` (per-layer graphs), ``mixers only`` (per-layer graphs of the attention and Mamba mixers alone: every
+    MoE block eager), ``none`` (``cuda_graph_impl`` none, or r0.1.0's ``cuda_graphs`` flag off), or ``unstated`` (the
+    preset sets neither: the library default, none). Read from the row's quoted preset
     (``workload_settings``, r0.1.0's perf-matrix ``settings``) by the library's own reading
     (``planner.search.workloads.preset_graphs``); ``BRIDGE_GRAPHS`` maps them to meshplan's ``cuda_graphs``
     decision, which prices the host time an MoE layer's token-count sync exposes."""
@@ -398,12 +399,14 @@ def bridge_cuda_graphs(row: dict) -> str:
 
     rec = row["recipe"]
     said = preset_graphs(rec.get("workload_settings") or rec.get("settings") or {})
-    return {"iteration": "whole iteration", "layers": "partial", "none": "none", None: "unstated"}[said]
+    return {"iteration": "whole iteration", "layers": "partial", "mixers": "mixers only", "none": "none",
+            None: "unstated"}[said]
 
 
 # bridge_cuda_graphs' mode -> meshplan's cuda_graphs decision (``none`` is Megatron-Bridge's default,
 # ``cuda_graph_impl`` "none", which no preset needs to say)
-BRIDGE_GRAPHS = {"whole iteration": "iteration", "partial": "layers", "none": "none", "unstated": "none"}
+BRIDGE_GRAPHS = {"whole iteration": "iteration", "partial": "layers", "mixers only": "mixers", "none": "none",
+                 "unstated": "none"}
 
 
 def bridge_precision(row: dict) -> tuple[str, str, str]:
@@ -501,10 +504,29 @@ def bridge_pp_layout(row: dict, pp: int, vpp: int) -> Optional[Need]:
             return None
         stages, name, tail = hit
         why = f"{name}({pp}, {vpp}): E+{stages[0]} | ... | {stages[-1]}+{tail}"
-    if len(stages) != pp * vpp or sum(stages) != row["layers"] or min(stages) < 1:
-        return Need("pp_layout", said or str(stages), "the recipe's pipeline layout does not fit pp x vpp or holds "
-                    "a stage without a decoder layer", None)
+    if len(stages) != pp * vpp or sum(stages) != row["layers"]:
+        return Need("pp_layout", said or str(stages), "the recipe's pipeline layout does not fit pp x vpp", None)
+    if min(stages) < 1:  # e.g. the H100 presets' 'Et|(tt|)*30mL': the MTP module and the loss alone on the last
+        near = _fill_empty_stages(stages)
+        return Need("pp_layout", said or str(stages), f"{why}: a virtual stage holds no decoder layer, which "
+                    "meshplan's split cannot hold; priced at the nearest split, a layer moved into it",
+                    None if near is None else {"pp_layout": format_pp_layout(near)})
     return Need("pp_layout", format_pp_layout(stages), why, None)
+
+
+def _fill_empty_stages(stages: list[int]) -> Optional[list[int]]:
+    """``stages`` with each stage of no decoder layer given one from the nearest stage holding two or more (the
+    earlier on a tie); ``None`` where no stage can spare one."""
+    out = list(stages)
+    for i, n in enumerate(out):
+        if n:
+            continue
+        donors = [k for k, m in enumerate(out) if m > 1]
+        if not donors:
+            return None
+        k = min(donors, key=lambda k: (abs(k - i), k > i))
+        out[k], out[i] = out[k] - 1, 1
+    return out
 
 
 def _recipe_says(row: dict, text: str) -> bool:
@@ -1521,7 +1543,7 @@ def summary_groups(results: list[RowResult]) -> list[tuple[str, list[RowResult]]
 
 # The CUDA-graph groups of a source's MoE rows (``bridge_cuda_graphs``): host time, which meshplan does not price,
 # is what a whole-iteration graph removes
-GRAPH_GROUPS = (("whole iteration", ("whole iteration",)), ("partial", ("partial",)),
+GRAPH_GROUPS = (("whole iteration", ("whole iteration",)), ("partial", ("partial",)), ("mixers only", ("mixers only",)),
                 ("none or unstated", ("none", "unstated")))
 
 

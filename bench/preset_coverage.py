@@ -16,7 +16,7 @@ counted apart, not as a failure.
 
     python bench/preset_coverage.py [--profile megatron-bridge-perf@26.06.01] [--gpu H100-SXM] [--json]
 
-(about 40 s for every profile, GPU and task).
+(about 3 minutes for every profile, GPU and task; 17 s for the H100 presets alone).
 """
 from __future__ import annotations
 
@@ -36,9 +36,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import dev_set  # noqa: E402
-
-RECIPE_LABEL = {"none": "BF16", "tensorwise": "FP8-CS", "mxfp8": "MXFP8", "blockwise": "FP8-SC", "delayed": "FP8-DS",
-                "nvfp4": "NVFP4"}
 
 
 def bridge_profiles() -> list[str]:
@@ -67,22 +64,29 @@ def stated_seqs(runs_dir: Path) -> dict[tuple[str, str], int]:
     return out
 
 
+def precision_word(dtype: str, recipe: str) -> str:
+    """A precision word the harness reads back as meshplan's ``dtype`` and fp8 ``recipe`` (``dev_set``'s
+    ``STATED_FP8_RECIPE`` for an fp8 row; the dtype's own name otherwise)."""
+    if dtype != "fp8":
+        return dtype.upper()
+    return next(word for word, r in dev_set.STATED_FP8_RECIPE if r == recipe)
+
+
 def preset_row(profile: str, preset, seq: int) -> dict:
-    """A held-out row stating ``preset``'s own facts under ``profile``."""
-    from meshplan.planner.search.workloads import PRECISIONS
+    """A held-out row stating ``preset``'s own facts under ``profile``: its degrees (``workloads.DEGREES`` but the
+    virtual stages, which the row states as ``pp_interleave``), GPUs, batch, precision and task."""
+    from meshplan.planner.search.workloads import DEGREES, PRECISIONS
 
     s = preset.settings
-    deg = {key: preset.degree(field, default) for field, key, default in
-           (("tensor_model_parallel_size", "tp", 1), ("pipeline_model_parallel_size", "pp", 1),
-            ("context_parallel_size", "cp", 1), ("expert_model_parallel_size", "ep", 1))}
+    deg = {key: preset.degree(field, default) for field, key, default in DEGREES if key != "vpp"}
     n = preset.degree("num_gpus", 8)
     dtype, recipe = PRECISIONS[preset.dtype]
     return {"name": f"{profile}:{preset.name}", "source_id": "coverage", "gpu": preset.gpu,
             "gpus_per_node": int(s.get("num_gpus_per_node") or (4 if preset.gpu.startswith("GB") else 8)),
             "n_gpus": n, **deg, "dp": n // (deg["tp"] * deg["pp"] * deg["cp"]),
-            "mbs": preset.degree("micro_batch_size", 1), "gbs": preset.degree("global_batch_size", 1), "seq": seq,
+            "gbs": preset.degree("global_batch_size", 1), "seq": seq,
             "pp_interleave": s.get("virtual_pipeline_model_parallel_size"), "dtype": dtype,
-            "precision_recipe": RECIPE_LABEL[recipe], "task": preset.task, "config": preset.model,
+            "precision_recipe": precision_word(dtype, recipe), "task": preset.task, "config": preset.model,
             "published": {"step_time_s": 1.0}, "meshplan_can_express": "yes", "system": f"DGX-{preset.gpu}",
             "stack": profile}
 

@@ -14,6 +14,7 @@ Units: bytes. ``s`` is the local sequence length (seq_len / cp), ``b`` the micro
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
 from meshplan.planner.layout.layout import Layout
@@ -103,11 +104,13 @@ class MemoryBreakdown:
         return d
 
 
-def holds_whole_stage(layout: Layout) -> bool:
+def holds_whole_stage(layout: Layout, zero_stage: Optional[int] = None) -> bool:
     """Whether a rank holds its pipeline stage's whole weights and gradients beside their FSDP2 shards over a
     schedule run (ZeRO-3 with FSDP2 under torch.distributed.pipelining: ``model_state_bytes``): there, sharding a
-    part less can hold less (n/d + n for d > 1 shards, n unsharded)."""
-    return layout.zero_stage >= 3 and layout.pp > 1 and layout.fsdp_impl == "torch"
+    part less can hold less (n/d + n for d > 1 shards, n unsharded). ``zero_stage``: judge ``layout`` at this stage
+    instead of its own (a search group's members differ only in their sharding)."""
+    z = layout.zero_stage if zero_stage is None else zero_stage
+    return z >= 3 and layout.pp > 1 and layout.fsdp_impl == "torch"
 
 
 def model_state_bytes(dense_params: float, expert_params: float, layout: Layout,

@@ -711,7 +711,7 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
         prev = None
         # less sharding holds at least as much, except where a pipelined FSDP2 stage is held whole beside its shards
         # (``holds_whole_stage``): an unsharded part then holds less than a sharded one, so every member is priced
-        monotone = not holds_whole_stage(g.member(r, ss[0]))
+        monotone = not holds_whole_stage(g.base, z)
         for s in sorted(ss, key=lambda s: -g.shards[s][1]):
             step = steps[s] if steps is not None and (gi, r, s) not in rk.done else None
             if step is not None:
