@@ -381,6 +381,10 @@ BRIDGE_PRECISION = (
     ("FP8-MX", "fp8", "mxfp8", ""),
     ("FP8 with 32x32", "fp8", "mxfp8", "25.09 footnote '32x32 for both weights and activations' on GB200/B200: "
      "the 25.11 table labels the same run FP8-MX; priced as MXFP8 (no 32x32 recipe in meshplan)"),
+    # the perf scripts' other fp8 compute dtypes (scripts/performance/utils/precision.py: fp8_sc is
+    # bf16_with_fp8_subchannel_scaling_mixed, block-wise; r0.1.0's fp8_ds delayed scaling), before FP8 itself
+    ("FP8-SC", "fp8", "blockwise", ""),
+    ("FP8-DS", "fp8", "delayed", ""),
     ("FP8", "fp8", "tensorwise", ""),  # FP8 (26.02+, the FP8_CS presets) and FP8-CS (25.11): current scaling
     ("not stated", "fp8", "tensorwise", "25.09 main value, no precision column: FP8 implied by the footnote, "
      "taken as current scaling (FP8-CS, as 25.11 labels it)"),
@@ -1252,7 +1256,8 @@ def precision_group(row: dict) -> str:
     if not is_bridge_row(row):
         return str(row.get("dtype") or "")
     dtype, fp8, _ = bridge_precision(row)
-    return {"": dtype.upper(), "tensorwise": "FP8-CS", "mxfp8": "MXFP8"}[fp8]
+    return {"": dtype.upper(), "tensorwise": "FP8-CS", "mxfp8": "MXFP8", "blockwise": "FP8-SC",
+            "delayed": "FP8-DS"}[fp8]
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,11 @@ through ``bench/dev_set.py``'s path for a source without a mapping: a preset mes
 out of memory) is a run of that release it could not judge. Nothing published is read: no step time, only whether
 the job prices.
 
-The sequence a preset's table row would state is the one the dev set's published rows of that model and task state
+Each preset is priced twice: as a row of a source without a mapping (its facts and its profile), and as a row of
+the performance tables written as the dev set's own (``blackwell_dev.jsonl``: the release's preset quoted under
+``recipe``, its recomputation in the curator's words), the path a kept-apart table row takes; the second copies
+the model's fields from the dev set's row of that model and task, and is skipped where the dev set has none. The
+sequence a preset's table row would state is the one the dev set's published rows of that model and task state
 (their ``seq``), else the preset's own ``seq_length`` (r0.1.0's perf matrix), else 4096. A preset in a precision its
 GPU has no tensor cores for (r0.1.0's perf matrix lists MXFP8 entries for H100, which Transformer Engine refuses) is
 counted apart, not as a failure.
@@ -46,13 +50,13 @@ def bridge_profiles() -> list[str]:
     return [p.ref for p in sorted(profs, key=lambda p: _version_key(p.version))]
 
 
-def stated_seqs(runs_dir: Path) -> dict[tuple[str, str], int]:
-    """(bundled model, task) -> the sequence the dev set's published Megatron-Bridge rows of that model state."""
+def dev_rows(runs_dir: Path) -> dict[tuple[str, str], dict]:
+    """(bundled model, task) -> the dev set's first Megatron-Bridge row of that model and task."""
     from meshplan.planner.model.config import load_model, preset_names
     from meshplan.planner.search.workloads import _same_shapes
 
     names = {n: load_model(n) for n in preset_names()}
-    out: dict[tuple[str, str], int] = {}
+    out: dict[tuple[str, str], dict] = {}
     for row in dev_set.load_rows(runs_dir):
         if not dev_set.is_bridge_row(row) or not dev_set.in_scope(row):
             continue
@@ -60,7 +64,7 @@ def stated_seqs(runs_dir: Path) -> dict[tuple[str, str], int]:
         spec = dev_set._config_spec(dev_set._config_path({"config": cfg}, runs_dir))
         name = next((n for n, m in names.items() if _same_shapes(m, spec)), None)
         if name:
-            out.setdefault((name, dev_set.row_task(row)), int(row["seq"]))
+            out.setdefault((name, dev_set.row_task(row)), row)
     return out
 
 
@@ -70,6 +74,13 @@ def precision_word(dtype: str, recipe: str) -> str:
     if dtype != "fp8":
         return dtype.upper()
     return next(word for word, r in dev_set.STATED_FP8_RECIPE if r == recipe)
+
+
+def table_word(dtype: str, recipe: str) -> str:
+    """The performance tables' precision word for meshplan's ``dtype`` and ``recipe``: the first of
+    ``dev_set.BRIDGE_PRECISION`` that the table path reads as them."""
+    own = "" if dtype != "fp8" else recipe
+    return next(w for w, d, r, _ in dev_set.BRIDGE_PRECISION if (d, r) == (dtype, own))
 
 
 def preset_row(profile: str, preset, seq: int) -> dict:
@@ -91,32 +102,61 @@ def preset_row(profile: str, preset, seq: int) -> dict:
             "stack": profile}
 
 
+def table_row(stated: dict, preset, base: dict) -> dict:
+    """``stated`` (``preset_row``) written as a row of the performance tables, as the dev set's are: the model's fields
+    from the dev set's ``base`` row of that model and task, the release's preset quoted under ``recipe``, its
+    recomputation in the curator's words (``dev_set.bridge_recompute`` reads them), its FSDP column where the preset
+    runs Megatron-FSDP."""
+    mods = preset.settings.get("recompute_modules")
+    system = f"DGX-{preset.gpu.removesuffix('-SXM')}"
+    fsdp = bool(preset.settings.get("use_megatron_fsdp"))  # the tables' FSDP column: Megatron-FSDP, zero=3
+    from meshplan.planner.search.workloads import PRECISIONS
+
+    return {**base, **{k: stated[k] for k in ("name", "n_gpus", "tp", "pp", "cp", "ep", "dp", "mbs", "gbs", "seq",
+                                              "pp_interleave", "dtype")},
+            "precision_recipe": table_word(*PRECISIONS[preset.dtype]),
+            "gpu": f"{preset.gpu} ({system})", "system": system, "gpus_per_node": stated["gpus_per_node"],
+            "nvlink_domain": 72 if preset.gpu.startswith("GB") else stated["gpus_per_node"],
+            "recompute": f"selective, recompute_modules={list(mods)}" if mods is not None else "none stated",
+            "layout_assumptions": {**(base.get("layout_assumptions") or {}), "zero": 3 if fsdp else 1},
+            "published": {**base["published"], "fsdp": stated["dp"] if fsdp else 0},
+            "recipe": {**base["recipe"], "workload_config": preset.name, "workload_settings": dict(preset.settings),
+                       "match": "exact layout"}}
+
+
 def coverage(runs_dir: Path, profiles: list[str], gpus: Optional[set[str]] = None) -> list[dict]:
-    """One record per preset (deduplicated by its facts): profile, preset, GPU, task, status, detail."""
+    """One record per preset (deduplicated by its facts): profile, preset, GPU, task, the status (and detail) as a
+    row of a source without a mapping, and as a table row (``table_status``; "no dev-set row" where none to copy)."""
     from meshplan.costmodel.devices import get_device
     from meshplan.planner.search.workloads import PRECISIONS, load_workloads
 
-    seqs = stated_seqs(runs_dir)
+    bases = dev_rows(runs_dir)
     out, seen = [], set()
     with tempfile.TemporaryDirectory() as tmp:
         for profile in profiles:
             for p in load_workloads(profile).presets:
                 if gpus and p.gpu not in gpus:
                     continue
-                seq = seqs.get((p.model, p.task)) or int(p.settings.get("seq_length") or 4096)
+                base = bases.get((p.model, p.task))
+                seq = int(base["seq"]) if base else int(p.settings.get("seq_length") or 4096)
                 row = preset_row(profile, p, seq)
                 key = (profile, json.dumps({k: v for k, v in row.items() if k != "name"}, sort_keys=True))
                 if key in seen:
                     continue
                 seen.add(key)
+                rec = dict(profile=profile, preset=p.name, gpu=p.gpu, task=p.task, seq=seq)
                 recipe = PRECISIONS[p.dtype][1]
                 if recipe in ("mxfp8", "nvfp4") and not get_device(p.gpu).supports(recipe):
-                    out.append(dict(profile=profile, preset=p.name, gpu=p.gpu, task=p.task, seq=seq,
-                                    status="precision not on this part", detail=recipe))
+                    out.append(rec | dict(status="precision not on this part", detail=recipe,
+                                          table_status="precision not on this part", table_detail=recipe))
                     continue
                 res = dev_set.price_row(row, runs_dir, Path(tmp))
-                out.append(dict(profile=profile, preset=p.name, gpu=p.gpu, task=p.task, seq=seq, status=res.status,
-                                detail=res.detail or ""))
+                rec |= dict(status=res.status, detail=res.detail or "")
+                if base is None:
+                    out.append(rec | dict(table_status="no dev-set row", table_detail=""))
+                    continue
+                tab = dev_set.price_row(table_row(row, p, base), runs_dir, Path(tmp), profile_only=True)
+                out.append(rec | dict(table_status=tab.status, table_detail=tab.detail or ""))
     return out
 
 
@@ -130,19 +170,26 @@ def main(runs_dir: Annotated[Path, typer.Argument()] = ROOT / "data" / "publishe
         print(json.dumps(records, indent=1))
         return
     table = Table(title="Megatron-Bridge performance presets priced as runs kept apart", show_lines=False)
-    for col in ("profile", "GPU", "task", "presets", "priced", "refused", "precision not on the part"):
+    for col in ("profile", "GPU", "task", "presets", "priced", "refused", "precision not on the part",
+                "as table rows: priced", "refused", "no dev-set row"):
         table.add_column(col, overflow="fold")
-    groups = Counter((r["profile"], r["gpu"], r["task"], r["status"]) for r in records)
-    for prof, part, task in sorted({k[:3] for k in groups}):
-        st = {k[3]: v for k, v in groups.items() if k[:3] == (prof, part, task)}
-        total, priced = sum(st.values()), st.get("priced", 0)
-        skipped = st.get("precision not on this part", 0)
-        table.add_row(prof, part, task, str(total), str(priced), str(total - priced - skipped), str(skipped))
+    by: dict[tuple, list[dict]] = {}
+    for r in records:
+        by.setdefault((r["profile"], r["gpu"], r["task"]), []).append(r)
+    for (prof, part, task), rs in sorted(by.items()):
+        st, tab = Counter(r["status"] for r in rs), Counter(r["table_status"] for r in rs)
+        skipped = st["precision not on this part"]
+        table.add_row(prof, part, task, str(len(rs)), str(st["priced"]), str(len(rs) - st["priced"] - skipped),
+                      str(skipped), str(tab["priced"]),
+                      str(len(rs) - tab["priced"] - skipped - tab["no dev-set row"]), str(tab["no dev-set row"]))
     console = Console()
     console.print(table)
+    ok = ("priced", "precision not on this part", "no dev-set row")
     for r in records:
-        if r["status"] not in ("priced", "precision not on this part"):
-            console.print(f"{r['profile']} {r['preset']}: {r['status']}: {r['detail']}", soft_wrap=True)
+        for how, status, detail in (("", r["status"], r["detail"]), ("as a table row: ", r["table_status"],
+                                                                      r["table_detail"])):
+            if status not in ok:
+                console.print(f"{r['profile']} {r['preset']}: {how}{status}: {detail}", soft_wrap=True)
 
 
 if __name__ == "__main__":
