@@ -20,7 +20,7 @@ counted apart, not as a failure.
 
     python bench/preset_coverage.py [--profile megatron-bridge-perf@26.06.01] [--gpu H100-SXM] [--json]
 
-(about 3 minutes for every profile, GPU and task; 17 s for the H100 presets alone).
+(about 5 minutes for every profile, GPU and task; 45 s for one profile).
 """
 from __future__ import annotations
 
