@@ -1339,7 +1339,8 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = Fal
     release's recipe runs another layout is priced at the recipe's, approximated (``recipe_layout_row``; under
     ``profile_only`` at its launcher's preset layout, ``_price_at_preset``). A row of a
     source without its own mapping that lacks a fact, or names no catalogued GPU, is reported as not expressible,
-    saying why (the other rows still price)."""
+    saying why (the other rows still price); so is a row of a mapped source that meshplan cannot read (a system it
+    does not catalogue, a precision word it does not know)."""
     if is_stated_row(row) and not str(row.get("meshplan_can_express", "yes")).startswith("no"):
         problem = stated_row_problem(row)
         step = None if problem else published_step_s(row)  # a row with a problem may give no usable time
@@ -1350,7 +1351,11 @@ def price_row(row: dict, runs_dir: Path, out_dir: Path, profile_only: bool = Fal
                 problem = str(exc)
         return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), step, "not expressible",
                          problem)
-    res = _price_as_stated(row, runs_dir, out_dir, profile_only)
+    try:
+        res = _price_as_stated(row, runs_dir, out_dir, profile_only)
+    except MeshplanError as exc:  # one row meshplan cannot read does not stop the others
+        return RowResult(str(row.get("name") or "?"), str(row.get("source_id") or "?"), published_step_s(row),
+                         "not expressible", str(exc))
     if res.status not in ("refused OOM", "not expressible") or res.inputs.get("missing"):
         return res
     if profile_only:

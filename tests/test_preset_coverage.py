@@ -7,6 +7,7 @@ alone and recompute the MoE block, which meshplan refused until it could say ``c
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -98,3 +99,18 @@ def test_a_kept_apart_row_whose_recipe_leaves_a_stage_without_a_decoder_layer_pr
     inp = dev_set.row_needs(row, data_path("published_runs"))
     assert [nd.key for nd in inp.approximated] == ["pp_layout"]
     assert inp.fix["pp_layout"] == format_pp_layout([1] + [2] * 29 + [1, 1])
+
+
+def test_a_table_row_meshplan_cannot_read_does_not_stop_the_others(tmp_path):
+    """A folder of table rows, one naming a system the catalogue lacks: that row is reported not expressible in one
+    line naming the system, and the other still prices (``bench/dev_set.py RUNS_DIR`` runs every row)."""
+    base = next(r for r in jsonl_rows(data_path("published_runs", "blackwell_dev.jsonl"))
+                if r["name"] == "mbridge26.06-qwen3-30b-a3b-gb300-mxfp8")
+    base = {**base, "config": "qwen3-30b-a3b"}  # meshplan's preset: the folder holds no config files
+    odd = {**base, "name": "odd-system", "system": "DGX-X999", "gpu": "X999 (DGX-X999)"}
+    (tmp_path / "kept_apart.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (base, odd)))
+    results, _ = dev_set.run(tmp_path, ("kept_apart.jsonl",), profile_only=True)
+    got = {r.name: r for r in results}
+    assert got[base["name"]].status == "priced"
+    assert got["odd-system"].status == "not expressible" and "X999" in got["odd-system"].detail
+    assert "\n" not in got["odd-system"].detail
