@@ -36,11 +36,11 @@ def test_the_newest_releases_h100_presets_all_price() -> None:
 @pytest.mark.slow
 def test_every_preset_of_every_release_prices() -> None:
     """Every preset of every release from v0.2.0 (NeMo 25.11) on prices on its own GPU, as a row of a source without a
-    mapping and as a table row. r0.1.0's perf matrices
-    (25.09) list a precision per GPU even where the matrix gives it no block, whose launcher then runs the common
-    block's batch with tp = pp = 1 (``utils/helpers.py apply_perf_matrix_overrides``): Megatron-Core refuses those
-    meshes (a global batch below the data-parallel size, virtual stages without a pipeline), and so does meshplan,
-    in one line that says so; and it lists MXFP8 entries for H100, which has no block-scaled tensor cores."""
+    mapping and as a table row. r0.1.0's perf matrices (25.09) list a precision per GPU even where the matrix gives
+    it no block, whose launcher then runs the common block's batch with tp = pp = 1 (``utils/helpers.py
+    apply_perf_matrix_overrides``): Megatron-Core refuses those meshes (a global batch below the data-parallel size,
+    virtual stages without a pipeline), and so does meshplan, in one line that says so; and it lists MXFP8 entries
+    for H100, which has no block-scaled tensor cores."""
     records = coverage.coverage(data_path("published_runs"), coverage.bridge_profiles())
     ok = ("priced", "precision not on this part", "no dev-set row")
     bad = [r for r in records if r["status"] not in ok]
