@@ -614,12 +614,12 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
     return zero, tp > 1, recompute, dtype, needs, assumptions
 
 
-# Kernel regressions a page footnote names, with what their own issue measured: the row ran them and meshplan
-# prices no kernel per library version, so they are said, not priced
+# Kernel regressions a page footnote names, with what their own issue measured and whether meshplan prices them
 KNOWN_REGRESSIONS = {
     "cudnn-frontend#256": "NVIDIA/cudnn-frontend issue 256: grouped_gemm_dglu_wrapper_sm100 (the MXFP8 grouped "
     "GEMM + dGLU + dbias kernel, the backward of the preset's cutedsl_fused_grouped_mlp) ran 10x slower from "
-    "cudnn-frontend 1.24.0 on GB200-class GPUs (GPT-OSS-20B, DeepSeek-V3 workloads); not priced",
+    "cudnn-frontend 1.24.0 on GB200-class GPUs; priced from the profile's pin of that release (cudnn_frontend=1.24: "
+    "the kernel at PR #322's 1362.768 us against 155.632 us fixed, costmodel.cudnn_dglu)",
 }
 
 

@@ -504,10 +504,11 @@ def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, 
 TIME_FIELDS = ("tp", "cp", "ep", "micro_batch", "recompute_kind", "sequence_parallel", "attention", "attention_dtype",
                "expert_tp", "fp8", "cp_kind", "stack", "moe_overlap", "moe_capacity", "moe_imbalance",
                "moe_dispatcher", "tp_overlap", "shared_overlap", "recompute_modules", "cuda_graphs", "moe_router",
-               "moe_fused_mlp", "hybridep_sms", "sequence_first", "moe_router_fusion", "moe_aux_loss", "moe_impl")
+               "moe_fused_mlp", "hybridep_sms", "sequence_first", "moe_router_fusion", "moe_aux_loss", "moe_impl",
+               "cudnn_frontend")
 
 
-_time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 27 (a search asks 10^5 times)
+_time_fields_of = operator.attrgetter(*TIME_FIELDS)  # one C call for the 28 (a search asks 10^5 times)
 
 
 def block_scaled(work: Workload) -> bool:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from meshplan.costmodel import hybridep, nvlink_nccl, streaming
+from meshplan.costmodel import cudnn_dglu, hybridep, nvlink_nccl, streaming
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
 from meshplan.planner.estimate.gpu import group_links, pp_p2p_s
 from meshplan.planner.estimate.host_band import host_speed_band
-from meshplan.planner.estimate.host_wait import count_exchange_s
+from meshplan.planner.estimate.host_wait import count_exchange_s, fc2_onward
 from meshplan.planner.estimate.ops_graph import embedding_ops, head_ops, layer_ops, mtp_ops
 from meshplan.planner.estimate.sustained_band import sustained_band
 from meshplan.planner.layout.layout import Layout
@@ -122,6 +122,8 @@ def explain_gpu(estimator, work: Workload, layout: Layout) -> dict:
     out["priced_from"], notes = _bases(estimator.pricer, dev, tally.first_op, tally.attention_ops)
     for name in sorted({lk.name for lk in links.values() if lk.nodes <= 1 and lk.name in nvlink_nccl.links()}):
         out["priced_from"][f"NCCL collectives on {name}"] = nvlink_nccl.basis(name)
+    if layout.moe_fused_mlp and model.num_experts:
+        out["priced_from"]["fused grouped MLP backward (dGLU kernel)"] = _dglu_basis(layout, model)
     notes.update(_step_notes(est, model, layout, dev, links["ep"], out["priced_from"]))
     if notes:
         out["unmeasured"] = notes
@@ -156,6 +158,11 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
             tally.seconds[op_class(op)] += t
             amount = op.bytes if op.kind in MEMORY_BOUND else op.flops
             tally.work_done[op_class(op)] += amount * (1 + (b / f if f else 0)) * runs * m
+    dglu = estimator._dglu_extra_s(tb, dev, key, lo)  # the fused grouped MLP's dGLU kernel past its GEMM's price
+    if dglu:
+        cls = op_class(fc2_onward(lo.experts)[0])
+        tally.compute[cls] += dglu * n * m
+        tally.seconds[cls] += dglu * n * m if first_stage else 0.0
     times = estimator.layer_times(tb, dev, key, moe, work.seq_len, dtype, links["tp"], links["ep"], links["cp"],
                                   frozen=bool(work.lora))
     for group, pairs, size in (("tp", lo.tp_comm, layout.tp), ("ep", lo.ep_comm, layout.ep),
@@ -244,6 +251,14 @@ def _step_parts(est, stages: list[dict]) -> tuple[dict, dict]:
             "gradient sync and overlap cost": est.exposed_comm_s - slow_comm,
             "pipeline bubble": est.bubble_s, "optimizer, fp8 weight casts, FSDP2 copies": est.other_s}
     return slow, step
+
+
+def _dglu_basis(layout, model) -> str:
+    """What the fused grouped MLP's dGLU backward kernel is priced at, under the layout's cuDNN frontend release."""
+    multiple = cudnn_dglu.dgrad_multiple(layout.cudnn_frontend, model.expert_bias)
+    bias = "with fc1's bias gradient" if model.expert_bias else "without a bias gradient"
+    return (f"fc2's input-gradient grouped GEMM x {multiple:.3f}, cuDNN frontend {layout.cudnn_frontend} {bias}: "
+            f"{cudnn_dglu.SOURCE}")
 
 
 # FlashAttention-4 (Dao et al. 2026; together.ai/blog/flashattention-4): up to 1,613 TFLOP/s forward in BF16 on a B200

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from meshplan.core.errors import MeshplanError
-from meshplan.costmodel import blackwell_grouped
+from meshplan.costmodel import blackwell_grouped, cudnn_dglu
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
@@ -74,6 +74,8 @@ from meshplan.planner.layout.splits import weighted_split
 # backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward; the
 # router top-k's a scatter and the score function's backward (costmodel.router_topk).
 BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk", "auxloss")
+# A GEMM's backward is its input gradient and its weight gradient, the same FLOPs each: the input gradient's share
+DGRAD_SHARE = 0.5
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25
 # SMs a communication kernel occupies while it overlaps compute: DeepSeek-V3 technical report §3.2.2, "only 20 SMs
 # are sufficient to fully utilize the bandwidths of IB and NVLink" (of the H800's 132) for its all-to-all kernels.
@@ -447,7 +449,7 @@ class GpuEstimator:
             return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.ep, key.micro_batch, key.sequence_parallel,
                     key.attention, key.attention_dtype, key.etp, key.fp8, key.cp_kind == "a2a", key.stack,
                     key.moe_capacity, key.moe_imbalance, key.tp_overlap, key.moe_dispatcher, key.moe_fused_mlp, order,
-                    key.moe_router, key.moe_router_fusion, key.moe_aux_loss)
+                    key.moe_router, key.moe_router_fusion, key.moe_aux_loss, key.cudnn_frontend)
         return (tb, device, moe, seq_len, dtype, key.tp, key.cp, key.micro_batch, key.sequence_parallel,
                 key.attention, key.attention_dtype, key.fp8, key.cp_kind == "a2a", key.stack, key.tp_overlap, order)
 
@@ -580,8 +582,22 @@ class GpuEstimator:
                       shared_fwd=sum(predict(op, device) for op in lo.shared),
                       experts_fwd=lo.expert_copies * sum(predict(op, device) for op in lo.experts),
                       experts_fc2_fwd=lo.expert_copies * sum(predict(op, device) for op in fc2_onward(lo.experts)))
+        dglu = self._dglu_extra_s(tb, device, key, lo)
+        prices["bwd"] += dglu
+        prices["bwd_frozen"] += dglu  # frozen experts still take their input gradient
         out = self._ops[k] = (lo, prices)
         return out
+
+    def _dglu_extra_s(self, tb, device, key: Layout, lo) -> float:
+        """Seconds the fused grouped MLP's dGLU kernel adds to a layer's backward over the grouped GEMM it is priced
+        as: fc2's input gradient (``DGRAD_SHARE`` of its grouped GEMM's backward) times the kernel's multiple under
+        the layout's cuDNN frontend release, with fc1's bias gradient where the experts have biases
+        (``costmodel.cudnn_dglu``); 0 without ``moe_fused_mlp``."""
+        if not (key.moe_fused_mlp and lo.experts):
+            return 0.0
+        multiple = cudnn_dglu.dgrad_multiple(key.cudnn_frontend, tb.model.expert_bias)
+        fc2 = fc2_onward(lo.experts)[0]
+        return lo.expert_copies * (multiple - 1.0) * DGRAD_SHARE * self._bwd_s(fc2, device)
 
     def _edge_times(self, tb, device, key: Layout, seq_len: int, dtype: str,
                     frozen: bool = False) -> tuple[float, float]:

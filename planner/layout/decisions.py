@@ -394,6 +394,15 @@ class Decisions:
     parallelism, no ``moe_act`` recomputation (``layout.fused_moe_mlp_refusal``,
     ``planner.estimate.gpu.check_fused_moe_mlp``). Not priced: the op fuser's 256-row padding per expert (32
     unfused) and its host time."""
+    cudnn_frontend: str = decision("1.23", "the cuDNN frontend release line whose kernels the fused grouped MLP "
+                                   "runs: 1.23, 1.24 or 1.25", choices=("1.23", "1.24", "1.25"), by_stack=True)
+    """What a stack installs (Megatron-Bridge pins ``nvidia-cudnn-frontend`` in its ``pyproject.toml``). It prices
+    the backward of ``moe_fused_mlp``: fc2's input gradient runs as cuDNN frontend's grouped GEMM + dGLU kernel,
+    which for experts with biases (GPT-OSS) reduces fc1's bias gradient too, and releases 1.24.0 to 1.25.x compile
+    that reduction into a path that spills to local memory (issue #256; PR #322 timed the kernel at 8.8x its fixed
+    time: ``costmodel.cudnn_dglu``). "1.23" is the release cuDNN frontend's MoE benchmark that prices the fused
+    kernels ran (``costmodel.blackwell_grouped``), and stands for the releases after the fix too. No effect without
+    ``moe_fused_mlp``."""
     cuda_graphs: str = decision(
         "none", "what CUDA graphs capture: none, mixers (attention and Mamba alone), layers (attention, router, "
         "dispatch preprocessing) or iteration",
