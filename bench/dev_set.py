@@ -745,14 +745,19 @@ backend is its FlashAttention-2 kernel (``torch._C._get_sdp_priority_order``); D
 
 def automodel_table_facts(row: dict) -> dict:
     """What an AutoModel table row states beyond its degrees and batch, as a row of a source without a mapping states
-    it: its FSDP column (a size above 1: FSDP2's fully_shard, zero=3) and its Kernel Optimizations cell
-    (``AUTOMODEL_KERNEL_WORDS``); {} for a row of any other table."""
+    it: its FSDP column (a size above 1: FSDP2's fully_shard, zero=3), its Kernel Optimizations cell
+    (``AUTOMODEL_KERNEL_WORDS``) and, on a pipelined row, its GA column: the table's own arithmetic, GBS = LBS x GA x
+    the data-parallel size with LBS the micro-batches of one pipeline schedule (DeepSeek-V3 on 1,024 GPUs: 8,192 = 8 x
+    4 x 256 at PP 4), makes GA the schedule's runs per step (``pp_runs``); {} for a row of any other table."""
     header = str((row.get("published") or {}).get("location", ""))
     if "| FSDP |" not in header or "Kernel Optimizations" not in header:
         return {}
     names = [c.strip() for c in header.split("header", 1)[1].strip().strip("|").split("|")]
     cells = dict(zip(names, _quote_cells(row)))
     out = {"zero": 3} if cells.get("FSDP", "-").isdigit() and int(cells["FSDP"]) > 1 else {}
+    if cells.get("PP", "1").isdigit() and int(cells["PP"]) > 1 and cells.get("GA", "1").isdigit() \
+            and int(cells["GA"]) > 1:
+        out["pp_runs"] = int(cells["GA"])
     kernels = cells.get("Kernel Optimizations", "")
     for word, key, value in AUTOMODEL_KERNEL_WORDS:
         if word in kernels and key not in out:
@@ -794,12 +799,13 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, pro
                       f"AutoModel, Kernel Optimizations '{kernels}': FSDP2 with Transformer Engine's "
                       "kernels (fused norms, SwiGLU, parallel cross-entropy) = meshplan's megatron kernel set",
                       {}))
-    ga = int(dict(zip(("model", "gpus", "gbs", "mbs", "lbs", "ga"), _quote_cells(row)))["ga"])
+    stated = automodel_table_facts(row)
     if pp > 1:
         needs.append(Need("pp_overlap", "false", "torch.distributed.pipelining's interleaved schedule "
                           "(PipelineScheduleMulti._step_microbatches) waits for each time step's batched sends "
                           "and receives (_wait_batch_p2p(_batch_p2p(ops))) before the next compute", {}))
-    if pp > 1 and ga > 1:  # each gradient-accumulation step runs the whole pipeline schedule once
+    if stated.get("pp_runs"):  # each gradient-accumulation step runs the whole pipeline schedule once
+        ga = stated["pp_runs"]
         needs.append(Need("pp_runs", str(ga), f"table GA {ga}: AutoModel's benchmark loop (recipes/llm/"
                           "benchmark.py @ 89e3a9fdd) calls _forward_backward_step per GA step, which runs "
                           "schedule.step on its local batch (recipes/llm/train_ft.py): one pipeline fill and "
@@ -807,7 +813,6 @@ def _automodel_needs(row: dict, dp: int, tp: int, pp: int, cp: int, ep: int, pro
     if cp > 1:  # HF model with sdpa under torch's context_parallel, rotate method "allgather"
         needs.append(Need("cp_kind", "allgather", "torch context_parallel, cp_rotate_method='allgather' "
                           "(AutoModel components/distributed/cp_utils.py @ e45812012)", {}, implied=True))
-    stated = automodel_table_facts(row)
     if stated.get("attention"):  # TorchSDPA's flash2: the backend order of meshplan's torch (the run's: unstated)
         needs.append(Need("attention", stated["attention"], f"Kernel Optimizations '{kernels}' "
                           "(AUTOMODEL_KERNEL_WORDS)", {}, stated=True))
@@ -1010,8 +1015,9 @@ def stated_profile(row: dict) -> str:
 
 
 # Decisions a row of a source without a mapping may state by name (``meshplan plan --fix`` words): the router its
-# publication names (AutoModel's fake balanced gate), the attention kernel and the MoE dispatcher
-STATED_DECISIONS = ("moe_router", "attention", "moe_dispatcher")
+# publication names (AutoModel's fake balanced gate), the attention kernel, the MoE dispatcher and the pipeline
+# schedule's runs per step (AutoModel's GA column)
+STATED_DECISIONS = ("moe_router", "attention", "moe_dispatcher", "pp_runs")
 
 
 def _stated_needs(row: dict, tp: int) -> tuple:

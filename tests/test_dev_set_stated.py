@@ -270,3 +270,22 @@ def test_automodels_table_states_its_fsdp_and_its_kernels(runs_dir):
     assert held.as_stated(rows["automodel-nemotronv3-nano-8"], runs_dir, "own")["attention"] == "flash2"
     bridge = held.as_stated(rows["mbridge26.04-llama3-70b-gb300-mxfp8"], runs_dir, None)
     assert not {"zero", "attention", "moe_dispatcher"} & set(bridge)
+
+
+def test_automodels_table_states_its_pipeline_runs_in_its_ga_column(runs_dir, tmp_path):
+    """AutoModel's pipelined rows state LBS and GA with GBS = LBS x GA x the data-parallel size (DeepSeek-V3 on 1,024
+    GPUs: '| 8192 | 1 | 8 | 4 |' at PP 4 and FSDP 256): GA whole pipeline schedules a step. Judged apart the row
+    keeps them (4; Kimi K2's 2) and prices as its own mapping does; an unpipelined row (GA 16, PP 1) states none."""
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "as_stated")
+    rows = {r["name"]: r for r in dev_set.load_rows(runs_dir)}
+    assert held.as_stated(rows["automodel-dsv3-1024"], runs_dir, "own")["pp_runs"] == 4
+    assert held.as_stated(rows["automodel-kimik2-256"], runs_dir, "own")["pp_runs"] == 2
+    assert "pp_runs" not in held.as_stated(rows["automodel-qwen3-30b-8"], runs_dir, "own")
+    row = rows["automodel-dsv3-1024"]
+    own = dev_set.price_row(row, runs_dir, tmp_path, profile_only=True)
+    alone = dev_set.price_row(held.as_stated(row, runs_dir, "own"), runs_dir, tmp_path)
+    assert own.status == alone.status == "priced"
+    assert "pp_runs=4" in alone.inputs["fix"]
+    assert alone.predicted_step_s == pytest.approx(own.predicted_step_s, rel=1e-9)
