@@ -6,9 +6,10 @@ Run: python bench/as_held_out.py [RUNS_DIR] [--stack NAME[@VERSION] | --stack ow
 Each row keeps its model, GPU, nodes and NVLink domain, degrees, batch, sequence, precision and task; its recipe,
 container, launch-file settings and the curator's layout assumptions are dropped. Its ZeRO stage stays only where
 its table states one (a Megatron-Bridge FSDP column above 0: Megatron-FSDP, zero=3; AutoModel's FSDP column above 1:
-FSDP2, zero=3), recomputation only where the table states it (torchtitan's activation checkpointing column), the
-router where the publication names it (AutoModel's 'Fake balanced gate is enabled': ``moe_router`` contiguous), and
-the kernels AutoModel's Kernel Optimizations column names (``dev_set.automodel_table_facts``). Every row is
+FSDP2, zero=3), recomputation and torch.compile only where the table states them (torchtitan's activation
+checkpointing column and its 'FSDP + torch.compile' rows), the router where the publication names it (AutoModel's
+'Fake balanced gate is enabled': ``moe_router`` contiguous), and the kernels and pipeline runs AutoModel's Kernel
+Optimizations and GA columns state (``dev_set.automodel_table_facts``). Every row is
 re-labelled ``<source>*`` and priced under ``--stack`` (default: the harness's default for such sources,
 Megatron-Bridge's newest; ``own``: the profile its source's own mapping uses, e.g. the release's
 ``megatron-bridge-perf`` for a B1 row). The table prints, per source, mean |error| and median signed error next to
@@ -50,9 +51,10 @@ def as_stated(row: dict, runs_dir: Path, stack: Optional[str]) -> dict:
     if dev_set.states_fake_gate(row) and out.get("config") and dev_set._config_spec(out["config"]).is_moe:
         out["moe_router"] = "contiguous"
     facts = dev_set.TORCHTITAN_FACTS.get(row["name"])
-    if facts:  # torchtitan's tables: GPUs, bf16, FSDP, the activation checkpointing (full or a selective kind)
+    if facts:  # torchtitan's tables: GPUs, bf16, FSDP, the activation checkpointing (full or a selective kind),
+        # torch.compile ('FSDP + torch.compile')
         out |= {"n_gpus": facts["n_gpus"], "dtype": out.get("dtype") or "bf16", "zero": 3,
-                "recompute": dev_set.torchtitan_recompute(row)}
+                "recompute": dev_set.torchtitan_recompute(row), "compile": facts["compile"]}
         if facts.get("device"):
             out["device"] = dev_set.TORCHTITAN_HBM2E_DEVICE  # what the harness reads the doc's part as
     if stack == "own":  # the profile the source's own mapping prices it with

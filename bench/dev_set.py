@@ -1036,6 +1036,15 @@ def _stated_needs(row: dict, tp: int) -> tuple:
     if recipe:
         needs.append(Need("fp8", recipe, f"the row's precision '{row['precision_recipe']}'", {}, stated=True))
     read = {"zero": zero, "sp": sp, "recompute": recompute}
+    if isinstance(row.get("compile"), bool):  # torchtitan's --training.compile, read under its profiles alone
+        said["compile"] = row["compile"]
+        if stated_profile(row).startswith("torchtitan@"):
+            kernels = "torchtitan" if row["compile"] else "eager"
+            needs.append(Need("stack", kernels, f"the row's torch.compile {'on' if row['compile'] else 'off'} "
+                              "(torchtitan --training.compile)", {}, stated=True))
+            read["compile"] = row["compile"]
+        else:
+            read["compile"] = None
     for key in STATED_DECISIONS:  # a kernel or dispatcher the row names, in meshplan's words
         value = row.get(key)
         if value is not None and not meshplan_accepts(key, str(value)):

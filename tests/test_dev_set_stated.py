@@ -289,3 +289,23 @@ def test_automodels_table_states_its_pipeline_runs_in_its_ga_column(runs_dir, tm
     assert own.status == alone.status == "priced"
     assert "pp_runs=4" in alone.inputs["fix"]
     assert alone.predicted_step_s == pytest.approx(own.predicted_step_s, rel=1e-9)
+
+
+def test_torchtitans_table_states_torch_compile(runs_dir, tmp_path):
+    """torchtitan's Grand Teton table names its compiled runs ('| FSDP + torch.compile | 6,667 | 77.0 |'): judged
+    apart under torchtitan's profile the row runs the compiled kernels (stack=torchtitan) and prices as its own
+    mapping does; its uncompiled twin ('| FSDP | ...') keeps the profile's eager default. Under another stack the
+    word is said unread."""
+    from tests.helpers import load_bench
+
+    held = load_bench("as_held_out", "as_stated")
+    rows = {r["name"]: r for r in dev_set.load_rows(runs_dir)}
+    for name, compiled in (("row46", True), ("row52", False)):
+        stated = held.as_stated(rows[name], runs_dir, "own")
+        own = dev_set.price_row(rows[name], runs_dir, tmp_path, profile_only=True)
+        alone = dev_set.price_row(stated, runs_dir, tmp_path)
+        assert ("stack=torchtitan" in dev_set.row_needs(stated, runs_dir).fix_string) == compiled
+        assert alone.predicted_step_s == pytest.approx(own.predicted_step_s, rel=1e-9)
+    other = held.as_stated(rows["row46"], runs_dir, "megatron-bridge")
+    said = dev_set.row_needs(other, runs_dir).assumptions[0]
+    assert "not read: compile=True" in said
