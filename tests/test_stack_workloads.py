@@ -19,7 +19,13 @@ from meshplan.planner.search.workloads import (
     model_values,
     preset_pins,
 )
-from meshplan.planner.search.workloads_extract import TAGS, parse_name, read_perf_matrix, read_presets
+from meshplan.planner.search.workloads_extract import (
+    TAGS,
+    parse_name,
+    read_dispatcher_types,
+    read_perf_matrix,
+    read_presets,
+)
 from tests.helpers import data_path, jsonl_rows, load_dev_set
 
 dev_set = load_dev_set()
@@ -236,3 +242,56 @@ def test_a_models_library_recipe_is_its_profile_value():
     assert nomtp
     for row in nomtp:
         assert dev_set.row_needs(row, RUNS).fix.get("mtp") == "0", row["name"]
+
+
+# Qwen3 235B's recipe functions as Megatron-Bridge v0.3.1 writes them (scripts/performance/configs/qwen/
+# qwen3_llm_pretrain.py lines 89-138, bodies cut to the dispatcher's lines), and Kimi K2's, whose flex call comes last
+RECIPE_FUNCTIONS = """
+def qwen3_235b_a22b_pretrain_config_gb200(precision="bf16", mock=True, config_variant="v1"):
+    cfg = qwen3_235b_a22b_pretrain_config()
+    cfg.model.moe_flex_dispatcher_backend = base_cfg.moe_flex_dispatcher_backend
+    cfg.model.moe_token_dispatcher_type = "flex"
+    return cfg
+
+
+def qwen3_235b_a22b_pretrain_config_b300(precision="bf16", mock=True, config_variant="v1"):
+    cfg = qwen3_235b_a22b_pretrain_config()
+    cfg.model.moe_flex_dispatcher_backend = base_cfg.moe_flex_dispatcher_backend
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    set_qwen3_common_configs(cfg)
+    return cfg
+
+
+def kimi_k2_pretrain_config_b200(precision="bf16", mock=True, config_variant="v1"):
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    apply_flex_dispatcher_backend(cfg.model, cfg.model.moe_flex_dispatcher_backend)
+    return cfg
+
+
+def set_qwen3_common_configs(cfg):
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+"""
+
+
+def test_a_recipe_functions_last_dispatcher_type_is_read():
+    """The last literal dispatcher type each recipe function sets, unless a flex call follows it (Kimi K2's); helpers
+    that are not recipe functions are not read."""
+    assert read_dispatcher_types(RECIPE_FUNCTIONS) == {("QWEN3_235B_A22B", "pretrain", "GB200"): ("flex", 5),
+                                                      ("QWEN3_235B_A22B", "pretrain", "B300"): ("alltoall", 12)}
+
+
+def test_the_recipe_functions_all_to_all_overrides_the_presets_flex_backend():
+    """Qwen3 235B on B300 in 26.02.01: the preset names DeepEP (QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_MX_V2), but
+    the B300 recipe function sets moe_token_dispatcher_type = "alltoall" after it (qwen3_llm_pretrain.py @ v0.3.1
+    line 133), so Megatron-Core runs its all-to-all dispatcher; on GB200 the function sets "flex" and the preset's
+    Hybrid-EP runs."""
+    spec = load_model("qwen3-235b-a22b")
+    pinned = {"tp": 1, "pp": 8, "ep": 8, "mbs": 1}
+    b300 = choose_preset("megatron-bridge-perf@26.02.01", spec, "fp8", "mxfp8", "pretrain", pinned,
+                         JobFacts("B300", 4096, 256))
+    assert b300.settings["moe_flex_dispatcher_backend"] == "deepep"
+    assert (b300.recipe_dispatcher.type, b300.recipe_dispatcher.line) == ("alltoall", 133)
+    assert preset_pins(b300, True, pinned, spec.num_layers)["moe_dispatcher"] == "alltoall"
+    gb200 = choose_preset("megatron-bridge-perf@26.02.01", spec, "fp8", "mxfp8", "pretrain",
+                          {**pinned, "ep": 32}, JobFacts("GB200", 4096, 256))
+    assert preset_pins(gb200, True, pinned, spec.num_layers)["moe_dispatcher"] == "hybridep"

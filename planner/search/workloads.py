@@ -46,6 +46,15 @@ class JobFacts:
     lora: bool = False
 
 
+class RecipeDispatcher(BaseModel):
+    """The token dispatcher a performance script's recipe function sets for a model, task and GPU, and where."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: str = Field(pattern=r"^(alltoall|flex)$")
+    file: str
+    line: int
+
+
 class WorkloadPreset(BaseModel):
     """One preset as its file sets it."""
 
@@ -61,6 +70,10 @@ class WorkloadPreset(BaseModel):
     variant: str
     """``v1``, ``v2``, a named variant (``large_scale``) or "" (unversioned)."""
     settings: Mapping[str, object]
+    recipe_dispatcher: Optional[RecipeDispatcher] = None
+    """The token dispatcher the job's recipe function sets last (``cfg.model.moe_token_dispatcher_type``, with no
+    ``apply_flex_dispatcher_backend`` after it), which Megatron-Core runs over any flex backend the preset names;
+    ``None`` where the function leaves the type to the preset."""
 
     def degree(self, field: str, default: int) -> int:
         value = self.settings.get(field)
@@ -233,6 +246,16 @@ def _mesh(preset: WorkloadPreset, pinned: Mapping[str, object], is_moe: bool) ->
     return out
 
 
+def dispatcher_of(preset: WorkloadPreset) -> str:
+    """The MoE dispatcher a preset's job runs: its flex backend (none named: the all-to-all, overrides.py @ v0.5.1
+    lines 258-261), unless its recipe function sets a non-flex type last (``recipe_dispatcher``), which Megatron-Core
+    runs instead (the flex backend is read only under ``moe_token_dispatcher_type`` "flex")."""
+    forced = preset.recipe_dispatcher
+    if forced is not None and forced.type != "flex":
+        return forced.type
+    return str(preset.settings.get("moe_flex_dispatcher_backend") or "alltoall")
+
+
 def preset_pins(preset: WorkloadPreset, is_moe: bool, pinned: Mapping[str, object], num_layers: int) -> dict[str, str]:
     """``{--fix key: value}`` the preset sets for the job (``pinned``: the job's own pins, which keep theirs): its
     mesh where the job leaves a degree free (``_mesh``); its recomputation and offloading, CUDA graphs, and on an MoE
@@ -245,7 +268,7 @@ def preset_pins(preset: WorkloadPreset, is_moe: bool, pinned: Mapping[str, objec
     out = {k: str(v) for k, v in mesh.items()} | _recompute(s, mesh["pp"])
     out["cuda_graphs"] = _graphs(s)
     if is_moe:
-        out["moe_dispatcher"] = str(s.get("moe_flex_dispatcher_backend") or "alltoall")
+        out["moe_dispatcher"] = dispatcher_of(preset)
         out["moe_overlap"] = "true" if s.get("moe_a2a_overlap") else "false"
         if s.get("cutedsl_fused_grouped_mlp"):
             out["moe_fused_mlp"] = "true"

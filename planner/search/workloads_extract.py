@@ -67,6 +67,34 @@ def read_presets(source: str) -> dict[str, tuple[dict, int]]:
     return {k: (dict(v), lines.get(k, 0)) for k, v in scope.items() if isinstance(v, _Preset)}
 
 
+# A performance script's recipe function: {recipe}_{task}_config_{gpu} (``configs/qwen/qwen3_llm_pretrain.py``)
+RECIPE_FUNCTION = re.compile(r"^(?P<model>[a-z0-9_]+?)_(?P<task>pretrain|sft|lora)_config_(?P<gpu>[a-z0-9]+)$")
+
+
+def read_dispatcher_types(source: str) -> dict[tuple[str, str, str], tuple[str, int]]:
+    """{(model, task, gpu) in preset-name case: (dispatcher type, line)} of the recipe functions in one performance
+    script's ``source`` that end by setting ``cfg.model.moe_token_dispatcher_type`` to a literal with no
+    ``apply_flex_dispatcher_backend`` call after it: Megatron-Core then runs that dispatcher whatever flex backend the
+    workload preset names (``moe_flex_dispatcher_backend`` is read only under the "flex" type), as Qwen3 235B's B300
+    and B200 functions set "alltoall" at v0.3.1 and v0.4.0."""
+    out = {}
+    for fn in ast.parse(source).body:
+        m = RECIPE_FUNCTION.match(fn.name) if isinstance(fn, ast.FunctionDef) else None
+        if m is None:
+            continue
+        last = None  # (type, line) of the function's last dispatcher assignment, unless a flex call follows it
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and any(ast.unparse(t) == "cfg.model.moe_token_dispatcher_type" for t in node.targets)):
+                if last is None or node.lineno > last[1]:
+                    last = (str(node.value.value), node.lineno)
+        flex_calls = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call)
+                      and ast.unparse(n.func).endswith("apply_flex_dispatcher_backend")]
+        if last and not any(line > last[1] for line in flex_calls):
+            out[m["model"].upper(), m["task"], m["gpu"].upper()] = last
+    return out
+
+
 def parse_name(name: str) -> dict | None:
     """(model, task, gpu, dtype, variant) of a preset's name in either naming scheme; None for a base preset."""
     m = NEW_NAME.match(name) or OLD_NAME.match(name)
@@ -126,6 +154,11 @@ def extract(git_dir: Path, version: str) -> dict:
     files = [f for f in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
              if f.endswith("workload_base_configs.py")]
     presets, skipped = _r010_presets(git_dir, tag) if tag == "r0.1.0" else ([], 0)
+    forced = {}  # (model, task, gpu) -> the dispatcher its recipe function sets last, where and on which line
+    for path in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split():
+        if path.endswith(("_llm_pretrain.py", "_llm_finetune.py")):
+            for key, (kind, line) in read_dispatcher_types(_git(git_dir, "show", f"{tag}:{path}")).items():
+                forced[key] = {"type": kind, "file": path, "line": line}
     for path in files:
         for name, (fields, line) in read_presets(_git(git_dir, "show", f"{tag}:{path}")).items():
             parsed = parse_name(name)
@@ -134,9 +167,13 @@ def extract(git_dir: Path, version: str) -> dict:
             if parsed["model"] not in MODELS or parsed["gpu"] not in GPUS:
                 skipped += 1
                 continue
-            presets.append({"name": name, "file": path, "line": line, **parsed,
-                            "model": MODELS[parsed["model"]], "gpu": GPUS[parsed["gpu"]],
-                            "settings": {k: v for k, v in sorted(fields.items())}})
+            preset = {"name": name, "file": path, "line": line, **parsed,
+                      "model": MODELS[parsed["model"]], "gpu": GPUS[parsed["gpu"]],
+                      "settings": {k: v for k, v in sorted(fields.items())}}
+            said = forced.get((parsed["model"], parsed["task"], parsed["gpu"]))
+            if said:
+                preset["recipe_dispatcher"] = said
+            presets.append(preset)
     presets.sort(key=lambda p: (p["model"], p["task"], p["gpu"], p["dtype"], p["variant"]))
     return {"profile": f"megatron-bridge-perf@{version}",
             "source": f"NVIDIA-NeMo/Megatron-Bridge @ {tag} ({commit[:9]}), scripts/performance/configs: each preset's "
