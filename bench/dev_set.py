@@ -1181,7 +1181,9 @@ def row_needs(row: dict, runs_dir: Path, profile_only: bool = False) -> RowInput
         del fix["dp_replicate"], fix["dp_shard"]
     if stated and row.get("ep") is None:  # a source that does not say its expert parallelism leaves it to the search
         del fix["ep"]
-    if stated and row.get("pp_interleave") is None and pp > 1:  # nor its virtual pipeline stages (no VP column)
+    if (stated or is_bridge_row(row)) and row.get("pp_interleave") is None and pp > 1:
+        # nor its virtual pipeline stages (no VP column, or a Megatron-Bridge table's 'n/a' on a pipelined row):
+        # the search's, or the launcher's workload preset's
         del fix["vpp"]
     pinned_fp8 = next((nd.value for nd in needs if nd.key == "fp8"), "")
     gpn = row.get("gpus_per_node") or 8
