@@ -237,3 +237,18 @@ def test_memory_pruning_keeps_the_exhaustive_answer_and_its_closest_miss():
             search(big, {}, top=10, estimator=est, prune=prune)
         msgs.append(str(err.value).split(" layouts tried")[1])  # the closest miss (the counts differ)
     assert msgs[0] == msgs[1]
+
+
+def test_where_nothing_fits_memory_alone_finds_the_exhaustive_closest_miss():
+    """Mixtral under FSDP2 with NeMo AutoModel's MoE at a 64k sequence on one H100 node fits nowhere: the pruned
+    search finds its closest miss by each layout's memory alone (``_closest_by_memory``) and names the one pricing
+    every layout names."""
+    work = Workload(load_model("mixtral-8x7b"), load_cluster("1x8xH100"), 8, 65536)
+    fix = {"fsdp": "torch", "pp_overlap": False, "moe_impl": "automodel", "moe_dispatcher": "deepep"}
+    est = estimator_for(work.cluster)
+    msgs = []
+    for prune in (True, False):
+        with pytest.raises(MeshplanError, match="fits nowhere") as err:
+            search(work, fix, top=5, estimator=est, prune=prune)
+        msgs.append(str(err.value).split(" layouts tried")[1])
+    assert msgs[0] == msgs[1] and "misses by" in msgs[0]

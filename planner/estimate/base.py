@@ -474,16 +474,22 @@ def logits_bytes_per_element(layout: Layout) -> float:
     return 6.0 if layout.stack == "megatron" else 12.0
 
 
+def peak_memory(work: Workload, tb: ModelTables, layout: Layout, m: int):
+    """The busiest rank's memory (``stage_memory``) of ``layout`` at ``m`` micro-batches: the first and the last
+    stage, and under an uneven split the stage holding the most layers."""
+    stages = {0, layout.pp - 1}
+    if layout.pp_layout:  # an uneven split: the stage holding the most layers may be the peak
+        stages.add(max(range(layout.pp), key=lambda i: layout.stage_num_layers(work.model.num_layers, i)))
+    mems = [stage_memory(work, tb, layout, st, m) for st in sorted(stages)]
+    return max(mems, key=lambda x: x.total_bytes)
+
+
 def finish_estimate(work: Workload, tb: ModelTables, layout: Layout, m: int, *, step: float, compute_s: float,
                     exposed_comm_s: float, bubble_s: float, other_s: float,
                     pipeline_s: Optional[float] = None) -> Estimate:
     """The parts of an ``Estimate`` every estimator derives the same way: memory, FLOPs, rates, MFU."""
-    model, dev = work.model, work.cluster.device
-    stages = {0, layout.pp - 1}
-    if layout.pp_layout:  # an uneven split: the stage holding the most layers may be the peak
-        stages.add(max(range(layout.pp), key=lambda i: layout.stage_num_layers(model.num_layers, i)))
-    mems = [stage_memory(work, tb, layout, st, m) for st in sorted(stages)]
-    mem = max(mems, key=lambda x: x.total_bytes)
+    dev = work.cluster.device
+    mem = peak_memory(work, tb, layout, m)
     limit = int(dev.memory_bytes * USABLE_FRACTION)
     tokens = work.global_batch * work.seq_len
     per_token, extra_per_token = tb.flops_per_token(work.seq_len, layout)

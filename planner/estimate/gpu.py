@@ -46,6 +46,7 @@ from meshplan.planner.estimate.base import (
     finish_estimate,
     keeps_bf16_layers,
     memory_floor_bytes,
+    peak_memory,
     precision_parts,
     recast_expert_params,
     stage_params,
@@ -659,6 +660,18 @@ class GpuEstimator:
         step, compute, pipeline, exposed, bubble, optimizer, m = self._step_parts(work, layout)
         return finish_estimate(work, self.tables(work.model), layout, m, step=step, compute_s=compute,
                                pipeline_s=pipeline, exposed_comm_s=exposed, bubble_s=bubble, other_s=optimizer)
+
+    def peak_memory_bytes(self, work: Workload, layout: Layout) -> int:
+        """The peak memory ``estimate`` predicts for ``layout``, the same bytes, without pricing its time: what a
+        search needs to find the closest miss when nothing fits."""
+        if layout.mtp and layout.mtp != work.model.num_mtp_layers:
+            work = replace(work, model=self._mtp_model(work.model, layout.mtp))
+        return peak_memory(work, self.tables(work.model), layout,
+                           layout.num_microbatches(work.global_batch)).total_bytes
+
+    def memory_floor_bytes(self, work: Workload, layout: Layout) -> int:
+        """A lower bound on ``peak_memory_bytes`` of ``layout`` and of every sharding of it (``cannot_fit``'s)."""
+        return memory_floor_bytes(work, self.tables(work.model), layout, layout.num_microbatches(work.global_batch))
 
     def _mtp_model(self, model, mtp: int):
         """``model`` with ``mtp`` MTP modules, one object per pair (the tables are cached per model object)."""

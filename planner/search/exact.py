@@ -331,7 +331,12 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
                 prune = False
                 break
             if rk.kept or not rk.unfit:
-                break  # else nothing fits: search again pricing them all, for the closest miss
+                break  # else nothing fits: search again for the closest miss
+            memory_of = getattr(estimator, "peak_memory_bytes", None)
+            if memory_of is not None:  # its memory alone finds it, the closest priced in full for the message
+                rk = _closest_by_memory(work, groups, rk, memory_of, getattr(estimator, "memory_floor_bytes", None),
+                                        top, progress)
+                break
     if not prune:
         rk = _Ranker(work, estimator.estimate, top, progress)
         for gi, g in enumerate(groups):
@@ -349,6 +354,78 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     return SearchResult(ranked, rk.evaluated, rk.feasible, wall, closest, rk.invalid, candidates=n,
                         pruned=prune, bound_evals=bound_evals, fallback=fallback, priced=rk.priced + extra,
                         timed=rk.timed, unfit=rk.unfit)
+
+
+def _closest_by_memory(work: Workload, groups: list, first: _Ranker, memory_of, floor_of, top: int,
+                       progress) -> _Ranker:
+    """A ranker holding the closest miss where nothing fits (``first``: a pass that priced some members and found
+    none fitting): the member of least peak memory (``memory_of``, the bytes ``estimate`` would predict), looked for
+    by memory alone and then priced in full for the message. A recomputation whose floor (``floor_of``, below every
+    sharding's memory) exceeds the least found is skipped, and within one ZeRO stage only the most sharded valid
+    member is asked (less sharding holds at least as much, except under ``holds_whole_stage``, where all are)."""
+    rk = _Ranker(work, first.estimate, top, progress)
+    rk.invalid, rk.evaluated = list(first.invalid), first.evaluated
+    best = None  # ((peak bytes, canonical index), group)
+    for (gi, r, s), est in first.done.items():
+        if est is not None and (best is None or (est.memory.total_bytes, (gi, r, s)) < best[0]):
+            best = ((est.memory.total_bytes, (gi, r, s)), groups[gi])
+    for gi, g in enumerate(groups):
+        for r in range(len(g.recomputes)):
+            if floor_of is not None and best is not None and _floor(floor_of, work, g.member(r, 0)) > best[0][0]:
+                continue
+            for z, ss in _by_zero(g).items():
+                monotone = not holds_whole_stage(g.base, z)
+                for s in sorted(ss, key=lambda s: -g.shards[s][1]):
+                    key = (gi, r, s)
+                    peak = _peak_of(rk, first, memory_of, g, key)
+                    if peak is None:
+                        continue
+                    if best is None or (peak, key) < best[0]:
+                        best = ((peak, key), g)
+                    if monotone:
+                        break
+    if best is not None:
+        (_, (gi, r, s)), g = best
+        est = first.done.get((gi, r, s))
+        if est is None:
+            rk.evaluated -= 1  # counted again as it is priced
+            est = rk.price(gi, g, r, s)
+        rk.closest = (est.memory.total_bytes - est.memory_limit_bytes, g.member(r, s), est)
+    return rk
+
+
+def _floor(floor_of, work: Workload, layout: Layout) -> float:
+    """``floor_of`` the layout, or 0 where it cannot be priced (pricing it validates it and says why)."""
+    try:
+        return floor_of(work, layout)
+    except (MeshplanError, ArithmeticError):
+        return 0.0
+
+
+def _by_zero(g) -> dict[int, list[int]]:
+    """The shard indices of group ``g`` by their ZeRO stage."""
+    out: dict[int, list[int]] = {}
+    for s, (z, _, _) in enumerate(g.shards):
+        out.setdefault(z, []).append(s)
+    return out
+
+
+def _peak_of(rk: _Ranker, first: _Ranker, memory_of, g, key: tuple) -> Optional[int]:
+    """The peak memory of member ``key``: its first-pass estimate's, else its own (validated and counted by
+    ``rk``); ``None`` where it is invalid."""
+    if key in first.done:
+        est = first.done[key]
+        return None if est is None else est.memory.total_bytes
+    layout = g.member(key[1], key[2])
+    try:
+        layout.validate(**rk.vkw)
+    except MeshplanError as exc:
+        if len(rk.invalid) < 5:
+            rk.invalid.append(str(exc))
+        return None
+    rk.evaluated += 1
+    rk.tick()
+    return memory_of(rk.work, layout)
 
 
 def _batch_units(work: Workload, fix: Pins, fp8_recipes) -> dict[int, Layout]:
