@@ -295,3 +295,17 @@ def test_the_recipe_functions_all_to_all_overrides_the_presets_flex_backend():
     gb200 = choose_preset("megatron-bridge-perf@26.02.01", spec, "fp8", "mxfp8", "pretrain",
                           {**pinned, "ep": 32}, JobFacts("GB200", 4096, 256))
     assert preset_pins(gb200, True, pinned, spec.num_layers)["moe_dispatcher"] == "hybridep"
+
+
+def test_under_whole_iteration_graphs_the_presized_all_to_all_takes_the_presets_backend():
+    """26.06.01's Qwen3 235B on B200 graphs the whole iteration and its recipe function sets the all-to-all
+    (qwen3_llm_pretrain.py @ v0.5.1 line 188), pre-sized by set_full_iter_cg_configs (lines 48-56): a sync-free mode
+    meshplan's dispatchers do not name, priced as the preset's own sync-free flex backend; the same job priced as a
+    dropless all-to-all would be refused under whole-iteration graphs."""
+    spec = load_model("qwen3-235b-a22b")
+    p = choose_preset("megatron-bridge-perf@26.06.01", spec, "fp8", "mxfp8", "pretrain", {},
+                      JobFacts("B200", 4096, 256))
+    assert p.recipe_dispatcher.type == "alltoall" and p.settings["cuda_graph_impl"] == "full_iteration"
+    pins = preset_pins(p, True, {}, spec.num_layers)
+    assert pins["cuda_graphs"] == "iteration"
+    assert pins["moe_dispatcher"] == p.settings["moe_flex_dispatcher_backend"] != "alltoall"

@@ -249,9 +249,13 @@ def _mesh(preset: WorkloadPreset, pinned: Mapping[str, object], is_moe: bool) ->
 def dispatcher_of(preset: WorkloadPreset) -> str:
     """The MoE dispatcher a preset's job runs: its flex backend (none named: the all-to-all, overrides.py @ v0.5.1
     lines 258-261), unless its recipe function sets a non-flex type last (``recipe_dispatcher``), which Megatron-Core
-    runs instead (the flex backend is read only under ``moe_token_dispatcher_type`` "flex")."""
+    runs instead (the flex backend is read only under ``moe_token_dispatcher_type`` "flex"). Under whole-iteration
+    graphs the function pre-sizes that all-to-all's buffers (``set_full_iter_cg_configs``, qwen3_llm_pretrain.py @
+    v0.5.1 lines 48-56: a rank capacity factor of 1.5 and padded experts), so it runs without the host sync, a mode
+    meshplan's ``moe_dispatcher`` does not name: there the preset's flex backend, whose pre-sized dispatch is
+    sync-free too, stands for it (the all-to-all's wire time is Hybrid-EP's)."""
     forced = preset.recipe_dispatcher
-    if forced is not None and forced.type != "flex":
+    if forced is not None and forced.type != "flex" and _graphs(preset.settings) != "iteration":
         return forced.type
     return str(preset.settings.get("moe_flex_dispatcher_backend") or "alltoall")
 
