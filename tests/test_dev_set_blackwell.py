@@ -548,3 +548,14 @@ def test_the_page_footnote_of_the_gpt_oss_regression_is_read_off_its_rows(rows):
     120B pre-training is a known issue (cudnn-frontend#256)'; no other B1 row carries a known-regression footnote."""
     named = {r["name"] for r in rows if r["source_id"] == "B1" and dev_set.known_regressions(r)}
     assert named == {"mbridge26.06.01-gptoss120b-gb200-mxfp8", "mbridge26.06.01-gptoss120b-gb300-mxfp8"}
+
+
+def test_a_recipe_functions_all_to_all_is_the_rows_dispatcher(rows, runs_dir):
+    """26.02.01's Qwen3 235B on B300: its preset names DeepEP, but the recipe function the row quotes sets
+    moe_token_dispatcher_type = 'alltoall' after it, so the row runs the all-to-all, which its profile sets too (no
+    per-row setting); the GB200 row, whose function sets 'flex', keeps the preset's Hybrid-EP."""
+    by_name = {r["name"]: r for r in rows}
+    b300 = dev_set.row_needs(by_name["mbridge26.02.01-qwen3-235b-a22b-b300-mxfp8"], runs_dir, True)
+    assert "moe_dispatcher=alltoall" in b300.from_profile and not b300.per_row
+    gb200 = dev_set.row_needs(by_name["mbridge26.02.01-qwen3-235b-a22b-gb200-mxfp8"], runs_dir, True)
+    assert "moe_dispatcher=hybridep" in gb200.from_profile
