@@ -162,7 +162,8 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
     if dglu:
         cls = op_class(fc2_onward(lo.experts)[0])
         tally.compute[cls] += dglu * n * m
-        tally.seconds[cls] += dglu * n * m if first_stage else 0.0
+        if first_stage:
+            tally.seconds[cls] += dglu * n * m
     times = estimator.layer_times(tb, dev, key, moe, work.seq_len, dtype, links["tp"], links["ep"], links["cp"],
                                   frozen=bool(work.lora))
     for group, pairs, size in (("tp", lo.tp_comm, layout.tp), ("ep", lo.ep_comm, layout.ep),

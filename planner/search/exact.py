@@ -781,10 +781,7 @@ def _price_family(rk: _Ranker, gi: int, g, r: int, lb: float) -> None:
         if low >= lb and _rank_round(low) > rk.kth_time() and not any((gi, r, s) in rk.done for s in range(len(steps))):
             rk.tick_many(len(steps))  # every member's step time alone shows it cannot rank (as below, at once)
             return
-    by_zero: dict[int, list[int]] = {}
-    for s, (z, d, _) in enumerate(g.shards):
-        by_zero.setdefault(z, []).append(s)
-    for z, ss in by_zero.items():
+    for z, ss in _by_zero(g).items():
         prev = None
         # less sharding holds at least as much, except where a pipelined FSDP2 stage is held whole beside its shards
         # (``holds_whole_stage``): an unsharded part then holds less than a sharded one, so every member is priced
