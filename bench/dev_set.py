@@ -538,12 +538,6 @@ def _recipe_says(row: dict, text: str) -> bool:
     return any(text in s for s in row["recipe"].get("recipe_function_settings") or [])
 
 
-def row_full_iteration(row: dict) -> bool:
-    """Whether a Bridge row's recipe graphs the whole iteration (its workload settings' ``cuda_graph_impl``)."""
-    ws = (row.get("recipe") or {}).get("workload_settings") or {}
-    return ws.get("cuda_graph_impl") == "full_iteration" or "full_iteration" in (ws.get("cuda_graph_scope") or [])
-
-
 def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, bool, str, str, list[Need], list[str]]:
     """(zero, sp, recompute, dtype, needs, assumptions) of a Megatron-Bridge row: its table's facts, then what its
     performance recipe (``recipe``: the preset's workload settings and the recipe function's assignments) sets
@@ -609,7 +603,8 @@ def bridge_needs(row: dict, tp: int, pp: int, vpp: int, ep: int) -> tuple[int, b
         said = f"preset moe_flex_dispatcher_backend '{backend}'" if backend else "preset sets no flex backend: alltoall"
         value = backend or "alltoall"
         if (backend and _recipe_says(row, "moe_token_dispatcher_type = 'alltoall'")
-                and not _recipe_says(row, "apply_flex_dispatcher_backend") and not row_full_iteration(row)):
+                and not _recipe_says(row, "apply_flex_dispatcher_backend")
+                and bridge_cuda_graphs(row) != "whole iteration"):
             # the recipe function sets the all-to-all last: Megatron-Core reads no flex backend then
             # (``planner.search.workloads.dispatcher_of``)
             said, value = f"{said}, but the recipe function sets moe_token_dispatcher_type = 'alltoall'", "alltoall"

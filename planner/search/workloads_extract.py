@@ -151,11 +151,11 @@ def extract(git_dir: Path, version: str) -> dict:
     """The workloads file of ``megatron-bridge-perf@version``."""
     tag = TAGS[version]
     commit = _git(git_dir, "rev-parse", f"{tag}^{{commit}}").strip()
-    files = [f for f in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
-             if f.endswith("workload_base_configs.py")]
+    listed = _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
+    files = [f for f in listed if f.endswith("workload_base_configs.py")]
     presets, skipped = _r010_presets(git_dir, tag) if tag == "r0.1.0" else ([], 0)
     forced = {}  # (model, task, gpu) -> the dispatcher its recipe function sets last, where and on which line
-    for path in _git(git_dir, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split():
+    for path in listed:
         if path.endswith(("_llm_pretrain.py", "_llm_finetune.py")):
             for key, (kind, line) in read_dispatcher_types(_git(git_dir, "show", f"{tag}:{path}")).items():
                 forced[key] = {"type": kind, "file": path, "line": line}
