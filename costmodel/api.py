@@ -20,7 +20,16 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel import aux_loss, blackwell_grouped, flash2_blackwell, fp4_gemm, router_topk, streaming, te_gemm
+from meshplan.costmodel import (
+    aux_loss,
+    blackwell_grouped,
+    flash2_blackwell,
+    fp4_gemm,
+    norms,
+    router_topk,
+    streaming,
+    te_gemm,
+)
 from meshplan.costmodel.attention import (
     LOWP_ATTENTION_DTYPES,
     SDPA_WORDS,
@@ -299,6 +308,9 @@ class Pricer:
             t = fused_attention_s(op, device)
             if t is not None:
                 return t, f"published {op.impl} curve: {blackwell_source(op, device) or curve_source(op.impl, device)}"
+        t = norms.measured_s(op, device)
+        if t is not None:
+            return t, norms.source(op, device)
         if op.kind in ANALYTIC_KINDS:  # the learned model holds no class for it
             return _analytic_s(op, device)
         if op.groups > 1:
@@ -498,6 +510,9 @@ class Pricer:
                 t = fused_attention_s(o, d)
                 if t is not None:
                     out[i] = t
+            t = norms.measured_s(o, d)  # a fused norm: cuDNN's measured rate, as _compute_with_source
+            if t is not None:
+                out[i] = t
         if self.sustained:
             out = out * np.array([self._load_factor(o, d, str(s)) for o, d, s in zip(ops, devs, src)])
         return out

@@ -160,13 +160,20 @@ class _LayerBuild:
         return sp_quantized(self.mm(self.T, n, k), self.layout, gathered_input=False)
 
     def norm(self, rows: int, width: int) -> None:
-        kind = "rmsnorm" if self.model.norm == "rmsnorm" else "layernorm"
-        self.ops.append(OpSpec(kind, (int(rows), int(width)), self.act))
+        self.ops.append(norm_op(self.model, self.layout, rows, width, self.act))
         if self.eager:
             self.ops.extend(self.ew(rows * width) for _ in range(EAGER_NORM_EXTRA_PASSES))
 
     def activation(self, n: float, gated: bool) -> None:
         self.ops.extend(activation_ops(n, gated, self.eager, self.act))
+
+
+def norm_op(model, layout: Layout, rows: int, width: int, act: str) -> OpSpec:
+    """A model's pre-norm (or final norm) over ``rows`` x ``width``: one fused kernel a pass under Transformer
+    Engine (the megatron stack: ``impl`` fused, priced from cuDNN's measured norms, ``costmodel.norms``), the
+    kind's default otherwise."""
+    kind = "rmsnorm" if model.norm == "rmsnorm" else "layernorm"
+    return OpSpec(kind, (int(rows), int(width)), act, impl="fused" if layout.stack == "megatron" else "")
 
 
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16",
@@ -793,7 +800,7 @@ def head_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[
     v_t = model.vocab_size // t
     act = _precisions(dtype)[0]
     return (
-        OpSpec("layernorm" if model.norm == "layernorm" else "rmsnorm", (T, model.hidden_size), act),
+        norm_op(model, layout, T, model.hidden_size, act),
         OpSpec("matmul", (T, v_t, model.hidden_size), act),  # output layer: not an fp8 GEMM
         OpSpec("softmax", (T, v_t), "fp32"),  # cross-entropy in fp32 (Megatron vocab-parallel CE)
     ) + ((OpSpec("copy", (T * v_t,), "fp32"),) if layout.stack == "eager" else ())  # eager: logits upcast to fp32
@@ -814,8 +821,7 @@ def mtp_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> dict[Op
         return out
     T = layout.micro_batch * seq_len // layout.cp
     act, mm = _precisions(dtype, layout.fp8)
-    norm = "layernorm" if model.norm == "layernorm" else "rmsnorm"
-    one = [OpSpec(norm, (T, model.hidden_size), act)] * 2 + list(mm(T, model.hidden_size // layout.tp,
+    one = [norm_op(model, layout, T, model.hidden_size, act)] * 2 + list(mm(T, model.hidden_size // layout.tp,
                                                                      2 * model.hidden_size))
     one += head_ops(model, layout, seq_len, dtype)
     for op in one:

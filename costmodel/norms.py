@@ -1,0 +1,89 @@
+"""Fused RMSNorm and LayerNorm kernels (Transformer Engine's, on Megatron-Core and NeMo AutoModel), priced from
+cuDNN's published norm benchmark.
+
+``data/published/cudnn_norms.json`` (NVIDIA/cudnn-frontend ``benchmark/norms``, results of 2026-02-26/27): the
+forward and the backward of the norms of nine training models (Llama 3 8B/70B/405B, Llama 4, Mixtral, Nemotron-H,
+DeepSeek-V3, Qwen3 30B/235B; rows = batch x sequence tokens, width = the norm's), bf16, timed alone on an H200, a
+GB200 and a GB300 under three backends: cuDNN's fused norm, PyTorch's ``F.rms_norm`` (its fused CUDA kernels) and
+the same under ``torch.compile``. A fused norm (``OpSpec.impl`` ``fused``: the stacks whose norms Transformer
+Engine runs) is priced at cuDNN's rate: Transformer Engine's norms are one fused kernel each pass as cuDNN's are,
+and can run cuDNN's (``NVTE_NORM_FWD_USE_CUDNN`` / ``NVTE_NORM_BWD_USE_CUDNN``); no timing of TE's own is
+published. What the model priced before (the learned class, trained on A100, A40 and H100 norms of one PyTorch
+kernel per call) ran 20-40% slower than cuDNN's forward on these parts (``tests/test_norms.py``).
+
+The rate is the bytes meshplan counts for the op (``OpSpec.bytes``: forward 2, backward 4 bytes-of-dtype a
+element) over the measured time, interpolated log-linearly in those bytes between the measured shapes (the median
+where several models share one) and held flat beyond them. Other parts take the nearest measured one's rate times
+their HBM bandwidth over its: Hopper parts the H200's, B200 the GB200's, B300 the GB300's. LayerNorm has one
+measured shape per part (GPT-3 175B's), so its rate is that one figure at every size.
+Units: seconds returned, bytes/s inside.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from functools import lru_cache
+
+from meshplan.costmodel.attention import HOPPER
+from meshplan.costmodel.devices import DeviceSpec, catalogue
+from meshplan.costmodel.measured import published_file
+from meshplan.costmodel.ops import OpSpec
+
+DATA_FILE = "cudnn_norms.json"  # in costmodel/data/published
+NORM_KINDS = {"rmsnorm": "rms_norm", "layernorm": "layer_norm"}  # OpSpec.kind -> the benchmark's norm_type
+MEASURED_DTYPES = ("bf16",)
+BACKEND = "cudnn"  # the benchmark's backend a fused norm is priced at (module docstring)
+
+
+def measured_part(device: DeviceSpec) -> str | None:
+    """The part whose timings stand for ``device``'s, or ``None`` (no timing of its family)."""
+    if device.name in HOPPER:
+        return "H200"
+    return {"B200": "GB200", "GB200": "GB200", "B300": "GB300", "GB300": "GB300"}.get(device.name)
+
+
+def _row_op(kind: str, row: dict, backward: bool) -> OpSpec:
+    return OpSpec(kind, (row["N"], row["C"]), "bf16", backward=backward, impl="fused")
+
+
+@lru_cache(maxsize=None)
+def curve(part: str, kind: str, backward: bool) -> tuple[tuple[float, float], ...]:
+    """((bytes meshplan counts, bytes/s), ...) of the cuDNN rows of ``kind`` on ``part``, by bytes; one point per
+    distinct shape (the median time where models share it)."""
+    times: dict[float, list[float]] = {}
+    for r in published_file(DATA_FILE)["rows"]:
+        if (r["device"], r["norm_type"], r["backend"]) == (part, NORM_KINDS[kind], BACKEND):
+            nbytes = _row_op(kind, r, backward).bytes
+            times.setdefault(nbytes, []).append((r["bwd_ms"] if backward else r["fwd_ms"]) * 1e-3)
+    return tuple((b, b / statistics.median(t)) for b, t in sorted(times.items()))
+
+
+def _rate_at(pts: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
+        if nbytes <= b1:
+            w = math.log(nbytes / b0) / math.log(b1 / b0)
+            return r0 + w * (r1 - r0)
+    return pts[-1][1]
+
+
+def measured_s(op: OpSpec, device: DeviceSpec) -> float | None:
+    """Seconds of a fused norm ``op`` on ``device`` from the benchmark, or ``None`` (not a fused norm, a dtype or a
+    part the benchmark has no timing for)."""
+    part = measured_part(device)
+    if op.kind not in NORM_KINDS or op.impl != "fused" or op.dtype not in MEASURED_DTYPES or part is None:
+        return None
+    pts = curve(part, op.kind, op.backward)
+    if not pts:
+        return None
+    scale = device.mem_bw_bytes_per_s / catalogue()[part].mem_bw_bytes_per_s
+    return op.bytes / (_rate_at(pts, op.bytes) * scale)
+
+
+def source(op: OpSpec, device: DeviceSpec) -> str:
+    """What ``measured_s`` of ``op`` on ``device`` rests on, for ``--explain``."""
+    part = measured_part(device)
+    scaled = "" if part == device.name else f", scaled by HBM bandwidth to {device.name}"
+    return (f"measured: cuDNN's fused {NORM_KINDS[op.kind].replace('_', '')} on {part} (NVIDIA/cudnn-frontend "
+            f"benchmark/norms, costmodel/data/published/{DATA_FILE}){scaled}")

@@ -1,0 +1,83 @@
+"""Fused norms priced from cuDNN's published norm benchmark (``costmodel.norms``,
+``costmodel/data/published/cudnn_norms.json``)."""
+from __future__ import annotations
+
+import pytest
+
+from meshplan.costmodel import norms
+from meshplan.costmodel.api import Pricer
+from meshplan.costmodel.devices import catalogue
+from meshplan.costmodel.measured import published_file
+from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.estimate.ops_graph import head_ops, layer_ops
+from meshplan.planner.layout.layout import Layout
+from meshplan.planner.model.config import load_model
+
+ROWS = published_file(norms.DATA_FILE)["rows"]
+
+
+def _bench_bytes(row: dict, backward: bool) -> float:
+    """The benchmark script's own byte count (benchmark_single_norm.py compute_bandwidth_bytes, rms_norm, no bias,
+    bf16): forward x and the scale read, y and a float32 inverse RMS a row written; backward dy, x, the scale and the
+    inverse RMS read, dx and the scale's gradient written."""
+    n, c = row["N"], row["C"]
+    if backward:
+        return (2 * n * c + c) * 2 + n * 4 + (n * c + c) * 2
+    return (n * c + c) * 2 + n * c * 2 + n * 4
+
+
+def test_the_transcribed_times_give_the_published_bandwidths():
+    """Each row's GB/s column, with the script's byte count, gives back the time it printed (to its 3 decimals of a
+    millisecond): the two columns were transcribed together."""
+    rms = [r for r in ROWS if r["norm_type"] == "rms_norm"]
+    assert len(rms) == 120 and {r["device"] for r in rms} == {"H200", "GB200", "GB300"}
+    for r in rms:
+        for backward, ms, gbps in ((False, r["fwd_ms"], r["fwd_GBps"]), (True, r["bwd_ms"], r["bwd_GBps"])):
+            assert abs(_bench_bytes(r, backward) / (gbps * 1e9) * 1e3 - ms) <= 0.0005 + 1e-9
+
+
+@pytest.mark.parametrize("part", ["H200", "GB200", "GB300"])
+def test_a_fused_norm_at_a_measured_shape_takes_the_measured_time(part):
+    """At a size the benchmark timed once (N x C elements), the price is its cuDNN time, forward and backward."""
+    device = catalogue()[part]
+    timed = [r for r in ROWS if (r["device"], r["backend"], r["norm_type"]) == (part, "cudnn", "rms_norm")]
+    sizes = [r["N"] * r["C"] for r in timed]
+    for r in timed:
+        if sizes.count(r["N"] * r["C"]) == 1:
+            for backward, ms in ((False, r["fwd_ms"]), (True, r["bwd_ms"])):
+                op = OpSpec("rmsnorm", (r["N"], r["C"]), "bf16", backward=backward, impl="fused")
+                assert norms.measured_s(op, device) == pytest.approx(ms * 1e-3, rel=1e-9)
+
+
+def test_other_parts_take_their_familys_rate_by_hbm_bandwidth():
+    """An H100 runs the H200's rate times 3.35 / 4.8 TB/s; a B200 the GB200's times its 7.67 / 8 TB/s."""
+    cat = catalogue()
+    op = OpSpec("rmsnorm", (16384, 4096), "bf16", backward=True, impl="fused")
+    assert norms.measured_s(op, cat["H100-SXM"]) == pytest.approx(norms.measured_s(op, cat["H200"]) * 4.8 / 3.35)
+    assert norms.measured_s(op, cat["B200"]) == pytest.approx(norms.measured_s(op, cat["GB200"]) * 8.0 / 7.672)
+    assert norms.measured_s(op, cat["A100-80GB"]) is None  # no timing of that family
+    assert norms.measured_s(OpSpec("rmsnorm", (16384, 4096), "bf16"), cat["H200"]) is None  # not a fused norm
+
+
+def test_the_pricer_takes_the_measurement_on_both_paths():
+    """``predict`` and ``predict_batch`` (the solvers' fast path) price a fused norm alike, and say where from."""
+    p, dev = Pricer.shipped(), catalogue()["GB200"]
+    ops = [OpSpec("rmsnorm", (8192, 5120), "bf16", backward=b, impl="fused") for b in (False, True)]
+    one = [p.predict(o, dev) for o in ops]
+    assert list(p.predict_batch(ops, dev)) == pytest.approx(one)
+    assert one == pytest.approx([norms.measured_s(o, dev) for o in ops])
+    assert "cuDNN's fused rmsnorm on GB200" in p.predict_with_source(ops[0], dev)[1]
+
+
+def test_only_transformer_engines_norms_are_fused():
+    """The megatron stack's pre-norms and final norm are fused norms; torchtitan's and eager code's keep the
+    kind's default, and a Mamba mixer's gated norm (mamba_ssm's Triton kernel) is not TE's."""
+    model = load_model("nemotron-3-nano-30b-a3b")
+    hybrid = next(i for i in range(model.num_layers) if "M" in model.layer_kind(i))
+    for stack, impl in (("megatron", "fused"), ("torchtitan", ""), ("eager", "")):
+        lay = Layout(micro_batch=1, stack=stack)
+        ops = layer_ops(model, hybrid, lay, 4096).compute
+        norm_ops = [o for o in ops if o.kind == "rmsnorm"]
+        assert norm_ops[0].impl == impl and norm_ops[0].shape[1] == model.hidden_size  # the pre-norm
+        assert all(o.impl == "" for o in norm_ops if o.shape[1] != model.hidden_size)  # the gated norm
+        assert head_ops(model, lay, 4096)[0].impl == impl
