@@ -14,8 +14,9 @@ kernel per call) ran 20-40% slower than cuDNN's forward on these parts (``tests/
 The rate is the bytes meshplan counts for the op (``OpSpec.bytes``: forward 2, backward 4 bytes-of-dtype a
 element) over the measured time, interpolated log-linearly in those bytes between the measured shapes (the median
 where several models share one) and held flat beyond them. Other parts take the nearest measured one's rate times
-their HBM bandwidth over its: Hopper parts the H200's, B200 the GB200's, B300 the GB300's. LayerNorm has one
-measured shape per part (GPT-3 175B's), so its rate is that one figure at every size.
+their HBM bandwidth over its: Hopper parts the H200's, B200 the GB200's, B300 the GB300's (the benchmark's PyTorch
+rows scaled so to an H100 land within 7% of our own H100 run of the same kernel, ``tests/test_norms.py``). LayerNorm
+has one measured shape per part (GPT-3 175B's), so its rate is that one figure at every size.
 Units: seconds returned, bytes/s inside.
 """
 from __future__ import annotations
@@ -47,12 +48,12 @@ def _row_op(kind: str, row: dict, backward: bool) -> OpSpec:
 
 
 @lru_cache(maxsize=None)
-def curve(part: str, kind: str, backward: bool) -> tuple[tuple[float, float], ...]:
-    """((bytes meshplan counts, bytes/s), ...) of the cuDNN rows of ``kind`` on ``part``, by bytes; one point per
-    distinct shape (the median time where models share it)."""
+def curve(part: str, kind: str, backward: bool, backend: str = BACKEND) -> tuple[tuple[float, float], ...]:
+    """((bytes meshplan counts, bytes/s), ...) of the ``backend`` rows of ``kind`` on ``part``, by bytes; one point
+    per distinct size (the median time where models share it)."""
     times: dict[float, list[float]] = {}
     for r in published_file(DATA_FILE)["rows"]:
-        if (r["device"], r["norm_type"], r["backend"]) == (part, NORM_KINDS[kind], BACKEND):
+        if (r["device"], r["norm_type"], r["backend"]) == (part, NORM_KINDS[kind], backend):
             nbytes = _row_op(kind, r, backward).bytes
             times.setdefault(nbytes, []).append((r["bwd_ms"] if backward else r["fwd_ms"]) * 1e-3)
     return tuple((b, b / statistics.median(t)) for b, t in sorted(times.items()))
@@ -71,10 +72,18 @@ def _rate_at(pts: tuple[tuple[float, float], ...], nbytes: float) -> float:
 def measured_s(op: OpSpec, device: DeviceSpec) -> float | None:
     """Seconds of a fused norm ``op`` on ``device`` from the benchmark, or ``None`` (not a fused norm, a dtype or a
     part the benchmark has no timing for)."""
-    part = measured_part(device)
-    if op.kind not in NORM_KINDS or op.impl != "fused" or op.dtype not in MEASURED_DTYPES or part is None:
+    if op.kind not in NORM_KINDS or op.impl != "fused":
         return None
-    pts = curve(part, op.kind, op.backward)
+    return backend_s(op, device, BACKEND)
+
+
+def backend_s(op: OpSpec, device: DeviceSpec, backend: str) -> float | None:
+    """Seconds of norm ``op`` on ``device`` at the benchmark's ``backend`` rate (its family's part scaled by HBM
+    bandwidth), or ``None`` where the benchmark has no timing."""
+    part = measured_part(device)
+    if op.kind not in NORM_KINDS or op.dtype not in MEASURED_DTYPES or part is None:
+        return None
+    pts = curve(part, op.kind, op.backward, backend)
     if not pts:
         return None
     scale = device.mem_bw_bytes_per_s / catalogue()[part].mem_bw_bytes_per_s
