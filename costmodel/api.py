@@ -311,6 +311,8 @@ class Pricer:
         t = norms.measured_s(op, device)
         if t is not None:
             return t, norms.source(op, device)
+        if op.kind == "rmsnorm" and op.impl == "eager":
+            return self._eager_norm(op, device)
         if op.kind in ANALYTIC_KINDS:  # the learned model holds no class for it
             return _analytic_s(op, device)
         if op.groups > 1:
@@ -328,6 +330,18 @@ class Pricer:
         scale, note = self._gemm_factor(op, device, src)
         sec, src = (sec * scale, f"{src} ({note})") if note else (sec, src)
         return self._streaming_floored(op, device, *self._die_capped(op, device, sec, src))
+
+    def _eager_norm(self, op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
+        """Eager code's RMSNorm formula: our runs' rate where one stands for ``device`` (``costmodel.norms``), else
+        the norm kernel plus the formula's extra full passes."""
+        t = norms.eager_s(op, device)
+        if t is not None:
+            return t, norms.eager_source(device)
+        sec, src = self._compute_with_source(replace(op, impl=""), device)
+        rows, width = op.shape
+        ew = OpSpec("elementwise", (rows * width,), op.dtype, backward=op.backward)
+        return (sec + norms.EAGER_EXTRA_PASSES * self._compute_with_source(ew, device)[0],
+                f"{src}; eager formula: + {norms.EAGER_EXTRA_PASSES} elementwise passes (no run on {device.name})")
 
     @staticmethod
     def _streaming_floored(op: OpSpec, device: DeviceSpec, sec: float, source: str) -> tuple[float, str]:
@@ -513,6 +527,8 @@ class Pricer:
             t = norms.measured_s(o, d)  # a fused norm: cuDNN's measured rate, as _compute_with_source
             if t is not None:
                 out[i] = t
+            elif o.kind == "rmsnorm" and o.impl == "eager":
+                out[i] = self._eager_norm(o, d)[0]
         if self.sustained:
             out = out * np.array([self._load_factor(o, d, str(s)) for o, d, s in zip(ops, devs, src)])
         return out

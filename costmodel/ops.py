@@ -33,10 +33,12 @@ OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 ATTENTION_IMPLS = ("flash2", "flash3", "cudnn", "flex", "sdpa")  # sdpa: PyTorch SDPA's own order, by device
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8", "nvfp4")  # low-precision GEMM recipes
 MEMORY_BOUND_IMPLS = ("fused", "eager")
+NORM_IMPLS = MEMORY_BOUND_IMPLS + ("compiled",)  # a norm's kernel differs by who generated it (costmodel.norms)
 COLLECTIVE_IMPLS = ("ring", "tree", "nvls")
 IMPLS = {"attention": ATTENTION_IMPLS, "matmul": FP8_RECIPES, "bmm": FP8_RECIPES,
-         **{k: MEMORY_BOUND_IMPLS for k in ("layernorm", "rmsnorm", "softmax", "elementwise", "activation", "swiglu",
-                                             "cast", "copy", "auxloss")},
+         **{k: MEMORY_BOUND_IMPLS for k in ("softmax", "elementwise", "activation", "swiglu", "cast", "copy",
+                                             "auxloss")},
+         "layernorm": NORM_IMPLS, "rmsnorm": NORM_IMPLS,
          **{k: COLLECTIVE_IMPLS for k in ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")}}
 
 # The MoE load-balancing loss's memory passes, bytes a [tokens, experts] score (``costmodel.aux_loss`` says which):
@@ -69,7 +71,8 @@ class OpSpec:
             matmul / bmm in fp8: the scaling recipe, ``tensorwise``, ``delayed``, ``rowwise``, ``blockwise``,
             ``mxfp8`` (casts and amax are priced with the GEMM);
             memory-bound kinds (norms, softmax, elementwise, activation, cast, copy): ``fused`` (Transformer Engine
-            or torch.compile kernels) or ``eager`` (one PyTorch kernel per op);
+            or torch.compile kernels) or ``eager`` (one PyTorch kernel per op); a norm tells the two fused ones apart:
+            ``fused`` Transformer Engine's, ``compiled`` torch.compile's (``costmodel.norms``);
             collectives: the NCCL algorithm, ``ring``, ``tree``, ``nvls``.
         groups: matmul only: a grouped GEMM of ``groups`` GEMMs of ``shape`` each, in one kernel (MoE experts;
             ``costmodel.grouped``). FLOPs and bytes are the groups' total.

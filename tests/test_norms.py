@@ -2,6 +2,8 @@
 ``costmodel/data/published/cudnn_norms.json``)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.costmodel import norms
@@ -9,6 +11,7 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import catalogue
 from meshplan.costmodel.measured import measured_files, published_file
 from meshplan.costmodel.ops import OpSpec
+from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.ops_graph import head_ops, layer_ops
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.model.config import load_model
@@ -85,15 +88,53 @@ def test_the_pricer_takes_the_measurement_on_both_paths():
     assert "cuDNN's fused rmsnorm on GB200" in p.predict_with_source(ops[0], dev)[1]
 
 
-def test_only_transformer_engines_norms_are_fused():
-    """The megatron stack's pre-norms and final norm are fused norms; torchtitan's and eager code's keep the
-    kind's default, and a Mamba mixer's gated norm (mamba_ssm's Triton kernel) is not TE's."""
+def test_each_stack_runs_its_own_norm_kernel():
+    """The megatron stack's pre-norms and final norm are Transformer Engine's (``fused``), torchtitan's are
+    torch.compile's (``compiled``), eager code's RMSNorm is its formula (``eager``) and its LayerNorm one PyTorch
+    kernel (the default); a Mamba mixer's gated norm (mamba_ssm's Triton kernel) is none of them."""
     model = load_model("nemotron-3-nano-30b-a3b")
     hybrid = next(i for i in range(model.num_layers) if "M" in model.layer_kind(i))
-    for stack, impl in (("megatron", "fused"), ("torchtitan", ""), ("eager", "")):
+    for stack, impl in (("megatron", "fused"), ("torchtitan", "compiled"), ("eager", "eager")):
         lay = Layout(micro_batch=1, stack=stack)
-        ops = layer_ops(model, hybrid, lay, 4096).compute
-        norm_ops = [o for o in ops if o.kind == "rmsnorm"]
+        norm_ops = [o for o in layer_ops(model, hybrid, lay, 4096).compute if o.kind == "rmsnorm"]
         assert norm_ops[0].impl == impl and norm_ops[0].shape[1] == model.hidden_size  # the pre-norm
         assert all(o.impl == "" for o in norm_ops if o.shape[1] != model.hidden_size)  # the gated norm
         assert head_ops(model, lay, 4096)[0].impl == impl
+    gpt = load_model("gpt2")  # a LayerNorm model
+    assert head_ops(gpt, Layout(micro_batch=1, stack="eager"), 1024)[0].impl == ""
+
+
+def test_a_compiled_norm_takes_the_torch_compile_rows():
+    """torch.compile's norm at a size timed once on the GB200 is the benchmark's torch_compile time there."""
+    dev = catalogue()["GB200"]
+    timed = [r for r in ROWS if (r["device"], r["backend"], r["norm_type"]) == ("GB200", "torch_compile", "rms_norm")]
+    sizes = [r["N"] * r["C"] for r in timed]
+    r = next(r for r in timed if sizes.count(r["N"] * r["C"]) == 1)
+    op = OpSpec("rmsnorm", (r["N"], r["C"]), "bf16", backward=True, impl="compiled")
+    assert norms.measured_s(op, dev) == pytest.approx(r["bwd_ms"] * 1e-3)
+
+
+@pytest.mark.parametrize("ours, part", [("nvidia-h200.json", "H200"), ("nvidia-h100.json", "H100-SXM")])
+def test_eager_codes_rmsnorm_formula_is_priced_at_our_runs_of_it(ours, part):
+    """Eager code's RMSNorm formula at the two sizes ``bench/gpu_kernels.py`` timed it on our H100 and H200 is that
+    time; the estimator prices its backward as twice the bytes at the rate the formula reaches at that size."""
+    p, dev = Pricer.shipped(), catalogue()[part]
+    records = [r for r in measured_files()[ours]["sections"]["memory"]["records"]
+               if (r["op"], r["variant"]) == ("rms_norm", "eager")]
+    assert len(records) == 2
+    for r in records:
+        fwd = OpSpec("rmsnorm", tuple(r["shape"]), "bf16", impl="eager")
+        assert p.predict(fwd, dev) == pytest.approx(r["median_ms"] * 1e-3)
+        bwd = GpuEstimator(p)._bwd_s(fwd, dev)
+        assert bwd == pytest.approx(p.predict(replace(fwd, backward=True), dev))
+        assert 1.8 < bwd / (r["median_ms"] * 1e-3) < 2.2
+
+
+def test_without_a_run_the_eager_formula_is_the_norm_and_three_passes():
+    """On a part no run stands for (an A100), the formula is the norm kernel's price plus three elementwise passes
+    over the tensor (upcast, scale, weight; counted from the modelling code)."""
+    p, dev = Pricer.shipped(), catalogue()["A100-80GB"]
+    op = OpSpec("rmsnorm", (8192, 4096), "bf16", impl="eager")
+    plain = p.predict(OpSpec("rmsnorm", (8192, 4096), "bf16"), dev)
+    ew = p.predict(OpSpec("elementwise", (8192 * 4096,), "bf16"), dev)
+    assert p.predict(op, dev) == pytest.approx(plain + norms.EAGER_EXTRA_PASSES * ew)

@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from meshplan.core.errors import MeshplanError
-from meshplan.costmodel import blackwell_grouped, cudnn_dglu
+from meshplan.costmodel import blackwell_grouped, cudnn_dglu, norms
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
@@ -73,7 +73,8 @@ from meshplan.planner.layout.splits import weighted_split
 # kinds whose backward is priced as its own op (its FLOPs and bytes); any other kind's backward is a memory-bound
 # pass over twice the forward's bytes (read the gradient and the saved input, write the gradient). The SSD's
 # backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward; the
-# router top-k's a scatter and the score function's backward (costmodel.router_topk).
+# router top-k's a scatter and the score function's backward (costmodel.router_topk). A norm priced from its
+# measurement (costmodel.norms: cuDNN's fused norm, eager code's RMSNorm formula) takes its measured backward too.
 BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk", "auxloss")
 # A GEMM's backward is its input gradient and its weight gradient, the same FLOPs each: the input gradient's share
 DGRAD_SHARE = 0.5
@@ -287,10 +288,12 @@ class GpuEstimator:
         return [float(t) for t in self.pricer.predict_batch(ops, device)]
 
     def _bwd_s(self, op: OpSpec, device) -> float:
-        if op.kind in BWD_PRICED_KINDS:
+        if op.kind in BWD_PRICED_KINDS or op.kind in norms.NORM_KINDS:
             hit = self._bwd.get((op, device))
-            if hit is None:
-                hit = self._bwd[(op, device)] = self.pricer.predict(replace(op, backward=True), device)
+            if hit is None:  # a norm priced from its measurement (costmodel.norms) takes its measured backward
+                own = op.kind in BWD_PRICED_KINDS or norms.measured_backward(op, device)
+                hit = self._bwd[(op, device)] = (self.pricer.predict(replace(op, backward=True), device) if own
+                                                 else 2.0 * self.pricer.predict(op, device))
             return hit
         if op.kind in ("cast", "copy") and len(op.shape) == 2:  # a quantize whose backward quantizes another
             # tensor: an fp8 GEMM's output gradient, fp8 attention's dO (``ops_graph._precisions``, ``_qkv_cast``)

@@ -23,11 +23,10 @@ from meshplan.planner.model.flops import window_keys
 # Memory-bound kernels per stack (``Layout.stack``). Megatron-Core + Transformer Engine and torch.compile fuse a norm
 # into one kernel, SwiGLU / GeLU into one, RoPE into one pass over q and k (TE ``fused_apply_rotary_pos_emb``;
 # inductor fuses the same chains). Eager PyTorch (HF modelling code, e.g. ``LlamaRMSNorm``: ``to(float32)``,
-# ``pow(2).mean``, ``rsqrt``, ``mul``, ``to(dtype)``, ``weight *``) launches one kernel per op: the norm is priced as
-# its own reduction plus 3 full passes over the tensor (upcast, scale, weight), SiLU-and-multiply as 2 kernels,
-# ``apply_rotary_pos_emb`` (``q * cos + rotate_half(q) * sin``, rotate_half = slice, neg, cat) as 4 passes each over
+# ``pow(2).mean``, ``rsqrt``, ``mul``, ``to(dtype)``, ``weight *``) launches one kernel per op: the RMSNorm is one op
+# of impl ``eager`` that ``costmodel.norms`` prices as that whole formula, SiLU-and-multiply is 2 kernels,
+# ``apply_rotary_pos_emb`` (``q * cos + rotate_half(q) * sin``, rotate_half = slice, neg, cat) 4 passes each over
 # q and k. Counted from the modelling code (transformers ``models/llama/modeling_llama.py``).
-EAGER_NORM_EXTRA_PASSES = 3
 EAGER_ROPE_PASSES = 4
 # Megatron-Core's attention (not MLA's) runs RoPE unfused on a YaRN-scaled model: Megatron-LM's arguments.py
 # (core_r0.16.0 lines 994-995) and Megatron-Bridge's providers (``validate_rope_fusion_compatibility``,
@@ -161,8 +160,6 @@ class _LayerBuild:
 
     def norm(self, rows: int, width: int) -> None:
         self.ops.append(norm_op(self.model, self.layout, rows, width, self.act))
-        if self.eager:
-            self.ops.extend(self.ew(rows * width) for _ in range(EAGER_NORM_EXTRA_PASSES))
 
     def activation(self, n: float, gated: bool) -> None:
         self.ops.extend(activation_ops(n, gated, self.eager, self.act))
@@ -170,10 +167,13 @@ class _LayerBuild:
 
 def norm_op(model, layout: Layout, rows: int, width: int, act: str) -> OpSpec:
     """A model's pre-norm (or final norm) over ``rows`` x ``width``: one fused kernel a pass under Transformer
-    Engine (the megatron stack: ``impl`` fused, priced from cuDNN's measured norms, ``costmodel.norms``), the
-    kind's default otherwise."""
+    Engine (the megatron stack: ``impl`` fused, priced from cuDNN's measured norms), or by torch.compile (the
+    torchtitan stack: ``compiled``); eager model code's RMSNorm formula (``impl`` eager: upcast, square, mean, scale,
+    downcast, weight, one kernel each), and its ``nn.LayerNorm`` (one PyTorch kernel, the kind's default).
+    ``costmodel.norms`` prices them."""
     kind = "rmsnorm" if model.norm == "rmsnorm" else "layernorm"
-    return OpSpec(kind, (int(rows), int(width)), act, impl="fused" if layout.stack == "megatron" else "")
+    impl = {"megatron": "fused", "torchtitan": "compiled", "eager": "eager" if kind == "rmsnorm" else ""}[layout.stack]
+    return OpSpec(kind, (int(rows), int(width)), act, impl=impl)
 
 
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16",
