@@ -33,7 +33,6 @@ Units: seconds returned, bytes/s inside.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from functools import lru_cache
 
@@ -41,6 +40,7 @@ from meshplan.costmodel.attention import HOPPER
 from meshplan.costmodel.devices import DeviceSpec, catalogue
 from meshplan.costmodel.measured import measured_files, published_file
 from meshplan.costmodel.ops import OpSpec
+from meshplan.costmodel.streaming import interp_by_bytes
 
 DATA_FILE = "cudnn_norms.json"  # in costmodel/data/published
 NORM_KINDS = {"rmsnorm": "rms_norm", "layernorm": "layer_norm"}  # OpSpec.kind -> the benchmark's norm_type
@@ -78,16 +78,6 @@ def curve(part: str, kind: str, backward: bool, backend: str = BACKEND) -> tuple
     return tuple((b, b / statistics.median(t)) for b, t in sorted(times.items()))
 
 
-def _rate_at(pts: tuple[tuple[float, float], ...], nbytes: float) -> float:
-    if nbytes <= pts[0][0]:
-        return pts[0][1]
-    for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
-        if nbytes <= b1:
-            w = math.log(nbytes / b0) / math.log(b1 / b0)
-            return r0 + w * (r1 - r0)
-    return pts[-1][1]
-
-
 def measured_s(op: OpSpec, device: DeviceSpec) -> float | None:
     """Seconds of a fused norm ``op`` on ``device`` from the benchmark, or ``None`` (not a fused norm, a dtype or a
     part the benchmark has no timing for)."""
@@ -106,7 +96,7 @@ def backend_s(op: OpSpec, device: DeviceSpec, backend: str) -> float | None:
     if not pts:
         return None
     scale = device.mem_bw_bytes_per_s / catalogue()[part].mem_bw_bytes_per_s
-    return op.bytes / (_rate_at(pts, op.bytes) * scale)
+    return op.bytes / (interp_by_bytes(pts, op.bytes) * scale)
 
 
 def source(op: OpSpec, device: DeviceSpec) -> str:
@@ -142,7 +132,7 @@ def eager_s(op: OpSpec, device: DeviceSpec) -> float | None:
     if not pts:
         return None
     scale = device.mem_bw_bytes_per_s / catalogue()[part].mem_bw_bytes_per_s
-    return op.bytes / (_rate_at(pts, op.bytes) * scale)
+    return op.bytes / (interp_by_bytes(pts, op.bytes) * scale)
 
 
 def eager_source(device: DeviceSpec) -> str:

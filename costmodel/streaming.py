@@ -74,6 +74,12 @@ def rate_at(part: str, nbytes: float) -> float | None:
     pts = curve(part)
     if not pts or nbytes < pts[0][0] / math.sqrt(2.0):
         return None
+    return interp_by_bytes(pts, nbytes)
+
+
+def interp_by_bytes(pts: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    """The rate at ``nbytes`` on a curve of ``(bytes, rate)`` points sorted by bytes: log-linear in bytes between
+    points, the end points' rates beyond them."""
     if nbytes <= pts[0][0]:
         return pts[0][1]
     for (b0, r0), (b1, r1) in zip(pts, pts[1:]):
