@@ -524,11 +524,8 @@ class Pricer:
                 t = fused_attention_s(o, d)
                 if t is not None:
                     out[i] = t
-            t = norms.measured_s(o, d)  # a fused norm: cuDNN's measured rate, as _compute_with_source
-            if t is not None:
-                out[i] = t
-            elif o.kind == "rmsnorm" and o.impl == "eager":
-                out[i] = self._eager_norm(o, d)[0]
+            if o.kind in norms.NORM_KINDS and o.impl:  # a norm priced by the kernel it names: _compute_with_source's
+                out[i] = self.predict(o, d)  # price, memoised
         if self.sustained:
             out = out * np.array([self._load_factor(o, d, str(s)) for o, d, s in zip(ops, devs, src)])
         return out

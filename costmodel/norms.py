@@ -34,6 +34,7 @@ Units: seconds returned, bytes/s inside.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from functools import lru_cache
 
 from meshplan.costmodel.attention import HOPPER
@@ -125,9 +126,9 @@ def eager_curve(part: str) -> tuple[tuple[float, float], ...]:
 def eager_s(op: OpSpec, device: DeviceSpec) -> float | None:
     """Seconds of eager code's RMSNorm formula ``op`` on ``device`` from our runs, or ``None`` (another op, dtype, or
     a part none of them stands for)."""
-    if op.kind != "rmsnorm" or op.impl != "eager" or op.dtype not in MEASURED_DTYPES or device.name not in HOPPER:
+    part = _eager_part(device)
+    if op.kind != "rmsnorm" or op.impl != "eager" or op.dtype not in MEASURED_DTYPES or part is None:
         return None
-    part = device.name if device.name in EAGER_RUNS.values() else EAGER_SCALED_FROM
     pts = eager_curve(part)
     if not pts:
         return None
@@ -135,9 +136,16 @@ def eager_s(op: OpSpec, device: DeviceSpec) -> float | None:
     return op.bytes / (interp_by_bytes(pts, op.bytes) * scale)
 
 
+def _eager_part(device: DeviceSpec) -> str | None:
+    """The part whose run of the eager formula stands for ``device``'s: its own, else the H100's for a Hopper part."""
+    if device.name in EAGER_RUNS.values():
+        return device.name
+    return EAGER_SCALED_FROM if device.name in HOPPER else None
+
+
 def eager_source(device: DeviceSpec) -> str:
     """What ``eager_s`` on ``device`` rests on, for ``--explain``."""
-    part = device.name if device.name in EAGER_RUNS.values() else EAGER_SCALED_FROM
+    part = _eager_part(device)
     scaled = "" if part == device.name else f", scaled by HBM bandwidth to {device.name}"
     return (f"measured: eager code's RMSNorm formula (upcast, square, mean, scale, downcast, weight) on {part} "
             f"(bench/gpu_kernels.py, costmodel/data/measured){scaled}; backward at twice the forward's bytes")
@@ -146,5 +154,5 @@ def eager_source(device: DeviceSpec) -> str:
 def measured_backward(op: OpSpec, device: DeviceSpec) -> bool:
     """Whether the backward of norm ``op`` on ``device`` has its own measured price (``measured_s`` / ``eager_s`` of
     the backward op), which an estimator takes instead of its twice-the-forward rule for memory-bound ops."""
-    bwd = OpSpec(op.kind, op.shape, op.dtype, backward=True, impl=op.impl) if op.kind in NORM_KINDS else None
-    return bwd is not None and (measured_s(bwd, device) is not None or eager_s(bwd, device) is not None)
+    bwd = replace(op, backward=True)
+    return measured_s(bwd, device) is not None or eager_s(bwd, device) is not None
