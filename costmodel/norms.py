@@ -93,7 +93,12 @@ def backend_s(op: OpSpec, device: DeviceSpec, backend: str) -> float | None:
     part = measured_part(device)
     if op.kind not in NORM_KINDS or op.dtype not in MEASURED_DTYPES or part is None:
         return None
-    pts = curve(part, op.kind, op.backward, backend)
+    return _priced_s(op, device, part, curve(part, op.kind, op.backward, backend))
+
+
+def _priced_s(op: OpSpec, device: DeviceSpec, part: str, pts: tuple[tuple[float, float], ...]) -> float | None:
+    """``op``'s bytes at the rate of ``part``'s curve ``pts``, scaled to ``device`` by HBM bandwidth (``None``: no
+    points)."""
     if not pts:
         return None
     scale = device.mem_bw_bytes_per_s / catalogue()[part].mem_bw_bytes_per_s
@@ -129,11 +134,7 @@ def eager_s(op: OpSpec, device: DeviceSpec) -> float | None:
     part = _eager_part(device)
     if op.kind != "rmsnorm" or op.impl != "eager" or op.dtype not in MEASURED_DTYPES or part is None:
         return None
-    pts = eager_curve(part)
-    if not pts:
-        return None
-    scale = device.mem_bw_bytes_per_s / catalogue()[part].mem_bw_bytes_per_s
-    return op.bytes / (interp_by_bytes(pts, op.bytes) * scale)
+    return _priced_s(op, device, part, eager_curve(part))
 
 
 def _eager_part(device: DeviceSpec) -> str | None:
