@@ -1,5 +1,6 @@
-"""Fused norms priced from cuDNN's published norm benchmark (``costmodel.norms``,
-``costmodel/data/published/cudnn_norms.json``)."""
+"""Norms priced from the kernel each stack runs (``costmodel.norms``): Transformer Engine's and torch.compile's from
+cuDNN's published norm benchmark (``costmodel/data/published/cudnn_norms.json``), eager code's RMSNorm formula from
+our own H100 / H200 runs (``costmodel/data/measured``)."""
 from __future__ import annotations
 
 from dataclasses import replace
