@@ -150,6 +150,23 @@ def test_cli_dtype_nvfp4_plans_and_megatron_exports_fp4(runner, tmp_path):
     assert bad.exit_code == 2 and "does not support nvfp4" in bad.output and "Traceback" not in bad.output
 
 
+@pytest.mark.parametrize("dtype, pinned, wants", [("nvfp4", "mxfp8", "fp8"), ("bf16", "mxfp8", "fp8"),
+                                                   ("fp8", "nvfp4", "nvfp4"), ("bf16", "nvfp4", "nvfp4")])
+def test_cli_refuses_a_pinned_recipe_of_another_dtype(runner, tmp_path, dtype, pinned, wants):
+    """A pinned low-precision recipe belongs to one workload dtype (the fp8 recipes to --dtype fp8, NVFP4 to --dtype
+    nvfp4): pinned under another, the plan would train in the recipe while taking its MFU against the other dtype's
+    peak, so it is refused in one line naming both, and nothing is written."""
+    from meshplan.cli.main import app
+
+    out = tmp_path / "p.yaml"
+    res = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "8xB200", "--global-batch", "64",
+                              "--seq-len", "4096", "--dtype", dtype, "--fix", f"fp8={pinned}", "--out", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    line = " ".join(res.output.split())
+    assert f"--fix fp8={pinned}" in line and f"--dtype {dtype}" in line and f"use --dtype {wants}" in line
+    assert not out.exists()
+
+
 def test_blockwise_on_blackwell_prices_as_mxfp8_so_a_free_search_tries_one():
     """Transformer Engine runs blockwise fp8 as MXFP8 on Blackwell ("FP8 Block is emulated via MXFP8",
     docs/examples/gemm_profiling): pinned there, it prices what MXFP8 prices (step and memory), which is why

@@ -272,7 +272,8 @@ class Decisions:
     FP32 tensor scale; 16x16 weight blocks, random Hadamard transforms on the wgrad operands, stochastic rounding of
     gradients; fprop, dgrad and wgrad all in NVFP4; Blackwell only). torchtitan's float8 converters scale
     tensor-wise or MX-block-wise; HF code trains without fp8. A free search tries them only for a low-precision
-    workload (``space.fp8_recipe_choices``): ``--dtype fp8`` the fp8 recipes, ``--dtype nvfp4`` NVFP4."""
+    workload (``space.fp8_recipe_choices``): ``--dtype fp8`` the fp8 recipes, ``--dtype nvfp4`` NVFP4; a pin of
+    another dtype's recipe is refused by name (``space.check_fp8_pin``)."""
     cp_kind: str = decision("ring", "context-parallel attention: ring, allgather or a2a (Ulysses)",
                             choices=("ring", "allgather", "a2a"), searched=True,
                             stack_values={"megatron": ("ring", "allgather", "a2a"),

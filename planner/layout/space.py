@@ -354,6 +354,19 @@ def fp8_recipe_choices(dtype: str, device) -> tuple[str, ...]:
     return ("tensorwise", "delayed") + (("mxfp8",) if device.supports("mxfp8") else ("blockwise",))
 
 
+def check_fp8_pin(fix: Pins, dtype: str) -> None:
+    """Refuse a pinned ``fp8`` recipe the workload's ``dtype`` does not train in, naming both: the fp8 recipes
+    belong to ``--dtype fp8``, NVFP4 to ``--dtype nvfp4``, and a bf16 (fp16, fp32) workload runs none (its MFU is
+    taken against that dtype's peak, so a quietly low-precision plan would report it against the wrong one)."""
+    pinned = fix.get("fp8", "none")
+    if pinned == "none":
+        return
+    wants = "nvfp4" if pinned == "nvfp4" else "fp8"
+    if dtype != wants:
+        raise MeshplanError(f"--fix fp8={pinned}: a --dtype {wants} recipe, but this workload trains in --dtype "
+                            f"{dtype} (use --dtype {wants}" + (f" --fix fp8={pinned}" if wants == "fp8" else "") + ")")
+
+
 def fp8_attention_recipes(fix: Pins, recipes: tuple[str, ...], dtype: str) -> tuple[str, ...]:
     """``recipes`` (what a free ``fp8`` tries) kept to those fp8 attention runs under when ``--fix
     attention_dtype=fp8`` (``FP8_ATTENTION_RECIPES``, each recipe as the workload's dtype resolves it); all of them

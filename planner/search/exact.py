@@ -79,6 +79,7 @@ from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.space import (
     MAX_LAYOUTS,
     Pins,
+    check_fp8_pin,
     check_space_size,
     enumerate_groups,
     explain_empty,
@@ -298,6 +299,7 @@ def _search(work: Workload, fix, top: int, progress, estimator, max_layouts: int
     if cluster.is_heterogeneous:
         raise MeshplanError(f"cluster {cluster.spec} is heterogeneous; use the partition solver "
                             "(meshplan plan picks it automatically for mixed clusters)")
+    check_fp8_pin(fix, work.dtype)
     if fp8_recipes is None:
         fp8_recipes = fp8_recipe_choices(work.dtype, cluster.device)
     fp8_recipes = fp8_attention_recipes(fix, tuple(fp8_recipes), work.dtype)
