@@ -68,7 +68,7 @@ def check(plan: Plan) -> None:
     recipe = c.fp8_recipe(plan)
     if recipe != "none" and recipe not in FP8_CONFIG:
         c.fail(f"accelerate: fp8 recipe {recipe} has no fp8_config key (backends TE: delayed scaling, AO: "
-               "tensorwise); re-plan with --fix fp8=delayed or tensorwise, or export to megatron")
+               "tensorwise); re-plan with --dtype fp8 --fix fp8=delayed or tensorwise, or export to megatron")
     if kind == "MEGATRON_LM":
         if plan.model.num_layers % d.pp:
             c.fail(f"accelerate: Megatron-LM needs num_layers={plan.model.num_layers} divisible by pp={d.pp}")

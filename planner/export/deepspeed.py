@@ -67,7 +67,8 @@ def check(plan: Plan) -> None:
                f"num_attention_heads={plan.model.num_attention_heads}")
     if c.fp8_recipe(plan) != "none":
         c.fail(f"deepspeed: the config has no fp8 key for the plan's fp8 recipe {c.fp8_recipe(plan)} (FP8 comes from "
-               "Transformer Engine in the model code); re-plan with --fix fp8=none or use another target")
+               f"Transformer Engine in the model code); re-plan with --dtype bf16 (the plan trains in --dtype "
+               f"{plan.dtype}) or use another target")
 
 
 def unsupported(plan: Plan) -> list[str]:

@@ -140,7 +140,7 @@ def check(plan: Plan) -> None:
     if recipe == "nvfp4":
         c.fail("torchtitan: fp8 recipe nvfp4 (Transformer Engine's NVFP4BlockScaling: 1x16 E4M3-scaled E2M1 blocks, "
                "random Hadamard transforms, stochastic rounding) has no v0.2.2 converter (quantize.linear.mx is "
-               "mxfp8); export to megatron or re-plan with --fix fp8=mxfp8")
+               "mxfp8); export to megatron or re-plan with --dtype fp8 --fix fp8=mxfp8")
     if recipe == "blockwise":
         c.fail("torchtitan: fp8 recipe blockwise (128x128 weight blocks, 1x128 activation tiles) has no v0.2.2 "
                "converter (quantize.linear.float8 is tensorwise/rowwise, quantize.linear.mx is mxfp8); export to "
