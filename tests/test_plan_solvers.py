@@ -44,6 +44,22 @@ def test_impossible_quality_budget_exits_2(runner, tmp_path):
     assert "Traceback" not in res.output and "error:" in res.stderr
 
 
+@pytest.mark.parametrize("dtype, extra", [("fp8", ()), ("nvfp4", ()),
+                                          ("fp8", ("--workload", "serve", "--quality-budget", "0.5"))])
+def test_solver_refuses_a_low_precision_dtype_it_would_not_price(runner, tmp_path, dtype, extra):
+    """The solvers price each layer at 16 bits or at the precision they choose under --quality-budget
+    (``solve.columns.MENU``); a --dtype fp8 / nvfp4 there changed only the plan's label and its MFU's peak (an
+    nvfp4 plan for a cluster with H100s, whose 'nvfp4' layers all ran bf16), so it is refused in one line."""
+    res = _run(runner, tmp_path, "--model", "llama-3.1-8b", "--cluster", "1x8xB200+1x8xH100", "--global-batch", "64",
+               "--seq-len", "4096", "--dtype", dtype, *extra)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"--dtype {dtype}" in res.stderr and "chooses each layer's precision" in " ".join(res.stderr.split())
+    assert not (tmp_path / "p.yaml").exists()
+    ok = _run(runner, tmp_path, "--model", "llama-3.1-8b", "--cluster", "1x8xB200+1x8xH100", "--global-batch", "64",
+              "--seq-len", "4096", "--dtype", "bf16")
+    assert ok.exit_code == 0, ok.output
+
+
 def test_compress_attaches_bucket_choices(runner, tmp_path):
     res = _run(runner, tmp_path, "--model", "gpt2-large", "--cluster", "4x8xA100", "--net", "10Gbps",
                "--compress", "--global-batch", "256", "--seq-len", "1024", "--top", "1")

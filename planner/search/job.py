@@ -37,6 +37,9 @@ from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.workloads import JobFacts, lora_default, stack_values
 
 WORKLOADS = ("train", "serve")
+# The workload dtypes the CP-SAT solvers plan: their 16-bit reference (bf16, or fp16 where a device lacks it) and
+# fp32 (QSync's reference; CPU ranks)
+SOLVER_DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,12 @@ def plan_job(request: PlanRequest, host: Host = Host(),
         if request.fix.pinned():
             raise MeshplanError("--fix applies to the homogeneous layout search; the heterogeneous / serving "
                                 "solver chooses stages and precisions itself")
+        if job.dtype not in SOLVER_DTYPES:
+            # the solvers price each layer at 16 bits or at the lower precision they choose under --quality-budget
+            # (``solve.columns.MENU``); a low-precision --dtype would only relabel the plan and move its MFU's peak
+            raise MeshplanError(f"--dtype {job.dtype}: the heterogeneous / serving solver chooses each layer's "
+                                "precision itself (16-bit; fp8, int8 or int4 layers under --quality-budget); plan "
+                                f"with --dtype bf16, or a {job.dtype} run on a homogeneous cluster")
         return _solver_plan(job)
     try:
         return _search_plan(job, progress)
