@@ -409,6 +409,8 @@ def test_torchtitan_config_loads(plan_name: str, tmp_path: Path) -> None:
     assert t.local_batch_size // (n_mb if d.pp > 1 else 1) == plan.micro_batch
     assert accum * n_mb == plan.grad_accum  # same number of micro-batches per step as the plan
     assert t.seq_len == plan.seq_len
+    # torch.compile on exactly when the plan priced its kernels (stack=torchtitan); eager code runs with it off
+    assert cfg.compile.enable == (plan.stack == "torchtitan")
     ac = cfg.activation_checkpoint
     if plan.recompute in ("none", "full"):
         assert ac.mode == plan.recompute

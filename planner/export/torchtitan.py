@@ -161,7 +161,9 @@ def unsupported(plan: Plan) -> list[str]:
     d, m = plan.degrees, plan.model
     out = c.common_notes(plan, "torchtitan")
     out += c.offload_notes(plan, "torchtitan")
-    out += c.stack_notes(plan, "torchtitan", "torchtitan")
+    # the job runs the kernels the plan priced when it priced torchtitan's own: compiled (stack=torchtitan, rendered
+    # compile.enable) or eager model code (compile off, v0.2.2's Compile default)
+    out += c.stack_notes(plan, "torchtitan", plan.stack if plan.stack in ("torchtitan", "eager") else "torchtitan")
     # pipeline_parallel_expert_parallel_overlap acts only under DualPipeV, which no plan schedule renders
     out += c.moe_notes(plan, "torchtitan")
     out += c.state_dtype_notes(plan, "torchtitan", reduce=("fp32",))  # mixed_precision_reduce: float32 only
@@ -172,9 +174,10 @@ def unsupported(plan: Plan) -> list[str]:
     out += c.cuda_graph_notes(plan, "torchtitan")
     out += c.fp8_params_notes(plan, "torchtitan")
     out += c.bf16_layers_notes(plan, "torchtitan")
-    if plan.tp_overlap:
-        out.append("torchtitan: tp_overlap as enable_async_tensor_parallel, which acts only with torch.compile on "
-                   "(compile.enable = true)")
+    if plan.tp_overlap and plan.stack != "torchtitan":
+        out.append("torchtitan: tp_overlap as enable_async_tensor_parallel, which acts only with torch.compile on; "
+                   f"the plan priced stack={plan.stack}, rendered with compile off (re-plan with --fix "
+                   "stack=torchtitan to compile)")
     if c.fp8_recipe(plan) == "delayed":
         out.append("torchtitan: fp8 recipe delayed (amax history) has no torchao counterpart; rendered tensorwise "
                    "(current scaling, one amax per tensor per step)")
@@ -260,6 +263,8 @@ def sections(plan: Plan) -> dict[str, dict]:
         par["expert_tensor_parallel_degree"] = c.expert_tp(plan)  # the plan's etp, else experts stay over tp
     out = {"model": model, "training": training, "parallelism": par,
            "activation_checkpoint": _activation_checkpoint(plan)}
+    if plan.stack == "torchtitan":  # the compiled kernels the plan priced; off (eager) is v0.2.2's Compile default
+        out["compile"] = {"enable": True, "components": ["model", "loss"]}
     if recipe in FP8:
         out[FP8[recipe][0]] = {"recipe_name": FP8[recipe][1], "filter_fqns": ["output"]}
     return out
