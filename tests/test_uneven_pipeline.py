@@ -190,3 +190,47 @@ def test_a_pinned_split_rule_is_the_split_that_runs(runner, tmp_path):
 def test_pp_split_front_refuses_more_stages_than_layers():
     with pytest.raises(MeshplanError, match="at least one of the 4 layers"):
         front_split(4, 8)
+
+
+@pytest.mark.parametrize("fix, stages", [
+    ("pp=2,first_stage_layers=12,last_stage_layers=20", [12, 20]),  # no middle stage: the two ends hold every layer
+    ("pp=4,first_stage_layers=5,last_stage_layers=9", [5, 9, 9, 9]),
+    ("pp=2,first_stage_layers=12,last_stage_layers=12", None),  # 24 of 32: no middle stage to take the rest
+    ("pp=4,first_stage_layers=20,last_stage_layers=12", None),  # nothing left for the two middle stages
+    ("pp=4,first_stage_layers=6,last_stage_layers=9", None),  # 17 over two middle stages
+])
+def test_first_and_last_stage_layers_follow_megatron_core(runner, tmp_path, fix, stages):
+    """Uneven ends as Megatron-Core's TransformerConfig takes them (core_v0.16.0 ``__post_init__``, "Uneven PP"): the
+    middle stages share what the ends leave evenly, and there are either middle stages and layers for them or
+    neither, so at pp=2 the two ends hold every layer. Megatron-Core's own check is the truth: the plan's stages are
+    accepted or refused as it accepts or refuses them, and a refusal is one line naming the pins."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kv = dict(item.split("=") for item in fix.split(","))
+    try:
+        TransformerConfig(num_layers=32, hidden_size=256, num_attention_heads=8, pipeline_dtype=torch.bfloat16,
+                          pipeline_model_parallel_size=int(kv["pp"]),
+                          num_layers_in_first_pipeline_stage=int(kv["first_stage_layers"]),
+            num_layers_in_last_pipeline_stage=int(kv["last_stage_layers"]) if "last_stage_layers" in kv else None)
+        megatron_takes = True
+    except (ValueError, AssertionError):
+        megatron_takes = False
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
+                            "--seq-len", "4096", "--fix", f"tp=1,vpp=1,{fix}", "--top", "1", "--out", str(out)])
+    assert (r.exit_code == 0) == megatron_takes == (stages is not None), r.output
+    if stages:
+        assert [s.num_layers for s in load_plan(out).stages] == stages
+    else:
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "first_stage_layers=" in r.output
+
+
+def test_an_end_stage_longer_than_the_model_is_refused(runner, tmp_path):
+    """An end stage of more layers than the model has is no split at all (Megatron-Core's ``__post_init__`` lets
+    pp=2 with 40 first-stage layers of 32 through: its middle count goes to -8 over one middle stage); one line."""
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
+                            "--seq-len", "4096", "--fix", "tp=1,pp=2,first_stage_layers=40", "--out",
+                            str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "40 layers on the end stages, of the model's 32" in r.output

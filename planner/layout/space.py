@@ -244,10 +244,17 @@ def stage_split(model_layers: int, pp: int, vpp: int, fix: Pins) -> tuple[int, .
     ends = [x for x in (first, last) if x is not None]
     middle = pp - len(ends)
     rest = model_layers - sum(ends)
-    if middle < 1 or rest < middle or rest % middle:
-        raise MeshplanError(f"first_stage_layers={first} last_stage_layers={last}: the other {middle} of pp={pp} "
-                            f"stages would share {rest} of the {model_layers} layers unevenly")
-    stages = ((first,) if first is not None else ()) + (rest // middle,) * middle + (
+    what = f"first_stage_layers={first} last_stage_layers={last}"
+    if middle < 0 or (middle == 0 and rest):
+        raise MeshplanError(f"{what}: pp={pp} has {pp} stage(s), which must hold the model's {model_layers} layers "
+                            f"(these give {sum(ends)})")
+    if rest < middle:
+        raise MeshplanError(f"{what}: {sum(ends)} layers on the end stages, of the model's {model_layers}, leave "
+                            f"{max(rest, 0)} for the other {middle} of pp={pp} stages")
+    if middle and rest % middle:
+        raise MeshplanError(f"{what}: the other {middle} of pp={pp} stages would share {rest} of the "
+                            f"{model_layers} layers unevenly")
+    stages = ((first,) if first is not None else ()) + ((rest // middle,) * middle if middle else ()) + (
         (last,) if last is not None else ())
     if any(k % vpp for k in stages):
         raise MeshplanError(f"first_stage_layers={first} last_stage_layers={last}: stages of "
