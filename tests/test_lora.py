@@ -149,3 +149,15 @@ def test_task_lora_trains_the_adapters_the_stacks_recipes_set(runner, tmp_path) 
                             "64", "--seq-len", "4096", "--task", "lora", "--stack", "megatron-bridge@26.02.01",
                             "--out", str(tmp_path / "h.yaml")])
     assert r.exit_code == 2 and f"--lora {dims['llama31_8b_peft_config']} (or --task lora)" in r.output
+
+
+def test_task_sft_with_lora_is_refused(runner, tmp_path) -> None:
+    """``--task sft`` trains every weight (the stacks' SFT recipes: peft none) and ``--lora`` adapters over a frozen
+    base (their LoRA recipes); asked for both, the plan priced the adapters under the SFT task's defaults. One line,
+    naming both and the task that trains the adapters; nothing written."""
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--cluster", "1x8xH100", "--global-batch", "64",
+                            "--seq-len", "4096", "--task", "sft", "--lora", "16:qkv", "--stack",
+                            "megatron-bridge@26.02.01", "--out", str(out)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "--task sft" in r.output and "--task lora --lora 16:qkv" in r.output and not out.exists()

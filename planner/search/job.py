@@ -258,8 +258,12 @@ def with_task_lora(request: PlanRequest, spec) -> tuple[PlanRequest, tuple[str, 
     on the values pre-training takes (as ``--lora`` alone prices). Any other task passes through.
 
     Raises:
-        MeshplanError: ``--task lora`` with neither ``--lora`` nor a profile that states LoRA defaults.
+        MeshplanError: ``--task lora`` with neither ``--lora`` nor a profile that states LoRA defaults; ``--task sft``
+            (every weight trained) with ``--lora`` (adapters over a frozen base).
     """
+    if request.task == "sft" and request.lora:
+        raise MeshplanError(f"--task sft trains every weight, --lora {request.lora} adapters over a frozen base: use "
+                            f"--task lora --lora {request.lora}, or drop --lora")
     if request.task != "lora":
         return request, ()
     if request.lora:
