@@ -72,6 +72,7 @@ def test_cluster_yaml_states_the_domain(tmp_path):
 @pytest.mark.parametrize("spec, pattern", [
     ("4x4xGB200-NVL70", "NVLink domain of 70 GPUs must hold whole nodes of 4"),
     ("4x4xGB200-NVL1000", "at most 576"),
+    ("4x4xGB200-NVL0", "-NVL0 names no NVLink domain"),  # it planned as if the suffix were absent
 ])
 def test_bad_domains_are_one_line_errors(spec, pattern):
     with pytest.raises(MeshplanError, match=pattern):

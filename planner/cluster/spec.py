@@ -357,6 +357,9 @@ def parse_shorthand(spec: str) -> ClusterSpec:
         name, nvl = m.group(3), _NVL_RE.match(m.group(3))
         if nvl:  # 64x4xGB200-NVL72: 4-GPU trays in NVLink domains of 72
             name = nvl.group(1)
+            if int(nvl.group(2)) < 1:  # as YAML's nvlink_domain, a domain holds at least one GPU
+                raise MeshplanError(f"cluster '{spec}': -NVL{nvl.group(2)} names no NVLink domain (NVL72: 72 GPUs "
+                                    "share one; drop the suffix for the device's own)")
         dev = get_device(name)
         fam = get_family(dev.family, f"device {dev.name}")
         domain = _domain(spec, dpn, int(nvl.group(2)) if nvl else fam.nvlink_domain_gpus)
