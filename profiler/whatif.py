@@ -116,6 +116,9 @@ def parse_knob(text: str) -> Knob:
         except MeshplanError as exc:
             raise MeshplanError(f"what-if {text!r}: bucket {exc}") from None
         return Knob("bucket", size, ranks, text)
+    if lk != "bandwidth" and lk not in KIND_KEYS and not (lk.startswith("name~") and len(key) > 5):
+        raise MeshplanError(f"what-if {text!r}: unknown knob {key!r} (use compute, comm, host, memcpy, all, "
+                            f"name~TEXT, bandwidth, stragglers, bucket)")
     try:
         v = float(val)
     except ValueError:
@@ -131,10 +134,7 @@ def parse_knob(text: str) -> Knob:
         return Knob("bandwidth", v, ranks, text)
     if lk in KIND_KEYS:
         return Knob(lk, v, ranks, text)
-    if lk.startswith("name~") and len(key) > 5:
-        return Knob("name~" + _norm(key[5:]), v, ranks, text)
-    raise MeshplanError(f"what-if {text!r}: unknown knob {key!r} (use compute, comm, host, memcpy, all, "
-                        f"name~TEXT, bandwidth, stragglers, bucket)")
+    return Knob("name~" + _norm(key[5:]), v, ranks, text)
 
 
 def _fixed(a: dict) -> bool:

@@ -104,6 +104,13 @@ def test_bad_knobs(bad):
         parse_knob(bad)
 
 
+@pytest.mark.parametrize("bad", ["tp=abc", "tp=2", "name~=1"])
+def test_an_unknown_knob_is_named_before_its_value(bad):
+    """A knob that does not exist is the error, whatever its value (``tp=abc`` said the value was not a number)."""
+    with pytest.raises(MeshplanError, match="unknown knob"):
+        parse_knob(bad)
+
+
 @pytest.fixture(scope="module")
 def gloo():
     return analyze_run(DATA / "profiler" / "gloo_ddp_2rank")
