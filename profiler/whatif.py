@@ -116,7 +116,8 @@ def parse_knob(text: str) -> Knob:
         except MeshplanError as exc:
             raise MeshplanError(f"what-if {text!r}: bucket {exc}") from None
         return Knob("bucket", size, ranks, text)
-    if lk != "bandwidth" and lk not in KIND_KEYS and not (lk.startswith("name~") and len(key) > 5):
+    knob = _factor_knob(key)
+    if knob is None:
         raise MeshplanError(f"what-if {text!r}: unknown knob {key!r} (use compute, comm, host, memcpy, all, "
                             f"name~TEXT, bandwidth, stragglers, bucket)")
     try:
@@ -128,13 +129,19 @@ def parse_knob(text: str) -> Knob:
     if v > MAX_FACTOR:
         raise MeshplanError(f"what-if {text!r}: factor {v:g} is above {MAX_FACTOR:g} (a slowdown that large is "
                             f"not a what-if question)")
-    if lk == "bandwidth":
-        if v == 0:
-            raise MeshplanError(f"what-if {text!r}: bandwidth factor must be > 0")
-        return Knob("bandwidth", v, ranks, text)
-    if lk in KIND_KEYS:
-        return Knob(lk, v, ranks, text)
-    return Knob("name~" + _norm(key[5:]), v, ranks, text)
+    if knob == "bandwidth" and v == 0:
+        raise MeshplanError(f"what-if {text!r}: bandwidth factor must be > 0")
+    return Knob(knob, v, ranks, text)
+
+
+def _factor_knob(key: str) -> str | None:
+    """The knob a factor key names (``bandwidth``, an event kind, ``name~TEXT`` normalised), ``None`` for no knob."""
+    lk = key.lower()
+    if lk == "bandwidth" or lk in KIND_KEYS:
+        return lk
+    if lk.startswith("name~") and len(key) > 5:
+        return "name~" + _norm(key[5:])
+    return None
 
 
 def _fixed(a: dict) -> bool:
