@@ -8,6 +8,7 @@ from meshplan.core.errors import MeshplanError
 from meshplan.core.units import canonical_dtype
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.devices import resolve
+from meshplan.costmodel.features import GEMM_KINDS
 from meshplan.costmodel.ops import COLLECTIVE_KINDS, DTYPE_BYTES, OP_KINDS, OpSpec
 from meshplan.costmodel.roofline import roofline_predict
 
@@ -57,6 +58,8 @@ def predict_query(op: str, shape: str, device: str, dtype: str = "bf16", model: 
     pricer = Pricer.from_dir(model)
     measured = pricer.model.measured_devices.values() if pricer.model is not None else ()
     dev = resolve(device, extra=measured)  # a CPU the model was trained on (``collect``) is known by its model
+    if op in GEMM_KINDS:  # tensor-core math in a dtype the device lacks (nvfp4 on an H100) has no price to give
+        dev.peak(dtype)
     spec = OpSpec(op, dims, dtype, group_size=group_size if op in COLLECTIVE_KINDS else 1, backward=backward)
     if op in COLLECTIVE_KINDS:
         from meshplan.costmodel.collective_model import predict_collective

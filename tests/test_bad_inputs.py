@@ -138,6 +138,20 @@ def test_unknown_dtype_to_costmodel_predict(runner):
     assert ok.exit_code == 0 and json.loads(ok.output)["dtype"] == "bf16", ok.output
 
 
+@pytest.mark.parametrize("op, shape, device, dtype", [("matmul", "64x64x64", "H100", "nvfp4"),
+                                                      ("bmm", "4x64x64x64", "A100", "fp8"),
+                                                      ("attention", "1x8x512x512x64", "V100", "bf16")])
+def test_costmodel_predict_refuses_math_the_device_lacks(runner, op, shape, device, dtype):
+    """A GEMM or attention in a dtype the device has no math for (the catalogue's peaks: no nvfp4 on an H100, no fp8
+    on an A100, no bf16 on a V100) was priced anyway, off another dtype's rate; now one line naming the device."""
+    res = runner.invoke(app, ["costmodel", "predict", "--op", op, "--shape", shape, "--device", device, "--dtype",
+                              dtype])
+    _one_line(res, "does not support " + dtype)
+    ok = runner.invoke(app, ["costmodel", "predict", "--op", "cast", "--shape", "4096", "--device", device, "--dtype",
+                             dtype, "--json"])  # a memory-bound op: the dtype sets its bytes, no math asked
+    assert ok.exit_code == 0, ok.output
+
+
 def test_fix_key_twice_with_different_values(runner, tmp_path):
     res = runner.invoke(app, PLAN + ["--fix", "tp=8,pp=1,tp=4", "--out", str(tmp_path / "p.yaml")])
     _one_line(res, "--fix tp given twice", "tp=8", "tp=4")
