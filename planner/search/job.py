@@ -33,6 +33,7 @@ from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.open_figures import rank_under_open_figures, ranking_notes
+from meshplan.planner.search.segments import segment_note
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.workloads import JobFacts, lora_default, stack_values
 
@@ -344,6 +345,8 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
         plan = plan.model_copy(update={"explain": {**why, "stack_profile": job.profile or None,
                                                    **({"open_figures_ranking": ranks} if ranks else {})}})
         notes += ranking_notes(ranks, rows)
+    if isinstance(estimator, GpuEstimator):  # the same trays in rack segments that keep its groups on NVLink
+        notes += tuple(n for n in (segment_note(estimator, work, best_layout, best_est.step_time_s),) if n)
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
         notes += (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
     if opts.compress:

@@ -1,0 +1,84 @@
+"""Rack segments: the best plan priced again on the same trays allocated in segments that keep its groups in a rack.
+
+A cluster of ``NxGxDEVICE-NVL72`` is packed: ranks fill one NVLink domain after another, so a group whose block of
+ranks does not divide the domain straddles a rack boundary somewhere (64 ranks of 72-GPU racks: ranks 64-127 sit 8
+in the first rack and 56 in the next) and that group's collectives leave NVLink for the network
+(``ClusterSpec.collective_link``). Slurm's block topology can instead hand a job its nodes in segments of ``s``
+nodes, each inside one rack (``sbatch --segment=s``, which Megatron-Bridge's launcher asks for on GB200 / GB300:
+``scripts/performance/utils/executors.py``, the largest divisor of the node count up to 18; the stack profiles'
+``placement``). Each segment is then the job's NVLink domain: ``s`` trays, written ``-NVL{s x G}`` in the shorthand.
+
+The allocation is what meshplan is handed, not a decision it makes; so it does not search the segmentings. It prices
+the best layout again on each segmenting of the same trays (``segment_sizes``) and says, in one note, the one that
+runs that layout fastest when it beats the packed allocation by at least ``GAIN_AT_LEAST``, which of the layout's
+groups then stay on NVLink, and the cluster to plan on for a search of that allocation.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from meshplan.planner.cluster.spec import ClusterSpec
+from meshplan.planner.layout.layout import Layout
+
+# The smallest saving worth an allocation change: what the open figures call a tie ("within 1%",
+# ``planner.search.report.ranking_notes``)
+GAIN_AT_LEAST = 0.01
+# The groups whose collectives the note names, in Megatron's rank order (``planner.layout.layout``)
+GROUPS = (("tp", "tp_group"), ("cp", "cp_group"), ("ep", "ep_group"), ("pp", "pp_neighbours"), ("dp", "dp_group"))
+
+
+def segment_sizes(nodes: int, trays_per_domain: int) -> list[int]:
+    """The segment sizes Slurm can give a job of ``nodes`` nodes in racks of ``trays_per_domain``: every divisor of
+    the node count below the rack's trays (a segment as wide as the rack is the packed allocation's domain)."""
+    return [s for s in range(1, trays_per_domain) if nodes % s == 0]
+
+
+def segmented(cluster: ClusterSpec, trays: int) -> ClusterSpec:
+    """``cluster`` (one group of trays in NVLink domains wider than a tray) allocated in segments of ``trays``
+    trays: each segment its own NVLink domain (a single tray's domain is the tray itself)."""
+    g = cluster.groups[0]
+    gpus = trays * g.devices_per_node
+    group = dataclasses.replace(g, nvlink_domain=gpus if trays > 1 else 0)
+    spec = f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"  # -NVL4: the tray alone (the family's is 72)
+    return dataclasses.replace(cluster, spec=spec, groups=(group,))
+
+
+def applies(cluster: ClusterSpec) -> bool:
+    """One group of trays whose NVLink domain joins several of them, and more trays than one domain holds."""
+    if len(cluster.groups) != 1:
+        return False
+    g = cluster.groups[0]
+    return g.domain_size > g.devices_per_node and g.world_size > g.domain_size
+
+
+def on_network(cluster: ClusterSpec, layout: Layout) -> list[str]:
+    """The names of ``layout``'s groups whose collectives leave NVLink on ``cluster`` (``GROUPS``)."""
+    intra = cluster.groups[0].intra_link.name
+    return [name for name, attr in GROUPS
+            if getattr(layout, attr).size > 1 and cluster.collective_link(*getattr(layout, attr)).name != intra]
+
+
+def segment_note(estimator, work, layout: Layout, step_s: float) -> Optional[str]:
+    """The note on the segmenting that runs ``layout`` fastest, when it saves at least ``GAIN_AT_LEAST`` of
+    ``step_s`` (its price on ``work``'s packed cluster); ``None`` where none does or the cluster is not one of racks
+    wider than a tray."""
+    cluster = work.cluster
+    if not applies(cluster):
+        return None
+    g = cluster.groups[0]
+    best: Optional[tuple[float, int, ClusterSpec]] = None
+    for trays in segment_sizes(g.nodes, g.domain_size // g.devices_per_node):
+        other = segmented(cluster, trays)
+        est = estimator.estimate(dataclasses.replace(work, cluster=other), layout)
+        if est.fits and (best is None or est.step_time_s < best[0]):
+            best = (est.step_time_s, trays, other)
+    if best is None or best[0] > step_s * (1 - GAIN_AT_LEAST):
+        return None
+    seg_s, trays, other = best
+    moved = [n for n in on_network(cluster, layout) if n not in on_network(other, layout)]
+    why = (f": its {', '.join(moved)} groups leave NVLink where they cross a rack of the packed allocation, and "
+           "stay inside one segment" if moved else "")
+    return (f"allocation: in segments of {trays} trays (Slurm sbatch --segment={trays}, as Megatron-Bridge's "
+            f"launcher asks on NVL72 racks), this layout runs {seg_s:.3f} s a step instead of {step_s:.3f} s "
+            f"({seg_s / step_s - 1:+.1%}){why}; meshplan plan -c {other.spec} searches that allocation")

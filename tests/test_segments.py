@@ -1,0 +1,90 @@
+"""Rack segments (``planner.search.segments``): the best plan priced again on the same trays allocated in segments
+that keep its groups inside one NVLink domain, and the one note that says so.
+
+Truths the note does not compute: Slurm's segments divide the job's node count (``sbatch --segment``; Megatron-Bridge's
+launcher takes the largest divisor up to a rack's 18 trays, ``scripts/performance/utils/executors.py``), the rank
+arithmetic of a packed allocation (EP groups of 32 consecutive ranks in 72-GPU racks: ranks 64-95 sit 8 in the first
+rack and 24 in the second; in 64-GPU segments every group of 32 sits in one), and the shorthand parser's own reading
+of ``-NVL64``: the note's step time is the price of the same layout on the cluster it names.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from meshplan.cli.main import app
+from meshplan.planner.cluster.spec import load_cluster
+from meshplan.planner.search.segments import on_network, segment_sizes, segmented
+
+# DeepSeek-V3 as NVIDIA's GB200 guide lays it out (TP1 PP8 VP4 EP32, micro-batch 1), its degrees pinned
+GUIDE = "tp=1,pp=8,vpp=4,ep=32,mbs=1,zero=1,recompute=none,moe_dispatcher=hybridep,cuda_graphs=layers,fp8=mxfp8"
+
+
+def test_segment_sizes_divide_the_job_below_a_rack() -> None:
+    assert segment_sizes(64, 18) == [1, 2, 4, 8, 16]  # Bridge's launcher: 16, the largest
+    assert segment_sizes(144, 18) == [1, 2, 3, 4, 6, 8, 9, 12, 16]
+    assert segment_sizes(37, 18) == [1]  # a prime count of trays can only go one tray at a time
+
+
+def test_a_segmented_cluster_is_the_shorthand_of_its_domain() -> None:
+    packed = load_cluster("64x4xGB200-NVL72")
+    for trays, spec in ((16, "64x4xGB200-NVL64"), (2, "64x4xGB200-NVL8"), (1, "64x4xGB200-NVL4")):
+        seg = segmented(packed, trays)
+        assert seg.spec == spec and seg.groups[0].domain_size == trays * 4
+        assert seg.groups[0] == load_cluster(spec).groups[0]  # the cluster the note names reads back the same
+
+
+def test_groups_that_straddle_a_rack_leave_nvlink_only_when_packed() -> None:
+    from meshplan.planner.layout.layout import Layout
+
+    lay = Layout(tp=1, pp=8, vpp=4, ep=32, dp_shard=32)
+    packed = load_cluster("64x4xGB200-NVL72")
+    assert "ep" in on_network(packed, lay)  # 72 is no multiple of 32: ranks 64-95 straddle racks 0 and 1
+    assert "ep" not in on_network(load_cluster("64x4xGB200-NVL64"), lay)
+
+
+def _plan(runner, tmp_path, cluster: str, fix: str, model: str = "deepseek-v3", batch: int = 2048,
+          seq: int = 4096, *extra: str):
+    res = runner.invoke(app, ["plan", "-m", model, "-c", cluster, "-b", str(batch), "-s", str(seq), "--fix", fix,
+                              "--dtype", "fp8", "--top", "1", "--json", "--out", str(tmp_path / "p.yaml"), *extra])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_the_note_prices_the_same_layout_on_the_cluster_it_names(runner, tmp_path) -> None:
+    """Packed into NVL72 racks the guide's EP32 groups straddle rack boundaries; in segments of 16 trays they do not,
+    and the note's step time is what the plan costs on ``64x4xGB200-NVL64`` as the shorthand reads it."""
+    out = _plan(runner, tmp_path, "64x4xGB200-NVL72", GUIDE)
+    notes = [w for w in out["warnings"] if w.startswith("allocation:")]
+    assert len(notes) == 1, out["warnings"]
+    note = notes[0]
+    assert "segments of 16 trays" in note and "--segment=16" in note and "-c 64x4xGB200-NVL64" in note
+    assert "ep" in re.search(r"its ([a-z, ]+) groups leave NVLink", note).group(1).split(", ")
+    seg_s, packed_s = (float(x) for x in re.search(r"runs ([\d.]+) s a step instead of ([\d.]+) s", note).groups())
+    row = out["plans"][0]
+    assert packed_s == pytest.approx(row["step_time_s"], abs=1e-3)
+    # the same layout, every decision the search made pinned, on the allocation the note names
+    keys = ("dp_replicate", "dp_shard", "tp", "pp", "vpp", "cp", "ep", "mbs", "zero", "recompute", "sp",
+            "attention", "fp8", "moe_overlap", "moe_dispatcher", "cuda_graphs", "pp_layout", "schedule",
+            "optim_dtype")
+    pins = ",".join(f"{k}={str(row[k]).lower()}" for k in keys)
+    seg = _plan(runner, tmp_path, "64x4xGB200-NVL64", pins)["plans"][0]
+    assert seg["layout"] == row["layout"]
+    assert seg["step_time_s"] == pytest.approx(seg_s, abs=1e-3)
+    assert seg_s < packed_s * 0.99
+
+
+@pytest.mark.parametrize("cluster", ["16x4xGB200-NVL72", "8x8xB200"])
+def test_no_note_where_one_domain_or_plain_nodes_hold_the_job(runner, tmp_path, cluster: str) -> None:
+    out = _plan(runner, tmp_path, cluster, "tp=1,pp=1,ep=8", "qwen3-30b-a3b", 512, 4096)
+    assert not [w for w in out["warnings"] if w.startswith("allocation:")]
+
+
+def test_no_note_where_no_segmenting_saves_a_percent(runner, tmp_path) -> None:
+    """Data parallelism alone over four full racks: its gradient sync spans every rack in any allocation, and a
+    narrower domain only puts more of each ring on the network."""
+    out = _plan(runner, tmp_path, "72x4xGB200-NVL72", "tp=1,pp=1,cp=1,ep=1,dp_shard=288,zero=1",
+                "llama-3.1-8b-instruct", 288, 4096)
+    assert not [w for w in out["warnings"] if w.startswith("allocation:")]
