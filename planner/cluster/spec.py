@@ -214,7 +214,7 @@ class ClusterSpec:
 
     def alltoall_link(self, group_size: int, stride: int, group_index: int = 0, dedup_topk: int = 0,
                       routing_groups: tuple[int, int] = (1, 0), nvlink_share: float = 0.0,
-                      contiguous_experts: int = 0, experts: int = 0) -> Link:
+                      contiguous_experts: int = 0, experts: int = 0, dispatcher: str = "") -> Link:
         """The link an all-to-all over ``group_size`` ranks ``stride`` apart sees, as one effective bandwidth.
 
         Unlike a ring, an all-to-all gets no help from the node's other NICs: every rank sends ``(p - k) / p`` of
@@ -229,7 +229,9 @@ class ClusterSpec:
         (``routing_groups`` = (groups, groups per token)) fewer nodes (``distinct_nodes``). Over NVLink it sends one
         copy per destination rank, so there the bytes shrink by the expected distinct ranks over ``topk``.
         ``nvlink_share``: where set, NVLink runs at that share of its nominal bandwidth instead of NCCL's (Hybrid-EP's
-        TMA kernels, ``costmodel.hybridep``).
+        TMA kernels, ``costmodel.hybridep``; DeepEP's on Blackwell, ``costmodel.deepep``).
+        ``dispatcher``: the kernels' name the link carries (``nvlink5-deepep``); by default Hybrid-EP's where a share
+        is set, else DeepEP's.
         ``contiguous_experts``: where set (the model's experts), a token's experts are adjacent ones
         (``contiguous_spread``) rather than spread like uniform picks.
         ``experts``: the model's routed experts, whose ``dedup_topk`` a token picks distinct (``uniform_ranks``).
@@ -249,7 +251,7 @@ class ClusterSpec:
             if rank_share == 1.0:
                 return ring
             scale = nvlink_share / NCCL_NVLINK_EFFICIENCY if nvlink_share else 1.0
-            name = f"{ring.name}-{'hybridep' if nvlink_share else 'deepep'}"
+            name = f"{ring.name}-{dispatcher or ('hybridep' if nvlink_share else 'deepep')}"
             return Link(name, ring.bandwidth_bytes_per_s / rank_share * scale, ring.latency_s)
         nic = g.nic_link or self.inter_link
         inter = (p - k) / p

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from meshplan.costmodel import cudnn_dglu, hybridep, nvlink_nccl, streaming
+from meshplan.costmodel import cudnn_dglu, deepep, hybridep, nvlink_nccl, streaming
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
@@ -196,7 +196,8 @@ def _tally_kind(tally: _Tally, estimator, work: Workload, layout: Layout, part: 
 
 def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> dict[str, str]:
     """What the step's price leaves out beyond its op classes: a waiting GPU's boost, host time (MoE), Hybrid-EP
-    outside its measured sizes (whose basis it adds to ``priced_from``); the routing a contiguous router prices."""
+    and DeepEP on Blackwell outside their measured sizes (whose basis they add to ``priced_from``); the routing a
+    contiguous router prices."""
     notes = {}
     waits = busy_note(est.compute_s / est.step_time_s, dev) if est.step_time_s > 0 else None
     if waits:
@@ -209,6 +210,12 @@ def _step_notes(est, model, layout: Layout, dev, ep_link, priced_from: dict) -> 
         priced_from["ep dispatch (hybridep)"] = basis
         if gap:
             notes["ep dispatch (hybridep)"] = gap
+    if layout.moe_dispatcher == "deepep" and layout.ep > 1 and model.num_experts and ep_link.name.endswith("-deepep"):
+        basis, gap = deepep.explain(layout.ep, dev.name)  # inside one NVLink domain on Blackwell
+        if basis:
+            priced_from["ep dispatch (deepep)"] = basis
+        if gap:
+            notes["ep dispatch (deepep)"] = gap
     if layout.moe_fused_mlp:
         priced_from["experts' fused grouped MLP"] = (
             "the grouped GEMMs alone: cuDNN frontend's fused grouped GEMM + activation kernels, timed on GB200 and "

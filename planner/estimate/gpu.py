@@ -33,6 +33,7 @@ from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple
+from meshplan.costmodel.deepep import deepep_nvlink_share
 from meshplan.costmodel.hybridep import hybridep_nvlink_share
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.base import (
@@ -146,12 +147,15 @@ def group_links(cluster, model, layout: Layout) -> tuple:
     for EP (one copy per destination node under DeepEP and Hybrid-EP, spread as ``moe_router`` routes) and Ulysses CP
     (``ClusterSpec.alltoall_link``).
     Hybrid-EP's NVLink share is its published kernel bandwidth at the EP size and the layout's ``hybridep_sms``
-    (``costmodel.hybridep``)."""
+    (``costmodel.hybridep``), DeepEP's on Blackwell its API's published bandwidth at the EP size
+    (``costmodel.deepep``)."""
     dedup = layout.moe_dispatcher in ("deepep", "hybridep")
+    share = {"hybridep": lambda: hybridep_nvlink_share(layout.ep, layout.hybridep_sms),
+             "deepep": lambda: deepep_nvlink_share(layout.ep, cluster.groups[0].device.name)}
     return (cluster.collective_link(*layout.tp_group),
             cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token if dedup else 0,
-                                  nvlink_share=hybridep_nvlink_share(layout.ep, layout.hybridep_sms)
-                                  if layout.moe_dispatcher == "hybridep" else 0.0,
+                                  nvlink_share=share[layout.moe_dispatcher]() if dedup else 0.0,
+                                  dispatcher=layout.moe_dispatcher if dedup else "",
                                   routing_groups=(model.routing_groups, model.routing_groups_per_token),
                                   contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0,
                                   experts=model.num_experts),
