@@ -31,9 +31,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.costmodel import blackwell_grouped, cudnn_dglu, norms
 from meshplan.costmodel.api import Pricer
 from meshplan.costmodel.collectives import collective_time_s
+from meshplan.costmodel.deepep import deepep_nvlink_share
 from meshplan.costmodel.devices import DeviceSpec
 from meshplan.costmodel.fp8_recipes import recipe_time_multiple
-from meshplan.costmodel.deepep import deepep_nvlink_share
 from meshplan.costmodel.hybridep import hybridep_nvlink_share
 from meshplan.costmodel.ops import OpSpec
 from meshplan.planner.estimate.base import (
