@@ -346,7 +346,16 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
                                                    **({"open_figures_ranking": ranks} if ranks else {})}})
         notes += ranking_notes(ranks, rows)
     if isinstance(estimator, GpuEstimator):  # the same trays in rack segments that keep its groups on NVLink
-        notes += tuple(n for n in (segment_note(estimator, work, best_layout, best_est.step_time_s),) if n)
+        def research(segmented_work):
+            try:
+                lay, est = search(segmented_work, fixes, top=1, estimator=estimator,
+                                  fp8_recipes=fp8_recipe_choices(job.dtype, clus.device)).ranked[0]
+            except MeshplanError:  # nothing fits there either: the note keeps to the re-priced best
+                return None
+            return lay, est, layout_row(lay, est)["layout"]
+
+        note = segment_note(estimator, work, best_layout, best_est.step_time_s, research)
+        notes += (note,) if note else ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
         notes += (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
     if opts.compress:

@@ -8,15 +8,17 @@ nodes, each inside one rack (``sbatch --segment=s``, which Megatron-Bridge's lau
 ``scripts/performance/utils/executors.py``, the largest divisor of the node count up to 18; the stack profiles'
 ``placement``). Each segment is then the job's NVLink domain: ``s`` trays, written ``-NVL{s x G}`` in the shorthand.
 
-The allocation is what meshplan is handed, not a decision it makes; so it does not search the segmentings. It prices
-the best layout again on each segmenting of the same trays (``segment_sizes``) and says, in one note, the one that
-runs that layout fastest when it beats the packed allocation by at least ``GAIN_AT_LEAST``, which of the layout's
-groups then stay on NVLink, and the cluster to plan on for a search of that allocation.
+The allocation is what meshplan is handed, not a decision it makes. It prices the best layout again on each
+segmenting of the same trays (``segment_sizes``), and searches once more on the one segmenting Megatron-Bridge's
+launcher would ask for where that differs from the packed racks (``launcher_trays``: a job that does not fill whole
+racks), since another layout may gain more there than the packed allocation's best. One note says the fastest when it
+beats the packed allocation by at least ``GAIN_AT_LEAST``: the segments, the layout, which of its groups then stay on
+NVLink, and the cluster to plan on for a search of that allocation.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 from meshplan.planner.cluster.spec import ClusterSpec
 from meshplan.planner.layout.layout import Layout
@@ -32,6 +34,12 @@ def segment_sizes(nodes: int, trays_per_domain: int) -> list[int]:
     """The segment sizes Slurm can give a job of ``nodes`` nodes in racks of ``trays_per_domain``: every divisor of
     the node count below the rack's trays (a segment as wide as the rack is the packed allocation's domain)."""
     return [s for s in range(1, trays_per_domain) if nodes % s == 0]
+
+
+def launcher_trays(nodes: int, trays_per_domain: int) -> int:
+    """The segment Megatron-Bridge's launcher asks Slurm for: the largest divisor of the node count up to a rack's
+    trays (``scripts/performance/utils/executors.py``; a whole rack where the job fills whole racks)."""
+    return max(s for s in range(1, trays_per_domain + 1) if nodes % s == 0)
 
 
 def segmented(cluster: ClusterSpec, trays: int) -> ClusterSpec:
@@ -59,26 +67,36 @@ def on_network(cluster: ClusterSpec, layout: Layout) -> list[str]:
             if getattr(layout, attr).size > 1 and cluster.collective_link(*getattr(layout, attr)).name != intra]
 
 
-def segment_note(estimator, work, layout: Layout, step_s: float) -> Optional[str]:
-    """The note on the segmenting that runs ``layout`` fastest, when it saves at least ``GAIN_AT_LEAST`` of
-    ``step_s`` (its price on ``work``'s packed cluster); ``None`` where none does or the cluster is not one of racks
-    wider than a tray."""
+def segment_note(estimator, work, layout: Layout, step_s: float,
+                 research: Optional[Callable[[object], Optional[tuple]]] = None) -> Optional[str]:
+    """The note on the segmenting that runs fastest, when it saves at least ``GAIN_AT_LEAST`` of ``step_s`` (the best
+    layout's price on ``work``'s packed cluster); ``None`` where none does or the cluster is not one of racks wider
+    than a tray. ``research(work)``: the best (layout, estimate, words) of a search of ``work``, tried on the
+    launcher's segmenting (``launcher_trays``) where it is not whole racks."""
     cluster = work.cluster
     if not applies(cluster):
         return None
     g = cluster.groups[0]
-    best: Optional[tuple[float, int, ClusterSpec]] = None
-    for trays in segment_sizes(g.nodes, g.domain_size // g.devices_per_node):
+    per_rack = g.domain_size // g.devices_per_node
+    best: Optional[tuple[float, int, ClusterSpec, Layout, str]] = None
+    for trays in segment_sizes(g.nodes, per_rack):
         other = segmented(cluster, trays)
         est = estimator.estimate(dataclasses.replace(work, cluster=other), layout)
         if est.fits and (best is None or est.step_time_s < best[0]):
-            best = (est.step_time_s, trays, other)
+            best = (est.step_time_s, trays, other, layout, "this layout")
+    trays = launcher_trays(g.nodes, per_rack)
+    if research is not None and trays < per_rack:
+        other = segmented(cluster, trays)
+        found = research(dataclasses.replace(work, cluster=other))
+        if found is not None and (best is None or found[1].step_time_s < best[0]):
+            best = (found[1].step_time_s, trays, other, found[0], f"its best layout, {found[2]},")
     if best is None or best[0] > step_s * (1 - GAIN_AT_LEAST):
         return None
-    seg_s, trays, other = best
-    moved = [n for n in on_network(cluster, layout) if n not in on_network(other, layout)]
-    why = (f": its {', '.join(moved)} groups leave NVLink where they cross a rack of the packed allocation, and "
-           "stay inside one segment" if moved else "")
+    seg_s, trays, other, lay, what = best
+    moved = [n for n in on_network(cluster, lay) if n not in on_network(other, lay)]
+    owner = "its" if lay is layout else "that layout's"
+    why = (f": {owner} {', '.join(moved)} groups leave NVLink where they cross a rack of the packed allocation, and "
+           "stay inside one segment") if moved else ""
     return (f"allocation: in segments of {trays} trays (Slurm sbatch --segment={trays}, as Megatron-Bridge's "
-            f"launcher asks on NVL72 racks), this layout runs {seg_s:.3f} s a step instead of {step_s:.3f} s "
-            f"({seg_s / step_s - 1:+.1%}){why}; meshplan plan -c {other.spec} searches that allocation")
+            f"launcher asks on NVL72 racks), {what} runs {seg_s:.3f} s a step against {step_s:.3f} s for the best "
+            f"here ({seg_s / step_s - 1:+.1%}){why}; meshplan plan -c {other.spec} searches that allocation")
