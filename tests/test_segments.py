@@ -102,3 +102,23 @@ def test_no_note_where_no_segmenting_saves_a_percent(runner, tmp_path) -> None:
     out = _plan(runner, tmp_path, "72x4xGB200-NVL72", "tp=1,pp=1,cp=1,ep=1,dp_shard=288,zero=1",
                 "llama-3.1-8b-instruct", 288, 4096)
     assert not [w for w in out["warnings"] if w.startswith("allocation:")]
+
+
+def test_a_cluster_file_is_told_the_domain_to_state(runner, tmp_path) -> None:
+    """A cluster file's links (here a slower NIC) are what the shorthand would not carry: the note prices the segments
+    on the file's links and says which ``nvlink_domain`` to write there; the same file with that domain prices it."""
+    body = ("inter_link:\n  bandwidth: 20GB/s\ngroups:\n  - nodes: 64\n    devices_per_node: 4\n    device: GB200\n"
+            "    nvlink_domain: {}\n")
+    packed, seg = tmp_path / "racks.yaml", tmp_path / "segments.yaml"
+    packed.write_text(body.format(72))
+    seg.write_text(body.format(64))
+    pins = GUIDE + ",moe_overlap=false,sp=false"
+    out = _plan(runner, tmp_path, str(packed), pins)
+    note = next(w for w in out["warnings"] if w.startswith("allocation:"))
+    assert note.endswith(f"set nvlink_domain: 64 in {packed} to search that allocation")
+    seg_s = float(re.search(r"runs ([\d.]+) s a step", note).group(1))
+    assert _plan(runner, tmp_path, str(seg), pins)["plans"][0]["step_time_s"] == pytest.approx(seg_s, abs=1e-3)
+    # packed, the straddling groups cross the file's slower NIC: its price, not the shorthand's, is the one compared
+    packed_s = float(re.search(r"against ([\d.]+) s for the best here", note).group(1))
+    assert packed_s == pytest.approx(out["plans"][0]["step_time_s"], abs=1e-3)
+    assert _plan(runner, tmp_path, "64x4xGB200-NVL72", pins)["plans"][0]["step_time_s"] < packed_s * 0.99

@@ -18,6 +18,7 @@ NVLink, and the cluster to plan on for a search of that allocation.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Callable, Optional
 
 from meshplan.planner.cluster.spec import ClusterSpec
@@ -44,11 +45,15 @@ def launcher_trays(nodes: int, trays_per_domain: int) -> int:
 
 def segmented(cluster: ClusterSpec, trays: int) -> ClusterSpec:
     """``cluster`` (one group of trays in NVLink domains wider than a tray) allocated in segments of ``trays``
-    trays: each segment its own NVLink domain (a single tray's domain is the tray itself)."""
+    trays: each segment its own NVLink domain (a single tray's domain is the tray itself), its links as they were.
+    Its spec is the shorthand of that domain for a shorthand cluster, else the file's with the domain to state."""
     g = cluster.groups[0]
     gpus = trays * g.devices_per_node
     group = dataclasses.replace(g, nvlink_domain=gpus if trays > 1 else 0)
-    spec = f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"  # -NVL4: the tray alone (the family's is 72)
+    if Path(cluster.spec).suffix.lower() in (".yaml", ".yml") or Path(cluster.spec).is_file():
+        spec = f"{cluster.spec} with nvlink_domain: {gpus}"  # a file's links: the shorthand would not carry them
+    else:  # -NVL4: the tray alone (the GB200 family's own domain is 72)
+        spec = f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"
     return dataclasses.replace(cluster, spec=spec, groups=(group,))
 
 
@@ -99,4 +104,12 @@ def segment_note(estimator, work, layout: Layout, step_s: float,
            "stay inside one segment") if moved else ""
     return (f"allocation: in segments of {trays} trays (Slurm sbatch --segment={trays}, as Megatron-Bridge's "
             f"launcher asks on NVL72 racks), {what} runs {seg_s:.3f} s a step against {step_s:.3f} s for the best "
-            f"here ({seg_s / step_s - 1:+.1%}){why}; meshplan plan -c {other.spec} searches that allocation")
+            f"here ({seg_s / step_s - 1:+.1%}){why}; {_search_hint(other.spec)}")
+
+
+def _search_hint(spec: str) -> str:
+    """How to search the segmented allocation: its shorthand, or the cluster file with the domain to state."""
+    if " with nvlink_domain: " in spec:
+        path, domain = spec.split(" with nvlink_domain: ")
+        return f"set nvlink_domain: {domain} in {path} to search that allocation"
+    return f"meshplan plan -c {spec} searches that allocation"
