@@ -16,7 +16,8 @@ import pytest
 
 from meshplan.cli.main import app
 from meshplan.planner.cluster.spec import load_cluster
-from meshplan.planner.search.segments import launcher_trays, on_network, segment_sizes, segmented
+from meshplan.planner.layout.stacks import segment_nodes
+from meshplan.planner.search.segments import on_network, segment_sizes, segmented
 
 # DeepSeek-V3 as NVIDIA's GB200 guide lays it out (TP1 PP8 VP4 EP32, micro-batch 1), its degrees pinned
 GUIDE = "tp=1,pp=8,vpp=4,ep=32,mbs=1,zero=1,recompute=none,moe_dispatcher=hybridep,cuda_graphs=layers,fp8=mxfp8"
@@ -27,7 +28,7 @@ def test_segment_sizes_divide_the_job_below_a_rack() -> None:
     assert segment_sizes(144, 18) == [1, 2, 3, 4, 6, 8, 9, 12, 16]
     assert segment_sizes(37, 18) == [1]  # a prime count of trays can only go one tray at a time
     # Megatron-Bridge's launcher: the largest divisor of the node count up to 18 (whole racks where they fill)
-    assert [launcher_trays(n, 18) for n in (64, 144, 54, 40, 37)] == [16, 18, 18, 10, 1]
+    assert [segment_nodes(n, 18) for n in (64, 144, 54, 40, 37)] == [16, 18, 18, 10, 1]
 
 
 def test_a_segmented_cluster_is_the_shorthand_of_its_domain() -> None:

@@ -150,16 +150,23 @@ def group_links(cluster, model, layout: Layout) -> tuple:
     (``costmodel.hybridep``), DeepEP's on Blackwell its API's published bandwidth at the EP size
     (``costmodel.deepep``)."""
     dedup = layout.moe_dispatcher in ("deepep", "hybridep")
-    share = {"hybridep": lambda: hybridep_nvlink_share(layout.ep, layout.hybridep_sms),
-             "deepep": lambda: deepep_nvlink_share(layout.ep, cluster.groups[0].device.name)}
     return (cluster.collective_link(*layout.tp_group),
             cluster.alltoall_link(*layout.ep_group, dedup_topk=model.experts_per_token if dedup else 0,
-                                  nvlink_share=share[layout.moe_dispatcher]() if dedup else 0.0,
+                                  nvlink_share=_ep_nvlink_share(cluster, layout),
                                   dispatcher=layout.moe_dispatcher if dedup else "",
                                   routing_groups=(model.routing_groups, model.routing_groups_per_token),
                                   contiguous_experts=model.num_experts if layout.moe_router == "contiguous" else 0,
                                   experts=model.num_experts),
             (cluster.alltoall_link if layout.cp_kind == "a2a" else cluster.collective_link)(*layout.cp_group))
+
+
+def _ep_nvlink_share(cluster, layout: Layout) -> float:
+    """The share of NVLink the layout's dispatcher reaches by its published measurements (0: NCCL's efficiency)."""
+    if layout.moe_dispatcher == "hybridep":
+        return hybridep_nvlink_share(layout.ep, layout.hybridep_sms)
+    if layout.moe_dispatcher == "deepep":
+        return deepep_nvlink_share(layout.ep, cluster.groups[0].device.name)
+    return 0.0
 
 
 def ub_margin(device) -> float:

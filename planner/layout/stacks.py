@@ -86,6 +86,12 @@ class LoraDefault(_Frozen):
     source: str = Field(min_length=8)
 
 
+def segment_nodes(nodes: int, at_most: int) -> int:
+    """The nodes of one ``sbatch --segment`` a launcher asks for: the largest divisor of the job's node count up to
+    ``at_most`` (a rack's trays; Megatron-Bridge's ``scripts/performance/utils/executors.py``)."""
+    return next(s for s in range(at_most, 0, -1) if nodes % s == 0)
+
+
 class Placement(_Frozen):
     """How a stack's launcher asks the scheduler to lay a job over NVLink racks."""
 
@@ -100,7 +106,7 @@ class Placement(_Frozen):
         nodes = n_gpus // gpus_per_node
         if gpus_per_node != self.gpus_per_node or nodes <= self.segment_nodes_at_most:
             return None
-        return gpus_per_node * next(s for s in range(self.segment_nodes_at_most, 0, -1) if nodes % s == 0)
+        return gpus_per_node * segment_nodes(nodes, self.segment_nodes_at_most)
 
 
 class StackProfile(_Frozen):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -24,6 +25,7 @@ from meshplan.planner.estimate.explain import explain_gpu
 from meshplan.planner.estimate.gpu import GpuEstimator
 from meshplan.planner.estimate.select import estimator_for
 from meshplan.planner.host.terms import Host
+from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.space import Pins, fp8_recipe_choices, parse_fix
 from meshplan.planner.layout.stacks import TASKS, StackProfile, load_stacks
 from meshplan.planner.model.config import load_model
@@ -346,15 +348,7 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
                                                    **({"open_figures_ranking": ranks} if ranks else {})}})
         notes += ranking_notes(ranks, rows)
     if isinstance(estimator, GpuEstimator):  # the same trays in rack segments that keep its groups on NVLink
-        def research(segmented_work):
-            try:
-                lay, est = search(segmented_work, fixes, top=1, estimator=estimator,
-                                  fp8_recipes=fp8_recipe_choices(job.dtype, clus.device)).ranked[0]
-            except MeshplanError:  # nothing fits there either: the note keeps to the re-priced best
-                return None
-            return lay, est, layout_row(lay, est)["layout"]
-
-        note = segment_note(estimator, work, best_layout, best_est.step_time_s, research)
+        note = segment_note(estimator, work, best_layout, best_est.step_time_s, partial(_best_of, job, fixes))
         notes += (note,) if note else ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
         notes += (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
@@ -377,6 +371,16 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
               "layouts_timed": result.timed, "layouts_unfit": result.unfit}
     return PlanOutcome(title, rows, plan, job.path, notes, priced=tuple(result.priced),
                        memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why, counts=counts)
+
+
+def _best_of(job: _Job, fixes: Pins, work: Workload) -> Optional[tuple[Layout, Estimate, str]]:
+    """(layout, estimate, its words) of the best layout of ``work`` under ``fixes``; ``None`` where none fits."""
+    try:
+        lay, est = search(work, fixes, top=1, estimator=job.estimator,
+                          fp8_recipes=fp8_recipe_choices(job.dtype, work.cluster.device)).ranked[0]
+    except MeshplanError:  # nothing fits there either: the segment note keeps to the re-priced best
+        return None
+    return lay, est, layout_row(lay, est)["layout"]
 
 
 def _choose_compression(job: _Job, work: Workload, fixes: Pins, best: Plan, best_est: Estimate,

@@ -10,10 +10,10 @@ nodes, each inside one rack (``sbatch --segment=s``, which Megatron-Bridge's lau
 
 The allocation is what meshplan is handed, not a decision it makes. It prices the best layout again on each
 segmenting of the same trays (``segment_sizes``), and searches once more on the one segmenting Megatron-Bridge's
-launcher would ask for where that differs from the packed racks (``launcher_trays``: a job that does not fill whole
-racks), since another layout may gain more there than the packed allocation's best. One note says the fastest when it
-beats the packed allocation by at least ``GAIN_AT_LEAST``: the segments, the layout, which of its groups then stay on
-NVLink, and the cluster to plan on for a search of that allocation.
+launcher would ask for where that differs from the packed racks (``planner.layout.stacks.segment_nodes`` of a rack's
+trays: a job that does not fill whole racks), since another layout may gain more there than the packed allocation's
+best. One note says the fastest when it beats the packed allocation by at least ``GAIN_AT_LEAST``: the segments, the
+layout, which of its groups then stay on NVLink, and the cluster to plan on for a search of that allocation.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from meshplan.planner.cluster.spec import ClusterSpec
 from meshplan.planner.layout.layout import Layout
+from meshplan.planner.layout.stacks import segment_nodes
 
 # The smallest saving worth an allocation change: what the open figures call a tie ("within 1%",
 # ``planner.search.report.ranking_notes``)
@@ -35,12 +36,6 @@ def segment_sizes(nodes: int, trays_per_domain: int) -> list[int]:
     """The segment sizes Slurm can give a job of ``nodes`` nodes in racks of ``trays_per_domain``: every divisor of
     the node count below the rack's trays (a segment as wide as the rack is the packed allocation's domain)."""
     return [s for s in range(1, trays_per_domain) if nodes % s == 0]
-
-
-def launcher_trays(nodes: int, trays_per_domain: int) -> int:
-    """The segment Megatron-Bridge's launcher asks Slurm for: the largest divisor of the node count up to a rack's
-    trays (``scripts/performance/utils/executors.py``; a whole rack where the job fills whole racks)."""
-    return max(s for s in range(1, trays_per_domain + 1) if nodes % s == 0)
 
 
 def segmented(cluster: ClusterSpec, trays: int) -> ClusterSpec:
@@ -77,7 +72,7 @@ def segment_note(estimator, work, layout: Layout, step_s: float,
     """The note on the segmenting that runs fastest, when it saves at least ``GAIN_AT_LEAST`` of ``step_s`` (the best
     layout's price on ``work``'s packed cluster); ``None`` where none does or the cluster is not one of racks wider
     than a tray. ``research(work)``: the best (layout, estimate, words) of a search of ``work``, tried on the
-    launcher's segmenting (``launcher_trays``) where it is not whole racks."""
+    launcher's segmenting (``segment_nodes`` of a rack) where it is not whole racks."""
     cluster = work.cluster
     if not applies(cluster):
         return None
@@ -89,7 +84,7 @@ def segment_note(estimator, work, layout: Layout, step_s: float,
         est = estimator.estimate(dataclasses.replace(work, cluster=other), layout)
         if est.fits and (best is None or est.step_time_s < best[0]):
             best = (est.step_time_s, trays, other, layout, "this layout")
-    trays = launcher_trays(g.nodes, per_rack)
+    trays = segment_nodes(g.nodes, per_rack)
     if research is not None and trays < per_rack:
         other = segmented(cluster, trays)
         found = research(dataclasses.replace(work, cluster=other))
