@@ -1,6 +1,7 @@
 """``meshplan plan``: model + cluster + batch -> ranked layouts (rich table or JSON), best plan written to plans/."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -105,6 +106,8 @@ def plan(
         print_json({"plan_path": str(outcome.path), "schema_version": PLAN_SCHEMA_VERSION,
                     "meshplan_version": outcome.plan.meshplan_version, "warnings": list(outcome.notes),
                     "plans": outcome.rows, **({"explain": outcome.plan.explain} if explain else {}),
+                    # the same trays in rack segments, where that runs faster (planner.search.segments); else null
+                    "allocation": dataclasses.asdict(outcome.allocation) if outcome.allocation else None,
                     # the search's figures: layouts in the space, priced in full, pruned; of the pruned, those whose
                     # step time alone could not rank, those whose activations alone overflow (a solver's answer: null)
                     **{k: outcome.counts.get(k) for k in ("layouts_in_space", "layouts_priced", "layouts_pruned",

@@ -10,7 +10,6 @@ of ``-NVL64``: the note's step time is the price of the same layout on the clust
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -56,45 +55,51 @@ def _plan(runner, tmp_path, cluster: str, fix: str, model: str = "deepseek-v3", 
     return json.loads(res.output)
 
 
+def _advice(out: dict) -> dict:
+    """The JSON's ``allocation``, and the one note that says it in words."""
+    notes = [w for w in out["warnings"] if w.startswith("allocation:")]
+    alloc = out["allocation"]
+    assert len(notes) == 1 and alloc is not None, out["warnings"]
+    assert f"--segment={alloc['segment_trays']}" in notes[0] and f"runs {alloc['step_time_s']:.3f} s" in notes[0]
+    return alloc
+
+
 def test_the_note_prices_the_same_layout_on_the_cluster_it_names(runner, tmp_path) -> None:
     """Packed into NVL72 racks the guide's EP32 groups straddle rack boundaries; in segments of 16 trays they do not,
-    and the note's step time is what the plan costs on ``64x4xGB200-NVL64`` as the shorthand reads it (every
+    and the advice's step time is what the plan costs on ``64x4xGB200-NVL64`` as the shorthand reads it (every
     decision pinned, so the search there finds the same layout)."""
-    out = _plan(runner, tmp_path, "64x4xGB200-NVL72", GUIDE + ",moe_overlap=false,sp=false")
-    notes = [w for w in out["warnings"] if w.startswith("allocation:")]
-    assert len(notes) == 1, out["warnings"]
-    note = notes[0]
-    assert "segments of 16 trays" in note and "--segment=16" in note and "-c 64x4xGB200-NVL64" in note
-    assert "this layout runs" in note
-    assert "ep" in re.search(r"its ([a-z, ]+) groups leave NVLink", note).group(1).split(", ")
-    seg_s, packed_s = (float(x) for x in re.search(r"runs ([\d.]+) s a step against ([\d.]+) s", note).groups())
+    pins = GUIDE + ",moe_overlap=false,sp=false"
+    out = _plan(runner, tmp_path, "64x4xGB200-NVL72", pins)
+    alloc = _advice(out)
+    assert (alloc["segment_trays"], alloc["nvlink_domain"], alloc["cluster"]) == (16, 64, "64x4xGB200-NVL64")
+    assert alloc["same_layout"] and not alloc["cluster_file"] and "ep" in alloc["groups_on_nvlink"]
     row = out["plans"][0]
-    assert packed_s == pytest.approx(row["step_time_s"], abs=1e-3)
-    seg = _plan(runner, tmp_path, "64x4xGB200-NVL64", GUIDE + ",moe_overlap=false,sp=false")["plans"][0]
-    assert seg["layout"] == row["layout"]
-    assert seg["step_time_s"] == pytest.approx(seg_s, abs=1e-3)
-    assert seg_s < packed_s * 0.99
+    assert alloc["packed_step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-9)
+    assert alloc["layout"] == row["layout"]
+    seg = _plan(runner, tmp_path, alloc["cluster"], pins)["plans"][0]
+    assert seg["layout"] == row["layout"] and seg["step_time_s"] == pytest.approx(alloc["step_time_s"], rel=1e-9)
+    assert alloc["step_time_s"] < row["step_time_s"] * 0.99
 
 
 def test_the_note_names_the_best_layout_of_the_launchers_segments(runner, tmp_path) -> None:
     """64 trays do not fill whole racks, so the launcher's segments (16 trays) are searched too: a free search of
-    Qwen3-235B-A22B finds a layout there faster than re-pricing the packed racks' best, and the note gives what
+    Qwen3-235B-A22B finds a layout there faster than re-pricing the packed racks' best, and the advice gives what
     ``meshplan plan -c 64x4xGB200-NVL64`` itself finds."""
     res = runner.invoke(app, ["plan", "-m", "qwen3-235b-a22b", "-c", "64x4xGB200-NVL72", "-b", "8192", "-s", "4096",
                               "--dtype", "fp8", "--top", "1", "--json", "--out", str(tmp_path / "q.yaml")])
     assert res.exit_code == 0, res.output
-    note = next(w for w in json.loads(res.output)["warnings"] if w.startswith("allocation:"))
-    layout, seg_s = re.search(r"its best layout, (.+), runs ([\d.]+) s a step", note).groups()
-    res = runner.invoke(app, ["plan", "-m", "qwen3-235b-a22b", "-c", "64x4xGB200-NVL64", "-b", "8192", "-s", "4096",
+    alloc = _advice(json.loads(res.output))
+    assert not alloc["same_layout"]
+    res = runner.invoke(app, ["plan", "-m", "qwen3-235b-a22b", "-c", alloc["cluster"], "-b", "8192", "-s", "4096",
                               "--dtype", "fp8", "--top", "1", "--json", "--out", str(tmp_path / "s.yaml")])
     best = json.loads(res.output)["plans"][0]
-    assert best["layout"] == layout and best["step_time_s"] == pytest.approx(float(seg_s), abs=1e-3)
+    assert best["layout"] == alloc["layout"] and best["step_time_s"] == pytest.approx(alloc["step_time_s"], rel=1e-9)
 
 
 @pytest.mark.parametrize("cluster", ["16x4xGB200-NVL72", "8x8xB200"])
 def test_no_note_where_one_domain_or_plain_nodes_hold_the_job(runner, tmp_path, cluster: str) -> None:
     out = _plan(runner, tmp_path, cluster, "tp=1,pp=1,ep=8", "qwen3-30b-a3b", 512, 4096)
-    assert not [w for w in out["warnings"] if w.startswith("allocation:")]
+    assert out["allocation"] is None and not [w for w in out["warnings"] if w.startswith("allocation:")]
 
 
 def test_no_note_where_no_segmenting_saves_a_percent(runner, tmp_path) -> None:
@@ -102,12 +107,13 @@ def test_no_note_where_no_segmenting_saves_a_percent(runner, tmp_path) -> None:
     narrower domain only puts more of each ring on the network."""
     out = _plan(runner, tmp_path, "72x4xGB200-NVL72", "tp=1,pp=1,cp=1,ep=1,dp_shard=288,zero=1",
                 "llama-3.1-8b-instruct", 288, 4096)
-    assert not [w for w in out["warnings"] if w.startswith("allocation:")]
+    assert out["allocation"] is None and not [w for w in out["warnings"] if w.startswith("allocation:")]
 
 
 def test_a_cluster_file_is_told_the_domain_to_state(runner, tmp_path) -> None:
-    """A cluster file's links (here a slower NIC) are what the shorthand would not carry: the note prices the segments
-    on the file's links and says which ``nvlink_domain`` to write there; the same file with that domain prices it."""
+    """A cluster file's links (here a slower NIC) are what the shorthand would not carry: the advice prices the
+    segments on the file's links and says which ``nvlink_domain`` to write there; the same file with that domain
+    prices it."""
     body = ("inter_link:\n  bandwidth: 20GB/s\ngroups:\n  - nodes: 64\n    devices_per_node: 4\n    device: GB200\n"
             "    nvlink_domain: {}\n")
     packed, seg = tmp_path / "racks.yaml", tmp_path / "segments.yaml"
@@ -115,11 +121,11 @@ def test_a_cluster_file_is_told_the_domain_to_state(runner, tmp_path) -> None:
     seg.write_text(body.format(64))
     pins = GUIDE + ",moe_overlap=false,sp=false"
     out = _plan(runner, tmp_path, str(packed), pins)
-    note = next(w for w in out["warnings"] if w.startswith("allocation:"))
-    assert note.endswith(f"set nvlink_domain: 64 in {packed} to search that allocation")
-    seg_s = float(re.search(r"runs ([\d.]+) s a step", note).group(1))
-    assert _plan(runner, tmp_path, str(seg), pins)["plans"][0]["step_time_s"] == pytest.approx(seg_s, abs=1e-3)
+    alloc = _advice(out)
+    assert alloc["cluster_file"] and alloc["cluster"] == str(packed) and alloc["nvlink_domain"] == 64
+    assert any(w.endswith(f"set nvlink_domain: 64 in {packed} to search that allocation") for w in out["warnings"])
+    assert _plan(runner, tmp_path, str(seg), pins)["plans"][0]["step_time_s"] == pytest.approx(
+        alloc["step_time_s"], rel=1e-9)
     # packed, the straddling groups cross the file's slower NIC: its price, not the shorthand's, is the one compared
-    packed_s = float(re.search(r"against ([\d.]+) s for the best here", note).group(1))
-    assert packed_s == pytest.approx(out["plans"][0]["step_time_s"], abs=1e-3)
-    assert _plan(runner, tmp_path, "64x4xGB200-NVL72", pins)["plans"][0]["step_time_s"] < packed_s * 0.99
+    assert alloc["packed_step_time_s"] == pytest.approx(out["plans"][0]["step_time_s"], rel=1e-9)
+    assert _plan(runner, tmp_path, "64x4xGB200-NVL72", pins)["plans"][0]["step_time_s"] < alloc["packed_step_time_s"]

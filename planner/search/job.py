@@ -35,7 +35,7 @@ from meshplan.planner.plan.build import model_ref, to_plan
 from meshplan.planner.plan.schema import PLAN_NAME_PATTERN, Breakdown, Degrees, Plan, Prediction
 from meshplan.planner.search.exact import Priced, layout_row, pinned_work, search
 from meshplan.planner.search.open_figures import rank_under_open_figures, ranking_notes
-from meshplan.planner.search.segments import segment_note
+from meshplan.planner.search.segments import Allocation, segment_advice
 from meshplan.planner.search.solve.columns import base_dtype
 from meshplan.planner.search.workloads import JobFacts, lora_default, stack_values
 
@@ -153,6 +153,8 @@ class PlanOutcome:
     """The layout search's own figures (``layouts_in_space``, ``layouts_priced``: estimated in full,
     ``layouts_pruned``: never estimated in full, of which ``layouts_timed``: shown by their step time alone not to
     rank, and ``layouts_unfit``: shown by their activations alone not to fit); empty where a solver answered."""
+    allocation: Optional[Allocation] = None
+    """The same trays in rack segments, where that runs faster (``planner.search.segments``)."""
 
 
 @dataclass(frozen=True)
@@ -347,9 +349,10 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
         plan = plan.model_copy(update={"explain": {**why, "stack_profile": job.profile or None,
                                                    **({"open_figures_ranking": ranks} if ranks else {})}})
         notes += ranking_notes(ranks, rows)
+    allocation = None
     if isinstance(estimator, GpuEstimator):  # the same trays in rack segments that keep its groups on NVLink
-        note = segment_note(estimator, work, best_layout, best_est.step_time_s, partial(_best_of, job, fixes))
-        notes += (note,) if note else ()
+        allocation = segment_advice(estimator, work, best_layout, best_est.step_time_s, partial(_best_of, job, fixes))
+        notes += (allocation.note(),) if allocation else ()
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
         notes += (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
     if opts.compress:
@@ -370,17 +373,17 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
               # of those pruned: shown by their step time alone not to rank, or by their activations not to fit
               "layouts_timed": result.timed, "layouts_unfit": result.unfit}
     return PlanOutcome(title, rows, plan, job.path, notes, priced=tuple(result.priced),
-                       memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why, counts=counts)
+                       memory_limit_bytes=best_est.memory_limit_bytes, breakdown=why, counts=counts,
+                       allocation=allocation)
 
 
-def _best_of(job: _Job, fixes: Pins, work: Workload) -> Optional[tuple[Layout, Estimate, str]]:
-    """(layout, estimate, its words) of the best layout of ``work`` under ``fixes``; ``None`` where none fits."""
+def _best_of(job: _Job, fixes: Pins, work: Workload) -> Optional[tuple[Layout, Estimate]]:
+    """The best (layout, estimate) of ``work`` under ``fixes``; ``None`` where none fits."""
     try:
-        lay, est = search(work, fixes, top=1, estimator=job.estimator,
-                          fp8_recipes=fp8_recipe_choices(job.dtype, work.cluster.device)).ranked[0]
-    except MeshplanError:  # nothing fits there either: the segment note keeps to the re-priced best
+        return search(work, fixes, top=1, estimator=job.estimator,
+                      fp8_recipes=fp8_recipe_choices(job.dtype, work.cluster.device)).ranked[0]
+    except MeshplanError:  # nothing fits there either: the segment advice keeps to the re-priced best
         return None
-    return lay, est, layout_row(lay, est)["layout"]
 
 
 def _choose_compression(job: _Job, work: Workload, fixes: Pins, best: Plan, best_est: Estimate,

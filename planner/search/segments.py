@@ -18,12 +18,15 @@ layout, which of its groups then stay on NVLink, and the cluster to plan on for 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from meshplan.planner.cluster.spec import ClusterSpec
+from meshplan.planner.estimate.base import Estimate
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.stacks import segment_nodes
+from meshplan.planner.search.exact import layout_row
 
 # The smallest saving worth an allocation change: what the open figures call a tie ("within 1%",
 # ``planner.search.report.ranking_notes``)
@@ -41,15 +44,19 @@ def segment_sizes(nodes: int, trays_per_domain: int) -> list[int]:
 def segmented(cluster: ClusterSpec, trays: int) -> ClusterSpec:
     """``cluster`` (one group of trays in NVLink domains wider than a tray) allocated in segments of ``trays``
     trays: each segment its own NVLink domain (a single tray's domain is the tray itself), its links as they were.
-    Its spec is the shorthand of that domain for a shorthand cluster, else the file's with the domain to state."""
+    Its spec is the shorthand of that domain, or a cluster file's own path (``from_file``: the shorthand would not
+    carry the file's links)."""
     g = cluster.groups[0]
     gpus = trays * g.devices_per_node
     group = dataclasses.replace(g, nvlink_domain=gpus if trays > 1 else 0)
-    if Path(cluster.spec).suffix.lower() in (".yaml", ".yml") or Path(cluster.spec).is_file():
-        spec = f"{cluster.spec} with nvlink_domain: {gpus}"  # a file's links: the shorthand would not carry them
-    else:  # -NVL4: the tray alone (the GB200 family's own domain is 72)
-        spec = f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"
+    # -NVL4: the tray alone (the GB200 family's own domain is 72)
+    spec = cluster.spec if from_file(cluster) else f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"
     return dataclasses.replace(cluster, spec=spec, groups=(group,))
+
+
+def from_file(cluster: ClusterSpec) -> bool:
+    """Whether ``cluster`` was read from a YAML file (its spec the file's path)."""
+    return Path(cluster.spec).suffix.lower() in (".yaml", ".yml") or Path(cluster.spec).is_file()
 
 
 def applies(cluster: ClusterSpec) -> bool:
@@ -67,44 +74,66 @@ def on_network(cluster: ClusterSpec, layout: Layout) -> list[str]:
             if getattr(layout, attr).size > 1 and cluster.collective_link(*getattr(layout, attr)).name != intra]
 
 
-def segment_note(estimator, work, layout: Layout, step_s: float,
-                 research: Optional[Callable[[object], Optional[tuple]]] = None) -> Optional[str]:
-    """The note on the segmenting that runs fastest, when it saves at least ``GAIN_AT_LEAST`` of ``step_s`` (the best
-    layout's price on ``work``'s packed cluster); ``None`` where none does or the cluster is not one of racks wider
-    than a tray. ``research(work)``: the best (layout, estimate, words) of a search of ``work``, tried on the
-    launcher's segmenting (``segment_nodes`` of a rack) where it is not whole racks."""
+@dataclass(frozen=True)
+class Allocation:
+    """The same trays allocated in rack segments, faster (``segment_advice``): ``meshplan plan --json`` prints it
+    under ``allocation``, the plan's notes say it in words (``note``)."""
+
+    segment_trays: int
+    """Nodes per ``sbatch --segment``: each segment inside one rack, the job's NVLink domain."""
+    nvlink_domain: int
+    """GPUs per segment."""
+    cluster: str
+    """The cluster to plan on for that allocation: its shorthand, or the cluster file to write ``nvlink_domain`` in."""
+    cluster_file: bool
+    step_time_s: float
+    """The layout's step time there."""
+    packed_step_time_s: float
+    """The best layout's on the packed racks."""
+    layout: str
+    same_layout: bool
+    """Whether ``layout`` is the packed racks' best (re-priced) or the best a search of the segments found."""
+    groups_on_nvlink: tuple[str, ...]
+    """The layout's groups (tp, cp, ep, pp, dp) that leave NVLink on the packed racks and stay inside a segment."""
+
+    def note(self) -> str:
+        what = "this layout" if self.same_layout else f"its best layout, {self.layout},"
+        owner = "its" if self.same_layout else "that layout's"
+        why = (f": {owner} {', '.join(self.groups_on_nvlink)} groups leave NVLink where they cross a rack of the "
+               "packed allocation, and stay inside one segment") if self.groups_on_nvlink else ""
+        hint = (f"set nvlink_domain: {self.nvlink_domain} in {self.cluster} to search that allocation"
+                if self.cluster_file else f"meshplan plan -c {self.cluster} searches that allocation")
+        return (f"allocation: in segments of {self.segment_trays} trays (Slurm sbatch --segment={self.segment_trays}, "
+                f"as Megatron-Bridge's launcher asks on NVL72 racks), {what} runs {self.step_time_s:.3f} s a step "
+                f"against {self.packed_step_time_s:.3f} s for the best here "
+                f"({self.step_time_s / self.packed_step_time_s - 1:+.1%}){why}; {hint}")
+
+
+def segment_advice(estimator, work, layout: Layout, step_s: float,
+                   research: Optional[Callable[[object], Optional[tuple]]] = None) -> Optional[Allocation]:
+    """The segmenting that runs fastest, when it saves at least ``GAIN_AT_LEAST`` of ``step_s`` (the best layout's
+    price on ``work``'s packed cluster); ``None`` where none does or the cluster is not one of racks wider than a
+    tray. ``research(work)``: the best (layout, estimate) of a search of ``work``, tried on the launcher's segmenting
+    (``segment_nodes`` of a rack) where it is not whole racks."""
     cluster = work.cluster
     if not applies(cluster):
         return None
     g = cluster.groups[0]
     per_rack = g.domain_size // g.devices_per_node
-    best: Optional[tuple[float, int, ClusterSpec, Layout, str]] = None
+    best: Optional[tuple[float, int, Layout, Estimate]] = None
     for trays in segment_sizes(g.nodes, per_rack):
-        other = segmented(cluster, trays)
-        est = estimator.estimate(dataclasses.replace(work, cluster=other), layout)
+        est = estimator.estimate(dataclasses.replace(work, cluster=segmented(cluster, trays)), layout)
         if est.fits and (best is None or est.step_time_s < best[0]):
-            best = (est.step_time_s, trays, other, layout, "this layout")
+            best = (est.step_time_s, trays, layout, est)
     trays = segment_nodes(g.nodes, per_rack)
     if research is not None and trays < per_rack:
-        other = segmented(cluster, trays)
-        found = research(dataclasses.replace(work, cluster=other))
+        found = research(dataclasses.replace(work, cluster=segmented(cluster, trays)))
         if found is not None and (best is None or found[1].step_time_s < best[0]):
-            best = (found[1].step_time_s, trays, other, found[0], f"its best layout, {found[2]},")
+            best = (found[1].step_time_s, trays, *found)
     if best is None or best[0] > step_s * (1 - GAIN_AT_LEAST):
         return None
-    seg_s, trays, other, lay, what = best
-    moved = [n for n in on_network(cluster, lay) if n not in on_network(other, lay)]
-    owner = "its" if lay is layout else "that layout's"
-    why = (f": {owner} {', '.join(moved)} groups leave NVLink where they cross a rack of the packed allocation, and "
-           "stay inside one segment") if moved else ""
-    return (f"allocation: in segments of {trays} trays (Slurm sbatch --segment={trays}, as Megatron-Bridge's "
-            f"launcher asks on NVL72 racks), {what} runs {seg_s:.3f} s a step against {step_s:.3f} s for the best "
-            f"here ({seg_s / step_s - 1:+.1%}){why}; {_search_hint(other.spec)}")
-
-
-def _search_hint(spec: str) -> str:
-    """How to search the segmented allocation: its shorthand, or the cluster file with the domain to state."""
-    if " with nvlink_domain: " in spec:
-        path, domain = spec.split(" with nvlink_domain: ")
-        return f"set nvlink_domain: {domain} in {path} to search that allocation"
-    return f"meshplan plan -c {spec} searches that allocation"
+    seg_s, trays, lay, est = best
+    other = segmented(cluster, trays)
+    moved = tuple(n for n in on_network(cluster, lay) if n not in on_network(other, lay))
+    return Allocation(trays, trays * g.devices_per_node, other.spec, from_file(cluster), seg_s, step_s,
+                      layout_row(lay, est)["layout"], lay is layout, moved)
