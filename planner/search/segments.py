@@ -86,11 +86,13 @@ class Allocation:
     cluster: str
     """The cluster to plan on for that allocation: its shorthand, or the cluster file to write ``nvlink_domain`` in."""
     cluster_file: bool
+    """Whether ``cluster`` is a cluster file (its links the shorthand would drop)."""
     step_time_s: float
     """The layout's step time there."""
     packed_step_time_s: float
     """The best layout's on the packed racks."""
     layout: str
+    """The layout, in the ranked table's words."""
     same_layout: bool
     """Whether ``layout`` is the packed racks' best (re-priced) or the best a search of the segments found."""
     groups_on_nvlink: tuple[str, ...]
