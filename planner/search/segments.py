@@ -43,14 +43,12 @@ def segment_sizes(nodes: int, trays_per_domain: int) -> list[int]:
 
 def segmented(cluster: ClusterSpec, trays: int) -> ClusterSpec:
     """``cluster`` (one group of trays in NVLink domains wider than a tray) allocated in segments of ``trays``
-    trays: each segment its own NVLink domain (a single tray's domain is the tray itself), its links as they were.
-    Its spec is the shorthand of that domain, or a cluster file's own path (``from_file``: the shorthand would not
-    carry the file's links)."""
+    trays: each segment its own NVLink domain (a single tray's domain is the tray itself), its links as they were,
+    its spec the shorthand of that domain (-NVL4: the tray alone; the GB200 family's own domain is 72)."""
     g = cluster.groups[0]
     gpus = trays * g.devices_per_node
     group = dataclasses.replace(g, nvlink_domain=gpus if trays > 1 else 0)
-    # -NVL4: the tray alone (the GB200 family's own domain is 72)
-    spec = cluster.spec if from_file(cluster) else f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"
+    spec = f"{g.nodes}x{g.devices_per_node}x{g.device.name}-NVL{gpus}"
     return dataclasses.replace(cluster, spec=spec, groups=(group,))
 
 
@@ -137,5 +135,6 @@ def segment_advice(estimator, work, layout: Layout, step_s: float,
     seg_s, trays, lay, est = best
     other = segmented(cluster, trays)
     moved = tuple(n for n in on_network(cluster, lay) if n not in on_network(other, lay))
-    return Allocation(trays, trays * g.devices_per_node, other.spec, from_file(cluster), seg_s, step_s,
-                      layout_row(lay, est)["layout"], lay is layout, moved)
+    in_file = from_file(cluster)  # a file's links: the shorthand would drop them, so the file is named
+    return Allocation(trays, trays * g.devices_per_node, cluster.spec if in_file else other.spec, in_file, seg_s,
+                      step_s, layout_row(lay, est)["layout"], lay is layout, moved)
