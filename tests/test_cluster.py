@@ -292,6 +292,35 @@ def test_calibration_is_cached_and_builds_local_clusters(calibrated):
     assert c8.device.peak("fp32") == pytest.approx(data["device"]["peak_flops"]["fp32"] / 4)
 
 
+def test_a_link_fit_its_check_refutes_is_measured_again():
+    """The calibration's loopback fit is taken again while its own 8 MiB check disagrees by 2x or more (other work
+    held the cores during one size), and the attempt closest to its check is kept. The times are alpha-beta
+    arithmetic with a known link: 10 us a hop, 2 GB/s."""
+    from meshplan.planner.host.measure import CHECK_BYTES, FIT_BYTES, LINK_ATTEMPTS, measure_link
+
+    alpha, bw = 10e-6, 2e9
+
+    def times(check_slowdown: float = 1.0) -> dict:
+        return {"small_s": 2 * alpha, "fit_s": [2 * alpha + n / bw for n in FIT_BYTES],
+                "check_s": (2 * alpha + CHECK_BYTES / bw) * check_slowdown}
+
+    def sequence(*sets):
+        it = iter(sets)
+        return lambda: next(it)
+
+    # the first check ran 3x slow (a burst of load): measured again, the clean second kept
+    link, check, _ = measure_link(sequence(times(3.0), times()))
+    assert check["link_attempts"] == 2 and check["check_ratio"] == pytest.approx(1.0)
+    assert link.bandwidth_bytes_per_s == pytest.approx(bw) and link.latency_s == pytest.approx(alpha)
+    # every attempt disturbed: all are taken and the one closest to its check is kept (1/2.5 beats 4 and 1/5)
+    _, check, _ = measure_link(sequence(times(0.25), times(2.5), times(5.0)))
+    assert check["link_attempts"] == LINK_ATTEMPTS and check["check_ratio"] == pytest.approx(1 / 2.5)
+    # a host too loaded to fit on any attempt says so
+    flat = {"small_s": 1.0, "fit_s": [0.5, 0.5], "check_s": 0.5}
+    with pytest.raises(MeshplanError, match="too loaded to measure"):
+        measure_link(sequence(*[flat] * LINK_ATTEMPTS))
+
+
 def test_corrupt_cache_is_measured_again_not_trusted(calibrated, monkeypatch):
     from meshplan.planner.host import calibrate as calmod
 

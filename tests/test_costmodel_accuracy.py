@@ -56,11 +56,36 @@ def test_blend_weight_comes_from_training_gpus_only(ln_softmax):
         assert bws == {192, 320, 732, 900, 1555}
 
 
-def test_neusight_layernorm_softmax_pinned(ln_softmax):
+@pytest.fixture(scope="module")
+def ln_softmax_cli_eval(tmp_path_factory):
+    """``meshplan costmodel eval --split neusight [--no-blend] --json`` on NeuSight's LN + softmax files only: (rows
+    blended, rows of the trees alone), each by (device, op). One pair of fits for the CLI test and the pinned
+    figures below, which the command computes as ``costmodel.eval`` does in this process."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from meshplan.cli.main import app
+
+    root, data = data_path("kernels", "neusight"), tmp_path_factory.mktemp("ln_softmax")
+    for split in ("train", "test"):
+        (data / "neusight" / split).mkdir(parents=True)
+        for f in ("ln.csv", "softmax.csv"):
+            src = table_file(root / split / f)
+            shutil.copy(src, data / "neusight" / split / src.name)
+    out = {}
+    for flag in ([], ["--no-blend"]):
+        res = CliRunner().invoke(app, ["costmodel", "eval", "--split", "neusight", "--data", str(data), "--json",
+                                       *flag])
+        assert res.exit_code == 0, res.output
+        out[bool(flag)] = _by(json.loads(res.output[res.output.index("["):]))
+    return out[False], out[True]
+
+
+def test_neusight_layernorm_softmax_pinned(ln_softmax_cli_eval):
     """A100-80GB PCIe (unseen) LN / softmax, measured 10.7 / 12.4% MAPE after; 10.6 / 15.8% with trees alone."""
-    train, test = ln_softmax
-    after = _by(_fit_eval(train, test))
-    before = _by(_fit_eval(train, test, blend_unseen=False))
+    after, before = ln_softmax_cli_eval
     a100, l4 = "A100-PCIe-80GB", "L4"
     assert after[(a100, "layernorm")]["mape"] <= 11.5
     assert after[(a100, "softmax")]["mape"] <= 13.5
@@ -115,25 +140,10 @@ def test_neusight_gemm_full_split_pinned():
     assert np.isfinite([r["mape"] for r in by.values()]).all()
 
 
-def test_cli_eval_no_blend_flag(tmp_path, runner):
-    """``meshplan costmodel eval --split neusight [--no-blend] --json`` on NeuSight's LN + softmax files only."""
-    import json
-    import shutil
-
-    from meshplan.cli.main import app
-
-    root = data_path("kernels", "neusight")
-    for split in ("train", "test"):
-        (tmp_path / "neusight" / split).mkdir(parents=True)
-        for f in ("ln.csv", "softmax.csv"):
-            src = table_file(root / split / f)
-            shutil.copy(src, tmp_path / "neusight" / split / src.name)
-    out = {}
-    for flag in ([], ["--no-blend"]):
-        res = runner.invoke(app, ["costmodel", "eval", "--split", "neusight", "--data", str(tmp_path), "--json", *flag])
-        assert res.exit_code == 0, res.output
-        rows = json.loads(res.output[res.output.index("["):])
-        out[bool(flag)] = _by(rows)
+def test_cli_eval_no_blend_flag(ln_softmax_cli_eval):
+    """``meshplan costmodel eval --split neusight [--no-blend] --json``: the rows' fields, and the flag turns the blend
+    off."""
+    after, before = ln_softmax_cli_eval
     key = ("A100-PCIe-80GB", "softmax")
-    assert set(out[False][key]) >= {"device", "op", "n", "mape", "median_ape", "p90_ape"}
-    assert out[False][key]["mape"] < out[True][key]["mape"] - 2.0  # 12.4 blended vs 15.8 trees alone
+    assert set(after[key]) >= {"device", "op", "n", "mape", "median_ape", "p90_ape"}
+    assert after[key]["mape"] < before[key]["mape"] - 2.0  # 12.4 blended vs 15.8 trees alone

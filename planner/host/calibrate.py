@@ -29,11 +29,10 @@ from meshplan.planner.host.measure import (
     COPY_BYTES,
     GEMM_N,
     clock_hz,
-    fit_link,
     llc_bytes,
     measure_copy_bandwidth,
     measure_gemm_flops,
-    measure_gloo_allreduce,
+    measure_link,
     ram_bytes,
 )
 
@@ -95,8 +94,7 @@ def calibrate(progress: Optional[Callable[[str], None]] = None, quick: bool = Fa
     step("memory bandwidth")
     mem_bw = measure_copy_bandwidth()
     step("gloo all-reduce (2 processes)")
-    times = measure_gloo_allreduce()
-    link, check = fit_link(times)
+    link, check, times = measure_link()
     step("gloo collectives in a step (2 and 4 processes, groups of 2 among 4)")
     in_step = measure_gloo_in_step(quick)
     step("time-slicing (4 processes)")

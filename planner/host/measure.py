@@ -34,6 +34,10 @@ COPY_BYTES = 64 * 2**20  # larger than any LLC, so the copy streams from DRAM
 SMALL_BYTES = 4
 FIT_BYTES = (4 * 2**20, 16 * 2**20)
 CHECK_BYTES = 8 * 2**20
+# A fit whose 8 MiB check lands outside this band (predicted / measured) was taken while other work held the cores:
+# the link is measured again, up to LINK_ATTEMPTS times, and the attempt closest to its check kept
+CHECK_BAND = (0.5, 2.0)
+LINK_ATTEMPTS = 3
 
 
 def usable_cores() -> int:
@@ -213,3 +217,37 @@ def fit_link(times: dict) -> tuple[Link, dict]:
     check = {"check_bytes": CHECK_BYTES, "check_measured_s": times["check_s"], "check_predicted_s": predicted,
              "check_ratio": predicted / times["check_s"]}
     return Link("gloo-loopback", bw, alpha), check
+
+
+def measure_link(measure: Callable[[], dict] | None = None,
+                 attempts: int = LINK_ATTEMPTS) -> tuple[Link, dict, dict]:
+    """The loopback link (``fit_link`` over ``measure_gloo_allreduce``'s times), measured again while its 8 MiB
+    check falls outside ``CHECK_BAND`` or the host was too loaded to fit at all: a shared host only ever slows a
+    measurement, and one burst of other work can land on one size. Keeps the attempt whose check is closest to 1.
+
+    Args:
+        measure: What takes one set of all-reduce times (``measure_gloo_allreduce``, the default).
+        attempts: The most measurements taken.
+
+    Returns:
+        ``(link, check, times)``; ``check`` carries ``link_attempts``, how many were taken.
+
+    Raises:
+        MeshplanError: no attempt could be fitted (``fit_link``'s message, from the last).
+    """
+    measure = measure or measure_gloo_allreduce
+    best, failure = None, None
+    for n in range(1, attempts + 1):
+        times = measure()
+        try:
+            link, check = fit_link(times)
+        except MeshplanError as exc:
+            failure = exc
+            continue
+        if best is None or abs(math.log(check["check_ratio"])) < abs(math.log(best[1]["check_ratio"])):
+            best = (link, check, times)
+        if CHECK_BAND[0] < check["check_ratio"] < CHECK_BAND[1]:
+            break
+    if best is None:
+        raise failure
+    return best[0], {**best[1], "link_attempts": n}, best[2]
