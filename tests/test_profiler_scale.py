@@ -116,6 +116,10 @@ def test_sampled_ranks(runner, tmp_path):
     assert any("128-135 asked for with --ranks are not in this run" in w for w in rep["warnings"])
 
 
+# A local Ray instance starts its own GCS, raylet and workers: 5 s alone, 21-23 s beside another job on 2 cores (the
+# suite's bound). It runs with -m slow; the default suite keeps the process-pool ingest it must equal
+# (test_parallel_and_cached_ingest_equal_serial).
+@pytest.mark.slow
 def test_ray_local_instance(tmp_path):
     ray = pytest.importorskip("ray")
     try:
