@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.planner.cluster.spec import load_cluster
-from meshplan.planner.search.job import PlanRequest, plan_job
-from tests.helpers import data_path, load_dev_set
+from tests.helpers import data_path, load_bench, load_dev_set
 
 dev_set = load_dev_set()
+monotone = load_bench("monotone", "check_row")
 
 ROWS = (
     "nemo2407-gpt3-175b-512",  # dense, TP 4 x PP 8 interleaved over 64 nodes' InfiniBand (NeMo 24.07)
@@ -28,35 +27,30 @@ ROWS = (
 
 
 @pytest.fixture(scope="module")
-def inputs():
-    runs = data_path("published_runs")
+def records(tmp_path_factory):
+    """Each row's step at its own network and batch, at half and twice the network, at twice the batch
+    (``bench/monotone.py``'s ``check_row``: the prices, whose comparisons are made here)."""
+    runs, out = data_path("published_runs"), tmp_path_factory.mktemp("monotone")
     rows = {r["name"]: r for r in dev_set.load_rows(runs)}
-    return {name: dev_set.row_needs(rows[name], runs, True) for name in ROWS}
-
-
-def _step_s(inp, tmp_path, global_batch=None, net=None) -> float:
-    out = plan_job(PlanRequest.of(inp.model, inp.cluster, global_batch or inp.global_batch, inp.seq_len,
-                                  fix=inp.fix_string, stack=inp.profile, top=1, dtype=inp.dtype, name="monotone",
-                                  lora=inp.lora, task=inp.task, net=net, out=tmp_path / "p.yaml"))
-    return out.rows[0]["step_time_s"]
+    got = {}
+    for name in ROWS:
+        inp = dev_set.row_needs(rows[name], runs, True)
+        assert not inp.missing and not inp.out_of_scope, (name, inp.missing, inp.out_of_scope)
+        got[name] = monotone.check_row(inp, out)
+        assert got[name] is not None, name
+    return got
 
 
 @pytest.mark.parametrize("name", ROWS)
-def test_a_faster_network_never_prices_a_step_slower(inputs, tmp_path, name):
-    inp = inputs[name]
-    assert not inp.missing and not inp.out_of_scope, (name, inp.missing, inp.out_of_scope)
-    per_gpu = load_cluster(inp.cluster).inter_link.bandwidth_bytes_per_s
-    base = _step_s(inp, tmp_path)
-    slower = _step_s(inp, tmp_path, net=f"{per_gpu / 2 / 1e9:.6f}GB/s")
-    faster = _step_s(inp, tmp_path, net=f"{per_gpu * 2 / 1e9:.6f}GB/s")
+def test_a_faster_network_never_prices_a_step_slower(records, name):
+    rec = records[name]
+    base, slower, faster = rec["step_s"], rec["net_s"]["0.5"], rec["net_s"]["2.0"]
     assert faster <= base * (1 + 1e-9) <= slower * (1 + 1e-9), (name, slower, base, faster)
     # the network carries something in each of these runs: halving it costs time
     assert slower > base, (name, slower, base)
 
 
 @pytest.mark.parametrize("name", ROWS)
-def test_twice_the_batch_takes_between_once_and_twice_the_step(inputs, tmp_path, name):
-    inp = inputs[name]
-    base = _step_s(inp, tmp_path)
-    double = _step_s(inp, tmp_path, global_batch=2 * inp.global_batch)
+def test_twice_the_batch_takes_between_once_and_twice_the_step(records, name):
+    base, double = records[name]["step_s"], records[name]["batch_x2_s"]
     assert base <= double <= 2 * base, (name, base, double)
