@@ -679,10 +679,13 @@ def run_logged(run, args) -> int:
     return 0
 
 
-def parse_one_file_args(doc: str, sections: dict, budget_s: float, argv):
-    """The command line bench/gpu_varlen.py and bench/gpu_rope.py share: ``--out`` to measure or ``--tables FILE`` to
-    print a kept run, ``--quick``, ``--budget-s``, ``--sections``; a wrong one exits 2 with one line."""
+def parse_one_file_args(doc: str, sections: dict, budget_s: float, argv, extra=None):
+    """The command line bench/gpu_varlen.py, bench/gpu_rope.py and bench/gpu_ssd.py share: ``--out`` to measure or
+    ``--tables FILE`` to print a kept run, ``--quick``, ``--budget-s``, ``--sections``, and what ``extra(parser)``
+    adds; a wrong one exits 2 with one line."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--out", help="JSON file to write (rewritten after every section)")
     ap.add_argument("--tables", metavar="FILE", help="print a kept run's tables instead of measuring")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU when no GPU): checks the code paths")
