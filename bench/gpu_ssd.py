@@ -11,11 +11,11 @@ prices the backward from its kernels' bytes and FLOPs with no timing to check it
 mamba_ssm's output and input gradient against this file's ``ssd_reference``, the recurrence itself.
 
 mamba_ssm's package ``__init__`` loads its compiled CUDA extension; the scan needs only its Triton kernels, so they are
-imported from the source distribution without it (``load_scan``), with einops from a wheel where the machine lacks it.
-Fetch both once into the ignored ``.gpu_deps/`` folder and carry that folder to the GPU machine:
+imported from the source distribution without it (``load_scan``), with einops and packaging (its imports) from wheels
+where the machine lacks them. Fetch them once into the ignored ``.gpu_deps/`` folder and carry it to the GPU machine:
 
-    MAMBA_SKIP_CUDA_BUILD=TRUE pip download mamba-ssm==2.3.2.post1 einops --no-deps --no-binary mamba-ssm \\
-        --no-build-isolation -d .gpu_deps
+    MAMBA_SKIP_CUDA_BUILD=TRUE pip download mamba-ssm==2.3.2.post1 einops packaging --no-deps \\
+        --no-binary mamba-ssm --no-build-isolation -d .gpu_deps
     PYTHONUNBUFFERED=1 python3 bench/gpu_ssd.py --out nvidia-h200-ssd.json          # carry: .gpu_deps
     python bench/gpu_ssd.py --quick --out /tmp/s.json     # tiny shapes on CPU (ssd_reference timed): the code paths
     python bench/gpu_ssd.py --tables nvidia-h200-ssd.json                            # a kept run, as a table
@@ -205,7 +205,7 @@ def run(args, log) -> dict:
 
 def parse(argv):
     def deps(ap):
-        ap.add_argument("--deps", default=".gpu_deps", help="folder holding mamba_ssm-*.tar.gz (and einops' wheel)")
+        ap.add_argument("--deps", default=".gpu_deps", help="folder holding mamba_ssm-*.tar.gz and the wheels it imports")
     return parse_one_file_args(__doc__, SECTIONS, 300.0, argv, extra=deps)
 
 
