@@ -205,7 +205,8 @@ def run(args, log) -> dict:
 
 def parse(argv):
     def deps(ap):
-        ap.add_argument("--deps", default=".gpu_deps", help="folder holding mamba_ssm-*.tar.gz and the wheels it imports")
+        ap.add_argument("--deps", default=".gpu_deps",
+                        help="folder holding mamba_ssm-*.tar.gz and the wheels it imports")
     return parse_one_file_args(__doc__, SECTIONS, 300.0, argv, extra=deps)
 
 
