@@ -167,7 +167,7 @@ def case(clock, scan, spec, chunk: int, device) -> dict:
 
 def ssd_section(clock, guard, plan, log) -> dict:
     if clock.cuda:
-        scan, version = load_scan(Path(plan.get("deps", ".gpu_deps")))
+        scan, version = load_scan(Path(plan["deps"]))
         impl = f"mamba_ssm {version} mamba_chunk_scan_combined (Triton)"
         checked = attempt(log, "check", lambda: check(scan, plan, clock.device))
         log(f"check against the recurrence: {checked}")

@@ -70,8 +70,7 @@ def test_quick_mode_writes_the_schema_and_tables_read_it(tmp_path, ssd_script):
     assert result["schema"] == "meshplan.gpu_ssd/1" and sec["impl"].startswith("ssd_reference")
     assert [(r["tp"], r["heads"], r["groups"]) for r in sec["records"]] == [(1, 4, 2), (2, 2, 1)]
     for r in sec["records"]:
-        assert r["token_heads"] == r["batch"] * r["seq_len"] * r["heads"]
-        assert r["bwd_ms"] == r["fwd_bwd"]["median_ms"] - r["fwd"]["median_ms"]
+        assert r["token_heads"] == r["batch"] * r["seq_len"] * r["heads"] and "fwd_bwd_kernels" in r
     checked = ssd_script.check(ssd_script.ssd_reference, ssd_script.QUICK_PLAN, torch.device("cpu"))
     assert checked["output_rel_diff"] == 0 and checked["dx_rel_diff"] == 0  # the GPU run's check, on itself
     table = "\n".join(ssd_script.tables(str(out)))
