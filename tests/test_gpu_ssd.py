@@ -73,6 +73,11 @@ def test_quick_mode_writes_the_schema_and_tables_read_it(tmp_path, ssd_script):
         assert r["token_heads"] == r["batch"] * r["seq_len"] * r["heads"] and "fwd_bwd_kernels" in r
     checked = ssd_script.check(ssd_script.ssd_reference, ssd_script.QUICK_PLAN, torch.device("cpu"))
     assert checked["output_rel_diff"] == 0 and checked["dx_rel_diff"] == 0  # the GPU run's check, on itself
+    # a scan 2% off in its output (and so in every gradient) is reported 2% off, in bf16's rounding
+    off = ssd_script.check(lambda **kw: ssd_script.ssd_reference(**kw) * 1.02, ssd_script.QUICK_PLAN,
+                           torch.device("cpu"))
+    assert off["output_rel_diff"] == pytest.approx(0.02, abs=0.008) and off["dx_rel_diff"] == pytest.approx(0.02,
+                                                                                                             abs=0.008)
     table = "\n".join(ssd_script.tables(str(out)))
     assert "ssd_reference" in table and table.count("tiny") == 2
 
