@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli.main import app
+from meshplan.planner.host.terms import SCALE_RANGE, clamp_scale
 from meshplan.planner.plan.schema import load_plan
 from meshplan.verify.check import scaled_step_s
 from tests.helpers import REPO
@@ -144,17 +145,24 @@ def test_learning_from_the_run_prices_with_what_it_learned(ddp, tmp_path):
     assert one["plan"].endswith("plan.yaml") and one["taught"] == ["compute_scale"]
     assert one["microbatches"] == 2 and one["layers"] == 4 and one["sync_points"] < 8
     fit = json.loads(fit_path.read_text())
-    # the ratio of the run's compute (contention divided out) to its pricing, as the fit reports it
-    assert fit["compute_scale"] == pytest.approx(one["measured_compute_s"] / one["predicted_compute_s"], rel=1e-6)
+    # the ratio of the run's compute (contention divided out) to its pricing, as the fit reports it, kept within
+    # SCALE_RANGE (verify/learn.py): where this host's load moved between the blocks' timing and the run by more
+    # than that (the suite beside another job, its tests run two at a time), the fit reports the bound it kept
+    ratio = one["measured_compute_s"] / one["predicted_compute_s"]
+    assert fit["compute_scale"] == pytest.approx(clamp_scale(ratio), rel=1e-6)
     assert fit["compute_scale"] > 0 and fit["sync_wait_s"] == 0.0
     refit = _plan(runner, tmp_path, "ddp-fitted", "dp_replicate=2,mbs=4", terms=fit_path)
     _, after = _check(runner, refit, tmp / "run")
     # The re-planned compute is the unfitted one times the learned scale ...
     assert _phase(after, "compute")["predicted_s"] == pytest.approx(
         _phase(before, "compute")["predicted_s"] * fit["compute_scale"], rel=0.01)
-    # ... and in-sample that makes the step's CPU part exact, so what is left of the error is the wait the fit did
-    # not learn (2 sync points a step are too few to teach the wait per collective): measured less predicted
-    # exposed comm and bubble.
     untaught_s = sum(p["measured_s"] - p["predicted_s"] for p in after["phases"] if p["phase"] != "compute")
-    assert after["measured_s"] - after["predicted_s"] == pytest.approx(untaught_s, abs=0.02 * after["measured_s"]), (
-        before, after)
+    if clamp_scale(ratio) == ratio:
+        # ... and in-sample that makes the step's CPU part exact, so what is left of the error is the wait the fit
+        # did not learn (2 sync points a step are too few to teach the wait per collective): measured less
+        # predicted exposed comm and bubble.
+        assert after["measured_s"] - after["predicted_s"] == pytest.approx(
+            untaught_s, abs=0.02 * after["measured_s"]), (before, after)
+    else:  # a kept bound leaves the compute off on the side the ratio lay
+        compute_off_s = after["measured_s"] - after["predicted_s"] - untaught_s
+        assert (compute_off_s < 0) == (ratio < SCALE_RANGE[0]), (ratio, before, after)
