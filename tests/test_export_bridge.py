@@ -38,7 +38,8 @@ PRESETS = REPO / "planner" / "presets" / "models"
 HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
               "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
-              "deepseek-ai/DeepSeek-V3": "deepseek-v3.json"}
+              "deepseek-ai/DeepSeek-V3": "deepseek-v3.json", "zai-org/GLM-4.5": "glm-4.5.json",
+              "zai-org/GLM-4.5-Air": "glm-4.5-air.json"}
 # Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
 # Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
 CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
@@ -66,6 +67,23 @@ def plan_qwen3_moe(**update) -> Plan:
                 global_batch=256, micro_batch=1, seq_len=4096, degrees=Degrees(dp_shard=8, tp=2, ep=8),
                 sequence_parallel=True, zero_stage=1, recompute="selective", dtype="bf16")
     return base.model_copy(update=update)
+
+
+def plan_glm(preset: str) -> Plan:
+    """A GLM-4.5 preset (as ``meshplan plan`` records it) on 4x8 H100: TP2 (SP), EP8, ZeRO-1, its one MTP layer."""
+    group = DeviceGroupRef(nodes=4, devices_per_node=8, device="H100")
+    return Plan(name=preset, model=model_ref(load_model(preset), preset),
+                cluster=ClusterRef(spec="4x8xH100", groups=(group,)), global_batch=256, micro_batch=1, seq_len=4096,
+                degrees=Degrees(dp_shard=16, tp=2, ep=8), sequence_parallel=True, zero_stage=1, recompute="selective",
+                dtype="bf16", mtp=1)
+
+
+# The model fields Megatron-Bridge's own GLM bridge (models/glm/glm45_bridge.py) builds from a GLM preset's
+# config.json, read back beside the plan's (test_glm_presets_build_the_bridges_own_glm_provider)
+GLM_FIELDS = ["model.num_query_groups", "model.kv_channels", "model.ffn_hidden_size", "model.moe_ffn_hidden_size",
+              "model.moe_shared_expert_intermediate_size", "model.moe_layer_freq", "model.qk_layernorm",
+              "model.add_qkv_bias", "model.rotary_percent", "model.moe_router_enable_expert_bias",
+              "model.moe_router_score_function", "model.vocab_size", "model.share_embeddings_and_output_weights"]
 
 
 CASES = {
@@ -98,6 +116,7 @@ CASES = {
     # LoRA: the peft recipes of the 70B and the 8B, at the ranks those recipes train (the 26.02.01 profile's)
     "lora-70b": lambda: ALL_PLANS["llama70b"]().model_copy(update={"lora": "16"}),
     "lora-8b": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"lora": "8:qkv+proj+fc1+fc2"}),
+    "glm45": lambda: plan_glm("glm-4.5"), "glm45-air": lambda: plan_glm("glm-4.5-air"),
 }
 # The base checkpoint a LoRA script asks for (its $PRETRAINED_CHECKPOINT)
 CHECKPOINT = "/checkpoints/base"
@@ -149,7 +168,8 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
                       "model.first_last_layers_bf16", "model.num_layers_at_start_in_bf16",
                       "model.num_layers_at_end_in_bf16", "model.cuda_graph_impl", "model.cuda_graph_scope",
                       "model.moe_hybridep_num_sms"]
-            + (["peft.dim", "peft.target_modules", "checkpoint.pretrained_checkpoint"] if plan.lora else [])}
+            + (["peft.dim", "peft.target_modules", "checkpoint.pretrained_checkpoint"] if plan.lora else [])
+            + (GLM_FIELDS if plan.model.model_type == "glm4_moe" else [])}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -220,7 +240,7 @@ def _expected(plan: Plan) -> dict[str, object]:
         e["dataset.sequence_length"] = plan.seq_len
     if any(c.bf16_layers(plan)):
         e["model.num_layers_at_start_in_bf16"], e["model.num_layers_at_end_in_bf16"] = c.bf16_layers(plan)
-    if m.model_type == "deepseek_v3":  # the recipe's one MTP layer, kept only where the plan prices it
+    if m.model_type in ("deepseek_v3", "glm4_moe"):  # the recipe's one MTP layer, kept where the plan prices it
         e["model.mtp_num_layers"] = plan.mtp or None
     if plan.recompute_modules:
         e["model.recompute_modules"] = plan.recompute_modules.split("+")
@@ -280,6 +300,23 @@ def test_bridge_config_holds_the_plan(read_back: dict, name: str) -> None:
     want = _expected(CASES[name]())
     assert {k: got.get(k) for k in want} == want
     assert got["validate_error"] == GPU_ONLY.get(name)
+
+
+@needs_bridge
+@pytest.mark.parametrize("name,preset", [("glm45", "glm-4.5"), ("glm45-air", "glm-4.5-air")])
+def test_glm_presets_build_the_bridges_own_glm_provider(read_back: dict, name: str, preset: str) -> None:
+    """Megatron-Bridge's GLM bridge reads the bundled config.json (offline, as zai-org's) into the provider its GLM
+    recipes train: every shape and flag it derives agrees with what meshplan's reader made of the same file."""
+    m, got = load_model(preset), read_back[name]
+    want = {"model.num_query_groups": m.num_kv_heads, "model.kv_channels": m.head_dim,
+            "model.ffn_hidden_size": m.ffn_hidden_size, "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+            "model.moe_shared_expert_intermediate_size": m.shared_expert_ffn_hidden_size,
+            "model.moe_layer_freq": [int(i in m.moe_layers) for i in range(m.num_layers)],
+            "model.qk_layernorm": m.qk_norm, "model.add_qkv_bias": m.qkv_bias,
+            "model.rotary_percent": m.rotary_percent, "model.moe_router_enable_expert_bias": m.router_bias,
+            "model.moe_router_score_function": "sigmoid", "model.vocab_size": m.vocab_size,
+            "model.share_embeddings_and_output_weights": m.tied_embeddings}
+    assert {k: got.get(k) for k in want} == want
 
 
 @needs_bridge

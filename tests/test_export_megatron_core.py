@@ -174,7 +174,8 @@ FREE_SEARCHES = [("deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "bf16", ""),
                  ("deepseek-v3", "2048x8xH100", 16384, 4096, "bf16", ""),
                  ("qwen3-30b-a3b", "16x8xH100", 1024, 4096, "bf16", ""),
                  ("mixtral-8x7b", "2x8xH100", 64, 4096, "bf16", "moe_capacity=1.25"),
-                 ("llama-3.1-70b", "8x8xH100", 64, 131072, "bf16", "")]
+                 ("llama-3.1-70b", "8x8xH100", 64, 131072, "bf16", ""),
+                 ("glm-4.5", "16x8xH100", 1024, 4096, "bf16", "")]
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
@@ -197,8 +198,11 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
     for i, (layout, est) in enumerate(ranked):
         plan = to_plan(work, layout, est, f"{model}-{i}", model, "shipped")
         ns = _torchrun_parse(_argv(render_megatron(plan), tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
-        cfg, _ = _transformer_config(_megatron_args(ns.training_script_args))
+        cfg, args = _transformer_config(_megatron_args(ns.training_script_args))
         assert (cfg.expert_model_parallel_size, cfg.pipeline_model_parallel_size) == (layout.ep, layout.pp)
+        m = work.model  # the attention GLM-4.5's config.json describes, as Megatron reads the exported flags
+        assert (cfg.qk_layernorm, cfg.add_qkv_bias, float(args.get("rotary_percent", 1.0))) == (
+            m.qk_norm, m.qkv_bias or m.model_type == "qwen2", m.rotary_percent)
 
 
 def render_megatron(plan) -> str:

@@ -34,14 +34,15 @@ DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
           "nvfp4": "nvfp4"}
 
 # Families whose HF layout is pre-norm RMSNorm + SwiGLU + RoPE without linear biases (models.md section 1).
-ROPE_SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3")
+ROPE_SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3",
+                        "glm4_moe")
 
 # HF decoder-layer class per model_type (transformers 5 ``modeling_*.py``): what FSDP wraps.
 HF_LAYER_CLASS = {
     "llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
     "qwen2": "Qwen2DecoderLayer", "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
     "qwen3_moe": "Qwen3MoeDecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer", "gpt2": "GPT2Block",
-    "gpt_neox": "GPTNeoXLayer",
+    "gpt_neox": "GPTNeoXLayer", "glm4_moe": "Glm4MoeDecoderLayer",
 }
 
 

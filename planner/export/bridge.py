@@ -64,7 +64,7 @@ class Recipe:
 
 
 # (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
-# qwen3.py, qwen3_moe.py and recipes/deepseek/deepseek_v3.py of v0.3.1 (the HF id each passes to
+# qwen3.py, qwen3_moe.py, recipes/deepseek/deepseek_v3.py and recipes/glm/glm45.py of v0.3.1 (the HF id each passes to
 # AutoBridge.from_hf_pretrained). Same-shaped releases take the newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5).
 # Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan prices), Mixtral and
 # Mistral (no v0.3.1 recipe).
@@ -82,6 +82,10 @@ RECIPES: dict[tuple[str, int, int, int], Recipe] = {
     ("qwen3_moe", 94, 4096, 128): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False,
                                          preset="qwen3-235b-a22b"),
     ("deepseek_v3", 61, 7168, 256): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
+    ("glm4_moe", 92, 5120, 160): Recipe("glm45_355b_pretrain_config", "zai-org/GLM-4.5", False, mtp=True,
+                                        preset="glm-4.5"),
+    ("glm4_moe", 46, 4096, 128): Recipe("glm45_air_106b_pretrain_config", "zai-org/GLM-4.5-Air", False, mtp=True,
+                                        preset="glm-4.5-air"),
 }
 
 # plan low-precision recipe -> the bridge's mixed-precision preset (training/mixed_precision.py, bf16 base):

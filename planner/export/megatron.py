@@ -212,8 +212,9 @@ def unsupported(plan: Plan) -> list[str]:
         if m.rope_scaling_type and m.rope_scaling_type != "llama3":
             out.append(f"megatron: RoPE scaling {m.rope_scaling_type!r} (factor {m.rope_scaling_factor:g}) has no "
                        "flag here (only Llama 3.x scaling: --use-rope-scaling); add the model's own rope flags")
-    if m.model_type == "deepseek_v3":
-        out.append("megatron: DeepSeek-V3 router details (sigmoid scores, expert bias, group-limited top-k, "
+    if m.model_type in ("deepseek_v3", "glm4_moe"):
+        family = "DeepSeek-V3" if m.model_type == "deepseek_v3" else "GLM-4.5"
+        out.append(f"megatron: {family} router details (sigmoid scores, expert bias, group-limited top-k, "
                    "routed scaling factor) are not in the plan; add Megatron's --moe-router-* flags")
     if m.num_experts and not m.moe_ffn_hidden_size:
         out.append("megatron: the plan does not record the expert FFN width; Megatron uses --ffn-hidden-size "
@@ -365,10 +366,12 @@ def model_args(plan: Plan) -> list[str]:
     if fam in c.ROPE_SWIGLU_FAMILIES:
         a += ["--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
               "--disable-bias-linear"]
-        if fam == "qwen2":
-            a.append("--add-qkv-bias")  # Qwen2 hard-codes q/k/v biases (models.md section 2, trap 5)
-        if fam in ("qwen3", "qwen3_moe"):
+        if fam == "qwen2" or (fam == "glm4_moe" and m.qkv_bias):
+            a.append("--add-qkv-bias")  # Qwen2 hard-codes them (models.md section 2, trap 5); GLM by attention_bias
+        if fam in ("qwen3", "qwen3_moe") or m.qk_norm:
             a.append("--qk-layernorm")
+        if m.rotary_percent < 1.0:  # GLM-4.5 rotates half of each head (partial_rotary_factor)
+            a += ["--rotary-percent", f"{m.rotary_percent:g}"]
     elif fam == "gpt_neox":
         a += ["--position-embedding-type", "rope"]
     elif fam == "nemotron":  # Nemotron-4: rope, the two-matrix squared-ReLU MLP (--squared-relu), no biases

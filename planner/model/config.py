@@ -33,7 +33,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox", "NemotronHForCausalLM": "nemotron_h", "GptOssForCausalLM": "gpt_oss",
-    "NemotronForCausalLM": "nemotron",
+    "NemotronForCausalLM": "nemotron", "Glm4MoeForCausalLM": "glm4_moe",
 }
 _REQUIRED = object()
 
@@ -224,6 +224,30 @@ def _deepseek_v3(r: _Reader) -> dict[str, Any]:
         config_mtp_layers=r.int("num_nextn_predict_layers", 0, minimum=0))
 
 
+def _glm4_moe(r: _Reader) -> dict[str, Any]:
+    """GLM-4.5 / 4.5-Air (transformers ``configuration_glm4_moe.py`` / ``modeling_glm4_moe.py``; Megatron-Bridge
+    ``GLMMoEModelProvider``): grouped-query attention with biases on q/k/v only (``attention_bias``; ``o_proj`` has
+    none), RMSNorm on q and k where ``use_qk_norm``, RoPE on ``partial_rotary_factor`` of each head, dense SwiGLU
+    layers before ``first_k_dense_replace`` and MoE after it (sigmoid router with ``e_score_correction_bias``, shared
+    experts of ``n_shared_experts`` x ``moe_intermediate_size``), and ``num_nextn_predict_layers`` MTP modules."""
+    spec = _base(r, False) | _heads(r, kv_default=8, head_dim_default=None)
+    layers = spec["num_layers"]
+    experts = r.int("n_routed_experts")
+    width = r.int("moe_intermediate_size")
+    shared = r.int("n_shared_experts", 1, minimum=0)
+    first_dense = r.int("first_k_dense_replace", 1, minimum=0)
+    moe = tuple(range(min(first_dense, layers), layers))  # Glm4MoeDecoderLayer: MoE iff layer_idx >= it
+    rotary = r.positive("partial_rotary_factor", 0.5)  # the config class's default
+    if rotary > 1:
+        raise r.fail(f"'partial_rotary_factor' must be in (0, 1], got {rotary:g}")
+    return spec | dict(
+        ffn_hidden_size=r.int("intermediate_size") if len(moe) < layers else 0, num_experts=experts,
+        experts_per_token=r.int("num_experts_per_tok"), moe_ffn_hidden_size=width, num_shared_experts=shared,
+        shared_expert_ffn_hidden_size=shared * width, moe_layers=moe, router_bias=True,
+        qkv_bias=r.bool("attention_bias", False), qk_norm=r.bool("use_qk_norm", False), rotary_percent=rotary,
+        **_group_limited(r, experts), config_mtp_layers=r.int("num_nextn_predict_layers", 0, minimum=0))
+
+
 def _group_limited(r: _Reader, experts: int) -> dict[str, int]:
     """``routing_groups`` / ``routing_groups_per_token`` from ``n_group`` / ``topk_group`` (DeepSeek's
     ``MoEGate``: group scores, ``topk_group`` groups kept, the top-k experts among theirs); none when every group
@@ -326,7 +350,7 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
 FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron,
+    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron, "glm4_moe": _glm4_moe,
 }
 
 

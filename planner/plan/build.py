@@ -27,7 +27,8 @@ def model_ref(m, model_source: str) -> ModelRef:
                     num_shared_experts=m.num_shared_experts, moe_layers=tuple(m.moe_layers),
                     tied_embeddings=m.tied_embeddings, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
                     qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim, rope_theta=m.rope_theta,
-                    rope_scaling_type=m.rope_scaling_type, rope_scaling_factor=m.rope_scaling_factor)
+                    rope_scaling_type=m.rope_scaling_type, rope_scaling_factor=m.rope_scaling_factor,
+                    qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, rotary_percent=m.rotary_percent)
 
 
 def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str, costmodel: str) -> Plan:

@@ -69,6 +69,9 @@ class ModelRef(_Frozen):
     rope_theta: NonNegFloat = 0.0  # config.json rope_theta; 0 = not recorded (plans written before it was)
     rope_scaling_type: str = ""  # "llama3", "yarn", ...; "" = unscaled or not recorded
     rope_scaling_factor: NonNegFloat = 0.0
+    qkv_bias: bool = False  # biases on the q/k/v projections (``ModelSpec.qkv_bias``)
+    qk_norm: bool = False  # RMSNorm on q and k (``ModelSpec.qk_norm``)
+    rotary_percent: float = Field(1.0, gt=0.0, le=1.0)  # share of each head RoPE rotates (``ModelSpec``)
 
 
 class DeviceGroupRef(_Frozen):
