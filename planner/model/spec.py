@@ -67,7 +67,8 @@ class ModelSpec:
     qk_norm: bool = False  # Qwen3: RMSNorm of width head_dim on q and on k
     rotary_percent: float = 1.0
     """Fraction of each q/k head's width that RoPE rotates (HF ``partial_rotary_factor``, Megatron
-    ``--rotary-percent``; GLM-4.5: 0.5). It moves no parameter and prices as a sliver of elementwise work."""
+    ``--rotary-percent``; GLM-4.5: 0.5). It moves no parameter; the RoPE pass stays priced over the whole head,
+    a sliver of elementwise work either way, and the exports carry it."""
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid gate Linear(h -> 1) on the shared expert
     router_bias: bool = False  # DeepSeek-V3: e_score_correction_bias, E parameters per MoE layer
     # Group-limited routing (DeepSeek-V3 §2.1.2 "node-limited routing", HF ``n_group`` / ``topk_group``): the experts
