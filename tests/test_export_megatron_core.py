@@ -200,9 +200,9 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
         ns = _torchrun_parse(_argv(render_megatron(plan), tmp_path, {"HEAD_NODE": "node-a", "NODE_RANK": "0"}))
         cfg, args = _transformer_config(_megatron_args(ns.training_script_args))
         assert (cfg.expert_model_parallel_size, cfg.pipeline_model_parallel_size) == (layout.ep, layout.pp)
-        m = work.model  # the attention GLM-4.5's config.json describes, as Megatron reads the exported flags
+        m = work.model  # the attention each config.json describes, as Megatron reads the exported flags
         assert (cfg.qk_layernorm, cfg.add_qkv_bias, float(args.get("rotary_percent", 1.0))) == (
-            m.qk_norm, m.qkv_bias or m.model_type == "qwen2", m.rotary_percent)
+            m.qk_norm, m.qkv_bias, m.rotary_percent)
 
 
 def render_megatron(plan) -> str:
