@@ -307,7 +307,8 @@ class Pricer:
         if op.kind == "attention" and op.impl:
             t = fused_attention_s(op, device)
             if t is not None:
-                return t, f"published {op.impl} curve: {blackwell_source(op, device) or curve_source(op.impl, device)}"
+                source = blackwell_source(op, device) or curve_source(op.impl, device, op.shape[4])
+                return t, f"published {op.impl} curve: {source}"
         t = norms.measured_s(op, device)
         if t is not None:
             return t, norms.source(op, device)

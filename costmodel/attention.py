@@ -97,13 +97,16 @@ BLACKWELL_FILE = "cudnn_sdpa_blackwell.json"  # in costmodel/data/published
 BLACKWELL_MEASURED = {"GB200": "GB200", "B200": "GB200", "GB300": "GB300", "B300": "GB300"}
 
 
-def curve_source(impl: str, device: DeviceSpec) -> str:
-    """The publication a fused-attention price on ``device`` rests on (the module docstring gives the details)."""
+def curve_source(impl: str, device: DeviceSpec, head_dim: int = 128) -> str:
+    """The publication a fused-attention price on ``device`` rests on (the module docstring gives the details), and
+    for a head longer than 128 (Gemma's 256) that no curve here measures it."""
+    longer = f"; no head-dim-{head_dim} measurement here: the d128 curve" if head_dim > 128 else ""
     if device.name in AMPERE:
-        return "FlashAttention-2 paper §4.1 plateau on A100 (73% fwd, 63% bwd), shaped by the H100 FA2 curve"
+        return ("FlashAttention-2 paper §4.1 plateau on A100 (73% fwd, 63% bwd), shaped by the H100 FA2 curve"
+                + longer)
     base = {"flash2": "FlashAttention-2", "cudnn": "cuDNN", "flash3": "FlashAttention-3",
             "flex": "FlashAttention-2 x FlexAttention blog shares (0.90 fwd, 0.85 bwd)"}[impl]
-    return f"{base} curve, FlashAttention-3 paper Fig. 5-6 (H100 SXM5, d128 and d64), scaled by bf16 peak"
+    return f"{base} curve, FlashAttention-3 paper Fig. 5-6 (H100 SXM5, d128 and d64), scaled by bf16 peak{longer}"
 
 
 def _interp(seq: float, values: tuple[float, ...]) -> float:
@@ -256,6 +259,8 @@ def blackwell_source(op: OpSpec, device: DeviceSpec) -> str | None:
         out += f"; no head-dim-{op.shape[4]} measurement with this mask: the d128 rate"
     if kind == "window" and op.shape[4] != 64:
         out += f"; head dim {op.shape[4]} priced at the measured d64 window rate"
+    if kind.startswith("d192") and op.shape[4] > 192:
+        out += f"; no head-dim-{op.shape[4]} measurement: the d192 rate"
     return out
 
 

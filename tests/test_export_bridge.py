@@ -39,7 +39,7 @@ HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
               "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
               "deepseek-ai/DeepSeek-V3": "deepseek-v3.json", "zai-org/GLM-4.5": "glm-4.5.json",
-              "zai-org/GLM-4.5-Air": "glm-4.5-air.json"}
+              "zai-org/GLM-4.5-Air": "glm-4.5-air.json", "google/gemma-2-2b": "gemma-2-2b.json"}
 # Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
 # Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
 CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
@@ -86,6 +86,27 @@ GLM_FIELDS = ["model.num_query_groups", "model.kv_channels", "model.ffn_hidden_s
               "model.moe_router_score_function", "model.vocab_size", "model.share_embeddings_and_output_weights"]
 
 
+def plan_gemma(preset: str) -> Plan:
+    """A Gemma preset (as ``meshplan plan`` records it) on one H100 node: TP2 (SP), dp 4, ZeRO-1, selective
+    recompute; Gemma 2 with the unfused attention its capped scores need."""
+    group = DeviceGroupRef(nodes=1, devices_per_node=8, device="H100")
+    m = load_model(preset)
+    return Plan(name=preset, model=model_ref(m, preset), cluster=ClusterRef(spec="1x8xH100", groups=(group,)),
+                global_batch=64, micro_batch=1, seq_len=8192, degrees=Degrees(dp_shard=4, tp=2),
+                sequence_parallel=True, zero_stage=1, recompute="selective", dtype="bf16",
+                attention="unfused" if m.attn_softcap else "flash")
+
+
+# The model fields Megatron-Bridge's Gemma providers hold (models/gemma/gemma2_bridge.py from a preset's config.json,
+# models/gemma/gemma3_provider.py's Gemma3ModelProvider1B on its own), read back beside the plan's
+# (test_gemma_presets_are_the_bridges_gemma_providers)
+GEMMA_FIELDS = ["model.num_query_groups", "model.kv_channels", "model.ffn_hidden_size", "model.vocab_size",
+                "model.share_embeddings_and_output_weights", "model.gated_linear_unit", "model.normalization",
+                "model.window_size"]
+GEMMA_FIELDS_BY_FAMILY = {"gemma2": ["model.attn_logit_softcapping", "model.final_logit_softcapping"],
+                          "gemma3_text": ["model.interleaved_attn_pattern"]}
+
+
 CASES = {
     "llama70b": ALL_PLANS["llama70b"], "fsdp8b": ALL_PLANS["fsdp8b"], "hetero": ALL_PLANS["hetero"],
     "fp8": ALL_PLANS["fp8"], "fp8-tensorwise": ALL_PLANS["fp8-tensorwise"], "fp8-mxfp8": ALL_PLANS["fp8-mxfp8"],
@@ -117,6 +138,7 @@ CASES = {
     "lora-70b": lambda: ALL_PLANS["llama70b"]().model_copy(update={"lora": "16"}),
     "lora-8b": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"lora": "8:qkv+proj+fc1+fc2"}),
     "glm45": lambda: plan_glm("glm-4.5"), "glm45-air": lambda: plan_glm("glm-4.5-air"),
+    "gemma2-2b": lambda: plan_gemma("gemma-2-2b"), "gemma3-1b": lambda: plan_gemma("gemma-3-1b"),
 }
 # The base checkpoint a LoRA script asks for (its $PRETRAINED_CHECKPOINT)
 CHECKPOINT = "/checkpoints/base"
@@ -169,7 +191,9 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
                       "model.num_layers_at_end_in_bf16", "model.cuda_graph_impl", "model.cuda_graph_scope",
                       "model.moe_hybridep_num_sms"]
             + (["peft.dim", "peft.target_modules", "checkpoint.pretrained_checkpoint"] if plan.lora else [])
-            + (GLM_FIELDS if plan.model.model_type == "glm4_moe" else [])}
+            + (GLM_FIELDS if plan.model.model_type == "glm4_moe" else [])
+            + (GEMMA_FIELDS + GEMMA_FIELDS_BY_FAMILY[plan.model.model_type]
+               if plan.model.model_type in GEMMA_FIELDS_BY_FAMILY else [])}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -317,6 +341,28 @@ def test_glm_presets_build_the_bridges_own_glm_provider(read_back: dict, name: s
             "model.moe_router_score_function": "sigmoid", "model.vocab_size": m.vocab_size,
             "model.share_embeddings_and_output_weights": m.tied_embeddings}
     assert {k: got.get(k) for k in want} == want
+
+
+@needs_bridge
+@pytest.mark.parametrize("name,preset", [("gemma2-2b", "gemma-2-2b"), ("gemma3-1b", "gemma-3-1b")])
+def test_gemma_presets_are_the_bridges_gemma_providers(read_back: dict, name: str, preset: str) -> None:
+    """The model the bridge's Gemma recipe trains, from its Gemma 2 bridge reading the bundled config.json (offline,
+    as google's) or from its own Gemma3ModelProvider1B: every shape, the window and its layers, and Gemma 2's caps,
+    as meshplan's reader made them of the same file."""
+    m, got = load_model(preset), read_back[name]
+    want = {"model.num_query_groups": m.num_kv_heads, "model.kv_channels": m.head_dim,
+            "model.ffn_hidden_size": m.ffn_hidden_size, "model.vocab_size": m.vocab_size,
+            "model.share_embeddings_and_output_weights": m.tied_embeddings, "model.gated_linear_unit": m.gated_mlp,
+            "model.normalization": "RMSNorm"}
+    if m.model_type == "gemma2":  # every other layer local (the provider's layer_number % 2), a (left, 0) window
+        assert len(m.window_layers) * 2 == m.num_layers
+        want |= {"model.window_size": [m.sliding_window, 0], "model.attn_logit_softcapping": m.attn_softcap,
+                 "model.final_logit_softcapping": m.logit_softcap}
+    else:  # (local, global) layers in turn: the first global layer ends the first run of local ones
+        first_global = min(set(range(m.num_layers)) - set(m.window_layers))
+        want |= {"model.window_size": m.sliding_window, "model.interleaved_attn_pattern": [first_global, 1]}
+    assert {k: got.get(k) for k in want} == want
+    assert got["validate_error"] is None
 
 
 @needs_bridge

@@ -458,8 +458,9 @@ def logits_held_bytes(model, layout: Layout, local_seq: int) -> float:
     (``Layout.linear_ce``)."""
     if layout.linear_ce:
         return 0.0
-    return (logits_bytes_per_element(layout) * local_seq * layout.micro_batch * model.vocab_size / layout.tp
-            * (1 + model.num_mtp_layers))
+    # a final soft-cap (Gemma 2) keeps its tanh's bf16 output for backward beside the capped logits
+    per = logits_bytes_per_element(layout) + (2.0 if model.logit_softcap else 0.0)
+    return per * local_seq * layout.micro_batch * model.vocab_size / layout.tp * (1 + model.num_mtp_layers)
 
 
 def logits_bytes_per_element(layout: Layout) -> float:

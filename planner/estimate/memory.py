@@ -161,11 +161,12 @@ class LayerShape:
     experts_per_token: int = 0  # 0 = dense layer
     shared_ffn: int = 0  # total width of shared experts
     blocks: str = "*-"  # ``ModelSpec.layer_kind``: the blocks of the layer
-    keys: int = 0  # keys each query's scores span under a sliding window (0: the sequence)
     expert_width: int = 0  # width the routed experts' tokens travel at (a LatentMoE's latent; 0: hidden)
     mamba_in: int = 0  # Mamba-2 in_proj output, 2 d_inner + 2 G N + H
     mamba_inner: int = 0  # d_inner
     mla: bool = False  # multi-latent attention (its input norm stands alone; Q, K, V come from up-projections)
+    post_norms: bool = False  # a norm on each block's output too (``ModelSpec.post_norms``): its input kept
+    softcap: bool = False  # soft-capped attention scores (``ModelSpec.attn_softcap``): unfused, tanh's output kept
 
 
 def has_dropout(model) -> bool:
@@ -185,16 +186,16 @@ def layer_shape(model, layer: int) -> LayerShape:
     kind = model.layer_kind(layer)
     moe = "E" in kind
     kv_heads = model.num_heads if model.kv_lora_rank else model.num_kv_heads
-    window = model.sliding_window if "S" in kind else 0
     return LayerShape(
         hidden=model.hidden_size, heads=model.num_heads, q_dim=model.num_heads * model.head_dim,
         kv_dim=kv_heads * model.head_dim, v_dim=kv_heads * model.v_head_dim,
         ffn=model.moe_ffn_hidden_size if moe else model.ffn_hidden_size, gated=model.gated_mlp,
         dropout=has_dropout(model), experts_per_token=model.experts_per_token if moe else 0,
-        shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0, blocks=kind, keys=window,
+        shared_ffn=model.shared_expert_ffn_hidden_size if moe else 0, blocks=kind,
         expert_width=model.moe_latent_size,
         mamba_in=2 * model.mamba_inner + 2 * model.mamba_groups * model.mamba_state + model.mamba_heads,
         mamba_inner=model.mamba_inner, mla=bool(model.q_lora_rank or model.kv_lora_rank),
+        post_norms=model.post_norms, softcap=bool(model.attn_softcap),
     )
 
 
@@ -267,7 +268,7 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
     saved = ({m: lin for m in ("qkv", "proj", "fc1", "fc2")} if adapted is None else
              {m: 2.0 if m in adapted else 0.0 for m in ("qkv", "fc1", "fc2")}
              | {"proj": 2.0 if "proj" in adapted or layout.attention != "unfused" else 0.0})
-    out = 2.0 * sbh / rep * len(ls.blocks)  # the norm inputs, one per block
+    out = 2.0 * sbh / rep * len(ls.blocks) * (2 if ls.post_norms else 1)  # the norm inputs, one or two a block
     if "*" in ls.blocks or "S" in ls.blocks:
         out += _attention_bytes(ls, s, b, layout, saved["qkv"], "selective" if "core_attn" in modules else "none",
                                 saved["proj"])
@@ -334,8 +335,9 @@ def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float,
     out += qkv * s * b * (ls.q_dim + ls.kv_dim) / t  # Q, K
     out += qkv * s * b * ls.v_dim / t  # V
     if layout.attention == "unfused" and kind != "selective":
-        a_sq = ls.heads * s * min(s, ls.keys or s) * b / t  # scores over the window's keys only
-        out += a_sq * (2.0 + 3.0 * drop)  # softmax out (2) [+ dropout mask (1) + dropout out (2)]
+        a_sq = ls.heads * s * s * b / t  # the whole s x s scores (a sliding window is a mask over them)
+        # softmax out (2) [+ a soft-cap's tanh out (2)] [+ dropout mask (1) + dropout out (2)]
+        out += a_sq * (2.0 + 2.0 * ls.softcap + 3.0 * drop)
     elif layout.attention != "unfused":
         out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
     out += (lin if proj_in is None else proj_in) * s * b * ls.q_dim / t  # projection input (attention output)

@@ -161,6 +161,13 @@ class _LayerBuild:
     def norm(self, rows: int, width: int) -> None:
         self.ops.append(norm_op(self.model, self.layout, rows, width, self.act))
 
+    def post_norm(self) -> None:
+        """A block's post-norm (``ModelSpec.post_norms``, Gemma): its output normed before the residual add, over
+        the rows outside the TP region (after the row-parallel linear's reduce-scatter under sequence parallelism:
+        Megatron-Bridge's ``TERowParallelLinearLayerNorm`` norms the linear's output)."""
+        if self.model.post_norms:
+            self.norm(self.Tn, self.h)
+
     def activation(self, n: float, gated: bool) -> None:
         self.ops.extend(activation_ops(n, gated, self.eager, self.act))
 
@@ -324,6 +331,7 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
     attn_core = _core_attention(lb, window)
     ops.extend(attn_core)
     ops.extend(_proj_gemm(lb, v_out))
+    lb.post_norm()
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
     return attn_core, v_out, kv_bytes
 
@@ -415,8 +423,8 @@ def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
     A sliding window of ``window`` keys (GPT-OSS: 128 on every other layer) is a causal band: each query sees
     ``planner.model.flops.window_keys`` keys on average, priced as causal attention over twice that many keys
     (the same FLOPs, and the fused kernels' efficiency at that short length, where the tiles on the band's
-    diagonal edge cost as under the causal mask). The sinks are one logit per head added to the softmax's
-    denominator: no FLOPs to speak of."""
+    diagonal edge cost as under the causal mask); unfused, the window is a mask over the whole s x s scores. The
+    sinks are one logit per head added to the softmax's denominator: no FLOPs to speak of."""
     layout, seq_len, b, d = lb.layout, lb.seq_len, lb.b, lb.d
     attn_heads, attn_s = lb.a_t, lb.s
     if layout.cp > 1 and layout.cp_kind == "a2a":  # Ulysses: full sequence, heads split over the CP group
@@ -427,12 +435,21 @@ def _core_attention(lb: _LayerBuild, window: int = 0) -> list[OpSpec]:
         kernel = OpSpec("attention", (b, attn_heads, attn_s, keys, d), dtype, causal=True,
                         impl=attention_impl(layout))
         return [kernel] if dtype == lb.act else [_qkv_cast(lb), kernel]
-    bh = b * attn_heads  # materialised scores: full s x s (the causal mask is applied, not skipped)
-    core = [OpSpec("bmm", (bh, attn_s, keys, d), lb.act), OpSpec("softmax", (bh * attn_s, keys), lb.act)]
+    # materialised scores: full s x s, the causal mask (and a sliding window's band: Megatron-Bridge's ``get_swa``
+    # mask, HF's eager attention) applied, not skipped; a soft-cap is three eager passes over them
+    # (``cap * tanh(scores / cap)``: Megatron-Bridge ``logit_softcapping``, HF ``eager_attention_forward``)
+    bh, keys = b * attn_heads, seq_len
+    core = [OpSpec("bmm", (bh, attn_s, keys, d), lb.act)]
+    core += [lb.ew(bh * attn_s * keys) for _ in range(SOFTCAP_PASSES if lb.model.attn_softcap else 0)]
+    core.append(OpSpec("softmax", (bh * attn_s, keys), lb.act))
     if lb.drop:
         core.append(lb.ew(bh * attn_s * keys))
     core.append(OpSpec("bmm", (bh, attn_s, d, keys), lb.act))
     return core
+
+
+# Elementwise kernels of an eager soft-cap ``cap * tanh(x / cap)``: divide, tanh, multiply
+SOFTCAP_PASSES = 3
 
 
 def _attention_dtype(lb: _LayerBuild) -> str:
@@ -518,6 +535,7 @@ def _mlp_block(lb: _LayerBuild, moe: bool) -> tuple[list[OpSpec], tuple[OpSpec, 
         lb.activation(T * f // t, model.gated_mlp)
         ops.extend(lb.row_mm(h, f // t))
         lb.module("mlp", first)
+    lb.post_norm()
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))
     return experts, shared, ep_comm
 
@@ -799,9 +817,13 @@ def head_ops(model, layout: Layout, seq_len: int, dtype: str = "bf16") -> tuple[
     T = layout.micro_batch * seq_len // layout.cp
     v_t = model.vocab_size // t
     act = _precisions(dtype)[0]
+    # Gemma 2's final soft-cap: three eager passes over the logits (Megatron-Bridge ``Gemma2OutputLayer``, HF
+    # ``Gemma2ForCausalLM.forward``)
+    cap = tuple(OpSpec("elementwise", (T * v_t,), act) for _ in range(SOFTCAP_PASSES if model.logit_softcap else 0))
     return (
         norm_op(model, layout, T, model.hidden_size, act),
         OpSpec("matmul", (T, v_t, model.hidden_size), act),  # output layer: not an fp8 GEMM
+        *cap,
         OpSpec("softmax", (T, v_t), "fp32"),  # cross-entropy in fp32 (Megatron vocab-parallel CE)
     ) + ((OpSpec("copy", (T * v_t,), "fp32"),) if layout.stack == "eager" else ())  # eager: logits upcast to fp32
 

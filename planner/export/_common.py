@@ -37,12 +37,16 @@ DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
 ROPE_SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3",
                         "glm4_moe")
 
+# Gemma 2 and 3: a GeGLU under tanh GELU, post-block norms, scaled embeddings (Megatron-Bridge's Gemma providers)
+GEMMA_FAMILIES = ("gemma2", "gemma3_text")
+
 # HF decoder-layer class per model_type (transformers 5 ``modeling_*.py``): what FSDP wraps.
 HF_LAYER_CLASS = {
     "llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer", "mixtral": "MixtralDecoderLayer",
     "qwen2": "Qwen2DecoderLayer", "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
     "qwen3_moe": "Qwen3MoeDecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer", "gpt2": "GPT2Block",
-    "gpt_neox": "GPTNeoXLayer", "glm4_moe": "Glm4MoeDecoderLayer",
+    "gpt_neox": "GPTNeoXLayer", "glm4_moe": "Glm4MoeDecoderLayer", "gemma2": "Gemma2DecoderLayer",
+    "gemma3_text": "Gemma3DecoderLayer",
 }
 
 

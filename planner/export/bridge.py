@@ -64,8 +64,9 @@ class Recipe:
 
 
 # (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
-# qwen3.py, qwen3_moe.py, recipes/deepseek/deepseek_v3.py and recipes/glm/glm45.py of v0.3.1 (the HF id each passes to
-# AutoBridge.from_hf_pretrained). Same-shaped releases take the newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5).
+# qwen3.py, qwen3_moe.py, recipes/deepseek/deepseek_v3.py, recipes/glm/glm45.py and recipes/gemma/gemma2.py of v0.3.1
+# (the HF id each passes to AutoBridge.from_hf_pretrained), and recipes/gemma/gemma3.py (Gemma3ModelProvider1B: no HF
+# read; its peft recipe's HF id). Same-shaped releases take the newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5).
 # Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan prices), Mixtral and
 # Mistral (no v0.3.1 recipe).
 RECIPES: dict[tuple[str, int, int, int], Recipe] = {
@@ -86,6 +87,11 @@ RECIPES: dict[tuple[str, int, int, int], Recipe] = {
                                         preset="glm-4.5"),
     ("glm4_moe", 46, 4096, 128): Recipe("glm45_air_106b_pretrain_config", "zai-org/GLM-4.5-Air", False, mtp=True,
                                         preset="glm-4.5-air"),
+    ("gemma2", 26, 2304, 0): Recipe("gemma2_2b_pretrain_config", "google/gemma-2-2b", False, preset="gemma-2-2b"),
+    ("gemma2", 42, 3584, 0): Recipe("gemma2_9b_pretrain_config", "google/gemma-2-9b", False, preset="gemma-2-9b"),
+    ("gemma2", 46, 4608, 0): Recipe("gemma2_27b_pretrain_config", "google/gemma-2-27b", False, preset="gemma-2-27b"),
+    ("gemma3_text", 26, 1152, 0): Recipe("gemma3_1b_pretrain_config", "google/gemma-3-1b-pt", False,
+                                         preset="gemma-3-1b"),
 }
 
 # plan low-precision recipe -> the bridge's mixed-precision preset (training/mixed_precision.py, bf16 base):

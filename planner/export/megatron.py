@@ -60,6 +60,12 @@ def check(plan: Plan, flags: bool = True) -> None:
         c.refuse_fp8_attention(plan, "megatron", "Megatron-LM's arguments.py has no flag for TransformerConfig."
                                "fp8_dot_product_attention (its generated flags exclude it)")
     d, m = plan.degrees, plan.model
+    if flags and m.model_type in c.GEMMA_FAMILIES:
+        caps = ", its embedding scaling and its soft-capped attention scores and logits" if m.model_type == "gemma2" \
+            else " and its embedding scaling"
+        c.fail(f"megatron: {m.name} ({m.model_type}): Gemma's gated MLP under tanh GELU (Megatron-LM's arguments.py "
+               f"has --swiglu and --quick-geglu only), its post-block norms{caps} have no Megatron-LM flag; export "
+               "--to megatron-bridge, whose Gemma providers build them")
     world = plan.cluster.world_size
     if world % (d.tp * d.pp * d.cp):
         c.fail(f"megatron: world {world} is not divisible by tp*pp*cp = {d.tp}*{d.pp}*{d.cp}")
@@ -216,6 +222,14 @@ def unsupported(plan: Plan) -> list[str]:
         family = "DeepSeek-V3" if m.model_type == "deepseek_v3" else "GLM-4.5"
         out.append(f"megatron: {family} router details (sigmoid scores, expert bias, group-limited top-k, "
                    "routed scaling factor) are not in the plan; add Megatron's --moe-router-* flags")
+    if m.model_type == "gpt_oss":
+        out.append("megatron: GPT-OSS's attention sinks, sliding window on every other layer, clamped SwiGLU and "
+                   "expert and router biases are not rendered; add the model's --window-size and "
+                   "--window-attn-skip-freq and the Megatron-Core fields for the rest")
+    if m.model_type == "nemotron_h":
+        out.append("megatron: the hybrid layer pattern and Mamba-2 mixers are not rendered here (pretrain_gpt.py "
+                   "builds transformer layers); run pretrain_mamba.py with the model's --hybrid-override-pattern "
+                   "and Mamba flags")
     if m.num_experts and not m.moe_ffn_hidden_size:
         out.append("megatron: the plan does not record the expert FFN width; Megatron uses --ffn-hidden-size "
                    "for experts unless --moe-ffn-hidden-size is given")

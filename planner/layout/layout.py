@@ -355,6 +355,7 @@ class Layout(Decisions, Degrees):
         check_bf16_layers(self, num_layers, self.fp8)  # the recipe the layout names; the estimator also checks a
         # dtype's own default recipe (``lowp_recipe``)
         self._check_attention_dtype()
+        self._check_unfused_cp()
         self._check_batch(global_batch)
 
     def _check_heads(self, num_heads: int, num_kv_heads: int, seq_len: int) -> None:
@@ -510,6 +511,13 @@ class Layout(Decisions, Degrees):
         if self.recompute != "none":
             raise MeshplanError(f"offload_layers={n} with recompute {self.recompute}: Megatron-Core's CPU offloading "
                                 "does not work with activation recomputation")
+
+    def _check_unfused_cp(self) -> None:
+        """Megatron-Core's unfused attention has no context parallelism (core_v0.16.0 ``DotProductAttention``:
+        "Context parallelism is only supported by TEDotProductAttention!")."""
+        if self.attention == "unfused" and self.cp > 1 and self.stack == "megatron":
+            raise MeshplanError(f"attention=unfused with cp={self.cp}: Megatron-Core's unfused attention has no "
+                                "context parallelism (only Transformer Engine's fused attention splits the sequence)")
 
     def _check_attention_dtype(self) -> None:
         """fp8 attention as Transformer Engine runs it: cuDNN's fused kernel under Megatron's stack (the recipe it

@@ -331,6 +331,30 @@ def offload_choices(fix: Pins, num_layers: int, pp: int, stack: str) -> tuple[in
 # What each stack's code runs when a decision is left free (``Decision.stack_values``).
 STACK_CAN = stack_can()
 
+# The attention kernels that soft-cap the scores (``ModelSpec.attn_softcap``, Gemma 2), per stack: under Megatron-Core
+# Megatron-Bridge's ``Gemma2DotProductAttention``, unfused (models/gemma/gemma2_provider.py @ v0.3.1: "use unfused
+# SDPA for attn logit softcapping"; Transformer Engine's attention has no cap); in HF code its eager attention,
+# FlashAttention-2 (``softcap``) or FlexAttention (a ``score_mod``); PyTorch SDPA and cuDNN have none.
+SOFTCAP_ATTENTION = {"megatron": ("unfused",), "torchtitan": ("unfused", "flash2", "flex"),
+                     "eager": ("unfused", "flash2", "flex")}
+
+
+def attention_choices(fix: Pins, model, stacks: list[str]) -> list[str]:
+    """What ``attention`` takes: the pinned kernels, else the stack's fused one ("flash"); for a model that caps its
+    attention scores, the kernels that can (``SOFTCAP_ATTENTION``; free: unfused, which every stack's code runs), a
+    pinned one that no pinned stack can run with the cap refused in one line."""
+    if not model.attn_softcap:
+        return fix.choices("attention", ["flash"])
+    pinned = fix.choices("attention", ["unfused"])
+    able = {a for st in stacks for a in SOFTCAP_ATTENTION[st]}
+    bad = [a for a in pinned if a not in able]
+    if bad:
+        raise MeshplanError(
+            f"--fix attention={bad[0]}: model {model.name} soft-caps its attention scores (attn_logit_softcapping "
+            f"{model.attn_softcap:g}), which cuDNN's fused attention and PyTorch SDPA cannot; under stack "
+            f"{'/'.join(stacks)} use attention={' or '.join(sorted(able))}")
+    return pinned
+
 
 def stack_runs(stack: str, fix: Pins, **decisions: str) -> bool:
     """Whether ``stack`` runs each free decision's value (a pinned one is the user's: always tried, and the export
@@ -580,6 +604,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     base["offload_layers"] = int(fix.get("offload_layers", 0))
     base["recompute_modules"] = str(fix.get("recompute_modules", ""))
     mods_of = {(st, f8): module_choices(fix, model, st, f8) for st in stacks for f8 in fp8s}
+    attentions = attention_choices(fix, model, stacks)
 
     mod_graphs: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per module-list tuple
 
@@ -602,9 +627,9 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                                       if replicas_hold_whole_experts(tp, cp, sh[1], sh[2], ep, etp or tp, st))
                             for st in stacks}
                 for vpp, sp, att, ck, f8, st, (mo, disp) in product(
-                        vpps, sps, fix.choices("attention", ["flash"]), cp_kinds, fp8s, stacks, overlaps):
+                        vpps, sps, attentions, cp_kinds, fp8s, stacks, overlaps):
                     ep_shards = by_stack[st]
-                    if not ep_shards:
+                    if not ep_shards or (model.attn_softcap and att not in SOFTCAP_ATTENTION[st]):
                         continue
                     if st != "megatron" and "moe_dispatcher" not in fix:
                         disp = "alltoall"  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher

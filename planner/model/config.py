@@ -33,7 +33,8 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2", "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox", "NemotronHForCausalLM": "nemotron_h", "GptOssForCausalLM": "gpt_oss",
-    "NemotronForCausalLM": "nemotron", "Glm4MoeForCausalLM": "glm4_moe",
+    "NemotronForCausalLM": "nemotron", "Glm4MoeForCausalLM": "glm4_moe", "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 _REQUIRED = object()
 
@@ -334,23 +335,76 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
     config class's own default; Megatron-Bridge ``GPTOSSProvider``: window (128, 0), ``window_attn_skip_freq`` 2)."""
     spec = _base(r, False) | _heads(r, kv_default=None, head_dim_default=None)
     layers = spec["num_layers"]
-    kinds = r.cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
-                                         for i in range(layers)]
-    if not isinstance(kinds, list) or len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
-        raise r.fail(f"'layer_types' must list sliding_attention or full_attention for each of {layers} layers")
     bias = r.bool("attention_bias", True)
     return spec | dict(
         ffn_hidden_size=0, num_experts=r.int("num_local_experts"), experts_per_token=r.int("num_experts_per_tok"),
         moe_ffn_hidden_size=r.int("intermediate_size"), moe_layers=tuple(range(layers)), qkv_bias=bias,
         o_bias=bias, expert_bias=True, attention_sinks=True, sliding_window=r.int("sliding_window", 128),
         glu_clamp=r.positive("swiglu_limit", 7.0),
-        window_layers=tuple(i for i, k in enumerate(kinds) if k == "sliding_attention"))
+        window_layers=_window_layers(r, layers, 2))
+
+
+def _window_layers(r: _Reader, layers: int, pattern: int) -> tuple[int, ...]:
+    """The layers ``layer_types`` names ``sliding_attention``; without it, every layer but each ``pattern``-th
+    (transformers' own default: ``"sliding_attention" if bool((i + 1) % pattern) else "full_attention"``)."""
+    kinds = r.cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                         for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
+        raise r.fail(f"'layer_types' must list sliding_attention or full_attention for each of {layers} layers")
+    return tuple(i for i, k in enumerate(kinds) if k == "sliding_attention")
+
+
+def _softcap(r: _Reader, key: str, default: float) -> float:
+    """A logit soft-cap (``cap * tanh(x / cap)``): absent takes the config class's ``default``, null none (0)."""
+    if key not in r.cfg:
+        return default
+    return 0.0 if r.cfg[key] is None else r.positive(key, default)
+
+
+def _gemma(r: _Reader, pattern: int) -> dict[str, Any]:
+    """What Gemma 2 and Gemma 3 share (transformers ``modeling_gemma2.py`` / ``modeling_gemma3.py``): grouped-query
+    attention with its own ``head_dim``, a gated MLP under tanh-approximated GELU (GeGLU: the gated kernel's
+    traffic, priced as SwiGLU's), a pre- and a post-norm around each block, tied embeddings scaled by sqrt(hidden),
+    and ``sliding_window`` attention on the layers ``layer_types`` names (default: all but every ``pattern``-th)."""
+    spec = _base(r, True) | _heads(r, kv_default=None, head_dim_default=256)
+    if r.cfg.get("hidden_activation", r.cfg.get("hidden_act", "gelu_pytorch_tanh")) not in (
+            "gelu_pytorch_tanh", "gelu"):
+        raise r.fail(f"'hidden_activation' must be gelu_pytorch_tanh (Gemma's GeGLU), "
+                     f"got {r.cfg.get('hidden_activation')!r}")
+    bias = r.bool("attention_bias", False)
+    return spec | dict(ffn_hidden_size=r.int("intermediate_size"), qkv_bias=bias, o_bias=bias, post_norms=True,
+                       sliding_window=r.int("sliding_window", 4096),
+                       window_layers=_window_layers(r, spec["num_layers"], pattern))
+
+
+def _gemma2(r: _Reader) -> dict[str, Any]:
+    """Gemma 2 (``Gemma2Config``): local and global attention alternating, and soft-capped attention scores and
+    output logits (defaults 50 and 30; Megatron-Bridge ``Gemma2ModelProvider``: the same, and its unfused
+    ``Gemma2DotProductAttention`` for the attention's cap)."""
+    return _gemma(r, 2) | dict(attn_softcap=_softcap(r, "attn_logit_softcapping", 50.0),
+                               logit_softcap=_softcap(r, "final_logit_softcapping", 30.0))
+
+
+def _gemma3_text(r: _Reader) -> dict[str, Any]:
+    """Gemma 3's text decoder (``Gemma3TextConfig``): five local layers to one global (``sliding_window_pattern``
+    6), RMSNorm on q and k instead of Gemma 2's soft-caps (both null in its configs)."""
+    pattern = r.int("sliding_window_pattern", 6)
+    return _gemma(r, pattern) | dict(qk_norm=True, attn_softcap=_softcap(r, "attn_logit_softcapping", 0.0),
+                                     logit_softcap=_softcap(r, "final_logit_softcapping", 0.0))
 
 
 FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
     "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron, "glm4_moe": _glm4_moe,
+    "gemma2": _gemma2, "gemma3_text": _gemma3_text,
+}
+
+
+# Configs of models whose language decoder meshplan prices but which hold more than it (the reason, after "is")
+NOT_DECODERS = {
+    "gemma3": "Gemma 3's vision-language model (a SigLIP image encoder beside the decoder); meshplan prices the text "
+              "decoder alone: save its 'text_config' as a config.json with model_type gemma3_text",
 }
 
 
@@ -375,6 +429,8 @@ def spec_from_config(cfg: Any, *, where: str, name: str, source: str, mtp: bool 
         if model_type is None:
             raise MeshplanError(f"{where}: no 'model_type' and architectures {archs!r} is not recognised; "
                                 f"supported model types: {', '.join(FAMILIES)}")
+    if model_type in NOT_DECODERS:
+        raise MeshplanError(f"{where}: model_type {model_type!r} is {NOT_DECODERS[model_type]}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise MeshplanError(f"{where}: unknown model_type {model_type!r}; supported: {', '.join(FAMILIES)}")
     fields = FAMILIES[model_type](_Reader(cfg, where, model_type))

@@ -1,7 +1,8 @@
 """``ModelSpec``: one normalised description of a decoder-only transformer, with exact parameter counts.
 
 Every supported Hugging Face family (Llama, Mistral, Mixtral, Qwen2/2.5, Qwen2-MoE, Qwen3, Qwen3-MoE,
-DeepSeek-V3, GPT-2, GPT-NeoX) maps onto these fields; :func:`load_model` builds one from a preset name or a
+DeepSeek-V3, GPT-2, GPT-NeoX, Nemotron-4, Nemotron-H / Nemotron 3, GPT-OSS, GLM-4.5, Gemma 2, Gemma 3) maps onto
+these fields; :func:`load_model` builds one from a preset name or a
 ``config.json`` (the parsing lives in :mod:`planner.model.config`).
 
 Counting rules follow ``shared/notes/models.md`` §3 and each family's ``modeling_*.py`` in transformers:
@@ -94,6 +95,14 @@ class ModelSpec:
     attention_sinks: bool = False  # GPT-OSS: one learned sink logit per head in the softmax
     expert_bias: bool = False  # GPT-OSS: biases on every expert's projections and on the router
     glu_clamp: float = 0.0  # GPT-OSS ``swiglu_limit``: the gated activation's inputs clamped to this; 0 = none
+    post_norms: bool = False
+    """Gemma 2 / 3: a second norm on each block's output before the residual add (HF ``post_attention_layernorm``
+    and ``post_feedforward_layernorm``; Megatron-Bridge's ``TERowParallelLinearLayerNorm``), beside the pre-norms."""
+    attn_softcap: float = 0.0
+    """Gemma 2 ``attn_logit_softcapping``: attention scores become ``cap * tanh(scores / cap)`` before the softmax;
+    0 = none. cuDNN's fused attention and PyTorch SDPA have no such step (``Layout.check_model``)."""
+    logit_softcap: float = 0.0
+    """Gemma 2 ``final_logit_softcapping``: the output logits become ``cap * tanh(logits / cap)``; 0 = none."""
     rope_theta: float = 0.0
     rope_scaling_type: str = ""  # config.json rope_scaling.rope_type: "llama3" (Llama 3.1), "yarn" (DeepSeek-V3), ...
     rope_scaling_factor: float = 0.0  # its factor; 0 = RoPE unscaled
@@ -334,8 +343,9 @@ class ModelSpec:
         return self.num_experts * self._expert_params() if self.is_moe_layer(i) else 0
 
     def layer_norm_params(self, i: int) -> int:
-        """The per-layer pre-norms: one per block (two in a transformer layer, one in a hybrid's)."""
-        return len(self.layer_kind(i)) * self.norm_params
+        """The per-layer norms: one pre-norm per block (two in a transformer layer, one in a hybrid's), and with
+        ``post_norms`` one more on each block's output."""
+        return len(self.layer_kind(i)) * self.norm_params * (2 if self.post_norms else 1)
 
     def layer_params(self, i: int) -> int:
         """All parameters of decoder layer ``i`` (every expert counted)."""
