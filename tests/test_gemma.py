@@ -74,12 +74,14 @@ def test_bad_input_is_one_line() -> None:
         assert str(exc.value).startswith("g.json: ") and "\n" not in str(exc.value)
 
 
-def test_softcapped_attention_runs_unfused_under_megatron(runner, tmp_path) -> None:
-    """Megatron-Bridge runs Gemma 2's capped scores in its unfused attention (``Gemma2DotProductAttention``): a free
-    search takes it, and a pinned cuDNN attention is refused in one line, exit 2."""
+@pytest.mark.parametrize("stack", [[], ["--stack", "nemo"]])
+def test_softcapped_attention_runs_unfused_under_megatron(runner, tmp_path, stack: list[str]) -> None:
+    """Megatron-Bridge (and NeMo) run Gemma 2's capped scores in their unfused attention
+    (``Gemma2DotProductAttention``), whatever kernel the stack runs for other models (NeMo 24.07's profile names
+    FlashAttention-2): a free search takes it, and a pinned cuDNN attention is refused in one line, exit 2."""
     out = tmp_path / "g2.yaml"
     r = runner.invoke(app, ["plan", "-m", "gemma-2-2b", "-c", "1x8xH100", "-b", "64", "-s", "8192", "--out",
-                            str(out), "--json"])
+                            str(out), "--json", *stack])
     assert r.exit_code == 0, r.output
     plans = json.loads(r.output)["plans"]
     assert plans and {p["attention"] for p in plans} == {"unfused"}

@@ -350,7 +350,7 @@ def attention_choices(fix: Pins, model, stacks: list[str]) -> list[str]:
     bad = [a for a in pinned if a not in able]
     if bad:
         raise MeshplanError(
-            f"--fix attention={bad[0]}: model {model.name} soft-caps its attention scores (attn_logit_softcapping "
+            f"attention={bad[0]} (pinned): model {model.name} soft-caps its attention scores (attn_logit_softcapping "
             f"{model.attn_softcap:g}), which cuDNN's fused attention and PyTorch SDPA cannot; under stack "
             f"{'/'.join(stacks)} use attention={' or '.join(sorted(able))}")
     return pinned

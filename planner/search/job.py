@@ -299,8 +299,10 @@ def profile_pins(stack: Optional[str], dtype: str, spec, fix: Pins, task: str = 
     own_gpus = preset.degree("num_gpus", 0) if preset is not None else 0
     if job is not None and own_gpus and own_gpus != job.world_size:  # the closest preset is another job's layout
         note += f", a layout for {own_gpus} GPUs (this job has {job.world_size})"
-    defaults = parse_fix(",".join(f"{k}={v}" for k, v in own.items()))
-    return Pins(**_over_profile(defaults.pinned(), fix)), prof, note
+    defaults = parse_fix(",".join(f"{k}={v}" for k, v in own.items())).pinned()
+    if spec.attn_softcap:  # the model's own layer spec runs its capped attention, not the stack's fused kernel
+        defaults.pop("attention", None)  # (Megatron-Bridge / NeMo Gemma 2: Gemma2DotProductAttention; space)
+    return Pins(**_over_profile(defaults, fix)), prof, note
 
 
 def _task_note(task: str, prof: Optional[StackProfile]) -> tuple[str, ...]:
