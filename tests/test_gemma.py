@@ -101,3 +101,36 @@ def test_exports(runner, tmp_path) -> None:
     r = runner.invoke(app, ["export", str(out), "--to", "megatron-bridge"])
     assert r.exit_code == 0, r.output
     assert "RECIPE=gemma2_9b_pretrain_config" in r.output
+
+
+def test_unfused_attention_masks_the_window_over_the_whole_scores() -> None:
+    """Megatron-Bridge's Gemma 2 attention (``get_swa``) and HF's eager attention compute every score and mask the
+    window: under unfused attention a local layer costs what a global one does; a fused kernel skips the band's
+    outside."""
+    from meshplan.planner.estimate.ops_graph import layer_ops
+    from meshplan.planner.layout.layout import Layout
+    m = load_model("gemma-2-2b")
+    local, full = m.window_layers[0], min(set(range(m.num_layers)) - set(m.window_layers))
+    unfused, fused = Layout(attention="unfused"), Layout(attention="flash")
+    assert layer_ops(m, local, unfused, 8192).core_attention == layer_ops(m, full, unfused, 8192).core_attention
+    assert layer_ops(m, local, fused, 8192).core_attention != layer_ops(m, full, fused, 8192).core_attention
+
+
+def test_unfused_attention_takes_no_context_parallelism(runner, tmp_path) -> None:
+    """Megatron-Core's unfused ``DotProductAttention`` asserts context_parallel_size == 1."""
+    r = runner.invoke(app, ["plan", "-m", "gemma-2-2b", "-c", "1x8xH100", "-b", "64", "-s", "8192", "--fix",
+                            "cp=2", "--out", str(tmp_path / "x.yaml")])
+    assert r.exit_code == 2 and "no context parallelism" in r.output and r.output.count("\n") == 1
+
+
+def test_explain_says_no_curve_measures_a_256_wide_head() -> None:
+    """Gemma's 256-wide heads: no published attention curve here measures them (H100: the d128 curve; GB200: the
+    DeepSeek-V3 d192 one), and the price's source says so."""
+    from meshplan.costmodel.api import Pricer
+    from meshplan.costmodel.devices import get_device
+    from meshplan.costmodel.ops import OpSpec
+    op = OpSpec("attention", (1, 8, 8192, 8192, 256), "bf16", causal=True, impl="cudnn")
+    pricer = Pricer()
+    for device, words in (("H100-SXM", "no head-dim-256 measurement here: the d128 curve"),
+                          ("GB200", "no head-dim-256 measurement: the d192 rate")):
+        assert words in pricer.predict_with_source(op, get_device(device))[1]
