@@ -134,3 +134,17 @@ def test_explain_says_no_curve_measures_a_256_wide_head() -> None:
     for device, words in (("H100-SXM", "no head-dim-256 measurement here: the d128 curve"),
                           ("GB200", "no head-dim-256 measurement: the d192 rate")):
         assert words in pricer.predict_with_source(op, get_device(device))[1]
+
+
+def test_windowed_layers_take_no_ring_context_parallelism(runner, tmp_path) -> None:
+    """Transformer Engine runs a sliding window under context parallelism only with the all-gather or all-to-all
+    exchange (context_parallel.py, ``attn_forward_func_with_cp``): a free search at cp=2 leaves ring out, a pinned
+    ring is refused in one line."""
+    args = ["plan", "-m", "gemma-3-27b", "-c", "4x8xH100", "-b", "256", "-s", "8192", "--out",
+            str(tmp_path / "g3.yaml")]
+    r = runner.invoke(app, [*args, "--fix", "cp=2", "--json", "--top", "10"])
+    assert r.exit_code == 0, r.output
+    kinds = {p["cp_kind"] for p in json.loads(r.output)["plans"]}
+    assert kinds and "ring" not in kinds
+    r = runner.invoke(app, [*args, "--fix", "cp=2,cp_kind=ring"])
+    assert r.exit_code == 2 and "sliding-window" in r.output and r.output.count("\n") == 1

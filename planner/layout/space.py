@@ -339,6 +339,17 @@ SOFTCAP_ATTENTION = {"megatron": ("unfused",), "torchtitan": ("unfused", "flash2
                      "eager": ("unfused", "flash2", "flex")}
 
 
+def check_cp_kind(fix: Pins, model, stacks: list[str]) -> None:
+    """Refuse a pinned ring (p2p) context parallelism on a model with sliding-window layers under Megatron-Core:
+    Transformer Engine runs a window only under the all-gather or all-to-all exchange (``attn_forward_func_with_cp``,
+    context_parallel.py @ d0067d0: "Context parallelism does not support sliding window attention with
+    cp_comm_type='p2p'"); a free search leaves ring out there."""
+    cp, kind = int(fix.get("cp", 1)), fix.get("cp_kind", "")
+    if model.sliding_window and model.window_layers and cp > 1 and kind == "ring" and stacks == ["megatron"]:
+        raise MeshplanError(f"cp_kind=ring (pinned) with cp={cp}: model {model.name} has sliding-window layers, "
+                            "which Transformer Engine's context parallelism runs only with cp_kind allgather or a2a")
+
+
 def attention_choices(fix: Pins, model, stacks: list[str]) -> list[str]:
     """What ``attention`` takes: the pinned kernels, else the stack's fused one ("flash"); for a model that caps its
     attention scores, the kernels that can (``SOFTCAP_ATTENTION``; free: unfused, which every stack's code runs), a
@@ -605,6 +616,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     base["recompute_modules"] = str(fix.get("recompute_modules", ""))
     mods_of = {(st, f8): module_choices(fix, model, st, f8) for st in stacks for f8 in fp8s}
     attentions = attention_choices(fix, model, stacks)
+    windowed = bool(model.sliding_window and model.window_layers)
+    check_cp_kind(fix, model, stacks)
 
     mod_graphs: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per module-list tuple
 
@@ -631,6 +644,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     ep_shards = by_stack[st]
                     if not ep_shards or (model.attn_softcap and att not in SOFTCAP_ATTENTION[st]):
                         continue
+                    if cp > 1 and ck == "ring" and windowed and st == "megatron":
+                        continue  # Transformer Engine: no sliding window under p2p CP (check_cp_kind)
                     if st != "megatron" and "moe_dispatcher" not in fix:
                         disp = "alltoall"  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
                     ok = runs.get((st, ck, f8, mo))
