@@ -309,3 +309,16 @@ def test_explain_books_the_mtp_modules_on_the_last_stage_not_as_a_straggler():
         step = explain_gpu(est, work, Layout(dp_shard=64, ep=8, zero_stage=1, mtp=mtp))["step_s"]
         stage = step["slowest stage compute"] + step["slowest stage exposed comm"]
         assert step["slowest of the ranks (straggler)"] == pytest.approx(stage * straggler_slowdown(64), rel=1e-3)
+
+
+def test_gpt_oss_context_parallelism_is_all_to_all(runner, tmp_path):
+    """Transformer Engine runs attention sinks under context parallelism only with the all-to-all exchange
+    (context_parallel.py ``attn_forward_func_with_cp``; Megatron-Bridge's GPT-OSS recipe: "only a2a cp is supported
+    for sink attention"): a free search at cp=4 takes a2a, a pinned all-gather is refused in one line."""
+    from meshplan.cli.main import app
+    args = ["plan", "-m", "gpt-oss-20b", "-c", "2x8xH100", "-b", "64", "-s", "32768", "--out", str(tmp_path / "g.yaml")]
+    r = runner.invoke(app, [*args, "--fix", "cp=4", "--json", "--top", "10"])
+    assert r.exit_code == 0, r.output
+    assert {p["cp_kind"] for p in json.loads(r.output)["plans"]} == {"a2a"}
+    r = runner.invoke(app, [*args, "--fix", "cp=4,cp_kind=allgather"])
+    assert r.exit_code == 2 and "attention sinks" in r.output and r.output.count("\n") == 1

@@ -281,8 +281,8 @@ class Decisions:
     """"ring": p2p KV exchange overlapped with the attention blocks (Megatron-Core/TE ``p2p``); "allgather": KV
     all-gathered before attention (Llama 3 paper §3.3.2; torch ``context_parallel``'s allgather rotation); "a2a":
     DeepSpeed-Ulysses all-to-all over heads. torchtitan and HF code have no Ulysses. Under Megatron-Core a model with
-    sliding-window layers (GPT-OSS, Gemma) takes allgather or a2a: Transformer Engine runs no window under the ring
-    (``space.check_cp_kind``)."""
+    sliding-window layers (Gemma) takes allgather or a2a, one with attention sinks (GPT-OSS) a2a: what Transformer
+    Engine's context parallelism runs them under (``space.check_cp_kind``)."""
     stack: str = decision("megatron", "the training code, whose kernels run: megatron, torchtitan or eager",
                           choices=("megatron", "torchtitan", "eager"), searched=True, by_stack=True)
     """"megatron": Transformer Engine's fused kernels (norms, SwiGLU, cuDNN attention, vocab-parallel

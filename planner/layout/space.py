@@ -339,15 +339,23 @@ SOFTCAP_ATTENTION = {"megatron": ("unfused",), "torchtitan": ("unfused", "flash2
                      "eager": ("unfused", "flash2", "flex")}
 
 
-def check_cp_kind(fix: Pins, model, stacks: list[str]) -> None:
-    """Refuse a pinned ring (p2p) context parallelism on a model with sliding-window layers under Megatron-Core:
-    Transformer Engine runs a window only under the all-gather or all-to-all exchange (``attn_forward_func_with_cp``,
-    context_parallel.py @ d0067d0: "Context parallelism does not support sliding window attention with
-    cp_comm_type='p2p'"); a free search leaves ring out there."""
+def check_cp_kind(fix: Pins, model, stacks: list[str]) -> tuple[str, ...]:
+    """The context-parallel exchanges Transformer Engine runs the model's attention under (``cp_kind``; a free search
+    under Megatron-Core leaves the others out), a pinned other one refused in one line. ``attn_forward_func_with_cp``
+    (context_parallel.py @ d0067d0) asserts a sliding window only under all-gather or all-to-all ("Context parallelism
+    does not support sliding window attention with cp_comm_type='p2p'") and attention sinks only under all-to-all
+    ("Context parallelism only supports softmax_type=... with cp_comm_type = 'a2a'"; Megatron-Bridge's GPT-OSS recipe:
+    "only a2a cp is supported for sink attention")."""
+    kinds: tuple[str, ...] = ("ring", "allgather", "a2a")
+    if model.sliding_window and model.window_layers:
+        kinds, what = ("allgather", "a2a"), "sliding-window layers"
+    if model.attention_sinks:
+        kinds, what = ("a2a",), "attention sinks"
     cp, kind = int(fix.get("cp", 1)), fix.get("cp_kind", "")
-    if model.sliding_window and model.window_layers and cp > 1 and kind == "ring" and stacks == ["megatron"]:
-        raise MeshplanError(f"cp_kind=ring (pinned) with cp={cp}: model {model.name} has sliding-window layers, "
-                            "which Transformer Engine's context parallelism runs only with cp_kind allgather or a2a")
+    if cp > 1 and kind and kind not in kinds and stacks == ["megatron"]:
+        raise MeshplanError(f"cp_kind={kind} (pinned) with cp={cp}: model {model.name} has {what}, which Transformer "
+                            f"Engine's context parallelism runs only with cp_kind {' or '.join(kinds)}")
+    return kinds
 
 
 def attention_choices(fix: Pins, model, stacks: list[str]) -> list[str]:
@@ -616,8 +624,7 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
     base["recompute_modules"] = str(fix.get("recompute_modules", ""))
     mods_of = {(st, f8): module_choices(fix, model, st, f8) for st in stacks for f8 in fp8s}
     attentions = attention_choices(fix, model, stacks)
-    windowed = bool(model.sliding_window and model.window_layers)
-    check_cp_kind(fix, model, stacks)
+    te_cp_kinds = check_cp_kind(fix, model, stacks)
 
     mod_graphs: dict[tuple[str, ...], tuple[str, ...]] = {}  # free cuda_graphs per module-list tuple
 
@@ -644,8 +651,8 @@ def enumerate_groups(model, world_size: int, devices_per_node: int, global_batch
                     ep_shards = by_stack[st]
                     if not ep_shards or (model.attn_softcap and att not in SOFTCAP_ATTENTION[st]):
                         continue
-                    if cp > 1 and ck == "ring" and windowed and st == "megatron":
-                        continue  # Transformer Engine: no sliding window under p2p CP (check_cp_kind)
+                    if cp > 1 and st == "megatron" and ck not in te_cp_kinds:
+                        continue  # Transformer Engine's CP runs windows and sinks on some exchanges (check_cp_kind)
                     if st != "megatron" and "moe_dispatcher" not in fix:
                         disp = "alltoall"  # DeepEP and Hybrid-EP ship with Megatron-Core's flex dispatcher
                     ok = runs.get((st, ck, f8, mo))
