@@ -39,7 +39,8 @@ HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b-instruct.json",
               "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
               "deepseek-ai/DeepSeek-V3": "deepseek-v3.json", "zai-org/GLM-4.5": "glm-4.5.json",
-              "zai-org/GLM-4.5-Air": "glm-4.5-air.json", "google/gemma-2-2b": "gemma-2-2b.json"}
+              "zai-org/GLM-4.5-Air": "glm-4.5-air.json", "google/gemma-2-2b": "gemma-2-2b.json",
+              "openai/gpt-oss-20b": "gpt-oss-20b.json"}
 # Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
 # Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
 CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
@@ -107,6 +108,30 @@ GEMMA_FIELDS_BY_FAMILY = {"gemma2": ["model.attn_logit_softcapping", "model.fina
                           "gemma3_text": ["model.interleaved_attn_pattern"]}
 
 
+def plan_preset(preset: str, ep: int = 1) -> Plan:
+    """A bundled model (as ``meshplan plan`` records it) on one H100 node: TP2 (SP), dp 4, ZeRO-1; an MoE model's
+    experts over ``ep`` ranks without expert TP."""
+    group = DeviceGroupRef(nodes=1, devices_per_node=8, device="H100")
+    return Plan(name=preset, model=model_ref(load_model(preset), preset),
+                cluster=ClusterRef(spec="1x8xH100", groups=(group,)), global_batch=64, micro_batch=1, seq_len=4096,
+                degrees=Degrees(dp_shard=4, tp=2, ep=ep), sequence_parallel=True, zero_stage=1, recompute="none",
+                dtype="bf16", etp=1 if ep > 1 else 0)
+
+
+# The model fields of the GPT-OSS and Nemotron-H / Nemotron 3 models the bridge's recipes train (the GPT-OSS bridge
+# from a preset's config.json; NemotronHModelProvider8B and Nemotron3NanoProvider on their own), read back beside the
+# plan's (test_hybrid_and_gpt_oss_presets_are_the_bridges_models)
+FAMILY_FIELDS = {
+    "gpt_oss": ["model.num_query_groups", "model.kv_channels", "model.num_moe_experts", "model.moe_router_topk",
+                "model.moe_ffn_hidden_size", "model.window_size", "model.window_attn_skip_freq",
+                "model.softmax_type", "model.add_bias_linear", "model.vocab_size"],
+    "nemotron_h": ["model.hybrid_override_pattern", "model.mamba_num_heads", "model.mamba_head_dim",
+                   "model.mamba_state_dim", "model.mamba_num_groups", "model.ffn_hidden_size", "model.num_moe_experts",
+                   "model.moe_ffn_hidden_size", "model.moe_shared_expert_intermediate_size", "model.num_query_groups",
+                   "model.kv_channels", "model.vocab_size"],
+}
+
+
 CASES = {
     "llama70b": ALL_PLANS["llama70b"], "fsdp8b": ALL_PLANS["fsdp8b"], "hetero": ALL_PLANS["hetero"],
     "fp8": ALL_PLANS["fp8"], "fp8-tensorwise": ALL_PLANS["fp8-tensorwise"], "fp8-mxfp8": ALL_PLANS["fp8-mxfp8"],
@@ -139,6 +164,8 @@ CASES = {
     "lora-8b": lambda: ALL_PLANS["fsdp8b"]().model_copy(update={"lora": "8:qkv+proj+fc1+fc2"}),
     "glm45": lambda: plan_glm("glm-4.5"), "glm45-air": lambda: plan_glm("glm-4.5-air"),
     "gemma2-2b": lambda: plan_gemma("gemma-2-2b"), "gemma3-1b": lambda: plan_gemma("gemma-3-1b"),
+    "gptoss-20b": lambda: plan_preset("gpt-oss-20b", ep=8), "nemotronh-8b": lambda: plan_preset("nemotron-h-8b"),
+    "nemotron3-nano": lambda: plan_preset("nemotron-3-nano-30b-a3b", ep=8),
 }
 # The base checkpoint a LoRA script asks for (its $PRETRAINED_CHECKPOINT)
 CHECKPOINT = "/checkpoints/base"
@@ -181,7 +208,7 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
     recipe = bridge.recipe_of(plan)
     moe = bool(plan.model.num_experts)
     return {"name": name, "recipe": recipe.name, "world": plan.cluster.world_size, "overrides": words,
-            "cpu_overrides": CPU_OVERRIDES, "provider_from": recipe.hf_model if moe else None,
+            "cpu_overrides": CPU_OVERRIDES, "provider_from": recipe.hf_model if moe and not recipe.provider else None,
             "base_recipe": "llama31_70b_pretrain_config" if recipe.comm_overlap else "llama31_8b_pretrain_config",
             "extra": ["model.num_layers", "model.hidden_size", "model.num_moe_experts", "model.overlap_p2p_comm",
                       "model.tp_comm_overlap", "model.fp8", "model.fp8_recipe", "model.fp4", "ddp.grad_reduce_in_fp32",
@@ -193,7 +220,8 @@ def _case(name: str, plan: Plan, words: list[str]) -> dict:
             + (["peft.dim", "peft.target_modules", "checkpoint.pretrained_checkpoint"] if plan.lora else [])
             + (GLM_FIELDS if plan.model.model_type == "glm4_moe" else [])
             + (GEMMA_FIELDS + GEMMA_FIELDS_BY_FAMILY[plan.model.model_type]
-               if plan.model.model_type in GEMMA_FIELDS_BY_FAMILY else [])}
+               if plan.model.model_type in GEMMA_FIELDS_BY_FAMILY else [])
+            + FAMILY_FIELDS.get(plan.model.model_type, [])}
 
 
 def _read_back(cases: list[dict], tmp: Path) -> dict:
@@ -361,6 +389,33 @@ def test_gemma_presets_are_the_bridges_gemma_providers(read_back: dict, name: st
     else:  # (local, global) layers in turn: the first global layer ends the first run of local ones
         first_global = min(set(range(m.num_layers)) - set(m.window_layers))
         want |= {"model.window_size": m.sliding_window, "model.interleaved_attn_pattern": [first_global, 1]}
+    assert {k: got.get(k) for k in want} == want
+    assert got["validate_error"] is None
+
+
+@needs_bridge
+@pytest.mark.parametrize("name,preset", [("gptoss-20b", "gpt-oss-20b"), ("nemotronh-8b", "nemotron-h-8b"),
+                                         ("nemotron3-nano", "nemotron-3-nano-30b-a3b")])
+def test_hybrid_and_gpt_oss_presets_are_the_bridges_models(read_back: dict, name: str, preset: str) -> None:
+    """The model the bridge's recipe trains: GPT-OSS from its GPT-OSS bridge reading the bundled config.json
+    (offline, as openai's), Nemotron-H 8B and Nemotron 3 Nano from the recipes' own provider classes (no HF read;
+    their vocabulary comes from the tokenizer at run time). Every shape, the layer pattern and the Mamba mixer's
+    sizes, the window and its layers, the sinks and the biases are meshplan's reading of the same model."""
+    m, got = load_model(preset), read_back[name]
+    want = {"model.num_query_groups": m.num_kv_heads, "model.kv_channels": m.head_dim}
+    if m.model_type == "gpt_oss":  # Megatron-Core windows layer n (1-based) unless n % window_attn_skip_freq == 0
+        assert m.window_layers == tuple(range(0, m.num_layers, 2))
+        want |= {"model.num_moe_experts": m.num_experts, "model.moe_router_topk": m.experts_per_token,
+                 "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size, "model.window_size": [m.sliding_window, 0],
+                 "model.window_attn_skip_freq": 2, "model.softmax_type": "learnable",
+                 "model.add_bias_linear": m.qkv_bias and m.expert_bias, "model.vocab_size": m.vocab_size}
+    else:
+        want |= {"model.hybrid_override_pattern": m.layer_pattern, "model.mamba_num_heads": m.mamba_heads,
+                 "model.mamba_head_dim": m.mamba_head_dim, "model.mamba_state_dim": m.mamba_state,
+                 "model.mamba_num_groups": m.mamba_groups, "model.ffn_hidden_size": m.ffn_hidden_size,
+                 "model.num_moe_experts": m.num_experts or None,
+                 "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size or None,
+                 "model.moe_shared_expert_intermediate_size": m.shared_expert_ffn_hidden_size or None}
     assert {k: got.get(k) for k in want} == want
     assert got["validate_error"] is None
 

@@ -48,9 +48,10 @@ PROFILE = "megatron-bridge@26.02.01"  # the stack profile of that release: the a
 
 @dataclass(frozen=True)
 class Recipe:
-    """A v0.3.1 pretraining recipe: its function in ``megatron.bridge.recipes``, the HF model it loads, whether it
-    sets a ``CommOverlapConfig`` (``cfg.comm_overlap``; None otherwise) and whether it turns on multi-token prediction
-    (``model.mtp_num_layers``), which the override sets to the plan's ``mtp`` (None when the plan has none)."""
+    """A v0.3.1 pretraining recipe: its function in ``megatron.bridge.recipes``, the HF model it loads (or the
+    provider class it builds the model from, ``provider``), whether it sets a ``CommOverlapConfig``
+    (``cfg.comm_overlap``; None otherwise) and whether it turns on multi-token prediction (``model.mtp_num_layers``),
+    which the override sets to the plan's ``mtp`` (None when the plan has none)."""
 
     name: str
     hf_model: str
@@ -61,14 +62,18 @@ class Recipe:
     has no peft variant in that release."""
     peft_comm_overlap: bool = False
     """Whether its peft variant sets a ``CommOverlapConfig`` (of v0.3.1's, only the 405B's: tp_comm_overlap off)."""
+    provider: str = ""
+    """The provider class in ``megatron.bridge.models`` the recipe builds its model from, reading no HF config;
+    "": it reads ``hf_model``'s."""
 
 
 # (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
-# qwen3.py, qwen3_moe.py, recipes/deepseek/deepseek_v3.py, recipes/glm/glm45.py and recipes/gemma/gemma2.py of v0.3.1
-# (the HF id each passes to AutoBridge.from_hf_pretrained), and recipes/gemma/gemma3.py (Gemma3ModelProvider1B: no HF
-# read; its peft recipe's HF id). Same-shaped releases take the newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5).
-# Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan prices), Mixtral and
-# Mistral (no v0.3.1 recipe).
+# qwen3.py, qwen3_moe.py, recipes/deepseek/deepseek_v3.py, recipes/glm/glm45.py, recipes/gemma/gemma2.py and
+# recipes/gpt_oss/gpt_oss.py of v0.3.1 (the HF id each passes to AutoBridge.from_hf_pretrained), and
+# recipes/gemma/gemma3.py and recipes/nemotronh/{nemotronh,nemotron_3_nano}.py, which build their models from provider
+# classes (the HF id: the checkpoint their sft recipes' tokenizer or HF path names). Same-shaped releases take the
+# newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5). Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe
+# trains with Muon, which no plan prices), Mixtral and Mistral (no v0.3.1 recipe).
 RECIPES: dict[tuple[str, int, int, int], Recipe] = {
     ("llama", 32, 4096, 0): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False,
                                    preset="llama-3.1-8b-instruct"),
@@ -91,7 +96,18 @@ RECIPES: dict[tuple[str, int, int, int], Recipe] = {
     ("gemma2", 42, 3584, 0): Recipe("gemma2_9b_pretrain_config", "google/gemma-2-9b", False, preset="gemma-2-9b"),
     ("gemma2", 46, 4608, 0): Recipe("gemma2_27b_pretrain_config", "google/gemma-2-27b", False, preset="gemma-2-27b"),
     ("gemma3_text", 26, 1152, 0): Recipe("gemma3_1b_pretrain_config", "google/gemma-3-1b-pt", False,
-                                         preset="gemma-3-1b"),
+                                         preset="gemma-3-1b", provider="Gemma3ModelProvider1B"),
+    ("gpt_oss", 24, 2880, 32): Recipe("gpt_oss_20b_pretrain_config", "openai/gpt-oss-20b", False,
+                                      preset="gpt-oss-20b"),
+    ("gpt_oss", 36, 2880, 128): Recipe("gpt_oss_120b_pretrain_config", "openai/gpt-oss-120b", False,
+                                       preset="gpt-oss-120b"),
+    ("nemotron_h", 52, 4096, 0): Recipe("nemotronh_8b_pretrain_config", "nvidia/Nemotron-H-8B-Base-8K", True,
+                                        preset="nemotron-h-8b", provider="NemotronHModelProvider8B"),
+    ("nemotron_h", 118, 8192, 0): Recipe("nemotronh_56b_pretrain_config", "nvidia/Nemotron-H-56B-Base-8K", True,
+                                         preset="nemotron-h-56b", provider="NemotronHModelProvider56B"),
+    ("nemotron_h", 52, 2688, 128): Recipe("nemotron_3_nano_pretrain_config",
+                                          "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", True,
+                                          preset="nemotron-3-nano-30b-a3b", provider="Nemotron3NanoProvider"),
 }
 
 # plan low-precision recipe -> the bridge's mixed-precision preset (training/mixed_precision.py, bf16 base):
@@ -162,7 +178,7 @@ def recipe_of(plan: Plan) -> Recipe:
             c.fail(f"megatron-bridge: lora {plan.lora}: {SOURCE} has no peft recipe for model {m.name!r} (only "
                    f"{found.name}); export to megatron, which names what it cannot train")
         return Recipe(found.name.replace("_pretrain_config", "_peft_config"), found.hf_model,
-                      found.peft_comm_overlap, preset=found.preset)
+                      found.peft_comm_overlap, preset=found.preset)  # peft recipes read the HF config
     return found
 
 
@@ -217,7 +233,8 @@ def check(plan: Plan) -> None:
 
 
 # Megatron-LM notes about flags the recipe's model already carries (rope, router, expert width from the HF config).
-_MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width")
+_MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width", "attention sinks",
+                "hybrid layer pattern")
 
 
 def _torch_fsdp(plan: Plan) -> bool:
@@ -400,7 +417,8 @@ def render(plan: Plan) -> str:
     """A bash script: the recipe, one array of Hydra overrides, and the torchrun line."""
     recipe = recipe_of(plan)
     lines = ["#!/bin/bash"] + [f"# {h}" for h in c.header(plan, "Megatron-Bridge", SOURCE)]
-    lines.append(f"# recipe {recipe.name}: the model from {recipe.hf_model}'s HF config; "
+    model = (f"its provider class {recipe.provider}" if recipe.provider else f"{recipe.hf_model}'s HF config")
+    lines.append(f"# recipe {recipe.name}: the model from {model}; "
                  f"{ENTRY} is scripts/training/{ENTRY} of the bridge's repository ($BRIDGE_ENTRY)")
     lines.append("# Extra overrides (data, optimizer, train.train_iters ...) are passed through: "
                  "./this.sh train.train_iters=1000 optimizer.lr=3e-4")
