@@ -74,6 +74,13 @@ def _transformer_config(flags: dict[str, object]):
         kw["moe_layer_freq"] = _moe_freq(kw["moe_layer_freq"])
     if args.get("swiglu"):
         kw.update(gated_linear_unit=True, activation_func=F.silu)
+    if args.get("quick_geglu"):  # core_transformer_config_from_args: quick_gelu, gated
+        from megatron.core.activations import quick_gelu
+        kw.update(gated_linear_unit=True, activation_func=quick_gelu)
+    if isinstance(kw.get("window_size"), str):  # arguments.py tuple_type: "128,0"
+        kw["window_size"] = tuple(int(v) for v in kw["window_size"].split(","))
+    if isinstance(kw.get("window_attn_skip_freq"), str):  # moe_freq_type, as --moe-layer-freq
+        kw["window_attn_skip_freq"] = _moe_freq(kw["window_attn_skip_freq"])
     if not args.get("group_query_attention"):
         kw.pop("num_query_groups", None)
     if args.get("num_layers_per_virtual_pipeline_stage"):  # validate_args
@@ -175,7 +182,8 @@ FREE_SEARCHES = [("deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "bf16", ""),
                  ("qwen3-30b-a3b", "16x8xH100", 1024, 4096, "bf16", ""),
                  ("mixtral-8x7b", "2x8xH100", 64, 4096, "bf16", "moe_capacity=1.25"),
                  ("llama-3.1-70b", "8x8xH100", 64, 131072, "bf16", ""),
-                 ("glm-4.5", "16x8xH100", 1024, 4096, "bf16", "")]
+                 ("glm-4.5", "16x8xH100", 1024, 4096, "bf16", ""),
+                 ("gpt-oss-20b", "2x8xH100", 128, 4096, "bf16", "")]
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
@@ -185,6 +193,8 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
     """Each of the five best plans of a free search, exported to Megatron and read back into megatron-core's own
     ``TransformerConfig``, which raises on any combination it does not run (issue 26: the NVL72 search once ranked
     ``moe_overlap`` under full recomputation first)."""
+    from megatron.core.transformer.utils import is_layer_window_attention
+
     from meshplan.planner.cluster.spec import load_cluster
     from meshplan.planner.estimate.base import Workload
     from meshplan.planner.layout.space import parse_fix
@@ -201,8 +211,14 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
         cfg, args = _transformer_config(_megatron_args(ns.training_script_args))
         assert (cfg.expert_model_parallel_size, cfg.pipeline_model_parallel_size) == (layout.ep, layout.pp)
         m = work.model  # the attention each config.json describes, as Megatron reads the exported flags
-        assert (cfg.qk_layernorm, cfg.add_qkv_bias, float(args.get("rotary_percent", 1.0))) == (
-            m.qk_norm, m.qkv_bias, m.rotary_percent)
+        assert (cfg.qk_layernorm, cfg.add_qkv_bias or cfg.add_bias_linear and m.model_type == "gpt_oss",
+                float(args.get("rotary_percent", 1.0))) == (m.qk_norm, m.qkv_bias, m.rotary_percent)
+        windowed = tuple(i for i in range(m.num_layers)
+                         if is_layer_window_attention(cfg.window_size, cfg.window_attn_skip_freq, i + 1))
+        assert windowed == (m.window_layers if m.sliding_window else ())
+        assert (cfg.window_size or (0, 0))[0] == m.sliding_window
+        assert (cfg.softmax_type == "learnable", cfg.activation_func_clamp_value or 0.0) == (
+            m.attention_sinks, m.glu_clamp)
 
 
 def render_megatron(plan) -> str:

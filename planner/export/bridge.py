@@ -233,7 +233,7 @@ def check(plan: Plan) -> None:
 
 
 # Megatron-LM notes about flags the recipe's model already carries (rope, router, expert width from the HF config).
-_MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width", "attention sinks",
+_MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width", "sliding window",
                 "hybrid layer pattern")
 
 

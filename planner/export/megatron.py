@@ -211,7 +211,7 @@ def unsupported(plan: Plan) -> list[str]:
     if m.model_type == "nemotron":
         out.append("megatron: Nemotron's rotary embedding on part of each head (partial_rotary_factor) and its "
                    "LayerNorm1P are not in the plan; add the model's --rotary-percent and zero-centred-gamma flags")
-    if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type in ("gpt_neox", "nemotron"):
+    if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type in ("gpt_neox", "nemotron", "gpt_oss"):
         if not m.rope_theta:
             out.append("megatron: the plan does not record rope_theta; add --rotary-base <config.json rope_theta> "
                        "(Megatron's default is 10000)")
@@ -222,10 +222,9 @@ def unsupported(plan: Plan) -> list[str]:
         family = "DeepSeek-V3" if m.model_type == "deepseek_v3" else "GLM-4.5"
         out.append(f"megatron: {family} router details (sigmoid scores, expert bias, group-limited top-k, "
                    "routed scaling factor) are not in the plan; add Megatron's --moe-router-* flags")
-    if m.model_type == "gpt_oss":
-        out.append("megatron: GPT-OSS's attention sinks, sliding window on every other layer, clamped SwiGLU and "
-                   "expert and router biases are not rendered; add the model's --window-size and "
-                   "--window-attn-skip-freq and the Megatron-Core fields for the rest")
+    if m.model_type == "gpt_oss" and not (m.sliding_window and m.window_layers):
+        out.append("megatron: the plan does not record GPT-OSS's sliding window (made before the field); add "
+                   "--window-size 128,0 --window-attn-skip-freq 2")
     if m.model_type == "nemotron_h":
         out.append("megatron: the hybrid layer pattern and Mamba-2 mixers are not rendered here (pretrain_gpt.py "
                    "builds transformer layers); run pretrain_mamba.py with the model's --hybrid-override-pattern "
@@ -390,7 +389,16 @@ def model_args(plan: Plan) -> list[str]:
         a += ["--position-embedding-type", "rope"]
     elif fam == "nemotron":  # Nemotron-4: rope, the two-matrix squared-ReLU MLP (--squared-relu), no biases
         a += ["--position-embedding-type", "rope", "--squared-relu", "--disable-bias-linear"]
-    if (fam in c.ROPE_SWIGLU_FAMILIES or fam in ("gpt_neox", "nemotron")) and m.rope_theta:
+    elif fam == "gpt_oss":  # Megatron-Bridge GPTOSSProvider @ v0.3.1: quick_gelu GLU with the linear part + 1,
+        # clamped; learnable softmax (the sinks); biases everywhere (Megatron's default add_bias_linear)
+        a += ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--quick-geglu",
+              "--glu-linear-offset", "1.0"]
+        if m.glu_clamp:
+            a += ["--activation-func-clamp-value", f"{m.glu_clamp:g}"]
+        if m.attention_sinks:
+            a += ["--softmax-type", "learnable"]
+    a += window_args(m)
+    if (fam in c.ROPE_SWIGLU_FAMILIES or fam in ("gpt_neox", "nemotron", "gpt_oss")) and m.rope_theta:
         # Megatron-LM arguments.py: --rotary-base is an int (default 10000); Llama 3.1's rope_theta is 500000.
         a += ["--rotary-base", str(int(round(m.rope_theta)))]
         if m.rope_scaling_type == "llama3":  # --use-rope-scaling applies Llama 3.x scaling; factor default 8.0
@@ -416,6 +424,23 @@ def model_args(plan: Plan) -> list[str]:
             a += ["--moe-expert-capacity-factor", f"{plan.moe_capacity:g}", "--moe-pad-expert-input-to-capacity",
                   "--moe-token-drop-policy", "probs"]
     return a
+
+
+def window_args(m) -> list[str]:
+    """``--window-size`` and ``--window-attn-skip-freq`` for a model with sliding-window layers: megatron-core's
+    ``is_layer_window_attention`` (core_v0.16.0 transformer/utils.py) windows layer n (1-based) unless
+    ``n % freq == 0``, or where a list holds 1; every layer without the frequency."""
+    if not m.sliding_window or not m.window_layers:
+        return []
+    own = set(m.window_layers)
+    windowed = [int(i in own) for i in range(m.num_layers)]
+    a = ["--window-size", f"{m.sliding_window},0"]
+    if all(windowed):
+        return a
+    for freq in range(2, m.num_layers + 1):
+        if windowed == [int((i + 1) % freq != 0) for i in range(m.num_layers)]:
+            return a + ["--window-attn-skip-freq", str(freq)]
+    return a + ["--window-attn-skip-freq", c.quote(_run_length(windowed))]
 
 
 def _run_length(flags: list[int]) -> str:

@@ -28,7 +28,9 @@ def model_ref(m, model_source: str) -> ModelRef:
                     tied_embeddings=m.tied_embeddings, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
                     qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim, rope_theta=m.rope_theta,
                     rope_scaling_type=m.rope_scaling_type, rope_scaling_factor=m.rope_scaling_factor,
-                    qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, rotary_percent=m.rotary_percent)
+                    qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, rotary_percent=m.rotary_percent,
+                    sliding_window=m.sliding_window, window_layers=tuple(m.window_layers),
+                    attention_sinks=m.attention_sinks, glu_clamp=m.glu_clamp)
 
 
 def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str, costmodel: str) -> Plan:

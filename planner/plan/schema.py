@@ -72,6 +72,10 @@ class ModelRef(_Frozen):
     qkv_bias: bool = False  # biases on the q/k/v projections (``ModelSpec.qkv_bias``)
     qk_norm: bool = False  # RMSNorm on q and k (``ModelSpec.qk_norm``)
     rotary_percent: float = Field(1.0, gt=0.0, le=1.0)  # share of each head RoPE rotates (``ModelSpec``)
+    sliding_window: Count = 0  # keys a sliding-window layer attends to (``ModelSpec.sliding_window``); 0 = none
+    window_layers: tuple[Count, ...] = ()  # the layers that use it, 0-based (``ModelSpec.window_layers``)
+    attention_sinks: bool = False  # one learned sink logit per head (GPT-OSS, ``ModelSpec.attention_sinks``)
+    glu_clamp: NonNegFloat = 0.0  # the gated activation's inputs clamped to this (GPT-OSS); 0 = none
 
 
 class DeviceGroupRef(_Frozen):
