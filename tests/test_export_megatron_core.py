@@ -183,7 +183,9 @@ FREE_SEARCHES = [("deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "bf16", ""),
                  ("mixtral-8x7b", "2x8xH100", 64, 4096, "bf16", "moe_capacity=1.25"),
                  ("llama-3.1-70b", "8x8xH100", 64, 131072, "bf16", ""),
                  ("glm-4.5", "16x8xH100", 1024, 4096, "bf16", ""),
-                 ("gpt-oss-20b", "2x8xH100", 128, 4096, "bf16", "")]
+                 ("gpt-oss-20b", "2x8xH100", 128, 4096, "bf16", ""),
+                 ("nemotron-3-nano-30b-a3b", "2x8xH100", 256, 8192, "bf16", ""),
+                 ("nemotron-h-8b", "1x8xH100", 64, 4096, "bf16", "")]
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
@@ -219,6 +221,14 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
         assert (cfg.window_size or (0, 0))[0] == m.sliding_window
         assert (cfg.softmax_type == "learnable", cfg.activation_func_clamp_value or 0.0) == (
             m.attention_sinks, m.glu_clamp)
+        hybrid = (args.get("hybrid_override_pattern", ""), cfg.is_hybrid_model) == (m.layer_pattern, m.is_hybrid)
+        assert hybrid and ns.training_script == ("pretrain_mamba.py" if m.is_hybrid else "pretrain_gpt.py")
+        if m.is_hybrid:  # the mixers and the experts as pretrain_mamba.py builds them
+            assert (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_num_groups, cfg.mamba_state_dim) == (
+                m.mamba_heads, m.mamba_head_dim, m.mamba_groups, m.mamba_state)
+            assert (cfg.num_moe_experts or 0, cfg.moe_shared_expert_intermediate_size or 0) == (
+                m.num_experts, m.shared_expert_ffn_hidden_size)
+            assert (args["position_embedding_type"], cfg.add_bias_linear) == ("none", False)
 
 
 def render_megatron(plan) -> str:

@@ -234,7 +234,7 @@ def check(plan: Plan) -> None:
 
 # Megatron-LM notes about flags the recipe's model already carries (rope, router, expert width from the HF config).
 _MODEL_NOTES = ("rope_theta", "RoPE scaling", "router details", "expert FFN width", "sliding window",
-                "hybrid layer pattern")
+                "hybrid layer pattern", "MTP modules (their own")
 
 
 def _torch_fsdp(plan: Plan) -> bool:

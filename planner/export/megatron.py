@@ -48,6 +48,7 @@ from meshplan.planner.plan.schema import Plan
 
 EXTENSION = "sh"
 ENTRY = "pretrain_gpt.py"
+MAMBA_ENTRY = "pretrain_mamba.py"
 # plan cp_kind -> TransformerConfig.cp_comm_type ("p2p" ring, "all_gather", "a2a" Ulysses)
 CP_COMM_TYPE = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}
 
@@ -225,10 +226,15 @@ def unsupported(plan: Plan) -> list[str]:
     if m.model_type == "gpt_oss" and not (m.sliding_window and m.window_layers):
         out.append("megatron: the plan does not record GPT-OSS's sliding window (made before the field); add "
                    "--window-size 128,0 --window-attn-skip-freq 2")
-    if m.model_type == "nemotron_h":
-        out.append("megatron: the hybrid layer pattern and Mamba-2 mixers are not rendered here (pretrain_gpt.py "
-                   "builds transformer layers); run pretrain_mamba.py with the model's --hybrid-override-pattern "
-                   "and Mamba flags")
+    if m.model_type == "nemotron_h" and not m.layer_pattern:
+        out.append("megatron: the plan does not record the hybrid layer pattern and Mamba-2 mixers (made before "
+                   "the fields); add the model's --hybrid-override-pattern and --mamba-* flags")
+    if m.model_type == "nemotron_h" and plan.mtp:
+        out.append(f"megatron: mtp={plan.mtp}: a hybrid's MTP modules (their own block pattern) have no Megatron-LM "
+                   "core_v0.16.0 flag; export to megatron-bridge")
+    if m.model_type == "nemotron_h" and m.num_experts:
+        out.append("megatron: Nemotron 3 router details (sigmoid scores, expert bias, top-k scaling) are not in the "
+                   "plan; add Megatron's --moe-router-* flags")
     if m.num_experts and not m.moe_ffn_hidden_size:
         out.append("megatron: the plan does not record the expert FFN width; Megatron uses --ffn-hidden-size "
                    "for experts unless --moe-ffn-hidden-size is given")
@@ -397,6 +403,15 @@ def model_args(plan: Plan) -> list[str]:
             a += ["--activation-func-clamp-value", f"{m.glu_clamp:g}"]
         if m.attention_sinks:
             a += ["--softmax-type", "learnable"]
+    elif fam == "nemotron_h":  # pretrain_mamba.py (NVIDIA's own Nemotron-H / Nemotron 3 confs, Megatron-LM
+        # examples/post_training/modelopt/conf/nvidia @ core_v0.16.0): the pattern, the Mamba-2 mixers, squared ReLU,
+        # no position embedding, no biases
+        a += ["--is-hybrid-model", "--hybrid-override-pattern", c.quote(m.layer_pattern), "--mamba-num-heads",
+              str(m.mamba_heads), "--mamba-head-dim", str(m.mamba_head_dim), "--mamba-num-groups",
+              str(m.mamba_groups), "--mamba-state-dim", str(m.mamba_state), "--squared-relu",
+              "--disable-bias-linear", "--normalization", "RMSNorm", "--position-embedding-type", "none"]
+        if m.moe_latent_size:
+            a += ["--moe-latent-size", str(m.moe_latent_size)]
     a += window_args(m)
     if (fam in c.ROPE_SWIGLU_FAMILIES or fam in ("gpt_neox", "nemotron", "gpt_oss")) and m.rope_theta:
         # Megatron-LM arguments.py: --rotary-base is an int (default 10000); Llama 3.1's rope_theta is 500000.
@@ -412,9 +427,10 @@ def model_args(plan: Plan) -> list[str]:
         a += ["--num-experts", str(m.num_experts), "--moe-router-topk", str(m.experts_per_token)]
         if m.moe_ffn_hidden_size:
             a += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
-        if m.num_shared_experts and m.moe_ffn_hidden_size:
-            a += ["--moe-shared-expert-intermediate-size", str(m.num_shared_experts * m.moe_ffn_hidden_size)]
-        if m.moe_layers and len(m.moe_layers) != m.num_layers:
+        shared = m.shared_expert_ffn_hidden_size or m.num_shared_experts * m.moe_ffn_hidden_size
+        if m.num_shared_experts and shared:
+            a += ["--moe-shared-expert-intermediate-size", str(shared)]
+        if m.moe_layers and len(m.moe_layers) != m.num_layers and not m.layer_pattern:  # a hybrid's: its pattern
             pattern = _run_length([1 if i in set(m.moe_layers) else 0 for i in range(m.num_layers)])
             a += ["--moe-layer-freq", c.quote(pattern)]
         a.append("--moe-grouped-gemm")
@@ -424,6 +440,11 @@ def model_args(plan: Plan) -> list[str]:
             a += ["--moe-expert-capacity-factor", f"{plan.moe_capacity:g}", "--moe-pad-expert-input-to-capacity",
                   "--moe-token-drop-policy", "probs"]
     return a
+
+
+def entry(plan: Plan) -> str:
+    """Megatron-LM's training script for the model: ``pretrain_mamba.py`` builds a hybrid's ``MambaModel``."""
+    return MAMBA_ENTRY if plan.model.model_type == "nemotron_h" else ENTRY
 
 
 def window_args(m) -> list[str]:
@@ -479,7 +500,7 @@ def render(plan: Plan) -> str:
     lines.append(_array("MODEL_ARGS", model_args(plan)))
     lines.append(_array("DATA_ARGS", data_args(plan)))
     launch = (["torchrun"] + torchrun.launcher_args(plan)
-              + [f'"${{MEGATRON_ENTRY:-{ENTRY}}}"', '"${PARALLEL_ARGS[@]}"', '"${MODEL_ARGS[@]}"',
+              + [f'"${{MEGATRON_ENTRY:-{entry(plan)}}}"', '"${PARALLEL_ARGS[@]}"', '"${MODEL_ARGS[@]}"',
                  '"${DATA_ARGS[@]}"', '"$@"'])
     lines.append(c.bash_lines(launch))
     return "\n".join(lines) + "\n"

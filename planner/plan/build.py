@@ -30,7 +30,10 @@ def model_ref(m, model_source: str) -> ModelRef:
                     rope_scaling_type=m.rope_scaling_type, rope_scaling_factor=m.rope_scaling_factor,
                     qkv_bias=m.qkv_bias, qk_norm=m.qk_norm, rotary_percent=m.rotary_percent,
                     sliding_window=m.sliding_window, window_layers=tuple(m.window_layers),
-                    attention_sinks=m.attention_sinks, glu_clamp=m.glu_clamp)
+                    attention_sinks=m.attention_sinks, glu_clamp=m.glu_clamp,
+                    shared_expert_ffn_hidden_size=m.shared_expert_ffn_hidden_size, moe_latent_size=m.moe_latent_size,
+                    layer_pattern=m.layer_pattern, mamba_heads=m.mamba_heads, mamba_head_dim=m.mamba_head_dim,
+                    mamba_state=m.mamba_state, mamba_groups=m.mamba_groups)
 
 
 def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str, costmodel: str) -> Plan:

@@ -76,6 +76,13 @@ class ModelRef(_Frozen):
     window_layers: tuple[Count, ...] = ()  # the layers that use it, 0-based (``ModelSpec.window_layers``)
     attention_sinks: bool = False  # one learned sink logit per head (GPT-OSS, ``ModelSpec.attention_sinks``)
     glu_clamp: NonNegFloat = 0.0  # the gated activation's inputs clamped to this (GPT-OSS); 0 = none
+    shared_expert_ffn_hidden_size: Count = 0  # total shared-expert width; 0 = num_shared_experts x the expert's
+    moe_latent_size: Count = 0  # LatentMoE's expert width (Nemotron 3 Super); 0 = none
+    layer_pattern: str = Field("", pattern=r"^[M*\-E]*$")  # a hybrid's blocks, one per layer (``ModelSpec``)
+    mamba_heads: Count = 0  # Mamba-2 heads, head dim, state size and groups of a hybrid's mixers
+    mamba_head_dim: Count = 0
+    mamba_state: Count = 0
+    mamba_groups: Count = 0
 
 
 class DeviceGroupRef(_Frozen):
