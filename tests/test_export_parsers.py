@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from meshplan.core.errors import MeshplanError
 from meshplan.planner.export import _common, placement, render
 from meshplan.planner.plan.schema import load_plan
 from tests.helpers import data_path
@@ -547,3 +548,35 @@ def test_torchtitan_loads_what_a_free_search_under_it_recommends(model, cluster,
                             ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
                             world_size=plan.cluster.world_size)
         assert (dims.dp_shard, dims.tp, dims.pp, dims.ep) == (layout.dp_shard, layout.tp, layout.pp, layout.ep)
+
+
+def test_torchtitan_runs_gpt_oss_as_its_own_registered_model(tmp_path: Path) -> None:
+    """A GPT-OSS plan exports to torchtitan v0.2.2's own gpt_oss model: the TOML loads, and the flavor it names in
+    torchtitan's registry (``get_train_spec``) has the plan's layers, width, experts, top-k and window; that
+    TrainSpec has no pipelining, so a pipelined plan is refused in one line."""
+    from meshplan.planner.cluster.spec import load_cluster
+    from meshplan.planner.estimate.base import Workload
+    from meshplan.planner.layout.space import parse_fix
+    from meshplan.planner.model.config import load_model
+    from meshplan.planner.plan.build import to_plan
+    from meshplan.planner.search.exact import search
+
+    ConfigManager, _ = _torchtitan()
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    for preset, cluster in (("gpt-oss-20b", "2x8xH100"), ("gpt-oss-120b", "8x8xH100")):
+        work = Workload(load_model(preset), load_cluster(cluster), 128, 4096)
+        layout, est = search(work, parse_fix("stack=torchtitan,pp=1"), top=1).ranked[0]
+        plan = to_plan(work, layout, est, preset, preset, "shipped")
+        path = tmp_path / f"{preset}.toml"
+        path.write_text(render(plan, "torchtitan").text)
+        cfg = ConfigManager().parse_args(["--job.config_file", str(path)])
+        args = get_train_spec(cfg.model.name).model_args[cfg.model.flavor]
+        m = work.model
+        assert (args.n_layers, args.dim, args.moe_args.num_experts, args.moe_args.top_k, args.sliding_window_size) \
+            == (m.num_layers, m.hidden_size, m.num_experts, m.experts_per_token, m.sliding_window)
+        d = plan.degrees  # the same ranks, half of the sharded ones in a second pipeline stage
+        piped = plan.model_copy(update={"degrees": dataclasses.replace(d, pp=2, dp_shard=d.dp_shard // 2)})
+        with pytest.raises(MeshplanError, match="no pipelining_fn") as exc:
+            render(piped, "torchtitan")
+        assert "\n" not in str(exc.value)

@@ -41,12 +41,16 @@ from meshplan.planner.plan.schema import Plan
 EXTENSION = "toml"
 
 # torchtitan v0.2.2 model registry (torchtitan/models/<name>/__init__.py) and its flavors.
-MODEL_NAME = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "qwen3": "qwen3", "qwen3_moe": "qwen3"}
+MODEL_NAME = {"llama": "llama3", "deepseek_v3": "deepseek_v3", "qwen3": "qwen3", "qwen3_moe": "qwen3",
+              "gpt_oss": "gpt_oss"}
 FLAVORS = {
     "llama3": ("8B", "70B", "405B"),
     "deepseek_v3": ("16B", "236B", "671B"),
     "qwen3": ("0.6B", "1.7B", "4B", "8B", "14B", "32B", "30B-A3B", "235B-A22B"),
+    "gpt_oss": ("20b", "120b"),
 }
+# Registered models whose TrainSpec has no pipelining_fn (torchtitan/models/gpt_oss/__init__.py @ v0.2.2)
+NO_PIPELINE = ("gpt_oss",)
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 # plan cp_kind -> context_parallel_rotate_method (torch's "alltoall" rotation passes KV shards around the ring)
 ROTATE = {"ring": "alltoall", "allgather": "allgather"}
@@ -66,7 +70,7 @@ def _flavor(plan: Plan, name: str) -> str | None:
         if re.search(rf"(?<![0-9.]){re.escape(f)}(?![0-9A-Za-z])", plan.model.name, re.IGNORECASE):
             return f
     size = plan.model.num_params / 1e9
-    return min(flavors, key=lambda f: abs(math.log(float(f.split("B")[0]) / size)) if size > 0 else 0)
+    return min(flavors, key=lambda f: abs(math.log(float(f.upper().split("B")[0]) / size)) if size > 0 else 0)
 
 
 def _batches(plan: Plan) -> tuple[int, int]:
@@ -112,6 +116,9 @@ def check(plan: Plan) -> None:
         c.fail(f"torchtitan: local_batch_size {local} is not a multiple of pipeline_parallel_microbatch_size {pp_mbs}")
     if d.tp > 1 and m.num_attention_heads % d.tp:
         c.fail(f"torchtitan: num_attention_heads={m.num_attention_heads} is not divisible by tp={d.tp}")
+    if d.pp > 1 and MODEL_NAME.get(m.model_type) in NO_PIPELINE:
+        c.fail(f"torchtitan: pp={d.pp}: v0.2.2's {MODEL_NAME[m.model_type]} TrainSpec has no pipelining_fn "
+               "(torchtitan/models/gpt_oss/__init__.py); re-plan with --fix pp=1, or export to megatron")
     if d.pp > 1:
         stages = d.pp * d.vpp
         if c.layers_evenly_split(plan) and m.num_layers % stages:
