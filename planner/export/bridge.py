@@ -178,7 +178,7 @@ def recipe_of(plan: Plan) -> Recipe:
             c.fail(f"megatron-bridge: lora {plan.lora}: {SOURCE} has no peft recipe for model {m.name!r} (only "
                    f"{found.name}); export to megatron, which names what it cannot train")
         return Recipe(found.name.replace("_pretrain_config", "_peft_config"), found.hf_model,
-                      found.peft_comm_overlap, preset=found.preset)  # peft recipes read the HF config
+                      found.peft_comm_overlap, preset=found.preset)
     return found
 
 

@@ -49,6 +49,8 @@ from meshplan.planner.plan.schema import Plan
 EXTENSION = "sh"
 ENTRY = "pretrain_gpt.py"
 MAMBA_ENTRY = "pretrain_mamba.py"
+# The families whose RoPE base the export writes (--rotary-base) and whose scaling it names where it has no flag
+ROPE_THETA_FAMILIES = (*c.ROPE_SWIGLU_FAMILIES, "gpt_neox", "nemotron", "gpt_oss")
 # plan cp_kind -> TransformerConfig.cp_comm_type ("p2p" ring, "all_gather", "a2a" Ulysses)
 CP_COMM_TYPE = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a"}
 
@@ -212,7 +214,7 @@ def unsupported(plan: Plan) -> list[str]:
     if m.model_type == "nemotron":
         out.append("megatron: Nemotron's rotary embedding on part of each head (partial_rotary_factor) and its "
                    "LayerNorm1P are not in the plan; add the model's --rotary-percent and zero-centred-gamma flags")
-    if m.model_type in c.ROPE_SWIGLU_FAMILIES or m.model_type in ("gpt_neox", "nemotron", "gpt_oss"):
+    if m.model_type in ROPE_THETA_FAMILIES:
         if not m.rope_theta:
             out.append("megatron: the plan does not record rope_theta; add --rotary-base <config.json rope_theta> "
                        "(Megatron's default is 10000)")
@@ -403,9 +405,9 @@ def model_args(plan: Plan) -> list[str]:
             a += ["--activation-func-clamp-value", f"{m.glu_clamp:g}"]
         if m.attention_sinks:
             a += ["--softmax-type", "learnable"]
-    elif fam == "nemotron_h":  # pretrain_mamba.py (NVIDIA's own Nemotron-H / Nemotron 3 confs, Megatron-LM
-        # examples/post_training/modelopt/conf/nvidia @ core_v0.16.0): the pattern, the Mamba-2 mixers, squared ReLU,
-        # no position embedding, no biases
+    elif fam == "nemotron_h" and m.layer_pattern:  # pretrain_mamba.py (NVIDIA's own Nemotron-H / Nemotron 3
+        # confs, Megatron-LM examples/post_training/modelopt/conf/nvidia @ core_v0.16.0): the pattern, the Mamba-2
+        # mixers, squared ReLU, no position embedding, no biases
         a += ["--is-hybrid-model", "--hybrid-override-pattern", c.quote(m.layer_pattern), "--mamba-num-heads",
               str(m.mamba_heads), "--mamba-head-dim", str(m.mamba_head_dim), "--mamba-num-groups",
               str(m.mamba_groups), "--mamba-state-dim", str(m.mamba_state), "--squared-relu",
@@ -413,7 +415,7 @@ def model_args(plan: Plan) -> list[str]:
         if m.moe_latent_size:
             a += ["--moe-latent-size", str(m.moe_latent_size)]
     a += window_args(m)
-    if (fam in c.ROPE_SWIGLU_FAMILIES or fam in ("gpt_neox", "nemotron", "gpt_oss")) and m.rope_theta:
+    if fam in ROPE_THETA_FAMILIES and m.rope_theta:
         # Megatron-LM arguments.py: --rotary-base is an int (default 10000); Llama 3.1's rope_theta is 500000.
         a += ["--rotary-base", str(int(round(m.rope_theta)))]
         if m.rope_scaling_type == "llama3":  # --use-rope-scaling applies Llama 3.x scaling; factor default 8.0
