@@ -367,10 +367,9 @@ def _gemma(r: _Reader, pattern: int) -> dict[str, Any]:
     traffic, priced as SwiGLU's), a pre- and a post-norm around each block, tied embeddings scaled by sqrt(hidden),
     and ``sliding_window`` attention on the layers ``layer_types`` names (default: all but every ``pattern``-th)."""
     spec = _base(r, True) | _heads(r, kv_default=None, head_dim_default=256)
-    if r.cfg.get("hidden_activation", r.cfg.get("hidden_act", "gelu_pytorch_tanh")) not in (
-            "gelu_pytorch_tanh", "gelu"):
-        raise r.fail(f"'hidden_activation' must be gelu_pytorch_tanh (Gemma's GeGLU), "
-                     f"got {r.cfg.get('hidden_activation')!r}")
+    act = r.cfg.get("hidden_activation", r.cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in ("gelu_pytorch_tanh", "gelu"):
+        raise r.fail(f"'hidden_activation' must be gelu_pytorch_tanh (Gemma's GeGLU), got {act!r}")
     bias = r.bool("attention_bias", False)
     return spec | dict(ffn_hidden_size=r.int("intermediate_size"), qkv_bias=bias, o_bias=bias, post_norms=True,
                        sliding_window=r.int("sliding_window", 4096),

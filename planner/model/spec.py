@@ -100,7 +100,7 @@ class ModelSpec:
     and ``post_feedforward_layernorm``; Megatron-Bridge's ``TERowParallelLinearLayerNorm``), beside the pre-norms."""
     attn_softcap: float = 0.0
     """Gemma 2 ``attn_logit_softcapping``: attention scores become ``cap * tanh(scores / cap)`` before the softmax;
-    0 = none. cuDNN's fused attention and PyTorch SDPA have no such step (``Layout.check_model``)."""
+    0 = none. cuDNN's fused attention and PyTorch SDPA have no such step (``layout.space.attention_choices``)."""
     logit_softcap: float = 0.0
     """Gemma 2 ``final_logit_softcapping``: the output logits become ``cap * tanh(logits / cap)``; 0 = none."""
     rope_theta: float = 0.0
