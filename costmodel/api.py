@@ -25,6 +25,7 @@ from meshplan.costmodel import (
     blackwell_grouped,
     flash2_blackwell,
     fp4_gemm,
+    gdn,
     norms,
     router_topk,
     streaming,
@@ -67,8 +68,11 @@ SSD_SOURCE = ("roofline over the SSD FLOPs of Dao & Gu 2024 (arXiv:2405.21060 §
 
 def _analytic_s(op: OpSpec, device: DeviceSpec) -> tuple[float, str]:
     """(seconds, source) of an op of ``ANALYTIC_KINDS``: the router's eager top-k from its measurements
-    (``costmodel.router_topk``), its load-balancing loss from the same and its bytes (``costmodel.aux_loss``), the
-    Mamba-2 scan by the calibrated roofline (``SSD_SOURCE``)."""
+    (``costmodel.router_topk``), its load-balancing loss from the same and its bytes (``costmodel.aux_loss``), Gated
+    DeltaNet's scan from FLA's timings (``costmodel.gdn``), the Mamba-2 scan by the calibrated roofline
+    (``SSD_SOURCE``)."""
+    if op.kind == "gdn":
+        return gdn.time_s(op, device), gdn.SOURCE
     if op.kind == "topk":
         return router_topk.time_s(op, device), router_topk.source(device)
     if op.kind == "auxloss":

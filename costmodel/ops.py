@@ -9,6 +9,7 @@ Shape conventions per kind (all sizes in elements):
                  may be (numel, backward numel): a quantize whose backward quantizes another tensor, priced apart)
     embedding:   (tokens, hidden)
     ssd:         (b, heads, seq, head_dim, state, groups, chunk)   Mamba-2 chunked SSD scan (Dao & Gu 2024)
+    gdn:         (b, heads, seq, key_dim, value_dim)   Gated DeltaNet's chunked scan (Yang et al. 2025), value heads
     topk:        (tokens, experts, k)      an MoE router's eager score function and torch.topk (fp32 scores)
     auxloss:     (tokens, experts, k)      an MoE router's load-balancing loss, its second scoring pass (fp32)
     allreduce, allgather, reducescatter, alltoall, sendrecv:  (bytes,) with ``group_size`` participants
@@ -24,8 +25,9 @@ COMPUTE_KINDS = (
 )
 # Compute kinds the learned model holds no class for (training never sees them), priced apart (``costmodel.api``):
 # the Mamba-2 scan by the calibrated roofline, the router's eager top-k from its own measurements
-# (``costmodel.router_topk``), the router's load-balancing loss from the same and its bytes (``costmodel.aux_loss``).
-ANALYTIC_KINDS = ("ssd", "topk", "auxloss")
+# (``costmodel.router_topk``), the router's load-balancing loss from the same and its bytes (``costmodel.aux_loss``),
+# Gated DeltaNet's scan from FLA's published timings (``costmodel.gdn``).
+ANALYTIC_KINDS = ("ssd", "topk", "auxloss", "gdn")
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 OP_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 
@@ -153,7 +155,26 @@ def op_flops(op: OpSpec) -> float:
         return 0.0
     if k == "ssd":
         return ssd_flops(op)
+    if k == "gdn":
+        return gdn_flops(op) * (2.0 if op.backward else 1.0)
     return 0.0
+
+
+# Chunk length of FLA's chunked gated delta rule (fla.ops.gated_delta_rule.chunk: BT = 64)
+GDN_CHUNK = 64
+
+
+def gdn_flops(op: OpSpec) -> float:
+    """FLOPs of the chunked gated delta rule's forward (Yang, Kautz & Hatamizadeh, ICLR 2025, arXiv:2412.06464
+    §3.3, the WY form over chunks of ``GDN_CHUNK`` tokens; FLA's ``chunk_gated_delta_rule``), per token and head, in
+    multiply-adds: the within-chunk Gram of the keys (C d_k), its triangular solve (C^2 / 3), w and u from it
+    (C (d_k + d_v)), the state's correction and update (2 d_k d_v), the output's inter-chunk (d_k d_v) and
+    intra-chunk parts (C (d_k + d_v)). Its backward is counted at twice that (as a GEMM's dX and dW); the price does
+    not read it (``costmodel.gdn`` counts work in forward FLOPs)."""
+    b, heads, seq, dk, dv = op.shape[:5]
+    c = GDN_CHUNK
+    macs = 3 * dk * dv + c * (3 * dk + 2 * dv) + c * c / 3
+    return 2.0 * b * heads * seq * macs
 
 
 def ssd_flops(op: OpSpec) -> float:
@@ -284,6 +305,9 @@ def op_bytes(op: OpSpec) -> float:
         return e * 2.0 * s[0] * s[1]
     if k == "ssd":
         return ssd_bytes(op)
+    if k == "gdn":  # what crosses the kernels' boundary: q, k, v, the gate and beta read, the output written
+        b, heads, seq, dk, dv = s[:5]
+        return e * b * heads * seq * (2 * dk + 2 * dv + 2) * (2.0 if op.backward else 1.0)
     if k == "topk":  # forward: the fp32 scores read, the kept scores and their int64 indices written; backward: the
         # zero-fill and scatter of the kept scores' gradients (4 B a score), the score function's backward (scores and
         # their gradient read, the logits' written: 12 B)

@@ -40,7 +40,8 @@ HF_CONFIGS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b-instruct.json",
               "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json", "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
               "deepseek-ai/DeepSeek-V3": "deepseek-v3.json", "zai-org/GLM-4.5": "glm-4.5.json",
               "zai-org/GLM-4.5-Air": "glm-4.5-air.json", "google/gemma-2-2b": "gemma-2-2b.json",
-              "openai/gpt-oss-20b": "gpt-oss-20b.json"}
+              "openai/gpt-oss-20b": "gpt-oss-20b.json",
+              "Qwen/Qwen3-Next-80B-A3B-Instruct": "qwen3-next-80b-a3b.json"}
 # Turned off for the CPU read-back only: TransformerConfig refuses RoPE and MoE-permute fusion without Transformer
 # Engine. (NVFP4 cannot be validated at all without it, ``is_te_min_version``: its preset is checked alone below.)
 CPU_OVERRIDES = ["model.apply_rope_fusion=false", "model.moe_permute_fusion=false"]
@@ -129,6 +130,12 @@ FAMILY_FIELDS = {
                    "model.mamba_state_dim", "model.mamba_num_groups", "model.ffn_hidden_size", "model.num_moe_experts",
                    "model.moe_ffn_hidden_size", "model.moe_shared_expert_intermediate_size", "model.num_query_groups",
                    "model.kv_channels", "model.vocab_size"],
+    "qwen3_next": ["model.experimental_attention_variant", "model.linear_attention_freq",
+                   "model.linear_num_key_heads", "model.linear_num_value_heads", "model.linear_key_head_dim",
+                   "model.linear_value_head_dim", "model.linear_conv_kernel_dim", "model.attention_output_gate",
+                   "model.num_query_groups", "model.kv_channels", "model.rotary_percent", "model.num_moe_experts",
+                   "model.moe_router_topk", "model.moe_ffn_hidden_size", "model.moe_shared_expert_intermediate_size",
+                   "model.moe_shared_expert_gate", "model.vocab_size"],
 }
 
 
@@ -166,6 +173,7 @@ CASES = {
     "gemma2-2b": lambda: plan_gemma("gemma-2-2b"), "gemma3-1b": lambda: plan_gemma("gemma-3-1b"),
     "gptoss-20b": lambda: plan_preset("gpt-oss-20b", ep=8), "nemotronh-8b": lambda: plan_preset("nemotron-h-8b"),
     "nemotron3-nano": lambda: plan_preset("nemotron-3-nano-30b-a3b", ep=8),
+    "qwen3-next": lambda: plan_preset("qwen3-next-80b-a3b", ep=8),
 }
 # The base checkpoint a LoRA script asks for (its $PRETRAINED_CHECKPOINT)
 CHECKPOINT = "/checkpoints/base"
@@ -416,6 +424,29 @@ def test_hybrid_and_gpt_oss_presets_are_the_bridges_models(read_back: dict, name
                  "model.num_moe_experts": m.num_experts or None,
                  "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size or None,
                  "model.moe_shared_expert_intermediate_size": m.shared_expert_ffn_hidden_size or None}
+    assert {k: got.get(k) for k in want} == want
+    assert got["validate_error"] is None
+
+
+@needs_bridge
+def test_qwen3_next_preset_is_the_bridges_model(read_back: dict) -> None:
+    """Qwen3-Next as the bridge's recipe trains it (its Qwen3Next bridge reading the bundled config.json, offline as
+    Qwen's): Gated DeltaNet on the layers meshplan reads as linear attention (Megatron-Core's linear_attention_freq 4:
+    every fourth layer attention), its heads and widths, the gated attention, the experts and the shared expert's
+    gate are meshplan's reading of the same model; the plan trains no MTP, so the recipe's one MTP layer is off."""
+    m, got = load_model("qwen3-next-80b-a3b"), read_back["qwen3-next"]
+    every = got["model.linear_attention_freq"]
+    assert m.gdn_layers == tuple(i for i in range(m.num_layers) if (i + 1) % every)
+    want = {"model.experimental_attention_variant": "gated_delta_net",
+            "model.linear_num_key_heads": m.gdn_key_heads, "model.linear_num_value_heads": m.gdn_value_heads,
+            "model.linear_key_head_dim": m.gdn_key_head_dim, "model.linear_value_head_dim": m.gdn_value_head_dim,
+            "model.linear_conv_kernel_dim": m.gdn_conv_kernel, "model.attention_output_gate": m.attn_output_gate,
+            "model.num_query_groups": m.num_kv_heads, "model.kv_channels": m.head_dim,
+            "model.rotary_percent": m.rotary_percent, "model.num_moe_experts": m.num_experts,
+            "model.moe_router_topk": m.experts_per_token, "model.moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+            "model.moe_shared_expert_intermediate_size": m.shared_expert_ffn_hidden_size,
+            "model.moe_shared_expert_gate": m.shared_expert_gate, "model.vocab_size": m.vocab_size,
+            "model.mtp_num_layers": None}
     assert {k: got.get(k) for k in want} == want
     assert got["validate_error"] is None
 

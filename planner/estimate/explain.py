@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from meshplan.costmodel import cudnn_dglu, deepep, hybridep, nvlink_nccl, streaming
+from meshplan.costmodel import cudnn_dglu, deepep, gdn, hybridep, nvlink_nccl, streaming
 from meshplan.costmodel.collectives import collective_time_s
 from meshplan.costmodel.sustained import busy_note, sustained_share
 from meshplan.planner.estimate.base import Workload, precision_parts, time_key
@@ -285,22 +285,25 @@ def _bases(pricer, dev, first_op: dict, attention_ops: dict) -> tuple[dict[str, 
         notes["sustained load"] = share_source
     notes.update({cls: f"{pricer.predict_with_source(op, dev)[1]}" for cls, op in first_op.items()
                   if op.kind == "ssd" and cls not in notes})
+    notes.update({cls: gdn.unmeasured(dev) for cls, op in first_op.items() if op.kind == "gdn" and cls not in notes})
     return priced_from, notes
 
 
 def unmeasured(pricer, dev, first_op: dict, attention_ops: dict | None = None) -> dict[str, str]:
-    """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs (the caller adds
-    the Mamba-2 SSD scan on every device: ``costmodel.api.SSD_SOURCE``): every class on
-    the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused attention
-    (FlashAttention; cuDNN where its published GB200 / GB300 curve stands in for another part or head dim), the
-    GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs among them; their level set by OpenXLA's measured
-    B200 / H100 ratio, ``costmodel.xla_gemm``, their shape dependence the model's) and the memory-bound kernels.
-    ``attention_ops``: each attention class's distinct ops, the first unmeasured one noted (GPT-OSS's window layers
-    have a measured curve, its full layers at head dim 64 do not). Empty for every other device."""
+    """Op class -> how it was priced, for the classes no published measurement on ``dev`` backs (the caller adds the
+    Mamba-2 SSD scan and Gated DeltaNet's on every device: ``costmodel.api.SSD_SOURCE``, ``costmodel.gdn``): every
+    class on the block-scaled (Blackwell) parts, whose kernels reach the cost model through no measured row: fused
+    attention (FlashAttention; cuDNN where its published GB200 / GB300 curve stands in for another part or head dim),
+    the GEMMs (bf16, and MXFP8 / NVFP4, the routed experts' grouped GEMMs among them; their level set by OpenXLA's
+    measured B200 / H100 ratio, ``costmodel.xla_gemm``, their shape dependence the model's) and the memory-bound
+    kernels. ``attention_ops``: each attention class's distinct ops, the first unmeasured one noted (GPT-OSS's window
+    layers have a measured curve, its full layers at head dim 64 do not). Empty for every other device."""
     if not dev.supports("mxfp8"):
         return {}
     out = {}
     for cls, op in sorted(first_op.items()):
+        if op.kind == "gdn":  # Gated DeltaNet's own note, on every part (``costmodel.gdn.unmeasured``)
+            continue
         if op.kind == "attention":
             op = next((o for o in (attention_ops or {}).get(cls, ()) if _attention_unmeasured(pricer, dev, o)), op)
         source = pricer.predict_with_source(op, dev)[1]

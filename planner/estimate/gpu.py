@@ -74,9 +74,10 @@ from meshplan.planner.layout.splits import weighted_split
 # kinds whose backward is priced as its own op (its FLOPs and bytes); any other kind's backward is a memory-bound
 # pass over twice the forward's bytes (read the gradient and the saved input, write the gradient). The SSD's
 # backward is mamba_ssm's own kernel list (costmodel.ops.ssd_flops / ssd_bytes), not a multiple of its forward; the
-# router top-k's a scatter and the score function's backward (costmodel.router_topk). A norm priced from its
-# measurement (costmodel.norms: cuDNN's fused norm, eager code's RMSNorm formula) takes its measured backward too.
-BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk", "auxloss")
+# router top-k's a scatter and the score function's backward (costmodel.router_topk), Gated DeltaNet's FLA's own
+# backward kernels as timed (costmodel.gdn). A norm priced from its measurement (costmodel.norms: cuDNN's fused norm,
+# eager code's RMSNorm formula) takes its measured backward too.
+BWD_PRICED_KINDS = ("matmul", "bmm", "attention", "ssd", "topk", "auxloss", "gdn")
 # A GEMM's backward is its input gradient and its weight gradient, the same FLOPs each: the input gradient's share
 DGRAD_SHARE = 0.5
 DDP_BUCKET_BYTES = 25 * 1024**2  # PyTorch DDP default bucket_cap_mb=25

@@ -167,6 +167,11 @@ class LayerShape:
     mla: bool = False  # multi-latent attention (its input norm stands alone; Q, K, V come from up-projections)
     post_norms: bool = False  # a norm on each block's output too (``ModelSpec.post_norms``): its input kept
     softcap: bool = False  # soft-capped attention scores (``ModelSpec.attn_softcap``): unfused, tanh's output kept
+    out_gate: bool = False  # gated attention output (``ModelSpec.attn_output_gate``): the gate and ungated output kept
+    gdn_key: int = 0  # Gated DeltaNet: width of q (and of k), key heads x key head dim
+    gdn_value: int = 0  # width of v (and of the gate z)
+    gdn_heads: int = 0  # value heads, the heads of its scan
+    gdn_repeated_key: int = 0  # width of q (and of k) repeated to the value heads
 
 
 def has_dropout(model) -> bool:
@@ -195,7 +200,9 @@ def layer_shape(model, layer: int) -> LayerShape:
         expert_width=model.moe_latent_size,
         mamba_in=2 * model.mamba_inner + 2 * model.mamba_groups * model.mamba_state + model.mamba_heads,
         mamba_inner=model.mamba_inner, mla=bool(model.q_lora_rank or model.kv_lora_rank),
-        post_norms=model.post_norms, softcap=bool(model.attn_softcap),
+        post_norms=model.post_norms, softcap=bool(model.attn_softcap), out_gate=model.attn_output_gate,
+        gdn_key=model.gdn_key_dim, gdn_value=model.gdn_value_dim, gdn_heads=model.gdn_value_heads,
+        gdn_repeated_key=model.gdn_value_heads * model.gdn_key_head_dim,
     )
 
 
@@ -274,6 +281,8 @@ def activation_bytes_per_layer(ls: LayerShape, s: int, b: int, layout: Layout, l
                                 saved["proj"])
     if "M" in ls.blocks:
         out += _mamba_bytes(ls, s, b, layout, lin)
+    if "G" in ls.blocks:
+        out += _gdn_bytes(ls, s, b, layout, lin)
     if "-" in ls.blocks or "E" in ls.blocks:
         out += _mlp_bytes(ls, s, b, layout, lin, None if adapted is None else (saved["fc1"], saved["fc2"]))
     return out - module_freed_bytes(ls, s, b, layout, lin, modules)
@@ -341,7 +350,33 @@ def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float,
     elif layout.attention != "unfused":
         out += 4.0 * ls.heads * s * b / t  # fp32 log-sum-exp; output O is the projection input below
     out += (lin if proj_in is None else proj_in) * s * b * ls.q_dim / t  # projection input (attention output)
+    if ls.out_gate:  # its product's inputs: the gate and the ungated output
+        out += 2.0 * 2.0 * s * b * ls.q_dim / t
     out += drop * sbh / rep  # attention dropout mask
+    return out
+
+
+# Tokens of one chunk of FLA's chunked gated delta rule, whose within-chunk inverse A it keeps per token and head
+GDN_CHUNK = 64
+
+
+def _gdn_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> float:
+    """What a Gated DeltaNet mixer keeps for backward, its norm input aside (megatron-core ``GatedDeltaNet``,
+    core_v0.16.0): in_proj its input; causal_conv1d its input (q, k, v channels-first); FLA's l2norm of q and k their
+    outputs; FLA's ``ChunkGatedDeltaRuleFunction`` (``ctx.save_for_backward``) q and k repeated to the value heads, v,
+    the fp32 gate g, beta and the within-chunk inverse A (one chunk's width per token and head), recomputing the
+    chunk states; the gated norm its input and the gate z; out_proj its input. All bf16 but ``lin``'s linear
+    inputs."""
+    t = layout.tp
+    rep = t if layout.sequence_parallel else 1
+    tokens = s * b
+    out = lin * tokens * ls.hidden / rep  # in_proj input
+    out += 2.0 * tokens * (2 * ls.gdn_key + ls.gdn_value) / t  # the conv's input
+    out += 2.0 * tokens * 2 * ls.gdn_key / t  # l2norm outputs
+    out += 2.0 * tokens * (2 * ls.gdn_repeated_key + ls.gdn_value) / t  # the scan's q, k, v
+    out += (4.0 + 2.0 + 2.0 * GDN_CHUNK) * tokens * ls.gdn_heads / t  # g, beta, A
+    out += 2.0 * 2.0 * tokens * ls.gdn_value / t  # the gated norm's input and z
+    out += lin * tokens * ls.gdn_value / t  # out_proj input
     return out
 
 

@@ -186,8 +186,8 @@ def norm_op(model, layout: Layout, rows: int, width: int, act: str) -> OpSpec:
 def layer_ops(model, layer: int, layout: Layout, seq_len: int, dtype: str = "bf16",
               memo: dict | None = None) -> LayerOps:
     """Ops of decoder layer ``layer`` for one micro-batch on one rank: its blocks (``ModelSpec.layer_kind``) in
-    order, attention (full or sliding-window), Mamba-2, dense MLP or MoE, each behind its own pre-norm (``memo``:
-    ``kind_ops``)."""
+    order, attention (full or sliding-window), Mamba-2, Gated DeltaNet, dense MLP or MoE, each behind its own
+    pre-norm (``memo``: ``kind_ops``)."""
     return kind_ops(model, model.layer_kind(layer), layout, seq_len, dtype, memo)
 
 
@@ -196,7 +196,8 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
     """The ops of one layer made of the blocks ``kind`` (``planner.model.spec.LAYER_KINDS``). ``memo``: a dict the
     caller keeps for ``model`` (and only it), in which each block's ops are built once per value of the fields the
     block reads (``_BLOCK_FIELDS``) and shared by every layer, and layout, that holds it."""
-    problem = model.mamba_split_problem(layout.tp, layout.cp) if "M" in kind else ""
+    problem = (model.mamba_split_problem(layout.tp, layout.cp) if "M" in kind else
+               model.gdn_split_problem(layout.tp, layout.cp) if "G" in kind else "")
     if problem:
         raise MeshplanError(f"model {model.name}: {problem}")
     lb = _LayerBuild(model, layout, seq_len, dtype)
@@ -213,6 +214,8 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
             cp_comm += _cp_comm(lb, v_out, kv_bytes)
         elif block == "M":
             cp_comm += _block(lb, memo, "M", _mamba_block)
+        elif block == "G":
+            cp_comm += _block(lb, memo, "G", _gdn_block)
         else:
             e, sh, ep = _block(lb, memo, "E" if block == "E" else "D", _mlp_block, block == "E")
             experts, shared, ep_comm = e, sh, ep
@@ -237,7 +240,8 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
 _COMMON_FIELDS = ("tp", "cp", "micro_batch", "sequence_parallel", "fp8", "stack")
 _MAMBA_FIELDS = _COMMON_FIELDS + ("sequence_first",)
 _MLP_FIELDS = ("tp", "fp8", "stack")
-_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _MAMBA_FIELDS, "D": _MLP_FIELDS,
+_BLOCK_FIELDS = {"A": _COMMON_FIELDS + ("attention", "attention_dtype"), "M": _MAMBA_FIELDS, "G": _COMMON_FIELDS,
+                 "D": _MLP_FIELDS,
                  "E": _MLP_FIELDS + ("ep", "expert_tp", "moe_capacity", "moe_imbalance", "moe_dispatcher",
                                        "moe_fused_mlp", "moe_router", "moe_router_fusion", "moe_aux_loss")}
 _block_fields_of = {tag: operator.attrgetter(*fields_) for tag, fields_ in _BLOCK_FIELDS.items()}
@@ -319,7 +323,8 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
         rope_width = a_t * rope + rope
     else:
         kv = max(1, model.num_kv_heads // lb.t) * d
-        ops.extend(lb.col_mm(a_t * d + 2 * kv, h))
+        gate = a_t * d if model.attn_output_gate else 0  # q_proj's output-gate half (Qwen3-Next)
+        ops.extend(lb.col_mm(a_t * d + gate + 2 * kv, h))
         v_out = a_t * d
         kv_bytes = 2.0 * T * 2 * kv
         rope_width = a_t * d + kv
@@ -330,6 +335,8 @@ def _attention_block(lb: _LayerBuild, window: int = 0) -> tuple[list[OpSpec], in
             lb.module("mla_up_proj", first)
     attn_core = _core_attention(lb, window)
     ops.extend(attn_core)
+    if model.attn_output_gate and not mla:  # the output times sigmoid(gate): one eager pass over both
+        ops.append(lb.ew(T * v_out))
     ops.extend(_proj_gemm(lb, v_out))
     lb.post_norm()
     ops.append(lb.ew(lb.Tn * h * (2 if lb.drop else 1)))  # (dropout +) residual add
@@ -384,6 +391,39 @@ def _mamba_block(lb: _LayerBuild) -> list[tuple[str, float]]:
         return []
     pre = 2.0 * T * (2 * di + 2 * groups * n * repeat + heads)
     return [("alltoall", pre), ("alltoall", 2.0 * T * di)]
+
+
+def _gdn_block(lb: _LayerBuild) -> list[tuple[str, float]]:
+    """A Gated DeltaNet mixer's ops (megatron-core ``GatedDeltaNet.forward``, core_v0.16.0
+    ``ssm/gated_delta_net.py``), appended to ``lb.ops``; no CP collectives (it has no context parallelism:
+    ``ModelSpec.gdn_split_problem``).
+
+    Pre-norm; in_proj (column-parallel: q, k, v, the gate z, beta and alpha for this rank's heads); q, k, v made
+    contiguous channels-first (a copy) for the depthwise causal conv1d + SiLU (``causal_conv1d_fn``: the unary
+    activation class over its channels); FLA's l2norm of q and of k (one pass each); q and k repeated to the value
+    heads (``repeat_interleave``: a copy of both at the value heads' count) and v and z made contiguous (a copy);
+    g and beta from alpha and beta (a pass over two values a head); the chunked scan over the value heads (op
+    ``gdn``, FLA's ``chunk_gated_delta_rule``: ``costmodel.gdn``); the gated RMSNorm over each value head (a norm and
+    the SiLU gate's product, fused by ``jit_fuser``), the output back to sequence-first (a copy), out_proj
+    (row-parallel) and the residual."""
+    model, T, h, t = lb.model, lb.T, lb.h, lb.t
+    hk, hv = model.gdn_key_heads // t, model.gdn_value_heads // t
+    kd, vd = hk * model.gdn_key_head_dim, hv * model.gdn_value_head_dim
+    lb.norm(lb.Tn, h)
+    lb.ops.extend(lb.col_mm(2 * kd + 2 * vd + 2 * hv, h))
+    lb.ops.append(OpSpec("copy", (int(T * (2 * kd + vd)),), lb.act))  # qkv channels-first for the conv
+    lb.ops.append(OpSpec("activation", (int(T * (2 * kd + vd)),), lb.act))  # conv1d + SiLU
+    lb.ops.append(OpSpec("activation", (int(T * 2 * kd),), lb.act))  # l2norm of q and k
+    repeated = 2 * hv * model.gdn_key_head_dim if hv > hk else 0
+    lb.ops.append(OpSpec("copy", (int(T * (repeated + 2 * vd)),), lb.act))  # q, k repeated; v, z contiguous
+    lb.ops.append(lb.ew(T * 2 * hv))  # g = -exp(A_log) softplus(alpha + dt_bias), beta = sigmoid(beta)
+    lb.ops.append(OpSpec("gdn", (lb.b, hv, lb.seq_len, model.gdn_key_head_dim, model.gdn_value_head_dim), lb.act))
+    lb.ops.append(OpSpec("rmsnorm", (int(T * hv), model.gdn_value_head_dim), lb.act))
+    lb.ops.append(lb.ew(T * vd))  # times SiLU(z)
+    lb.ops.append(OpSpec("copy", (int(T * vd),), lb.act))  # back to sequence-first
+    lb.ops.extend(lb.row_mm(h, vd))
+    lb.ops.append(lb.ew(lb.Tn * h))  # residual add
+    return []
 
 
 def sp_quantized(ops, layout: Layout, gathered_input: bool) -> list[OpSpec]:

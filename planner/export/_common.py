@@ -46,7 +46,7 @@ HF_LAYER_CLASS = {
     "qwen2": "Qwen2DecoderLayer", "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
     "qwen3_moe": "Qwen3MoeDecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer", "gpt2": "GPT2Block",
     "gpt_neox": "GPTNeoXLayer", "glm4_moe": "Glm4MoeDecoderLayer", "gemma2": "Gemma2DecoderLayer",
-    "gemma3_text": "Gemma3DecoderLayer",
+    "gemma3_text": "Gemma3DecoderLayer", "qwen3_next": "Qwen3NextDecoderLayer",
 }
 
 

@@ -68,12 +68,13 @@ class Recipe:
 
 
 # (model_type, num_layers, hidden_size, num_experts) -> recipe; from recipes/llama/llama3.py, recipes/qwen/qwen2.py,
-# qwen3.py, qwen3_moe.py, recipes/deepseek/deepseek_v3.py, recipes/glm/glm45.py, recipes/gemma/gemma2.py and
-# recipes/gpt_oss/gpt_oss.py of v0.3.1 (the HF id each passes to AutoBridge.from_hf_pretrained), and
-# recipes/gemma/gemma3.py and recipes/nemotronh/{nemotronh,nemotron_3_nano}.py, which build their models from provider
-# classes (the HF id: the checkpoint their sft recipes' tokenizer or HF path names). Same-shaped releases take the
-# newer recipe (Llama 3 -> 3.1, Qwen2 -> Qwen2.5). Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe
-# trains with Muon, which no plan prices), Mixtral and Mistral (no v0.3.1 recipe).
+# qwen3.py, qwen3_moe.py, qwen3_next.py (which sets mtp_num_layers 1: the override sets the plan's),
+# recipes/deepseek/deepseek_v3.py, recipes/glm/glm45.py, recipes/gemma/gemma2.py and recipes/gpt_oss/gpt_oss.py of
+# v0.3.1 (the HF id each passes to AutoBridge.from_hf_pretrained), and recipes/gemma/gemma3.py and
+# recipes/nemotronh/{nemotronh,nemotron_3_nano}.py, which build their models from provider classes (the HF id: the
+# checkpoint their sft recipes' tokenizer or HF path names). Same-shaped releases take the newer recipe (Llama 3 -> 3.1,
+# Qwen2 -> Qwen2.5). Not here: Kimi K2 (deepseek_v3 with 384 experts; its recipe trains with Muon, which no plan
+# prices), Mixtral and Mistral (no v0.3.1 recipe).
 RECIPES: dict[tuple[str, int, int, int], Recipe] = {
     ("llama", 32, 4096, 0): Recipe("llama31_8b_pretrain_config", "meta-llama/Meta-Llama-3.1-8B", False,
                                    preset="llama-3.1-8b-instruct"),
@@ -87,6 +88,8 @@ RECIPES: dict[tuple[str, int, int, int], Recipe] = {
                                          preset="qwen3-30b-a3b"),
     ("qwen3_moe", 94, 4096, 128): Recipe("qwen3_235b_a22b_pretrain_config", "Qwen/Qwen3-235B-A22B", False,
                                          preset="qwen3-235b-a22b"),
+    ("qwen3_next", 48, 2048, 512): Recipe("qwen3_next_80b_a3b_pretrain_config", "Qwen/Qwen3-Next-80B-A3B-Instruct",
+                                          False, mtp=True, preset="qwen3-next-80b-a3b"),
     ("deepseek_v3", 61, 7168, 256): Recipe("deepseek_v3_pretrain_config", "deepseek-ai/DeepSeek-V3", True, mtp=True),
     ("glm4_moe", 92, 5120, 160): Recipe("glm45_355b_pretrain_config", "zai-org/GLM-4.5", False, mtp=True,
                                         preset="glm-4.5"),

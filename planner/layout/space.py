@@ -520,7 +520,7 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
     tps = fix.choices("tp", [t for t in divisors(world_size) if t <= devices_per_node
                              and model.num_heads % t == 0
                              and (model.num_kv_heads % t == 0 or t % model.num_kv_heads == 0)
-                             and not getattr(model, "mamba_split_problem", lambda *_: "")(t, 1)])
+                             and not getattr(model, "split_problem", lambda *_: "")(t, 1)])
     for tp in tps:
         rest = world_size // tp if world_size % tp == 0 else 0
         # free: pp dividing the layers (uneven stages for every pp up to L/2 would make the pruned DeepSeek-V3
@@ -535,7 +535,7 @@ def _meshes(model, world_size: int, devices_per_node: int, global_batch: int, se
             rest2 = rest // pp if rest % pp == 0 else 0
             cps = fix.choices("cp", [c for c in divisors(rest2) if c <= MAX_CP
                                      and (c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= 1024))
-                                     and not getattr(model, "mamba_split_problem", lambda *_: "")(tp, c)]) \
+                                     and not getattr(model, "split_problem", lambda *_: "")(tp, c)]) \
                 if rest2 else []
             try:
                 split1 = stage_split(L, pp, 1, fix)

@@ -34,7 +34,7 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox", "NemotronHForCausalLM": "nemotron_h", "GptOssForCausalLM": "gpt_oss",
     "NemotronForCausalLM": "nemotron", "Glm4MoeForCausalLM": "glm4_moe", "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3_text",
+    "Gemma3ForCausalLM": "gemma3_text", "Qwen3NextForCausalLM": "qwen3_next",
 }
 _REQUIRED = object()
 
@@ -201,6 +201,36 @@ def _qwen3_moe(r: _Reader) -> dict[str, Any]:
     spec = _base(r, False) | _heads(r, kv_default=4, head_dim_default=128)
     bias = r.bool("attention_bias", False)
     return spec | _qwen_moe_common(r, spec) | dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
+
+
+def _qwen3_next(r: _Reader) -> dict[str, Any]:
+    """Qwen3-Next (transformers ``configuration_qwen3_next.py`` / ``modeling_qwen3_next.py``): the layers
+    ``layer_types`` names ``linear_attention`` (default: three in four, ``full_attention_interval`` 4) mix with Gated
+    DeltaNet, the others with gated attention (q_proj also yields an output gate; q/k norms over ``head_dim``,
+    ``partial_rotary_factor`` of it rotated); MoE as Qwen3-MoE's (``decoder_sparse_step``, ``mlp_only_layers``) with
+    one shared expert behind a sigmoid gate; untied."""
+    spec = _base(r, False) | _heads(r, kv_default=2, head_dim_default=256)
+    layers = spec["num_layers"]
+    types = r.cfg.get("layer_types")
+    if types is None:
+        every = r.int("full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers or \
+            set(types) - {"linear_attention", "full_attention"}:
+        raise r.fail(f"'layer_types' must list 'linear_attention' or 'full_attention' for each of the {layers} "
+                     f"layers, got {types!r}")
+    shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+    bias = r.bool("attention_bias", False)
+    rotary = r.cfg.get("partial_rotary_factor", 0.25)
+    if isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1:
+        raise r.fail(f"'partial_rotary_factor' must be in (0, 1], got {rotary!r}")
+    return spec | _qwen_moe_common(r, spec) | dict(
+        qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=True, rotary_percent=float(rotary),
+        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared, shared_expert_gate=bool(shared),
+        gdn_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        gdn_key_heads=r.int("linear_num_key_heads"), gdn_value_heads=r.int("linear_num_value_heads"),
+        gdn_key_head_dim=r.int("linear_key_head_dim"), gdn_value_head_dim=r.int("linear_value_head_dim"),
+        gdn_conv_kernel=r.int("linear_conv_kernel_dim", 4))
 
 
 def _deepseek_v3(r: _Reader) -> dict[str, Any]:
@@ -394,8 +424,8 @@ def _gemma3_text(r: _Reader) -> dict[str, Any]:
 
 FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
-    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron, "glm4_moe": _glm4_moe,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox, "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron, "glm4_moe": _glm4_moe,
     "gemma2": _gemma2, "gemma3_text": _gemma3_text,
 }
 

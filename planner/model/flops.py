@@ -37,6 +37,8 @@ def _attention_terms(spec, seq_len: int) -> tuple[float, float]:
     # MHA/GQA: h*(d_q + 2*d_kv) for QKV and d_q*h for the output projection.
     d_v = spec.num_kv_heads * spec.v_head_dim
     proj = h * (spec.q_dim + spec.kv_dim + d_v) + a * spec.v_head_dim * h
+    if spec.attn_output_gate:  # q_proj's gate half (Qwen3-Next)
+        proj += h * spec.q_dim
     core = spec.q_dim * seq_len / 2 + a * spec.v_head_dim * seq_len / 2
     return proj, core
 
@@ -61,11 +63,24 @@ def mamba_macs_per_token(spec, seq_len: int) -> float:
     return h * (2 * di + 2 * gn + spec.mamba_heads) + spec.mamba_conv_kernel * (di + 2 * gn) + ssd + di * h
 
 
+def gdn_macs_per_token(spec) -> float:
+    """Multiply-adds per token of one Gated DeltaNet mixer's forward, as Megatron-Bridge counts them
+    (``training/utils/flop_utils.py`` @ v0.5.1, ``gdn_layer_flops``): in_proj h -> (q, k, v, z) and h -> (b, a), the
+    depthwise conv1d of width K over q, k, v, the scan at four d_k x d_v products per value head (the recurrent
+    form's state update and readout), out_proj v -> h. The kernel's own chunked work is the cost model's
+    (``costmodel.ops.gdn_flops``)."""
+    h, kd, vd, hv = spec.hidden_size, spec.gdn_key_dim, spec.gdn_value_dim, spec.gdn_value_heads
+    scan = 4 * hv * spec.gdn_key_head_dim * spec.gdn_value_head_dim
+    return h * (2 * kd + 2 * vd + 2 * hv) + spec.gdn_conv_kernel * (2 * kd + vd) + scan + vd * h
+
+
 def _block_macs(spec, kind: str, seq_len: int) -> float:
     """Forward multiply-adds per token of one block (``planner.model.spec.LAYER_KINDS``)."""
     h, m = spec.hidden_size, spec.mlp_matrices
     if kind == "M":
         return mamba_macs_per_token(spec, seq_len)
+    if kind == "G":
+        return gdn_macs_per_token(spec)
     if kind in "*S":
         proj, core = _attention_terms(spec, seq_len)
         if kind == "S":  # the core scales with the keys each query sees

@@ -44,8 +44,8 @@ def parse_lora(text: str) -> Lora | None:
 
 def adapter_params_per_layer(model, lora: Lora, layer: int, tp: int) -> float:
     """Adapter parameters one tensor-parallel rank holds for decoder layer ``layer``: rank x (in + out) per adapted
-    linear layer (A: in -> rank, B: rank -> out), split over tp. Mamba mixers and routed experts carry none (the
-    targets are the attention and dense-MLP linears)."""
+    linear layer (A: in -> rank, B: rank -> out), split over tp. Mamba and Gated DeltaNet mixers and routed experts
+    carry none (the targets are the attention and dense-MLP linears)."""
     kind = model.layer_kind(layer)
     h, r = model.hidden_size, lora.rank
     q, kv = model.num_heads * model.head_dim, model.num_kv_heads * (model.head_dim + model.v_head_dim)

@@ -20,9 +20,9 @@ from meshplan.core.errors import MeshplanError
 from meshplan.planner.model.flops import megatron_flops_per_token
 
 NORMS = ("layernorm", "rmsnorm")
-# The blocks a layer is made of (Megatron's hybrid_override_pattern symbols, plus S for sliding-window attention):
-# a hybrid layer is one block, a transformer layer two ("*-", "*E", "S-", "SE").
-LAYER_KINDS = ("M", "*", "S", "-", "E")
+# The blocks a layer is made of (Megatron's hybrid_override_pattern symbols, plus S for sliding-window attention and
+# G for Gated DeltaNet): a hybrid layer is one block, a transformer layer two ("*-", "*E", "S-", "SE", "GE").
+LAYER_KINDS = ("M", "*", "S", "G", "-", "E")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,17 @@ class ModelSpec:
     0 = none. cuDNN's fused attention and PyTorch SDPA have no such step (``layout.space.attention_choices``)."""
     logit_softcap: float = 0.0
     """Gemma 2 ``final_logit_softcapping``: the output logits become ``cap * tanh(logits / cap)``; 0 = none."""
+    attn_output_gate: bool = False
+    """Qwen3-Next: q_proj also yields a gate of the query heads' width, and the attention's output is multiplied by
+    its sigmoid before o_proj (transformers ``Qwen3NextAttention``; Megatron-Core ``attention_output_gate``)."""
+    gdn_layers: tuple[int, ...] = ()
+    """The layers whose mixer is Gated DeltaNet (Yang, Kautz & Hatamizadeh, ICLR 2025, arXiv:2412.06464) instead of
+    attention: HF ``layer_types`` ``linear_attention`` (Qwen3-Next: three layers in four)."""
+    gdn_key_heads: int = 0  # HF linear_num_key_heads: heads of q and k (repeated to the value heads in the scan)
+    gdn_value_heads: int = 0  # HF linear_num_value_heads: heads of v, of the gate z and of the scan
+    gdn_key_head_dim: int = 0  # HF linear_key_head_dim
+    gdn_value_head_dim: int = 0  # HF linear_value_head_dim
+    gdn_conv_kernel: int = 0  # HF linear_conv_kernel_dim: the depthwise causal conv1d over q, k and v
     rope_theta: float = 0.0
     rope_scaling_type: str = ""  # config.json rope_scaling.rope_type: "llama3" (Llama 3.1), "yarn" (DeepSeek-V3), ...
     rope_scaling_factor: float = 0.0  # its factor; 0 = RoPE unscaled
@@ -166,6 +177,20 @@ class ModelSpec:
                                         f"its groups {self.mamba_groups}")
         if any(not 0 <= i < self.num_layers for i in self.window_layers):
             raise MeshplanError(f"model {self.name}: window_layers outside 0..{self.num_layers - 1}")
+        self._check_gdn()
+
+    def _check_gdn(self) -> None:
+        if not self.gdn_layers:
+            return
+        if any(not 0 <= i < self.num_layers for i in self.gdn_layers):
+            raise MeshplanError(f"model {self.name}: Gated DeltaNet layers outside 0..{self.num_layers - 1}")
+        dims = ("gdn_key_heads", "gdn_value_heads", "gdn_key_head_dim", "gdn_value_head_dim", "gdn_conv_kernel")
+        bad = [d for d in dims if getattr(self, d) <= 0]
+        if bad:
+            raise MeshplanError(f"model {self.name}: Gated DeltaNet layers need {', '.join(bad)} > 0")
+        if self.gdn_value_heads % self.gdn_key_heads:
+            raise MeshplanError(f"model {self.name}: Gated DeltaNet value heads {self.gdn_value_heads} are not a "
+                                f"multiple of its key heads {self.gdn_key_heads}")
 
     # ---- shape helpers -------------------------------------------------------------------------------------
     @property
@@ -225,6 +250,26 @@ class ModelSpec:
                     f"its {groups // tp} groups (megatron-core MambaContextParallel)")
         return ""
 
+    def gdn_split_problem(self, tp: int, cp: int) -> str:
+        """Why megatron-core cannot split this model's Gated DeltaNet mixers over ``tp`` x ``cp`` ranks ("" when it
+        can): ``GatedDeltaNet`` splits its key and value heads over tp (core_v0.16.0 ``ssm/gated_delta_net.py``:
+        ``num_value_heads // tp_size``, the q and k widths likewise) and has no context parallelism (its
+        ``GatedDeltaNetContextParallel`` import is commented out; Megatron-Bridge's Qwen3-Next recipes set cp 1)."""
+        if not self.gdn_layers:
+            return ""
+        keys, values = self.gdn_key_heads, self.gdn_value_heads
+        if keys % tp or values % tp:
+            return (f"tp={tp} must divide the {keys} Gated DeltaNet key heads and {values} value heads "
+                    "(megatron-core GatedDeltaNet)")
+        if cp > 1:
+            return f"cp={cp}: megatron-core's GatedDeltaNet has no context parallelism (core_v0.16.0)"
+        return ""
+
+    def split_problem(self, tp: int, cp: int) -> str:
+        """Why megatron-core cannot split this model's mixers over ``tp`` x ``cp`` ranks ("" when it can): its Mamba-2
+        mixers' (``mamba_split_problem``) or its Gated DeltaNet mixers' (``gdn_split_problem``)."""
+        return self.mamba_split_problem(tp, cp) or self.gdn_split_problem(tp, cp)
+
     def is_window_layer(self, i: int) -> bool:
         return bool(self.sliding_window) and i in self.window_layers
 
@@ -234,7 +279,8 @@ class ModelSpec:
         self._check_layer(i)
         if self.layer_pattern:
             return self.layer_pattern[i]
-        return ("S" if self.is_window_layer(i) else "*") + ("E" if i in self.moe_layers else "-")
+        mixer = "G" if i in self.gdn_layers else "S" if self.is_window_layer(i) else "*"
+        return mixer + ("E" if i in self.moe_layers else "-")
 
     def is_moe_layer(self, i: int) -> bool:
         """True when decoder layer ``i`` (0-based) has a routed-expert MLP."""
@@ -274,6 +320,8 @@ class ModelSpec:
             return q + kv + o
         d_q, d_k, d_v = self.q_dim, self.kv_dim, self.num_kv_heads * self.v_head_dim
         params = h * (d_q + d_k + d_v) + a * self.v_head_dim * h
+        if self.attn_output_gate:  # q_proj's second half: the output gate, one per query element
+            params += h * d_q
         if self.qkv_bias:
             params += d_q + d_k + d_v
         if self.o_bias:
@@ -292,6 +340,25 @@ class ModelSpec:
         conv = di + 2 * self.mamba_groups * self.mamba_state
         in_proj = h * (2 * di + 2 * self.mamba_groups * self.mamba_state + self.mamba_heads)
         return in_proj + conv * (self.mamba_conv_kernel + 1) + 3 * self.mamba_heads + di + di * h
+
+    @property
+    def gdn_key_dim(self) -> int:
+        """Width of q (and of k) in a Gated DeltaNet mixer: key heads x key head dim."""
+        return self.gdn_key_heads * self.gdn_key_head_dim
+
+    @property
+    def gdn_value_dim(self) -> int:
+        """Width of v (and of the gate z) in a Gated DeltaNet mixer: value heads x value head dim."""
+        return self.gdn_value_heads * self.gdn_value_head_dim
+
+    def _gdn_params(self) -> int:
+        """One Gated DeltaNet mixer (transformers ``Qwen3NextGatedDeltaNet``; megatron-core ``GatedDeltaNet``):
+        in_proj h -> (q, k, v, z) and h -> (b, a) per value head, the depthwise conv1d over q, k, v (no bias), dt_bias
+        and A_log per value head, the gated RMSNorm over one value head's width, out_proj v -> h; no linear biases."""
+        h, kd, vd, hv = self.hidden_size, self.gdn_key_dim, self.gdn_value_dim, self.gdn_value_heads
+        in_proj = h * (2 * kd + 2 * vd) + h * 2 * hv
+        conv = (2 * kd + vd) * self.gdn_conv_kernel
+        return in_proj + conv + 2 * hv + self.gdn_value_head_dim + vd * h
 
     def _dense_mlp_params(self, width: int) -> int:
         params = self.mlp_matrices * self.hidden_size * width
@@ -322,11 +389,13 @@ class ModelSpec:
         return params
 
     def layer_attention_params(self, i: int) -> int:
-        """The mixer of layer ``i``: attention incl. its biases, q/k norms and sinks, or a Mamba-2 mixer (not the
-        pre-norm); 0 for a hybrid's MLP-only layers."""
+        """The mixer of layer ``i``: attention incl. its biases, q/k norms, sinks and output gate, a Mamba-2 or a
+        Gated DeltaNet mixer (not the pre-norm); 0 for a hybrid's MLP-only layers."""
         kind = self.layer_kind(i)
         if "M" in kind:
             return self._mamba_params()
+        if "G" in kind:
+            return self._gdn_params()
         return self._attention_params() if ("*" in kind or "S" in kind) else 0
 
     def layer_mlp_params(self, i: int) -> int:
