@@ -1,5 +1,5 @@
-"""Qwen3-Next (``qwen3_next``): Gated DeltaNet layers beside gated attention, counted, priced and refused as the
-published sources have them.
+"""Qwen3-Next and Qwen3.5 (``qwen3_next``, ``qwen3_5_text``, ``qwen3_5_moe_text``): Gated DeltaNet layers beside
+gated attention, counted, priced and refused as the published sources have them.
 
 The independent figures: transformers' own ``Qwen3NextForCausalLM`` built from the bundled config (every parameter,
 on the meta device) and the model card's "80B in total and 3B activated"; Megatron-Bridge's own FLOP count of a
@@ -62,6 +62,30 @@ def test_counts_are_transformers_own_and_the_model_cards(hf_small) -> None:
     assert m.gdn_layers == tuple(i for i, k in enumerate(config.layer_types) if k == "linear_attention")
     full = load_model(PRESET)
     assert (round(full.num_params / 1e9), int(full.active_params // 1e9)) == (80, 3)
+
+
+# Qwen3.5's text decoders as transformers 5.24.0's own Qwen3_5MoeForCausalLM / Qwen3_5ForCausalLM count them, built
+# on the meta device from the bundled configs' values (2026-11-30; CI's transformers 4.57 has no Qwen3.5 class):
+# (total, active) parameters, the names' 35B-A3B and 9B
+QWEN35_TRANSFORMERS_5_24 = {"qwen3.5-35b-a3b": (34_660_610_688, 3_454_988_928),
+                            "qwen3.5-9b": (8_953_803_264, 8_953_803_264)}
+
+
+@pytest.mark.parametrize("preset,counts", QWEN35_TRANSFORMERS_5_24.items())
+def test_qwen35_counts_are_transformers_5s(preset: str, counts: tuple[int, int]) -> None:
+    m = load_model(preset)
+    assert (m.num_params, m.active_params) == counts
+    assert (m.rotary_percent, m.rope_theta) == (0.25, 1e7)  # read from rope_parameters
+    assert m.gdn_layers == tuple(i for i in range(m.num_layers) if (i + 1) % 4)
+
+
+def test_qwen35_vision_language_configs_are_refused_by_name() -> None:
+    """A Qwen3.5 checkpoint's own config.json wraps the decoder in a vision-language model: refused in one line that
+    says which part to save."""
+    cfg = json.loads((PRESET_DIR / "qwen3.5-35b-a3b.json").read_text())
+    with pytest.raises(MeshplanError, match="text_config") as exc:
+        spec_from_config({"model_type": "qwen3_5_moe", "text_config": cfg}, where="q.json", name="q", source="q.json")
+    assert str(exc.value).startswith("q.json: ") and "\n" not in str(exc.value)
 
 
 def test_layer_kinds_follow_layer_types() -> None:

@@ -46,8 +46,12 @@ HF_LAYER_CLASS = {
     "qwen2": "Qwen2DecoderLayer", "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3": "Qwen3DecoderLayer",
     "qwen3_moe": "Qwen3MoeDecoderLayer", "deepseek_v3": "DeepseekV3DecoderLayer", "gpt2": "GPT2Block",
     "gpt_neox": "GPTNeoXLayer", "glm4_moe": "Glm4MoeDecoderLayer", "gemma2": "Gemma2DecoderLayer",
-    "gemma3_text": "Gemma3DecoderLayer", "qwen3_next": "Qwen3NextDecoderLayer",
+    "gemma3_text": "Gemma3DecoderLayer", "qwen3_next": "Qwen3NextDecoderLayer", "qwen3_5_text": "Qwen3_5DecoderLayer",
+    "qwen3_5_moe_text": "Qwen3_5MoeDecoderLayer",
 }
+
+# Gated DeltaNet beside gated attention (Qwen3-Next, Qwen3.5): Megatron-LM flags meshplan does not write
+GATED_DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 # Megatron-Core's own SM count for Hybrid-EP (the decision's default: its TransformerConfig's)

@@ -69,10 +69,10 @@ def check(plan: Plan, flags: bool = True) -> None:
         c.fail(f"megatron: {m.name} ({m.model_type}): Gemma's gated MLP under tanh GELU (Megatron-LM's arguments.py "
                f"has --swiglu and --quick-geglu only), its post-block norms{caps} have no Megatron-LM flag; export "
                "--to megatron-bridge, whose Gemma providers build them")
-    if flags and m.model_type == "qwen3_next":
+    if flags and m.model_type in c.GATED_DELTANET_FAMILIES:
         c.fail(f"megatron: {m.name} ({m.model_type}): meshplan does not write Megatron-LM's Gated DeltaNet and gated "
-               "attention arguments; export --to megatron-bridge, whose qwen3_next_80b_a3b_pretrain_config builds "
-               "the model from its HF config")
+               "attention arguments; export --to megatron-bridge (Qwen3-Next: its qwen3_next_80b_a3b_pretrain_config "
+               "builds the model from its HF config) or to an HF launcher (torchrun, accelerate, deepspeed)")
     world = plan.cluster.world_size
     if world % (d.tp * d.pp * d.cp):
         c.fail(f"megatron: world {world} is not divisible by tp*pp*cp = {d.tp}*{d.pp}*{d.cp}")

@@ -34,7 +34,8 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3", "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox", "NemotronHForCausalLM": "nemotron_h", "GptOssForCausalLM": "gpt_oss",
     "NemotronForCausalLM": "nemotron", "Glm4MoeForCausalLM": "glm4_moe", "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3_text", "Qwen3NextForCausalLM": "qwen3_next",
+    "Gemma3ForCausalLM": "gemma3_text", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5_text",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
 }
 _REQUIRED = object()
 
@@ -174,13 +175,17 @@ def _qwen2(r: _Reader) -> dict[str, Any]:
         ffn_hidden_size=r.int("intermediate_size"), qkv_bias=True)
 
 
-def _qwen_moe_common(r: _Reader, spec: dict[str, Any]) -> dict[str, Any]:
+def _qwen_moe_common(r: _Reader, spec: dict[str, Any], dense_default: int | None = None) -> dict[str, Any]:
+    """Qwen2/3-MoE's experts; ``dense_default``: the dense width when the config has no ``intermediate_size``
+    (Qwen3.5-MoE's has none: every layer is MoE), None where it must have one."""
     experts = r.int("num_experts")
     layers = _moe_layers(r, spec["num_layers"], experts)
     dense = len(layers) < spec["num_layers"]
+    width = r.int("intermediate_size") if dense_default is None else r.int("intermediate_size", dense_default,
+                                                                            minimum=0)
     return dict(num_experts=experts, experts_per_token=r.int("num_experts_per_tok"),
                 moe_ffn_hidden_size=r.int("moe_intermediate_size"), moe_layers=layers,
-                ffn_hidden_size=r.int("intermediate_size") if dense else 0)
+                ffn_hidden_size=width if dense else 0)
 
 
 def _qwen2_moe(r: _Reader) -> dict[str, Any]:
@@ -203,13 +208,15 @@ def _qwen3_moe(r: _Reader) -> dict[str, Any]:
     return spec | _qwen_moe_common(r, spec) | dict(qkv_bias=bias, o_bias=bias, qk_norm=True)
 
 
-def _qwen3_next(r: _Reader) -> dict[str, Any]:
-    """Qwen3-Next (transformers ``configuration_qwen3_next.py`` / ``modeling_qwen3_next.py``): the layers
-    ``layer_types`` names ``linear_attention`` (default: three in four, ``full_attention_interval`` 4) mix with Gated
-    DeltaNet, the others with gated attention (q_proj also yields an output gate; q/k norms over ``head_dim``,
-    ``partial_rotary_factor`` of it rotated); MoE as Qwen3-MoE's (``decoder_sparse_step``, ``mlp_only_layers``) with
-    one shared expert behind a sigmoid gate; untied."""
-    spec = _base(r, False) | _heads(r, kv_default=2, head_dim_default=256)
+def _gated_linear_hybrid(r: _Reader, kv_default: int, moe: bool) -> dict[str, Any]:
+    """Qwen3-Next and Qwen3.5's text decoders (transformers ``modeling_qwen3_next.py``, v5's
+    ``modeling_qwen3_5.py`` / ``modeling_qwen3_5_moe.py``): the layers ``layer_types`` names ``linear_attention``
+    (default: three in four, ``full_attention_interval`` 4) mix with Gated DeltaNet, the others with gated attention
+    (q_proj also yields an output gate; q/k norms over ``head_dim``; ``partial_rotary_factor`` of it rotated, at the
+    top level or in ``rope_parameters``); ``moe``: Qwen3-MoE's experts (``decoder_sparse_step``, ``mlp_only_layers``)
+    with one shared expert behind a sigmoid gate, else a dense SwiGLU MLP; untied. Qwen3.5's multi-token-prediction
+    module (``mtp_num_hidden_layers``) is not read: transformers builds none (it skips ``mtp.*`` weights)."""
+    spec = _base(r, False) | _heads(r, kv_default=kv_default, head_dim_default=256)
     layers = spec["num_layers"]
     types = r.cfg.get("layer_types")
     if types is None:
@@ -219,18 +226,35 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
             set(types) - {"linear_attention", "full_attention"}:
         raise r.fail(f"'layer_types' must list 'linear_attention' or 'full_attention' for each of the {layers} "
                      f"layers, got {types!r}")
-    shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
-    bias = r.bool("attention_bias", False)
-    rotary = r.cfg.get("partial_rotary_factor", 0.25)
+    params = r.cfg.get("rope_parameters")
+    rotary = (params or {}).get("partial_rotary_factor") if isinstance(params, dict) else None
+    rotary = r.cfg.get("partial_rotary_factor", 0.25) if rotary is None else rotary
     if isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1:
         raise r.fail(f"'partial_rotary_factor' must be in (0, 1], got {rotary!r}")
-    return spec | _qwen_moe_common(r, spec) | dict(
-        qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=True, rotary_percent=float(rotary),
-        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared, shared_expert_gate=bool(shared),
-        gdn_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+    bias = r.bool("attention_bias", False)
+    out = spec | dict(
+        qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=r.bool("attn_output_gate", True),
+        rotary_percent=float(rotary), gdn_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
         gdn_key_heads=r.int("linear_num_key_heads"), gdn_value_heads=r.int("linear_num_value_heads"),
         gdn_key_head_dim=r.int("linear_key_head_dim"), gdn_value_head_dim=r.int("linear_value_head_dim"),
         gdn_conv_kernel=r.int("linear_conv_kernel_dim", 4))
+    if not moe:
+        return out | dict(ffn_hidden_size=r.int("intermediate_size"))
+    shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+    return out | _qwen_moe_common(r, spec, dense_default=0) | dict(
+        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared, shared_expert_gate=bool(shared))
+
+
+def _qwen3_next(r: _Reader) -> dict[str, Any]:
+    return _gated_linear_hybrid(r, kv_default=2, moe=True)
+
+
+def _qwen3_5_text(r: _Reader) -> dict[str, Any]:
+    return _gated_linear_hybrid(r, kv_default=4, moe=False)
+
+
+def _qwen3_5_moe_text(r: _Reader) -> dict[str, Any]:
+    return _gated_linear_hybrid(r, kv_default=2, moe=True)
 
 
 def _deepseek_v3(r: _Reader) -> dict[str, Any]:
@@ -424,8 +448,9 @@ def _gemma3_text(r: _Reader) -> dict[str, Any]:
 
 FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
-    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2,
-    "gpt_neox": _gpt_neox, "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron, "glm4_moe": _glm4_moe,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "qwen3_5_text": _qwen3_5_text,
+    "qwen3_5_moe_text": _qwen3_5_moe_text, "deepseek_v3": _deepseek_v3, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    "nemotron_h": _nemotron_h, "gpt_oss": _gpt_oss, "nemotron": _nemotron, "glm4_moe": _glm4_moe,
     "gemma2": _gemma2, "gemma3_text": _gemma3_text,
 }
 
@@ -434,6 +459,10 @@ FAMILIES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
 NOT_DECODERS = {
     "gemma3": "Gemma 3's vision-language model (a SigLIP image encoder beside the decoder); meshplan prices the text "
               "decoder alone: save its 'text_config' as a config.json with model_type gemma3_text",
+    "qwen3_5": "Qwen3.5's vision-language model (a vision encoder beside the decoder); meshplan prices the text "
+               "decoder alone: save its 'text_config' as a config.json with model_type qwen3_5_text",
+    "qwen3_5_moe": "Qwen3.5-MoE's vision-language model (a vision encoder beside the decoder); meshplan prices the "
+                   "text decoder alone: save its 'text_config' as a config.json with model_type qwen3_5_moe_text",
 }
 
 
