@@ -185,7 +185,9 @@ FREE_SEARCHES = [("deepseek-v3", "144x4xGB200-NVL72", 4608, 4096, "bf16", ""),
                  ("glm-4.5", "16x8xH100", 1024, 4096, "bf16", ""),
                  ("gpt-oss-20b", "2x8xH100", 128, 4096, "bf16", ""),
                  ("nemotron-3-nano-30b-a3b", "2x8xH100", 256, 8192, "bf16", ""),
-                 ("nemotron-h-8b", "1x8xH100", 64, 4096, "bf16", "")]
+                 ("nemotron-h-8b", "1x8xH100", 64, 4096, "bf16", ""),
+                 ("qwen3-next-80b-a3b", "4x8xH100", 256, 4096, "bf16", ""),
+                 ("qwen3.5-9b", "1x8xH100", 64, 4096, "bf16", "")]
 
 
 @pytest.mark.skipif(BASH is None, reason="bash not available")
@@ -195,6 +197,7 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
     """Each of the five best plans of a free search, exported to Megatron and read back into megatron-core's own
     ``TransformerConfig``, which raises on any combination it does not run (issue 26: the NVL72 search once ranked
     ``moe_overlap`` under full recomputation first)."""
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_linear_attention_pattern
     from megatron.core.transformer.utils import is_layer_window_attention
 
     from meshplan.planner.cluster.spec import load_cluster
@@ -223,6 +226,15 @@ def test_megatron_core_builds_what_a_free_search_recommends(model, cluster, batc
             m.attention_sinks, m.glu_clamp)
         hybrid = (args.get("hybrid_override_pattern", ""), cfg.is_hybrid_model) == (m.layer_pattern, m.is_hybrid)
         assert hybrid and ns.training_script == ("pretrain_mamba.py" if m.is_hybrid else "pretrain_gpt.py")
+        linear = get_linear_attention_pattern(cfg) if cfg.experimental_attention_variant else []
+        assert tuple(i for i, la in enumerate(linear) if la) == m.gdn_layers  # the layers Gated DeltaNet mixes
+        if m.gdn_layers:  # its heads and widths, the gated attention and shared expert, as gpt_builders.py builds
+            assert (cfg.experimental_attention_variant, cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                    cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim) == (
+                "gated_delta_net", m.gdn_key_heads, m.gdn_value_heads, m.gdn_key_head_dim, m.gdn_value_head_dim,
+                m.gdn_conv_kernel)
+            assert (cfg.attention_output_gate, cfg.layernorm_zero_centered_gamma, cfg.moe_shared_expert_gate) == (
+                True, True, m.shared_expert_gate)
         if m.is_hybrid:  # the mixers and the experts as pretrain_mamba.py builds them
             assert (cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_num_groups, cfg.mamba_state_dim) == (
                 m.mamba_heads, m.mamba_head_dim, m.mamba_groups, m.mamba_state)

@@ -172,16 +172,23 @@ def test_splits_megatron_core_cannot_run_are_refused(runner, tmp_path) -> None:
 
 
 def test_exports(runner, tmp_path) -> None:
-    """Megatron-Bridge's qwen3_next recipe builds the model; meshplan writes no Megatron-LM flags for it and says
-    so in one line (exit 2)."""
+    """Megatron-Bridge's qwen3_next recipe builds the model, and Megatron-LM's own flags do (read back into
+    megatron-core's TransformerConfig in tests/test_export_megatron_core.py); Qwen3.5 has no v0.3.1 bridge recipe,
+    which is refused by name (one line, exit 2)."""
     out = tmp_path / "qn.yaml"
     r = runner.invoke(app, ["plan", "-m", PRESET, "-c", "2x8xH100", "-b", "128", "-s", "4096", "--out", str(out)])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["export", str(out), "--to", "megatron"])
-    assert r.exit_code == 2 and "--to megatron-bridge" in r.output and r.output.count("\n") == 1
+    assert r.exit_code == 0, r.output
+    assert "--experimental-attention-variant gated_delta_net" in r.output and "--linear-attention-freq 4" in r.output
     r = runner.invoke(app, ["export", str(out), "--to", "megatron-bridge"])
     assert r.exit_code == 0, r.output
     assert "RECIPE=qwen3_next_80b_a3b_pretrain_config" in r.output
+    out = tmp_path / "q35.yaml"
+    r = runner.invoke(app, ["plan", "-m", "qwen3.5-9b", "-c", "1x8xH100", "-b", "64", "-s", "4096", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["export", str(out), "--to", "megatron-bridge"])
+    assert r.exit_code == 2 and "qwen3_5_text" in r.output and r.output.count("\n") == 1
 
 
 def test_explain_says_what_the_scan_rests_on(runner, tmp_path) -> None:

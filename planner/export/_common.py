@@ -35,7 +35,7 @@ DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
 
 # Families whose HF layout is pre-norm RMSNorm + SwiGLU + RoPE without linear biases (models.md section 1).
 ROPE_SWIGLU_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3",
-                        "glm4_moe")
+                        "glm4_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 # Gemma 2 and 3: a GeGLU under tanh GELU, post-block norms, scaled embeddings (Megatron-Bridge's Gemma providers)
 GEMMA_FAMILIES = ("gemma2", "gemma3_text")
@@ -49,9 +49,6 @@ HF_LAYER_CLASS = {
     "gemma3_text": "Gemma3DecoderLayer", "qwen3_next": "Qwen3NextDecoderLayer", "qwen3_5_text": "Qwen3_5DecoderLayer",
     "qwen3_5_moe_text": "Qwen3_5MoeDecoderLayer",
 }
-
-# Gated DeltaNet beside gated attention (Qwen3-Next, Qwen3.5): Megatron-LM flags meshplan does not write
-GATED_DELTANET_FAMILIES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 # Megatron-Core's own SM count for Hybrid-EP (the decision's default: its TransformerConfig's)

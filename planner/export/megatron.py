@@ -69,10 +69,6 @@ def check(plan: Plan, flags: bool = True) -> None:
         c.fail(f"megatron: {m.name} ({m.model_type}): Gemma's gated MLP under tanh GELU (Megatron-LM's arguments.py "
                f"has --swiglu and --quick-geglu only), its post-block norms{caps} have no Megatron-LM flag; export "
                "--to megatron-bridge, whose Gemma providers build them")
-    if flags and m.model_type in c.GATED_DELTANET_FAMILIES:
-        c.fail(f"megatron: {m.name} ({m.model_type}): meshplan does not write Megatron-LM's Gated DeltaNet and gated "
-               "attention arguments; export --to megatron-bridge (Qwen3-Next: its qwen3_next_80b_a3b_pretrain_config "
-               "builds the model from its HF config) or to an HF launcher (torchrun, accelerate, deepspeed)")
     world = plan.cluster.world_size
     if world % (d.tp * d.pp * d.cp):
         c.fail(f"megatron: world {world} is not divisible by tp*pp*cp = {d.tp}*{d.pp}*{d.cp}")
@@ -395,6 +391,10 @@ def model_args(plan: Plan) -> list[str]:
             a.append("--add-qkv-bias")  # Qwen2 hard-codes them (models.md section 2, trap 5); GLM by attention_bias
         if fam in ("qwen3", "qwen3_moe") or m.qk_norm:
             a.append("--qk-layernorm")
+        if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's second half gates the output (TransformerConfig
+            # attention_output_gate); their RMSNorms scale by 1 + w (layernorm_zero_centered_gamma, as Megatron-Bridge's
+            # Qwen3NextModelProvider sets it)
+            a += ["--attention-output-gate", "--layernorm-zero-centered-gamma"]
         if m.rotary_percent < 1.0:  # GLM-4.5 rotates half of each head (partial_rotary_factor)
             a += ["--rotary-percent", f"{m.rotary_percent:g}"]
     elif fam == "gpt_neox":
@@ -418,7 +418,7 @@ def model_args(plan: Plan) -> list[str]:
               "--disable-bias-linear", "--normalization", "RMSNorm", "--position-embedding-type", "none"]
         if m.moe_latent_size:
             a += ["--moe-latent-size", str(m.moe_latent_size)]
-    a += window_args(m)
+    a += window_args(m) + gdn_args(m)
     if fam in ROPE_THETA_FAMILIES and m.rope_theta:
         # Megatron-LM arguments.py: --rotary-base is an int (default 10000); Llama 3.1's rope_theta is 500000.
         a += ["--rotary-base", str(int(round(m.rope_theta)))]
@@ -436,6 +436,8 @@ def model_args(plan: Plan) -> list[str]:
         shared = m.shared_expert_ffn_hidden_size or m.num_shared_experts * m.moe_ffn_hidden_size
         if m.num_shared_experts and shared:
             a += ["--moe-shared-expert-intermediate-size", str(shared)]
+            if m.shared_expert_gate:
+                a.append("--moe-shared-expert-gate")
         if m.moe_layers and len(m.moe_layers) != m.num_layers and not m.layer_pattern:  # a hybrid's: its pattern
             pattern = _run_length([1 if i in set(m.moe_layers) else 0 for i in range(m.num_layers)])
             a += ["--moe-layer-freq", c.quote(pattern)]
@@ -468,6 +470,23 @@ def window_args(m) -> list[str]:
         if windowed == [int((i + 1) % freq != 0) for i in range(m.num_layers)]:
             return a + ["--window-attn-skip-freq", str(freq)]
     return a + ["--window-attn-skip-freq", c.quote(_run_length(windowed))]
+
+
+def gdn_args(m) -> list[str]:
+    """Megatron-Core's Gated DeltaNet flags for a model with such layers (core_v0.16.0 ``TransformerConfig``
+    ``experimental_attention_variant`` gated_delta_net, the ``linear_*`` dims, built by gpt_builders.py's
+    experimental-attention-variant block spec): ``--linear-attention-freq`` N makes every layer but each Nth
+    (1-based) Gated DeltaNet, or a list of 1s (Gated DeltaNet) and 0s (attention); nothing for other models."""
+    if not m.gdn_layers:
+        return []
+    own = set(m.gdn_layers)
+    linear = [int(i in own) for i in range(m.num_layers)]
+    freq = next((str(f) for f in range(2, m.num_layers + 1)
+                 if linear == [int((i + 1) % f != 0) for i in range(m.num_layers)]), c.quote(_run_length(linear)))
+    return ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", freq,
+            "--linear-conv-kernel-dim", str(m.gdn_conv_kernel), "--linear-key-head-dim", str(m.gdn_key_head_dim),
+            "--linear-value-head-dim", str(m.gdn_value_head_dim), "--linear-num-key-heads", str(m.gdn_key_heads),
+            "--linear-num-value-heads", str(m.gdn_value_heads)]
 
 
 def _run_length(flags: list[int]) -> str:

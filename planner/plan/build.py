@@ -33,7 +33,11 @@ def model_ref(m, model_source: str) -> ModelRef:
                     attention_sinks=m.attention_sinks, glu_clamp=m.glu_clamp,
                     shared_expert_ffn_hidden_size=m.shared_expert_ffn_hidden_size, moe_latent_size=m.moe_latent_size,
                     layer_pattern=m.layer_pattern, mamba_heads=m.mamba_heads, mamba_head_dim=m.mamba_head_dim,
-                    mamba_state=m.mamba_state, mamba_groups=m.mamba_groups)
+                    mamba_state=m.mamba_state, mamba_groups=m.mamba_groups, gdn_layers=tuple(m.gdn_layers),
+                    gdn_key_heads=m.gdn_key_heads, gdn_value_heads=m.gdn_value_heads,
+                    gdn_key_head_dim=m.gdn_key_head_dim, gdn_value_head_dim=m.gdn_value_head_dim,
+                    gdn_conv_kernel=m.gdn_conv_kernel, attn_output_gate=m.attn_output_gate,
+                    shared_expert_gate=m.shared_expert_gate)
 
 
 def to_plan(work: Workload, layout: Layout, est: Estimate, name: str, model_source: str, costmodel: str) -> Plan:

@@ -83,6 +83,14 @@ class ModelRef(_Frozen):
     mamba_head_dim: Count = 0
     mamba_state: Count = 0
     mamba_groups: Count = 0
+    gdn_layers: tuple[Count, ...] = ()  # the layers mixed by Gated DeltaNet, 0-based (``ModelSpec.gdn_layers``)
+    gdn_key_heads: Count = 0  # its key heads, value heads, their widths and its conv kernel (``ModelSpec``)
+    gdn_value_heads: Count = 0
+    gdn_key_head_dim: Count = 0
+    gdn_value_head_dim: Count = 0
+    gdn_conv_kernel: Count = 0
+    attn_output_gate: bool = False  # the attention's output gated by q_proj's second half (Qwen3-Next, Qwen3.5)
+    shared_expert_gate: bool = False  # a sigmoid gate on the shared expert's output (Qwen2-MoE, Qwen3-Next)
 
 
 class DeviceGroupRef(_Frozen):
