@@ -25,11 +25,11 @@ TAGS = {"25.09": "r0.1.0", "25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0
 
 # Bridge's model recipe name (upper case, as in a preset's name) -> meshplan's bundled model of the same shapes
 MODELS = {"DEEPSEEK_V3": "deepseek-v3", "KIMI_K2": "kimi-k2", "QWEN3_30B_A3B": "qwen3-30b-a3b",
-          "QWEN3_235B_A22B": "qwen3-235b-a22b", "LLAMA3_8B": "llama-3.1-8b-instruct",
-          "LLAMA3_70B": "llama-3.1-70b-instruct", "LLAMA31_405B": "llama-3.1-405b", "GPT_OSS_120B": "gpt-oss-120b",
-          "GPT_OSS_20B": "gpt-oss-20b", "NEMOTRONH_56B": "nemotron-h-56b",
-          "NEMOTRON_3_NANO": "nemotron-3-nano-30b-a3b", "NEMOTRON_3_SUPER": "nemotron-3-super-120b-a12b",
-          "NEMOTRON_3_ULTRA": "nemotron-3-ultra-550b-a55b"}
+          "QWEN3_235B_A22B": "qwen3-235b-a22b", "QWEN3_NEXT_80B_A3B": "qwen3-next-80b-a3b",
+          "LLAMA3_8B": "llama-3.1-8b-instruct", "LLAMA3_70B": "llama-3.1-70b-instruct",
+          "LLAMA31_405B": "llama-3.1-405b", "GPT_OSS_120B": "gpt-oss-120b", "GPT_OSS_20B": "gpt-oss-20b",
+          "NEMOTRONH_56B": "nemotron-h-56b", "NEMOTRON_3_NANO": "nemotron-3-nano-30b-a3b",
+          "NEMOTRON_3_SUPER": "nemotron-3-super-120b-a12b", "NEMOTRON_3_ULTRA": "nemotron-3-ultra-550b-a55b"}
 # r0.1.0's perf-matrix keys -> WorkloadBaseConfig's field names (what ``workloads`` reads); the rest keep their own
 PERF_MATRIX_FIELDS = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
                       "cp": "context_parallel_size", "vp": "virtual_pipeline_model_parallel_size",
