@@ -52,8 +52,9 @@ NO_MEASUREMENT = "no sustained-load measurement for this part: priced at one-sho
 # Ops whose rate follows the SM clock (tensor-core math): the share applies to them. The memory-bound kernels (norms,
 # elementwise, copies, casts, softmax, embedding, optimizer) run at HBM speed, and the power cap lowers the SM clock
 # only: nvidia-smi read the memory clock at its maximum after every held workload (3201 MHz on the H200s, 2619 MHz
-# on the H100). Checked on two whole layers, whose kernels mix both (BENCHMARKS.md "Sustained load").
-TENSOR_CORE_KINDS = ("matmul", "bmm", "attention", "ssd")
+# on the H100). Checked on two whole layers, whose kernels mix both (BENCHMARKS.md "Sustained load"). The chunked
+# scans (Mamba-2's SSD, Gated DeltaNet's) are tensor-core tiles timed one-shot like the GEMMs.
+TENSOR_CORE_KINDS = ("matmul", "bmm", "attention", "ssd", "gdn")
 
 
 def shares_of(data: dict) -> dict[str, float]:
