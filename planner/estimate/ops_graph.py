@@ -196,8 +196,7 @@ def kind_ops(model, kind: str, layout: Layout, seq_len: int, dtype: str = "bf16"
     """The ops of one layer made of the blocks ``kind`` (``planner.model.spec.LAYER_KINDS``). ``memo``: a dict the
     caller keeps for ``model`` (and only it), in which each block's ops are built once per value of the fields the
     block reads (``_BLOCK_FIELDS``) and shared by every layer, and layout, that holds it."""
-    problem = (model.mamba_split_problem(layout.tp, layout.cp) if "M" in kind else
-               model.gdn_split_problem(layout.tp, layout.cp) if "G" in kind else "")
+    problem = model.split_problem(layout.tp, layout.cp) if "M" in kind or "G" in kind else ""
     if problem:
         raise MeshplanError(f"model {model.name}: {problem}")
     lb = _LayerBuild(model, layout, seq_len, dtype)
