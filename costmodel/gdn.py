@@ -7,7 +7,7 @@ and Megatron-Core's ``GatedDeltaNet``, core_v0.16.0 ``ssm/gated_delta_net.py``),
 measures. FLA publishes the kernel's forward and forward+backward at six shapes on one GB200
 (``data/published/fla_chunk_gdn_gb200.json``). Every row fits ``t = t0 + flops x s`` (least squares, forward and
 forward+backward apart): ``flops`` those of the chunked algorithm (``costmodel.ops.gdn_flops``), ``s`` seconds per
-forward FLOP of GPU work, ``t0`` a per-call constant the same at 0.13 M and 1 M token-heads (0.64 ms forward,
+forward FLOP of GPU work, ``t0`` a per-call constant the same from 0.07 M to 1.05 M token-heads (0.64 ms forward,
 1.57 ms forward+backward): the benchmark times back-to-back calls of one Python function that launches some ten
 Triton kernels forward and twenty backward, and FLA's maintainers write that "in many cases, FLA kernels are
 bottlenecked by kernel launch overhead" (fla-org/flash-linear-attention issue 471, 2025-06), so ``t0`` is read as
@@ -27,13 +27,13 @@ import numpy as np
 
 from meshplan.costmodel.devices import DeviceSpec, get_device
 from meshplan.costmodel.ops import OpSpec, gdn_flops
+from meshplan.costmodel.roofline import KERNEL_LAUNCH_S
 
 GDN_FILE = "data/published/fla_chunk_gdn_gb200.json"
 # Kernels FLA launches per call (fla.ops.gated_delta_rule.chunk: the l2norms of q and k, the gate's chunk cumsum,
 # the within-chunk Gram, its triangular solve, w and u, the state recurrence and the output; the backward runs them
 # again and their gradients), each given the cost model's launch floor
 FWD_KERNELS, BWD_KERNELS = 9, 20
-KERNEL_LAUNCH_S = 4e-6  # costmodel.roofline.KERNEL_LAUNCH_S
 
 SOURCE = ("FLA's chunk_gated_delta_rule forward and forward+backward timed on a GB200 at six shapes "
           "(fla-org/flash-linear-attention README 'Benchmarks' @ bc3b101d; costmodel/data/published/"
@@ -72,18 +72,15 @@ def gb200_seconds_per_flop() -> tuple[float, float]:
 
 
 def time_s(op: OpSpec, device: DeviceSpec) -> float:
-    """Seconds of one ``gdn`` op (forward, or its backward with ``op.backward``) on ``device``."""
+    """Seconds of one ``gdn`` op (forward, or its backward with ``op.backward``) on ``device``: its forward FLOPs
+    (``gdn_flops``, the fit's unit either way) at the GB200's seconds per FLOP, scaled by dense peak (bf16, else fp32
+    on a part without it), plus each kernel's launch floor."""
     fwd, bwd = gb200_seconds_per_flop()
-    scale = get_device("GB200").peak("bf16") / device.peak("bf16") if device.supports("bf16") else \
-        get_device("GB200").peak("bf16") / device.peak("fp32")
-    per_flop = bwd if op.backward else fwd
-    kernels = BWD_KERNELS if op.backward else FWD_KERNELS
-    return gdn_flops(replace_forward(op)) * per_flop * scale + kernels * KERNEL_LAUNCH_S
-
-
-def replace_forward(op: OpSpec) -> OpSpec:
-    """``op`` as its forward (the fit counts work in forward FLOPs either way)."""
-    return op if not op.backward else OpSpec(op.kind, op.shape, op.dtype)
+    dtype = "bf16" if device.supports("bf16") else "fp32"
+    scale = get_device("GB200").peak("bf16") / device.peak(dtype)
+    if op.backward:
+        return gdn_flops(op) * bwd * scale + BWD_KERNELS * KERNEL_LAUNCH_S
+    return gdn_flops(op) * fwd * scale + FWD_KERNELS * KERNEL_LAUNCH_S
 
 
 def unmeasured(device: DeviceSpec) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from meshplan.costmodel.ops import GDN_CHUNK
 from meshplan.planner.layout.decisions import GRAD_BYTES_BY_DTYPE, OPTIMIZER_BYTES_BY_DTYPE
 from meshplan.planner.layout.layout import Layout
 from meshplan.planner.layout.schedules import inflight_microbatches, parameter_copies
@@ -356,10 +357,6 @@ def _attention_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float,
     return out
 
 
-# Tokens of one chunk of FLA's chunked gated delta rule, whose within-chunk inverse A it keeps per token and head
-GDN_CHUNK = 64
-
-
 def _gdn_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> float:
     """What a Gated DeltaNet mixer keeps for backward, its norm input aside (megatron-core ``GatedDeltaNet``,
     core_v0.16.0): in_proj its input; causal_conv1d its input (q, k, v channels-first); FLA's l2norm of q and k their
@@ -374,7 +371,7 @@ def _gdn_bytes(ls: LayerShape, s: int, b: int, layout: Layout, lin: float) -> fl
     out += 2.0 * tokens * (2 * ls.gdn_key + ls.gdn_value) / t  # the conv's input
     out += 2.0 * tokens * 2 * ls.gdn_key / t  # l2norm outputs
     out += 2.0 * tokens * (2 * ls.gdn_repeated_key + ls.gdn_value) / t  # the scan's q, k, v
-    out += (4.0 + 2.0 + 2.0 * GDN_CHUNK) * tokens * ls.gdn_heads / t  # g, beta, A
+    out += (4.0 + 2.0 + 2.0 * GDN_CHUNK) * tokens * ls.gdn_heads / t  # g, beta, A: a chunk's width a token
     out += 2.0 * 2.0 * tokens * ls.gdn_value / t  # the gated norm's input and z
     out += lin * tokens * ls.gdn_value / t  # out_proj input
     return out

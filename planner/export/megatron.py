@@ -464,12 +464,7 @@ def window_args(m) -> list[str]:
     own = set(m.window_layers)
     windowed = [int(i in own) for i in range(m.num_layers)]
     a = ["--window-size", f"{m.sliding_window},0"]
-    if all(windowed):
-        return a
-    for freq in range(2, m.num_layers + 1):
-        if windowed == [int((i + 1) % freq != 0) for i in range(m.num_layers)]:
-            return a + ["--window-attn-skip-freq", str(freq)]
-    return a + ["--window-attn-skip-freq", c.quote(_run_length(windowed))]
+    return a if all(windowed) else a + ["--window-attn-skip-freq", _skip_freq(windowed)]
 
 
 def gdn_args(m) -> list[str]:
@@ -481,12 +476,19 @@ def gdn_args(m) -> list[str]:
         return []
     own = set(m.gdn_layers)
     linear = [int(i in own) for i in range(m.num_layers)]
-    freq = next((str(f) for f in range(2, m.num_layers + 1)
-                 if linear == [int((i + 1) % f != 0) for i in range(m.num_layers)]), c.quote(_run_length(linear)))
-    return ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", freq,
+    return ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", _skip_freq(linear),
             "--linear-conv-kernel-dim", str(m.gdn_conv_kernel), "--linear-key-head-dim", str(m.gdn_key_head_dim),
             "--linear-value-head-dim", str(m.gdn_value_head_dim), "--linear-num-key-heads", str(m.gdn_key_heads),
             "--linear-num-value-heads", str(m.gdn_value_heads)]
+
+
+def _skip_freq(flags: list[int]) -> str:
+    """A per-layer 0/1 list as Megatron's frequency arguments take it (``--window-attn-skip-freq``,
+    ``--linear-attention-freq``): N where every layer but each Nth (1-based) holds 1, else the list expression."""
+    for freq in range(2, len(flags) + 1):
+        if flags == [int((i + 1) % freq != 0) for i in range(len(flags))]:
+            return str(freq)
+    return c.quote(_run_length(flags))
 
 
 def _run_length(flags: list[int]) -> str:
