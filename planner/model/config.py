@@ -92,6 +92,16 @@ class _Reader:
         theta = self.cfg.get("rope_theta")
         return float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 0.0
 
+    def rotary_fraction(self, default: float) -> float:
+        """The share of each head RoPE rotates, ``partial_rotary_factor``: in ``rope_parameters`` (transformers v5
+        moved it there) or at the top level, in (0, 1]."""
+        params = self.cfg.get("rope_parameters")
+        value = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        value = self._raw("partial_rotary_factor", default) if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise self.fail(f"'partial_rotary_factor' must be in (0, 1], got {value!r}")
+        return float(value)
+
     def rope_scaling(self) -> tuple[str, float]:
         """(rope type, factor) of a scaled RoPE (``llama3``, ``yarn``, ``linear``, ...); ("", 0.0) when unscaled."""
         params = self.cfg.get("rope_parameters") or self.cfg.get("rope_scaling")
@@ -226,15 +236,11 @@ def _gated_linear_hybrid(r: _Reader, kv_default: int, moe: bool) -> dict[str, An
             set(types) - {"linear_attention", "full_attention"}:
         raise r.fail(f"'layer_types' must list 'linear_attention' or 'full_attention' for each of the {layers} "
                      f"layers, got {types!r}")
-    params = r.cfg.get("rope_parameters")
-    rotary = (params or {}).get("partial_rotary_factor") if isinstance(params, dict) else None
-    rotary = r.cfg.get("partial_rotary_factor", 0.25) if rotary is None else rotary
-    if isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1:
-        raise r.fail(f"'partial_rotary_factor' must be in (0, 1], got {rotary!r}")
     bias = r.bool("attention_bias", False)
     out = spec | dict(
         qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=r.bool("attn_output_gate", True),
-        rotary_percent=float(rotary), gdn_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        rotary_percent=r.rotary_fraction(0.25),
+        gdn_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
         gdn_key_heads=r.int("linear_num_key_heads"), gdn_value_heads=r.int("linear_num_value_heads"),
         gdn_key_head_dim=r.int("linear_key_head_dim"), gdn_value_head_dim=r.int("linear_value_head_dim"),
         gdn_conv_kernel=r.int("linear_conv_kernel_dim", 4))
@@ -292,9 +298,7 @@ def _glm4_moe(r: _Reader) -> dict[str, Any]:
     shared = r.int("n_shared_experts", 1, minimum=0)
     first_dense = r.int("first_k_dense_replace", 1, minimum=0)
     moe = tuple(range(min(first_dense, layers), layers))  # Glm4MoeDecoderLayer: MoE iff layer_idx >= it
-    rotary = r.positive("partial_rotary_factor", 0.5)  # the config class's default
-    if rotary > 1:
-        raise r.fail(f"'partial_rotary_factor' must be in (0, 1], got {rotary:g}")
+    rotary = r.rotary_fraction(0.5)  # the config class's default
     return spec | dict(
         ffn_hidden_size=r.int("intermediate_size") if len(moe) < layers else 0, num_experts=experts,
         experts_per_token=r.int("num_experts_per_tok"), moe_ffn_hidden_size=width, num_shared_experts=shared,
