@@ -263,3 +263,11 @@ def test_a_global_batch_no_layout_splits_names_the_batches_that_would(runner, tm
     fix = ("--fix", "tp=1,pp=4,vpp=2,cp=1,mbs=1")
     _one_line(plan(7, *fix, cluster="1x8xH100"), "multiples of 8)", "8 (dp=2, pp=4 interleaved)")
     assert plan(8, *fix, cluster="1x8xH100").exit_code == 0
+
+
+@pytest.mark.parametrize("pin, named", [("ep=4", "ep=4"), ("etp=2", "etp=2"), ("ep=2,etp=2", "ep=2, etp=2")])
+def test_expert_parallelism_on_a_dense_model_names_what_was_pinned(runner, tmp_path, pin, named):
+    """A dense model with an expert degree pinned: the line names the pins the user gave, nothing they did not."""
+    res = runner.invoke(app, PLAN + ["--fix", pin, "--out", str(tmp_path / "p.yaml")])
+    line = _one_line(res, f"{named} parallelizes experts", "has no experts")
+    assert "etp=0" not in line and not (pin == "ep=4" and "etp" in line)

@@ -122,6 +122,19 @@ def test_slower_host_link_exposes_more() -> None:
     assert times[0] > times[1] >= 0.0
 
 
+def test_a_part_without_a_catalogued_host_link_is_refused_by_name() -> None:
+    """The copies are priced on the part's host link: an A100's (PCIe Gen4 x16, the A100 datasheet's 64 GB/s both
+    ways) prices them; a part whose host link the catalogue lacks (T4) is refused in one line naming the part."""
+    from meshplan.costmodel.devices import get_device
+
+    assert get_device("A100-80GB").host_bw_bytes_per_s == 64e9 / 2  # "PCIe Gen4: 64GB/s", both directions
+    work = _work("1x8xA100-80GB")
+    assert estimator_for(work.cluster).estimate(work, _layout(offload_layers=4)).step_time_s > 0
+    work = _work("1x8xT4", dtype="fp16")
+    with pytest.raises(MeshplanError, match="host link of T4 is not in the device catalogue"):
+        estimator_for(work.cluster).estimate(work, _layout(offload_layers=4))
+
+
 def _megatron_refuses(**kw) -> bool:
     from megatron.core.transformer import TransformerConfig
 

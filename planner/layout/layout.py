@@ -439,7 +439,9 @@ class Layout(Decisions, Degrees):
                                 f"cannot replay (Megatron-Core docs/user-guide/features/cuda_graph.md)")
         if self.ep > 1 or self.etp:
             if num_experts == 0:
-                raise MeshplanError(f"ep={self.ep}, etp={self.etp} but the model has no experts")
+                pinned = ", ".join(f"{k}={v}" for k, v in (("ep", self.ep), ("etp", self.etp))
+                                   if v and (v > 1 or k == "etp"))
+                raise MeshplanError(f"{pinned} parallelizes experts, but the model has no experts")
             if num_experts % self.ep:
                 raise MeshplanError(f"ep={self.ep} does not divide the {num_experts} experts")
             dense = self.tp * self.cp * self.dp
