@@ -27,8 +27,12 @@ attention, router and preprocessing took it from 610.71 to 663.27 TFLOPS (13.40 
 micro-batch), which is the 4.0 ms less the 1.95 ms the timeline's captured part ran. The eager shared expert is taken
 from the runs alone: capturing it went from 797.67 to 829.93 TFLOPS (10.26 -> 9.86 s: 0.78 ms), priced as that plus
 the 0.18 ms meshplan prices its forward at there; the timeline reads 1.45 ms (image 5, top, +664.85 to +666.3 ms),
-which nothing on it explains. Both pairs of runs predate the guide's NUMA binding, its 'CPU-side optimization' (+10%),
-and together they price the none -> layers step on that layout within 15% of the runs (``tests/test_host_wait.py``).
+which nothing on it explains. Both timelines and the first pair of runs predate the guide's NUMA binding, its 'CPU-side
+optimization' (691.49 -> 762.12 TFLOPS, ``bindpcie``); the second pair follows it. Together the pairs price the none ->
+layers step on that layout within 15% of the runs (``tests/test_host_wait.py``). Megatron-Bridge's performance
+launcher binds every run it publishes the same way (``numactl --cpunodebind`` per GPU, scripts/performance/utils/
+executors.py from v0.2.0), so for its runs the routed stretch is read off an unbound host: an upper estimate. The
+binding's gain is not priced: the guide measured it as a whole step, not as host time per stretch.
 The GPU time the wait is measured against holds: meshplan prices the part of that layer the graph captured at 1.9 ms,
 the timeline's 1.95 (``tests/test_host_wait.py``). Figures read to about 0.1 ms at the timelines' scale. The routed
 stretch grows with the experts a rank holds: its two grouped linears' NVTX host ranges in image 5 (bottom) take 0.377
