@@ -244,25 +244,49 @@ def test_collective_shape_of_absurd_dimensions_is_not_a_shape(tmp_path):
     assert [e.bytes for e in load_trace(tmp_path / "rank0.json").events] == [0.0]
 
 
+def _plan_576(runner, tmp_path, batch: int, *fix: str, cluster: str = "72x8xH100"):
+    return runner.invoke(app, ["plan", "-m", "llama-3.1-8b", "-c", cluster, "-s", "4096", "--top", "3", "--json",
+                               "-b", str(batch), "--out", str(tmp_path / f"{batch}{fix}.yaml"), *fix])
+
+
 def test_a_global_batch_no_layout_splits_names_the_batches_that_would(runner, tmp_path):
-    """576 GPUs: every data-parallel degree keeps the factor 9 of 576 = 9 x 64, so none divides 8192 = 2^13. The
-    refusal names the multiples a batch must be and the nearest batches that split, and those batches plan: 8190 =
-    9 x 910 only over dp 9 or 18 (its other divisors hold no 64 = 576 / 9), 8064 = 576 x 14 over every degree."""
+    """576 GPUs, no pipeline (pp=1 pinned): every data-parallel degree keeps a factor 9 of 576 = 9 x 64 (dp 9 would
+    need tp x cp = 64), so none divides 8192 = 2^13. The refusal names the multiples a batch must be and the nearest
+    batches that split, and those batches plan: 8190 = 18 x 455 only over dp 18 (its other divisors hold no 32 =
+    576 / 18), 8064 = 576 x 14 over every degree (the fastest at dp 576)."""
     def plan(batch: int, *fix: str, cluster: str = "72x8xH100"):
-        return runner.invoke(app, ["plan", "-m", "llama-3.1-8b", "-c", cluster, "-s", "4096", "--top", "3",
-                                   "--json", "-b", str(batch), "--out", str(tmp_path / f"{batch}{fix}.yaml"), *fix])
-    _one_line(plan(8192), "multiples of 9, 18, 36, 72, 144, 288, 576)", "8190 (dp=9) or 8199 (dp=9)",
+        return _plan_576(runner, tmp_path, batch, *fix, cluster=cluster)
+    _one_line(plan(8192, "--fix", "pp=1"), "multiples of 18, 36, 72, 144, 288, 576)", "8190 (dp=18) or 8208 (dp=18)",
               "all do: 8064 or 8640")
-    for batch, dps in ((8190, {9, 18}), (8064, {9, 18, 36, 72, 144, 288, 576})):
-        res = plan(batch)
+    for batch, dps in ((8190, {18}), (8064, {18, 36, 72, 144, 288, 576})):
+        res = plan(batch, "--fix", "pp=1")
         assert res.exit_code == 0, res.output
         assert {row["dp"] for row in json.loads(res.output)["plans"]} <= dps
-    # micro-batch 2 pinned: multiples of 2 dp, 8208 = 18 x 456, 9216 = 1152 x 8
-    _one_line(plan(8192, "--fix", "mbs=2"), "multiples of 18, 36,", "8190 (dp=9) or 8208 (dp=9)", "8064 or 9216")
+    # micro-batch 2 pinned: multiples of 2 dp, 8172 = 36 x 227, 9216 = 1152 x 8
+    _one_line(plan(8192, "--fix", "pp=1,mbs=2"), "multiples of 36, 72,", "8172 (dp=18) or 8208 (dp=18)",
+              "8064 or 9216")
     # the interleaved schedule also needs the micro-batches a multiple of pp: 7 -> 8 = 2 dp x 4 micro-batches
     fix = ("--fix", "tp=1,pp=4,vpp=2,cp=1,mbs=1")
     _one_line(plan(7, *fix, cluster="1x8xH100"), "multiples of 8)", "8 (dp=2, pp=4 interleaved)")
     assert plan(8, *fix, cluster="1x8xH100").exit_code == 0
+
+
+def test_a_free_search_takes_the_factor_into_uneven_pipeline_stages(runner, tmp_path):
+    """Left free, the same 8192 over 576 GPUs plans: 9 pipeline stages of Llama 3.1 8B's 32 layers (uneven, which a
+    free search tries only when no stage count dividing the layers splits the batch) leave 64 = 2^6 GPUs a stage,
+    and every data-parallel degree of those divides 8192. The stages hold the 32 layers, and the note says what was
+    searched and which batches even stages split (576 x 14 and 576 x 15)."""
+    from meshplan.planner.layout.splits import parse_pp_layout
+
+    res = _plan_576(runner, tmp_path, 8192)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    for row in out["plans"]:
+        assert row["pp"] == 9 and 8192 % (row["dp"] * row["mbs"]) == 0
+        assert row["dp"] * row["tp"] * row["cp"] * row["pp"] == 576
+        assert sum(parse_pp_layout(row["pp_layout"])) == 32
+    assert ("searched pp=9 with uneven stages as well (global batch 8064 or 8640 splits with even stages)"
+            in out["warnings"][0])
 
 
 @pytest.mark.parametrize("pin, named", [("ep=4", "ep=4"), ("etp=2", "etp=2"), ("ep=2,etp=2", "ep=2, etp=2")])

@@ -89,6 +89,7 @@ from meshplan.planner.layout.space import (
     offload_priced,
 )
 from meshplan.planner.layout.splits import format_pp_layout
+from meshplan.planner.search.uneven_pp import uneven_pp_choices
 
 
 class Priced(NamedTuple):
@@ -124,6 +125,8 @@ class SearchResult:
     priced: list[Priced] = field(default_factory=list)  # every layout priced, in pricing order (a report's scatter)
     timed: int = 0  # members whose step time alone showed they cannot rank (never priced in full)
     unfit: int = 0  # members whose activations alone showed no sharding of them fits (never priced)
+    uneven_pp: int = 0  # the uneven pipeline degree searched because no free layout split the batch (0: none)
+    even_batches: tuple[int, ...] = ()  # then: the nearest global batches the layouts with even stages split
 
 
 
@@ -272,7 +275,33 @@ def search(work: Workload, fix: Pins | Mapping[str, object] | None = None, top: 
             candidate and by how many GiB it misses).
     """
     with _gc_paused():
-        return _search(work, fix, top, progress, estimator, max_layouts, fp8_recipes, prune)
+        try:
+            return _search(work, fix, top, progress, estimator, max_layouts, fp8_recipes, prune)
+        except UnsplitBatch as unsplit:
+            return _search_uneven_pp(work, Pins.of(fix), unsplit, top, progress, estimator, max_layouts,
+                                     fp8_recipes, prune)
+
+
+def _search_uneven_pp(work: Workload, fix: Pins, unsplit: "UnsplitBatch", top: int, progress, estimator,
+                      max_layouts: int, fp8_recipes, prune) -> SearchResult:
+    """No free layout splits the global batch: search each uneven pipeline degree that would
+    (``planner.search.uneven_pp``) as if pinned, and keep the one whose best layout is fastest; the original refusal
+    where none plans (or the pipeline degree or its layout was pinned)."""
+    if "pp" in fix or fix.pp_layout is not None:
+        raise unsplit
+    choices = uneven_pp_choices(work.model.num_layers, work.cluster.world_size, work.global_batch,
+                                int(fix.get("mbs", 1)), work.cluster.nvlink_width)
+    best = None
+    for pp in choices:
+        try:
+            res = _search(work, fix.with_(pp=pp), top, progress, estimator, max_layouts, fp8_recipes, prune)
+        except MeshplanError:
+            continue
+        if best is None or res.ranked[0][1].step_time_s < best.ranked[0][1].step_time_s:
+            best = replace(res, uneven_pp=pp, even_batches=unsplit.batches)
+    if best is None:
+        raise unsplit
+    return best
 
 
 @contextmanager
@@ -452,11 +481,25 @@ def _batch_hint(global_batch: int, units: dict[int, Layout]) -> str:
     below = max(global_batch // u * u for u in units)
     above = min(-(-global_batch // u) * u for u in units)
     near = " or ".join(f"{b} ({which(b)})" for b in (below, above) if b > 0)
-    every = math.lcm(*units)
-    around = " or ".join(str(b) for b in (global_batch // every * every, -(-global_batch // every) * every) if b > 0)
+    around = " or ".join(map(str, batches_splitting(global_batch, units)))
     shown = ", ".join(map(str, sorted(units)[:8])) + (", ..." if len(units) > 8 else "")
     return (f"; no layout here splits it (global batches must be multiples of {shown}). The nearest that one "
             f"splits: {near}; that all do: {around}")
+
+
+class UnsplitBatch(MeshplanError):
+    """No layout of the space splits the global batch (``search`` then tries uneven pipeline degrees);
+    ``batches``: the nearest global batches below and above it that every layout of the space splits."""
+
+    def __init__(self, message: str, batches: tuple[int, ...]):
+        super().__init__(message)
+        self.batches = batches
+
+
+def batches_splitting(global_batch: int, units: dict[int, Layout]) -> tuple[int, ...]:
+    """The nearest global batches below and above ``global_batch`` that every layout of ``units`` splits."""
+    every = math.lcm(*units)
+    return tuple(b for b in (global_batch // every * every, -(-global_batch // every) * every) if b > 0)
 
 
 def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, batch_units: Callable[[], dict]) -> None:
@@ -468,7 +511,9 @@ def _refuse_empty(rk: _Ranker, work: Workload, fix: Pins, batch_units: Callable[
                                                              work.seq_len, fix)
         units = batch_units() if "global batch" in why or "micro-batches must be" in why else {}
         if units and all(work.global_batch % u for u in units):  # no layout splits it: say which batches would
-            why += _batch_hint(work.global_batch, units)
+            raise UnsplitBatch(f"no valid layout for {model.name} on {cluster.spec}: "
+                               f"{why}{_batch_hint(work.global_batch, units)}",
+                               batches_splitting(work.global_batch, units))
         raise MeshplanError(f"no valid layout for {model.name} on {cluster.spec}: {why}")
     if not rk.kept:
         _, lay, est = rk.closest

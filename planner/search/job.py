@@ -355,6 +355,11 @@ def _search_plan(job: _Job, progress: Optional[Callable[[int], None]]) -> PlanOu
     if isinstance(estimator, GpuEstimator):  # the same trays in rack segments that keep its groups on NVLink
         allocation = segment_advice(estimator, work, best_layout, best_est.step_time_s, partial(_best_of, job, fixes))
         notes += (allocation.note(),) if allocation else ()
+    if result.uneven_pp:  # no pipeline degree dividing the layers left a data-parallel degree that splits the batch
+        notes += (f"search: no layout with pp dividing the {work.model.num_layers} layers splits global batch "
+                  f"{work.global_batch} over {clus.world_size} GPUs; searched pp={result.uneven_pp} with uneven "
+                  "stages as well (global batch " + " or ".join(map(str, result.even_batches)) +
+                  " splits with even stages)",)
     if result.fallback:  # the same answer, slower: an estimator change contradicts what the bounds assume
         notes += (f"search: pruning fell back to pricing all {result.candidates:,} candidates ({result.fallback})",)
     if opts.compress:
