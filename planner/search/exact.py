@@ -291,12 +291,14 @@ def _search_uneven_pp(work: Workload, fix: Pins, unsplit: "UnsplitBatch", top: i
         raise unsplit
     choices = uneven_pp_choices(work.model.num_layers, work.cluster.world_size, work.global_batch,
                                 int(fix.get("mbs", 1)), work.cluster.nvlink_width)
-    best = None
+    best, base = None, 0
     for pp in choices:
+        counted = (lambda n, b=base: progress(b + n)) if progress else None  # one running count over the searches
         try:
-            res = _search(work, fix.with_(pp=pp), top, progress, estimator, max_layouts, fp8_recipes, prune)
+            res = _search(work, fix.with_(pp=pp), top, counted, estimator, max_layouts, fp8_recipes, prune)
         except MeshplanError:
             continue
+        base += res.evaluated + res.timed
         if best is None or res.ranked[0][1].step_time_s < best.ranked[0][1].step_time_s:
             best = replace(res, uneven_pp=pp, even_batches=unsplit.batches)
     if best is None:
