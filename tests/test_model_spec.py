@@ -238,6 +238,18 @@ def test_unknown_model_type_names_file_and_supported(tmp_path):
         load_model(str(path))
 
 
+@pytest.mark.parametrize("cfg, said", [
+    ({}, "no 'model_type' and no 'architectures'"),
+    ({"architectures": ["FooForCausalLM"]},
+     "no 'model_type' and its 'architectures' \\['FooForCausalLM'\\] names none"),
+])
+def test_a_config_without_model_type_says_what_it_lacks(tmp_path, cfg, said):
+    path = tmp_path / "anon.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(MeshplanError, match=rf"anon\.json: {said}.*supported model types: llama"):
+        load_model(str(path))
+
+
 def test_missing_required_field(tmp_path):
     cfg = json.loads(data_path("model_configs", "qwen3-30b-a3b.json").read_text())
     del cfg["moe_intermediate_size"]

@@ -489,8 +489,8 @@ def spec_from_config(cfg: Any, *, where: str, name: str, source: str, mtp: bool 
         arch = archs[0] if isinstance(archs, list) and archs else None
         model_type = ARCHITECTURES.get(arch) if isinstance(arch, str) else None
         if model_type is None:
-            raise MeshplanError(f"{where}: no 'model_type' and architectures {archs!r} is not recognised; "
-                                f"supported model types: {', '.join(FAMILIES)}")
+            said = f"its 'architectures' {archs!r} names none meshplan knows" if archs else "no 'architectures'"
+            raise MeshplanError(f"{where}: no 'model_type' and {said}; supported model types: {', '.join(FAMILIES)}")
     if model_type in NOT_DECODERS:
         raise MeshplanError(f"{where}: model_type {model_type!r} is {NOT_DECODERS[model_type]}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
