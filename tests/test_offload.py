@@ -135,6 +135,35 @@ def test_a_part_without_a_catalogued_host_link_is_refused_by_name() -> None:
         estimator_for(work.cluster).estimate(work, _layout(offload_layers=4))
 
 
+@pytest.mark.parametrize("model, cluster, batch, seq, dtype, task", [
+    # two requests bench/plan_fuzz.py (seeds 10, 11, --per-model 30) found crashing: the search's bounds priced
+    # pipelined layouts (pp=24: a stage of one layer; a stage of two) with two layers offloaded, more than a stage
+    # holds; validation refuses every pipelined layout with offload, but the bounds come first
+    ("gpt-oss-20b", "3x8xB200", 4096, 131072, "nvfp4", "pretrain"),
+    ("mixtral-8x7b-v0.1", "20x4xGB300-NVL72", 240, 4096, "fp8", "sft"),
+])
+def test_a_pinned_offload_plans_or_is_refused_in_one_line(tmp_path, model, cluster, batch, seq, dtype,
+                                                          task) -> None:
+    from meshplan.planner.search.job import PlanRequest, plan_job
+
+    try:
+        out = plan_job(PlanRequest.of(model, cluster, batch, seq, fix="offload_layers=2", dtype=dtype, task=task,
+                                      out=tmp_path / "plan.yaml"))
+    except MeshplanError as exc:
+        assert "\n" not in str(exc) and "offload_layers=2 with pp=" in str(exc)
+        return
+    assert out.plan.offload_layers == 2 and out.plan.degrees.pp == 1
+
+
+def test_a_stage_offloads_fewer_layers_than_it_holds() -> None:
+    """Transformer Engine offloads fewer layers than a stage holds (Megatron-Core: "CPU offloading can be done
+    only for layers less than num_layers"): two pinned on stages of 1, 2 and 10 layers."""
+    from meshplan.planner.estimate.base import offloaded_layers
+
+    lay = _layout(offload_layers=2)
+    assert [offloaded_layers(lay, n) for n in (1, 2, 10)] == [0, 1, 2]
+
+
 def _megatron_refuses(**kw) -> bool:
     from megatron.core.transformer import TransformerConfig
 

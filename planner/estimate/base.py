@@ -385,6 +385,13 @@ _SHARDING = frozenset({"zero_stage", "dp_shard", "dp_replicate"})
 _unsharded_fields = operator.attrgetter(*(f.name for f in fields(Layout) if f.name not in _SHARDING))
 
 
+def offloaded_layers(layout: Layout, stage_layers: int) -> int:
+    """Layers of a stage of ``stage_layers`` whose activations go to host memory: ``offload_layers``, fewer than the
+    stage holds as Transformer Engine requires (Megatron-Core validates it for pp=1, the only degree it offloads
+    under; a search's bounds may still price a pipelined layout that validation then refuses)."""
+    return max(0, min(layout.offload_layers, stage_layers - 1))
+
+
 def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: int,
                        m: int) -> tuple[float, float, tuple[float, ...], int]:
     """(activations held at the peak, the one layer re-materialised in backward, what the last stage adds: the
@@ -413,7 +420,7 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
                            - tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora))
             per_mb += (n16[k] - rec16[k]) * (kept16[k] - kept[k]) + rec16[k] * again_bytes
     if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
-        first = (range(chunks[0].start, chunks[0].start + layout.offload_layers),)
+        first = (range(chunks[0].start, chunks[0].start + offloaded_layers(layout, n_layers)),)
         gone = tb.kind_counts(first)
         per_mb -= sum(n * kept[k] for k, n in gone.items() if n)
         if kept16:  # those of them kept in bf16 held their bf16 bytes

@@ -47,6 +47,7 @@ from meshplan.planner.estimate.base import (
     finish_estimate,
     keeps_bf16_layers,
     memory_floor_bytes,
+    offloaded_layers,
     peak_memory,
     precision_parts,
     recast_expert_params,
@@ -242,7 +243,7 @@ def offload_s(work, layout: Layout, tb, times: dict, stage: int, bf16_times: Opt
         bwd_s.append(t[1])
         saved = tb.activation_bytes(k, s, b, layout, saved_input_bytes("none") if bf16 else lin, "none", work.lora)
         copy_s.append(scale * saved / host_bw)
-    fwd, bwd = offload_exposed_s(fwd_s, bwd_s, copy_s, min(layout.offload_layers, len(layers)))
+    fwd, bwd = offload_exposed_s(fwd_s, bwd_s, copy_s, offloaded_layers(layout, len(layers)))
     return fwd + bwd
 
 
