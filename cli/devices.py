@@ -111,9 +111,24 @@ def cluster(
                       f"{il['bandwidth_bytes_per_s'] / 1e9:,.1f}", f"{il['latency_s'] * 1e6:,.1f}",
                       f"{g['nic_link']['bandwidth_bytes_per_s'] / 1e9:,.2f}")
     console.print(table)
+    for i, g in enumerate(data["groups"]):
+        link = "NVLink" if g["intra_link"]["name"].startswith("nvlink") else g["intra_link"]["name"]
+        console.print(f"{link} domain{f' of group {i}' if len(data['groups']) > 1 else ''}: "
+                      + _domain_words(g["nvlink_domain"], g["devices_per_node"], g["nodes"]))
     inter = data["inter_link"]
     console.print(f"inter-node link: {inter['name']}, {inter['bandwidth_bytes_per_s'] / 1e9:,.2f} GB/s per GPU, "
                   f"{inter['latency_s'] * 1e6:,.1f} us; presets: {', '.join(preset_names())}")
+
+
+def _domain_words(domain_gpus: int, devices_per_node: int, nodes: int) -> str:
+    """A group's NVLink domain in words: the node, or the GPUs one domain joins over how many nodes, and how many
+    domains the group fills (a last one only in part where its nodes do not fill it)."""
+    if domain_gpus <= devices_per_node:
+        return f"each node ({devices_per_node} GPUs)"
+    full, rest = divmod(nodes * devices_per_node, domain_gpus)
+    parts = [f"{full} full domain{'s' * (full > 1)}" if full else "", f"one of {rest} GPUs" if rest else ""]
+    return (f"{domain_gpus} GPUs over {domain_gpus // devices_per_node} nodes: "
+            + " and ".join(p for p in parts if p))
 
 
 @devices_app.command("calibrate")

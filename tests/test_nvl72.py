@@ -79,6 +79,48 @@ def test_bad_domains_are_one_line_errors(spec, pattern):
         load_cluster(spec)
 
 
+@pytest.mark.parametrize("spec, pattern", [
+    # DGX / HGX B300 join their 8 GPUs through the baseboard's NVLink switches; NVIDIA sells the board as "HGX B300
+    # NVL16", counting dies: read as 16 GPUs, the suffix would price two nodes' traffic on NVLink
+    ("2x8xB300-NVL16", r"B300 systems link GPUs only inside a node of 8 \(nvlink5; NVIDIA's 'HGX B300 NVL16' counts "
+                       r"the 16 dies of its 8 GPUs\), not -NVL16; drop it$"),
+    ("1x8xB300-NVL16", r"only inside a node of 8 .*not -NVL16"),
+    ("2x8xB200-NVL16", r"B200 systems link GPUs only inside a node of 8 \(nvlink5\), not -NVL16"),
+    ("2x8xA100-NVL16", r"A100-80GB systems link GPUs only inside a node of 8 \(nvlink3\)"),
+    ("2x4xL4-NVL8", r"L4 systems link GPUs only inside a node of 4 \(pcie4-x16\)"),  # no NVLink at all
+    ("36x4xGB300-NVL144", r"GB300 systems join at most 72 GPUs in one NVLink domain, not -NVL144; drop it for "
+                          r"gb300-nvl72's domain of 72"),
+    ("64x8xH100-NVL512", r"H100-SXM systems join at most 256 GPUs in one NVLink domain"),  # NVLink Switch System
+])
+def test_a_domain_wider_than_the_parts_systems_build_is_refused(spec, pattern):
+    with pytest.raises(MeshplanError, match=pattern):
+        load_cluster(spec)
+
+
+def test_domains_the_parts_build_are_kept():
+    assert load_cluster("32x8xH100-NVL256").groups[0].domain_size == 256  # H100's NVLink Switch System
+    assert load_cluster("1x8xB300-NVL8").groups[0].domain_size == 8  # the node, stated
+    assert load_cluster("18x4xGB300-NVL36").groups[0].domain_size == 36
+
+
+def test_yaml_domain_wider_than_the_node_names_the_field(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("groups:\n  - nodes: 2\n    devices_per_node: 8\n    device: B200\n    nvlink_domain: 16\n")
+    with pytest.raises(MeshplanError, match=r"c\.yaml: groups\[0\]: B200 systems link GPUs only inside a node "
+                                            r"of 8 \(nvlink5\), not nvlink_domain: 16"):
+        load_cluster(str(p))
+
+
+def test_cluster_command_says_what_shares_nvlink(runner):
+    """256 GPUs in racks of 72: three full domains and 40 GPUs of a fourth (256 = 3 x 72 + 40); a DGX H100 pair:
+    each node."""
+    res = runner.invoke(app, ["devices", "cluster", "64x4xGB200-NVL72"])
+    assert res.exit_code == 0
+    assert "NVLink domain: 72 GPUs over 18 nodes: 3 full domains and one of 40 GPUs" in " ".join(res.output.split())
+    res = runner.invoke(app, ["devices", "cluster", "2x8xH100"])
+    assert "NVLink domain: each node (8 GPUs)" in " ".join(res.output.split())
+
+
 def test_bad_yaml_domain_names_the_field(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("groups:\n  - nodes: 2\n    devices_per_node: 4\n    device: GB200\n    nvlink_domain: 0\n")

@@ -32,6 +32,9 @@ class LinkFamily:
         inter_latency_s: Network alpha, seconds.
         nvlink_domain_gpus: GPUs that share one NVLink domain when it is wider than a node (72 for the NVL72
             racks, whose compute trays hold 4); 0 = the node.
+        nvlink_domain_max_gpus: The widest NVLink domain the family's systems build (the NVL72 racks: 72; the
+            H100's NVLink Switch System: 256); 0 = the node: NVLink does not leave it.
+        nvlink_domain_note: What a cluster refused for a wider domain is told beside the limit.
     """
 
     name: str
@@ -42,6 +45,8 @@ class LinkFamily:
     inter_name: str
     inter_latency_s: float
     nvlink_domain_gpus: int = 0
+    nvlink_domain_max_gpus: int = 0
+    nvlink_domain_note: str = ""
 
     def inter_link(self, devices_per_node: int) -> Link:
         """Per-GPU share of the node's network (a GPU uses at most one NIC)."""
@@ -73,6 +78,8 @@ def link_families() -> Mapping[str, LinkFamily]:
             inter_name=inter["name"],
             inter_latency_s=float(inter["latency_us"]) / 1e6,
             nvlink_domain_gpus=int(fam.get("nvlink_domain_gpus", 0)),
+            nvlink_domain_max_gpus=int(fam.get("nvlink_domain_max_gpus", 0)),
+            nvlink_domain_note=str(fam.get("nvlink_domain_note", "")),
         )
     return MappingProxyType(out)
 

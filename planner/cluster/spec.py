@@ -326,13 +326,24 @@ _PART_RE = re.compile(r"^(?:(\d+)[xX])?(\d+)[xX]([A-Za-z].*)$")  # device names 
 _NVL_RE = re.compile(r"^(.+?)-NVL(\d+)$", re.IGNORECASE)  # GB200-NVL72: the device and its NVLink domain
 
 
-def _domain(where: str, devices_per_node: int, domain: int) -> int:
-    """The NVLink domain of a group (0: the node), checked: whole nodes, no wider than the largest announced."""
+def _domain(where: str, devices_per_node: int, domain: int, device: DeviceSpec, fam: LinkFamily,
+            stated: str) -> int:
+    """The NVLink domain of a group (0: the node), checked: whole nodes, no wider than the largest announced, nor
+    than the widest its device's systems build (``where`` names the cluster or its group, ``stated`` how the cluster
+    said it, for the refusal)."""
     if not domain or domain == devices_per_node:
         return 0
     if domain % devices_per_node or domain > MAX_DEVICES_PER_NODE:
-        raise MeshplanError(f"cluster '{where}': an NVLink domain of {domain} GPUs must hold whole nodes of "
+        raise MeshplanError(f"{where}: an NVLink domain of {domain} GPUs must hold whole nodes of "
                             f"{devices_per_node} and at most {MAX_DEVICES_PER_NODE} GPUs")
+    widest = fam.nvlink_domain_max_gpus or devices_per_node
+    if domain > widest:
+        note = "; ".join(n for n in (fam.intra.name, fam.nvlink_domain_note) if n)
+        reach = (f"join at most {widest} GPUs in one NVLink domain" if fam.nvlink_domain_max_gpus
+                 else f"link GPUs only inside a node of {devices_per_node} ({note})")
+        default = fam.nvlink_domain_gpus and f" for {fam.name}'s domain of {fam.nvlink_domain_gpus}"
+        raise MeshplanError(f"{where}: {device.name} systems {reach}, not {stated}; drop it"
+                            f"{default or ''}")
     return domain
 
 
@@ -364,7 +375,8 @@ def parse_shorthand(spec: str) -> ClusterSpec:
                                     "share one; drop the suffix for the device's own)")
         dev = get_device(name)
         fam = get_family(dev.family, f"device {dev.name}")
-        domain = _domain(spec, dpn, int(nvl.group(2)) if nvl else fam.nvlink_domain_gpus)
+        domain = _domain(f"cluster '{spec}'", dpn, int(nvl.group(2)) if nvl else fam.nvlink_domain_gpus, dev, fam,
+                         f"-NVL{nvl.group(2)}" if nvl else f"{fam.name}'s default")
         groups.append(NodeGroup(nodes, dpn, dev, fam.intra, nvlink_domain=domain))
         inter.append(fam.inter_link(dpn))
     return _make(spec, groups, inter)
@@ -427,7 +439,9 @@ def load_cluster_file(path: str | Path, spec: str | None = None) -> ClusterSpec:
         fam = get_family(dev.family, gw)
         intra = _intra_from(f"{gw}.intra_link", g.intra_link, fam.intra) if g.intra_link else fam.intra
         domain = _domain(gw, g.devices_per_node,
-                         g.nvlink_domain if g.nvlink_domain is not None else fam.nvlink_domain_gpus)
+                         g.nvlink_domain if g.nvlink_domain is not None else fam.nvlink_domain_gpus, dev, fam,
+                         f"nvlink_domain: {g.nvlink_domain}" if g.nvlink_domain is not None
+                         else f"{fam.name}'s default")
         groups.append(NodeGroup(g.nodes, g.devices_per_node, dev, intra, nvlink_domain=domain))
         if f.inter_link is not None:
             inter.append(_inter_from(f"{where}: inter_link", f.inter_link, fam, g.devices_per_node))
