@@ -41,15 +41,46 @@ def private_cache():
     shutil.rmtree(cache, ignore_errors=True)
 
 
+# The worker processes of one run (pytest-xdist) share one calibration: the first to need it measures, the others
+# wait and copy it (below). Made by the controlling process before its workers start, which inherit the variable.
+SHARED_ENV = "MESHPLAN_TEST_SHARED"
+CALIBRATION_FILE = "calibration-cpu.json"  # what ``devices calibrate`` caches (planner.host.calibrate)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controlling process (or the only one, under -n 0)
+        config._meshplan_shared = tempfile.mkdtemp(prefix="meshplan-test-shared-")
+        os.environ[SHARED_ENV] = config._meshplan_shared
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "_meshplan_shared", None)
+    if shared:
+        shutil.rmtree(shared, ignore_errors=True)
+        os.environ.pop(SHARED_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def host_calibration(private_cache):
     """One real calibration of this host for ``local:N`` (GEMM, copy, 2- and 4-process gloo) through the CLI, shared
     by every test that plans on ``local:N``: (cache folder, the calibration as ``devices calibrate --json`` prints
     it). The ``--quick`` calibration (one launch per table, fewer calls: 34 s on a quiet 2-core host instead of 121 s):
     the tests assert what holds at any host speed, the accuracy figures are bench/closed_loop.py's, which
-    calibrates in full."""
+    calibrates in full. One measurement for the whole run: the first worker process to need it calibrates under a
+    lock and leaves the cached file and the printed JSON in the run's shared folder; the others copy them into
+    their own cache (two workers calibrating at once on a 2-core host would each measure the other's load)."""
+    import fcntl
+
     from meshplan.cli.main import app
 
-    res = CliRunner().invoke(app, ["devices", "calibrate", "--json", "--quick"])
-    assert res.exit_code == 0, res.output
-    return private_cache, json.loads(res.output)
+    shared = Path(os.environ[SHARED_ENV])
+    with open(shared / "calibration.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        printed, cached = shared / "calibrate.json", shared / CALIBRATION_FILE
+        if not printed.is_file():
+            res = CliRunner().invoke(app, ["devices", "calibrate", "--json", "--quick"])
+            assert res.exit_code == 0, res.output
+            shutil.copyfile(private_cache / CALIBRATION_FILE, cached)
+            printed.write_text(res.output)
+        shutil.copyfile(cached, private_cache / CALIBRATION_FILE)
+        return private_cache, json.loads(printed.read_text())
