@@ -135,20 +135,22 @@ def test_a_part_without_a_catalogued_host_link_is_refused_by_name() -> None:
         estimator_for(work.cluster).estimate(work, _layout(offload_layers=4))
 
 
-@pytest.mark.parametrize("model, cluster, batch, seq, dtype, task", [
-    # two requests bench/plan_fuzz.py (seeds 10, 11, --per-model 30) found crashing: the search's bounds priced
-    # pipelined layouts (pp=24: a stage of one layer; a stage of two) with two layers offloaded, more than a stage
-    # holds; validation refuses every pipelined layout with offload, but the bounds come first
-    ("gpt-oss-20b", "3x8xB200", 4096, 131072, "nvfp4", "pretrain"),
-    ("mixtral-8x7b-v0.1", "20x4xGB300-NVL72", 240, 4096, "fp8", "sft"),
+@pytest.mark.parametrize("model, cluster, batch, seq, dtype, task, stack", [
+    # three requests bench/plan_fuzz.py (seeds 10, 11, 14, --per-model 30) found crashing: the search's bounds
+    # priced pipelined layouts (pp=24: a stage of one layer; a stage of two; interleaved chunks of one layer) with two
+    # layers offloaded, more than a stage or its first chunk holds; validation refuses every pipelined layout with
+    # offload, but the bounds come first
+    ("gpt-oss-20b", "3x8xB200", 4096, 131072, "nvfp4", "pretrain", None),
+    ("mixtral-8x7b-v0.1", "20x4xGB300-NVL72", 240, 4096, "fp8", "sft", None),
+    ("gpt-oss-120b", "3x4xGB200-NVL72", 240, 2048, "bf16", "pretrain", "megatron-lm"),
 ])
-def test_a_pinned_offload_plans_or_is_refused_in_one_line(tmp_path, model, cluster, batch, seq, dtype,
-                                                          task) -> None:
+def test_a_pinned_offload_plans_or_is_refused_in_one_line(tmp_path, model, cluster, batch, seq, dtype, task,
+                                                          stack) -> None:
     from meshplan.planner.search.job import PlanRequest, plan_job
 
     try:
         out = plan_job(PlanRequest.of(model, cluster, batch, seq, fix="offload_layers=2", dtype=dtype, task=task,
-                                      out=tmp_path / "plan.yaml"))
+                                      stack=stack, out=tmp_path / "plan.yaml"))
     except MeshplanError as exc:
         assert "\n" not in str(exc) and "offload_layers=2 with pp=" in str(exc)
         return

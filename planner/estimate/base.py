@@ -420,7 +420,8 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
                            - tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora))
             per_mb += (n16[k] - rec16[k]) * (kept16[k] - kept[k]) + rec16[k] * again_bytes
     if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
-        first = (range(chunks[0].start, chunks[0].start + offloaded_layers(layout, n_layers)),)
+        # the stage's first layers in order, as ``gpu.offload_s`` copies them (its chunks, under interleaving)
+        first = tuple(range(i, i + 1) for i in [i for r in chunks for i in r][:offloaded_layers(layout, n_layers)])
         gone = tb.kind_counts(first)
         per_mb -= sum(n * kept[k] for k, n in gone.items() if n)
         if kept16:  # those of them kept in bf16 held their bf16 bytes
