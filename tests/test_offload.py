@@ -160,10 +160,13 @@ def test_a_pinned_offload_plans_or_is_refused_in_one_line(tmp_path, model, clust
 def test_a_stage_offloads_fewer_layers_than_it_holds() -> None:
     """Transformer Engine offloads fewer layers than a stage holds (Megatron-Core: "CPU offloading can be done
     only for layers less than num_layers"): two pinned on stages of 1, 2 and 10 layers."""
-    from meshplan.planner.estimate.base import offloaded_layers
+    from meshplan.planner.estimate.base import first_layers, offloaded_layers
 
     lay = _layout(offload_layers=2)
     assert [offloaded_layers(lay, n) for n in (1, 2, 10)] == [0, 1, 2]
+    # the first two a stage runs: an interleaved stage of one-layer chunks 0 and 5 offloads both; one chunk its first
+    assert first_layers((range(0, 1), range(5, 6)), 2) == (range(0, 1), range(5, 6))
+    assert first_layers((range(8, 16),), 2) == (range(8, 10),)
 
 
 def _megatron_refuses(**kw) -> bool:

@@ -392,6 +392,17 @@ def offloaded_layers(layout: Layout, stage_layers: int) -> int:
     return max(0, min(layout.offload_layers, stage_layers - 1))
 
 
+def first_layers(chunks: tuple[range, ...], n: int) -> tuple[range, ...]:
+    """The first ``n`` layers of a stage whose layers are ``chunks``, in the order it runs them (its chunks one after
+    another under interleaving): those ``gpu.offload_s`` copies to host memory."""
+    out = []
+    for r in chunks:
+        take = min(n, len(r))
+        out.append(range(r.start, r.start + take))
+        n -= take
+    return tuple(out)
+
+
 def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: int,
                        m: int) -> tuple[float, float, tuple[float, ...], int]:
     """(activations held at the peak, the one layer re-materialised in backward, what the last stage adds: the
@@ -420,8 +431,7 @@ def _stage_activations(work: Workload, tb: ModelTables, layout: Layout, stage: i
                            - tb.activation_bytes(k, s, b, layout, lin, layout.recompute_kind, work.lora))
             per_mb += (n16[k] - rec16[k]) * (kept16[k] - kept[k]) + rec16[k] * again_bytes
     if layout.offload_layers:  # the first N layers' saved tensors wait in host memory (``estimate.offload``)
-        # the stage's first layers in order, as ``gpu.offload_s`` copies them (its chunks, under interleaving)
-        first = tuple(range(i, i + 1) for i in [i for r in chunks for i in r][:offloaded_layers(layout, n_layers)])
+        first = first_layers(chunks, offloaded_layers(layout, n_layers))
         gone = tb.kind_counts(first)
         per_mb -= sum(n * kept[k] for k, n in gone.items() if n)
         if kept16:  # those of them kept in bf16 held their bf16 bytes
